@@ -1,0 +1,167 @@
+// dlrun: a torchrun-compatible launcher for distributed training.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "launcher/agent.h"
+#include "launcher/options.h"
+#include "spdlog/spdlog.h"
+
+namespace dl = dlrun::launcher;
+
+namespace {
+
+int CountCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+int CountGpus() {
+  int n = 0;
+  while (std::filesystem::exists("/dev/nvidia" + std::to_string(n))) ++n;
+  return n;
+}
+
+// Asks the kernel for a free TCP port on `addr`. The port is released before the worker of rank
+// 0 binds it, as torchrun does; a fresh one is taken for each attempt.
+int FreePort(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  int port = 0;
+  socklen_t len = sizeof sa;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    port = ntohs(sa.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::string RandomRunId() {
+  std::random_device rd;
+  return absl::StrCat("dlrun-", absl::Hex(rd()), absl::Hex(rd()));
+}
+
+absl::StatusOr<std::vector<int>> ParseSignals(const std::string& list) {
+  std::vector<int> out;
+  for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    std::string n(name);
+    if (absl::StartsWith(n, "SIG")) n = n.substr(3);
+    int sig = 0;
+    for (int s = 1; s < NSIG; ++s) {
+      const char* abbrev = sigabbrev_np(s);
+      if (abbrev != nullptr && n == abbrev) sig = s;
+    }
+    if (sig == 0 || sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid value '", name, "' in --signals-to-handle: expected signal names such as "
+          "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"));
+    }
+    out.push_back(sig);
+  }
+  return out;
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "dlrun: %s\n", std::string(s.message()).c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_pattern("[dlrun %H:%M:%S.%e] %^%l%$: %v");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
+    std::fputs(dl::UsageText().c_str(), args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+
+  auto parsed = dl::ParseLaunchOptions(args, dl::ProcessEnv());
+  if (!parsed.ok()) return Fail(parsed.status());
+  dl::LaunchOptions o = *std::move(parsed);
+
+  auto nproc = dl::ResolveNprocPerNode(o.nproc_per_node, CountGpus(), CountCpus());
+  if (!nproc.ok()) return Fail(nproc.status());
+  auto signals = ParseSignals(o.signals_to_handle);
+  if (!signals.ok()) return Fail(signals.status());
+
+  const bool multi_node = !o.standalone && o.max_nodes > 1;
+  if (multi_node && o.rdzv_backend != "static") {
+    return Fail(absl::UnimplementedError(absl::StrCat(
+        "--rdzv-backend ", o.rdzv_backend,
+        ": the multi-node gRPC rendezvous is not available in this build yet; use --standalone, "
+        "or --rdzv-backend static with --nnodes N --node-rank R --master-addr A --master-port P")));
+  }
+  if (multi_node && o.min_nodes != o.max_nodes) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "invalid value '", o.min_nodes, ":", o.max_nodes,
+        "' for --nnodes: the static rendezvous needs a fixed node count N")));
+  }
+
+  dl::AgentOptions a;
+  a.nproc = *nproc;
+  a.max_restarts = o.max_restarts;
+  a.forwarded_signals = *signals;
+  a.grace = std::chrono::milliseconds(static_cast<int64_t>(o.grace_period_s * 1000));
+  a.assignment.node_rank = o.node_rank;
+  a.assignment.num_nodes = o.max_nodes;
+  a.assignment.local_world_size = *nproc;
+  a.assignment.world_size = o.max_nodes * *nproc;
+  a.assignment.rank_offset = o.node_rank * *nproc;
+  a.assignment.role = o.role;
+  a.assignment.master_addr = o.master_addr;
+  a.assignment.master_port = o.master_port;
+  a.assignment.run_id = o.rdzv_id;
+  if (o.standalone) {
+    a.assignment.master_addr = "127.0.0.1";
+    a.assignment.run_id = RandomRunId();
+    if (!o.master_port_given) a.pick_master_port = [] { return FreePort("127.0.0.1"); };
+  }
+
+  // torchrun runs .py files (and -m modules) with the Python interpreter.
+  if (o.module) {
+    a.argv = {"python3", "-m"};
+  } else if (!o.no_python && absl::EndsWith(o.command[0], ".py")) {
+    a.argv = {"python3", "-u"};
+  }
+  a.argv.insert(a.argv.end(), o.command.begin(), o.command.end());
+
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    a.omp_threads = std::max(1, CountCpus() / *nproc);
+    if (*nproc > 1) {
+      spdlog::info("OMP_NUM_THREADS is unset: setting it to {} ({} CPUs / {} workers)",
+                   a.omp_threads, CountCpus(), *nproc);
+    }
+  }
+
+  const char* tmp = std::getenv("TMPDIR");
+  a.run_dir = absl::StrCat(tmp ? tmp : "/tmp", "/dlrun-", getuid(), "/", a.assignment.run_id, "-",
+                           getpid());
+  const std::string run_dir = a.run_dir;
+  dl::Agent agent(std::move(a));
+  const int rc = agent.Run();
+  if (rc == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir, ec);
+  } else {
+    spdlog::info("worker error files are kept in {}", run_dir);
+  }
+  return rc;
+}

@@ -1,0 +1,58 @@
+// Command-line and environment options of the dlrun agent, torchrun-compatible.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dlrun::launcher {
+
+// Looks up an environment variable; injected so tests need not touch the real environment.
+using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
+EnvLookup ProcessEnv();
+
+struct LaunchOptions {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::string nproc_per_node = "1";  // as given: auto | gpu | cpu | N
+  bool standalone = false;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_id = "none";
+  std::string rdzv_conf;
+  int max_restarts = 0;
+  double monitor_interval_s = 0.1;  // accepted for torchrun compatibility; exits are seen at once
+  std::string role = "default";
+  bool no_python = false;
+  bool module = false;
+  bool run_path = false;
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool master_port_given = false;
+  std::string local_addr;
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  double grace_period_s = 30.0;  // SIGTERM -> SIGKILL when stopping workers
+  std::vector<std::string> command;  // PROGRAM ARGS...
+};
+
+// Parses `dlrun [options] PROGRAM [ARGS...]` (args excludes argv[0]). Flags are accepted with
+// '-' or '_' between words and as `--flag value` or `--flag=value`; a flag not given falls back
+// to PET_<FLAG> in the environment, as torchrun does. Errors name the flag and what it accepts.
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
+                                                 const EnvLookup& env);
+
+// Resolves --nproc-per-node (auto|gpu|cpu|N) to a count, given the machine's GPUs and CPUs.
+absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, int num_cpus);
+
+std::string UsageText();
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,37 @@
+// The 3D U-Net of the SC22 "Deep Learning at Scale" tutorial (networks/UNet.py), in LibTorch.
+// Six Conv3d(k=4, s=2, p=1) + LeakyReLU down-blocks (4 -> w -> 2w -> 4w -> 8w -> 8w -> 8w),
+// five ConvTranspose3d + ReLU up-blocks with skip concatenations, a last ConvTranspose3d to the
+// output channels and tanh. w = 64 is the tutorial's model (117 M parameters).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+
+namespace dlrun::examples {
+
+struct UNetOptions {
+  int64_t in_channels = 4;
+  int64_t out_channels = 5;
+  int64_t base_channels = 64;
+};
+
+class UNetImpl : public torch::nn::Module {
+ public:
+  explicit UNetImpl(const UNetOptions& o = {});
+  torch::Tensor forward(torch::Tensor x);
+  // Weights ~ N(0, 0.02), biases 0, as the tutorial's get_weights_function.
+  void resetParameters();
+  // The spatial size must be a multiple of 64 (six stride-2 down-samplings to 1).
+  static constexpr int64_t kSizeMultiple = 64;
+
+ private:
+  torch::nn::Sequential down1_{nullptr}, down2_{nullptr}, down3_{nullptr}, down4_{nullptr},
+      down5_{nullptr}, down6_{nullptr};
+  torch::nn::Sequential up6_{nullptr}, up5_{nullptr}, up4_{nullptr}, up3_{nullptr},
+      up2_{nullptr};
+  torch::nn::ConvTranspose3d last_{nullptr};
+};
+TORCH_MODULE(UNet);
+
+}  // namespace dlrun::examples

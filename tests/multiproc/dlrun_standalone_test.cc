@@ -1,0 +1,103 @@
+// dlrun --standalone as a user runs it: real processes, real environment, real exit codes.
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "multiproc/subprocess.h"
+
+namespace dlrun::testing {
+namespace {
+
+std::map<std::string, std::string> ParseEnvDump(const std::string& text) {
+  std::map<std::string, std::string> m;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    size_t eq = line.find('=');
+    if (eq != absl::string_view::npos) {
+      m[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 1));
+    }
+  }
+  return m;
+}
+
+TEST(DlrunStandalone, ThreeWorkersGetRanks0To2ExactlyOnce) {
+  const std::string dir = MakeTempDir();
+  // Each worker dumps its environment to a file named by its own pid.
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "3", "sh", "-c",
+                             "env > " + dir + "/env.$$"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::map<std::string, std::string>> envs;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    envs.push_back(ParseEnvDump(ReadFile(f.path().string())));
+  }
+  ASSERT_EQ(envs.size(), 3u) << r.output;
+  std::multiset<std::string> ranks, local_ranks;
+  std::set<std::string> ports, run_ids;
+  for (auto& e : envs) {
+    ranks.insert(e["RANK"]);
+    local_ranks.insert(e["LOCAL_RANK"]);
+    ports.insert(e["MASTER_PORT"]);
+    run_ids.insert(e["TORCHELASTIC_RUN_ID"]);
+    EXPECT_EQ(e["WORLD_SIZE"], "3");
+    EXPECT_EQ(e["LOCAL_WORLD_SIZE"], "3");
+    EXPECT_EQ(e["GROUP_RANK"], "0");
+    EXPECT_EQ(e["GROUP_WORLD_SIZE"], "1");
+    EXPECT_EQ(e["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "0");
+    EXPECT_EQ(e["ROLE_RANK"], e["RANK"]);
+    EXPECT_FALSE(e["TORCHELASTIC_ERROR_FILE"].empty());
+  }
+  EXPECT_EQ(ranks, (std::multiset<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(local_ranks, (std::multiset<std::string>{"0", "1", "2"}));
+  ASSERT_EQ(ports.size(), 1u);
+  int port = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(*ports.begin(), &port) && port > 0 && port < 65536);
+  ASSERT_EQ(run_ids.size(), 1u);
+  EXPECT_NE(*run_ids.begin(), "none");
+}
+
+TEST(DlrunStandalone, ExitsWithTheFirstFailingWorkersCode) {
+  // Rank 1 fails at once with 7; rank 0 would run until stopped.
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "sh", "-c",
+                             "if [ $RANK = 1 ]; then exit 7; fi; exec sleep 600"});
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit code 7"), std::string::npos) << r.output;
+}
+
+TEST(DlrunStandalone, SignalDeathIsReportedAndPropagated) {
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "sh", "-c",
+                             "kill -SEGV $$"});
+  EXPECT_EQ(r.exit_code, 128 + 11) << r.output;
+  EXPECT_NE(r.output.find("Signal 11 (SIGSEGV) received by PID"), std::string::npos) << r.output;
+}
+
+TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
+  const std::string dir = MakeTempDir();
+  // Fails on the first attempt, succeeds on the second.
+  const std::string script = "echo $TORCHELASTIC_RESTART_COUNT >> " + dir +
+                             "/attempts.$RANK; [ $TORCHELASTIC_RESTART_COUNT -ge 1 ]";
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1", "sh", "-c", script});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadFile(dir + "/attempts.0"), "0\n1\n");
+  r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "0", "sh",
+                  "-c", "exit 3"});
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+}
+
+TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "zero", "/bin/true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output,
+            "dlrun: invalid value 'zero' for --nproc-per-node: expected auto, gpu, cpu or an "
+            "integer 1-4096\n");
+  r = RunCommand({DLRUN_BIN, "--standalone", "/nonexistent/program"});
+  EXPECT_EQ(r.exit_code, 127) << r.output;
+  EXPECT_NE(r.output.find("cannot execute '/nonexistent/program'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dlrun::testing

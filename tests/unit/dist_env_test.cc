@@ -1,0 +1,82 @@
+#include "dlrun/dist_env.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace dlrun::worker {
+namespace {
+
+absl::StatusOr<DistEnv> Parse(std::map<std::string, std::string> vars) {
+  return ParseDistEnv([vars](std::string_view n) -> std::optional<std::string> {
+    auto it = vars.find(std::string(n));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+TEST(DistEnv, NoLauncherMeansSingleProcess) {
+  auto d = Parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->source, "single");
+  EXPECT_EQ(d->world_size, 1);
+  EXPECT_EQ(d->rank, 0);
+}
+
+TEST(DistEnv, Torchrun) {
+  auto d = Parse({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                  {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "node1"},
+                  {"MASTER_PORT", "1234"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+                  {"TORCHELASTIC_RUN_ID", "j"}});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->source, "torchrun");
+  EXPECT_EQ(d->rank, 5);
+  EXPECT_EQ(d->world_size, 8);
+  EXPECT_EQ(d->local_rank, 1);
+  EXPECT_EQ(d->local_world_size, 4);
+  EXPECT_EQ(d->group_rank, 1);
+  EXPECT_EQ(d->master_addr, "node1");
+  EXPECT_EQ(d->master_port, 1234);
+  EXPECT_EQ(d->restart_count, 2);
+  EXPECT_EQ(d->run_id, "j");
+}
+
+TEST(DistEnv, OpenMpiAndSlurm) {
+  auto d = Parse({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                  {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                  {"OMPI_COMM_WORLD_NODE_RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "9"}});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->source, "openmpi");
+  EXPECT_EQ(d->rank, 3);
+  EXPECT_EQ(d->local_rank, 1);
+  EXPECT_EQ(d->group_rank, 1);
+  d = Parse({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+             {"SLURM_NODEID", "0"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_NUM_NODES", "1"}});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->source, "slurm");
+  EXPECT_EQ(d->rank, 1);
+  EXPECT_EQ(d->run_id, "77");
+}
+
+TEST(DistEnv, ErrorsNameTheVariableAndValue) {
+  auto d = Parse({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"},
+                  {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(std::string(d.status().message()), "RANK=2 is not below WORLD_SIZE=2");
+  d = Parse({{"RANK", "x"}, {"WORLD_SIZE", "2"}});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(std::string(d.status().message()).find("RANK='x'"), std::string::npos);
+  d = Parse({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_PORT", "1"}});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(std::string(d.status().message()).find("MASTER_ADDR"), std::string::npos);
+  d = Parse({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "a"},
+             {"MASTER_PORT", "99999"}});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(std::string(d.status().message()).find("MASTER_PORT='99999'"), std::string::npos);
+  d = Parse({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "5"}});
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(std::string(d.status().message()).find("LOCAL_RANK is not set"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dlrun::worker

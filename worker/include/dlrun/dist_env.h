@@ -1,0 +1,36 @@
+// Reads where this process sits in a distributed job from its environment: dlrun / torchrun
+// (RANK, WORLD_SIZE, ...), Open MPI's mpirun (OMPI_COMM_WORLD_*), or srun alone (SLURM_PROCID...).
+// No LibTorch here, so it is cheap to include and to test.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace dlrun::worker {
+
+using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
+EnvLookup ProcessEnvironment();
+
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int group_rank = 0;  // node rank
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int restart_count = 0;
+  std::string run_id = "none";
+  std::string source;  // "torchrun" (dlrun or torchrun), "openmpi", "slurm" or "single"
+};
+
+// Fails with a one-line message naming the variable and the bad value when the environment is
+// incomplete or inconsistent (e.g. RANK >= WORLD_SIZE). A process with no launcher variables at
+// all is a single-process job (world size 1).
+absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env);
+
+}  // namespace dlrun::worker

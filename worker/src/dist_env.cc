@@ -1,0 +1,129 @@
+#include "dlrun/dist_env.h"
+
+#include <cstdlib>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace dlrun::worker {
+namespace {
+
+// Reads an integer variable in [lo, hi]; `required` makes absence an error.
+absl::Status ReadInt(const EnvLookup& env, const std::string& name, int lo, int hi, bool required,
+                     int* out) {
+  std::optional<std::string> v = env(name);
+  if (!v.has_value()) {
+    if (!required) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("environment variable ", name, " is not set (expected an integer)"));
+  }
+  int x = 0;
+  if (!absl::SimpleAtoi(*v, &x) || x < lo || x > hi) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "='", *v,
+                                                   "' is invalid: expected an integer in [", lo,
+                                                   ", ", hi, "]"));
+  }
+  *out = x;
+  return absl::OkStatus();
+}
+
+constexpr int kMax = std::numeric_limits<int>::max();
+
+#define DLRUN_RETURN_IF_ERROR(expr)          \
+  do {                                       \
+    if (absl::Status _s = (expr); !_s.ok()) { \
+      return _s;                             \
+    }                                        \
+  } while (0)
+
+}  // namespace
+
+EnvLookup ProcessEnvironment() {
+  return [](std::string_view name) -> std::optional<std::string> {
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env) {
+  DistEnv d;
+  std::string rank_var, size_var, local_var, local_size_var;
+  if (env("RANK") || env("WORLD_SIZE")) {
+    d.source = "torchrun";
+    rank_var = "RANK";
+    size_var = "WORLD_SIZE";
+    local_var = "LOCAL_RANK";
+    local_size_var = "LOCAL_WORLD_SIZE";
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    d.source = "openmpi";
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    size_var = "OMPI_COMM_WORLD_SIZE";
+    local_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+    local_size_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
+  } else if (env("SLURM_PROCID")) {
+    d.source = "slurm";
+    rank_var = "SLURM_PROCID";
+    size_var = "SLURM_NTASKS";
+    local_var = "SLURM_LOCALID";
+    local_size_var = "SLURM_NTASKS_PER_NODE";
+  } else {
+    d.source = "single";
+    return d;
+  }
+
+  DLRUN_RETURN_IF_ERROR(ReadInt(env, size_var, 1, kMax, true, &d.world_size));
+  DLRUN_RETURN_IF_ERROR(ReadInt(env, rank_var, 0, kMax, true, &d.rank));
+  if (d.rank >= d.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(rank_var, "=", d.rank, " is not below ",
+                                                   size_var, "=", d.world_size));
+  }
+  d.local_rank = d.rank;
+  d.local_world_size = d.world_size;
+  DLRUN_RETURN_IF_ERROR(ReadInt(env, local_var, 0, kMax, d.source == "torchrun", &d.local_rank));
+  DLRUN_RETURN_IF_ERROR(ReadInt(env, local_size_var, 1, kMax, false, &d.local_world_size));
+  if (d.local_rank >= d.local_world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(local_var, "=", d.local_rank, " is not below ",
+                                                   local_size_var, "=", d.local_world_size));
+  }
+  if (d.source == "torchrun") {
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, "GROUP_RANK", 0, kMax, false, &d.group_rank));
+    DLRUN_RETURN_IF_ERROR(
+        ReadInt(env, "TORCHELASTIC_RESTART_COUNT", 0, kMax, false, &d.restart_count));
+    if (auto id = env("TORCHELASTIC_RUN_ID")) d.run_id = *id;
+  } else if (d.source == "openmpi") {
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, "OMPI_COMM_WORLD_NODE_RANK", 0, kMax, false, &d.group_rank));
+  } else {
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, "SLURM_NODEID", 0, kMax, false, &d.group_rank));
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, "SLURM_RESTART_COUNT", 0, kMax, false, &d.restart_count));
+    if (auto id = env("SLURM_JOB_ID")) d.run_id = *id;
+  }
+
+  // The store address: always MASTER_ADDR / MASTER_PORT when set (dlrun and torchrun set them).
+  std::optional<std::string> addr = env("MASTER_ADDR");
+  if (addr.has_value()) {
+    if (addr->empty()) {
+      return absl::InvalidArgumentError("environment variable MASTER_ADDR is empty");
+    }
+    d.master_addr = *addr;
+  } else if (d.world_size > 1 && d.source == "torchrun") {
+    return absl::FailedPreconditionError(
+        "environment variable MASTER_ADDR is not set (expected the address of rank 0)");
+  } else if (d.world_size > 1 && d.source == "slurm") {
+    // srun alone: rank 0 runs where srun was launched from only for single-node steps; ask
+    // for MASTER_ADDR explicitly when the step spans nodes.
+    auto nodes = env("SLURM_STEP_NUM_NODES");
+    if (nodes.has_value() && *nodes != "1") {
+      return absl::FailedPreconditionError(
+          "environment variable MASTER_ADDR is not set: a multi-node srun step needs the "
+          "address of the node of rank 0 (e.g. the first host of SLURM_JOB_NODELIST)");
+    }
+  }
+  DLRUN_RETURN_IF_ERROR(
+      ReadInt(env, "MASTER_PORT", 1, 65535, d.world_size > 1 && d.source == "torchrun",
+              &d.master_port));
+  return d;
+}
+
+}  // namespace dlrun::worker

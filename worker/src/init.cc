@@ -1,0 +1,111 @@
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "dlrun/worker.h"
+
+namespace dlrun::worker {
+namespace {
+
+bool IsLoopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+}  // namespace
+
+Context init(const InitOptions& options) {
+  auto parsed = ParseDistEnv(ProcessEnvironment());
+  if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));
+  Context ctx;
+  ctx.env = *parsed;
+  const DistEnv& e = ctx.env;
+
+  std::string backend = options.backend;
+  if (backend == "auto") backend = "gloo";  // Debian's LibTorch is CPU-only; NCCL needs CUDA
+  if (backend != "gloo") {
+    throw std::runtime_error(absl::StrCat("backend '", backend,
+                                          "' is not available in this LibTorch build: expected "
+                                          "gloo (NCCL needs a CUDA-enabled LibTorch)"));
+  }
+
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(e.master_port);
+  so.isServer = e.rank == 0;
+  so.numWorkers = e.world_size;
+  so.waitWorkers = false;
+  so.timeout = options.timeout;
+  try {
+    ctx.store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
+  } catch (const std::exception& ex) {
+    std::string what = ex.what();
+    what = what.substr(0, what.find('\n'));
+    throw std::runtime_error(absl::StrCat(
+        e.rank == 0 ? "rank 0 cannot host the c10d store on " : "cannot reach the c10d store at ",
+        e.master_addr, ":", e.master_port, " within ", options.timeout.count() / 1000,
+        " s (MASTER_ADDR/MASTER_PORT): ", what));
+  }
+
+  auto gloo_opts = c10d::ProcessGroupGloo::Options::create();
+  gloo_opts->timeout = options.timeout;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (IsLoopback(e.master_addr)) {
+    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  ctx.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(ctx.store, e.rank, e.world_size, gloo_opts);
+  return ctx;
+}
+
+void broadcastParameters(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors) {
+  if (pg.getSize() == 1 || tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> flat{torch::cat(
+      [&] {
+        std::vector<torch::Tensor> v;
+        for (const auto& t : tensors) v.push_back(t.detach().reshape({-1}));
+        return v;
+      }())};
+  pg.broadcast(flat, c10d::BroadcastOptions{})->wait();
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    t.copy_(flat[0].narrow(0, off, t.numel()).view_as(t));
+    off += t.numel();
+  }
+}
+
+void averageGradients(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& params) {
+  if (pg.getSize() == 1) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad().reshape({-1}));
+  }
+  if (grads.empty()) return;
+  std::vector<torch::Tensor> flat{torch::cat(grads)};
+  pg.allreduce(flat)->wait();
+  flat[0].div_(pg.getSize());
+  int64_t off = 0;
+  for (const auto& p : params) {
+    p.grad().copy_(flat[0].narrow(0, off, p.numel()).view_as(p));
+    off += p.numel();
+  }
+}
+
+uint64_t digest(const std::vector<torch::Tensor>& tensors) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the raw bytes
+  for (const auto& t : tensors) {
+    torch::Tensor c = t.detach().contiguous().cpu();
+    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+    const size_t n = c.numel() * c.element_size();
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace dlrun::worker

@@ -1,0 +1,245 @@
+#include "rendezvous/handler.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::string& longer = a.size() >= b.size() ? a : b;
+  for (size_t i = 0; i < longer.size(); ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0;
+    const unsigned char y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+absl::Status CheckString(const std::string& field, const std::string& v, size_t max,
+                         bool required) {
+  if (required && v.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is empty (expected 1-", max, " bytes)"));
+  }
+  if (v.size() > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " is ", v.size(), " bytes long (expected at most ", max, ")"));
+  }
+  for (unsigned char c : v) {
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " contains a control character"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void ToProto(const Assignment& a, v1::Assignment* out) {
+  out->set_round(a.round);
+  out->set_node_rank(a.node_rank);
+  out->set_num_nodes(a.num_nodes);
+  out->set_rank_offset(a.rank_offset);
+  out->set_world_size(a.world_size);
+  out->set_local_world_size(a.local_world_size);
+  out->set_master_addr(a.master_addr);
+  out->set_master_port(a.master_port);
+  out->set_restart_count(a.restart_count);
+}
+
+Assignment FromProto(const v1::Assignment& a) {
+  Assignment r;
+  r.round = a.round();
+  r.node_rank = static_cast<int>(a.node_rank());
+  r.num_nodes = static_cast<int>(a.num_nodes());
+  r.rank_offset = static_cast<int>(a.rank_offset());
+  r.world_size = static_cast<int>(a.world_size());
+  r.local_world_size = static_cast<int>(a.local_world_size());
+  r.master_addr = a.master_addr();
+  r.master_port = static_cast<int>(a.master_port());
+  r.restart_count = static_cast<int>(a.restart_count());
+  return r;
+}
+
+absl::StatusOr<NodeInfo> NodeFromProto(const v1::NodeIdentity& n) {
+  if (auto s = CheckString("node.node_id", n.node_id(), 256, true); !s.ok()) return s;
+  if (auto s = CheckString("node.hostname", n.hostname(), 255, true); !s.ok()) return s;
+  if (auto s = CheckString("node.address", n.address(), 255, true); !s.ok()) return s;
+  if (n.nproc() < 1 || n.nproc() > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node.nproc is ", n.nproc(), " (expected 1-4096)"));
+  }
+  if (n.master_port() > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node.master_port is ", n.master_port(), " (expected 0-65535)"));
+  }
+  if (n.slurm_node_id() < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node.slurm_node_id is ", n.slurm_node_id(), " (expected >= -1)"));
+  }
+  NodeInfo out;
+  out.node_id = n.node_id();
+  out.hostname = n.hostname();
+  out.address = n.address();
+  out.nproc = static_cast<int>(n.nproc());
+  out.slurm_node_id = n.slurm_node_id();
+  out.master_port = static_cast<int>(n.master_port());
+  return out;
+}
+
+Handler::Handler(HandlerOptions options)
+    : options_(std::move(options)), machine_(options_.config, options_.now()) {}
+
+absl::Status Handler::Refuse(absl::Status s, const std::string& peer) {
+  if (options_.on_refused) options_.on_refused(s, peer);
+  return s;
+}
+
+absl::Status Handler::CheckAuth(const v1::Auth& auth, const std::string& peer) {
+  if (auth.protocol_version() != kProtocolVersion) {
+    return Refuse(absl::FailedPreconditionError(absl::StrCat(
+                      "rendezvous protocol version ", auth.protocol_version(),
+                      " is not supported: this server speaks version ", kProtocolVersion,
+                      " (update dlrun on every node to the same release)")),
+                  peer);
+  }
+  if (auth.run_id() != options_.run_id || !ConstantTimeEquals(auth.token(), options_.token)) {
+    // One message for both, so a caller cannot probe which one was wrong.
+    return Refuse(absl::PermissionDeniedError("wrong run id or job token"), peer);
+  }
+  return absl::OkStatus();
+}
+
+void Handler::Deliver(Deliveries& d) {
+  for (Delivery& x : d) {
+    if (x.callback) x.callback(std::move(x.result));
+  }
+}
+
+void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t ticket,
+                   JoinDone done) {
+  static const v1::JoinResponse kEmpty;
+  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) {
+    done(s, kEmpty);
+    return;
+  }
+  absl::StatusOr<NodeInfo> node = NodeFromProto(req.node());
+  if (!node.ok()) {
+    done(Refuse(node.status(), peer), kEmpty);
+    return;
+  }
+  auto cb = [done = std::move(done)](absl::StatusOr<Assignment> r) {
+    if (!r.ok()) {
+      done(r.status(), kEmpty);
+      return;
+    }
+    v1::JoinResponse resp;
+    ToProto(*r, resp.mutable_assignment());
+    done(absl::OkStatus(), resp);
+  };
+  Deliveries out;
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = machine_.Join(*node, ticket, options_.now(), cb, &out);
+  }
+  Deliver(out);
+  if (!s.ok()) cb(s);
+}
+
+bool Handler::CancelJoin(const std::string& node_id, uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  return machine_.CancelJoin(node_id, ticket);
+}
+
+absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::string& peer,
+                                v1::HeartbeatResponse* resp) {
+  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
+  absl::StatusOr<HeartbeatReply> r;
+  {
+    absl::MutexLock lock(&mu_);
+    r = machine_.Heartbeat(req.node_id(), req.round(), options_.now());
+  }
+  if (!r.ok()) return Refuse(r.status(), peer);
+  resp->set_action(r->action == Action::kContinue  ? v1::HeartbeatResponse::CONTINUE
+                   : r->action == Action::kRestart ? v1::HeartbeatResponse::RESTART
+                                                   : v1::HeartbeatResponse::STOP);
+  resp->set_current_round(r->current_round);
+  resp->set_reason(r->reason);
+  return absl::OkStatus();
+}
+
+absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::string& peer,
+                                    v1::FailureResponse* resp) {
+  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
+  if (req.reason().size() > 4096) {
+    return Refuse(absl::InvalidArgumentError("reason is longer than 4096 bytes"), peer);
+  }
+  Deliveries out;
+  absl::StatusOr<FailureReply> r;
+  {
+    absl::MutexLock lock(&mu_);
+    r = machine_.ReportFailure(req.node_id(), req.round(), req.reason(), options_.now(), &out);
+  }
+  Deliver(out);
+  if (!r.ok()) return Refuse(r.status(), peer);
+  resp->set_next_round(r->next_round);
+  resp->set_restarts_exhausted(r->restarts_exhausted);
+  return absl::OkStatus();
+}
+
+absl::Status Handler::Leave(const v1::LeaveRequest& req, const std::string& peer) {
+  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
+  Deliveries out;
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    s = machine_.Leave(req.node_id(), req.round(), req.success(), options_.now(), &out);
+  }
+  Deliver(out);
+  return s.ok() ? s : Refuse(s, peer);
+}
+
+absl::Status Handler::Status(const v1::StatusRequest& req, const std::string& peer,
+                             v1::StatusResponse* resp) {
+  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  StatusSnapshot snap;
+  {
+    absl::MutexLock lock(&mu_);
+    snap = machine_.Snapshot();
+  }
+  resp->set_round(snap.round);
+  resp->set_state(snap.phase);
+  resp->set_joined(snap.joined);
+  resp->set_waiting(snap.waiting);
+  resp->set_restart_count(snap.restart_count);
+  for (auto& n : snap.nodes) resp->add_nodes(n);
+  return absl::OkStatus();
+}
+
+std::optional<TimePoint> Handler::Tick() {
+  Deliveries out;
+  std::optional<TimePoint> next;
+  {
+    absl::MutexLock lock(&mu_);
+    machine_.Tick(options_.now(), &out);
+    next = machine_.NextDeadline();
+  }
+  Deliver(out);
+  return next;
+}
+
+StateMachine::Phase Handler::phase() {
+  absl::MutexLock lock(&mu_);
+  return machine_.phase();
+}
+
+uint64_t Handler::round() {
+  absl::MutexLock lock(&mu_);
+  return machine_.round();
+}
+
+}  // namespace dlrun::rdzv

@@ -1,0 +1,76 @@
+// Maps rendezvous proto messages to the state machine: checks the protocol version, run id and
+// token of every request and the shape of every message before anything reaches the state, and
+// serialises access. No gRPC here (the service adapts it); thread-safe.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "dlrun/proto/rendezvous.pb.h"
+#include "rendezvous/state_machine.h"
+
+namespace dlrun::rdzv {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+// Largest message the service accepts; a join is a few hundred bytes.
+inline constexpr int kMaxMessageBytes = 64 * 1024;
+
+struct HandlerOptions {
+  Config config;
+  std::string run_id;
+  std::string token;  // per-job secret; empty only in tests that say so
+  std::function<TimePoint()> now = [] { return Clock::now(); };
+  // Called (outside the lock) for every refused request, e.g. to log it.
+  std::function<void(const absl::Status&, const std::string& peer)> on_refused;
+};
+
+class Handler {
+ public:
+  explicit Handler(HandlerOptions options);
+
+  using JoinDone = std::function<void(const absl::Status&, const v1::JoinResponse&)>;
+  // A fresh ticket identifying one Join call (for CancelJoin).
+  uint64_t NewTicket() { return next_ticket_.fetch_add(1); }
+  // `done` runs exactly once: at once for a refused request, else when the round closes or
+  // fails, unless CancelJoin(node, ticket) returned true first.
+  void Join(const v1::JoinRequest& req, const std::string& peer, uint64_t ticket, JoinDone done);
+  // Returns true if the join was still pending (then `done` will not run; finish the call).
+  bool CancelJoin(const std::string& node_id, uint64_t ticket);
+
+  absl::Status Heartbeat(const v1::HeartbeatRequest& req, const std::string& peer,
+                         v1::HeartbeatResponse* resp);
+  absl::Status ReportFailure(const v1::FailureReport& req, const std::string& peer,
+                             v1::FailureResponse* resp);
+  absl::Status Leave(const v1::LeaveRequest& req, const std::string& peer);
+  absl::Status Status(const v1::StatusRequest& req, const std::string& peer,
+                      v1::StatusResponse* resp);
+
+  // Runs the state machine's timers; returns the next time it needs to run.
+  std::optional<TimePoint> Tick();
+  StateMachine::Phase phase();
+  uint64_t round();
+
+ private:
+  absl::Status CheckAuth(const v1::Auth& auth, const std::string& peer);
+  absl::Status Refuse(absl::Status s, const std::string& peer);
+  static void Deliver(Deliveries& d);
+
+  HandlerOptions options_;
+  absl::Mutex mu_;
+  StateMachine machine_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_ticket_{1};
+};
+
+// Converts between the proto and the plain types.
+void ToProto(const Assignment& a, v1::Assignment* out);
+Assignment FromProto(const v1::Assignment& a);
+// Validates a NodeIdentity; errors name the field and the expected shape.
+absl::StatusOr<NodeInfo> NodeFromProto(const v1::NodeIdentity& n);
+
+}  // namespace dlrun::rdzv

@@ -1,0 +1,181 @@
+#include "rendezvous/server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "dlrun/proto/rendezvous.grpc.pb.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+class Service final : public v1::Rendezvous::CallbackService {
+ public:
+  Service(Handler* h, std::function<void()> on_change) : h_(h), on_change_(std::move(on_change)) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinResponse* resp) override {
+    // A reactor that can hear the client go away while its join is pending.
+    class Reactor : public grpc::ServerUnaryReactor {
+     public:
+      Reactor(Handler* h, std::string node_id, uint64_t ticket)
+          : h_(h), node_id_(std::move(node_id)), ticket_(ticket) {}
+      void OnCancel() override {
+        if (h_->CancelJoin(node_id_, ticket_)) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "join cancelled by the client"));
+        }
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      Handler* h_;
+      std::string node_id_;
+      const uint64_t ticket_;
+    };
+    const uint64_t ticket = h_->NewTicket();
+    auto* r = new Reactor(h_, req->node().node_id(), ticket);
+    // Nothing may touch `r` after Join: the round can close inside it and end the call.
+    h_->Join(*req, ctx->peer(), ticket, [r, resp](const absl::Status& s, const v1::JoinResponse& jr) {
+      if (s.ok()) *resp = jr;
+      r->Finish(ToGrpc(s));
+    });
+    on_change_();  // the timer re-reads the next deadline (e.g. last call)
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(h_->Heartbeat(*req, ctx->peer(), resp)));
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* ctx,
+                                          const v1::FailureReport* req,
+                                          v1::FailureResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(h_->ReportFailure(*req, ctx->peer(), resp)));
+    on_change_();
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
+                                  v1::LeaveResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(h_->Leave(*req, ctx->peer())));
+    on_change_();
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
+                                   v1::StatusResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(h_->Status(*req, ctx->peer(), resp)));
+    return r;
+  }
+
+ private:
+  Handler* h_;
+  std::function<void()> on_change_;
+};
+
+class ServerImpl final : public RendezvousServer {
+ public:
+  explicit ServerImpl(ServerOptions o)
+      : handler_(std::move(o.handler)), service_(&handler_, [this] { Poke(); }) {}
+
+  absl::Status Init(const std::string& listen) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(&service_);
+    b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    server_ = b.BuildAndStart();
+    if (!server_ || port_ == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
+    }
+    timer_ = std::thread([this] { TimerLoop(); });
+    return absl::OkStatus();
+  }
+
+  ~ServerImpl() override { Shutdown(); }
+
+  int port() const override { return port_; }
+  Handler& handler() override { return handler_; }
+
+  void Shutdown() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (timer_.joinable()) timer_.join();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+
+  void WaitForJobEnd() override {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] {
+      auto p = handler_.phase();
+      return stopping_ || p == StateMachine::Phase::kFailed ||
+             p == StateMachine::Phase::kSucceeded;
+    });
+  }
+
+ private:
+  void Poke() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ++changes_;
+    }
+    cv_.notify_all();
+  }
+
+  // Sleeps until the state machine's next deadline or a change, whichever comes first.
+  void TimerLoop() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stopping_) {
+      l.unlock();
+      std::optional<TimePoint> next = handler_.Tick();
+      l.lock();
+      cv_.notify_all();  // WaitForJobEnd re-checks the phase
+      const uint64_t seen = changes_;
+      auto pred = [&] { return stopping_ || changes_ != seen; };
+      if (next) {
+        cv_.wait_until(l, *next, pred);
+      } else {
+        cv_.wait(l, pred);
+      }
+    }
+  }
+
+  Handler handler_;
+  Service service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::thread timer_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  uint64_t changes_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(ServerOptions options) {
+  const std::string listen = options.listen_address;
+  auto s = std::make_unique<ServerImpl>(std::move(options));
+  if (absl::Status st = s->Init(listen); !st.ok()) return st;
+  return std::unique_ptr<RendezvousServer>(std::move(s));
+}
+
+}  // namespace dlrun::rdzv

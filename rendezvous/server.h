@@ -1,0 +1,33 @@
+// The rendezvous gRPC server: a thin callback-API service over Handler, plus the timer thread
+// that drives the state machine's deadlines. A pending Join holds no thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "rendezvous/handler.h"
+
+namespace dlrun::rdzv {
+
+struct ServerOptions {
+  HandlerOptions handler;
+  // host:port to listen on; port 0 picks a free one. Bind the job's address, not 0.0.0.0,
+  // unless asked.
+  std::string listen_address = "127.0.0.1:0";
+};
+
+class RendezvousServer {
+ public:
+  virtual ~RendezvousServer() = default;
+  virtual int port() const = 0;
+  virtual Handler& handler() = 0;
+  // Stops accepting calls, finishes pending ones with UNAVAILABLE, joins the timer thread.
+  virtual void Shutdown() = 0;
+  // Blocks until the job has failed or succeeded.
+  virtual void WaitForJobEnd() = 0;
+
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(ServerOptions options);
+};
+
+}  // namespace dlrun::rdzv

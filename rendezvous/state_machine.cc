@@ -1,0 +1,357 @@
+#include "rendezvous/state_machine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+int64_t Seconds(Duration d) { return std::chrono::duration_cast<std::chrono::seconds>(d).count(); }
+
+}  // namespace
+
+StateMachine::StateMachine(Config config, TimePoint now)
+    : config_(std::move(config)), round_opened_at_(now) {}
+
+const StateMachine::Member* StateMachine::FindMember(const std::string& node_id) const {
+  auto it = member_index_.find(node_id);
+  return it == member_index_.end() ? nullptr : &members_[it->second];
+}
+
+std::string StateMachine::JoinedHosts() const {
+  std::vector<std::string> hosts;
+  for (const Pending& p : joining_) hosts.push_back(p.node.hostname);
+  std::sort(hosts.begin(), hosts.end());
+  if (hosts.size() > 16) {
+    hosts.resize(16);
+    hosts.push_back("...");
+  }
+  return absl::StrJoin(hosts, ", ");
+}
+
+void StateMachine::AddJoining(Pending p, Deliveries* out) {
+  auto it = joining_index_.find(p.node.node_id);
+  if (it != joining_index_.end()) {
+    // The same node joined again (its agent retried): the newer call replaces the older one.
+    Pending& old = joining_[it->second];
+    out->push_back({std::move(old.cb),
+                    absl::AbortedError("superseded by a newer join from the same node")});
+    old = std::move(p);
+    return;
+  }
+  joining_index_[p.node.node_id] = joining_.size();
+  joining_.push_back(std::move(p));
+}
+
+absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint now,
+                                JoinCallback cb, Deliveries* out) {
+  if (phase_ == Phase::kFailed) {
+    return absl::FailedPreconditionError(absl::StrCat("the job has failed: ", failure_reason_));
+  }
+  if (phase_ == Phase::kSucceeded) {
+    return absl::FailedPreconditionError("the job has already finished");
+  }
+  Pending p{node, ticket, std::move(cb)};
+  if (phase_ == Phase::kJoining) {
+    if (static_cast<int>(joining_.size()) >= config_.max_nodes &&
+        !joining_index_.count(node.node_id)) {
+      waiting_.push_back(std::move(p));
+      return absl::OkStatus();
+    }
+    AddJoining(std::move(p), out);
+    MaybeClose(now, out);
+    return absl::OkStatus();
+  }
+  // Running.
+  const bool is_member = FindMember(node.node_id) != nullptr;
+  if (!is_member && static_cast<int>(members_.size()) >= config_.max_nodes) {
+    waiting_.push_back(std::move(p));  // full: held until a round opens for another reason
+    return absl::OkStatus();
+  }
+  waiting_.push_back(std::move(p));
+  OpenRound(now,
+            is_member ? absl::StrCat("node ", node.hostname, " (", node.node_id, ") re-joined")
+                      : absl::StrCat("scale-up: node ", node.hostname, " is waiting to join"),
+            /*counts_as_restart=*/false, out);
+  return absl::OkStatus();
+}
+
+bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
+  auto it = joining_index_.find(node_id);
+  if (it != joining_index_.end() && joining_[it->second].ticket == ticket) {
+    const size_t i = it->second;
+    joining_index_.erase(it);
+    if (i + 1 != joining_.size()) {
+      joining_[i] = std::move(joining_.back());
+      joining_index_[joining_[i].node.node_id] = i;
+    }
+    joining_.pop_back();
+    if (static_cast<int>(joining_.size()) < config_.min_nodes) min_reached_at_.reset();
+    return true;
+  }
+  for (auto w = waiting_.begin(); w != waiting_.end(); ++w) {
+    if (w->node.node_id == node_id && w->ticket == ticket) {
+      waiting_.erase(w);
+      return true;
+    }
+  }
+  return false;
+}
+
+void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
+                             Deliveries* out) {
+  ++round_;
+  restart_reason_ = reason;
+  phase_ = Phase::kJoining;
+  round_opened_at_ = now;
+  min_reached_at_.reset();
+  expected_.clear();
+  for (const Member& m : members_) {
+    if (!m.left) expected_.insert(m.node.node_id);
+  }
+  if (counts_as_restart && ++restart_count_ > config_.max_restarts) {
+    Fail(absl::StrCat(reason, "; no restarts left (max_restarts=", config_.max_restarts, ")"),
+         out);
+    return;
+  }
+  std::vector<Pending> waiting = std::move(waiting_);
+  waiting_.clear();
+  for (Pending& p : waiting) {
+    if (static_cast<int>(joining_.size()) < config_.max_nodes ||
+        joining_index_.count(p.node.node_id)) {
+      expected_.insert(p.node.node_id);
+      AddJoining(std::move(p), out);
+    } else {
+      waiting_.push_back(std::move(p));
+    }
+  }
+  MaybeClose(now, out);
+}
+
+void StateMachine::MaybeClose(TimePoint now, Deliveries* out) {
+  if (phase_ != Phase::kJoining) return;
+  const int n = static_cast<int>(joining_.size());
+  if (n >= config_.max_nodes) return Close(now, out);
+  if (n < config_.min_nodes) return;
+  if (!expected_.empty() &&
+      std::all_of(expected_.begin(), expected_.end(),
+                  [&](const std::string& id) { return joining_index_.count(id) > 0; })) {
+    return Close(now, out);  // every survivor is back: no need to wait for the last call
+  }
+  if (!min_reached_at_) min_reached_at_ = now;
+  if (now >= *min_reached_at_ + config_.last_call) Close(now, out);
+}
+
+void StateMachine::Close(TimePoint now, Deliveries* out) {
+  // Deterministic node ranks: by Slurm node id when every node knows it, else by node id.
+  const bool all_slurm = std::all_of(joining_.begin(), joining_.end(),
+                                     [](const Pending& p) { return p.node.slurm_node_id >= 0; });
+  std::sort(joining_.begin(), joining_.end(), [&](const Pending& a, const Pending& b) {
+    if (all_slurm && a.node.slurm_node_id != b.node.slurm_node_id) {
+      return a.node.slurm_node_id < b.node.slurm_node_id;
+    }
+    return a.node.node_id < b.node.node_id;
+  });
+  int world = 0;
+  for (const Pending& p : joining_) world += p.node.nproc;
+
+  members_.clear();
+  member_index_.clear();
+  members_.reserve(joining_.size());
+  const std::string master_addr = joining_.empty() ? "" : joining_[0].node.address;
+  const int master_port = joining_.empty() ? 0 : joining_[0].node.master_port;
+  int offset = 0;
+  out->reserve(out->size() + joining_.size());
+  for (size_t i = 0; i < joining_.size(); ++i) {
+    Pending& p = joining_[i];
+    Assignment a;
+    a.round = round_;
+    a.node_rank = static_cast<int>(i);
+    a.num_nodes = static_cast<int>(joining_.size());
+    a.rank_offset = offset;
+    a.world_size = world;
+    a.local_world_size = p.node.nproc;
+    a.master_addr = master_addr;
+    a.master_port = master_port;
+    a.restart_count = restart_count_;
+    offset += p.node.nproc;
+    member_index_[p.node.node_id] = members_.size();
+    known_.insert(p.node.node_id);
+    members_.push_back({std::move(p.node), now, false});
+    out->push_back({std::move(p.cb), std::move(a)});
+  }
+  joining_.clear();
+  joining_index_.clear();
+  expected_.clear();
+  min_reached_at_.reset();
+  phase_ = Phase::kRunning;
+}
+
+void StateMachine::Fail(const std::string& reason, Deliveries* out) {
+  phase_ = Phase::kFailed;
+  failure_reason_ = reason;
+  for (auto* list : {&joining_, &waiting_}) {
+    for (Pending& p : *list) {
+      out->push_back({std::move(p.cb),
+                      absl::FailedPreconditionError(absl::StrCat("the job has failed: ", reason))});
+    }
+    list->clear();
+  }
+  joining_index_.clear();
+}
+
+absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_id, uint64_t round,
+                                                       TimePoint now) {
+  if (!known_.count(node_id)) {
+    return absl::NotFoundError(absl::StrCat("node id '", node_id, "' has never been a member"));
+  }
+  HeartbeatReply r;
+  r.current_round = round_;
+  if (phase_ == Phase::kFailed) {
+    r.action = Action::kStop;
+    r.reason = failure_reason_;
+    return r;
+  }
+  if (phase_ == Phase::kSucceeded) {
+    r.action = Action::kStop;
+    r.reason = "the job has finished";
+    return r;
+  }
+  auto it = member_index_.find(node_id);
+  if (phase_ == Phase::kRunning && round == round_ && it != member_index_.end()) {
+    members_[it->second].last_seen = now;
+    r.action = Action::kContinue;
+    return r;
+  }
+  if (round > round_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("round ", round, " is in the future (current round is ", round_, ")"));
+  }
+  r.action = Action::kRestart;  // a newer round is open or running: stop workers and re-join
+  r.reason = restart_reason_.empty() ? "a new round is open" : restart_reason_;
+  return r;
+}
+
+absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node_id,
+                                                         uint64_t round,
+                                                         const std::string& reason,
+                                                         TimePoint now, Deliveries* out) {
+  const Member* m = FindMember(node_id);
+  if (m == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("node id '", node_id, "' is not a member of round ", round_));
+  }
+  FailureReply r;
+  if (phase_ == Phase::kRunning && round == round_) {
+    OpenRound(now, absl::StrCat("worker failure on ", m->node.hostname, ": ", reason),
+              /*counts_as_restart=*/true, out);
+  }
+  // A stale round number changes nothing: that failure has already opened a newer round.
+  r.next_round = round_;
+  r.restarts_exhausted = phase_ == Phase::kFailed;
+  return r;
+}
+
+absl::Status StateMachine::Leave(const std::string& node_id, uint64_t round, bool success,
+                                 TimePoint now, Deliveries* out) {
+  auto it = member_index_.find(node_id);
+  if (it == member_index_.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("node id '", node_id, "' is not a member of round ", round_));
+  }
+  if (round != round_ || phase_ != Phase::kRunning) return absl::OkStatus();  // stale
+  if (!success) {
+    auto r = ReportFailure(node_id, round, "the node left after a failure", now, out);
+    return r.ok() ? absl::OkStatus() : r.status();
+  }
+  members_[it->second].left = true;
+  if (std::all_of(members_.begin(), members_.end(), [](const Member& m) { return m.left; })) {
+    phase_ = Phase::kSucceeded;
+    for (Pending& p : waiting_) {
+      out->push_back({std::move(p.cb), absl::FailedPreconditionError("the job has finished")});
+    }
+    waiting_.clear();
+  }
+  return absl::OkStatus();
+}
+
+void StateMachine::Tick(TimePoint now, Deliveries* out) {
+  if (phase_ == Phase::kJoining) {
+    const int n = static_cast<int>(joining_.size());
+    if (n < config_.min_nodes && now >= round_opened_at_ + config_.join_timeout) {
+      std::string msg = absl::StrCat("rendezvous round ", round_, " timed out after ",
+                                     Seconds(config_.join_timeout), " s: ", n, " of the minimum ",
+                                     config_.min_nodes, " nodes joined");
+      if (n > 0) absl::StrAppend(&msg, " (", JoinedHosts(), ")");
+      if (!config_.expected_hosts.empty()) {
+        absl::StrAppend(&msg, "; expected ", absl::StrJoin(config_.expected_hosts, ", "));
+      }
+      Fail(msg, out);
+      return;
+    }
+    MaybeClose(now, out);
+    return;
+  }
+  if (phase_ != Phase::kRunning) return;
+  const Duration limit = config_.heartbeat_interval * config_.heartbeat_misses;
+  std::vector<std::string> dead;
+  for (const Member& m : members_) {
+    if (!m.left && now - m.last_seen > limit) {
+      dead.push_back(absl::StrCat(m.node.hostname, " (", m.node.node_id, ")"));
+    }
+  }
+  if (dead.empty()) return;
+  // Drop the dead from the membership so the new round does not wait for them.
+  std::vector<Member> alive;
+  for (Member& m : members_) {
+    if (m.left || now - m.last_seen <= limit) alive.push_back(std::move(m));
+  }
+  members_ = std::move(alive);
+  member_index_.clear();
+  for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
+  const int survivors = static_cast<int>(members_.size() + waiting_.size());
+  const std::string what =
+      absl::StrCat("lost ", dead.size(), " node(s) to missed heartbeats: ", absl::StrJoin(dead, ", "));
+  if (survivors < config_.min_nodes) {
+    ++round_;
+    Fail(absl::StrCat(what, "; ", survivors, " node(s) left, below the minimum of ",
+                      config_.min_nodes),
+         out);
+    return;
+  }
+  OpenRound(now, what, /*counts_as_restart=*/true, out);
+}
+
+std::optional<TimePoint> StateMachine::NextDeadline() const {
+  if (phase_ == Phase::kJoining) {
+    if (min_reached_at_) return *min_reached_at_ + config_.last_call;
+    return round_opened_at_ + config_.join_timeout;
+  }
+  if (phase_ != Phase::kRunning || members_.empty()) return std::nullopt;
+  TimePoint oldest = TimePoint::max();
+  for (const Member& m : members_) {
+    if (!m.left) oldest = std::min(oldest, m.last_seen);
+  }
+  if (oldest == TimePoint::max()) return std::nullopt;
+  return oldest + config_.heartbeat_interval * config_.heartbeat_misses + Duration(1);
+}
+
+StatusSnapshot StateMachine::Snapshot() const {
+  StatusSnapshot s;
+  s.round = round_;
+  switch (phase_) {
+    case Phase::kJoining: s.phase = "joining"; break;
+    case Phase::kRunning: s.phase = "running"; break;
+    case Phase::kFailed: s.phase = "failed"; break;
+    case Phase::kSucceeded: s.phase = "succeeded"; break;
+  }
+  s.joined = static_cast<int>(phase_ == Phase::kRunning ? members_.size() : joining_.size());
+  s.waiting = static_cast<int>(waiting_.size());
+  s.restart_count = restart_count_;
+  for (const Member& m : members_) s.nodes.push_back(m.node.hostname);
+  return s;
+}
+
+}  // namespace dlrun::rdzv

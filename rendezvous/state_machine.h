@@ -1,0 +1,107 @@
+// The rendezvous as a pure state machine: rounds, membership, ranks and liveness.
+// No gRPC, no protobuf, no clock of its own: every call takes `now`, so tests drive it with a
+// fake clock. Not thread-safe; the handler serialises calls.
+//
+// A Join is a pending reply: the caller passes a callback, and the machine hands back
+// `Delivery`s (callback + result) for the caller to run after it releases its lock. Nothing
+// here blocks.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "rendezvous/types.h"
+
+namespace dlrun::rdzv {
+
+using JoinCallback = std::function<void(absl::StatusOr<Assignment>)>;
+struct Delivery {
+  JoinCallback callback;
+  absl::StatusOr<Assignment> result;
+};
+using Deliveries = std::vector<Delivery>;
+
+class StateMachine {
+ public:
+  enum class Phase { kJoining, kRunning, kFailed, kSucceeded };
+
+  StateMachine(Config config, TimePoint now);
+
+  // A node asks to join. Its callback runs when the round it lands in closes, or with an error.
+  // `ticket` identifies this call for CancelJoin. Joins during a running round are held as
+  // waiting and trigger a new round (scale-up) if there is room.
+  absl::Status Join(const NodeInfo& node, uint64_t ticket, TimePoint now, JoinCallback cb,
+                    Deliveries* out);
+  // The caller of a pending join went away (RPC cancelled): forget it. Returns whether it was
+  // still pending (then the caller finishes the call itself).
+  bool CancelJoin(const std::string& node_id, uint64_t ticket);
+
+  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
+                                           TimePoint now);
+  absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
+                                             const std::string& reason, TimePoint now,
+                                             Deliveries* out);
+  absl::Status Leave(const std::string& node_id, uint64_t round, bool success, TimePoint now,
+                     Deliveries* out);
+
+  // Advances timers: closes rounds at last call, fails on join timeout, declares silent nodes
+  // dead. Call it at NextDeadline() (or any time; it is idempotent).
+  void Tick(TimePoint now, Deliveries* out);
+  std::optional<TimePoint> NextDeadline() const;
+
+  Phase phase() const { return phase_; }
+  uint64_t round() const { return round_; }
+  int restart_count() const { return restart_count_; }
+  const std::string& failure_reason() const { return failure_reason_; }
+  StatusSnapshot Snapshot() const;
+
+ private:
+  struct Pending {
+    NodeInfo node;
+    uint64_t ticket;
+    JoinCallback cb;
+  };
+  struct Member {
+    NodeInfo node;
+    TimePoint last_seen;
+    bool left = false;
+  };
+
+  void AddJoining(Pending p, Deliveries* out);
+  void OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
+                 Deliveries* out);
+  void MaybeClose(TimePoint now, Deliveries* out);
+  void Close(TimePoint now, Deliveries* out);
+  void Fail(const std::string& reason, Deliveries* out);
+  const Member* FindMember(const std::string& node_id) const;
+  std::string JoinedHosts() const;
+
+  const Config config_;
+  Phase phase_ = Phase::kJoining;
+  uint64_t round_ = 1;
+  int restart_count_ = 0;
+  std::string failure_reason_;
+  std::string restart_reason_;  // why the current round opened (for heartbeat replies)
+
+  // The open round.
+  std::vector<Pending> joining_;
+  std::unordered_map<std::string, size_t> joining_index_;
+  std::unordered_set<std::string> expected_;  // nodes a re-rendezvous waits for
+  TimePoint round_opened_at_;
+  std::optional<TimePoint> min_reached_at_;
+
+  // Joins held while a full round runs.
+  std::vector<Pending> waiting_;
+
+  // The last closed round, by node rank.
+  std::vector<Member> members_;
+  std::unordered_map<std::string, size_t> member_index_;
+  std::unordered_set<std::string> known_;  // every node id ever assigned
+};
+
+}  // namespace dlrun::rdzv

@@ -1,0 +1,142 @@
+// The proto layer: every request is checked before it reaches the state machine.
+#include "rendezvous/handler.h"
+
+#include "gtest/gtest.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+class HandlerTest : public ::testing::Test {
+ protected:
+  HandlerTest() {
+    HandlerOptions o;
+    o.config.min_nodes = 2;
+    o.config.max_nodes = 2;
+    o.run_id = "job1";
+    o.token = "s3cret-token";
+    o.now = [this] { return now_; };
+    o.on_refused = [this](const absl::Status& s, const std::string&) { refused_.push_back(s); };
+    h_ = std::make_unique<Handler>(std::move(o));
+  }
+  v1::JoinRequest GoodJoin(const std::string& id) {
+    v1::JoinRequest r;
+    r.mutable_auth()->set_protocol_version(kProtocolVersion);
+    r.mutable_auth()->set_run_id("job1");
+    r.mutable_auth()->set_token("s3cret-token");
+    r.mutable_node()->set_node_id(id);
+    r.mutable_node()->set_hostname("h" + id);
+    r.mutable_node()->set_address("127.0.0.1");
+    r.mutable_node()->set_nproc(2);
+    r.mutable_node()->set_slurm_node_id(-1);
+    return r;
+  }
+  absl::Status JoinNow(const v1::JoinRequest& r) {
+    absl::Status got = absl::UnknownError("pending");
+    h_->Join(r, "test", h_->NewTicket(),
+             [&](const absl::Status& s, const v1::JoinResponse&) { got = s; });
+    return got;
+  }
+  void ExpectStateUnchanged() {
+    v1::StatusRequest sr;
+    *sr.mutable_auth() = GoodJoin("x").auth();
+    v1::StatusResponse st;
+    ASSERT_TRUE(h_->Status(sr, "test", &st).ok());
+    EXPECT_EQ(st.round(), 1u);
+    EXPECT_EQ(st.state(), "joining");
+    EXPECT_EQ(st.joined(), 0u);
+  }
+
+  TimePoint now_ = TimePoint() + std::chrono::hours(1);
+  std::unique_ptr<Handler> h_;
+  std::vector<absl::Status> refused_;
+};
+
+TEST_F(HandlerTest, WrongTokenOrRunIdIsPermissionDeniedAndChangesNothing) {
+  auto r = GoodJoin("a");
+  r.mutable_auth()->set_token("guess");
+  EXPECT_EQ(JoinNow(r).code(), absl::StatusCode::kPermissionDenied);
+  r = GoodJoin("a");
+  r.mutable_auth()->set_run_id("other-job");
+  EXPECT_EQ(JoinNow(r).code(), absl::StatusCode::kPermissionDenied);
+  r = GoodJoin("a");
+  r.mutable_auth()->clear_token();
+  EXPECT_EQ(JoinNow(r).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(refused_.size(), 3u);  // each refusal is reported for the log
+  ExpectStateUnchanged();
+  v1::HeartbeatRequest hb;
+  hb.mutable_auth()->set_protocol_version(kProtocolVersion);
+  hb.mutable_auth()->set_run_id("job1");
+  hb.mutable_auth()->set_token("nope");
+  hb.set_node_id("a");
+  v1::HeartbeatResponse hr;
+  EXPECT_EQ(h_->Heartbeat(hb, "p", &hr).code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(HandlerTest, OldProtocolVersionGetsAClearError) {
+  auto r = GoodJoin("a");
+  r.mutable_auth()->set_protocol_version(0);
+  absl::Status s = JoinNow(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(s.message()).find("protocol version 0 is not supported"),
+            std::string::npos);
+  ExpectStateUnchanged();
+}
+
+TEST_F(HandlerTest, MalformedNodeIdentityIsRejectedNamingTheField) {
+  struct Case {
+    std::function<void(v1::NodeIdentity*)> mutate;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {[](auto* n) { n->set_node_id(""); }, "node.node_id is empty"},
+      {[](auto* n) { n->set_node_id(std::string(300, 'x')); }, "node.node_id is 300 bytes"},
+      {[](auto* n) { n->set_hostname("evil\nhost"); }, "node.hostname contains a control"},
+      {[](auto* n) { n->set_address(""); }, "node.address is empty"},
+      {[](auto* n) { n->set_nproc(0); }, "node.nproc is 0 (expected 1-4096)"},
+      {[](auto* n) { n->set_nproc(100000); }, "node.nproc is 100000"},
+      {[](auto* n) { n->set_master_port(70000); }, "node.master_port is 70000"},
+      {[](auto* n) { n->set_slurm_node_id(-5); }, "node.slurm_node_id is -5"},
+  };
+  for (auto& c : cases) {
+    auto r = GoodJoin("a");
+    c.mutate(r.mutable_node());
+    absl::Status s = JoinNow(r);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.expect;
+    EXPECT_NE(std::string(s.message()).find(c.expect), std::string::npos) << s.message();
+  }
+  ExpectStateUnchanged();
+}
+
+TEST_F(HandlerTest, GarbageBytesDoNotParseIntoAJoin) {
+  // What a client sending garbage gets through: protobuf either rejects the bytes or yields a
+  // message whose fields fail validation. Either way nothing joins.
+  const std::string garbage[] = {std::string("\xff\xff\xff\xff\x0f", 5), "hello world",
+                                 std::string(1000, '\x0a')};
+  for (const std::string& g : garbage) {
+    v1::JoinRequest r;
+    if (!r.ParseFromString(g)) continue;
+    EXPECT_FALSE(JoinNow(r).ok());
+  }
+  ExpectStateUnchanged();
+}
+
+TEST_F(HandlerTest, GoodJoinsComplete) {
+  absl::Status a = absl::UnknownError("pending"), b = a;
+  v1::JoinResponse ra, rb;
+  h_->Join(GoodJoin("a"), "p", h_->NewTicket(), [&](const absl::Status& s, const auto& r) {
+    a = s;
+    ra = r;
+  });
+  EXPECT_EQ(a.code(), absl::StatusCode::kUnknown);  // still pending
+  h_->Join(GoodJoin("b"), "p", h_->NewTicket(), [&](const absl::Status& s, const auto& r) {
+    b = s;
+    rb = r;
+  });
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(ra.assignment().world_size(), 4u);
+  EXPECT_NE(ra.assignment().node_rank(), rb.assignment().node_rank());
+}
+
+}  // namespace
+}  // namespace dlrun::rdzv

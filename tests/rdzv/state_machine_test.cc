@@ -1,0 +1,295 @@
+// The rendezvous state machine under a fake clock: no sleeps, no threads, no sockets.
+#include "rendezvous/state_machine.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+using std::chrono::seconds;
+
+class Fixture : public ::testing::Test {
+ protected:
+  void Make(Config c) {
+    config_ = c;
+    sm_ = std::make_unique<StateMachine>(c, now_);
+  }
+  static NodeInfo Node(const std::string& id, int nproc = 2, int slurm = -1) {
+    NodeInfo n;
+    n.node_id = id;
+    n.hostname = "host-" + id;
+    n.address = "addr-" + id;
+    n.nproc = nproc;
+    n.slurm_node_id = slurm;
+    n.master_port = 1000 + static_cast<int>(id.size());
+    return n;
+  }
+  // Joins and records the eventual result under the node id.
+  void Join(const std::string& id, int nproc = 2, int slurm = -1) {
+    results_.erase(id);
+    Deliveries out;
+    absl::Status s = sm_->Join(Node(id, nproc, slurm), ++ticket_, now_,
+                               [this, id](absl::StatusOr<Assignment> a) { results_[id] = a; },
+                               &out);
+    ASSERT_TRUE(s.ok()) << s;
+    Run(out);
+  }
+  void Run(Deliveries& out) {
+    for (auto& d : out) d.callback(std::move(d.result));
+  }
+  void Advance(std::chrono::milliseconds d) {
+    now_ += d;
+    Deliveries out;
+    sm_->Tick(now_, &out);
+    Run(out);
+  }
+  void HeartbeatAll(const std::vector<std::string>& ids) {
+    for (const auto& id : ids) {
+      auto r = sm_->Heartbeat(id, sm_->round(), now_);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+  }
+  absl::StatusOr<FailureReply> Fail(const std::string& id, uint64_t round) {
+    Deliveries out;
+    auto r = sm_->ReportFailure(id, round, "worker exited with 1", now_, &out);
+    Run(out);
+    return r;
+  }
+
+  Config config_;
+  TimePoint now_ = TimePoint() + std::chrono::hours(1);
+  std::unique_ptr<StateMachine> sm_;
+  std::map<std::string, absl::StatusOr<Assignment>> results_;
+  uint64_t ticket_ = 0;
+};
+
+TEST_F(Fixture, ClosesAtOnceWhenMaxNodesJoined) {
+  Make({.min_nodes = 1, .max_nodes = 3});
+  Join("a");
+  Join("b");
+  EXPECT_TRUE(results_.empty());
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kJoining);
+  Join("c");
+  ASSERT_EQ(results_.size(), 3u);
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  for (auto& [id, r] : results_) {
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->world_size, 6);
+    EXPECT_EQ(r->num_nodes, 3);
+    EXPECT_EQ(r->round, 1u);
+  }
+}
+
+TEST_F(Fixture, ClosesAtLastCallOnceMinNodesJoined) {
+  Make({.min_nodes = 2, .max_nodes = 4, .last_call = seconds(30)});
+  Join("a");
+  Advance(seconds(100));  // below min: the last call does not start
+  EXPECT_TRUE(results_.empty());
+  Join("b");
+  Advance(seconds(29));
+  EXPECT_TRUE(results_.empty());
+  EXPECT_EQ(sm_->NextDeadline(), now_ + seconds(1));
+  Join("c");  // arrives during the last call: included
+  Advance(seconds(1));
+  ASSERT_EQ(results_.size(), 3u);
+  EXPECT_EQ(results_["c"]->num_nodes, 3);
+}
+
+TEST_F(Fixture, JoinTimeoutFailsWithCountsAndExpectedHosts) {
+  Make({.min_nodes = 3, .max_nodes = 3, .join_timeout = seconds(600),
+        .expected_hosts = {"node1", "node2", "node3"}});
+  Join("a");
+  Advance(seconds(599));
+  EXPECT_TRUE(results_.empty());
+  Advance(seconds(1));
+  ASSERT_EQ(results_.size(), 1u);
+  ASSERT_FALSE(results_["a"].ok());
+  const std::string msg(results_["a"].status().message());
+  EXPECT_NE(msg.find("1 of the minimum 3 nodes joined (host-a)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected node1, node2, node3"), std::string::npos) << msg;
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  Deliveries out;
+  EXPECT_FALSE(sm_->Join(Node("late"), 99, now_, [](auto) {}, &out).ok());
+}
+
+TEST_F(Fixture, RanksAreDeterministicPrefixSumsWithHeterogeneousNproc) {
+  Make({.min_nodes = 3, .max_nodes = 3});
+  Join("c", 1);
+  Join("a", 4);
+  Join("b", 2);
+  EXPECT_EQ(results_["a"]->node_rank, 0);
+  EXPECT_EQ(results_["a"]->rank_offset, 0);
+  EXPECT_EQ(results_["b"]->node_rank, 1);
+  EXPECT_EQ(results_["b"]->rank_offset, 4);
+  EXPECT_EQ(results_["c"]->node_rank, 2);
+  EXPECT_EQ(results_["c"]->rank_offset, 6);
+  for (auto& [id, r] : results_) {
+    EXPECT_EQ(r->world_size, 7);
+    EXPECT_EQ(r->master_addr, "addr-a");
+    EXPECT_EQ(r->master_port, results_["a"]->master_port);
+  }
+  EXPECT_EQ(results_["a"]->local_world_size, 4);
+}
+
+TEST_F(Fixture, SlurmNodeIdsDecideRanksWhenAllKnowThem) {
+  Make({.min_nodes = 2, .max_nodes = 2});
+  Join("a", 2, 1);
+  Join("z", 2, 0);
+  EXPECT_EQ(results_["z"]->node_rank, 0);
+  EXPECT_EQ(results_["a"]->node_rank, 1);
+  EXPECT_EQ(results_["a"]->master_addr, "addr-z");
+}
+
+TEST_F(Fixture, FailureReportOpensNewRoundWithSameRestartCountEverywhere) {
+  Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 2});
+  Join("a");
+  Join("b");
+  ASSERT_EQ(sm_->round(), 1u);
+  auto r = Fail("b", 1);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->next_round, 2u);
+  EXPECT_FALSE(r->restarts_exhausted);
+  // The other node learns it at its next heartbeat.
+  auto hb = sm_->Heartbeat("a", 1, now_);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->action, Action::kRestart);
+  EXPECT_NE(hb->reason.find("worker failure on host-b"), std::string::npos);
+  // A second report of the same failure (stale round) changes nothing.
+  r = Fail("a", 1);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->next_round, 2u);
+  EXPECT_EQ(sm_->restart_count(), 1);
+  // Both re-join; the round closes as soon as both are back (no last-call wait).
+  Join("a");
+  Join("b");
+  ASSERT_EQ(results_.size(), 2u);
+  EXPECT_EQ(results_["a"]->restart_count, 1);
+  EXPECT_EQ(results_["b"]->restart_count, 1);
+  EXPECT_EQ(results_["a"]->round, 2u);
+  // Restarts run out: the job fails and heartbeats say stop.
+  ASSERT_TRUE(Fail("a", 2).ok());
+  Join("a");
+  Join("b");
+  r = Fail("a", 3);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->restarts_exhausted);
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  hb = sm_->Heartbeat("b", 3, now_);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->action, Action::kStop);
+  EXPECT_NE(hb->reason.find("no restarts left"), std::string::npos);
+}
+
+TEST_F(Fixture, ForgedNodeCannotTriggerARestart) {
+  Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 5});
+  Join("a");
+  Join("b");
+  auto r = Fail("mallory", 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sm_->round(), 1u);
+  EXPECT_EQ(sm_->restart_count(), 0);
+  EXPECT_EQ(sm_->Heartbeat("mallory", 1, now_).status().code(), absl::StatusCode::kNotFound);
+  Deliveries out;
+  EXPECT_EQ(sm_->Leave("mallory", 1, false, now_, &out).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+}
+
+TEST_F(Fixture, HeartbeatLossWithEnoughSurvivorsStartsNewRound) {
+  Make({.min_nodes = 2, .max_nodes = 3, .heartbeat_interval = seconds(5),
+        .heartbeat_misses = 3, .max_restarts = 3});
+  Join("a");
+  Join("b");
+  Join("c");
+  for (int i = 0; i < 4; ++i) {
+    Advance(seconds(5));
+    HeartbeatAll({"a", "b"});  // c is silent
+  }
+  EXPECT_EQ(sm_->round(), 2u);
+  EXPECT_EQ(sm_->restart_count(), 1);
+  auto hb = sm_->Heartbeat("a", 1, now_);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->action, Action::kRestart);
+  EXPECT_NE(hb->reason.find("host-c"), std::string::npos);
+  Join("a");
+  Join("b");  // both survivors back: closes without waiting for c or the last call
+  ASSERT_TRUE(results_["b"].ok());
+  EXPECT_EQ(results_["b"]->num_nodes, 2);
+  EXPECT_EQ(results_["b"]->world_size, 4);
+  EXPECT_EQ(results_["b"]->restart_count, 1);
+}
+
+TEST_F(Fixture, HeartbeatLossBelowMinFailsTheJob) {
+  Make({.min_nodes = 2, .max_nodes = 2, .heartbeat_interval = seconds(1),
+        .heartbeat_misses = 2, .max_restarts = 3});
+  Join("a");
+  Join("b");
+  for (int i = 0; i < 3; ++i) {
+    Advance(seconds(1));
+    HeartbeatAll({"a"});
+  }
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_NE(sm_->failure_reason().find("below the minimum of 2"), std::string::npos)
+      << sm_->failure_reason();
+  auto hb = sm_->Heartbeat("a", 1, now_);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->action, Action::kStop);
+}
+
+TEST_F(Fixture, ScaleUpRestartsIntoALargerRoundWithoutUsingARestart) {
+  Make({.min_nodes = 2, .max_nodes = 3, .max_restarts = 0});
+  Join("a");
+  Join("b");
+  Advance(config_.last_call);
+  ASSERT_EQ(results_.size(), 2u);
+  Join("c");  // arrives while the round runs: held, and a new round opens
+  EXPECT_FALSE(results_.count("c"));
+  auto hb = sm_->Heartbeat("a", 1, now_);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->action, Action::kRestart);
+  EXPECT_NE(hb->reason.find("scale-up"), std::string::npos);
+  Join("a");
+  Join("b");
+  ASSERT_TRUE(results_["c"].ok());
+  EXPECT_EQ(results_["c"]->num_nodes, 3);
+  EXPECT_EQ(results_["c"]->restart_count, 0);
+  EXPECT_EQ(sm_->restart_count(), 0);
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+}
+
+TEST_F(Fixture, JoinBeyondMaxWaitsForTheNextRound) {
+  Make({.min_nodes = 1, .max_nodes = 1, .max_restarts = 1});
+  Join("a");
+  Join("b");  // full: held
+  EXPECT_FALSE(results_.count("b"));
+  EXPECT_EQ(sm_->round(), 1u);
+  ASSERT_TRUE(Fail("a", 1).ok());  // the next round takes the waiting node
+  EXPECT_TRUE(results_["b"].ok());
+  EXPECT_EQ(results_["b"]->round, 2u);
+}
+
+TEST_F(Fixture, CancelledJoinIsForgotten) {
+  Make({.min_nodes = 2, .max_nodes = 2});
+  Join("a");
+  EXPECT_TRUE(sm_->CancelJoin("a", ticket_));
+  EXPECT_FALSE(sm_->CancelJoin("a", ticket_));
+  Join("b");
+  EXPECT_TRUE(results_.empty());
+  EXPECT_EQ(sm_->Snapshot().joined, 1);
+}
+
+TEST_F(Fixture, AllNodesLeavingSuccessfullyEndsTheJob) {
+  Make({.min_nodes = 2, .max_nodes = 2});
+  Join("a");
+  Join("b");
+  Deliveries out;
+  ASSERT_TRUE(sm_->Leave("a", 1, true, now_, &out).ok());
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  ASSERT_TRUE(sm_->Leave("b", 1, true, now_, &out).ok());
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kSucceeded);
+}
+
+}  // namespace
+}  // namespace dlrun::rdzv

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "launcher/agent.h"
 #include "launcher/options.h"
+#include "launcher/rdzv_loader.h"
 #include "spdlog/spdlog.h"
 
 namespace dl = dlrun::launcher;
@@ -93,6 +94,11 @@ int main(int argc, char** argv) {
     return args.empty() ? 2 : 0;
   }
 
+  if (args[0] == "rdzv-server") {
+    auto api = dl::LoadRendezvous();
+    if (!api.ok()) return Fail(api.status());
+    return (*api)->ServerMain(std::vector<std::string>(args.begin() + 1, args.end()));
+  }
   auto parsed = dl::ParseLaunchOptions(args, dl::ProcessEnv());
   if (!parsed.ok()) return Fail(parsed.status());
   dl::LaunchOptions o = *std::move(parsed);

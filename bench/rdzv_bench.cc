@@ -1,0 +1,296 @@
+// rdzv_bench: N simulated agents join one rendezvous round over real gRPC on loopback, then
+// re-join after one of them reports a failure. The server runs in a child process so its memory
+// can be read; the same is done for a bare gRPC "floor" server (a unary call held until all N
+// have arrived), measured in the same run.
+//
+//   build/bin/rdzv_bench --agents 4096 [--nproc 8] [--channels 16] [--json]
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dlrun/proto/rendezvous.grpc.pb.h"
+#include "rendezvous/handler.h"
+#include "rendezvous/server.h"
+
+namespace {
+
+using dlrun::rdzv::v1::JoinRequest;
+using dlrun::rdzv::v1::JoinResponse;
+using dlrun::rdzv::v1::Rendezvous;
+
+struct Flags {
+  int agents = 1024;
+  int nproc = 8;
+  int channels = 16;
+  bool json = false;
+  std::string serve;  // internal: "rdzv" or "floor" in the child
+};
+
+// The floor: holds every Join until N have arrived, then finishes them all. No state machine.
+class FloorService final : public Rendezvous::CallbackService {
+ public:
+  explicit FloorService(int n) : n_(n) {}
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const JoinRequest*,
+                                 JoinResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    std::vector<grpc::ServerUnaryReactor*> done;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      held_.push_back(r);
+      if (static_cast<int>(held_.size()) == n_) done.swap(held_);
+    }
+    for (auto* d : done) d->Finish(grpc::Status::OK);
+    return r;
+  }
+
+ private:
+  const int n_;
+  std::mutex mu_;
+  std::vector<grpc::ServerUnaryReactor*> held_;
+};
+
+// Child: serve until killed; write the port to stdout.
+int Serve(const Flags& f) {
+  std::unique_ptr<grpc::Server> floor_server;
+  std::unique_ptr<dlrun::rdzv::RendezvousServer> rdzv;
+  FloorService floor(f.agents);
+  int port = 0;
+  if (f.serve == "floor") {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&floor);
+    floor_server = b.BuildAndStart();
+  } else {
+    dlrun::rdzv::ServerOptions o;
+    o.handler.config.min_nodes = f.agents;
+    o.handler.config.max_nodes = f.agents;
+    o.handler.config.max_restarts = 1;
+    o.handler.config.heartbeat_interval = std::chrono::minutes(10);
+    o.handler.run_id = "bench";
+    o.handler.token = "bench-token";
+    auto s = dlrun::rdzv::RendezvousServer::Start(std::move(o));
+    if (!s.ok()) {
+      std::fprintf(stderr, "rdzv_bench: %s\n", std::string(s.status().message()).c_str());
+      return 1;
+    }
+    rdzv = std::move(*s);
+    port = rdzv->port();
+  }
+  std::printf("%d\n", port);
+  std::fflush(stdout);
+  pause();  // killed by the parent
+  return 0;
+}
+
+struct Child {
+  pid_t pid = -1;
+  int port = 0;
+};
+
+Child Spawn(const char* self, const Flags& f, const std::string& mode) {
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    std::string agents = std::to_string(f.agents);
+    execl(self, self, "--serve", mode.c_str(), "--agents", agents.c_str(), nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  char buf[32] = {0};
+  ssize_t n = read(fds[0], buf, sizeof buf - 1);
+  close(fds[0]);
+  Child c;
+  c.pid = pid;
+  c.port = n > 0 ? std::atoi(buf) : 0;
+  return c;
+}
+
+void Kill(const Child& c) {
+  if (c.pid <= 0) return;
+  kill(c.pid, SIGKILL);
+  waitpid(c.pid, nullptr, 0);
+}
+
+double PeakRssMb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  }
+  return -1;
+}
+
+struct RoundResult {
+  double seconds = -1;
+  int errors = 0;
+  std::string first_error;
+  std::vector<JoinResponse> responses;
+};
+
+// Sends all joins asynchronously over `channels` channels; times first send -> last reply.
+RoundResult JoinAll(int port, const Flags& f, int round_tag) {
+  std::vector<std::unique_ptr<Rendezvous::Stub>> stubs;
+  for (int c = 0; c < f.channels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", c + round_tag * 1000);  // distinct connections
+    stubs.push_back(Rendezvous::NewStub(grpc::CreateCustomChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args)));
+  }
+  struct Call {
+    grpc::ClientContext ctx;
+    JoinRequest req;
+    JoinResponse resp;
+  };
+  std::vector<std::unique_ptr<Call>> calls(f.agents);
+  for (int i = 0; i < f.agents; ++i) {
+    calls[i] = std::make_unique<Call>();
+    auto& r = calls[i]->req;
+    r.mutable_auth()->set_protocol_version(dlrun::rdzv::kProtocolVersion);
+    r.mutable_auth()->set_run_id("bench");
+    r.mutable_auth()->set_token("bench-token");
+    char id[32];
+    std::snprintf(id, sizeof id, "node%06d", i);
+    r.mutable_node()->set_node_id(id);
+    r.mutable_node()->set_hostname(id);
+    r.mutable_node()->set_address("127.0.0.1");
+    r.mutable_node()->set_nproc(f.nproc);
+    r.mutable_node()->set_slurm_node_id(-1);
+    r.mutable_node()->set_master_port(29500);
+    calls[i]->ctx.set_wait_for_ready(true);
+    calls[i]->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining = f.agents;
+  RoundResult res;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t_last;
+  for (int i = 0; i < f.agents; ++i) {
+    stubs[i % f.channels]->async()->Join(
+        &calls[i]->ctx, &calls[i]->req, &calls[i]->resp, [&](grpc::Status s) {
+          std::lock_guard<std::mutex> l(mu);
+          if (!s.ok()) {
+            if (res.errors++ == 0) res.first_error = s.error_message();
+          }
+          if (--remaining == 0) {
+            t_last = std::chrono::steady_clock::now();
+            cv.notify_all();
+          }
+        });
+  }
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return remaining == 0; });
+  res.seconds = std::chrono::duration<double>(t_last - t0).count();
+  for (auto& c : calls) res.responses.push_back(std::move(c->resp));
+  return res;
+}
+
+bool ReportFailure(int port) {
+  auto stub = Rendezvous::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  dlrun::rdzv::v1::FailureReport req;
+  req.mutable_auth()->set_protocol_version(dlrun::rdzv::kProtocolVersion);
+  req.mutable_auth()->set_run_id("bench");
+  req.mutable_auth()->set_token("bench-token");
+  req.set_node_id("node000007");
+  req.set_round(1);
+  req.set_reason("bench: simulated worker failure");
+  grpc::ClientContext ctx;
+  dlrun::rdzv::v1::FailureResponse resp;
+  return stub->ReportFailure(&ctx, req, &resp).ok() && resp.next_round() == 2;
+}
+
+bool Consistent(const RoundResult& r, const Flags& f, uint64_t round) {
+  std::vector<bool> seen(f.agents, false);
+  for (const auto& resp : r.responses) {
+    const auto& a = resp.assignment();
+    if (a.round() != round || a.world_size() != static_cast<uint32_t>(f.agents * f.nproc) ||
+        a.node_rank() >= static_cast<uint32_t>(f.agents) || seen[a.node_rank()] ||
+        a.rank_offset() != a.node_rank() * static_cast<uint32_t>(f.nproc)) {
+      return false;
+    }
+    seen[a.node_rank()] = true;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "rdzv_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--agents") f.agents = std::atoi(next().c_str());
+    else if (a == "--nproc") f.nproc = std::atoi(next().c_str());
+    else if (a == "--channels") f.channels = std::atoi(next().c_str());
+    else if (a == "--json") f.json = true;
+    else if (a == "--serve") f.serve = next();
+    else {
+      std::fprintf(stderr, "rdzv_bench: unknown flag '%s' (expected --agents N, --nproc N, "
+                   "--channels N, --json)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (f.agents < 1 || f.nproc < 1 || f.channels < 1) {
+    std::fprintf(stderr, "rdzv_bench: --agents, --nproc and --channels must be >= 1\n");
+    return 2;
+  }
+  if (!f.serve.empty()) return Serve(f);
+
+  // The floor first, then dlrun's rendezvous: same clients, same channels, same machine.
+  Child floor = Spawn(argv[0], f, "floor");
+  RoundResult fl = JoinAll(floor.port, f, 0);
+  Kill(floor);
+
+  Child srv = Spawn(argv[0], f, "rdzv");
+  RoundResult r1 = JoinAll(srv.port, f, 1);
+  const bool ok1 = r1.errors == 0 && Consistent(r1, f, 1);
+  const bool reported = ReportFailure(srv.port);
+  RoundResult r2 = JoinAll(srv.port, f, 2);
+  const bool ok2 = r2.errors == 0 && Consistent(r2, f, 2);
+  const double rss = PeakRssMb(srv.pid);
+  Kill(srv);
+
+  if (f.json) {
+    std::printf(
+        "{\"agents\": %d, \"nproc\": %d, \"channels\": %d, \"rendezvous_s\": %.4f, "
+        "\"rerendezvous_s\": %.4f, \"floor_s\": %.4f, \"ratio_to_floor\": %.2f, "
+        "\"server_rss_mb\": %.1f, \"ok\": %s}\n",
+        f.agents, f.nproc, f.channels, r1.seconds, r2.seconds, fl.seconds, r1.seconds / fl.seconds,
+        rss, ok1 && ok2 && reported ? "true" : "false");
+  } else {
+    std::printf("agents          %d (nproc %d, %d channels)\n", f.agents, f.nproc, f.channels);
+    std::printf("rendezvous_s    %.4f\n", r1.seconds);
+    std::printf("rerendezvous_s  %.4f (after one failure report)\n", r2.seconds);
+    std::printf("floor_s         %.4f (bare gRPC: unary call held until all arrive)\n", fl.seconds);
+    std::printf("ratio_to_floor  %.2f\n", r1.seconds / fl.seconds);
+    std::printf("server_rss_mb   %.1f (peak)\n", rss);
+    std::printf("assignments     %s\n", ok1 && ok2 && reported ? "consistent" : "WRONG");
+  }
+  if (r1.errors || r2.errors) {
+    std::fprintf(stderr, "rdzv_bench: %d + %d joins failed: %s%s\n", r1.errors, r2.errors,
+                 r1.first_error.c_str(), r2.first_error.c_str());
+  }
+  return ok1 && ok2 && reported ? 0 : 1;
+}

@@ -97,6 +97,9 @@ class ServerImpl final : public RendezvousServer {
     b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
     b.RegisterService(&service_);
     b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    // gRPC sets SO_REUSEPORT by default: two agents on one host could then both "own" the
+    // endpoint. Off, so the second bind fails and that agent becomes a client.
+    b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     server_ = b.BuildAndStart();
     if (!server_ || port_ == 0) {
       return absl::UnavailableError(

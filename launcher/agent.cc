@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -15,8 +16,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -56,18 +59,47 @@ std::string ReadErrorMessage(const std::string& path) {
 
 }  // namespace
 
-Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
+namespace {
 
-std::string Agent::ErrorFile(int restart_count, int local_rank) const {
-  return absl::StrCat(options_.run_dir, "/attempt_", restart_count, "/", local_rank,
-                      "/error.json");
+class StaticSource final : public MembershipSource {
+ public:
+  StaticSource(NodeAssignment base, int max_restarts, std::function<int()> pick)
+      : base_(std::move(base)), max_restarts_(max_restarts), pick_(std::move(pick)) {}
+  absl::StatusOr<NodeAssignment> Next() override {
+    NodeAssignment a = base_;
+    a.restart_count = restarts_;
+    a.max_restarts = max_restarts_;
+    if (pick_) a.master_port = pick_();
+    return a;
+  }
+  bool OnFailure(const std::string&) override { return restarts_++ < max_restarts_; }
+  Verdict Check(std::string*) override { return Verdict::kContinue; }
+  std::chrono::milliseconds check_interval() const override { return {}; }
+  void OnSuccess() override {}
+
+ private:
+  NodeAssignment base_;
+  int max_restarts_;
+  std::function<int()> pick_;
+  int restarts_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<MembershipSource> MakeStaticSource(NodeAssignment base, int max_restarts,
+                                                   std::function<int()> pick_master_port) {
+  return std::make_unique<StaticSource>(std::move(base), max_restarts,
+                                        std::move(pick_master_port));
 }
 
-bool Agent::SpawnGroup(int restart_count) {
-  NodeAssignment a = options_.assignment;
-  a.restart_count = restart_count;
-  a.max_restarts = options_.max_restarts;
-  if (options_.pick_master_port) a.master_port = options_.pick_master_port();
+Agent::Agent(AgentOptions options, std::unique_ptr<MembershipSource> source)
+    : options_(std::move(options)), source_(std::move(source)) {}
+
+std::string Agent::ErrorFile(int local_rank) const {
+  return absl::StrCat(options_.run_dir, "/attempt_", attempt_, "/", local_rank, "/error.json");
+}
+
+bool Agent::SpawnGroup(const NodeAssignment& a) {
 
   std::vector<char*> argv;
   for (const std::string& s : options_.argv) argv.push_back(const_cast<char*>(s.c_str()));
@@ -78,7 +110,7 @@ bool Agent::SpawnGroup(int restart_count) {
   const pid_t agent_pid = getpid();
   workers_.clear();
   for (int lr = 0; lr < options_.nproc; ++lr) {
-    const std::string err = ErrorFile(restart_count, lr);
+    const std::string err = ErrorFile(lr);
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(err).parent_path(), ec);
     std::vector<std::string> env =
@@ -108,9 +140,14 @@ bool Agent::SpawnGroup(int restart_count) {
     setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
     workers_.push_back({lr, pid, true});
   }
-  spdlog::info("attempt {}: started {} worker(s) as ranks {}..{} of {} (master {}:{})",
-               restart_count, options_.nproc, a.rank_offset, a.rank_offset + options_.nproc - 1,
-               a.world_size, a.master_addr, a.master_port);
+  std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
+                                   a.num_nodes, ", world size ", a.world_size, ", master ",
+                                   a.master_addr, ":", a.master_port, "\n  local_rank  rank  pid");
+  for (const Worker& w : workers_) {
+    absl::StrAppend(&table, "\n  ", absl::StrFormat("%-10d  %-4d  %d", w.local_rank,
+                                                    a.rank_offset + w.local_rank, w.pid));
+  }
+  spdlog::info("{}", table);
   return true;
 }
 
@@ -124,7 +161,7 @@ void Agent::ReapAll() {
       w.alive = false;
       WorkerExit e;
       e.local_rank = w.local_rank;
-      e.global_rank = options_.assignment.rank_offset + w.local_rank;
+      e.global_rank = current_.rank_offset + w.local_rank;
       e.pid = pid;
       e.when_s = WallSeconds();
       if (WIFSIGNALED(status)) {
@@ -143,17 +180,18 @@ int Agent::AliveCount() const {
   return n;
 }
 
-int Agent::WaitEvent(std::chrono::steady_clock::time_point deadline) {
+int Agent::WaitEvent(std::chrono::steady_clock::time_point deadline, int extra_fd) {
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     int timeout = deadline == std::chrono::steady_clock::time_point::max()
                       ? -1
                       : static_cast<int>(std::max<int64_t>(0, left.count()));
-    pollfd p{signal_fd_, POLLIN, 0};
-    int r = poll(&p, 1, timeout);
+    pollfd p[2] = {{signal_fd_, POLLIN, 0}, {extra_fd, POLLIN, 0}};
+    int r = poll(p, extra_fd >= 0 ? 2 : 1, timeout);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return 0;  // deadline
+    if ((p[0].revents & POLLIN) == 0) return 0;  // only extra_fd is ready
     signalfd_siginfo si;
     int forwarded = 0;
     while (read(signal_fd_, &si, sizeof si) == sizeof si) {
@@ -184,9 +222,9 @@ void Agent::StopGroup(int first_signal) {
   while (AliveCount() > 0) WaitEvent(std::chrono::steady_clock::time_point::max());
 }
 
-void Agent::PrintFailureSummary(const WorkerExit& first, int restart_count) const {
+void Agent::PrintFailureSummary(const WorkerExit& first) const {
   std::string cause;
-  if (std::string msg = ReadErrorMessage(ErrorFile(restart_count, first.local_rank));
+  if (std::string msg = ReadErrorMessage(ErrorFile(first.local_rank));
       !msg.empty()) {
     cause = msg;
   } else if (first.signal != 0) {
@@ -199,28 +237,78 @@ void Agent::PrintFailureSummary(const WorkerExit& first, int restart_count) cons
                 first.global_rank, first.local_rank, first.pid, cause);
 }
 
+absl::StatusOr<NodeAssignment> Agent::NextAssignment(int* signal) {
+  *signal = 0;
+  if (source_->check_interval().count() == 0) return source_->Next();  // never blocks
+  struct Shared {
+    absl::StatusOr<NodeAssignment> result = absl::UnknownError("pending");
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  };
+  auto shared = std::make_shared<Shared>();
+  MembershipSource* src = source_.get();
+  std::thread([shared, src] {
+    shared->result = src->Next();
+    uint64_t one = 1;
+    (void)!write(shared->fd, &one, sizeof one);
+  }).detach();
+  for (;;) {
+    *signal = WaitEvent(std::chrono::steady_clock::time_point::max(), shared->fd);
+    if (*signal != 0) return absl::CancelledError("interrupted by a signal");
+    uint64_t v = 0;
+    if (read(shared->fd, &v, sizeof v) == sizeof v) {
+      close(shared->fd);
+      return shared->result;
+    }
+  }
+}
+
+void BlockAgentSignals(const std::vector<int>& forwarded) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  for (int s : forwarded) sigaddset(&mask, s);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
+}
+
 int Agent::Run() {
+  BlockAgentSignals(options_.forwarded_signals);
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
   for (int s : options_.forwarded_signals) sigaddset(&mask, s);
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
   signal_fd_ = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (signal_fd_ < 0) {
     spdlog::error("signalfd: {}", std::strerror(errno));
     return 1;
   }
 
-  for (int attempt = 0;; ++attempt) {
+  for (;; ++attempt_) {
     exits_.clear();
-    if (!SpawnGroup(attempt)) {
+    int sig = 0;
+    absl::StatusOr<NodeAssignment> next = NextAssignment(&sig);
+    if (sig != 0) {
+      spdlog::warn("received SIG{} while joining the rendezvous: exiting", sigabbrev_np(sig));
+      fflush(nullptr);
+      _exit(128 + sig);  // a join may still be in flight on its thread: skip destructors
+    }
+    if (!next.ok()) {
+      spdlog::error("{}", std::string(next.status().message()));
+      return 1;
+    }
+    current_ = *next;
+    if (!SpawnGroup(current_)) {
       StopGroup(SIGKILL);
       return 1;
     }
     int forwarded = 0;
     const WorkerExit* failure = nullptr;
+    MembershipSource::Verdict verdict = MembershipSource::Verdict::kContinue;
+    std::string reason;
+    const auto interval = source_->check_interval();
+    auto next_check = interval.count() > 0 ? std::chrono::steady_clock::now() + interval
+                                           : std::chrono::steady_clock::time_point::max();
     while (AliveCount() > 0 && forwarded == 0) {
-      forwarded = WaitEvent(std::chrono::steady_clock::time_point::max());
+      forwarded = WaitEvent(next_check);
       for (const WorkerExit& e : exits_) {
         if (e.failed()) {
           failure = &e;
@@ -228,24 +316,61 @@ int Agent::Run() {
         }
       }
       if (failure != nullptr) break;
+      if (std::chrono::steady_clock::now() >= next_check) {
+        verdict = source_->Check(&reason);
+        if (verdict != MembershipSource::Verdict::kContinue) break;
+        next_check = std::chrono::steady_clock::now() + interval;
+      }
     }
     if (forwarded != 0) {
       spdlog::warn("received SIG{}: forwarding to workers and stopping", sigabbrev_np(forwarded));
       StopGroup(forwarded);
+      source_->OnFailure(absl::StrCat("agent received SIG", sigabbrev_np(forwarded)));
       return 128 + forwarded;
+    }
+    if (failure == nullptr && verdict == MembershipSource::Verdict::kRestart) {
+      spdlog::warn("the rendezvous opened a new round ({}): restarting workers", reason);
+      StopGroup(SIGTERM);
+      continue;
+    }
+    if (failure == nullptr && (verdict == MembershipSource::Verdict::kStop ||
+                               verdict == MembershipSource::Verdict::kFinished)) {
+      spdlog::error("the rendezvous stopped the job: {}", reason);
+      StopGroup(SIGTERM);
+      return 1;
     }
     if (failure == nullptr) {
       spdlog::info("all {} worker(s) finished successfully", options_.nproc);
-      return 0;
+      source_->OnSuccess();
+      if (interval.count() == 0) return 0;
+      // Wait for the other nodes: a failure elsewhere restarts this node's workers too.
+      for (;;) {
+        const int sig = WaitEvent(std::chrono::steady_clock::now() + interval);
+        if (sig != 0) return 128 + sig;
+        verdict = source_->Check(&reason);
+        if (verdict != MembershipSource::Verdict::kContinue) break;
+      }
+      if (verdict == MembershipSource::Verdict::kFinished) return 0;
+      if (verdict == MembershipSource::Verdict::kStop) {
+        spdlog::error("the rendezvous stopped the job: {}", reason);
+        return 1;
+      }
+      spdlog::warn("the rendezvous opened a new round ({}): running again", reason);
+      continue;
     }
     const WorkerExit first = *failure;
     StopGroup(SIGTERM);
-    PrintFailureSummary(first, attempt);
-    if (attempt >= options_.max_restarts) {
+    PrintFailureSummary(first);
+    const std::string what = first.signal != 0
+                                 ? absl::StrCat("rank ", first.global_rank, " got SIG",
+                                                sigabbrev_np(first.signal))
+                                 : absl::StrCat("rank ", first.global_rank, " exited with ",
+                                                first.exit_code);
+    if (!source_->OnFailure(what)) {
       return first.signal != 0 ? 128 + first.signal : first.exit_code;
     }
-    spdlog::warn("restarting worker group ({} of {} restarts)", attempt + 1,
-                 options_.max_restarts);
+    spdlog::warn("restarting worker group (restart {} of {})", current_.restart_count + 1,
+                 current_.max_restarts);
   }
 }
 

@@ -1,30 +1,51 @@
 // The local agent: starts this node's workers, supervises them in one event loop, restarts the
-// group on failure up to max_restarts, forwards signals and never leaves a worker behind.
+// group on failure as its membership source allows, forwards signals, and never leaves a
+// worker behind.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "launcher/worker_env.h"
 
 namespace dlrun::launcher {
 
+// Where the agent's place in the job comes from: fixed flags (standalone / static) or the
+// gRPC rendezvous. Next() may block (a rendezvous join); the agent runs it on a helper thread so
+// signals still reach it.
+class MembershipSource {
+ public:
+  enum class Verdict { kContinue, kRestart, kStop, kFinished };
+  virtual ~MembershipSource() = default;
+  virtual absl::StatusOr<NodeAssignment> Next() = 0;
+  // A local worker failed: returns true if the job goes on (a new round), false if it is over.
+  virtual bool OnFailure(const std::string& reason) = 0;
+  // Called every check_interval() while workers run (never if it is zero).
+  virtual Verdict Check(std::string* reason) = 0;
+  virtual std::chrono::milliseconds check_interval() const = 0;
+  // Every local worker succeeded. The agent then keeps calling Check() until it says kFinished
+  // (every node is done), kRestart (another node failed: run again) or kStop.
+  virtual void OnSuccess() = 0;
+};
+
+// Fixed assignment; restarts are counted locally up to max_restarts. `pick_master_port`, when
+// set, picks a fresh port per attempt (standalone).
+std::unique_ptr<MembershipSource> MakeStaticSource(NodeAssignment base, int max_restarts,
+                                                   std::function<int()> pick_master_port);
+
 struct AgentOptions {
   std::vector<std::string> argv;  // what each worker runs (python prefix already applied)
   int nproc = 1;
-  NodeAssignment assignment;  // restart_count is filled in per attempt
-  int max_restarts = 0;
   std::chrono::milliseconds grace{30000};
   std::vector<int> forwarded_signals;  // e.g. SIGTERM, SIGINT, SIGHUP, SIGQUIT
   int omp_threads = 0;                 // > 0: set OMP_NUM_THREADS for workers
   std::string run_dir;                 // per-run scratch dir for error files
-  // Called before each attempt to pick the master port (standalone picks a fresh free port so a
-  // restart never waits on a socket of the previous attempt). Empty: keep assignment's port.
-  std::function<int()> pick_master_port;
 };
 
 // How one worker ended.
@@ -38,11 +59,15 @@ struct WorkerExit {
   bool failed() const { return signal != 0 || exit_code != 0; }
 };
 
+// Blocks SIGCHLD and `forwarded` in the calling thread; call it before any thread is started.
+void BlockAgentSignals(const std::vector<int>& forwarded);
+
 class Agent {
  public:
-  explicit Agent(AgentOptions options);
+  Agent(AgentOptions options, std::unique_ptr<MembershipSource> source);
   // Runs until the job ends; returns the exit code for dlrun: 0, the first failing worker's code
-  // (128+N for a signal), or 128+N if dlrun itself got forwarded signal N.
+  // (128+N for a signal), 1 when the job was stopped by the rendezvous, or 128+N if dlrun itself
+  // got forwarded signal N.
   int Run();
 
  private:
@@ -51,17 +76,22 @@ class Agent {
     pid_t pid;
     bool alive;
   };
-  bool SpawnGroup(int restart_count);
+  bool SpawnGroup(const NodeAssignment& a);
   // Waits on the signal fd until a worker exits or a signal arrives, or `deadline` passes.
   // Returns the forwarded signal number if one arrived, else 0.
-  int WaitEvent(std::chrono::steady_clock::time_point deadline);
+  int WaitEvent(std::chrono::steady_clock::time_point deadline, int extra_fd = -1);
   void ReapAll();
   void StopGroup(int first_signal);
   int AliveCount() const;
-  void PrintFailureSummary(const WorkerExit& first, int restart_count) const;
-  std::string ErrorFile(int restart_count, int local_rank) const;
+  void PrintFailureSummary(const WorkerExit& first) const;
+  std::string ErrorFile(int local_rank) const;
+  // Runs source_->Next() on a helper thread; a forwarded signal interrupts the wait.
+  absl::StatusOr<NodeAssignment> NextAssignment(int* signal);
 
   AgentOptions options_;
+  std::unique_ptr<MembershipSource> source_;
+  NodeAssignment current_;
+  int attempt_ = 0;
   int signal_fd_ = -1;
   std::vector<Worker> workers_;
   std::vector<WorkerExit> exits_;

@@ -16,6 +16,7 @@
 #include "launcher/agent.h"
 #include "launcher/options.h"
 #include "launcher/rdzv_loader.h"
+#include "launcher/rdzv_source.h"
 #include "spdlog/spdlog.h"
 
 namespace dl = dlrun::launcher;
@@ -108,38 +109,18 @@ int main(int argc, char** argv) {
   auto signals = ParseSignals(o.signals_to_handle);
   if (!signals.ok()) return Fail(signals.status());
 
-  const bool multi_node = !o.standalone && o.max_nodes > 1;
-  if (multi_node && o.rdzv_backend != "static") {
-    return Fail(absl::UnimplementedError(absl::StrCat(
-        "--rdzv-backend ", o.rdzv_backend,
-        ": the multi-node gRPC rendezvous is not available in this build yet; use --standalone, "
-        "or --rdzv-backend static with --nnodes N --node-rank R --master-addr A --master-port P")));
-  }
-  if (multi_node && o.min_nodes != o.max_nodes) {
+  const bool use_rdzv = !o.standalone && o.rdzv_backend != "static";
+  if (!use_rdzv && !o.standalone && o.min_nodes != o.max_nodes) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "invalid value '", o.min_nodes, ":", o.max_nodes,
-        "' for --nnodes: the static rendezvous needs a fixed node count N")));
+        "' for --nnodes: the static rendezvous needs a fixed node count N (use --rdzv-backend "
+        "c10d for elastic MIN:MAX)")));
   }
 
   dl::AgentOptions a;
   a.nproc = *nproc;
-  a.max_restarts = o.max_restarts;
   a.forwarded_signals = *signals;
   a.grace = std::chrono::milliseconds(static_cast<int64_t>(o.grace_period_s * 1000));
-  a.assignment.node_rank = o.node_rank;
-  a.assignment.num_nodes = o.max_nodes;
-  a.assignment.local_world_size = *nproc;
-  a.assignment.world_size = o.max_nodes * *nproc;
-  a.assignment.rank_offset = o.node_rank * *nproc;
-  a.assignment.role = o.role;
-  a.assignment.master_addr = o.master_addr;
-  a.assignment.master_port = o.master_port;
-  a.assignment.run_id = o.rdzv_id;
-  if (o.standalone) {
-    a.assignment.master_addr = "127.0.0.1";
-    a.assignment.run_id = RandomRunId();
-    if (!o.master_port_given) a.pick_master_port = [] { return FreePort("127.0.0.1"); };
-  }
 
   // torchrun runs .py files (and -m modules) with the Python interpreter.
   if (o.module) {
@@ -157,11 +138,70 @@ int main(int argc, char** argv) {
     }
   }
 
+  // Block the signals the agent handles before any thread exists (the rendezvous client starts
+  // gRPC threads): threads inherit the mask, so SIGCHLD and the forwarded signals can only be
+  // read from the agent's signalfd and are never swallowed by another thread.
+  dl::BlockAgentSignals(a.forwarded_signals);
+
+  std::unique_ptr<dl::MembershipSource> source;
+  std::string run_id = o.rdzv_id;
+  if (use_rdzv) {
+    if (o.rdzv_endpoint.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--rdzv-endpoint is empty: the rendezvous needs HOST[:PORT] (the same on every node)"));
+    }
+    dl::RdzvSourceOptions r;
+    r.endpoint = o.rdzv_endpoint;
+    r.run_id = o.rdzv_id;
+    const char* token = std::getenv("DLRUN_RDZV_TOKEN");
+    if (token == nullptr || *token == '\0') {
+      spdlog::warn("DLRUN_RDZV_TOKEN is unset: any agent that knows the run id can join; set "
+                   "it to a secret shared by the job's nodes");
+      r.token = absl::StrCat("run-id:", o.rdzv_id);
+    } else {
+      r.token = token;
+    }
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    r.hostname = host;
+    const std::string ep_host = o.rdzv_endpoint.substr(0, o.rdzv_endpoint.rfind(':'));
+    r.local_addr = !o.local_addr.empty() ? o.local_addr : dl::LocalAddressFor(ep_host);
+    if (r.local_addr.empty()) r.local_addr = host;
+    r.nproc = *nproc;
+    if (const char* nid = std::getenv("SLURM_NODEID")) r.slurm_node_id = std::atoi(nid);
+    r.min_nodes = o.min_nodes;
+    r.max_nodes = o.max_nodes;
+    r.max_restarts = o.max_restarts;
+    r.role = o.role;
+    if (absl::Status s = dl::ApplyRdzvConf(o.rdzv_conf, &r); !s.ok()) return Fail(s);
+    auto src = dl::MakeRendezvousSource(std::move(r));
+    if (!src.ok()) return Fail(src.status());
+    source = std::move(*src);
+  } else {
+    dl::NodeAssignment base;
+    base.node_rank = o.node_rank;
+    base.num_nodes = o.max_nodes;
+    base.local_world_size = *nproc;
+    base.world_size = o.max_nodes * *nproc;
+    base.rank_offset = o.node_rank * *nproc;
+    base.role = o.role;
+    base.master_addr = o.master_addr;
+    base.master_port = o.master_port;
+    base.run_id = o.rdzv_id;
+    std::function<int()> pick;
+    if (o.standalone) {
+      base.master_addr = "127.0.0.1";
+      base.run_id = RandomRunId();
+      if (!o.master_port_given) pick = [] { return FreePort("127.0.0.1"); };
+    }
+    run_id = base.run_id;
+    source = dl::MakeStaticSource(base, o.max_restarts, pick);
+  }
+
   const char* tmp = std::getenv("TMPDIR");
-  a.run_dir = absl::StrCat(tmp ? tmp : "/tmp", "/dlrun-", getuid(), "/", a.assignment.run_id, "-",
-                           getpid());
+  a.run_dir = absl::StrCat(tmp ? tmp : "/tmp", "/dlrun-", getuid(), "/", run_id, "-", getpid());
   const std::string run_dir = a.run_dir;
-  dl::Agent agent(std::move(a));
+  dl::Agent agent(std::move(a), std::move(source));
   const int rc = agent.Run();
   if (rc == 0) {
     std::error_code ec;

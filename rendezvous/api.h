@@ -19,6 +19,8 @@ class HostedRendezvous {
   virtual ~HostedRendezvous() = default;
   virtual int port() const = 0;
   virtual void Shutdown() = 0;
+  // Waits until the job has ended and every node has heard it; false if `timeout` passed.
+  virtual bool WaitForJobEnd(Duration timeout) = 0;
 };
 
 struct HostOptions {

@@ -58,9 +58,12 @@ class ClientImpl final : public RendezvousClient {
     absl::Status s = FromGrpc(stub_->Heartbeat(&ctx, req, &resp), o_.endpoint, "heartbeat");
     if (!s.ok()) return s;
     HeartbeatReply r;
-    r.action = resp.action() == v1::HeartbeatResponse::CONTINUE  ? Action::kContinue
-               : resp.action() == v1::HeartbeatResponse::RESTART ? Action::kRestart
-                                                                  : Action::kStop;
+    switch (resp.action()) {
+      case v1::HeartbeatResponse::CONTINUE: r.action = Action::kContinue; break;
+      case v1::HeartbeatResponse::RESTART: r.action = Action::kRestart; break;
+      case v1::HeartbeatResponse::FINISHED: r.action = Action::kFinished; break;
+      default: r.action = Action::kStop; break;
+    }
     r.current_round = resp.current_round();
     r.reason = resp.reason();
     return r;

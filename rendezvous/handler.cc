@@ -162,9 +162,12 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
     r = machine_.Heartbeat(req.node_id(), req.round(), options_.now());
   }
   if (!r.ok()) return Refuse(r.status(), peer);
-  resp->set_action(r->action == Action::kContinue  ? v1::HeartbeatResponse::CONTINUE
-                   : r->action == Action::kRestart ? v1::HeartbeatResponse::RESTART
-                                                   : v1::HeartbeatResponse::STOP);
+  switch (r->action) {
+    case Action::kContinue: resp->set_action(v1::HeartbeatResponse::CONTINUE); break;
+    case Action::kRestart: resp->set_action(v1::HeartbeatResponse::RESTART); break;
+    case Action::kStop: resp->set_action(v1::HeartbeatResponse::STOP); break;
+    case Action::kFinished: resp->set_action(v1::HeartbeatResponse::FINISHED); break;
+  }
   resp->set_current_round(r->current_round);
   resp->set_reason(r->reason);
   return absl::OkStatus();
@@ -230,6 +233,11 @@ std::optional<TimePoint> Handler::Tick() {
   }
   Deliver(out);
   return next;
+}
+
+bool Handler::EndAcknowledged() {
+  absl::MutexLock lock(&mu_);
+  return machine_.EndAcknowledged();
 }
 
 StateMachine::Phase Handler::phase() {

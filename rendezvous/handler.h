@@ -54,6 +54,7 @@ class Handler {
   // Runs the state machine's timers; returns the next time it needs to run.
   std::optional<TimePoint> Tick();
   StateMachine::Phase phase();
+  bool EndAcknowledged();
   uint64_t round();
 
  private:

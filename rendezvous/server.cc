@@ -55,6 +55,10 @@ class Service final : public v1::Rendezvous::CallbackService {
                                       v1::HeartbeatResponse* resp) override {
     auto* r = ctx->DefaultReactor();
     r->Finish(ToGrpc(h_->Heartbeat(*req, ctx->peer(), resp)));
+    if (resp->action() == v1::HeartbeatResponse::STOP ||
+        resp->action() == v1::HeartbeatResponse::FINISHED) {
+      on_change_();  // WaitForJobEnd waits for every node to have heard the end
+    }
     return r;
   }
 
@@ -90,7 +94,9 @@ class Service final : public v1::Rendezvous::CallbackService {
 class ServerImpl final : public RendezvousServer {
  public:
   explicit ServerImpl(ServerOptions o)
-      : handler_(std::move(o.handler)), service_(&handler_, [this] { Poke(); }) {}
+      : ack_grace_(o.handler.config.heartbeat_interval * (2 * o.handler.config.heartbeat_misses)),
+        handler_(std::move(o.handler)),
+        service_(&handler_, [this] { Poke(); }) {}
 
   absl::Status Init(const std::string& listen) {
     grpc::ServerBuilder b;
@@ -125,13 +131,21 @@ class ServerImpl final : public RendezvousServer {
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
-  void WaitForJobEnd() override {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [this] {
+  bool WaitForJobEnd(Duration timeout) override {
+    auto ended = [this] {
       auto p = handler_.phase();
-      return stopping_ || p == StateMachine::Phase::kFailed ||
-             p == StateMachine::Phase::kSucceeded;
-    });
+      return p == StateMachine::Phase::kFailed || p == StateMachine::Phase::kSucceeded;
+    };
+    std::unique_lock<std::mutex> l(mu_);
+    if (timeout == Duration::max()) {
+      cv_.wait(l, [&] { return stopping_ || ended(); });
+    } else {
+      cv_.wait_for(l, timeout, [&] { return stopping_ || ended(); });
+    }
+    if (!ended()) return false;
+    // Then give every node a few heartbeats' time to hear it (a node that died never will).
+    cv_.wait_for(l, ack_grace_, [&] { return stopping_ || handler_.EndAcknowledged(); });
+    return true;
   }
 
  private:
@@ -161,6 +175,7 @@ class ServerImpl final : public RendezvousServer {
     }
   }
 
+  const Duration ack_grace_;
   Handler handler_;
   Service service_;
   std::unique_ptr<grpc::Server> server_;

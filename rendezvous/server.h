@@ -24,8 +24,9 @@ class RendezvousServer {
   virtual Handler& handler() = 0;
   // Stops accepting calls, finishes pending ones with UNAVAILABLE, joins the timer thread.
   virtual void Shutdown() = 0;
-  // Blocks until the job has failed or succeeded.
-  virtual void WaitForJobEnd() = 0;
+  // Blocks until the job has failed or succeeded (false if `timeout` passes first), then for
+  // at most 2 x heartbeat_misses heartbeat intervals until every node has been told so.
+  virtual bool WaitForJobEnd(Duration timeout = Duration::max()) = 0;
 
   static absl::StatusOr<std::unique_ptr<RendezvousServer>> Start(ServerOptions options);
 };

@@ -117,6 +117,7 @@ class HostedImpl final : public HostedRendezvous {
   explicit HostedImpl(std::unique_ptr<RendezvousServer> s) : s_(std::move(s)) {}
   int port() const override { return s_->port(); }
   void Shutdown() override { s_->Shutdown(); }
+  bool WaitForJobEnd(Duration timeout) override { return s_->WaitForJobEnd(timeout); }
 
  private:
   std::unique_ptr<RendezvousServer> s_;

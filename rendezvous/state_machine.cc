@@ -108,9 +108,8 @@ void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool coun
   round_opened_at_ = now;
   min_reached_at_.reset();
   expected_.clear();
-  for (const Member& m : members_) {
-    if (!m.left) expected_.insert(m.node.node_id);
-  }
+  // Nodes that already finished come back too: a restart reruns the whole job.
+  for (const Member& m : members_) expected_.insert(m.node.node_id);
   if (counts_as_restart && ++restart_count_ > config_.max_restarts) {
     Fail(absl::StrCat(reason, "; no restarts left (max_restarts=", config_.max_restarts, ")"),
          out);
@@ -210,13 +209,15 @@ absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_i
   HeartbeatReply r;
   r.current_round = round_;
   if (phase_ == Phase::kFailed) {
+    told_end_.insert(node_id);
     r.action = Action::kStop;
     r.reason = failure_reason_;
     return r;
   }
   if (phase_ == Phase::kSucceeded) {
-    r.action = Action::kStop;
-    r.reason = "the job has finished";
+    told_end_.insert(node_id);
+    r.action = Action::kFinished;
+    r.reason = "every node finished successfully";
     return r;
   }
   auto it = member_index_.find(node_id);
@@ -298,7 +299,7 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
   const Duration limit = config_.heartbeat_interval * config_.heartbeat_misses;
   std::vector<std::string> dead;
   for (const Member& m : members_) {
-    if (!m.left && now - m.last_seen > limit) {
+    if (now - m.last_seen > limit) {
       dead.push_back(absl::StrCat(m.node.hostname, " (", m.node.node_id, ")"));
     }
   }
@@ -306,7 +307,7 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
   // Drop the dead from the membership so the new round does not wait for them.
   std::vector<Member> alive;
   for (Member& m : members_) {
-    if (m.left || now - m.last_seen <= limit) alive.push_back(std::move(m));
+    if (now - m.last_seen <= limit) alive.push_back(std::move(m));
   }
   members_ = std::move(alive);
   member_index_.clear();
@@ -331,11 +332,15 @@ std::optional<TimePoint> StateMachine::NextDeadline() const {
   }
   if (phase_ != Phase::kRunning || members_.empty()) return std::nullopt;
   TimePoint oldest = TimePoint::max();
-  for (const Member& m : members_) {
-    if (!m.left) oldest = std::min(oldest, m.last_seen);
-  }
+  for (const Member& m : members_) oldest = std::min(oldest, m.last_seen);
   if (oldest == TimePoint::max()) return std::nullopt;
   return oldest + config_.heartbeat_interval * config_.heartbeat_misses + Duration(1);
+}
+
+bool StateMachine::EndAcknowledged() const {
+  if (phase_ != Phase::kFailed && phase_ != Phase::kSucceeded) return false;
+  return std::all_of(members_.begin(), members_.end(),
+                     [&](const Member& m) { return told_end_.count(m.node.node_id) > 0; });
 }
 
 StatusSnapshot StateMachine::Snapshot() const {

@@ -55,6 +55,9 @@ class StateMachine {
   std::optional<TimePoint> NextDeadline() const;
 
   Phase phase() const { return phase_; }
+  // The job has ended and every member of the last round has been told so (by a heartbeat
+  // reply), so a hosting agent may stop serving.
+  bool EndAcknowledged() const;
   uint64_t round() const { return round_; }
   int restart_count() const { return restart_count_; }
   const std::string& failure_reason() const { return failure_reason_; }
@@ -102,6 +105,7 @@ class StateMachine {
   std::vector<Member> members_;
   std::unordered_map<std::string, size_t> member_index_;
   std::unordered_set<std::string> known_;  // every node id ever assigned
+  std::unordered_set<std::string> told_end_;  // nodes that got a STOP or FINISHED reply
 };
 
 }  // namespace dlrun::rdzv

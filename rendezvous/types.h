@@ -48,7 +48,7 @@ struct Assignment {
   int restart_count = 0;
 };
 
-enum class Action { kContinue, kRestart, kStop };
+enum class Action { kContinue, kRestart, kStop, kFinished };
 
 struct HeartbeatReply {
   Action action = Action::kContinue;

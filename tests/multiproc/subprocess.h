@@ -20,6 +20,25 @@ ProcResult RunCommand(const std::vector<std::string>& argv,
                       const std::map<std::string, std::string>& env = {},
                       std::chrono::milliseconds deadline = std::chrono::seconds(120));
 
+// A command started in the background, its output on a pipe.
+struct Started {
+  int pid = -1;
+  int out_fd = -1;
+  std::string output;  // what ReadUntil has read so far
+};
+Started StartCommand(const std::vector<std::string>& argv,
+                     const std::map<std::string, std::string>& env = {});
+// Reads output until `needle` has appeared `count` times or the deadline passes; returns
+// whether it did.
+bool ReadUntil(Started& s, const std::string& needle, int count, std::chrono::milliseconds deadline);
+// Reads the rest of the output and reaps the process (SIGKILLs its group at the deadline).
+// Returns the exit code (128+N for signal N).
+int FinishCommand(Started& s, std::chrono::milliseconds deadline);
+// Waits for any process (not only a child) to exit, through a pidfd. False at the deadline.
+bool WaitForExit(int pid, std::chrono::milliseconds deadline);
+// A free TCP port on 127.0.0.1 (bound and released).
+int FreeTcpPort();
+
 // A fresh empty directory under the test's temp dir.
 std::string MakeTempDir();
 

@@ -96,8 +96,16 @@ TEST(RendezvousGrpc, SixtyFourAgentsThroughTwoRounds) {
   for (int i = 0; i < kAgents; ++i) {
     ASSERT_TRUE(clients[i]->Leave("node-" + std::to_string(1000 + i), 2, true).ok());
   }
-  server->WaitForJobEnd();
   EXPECT_EQ(server->handler().phase(), StateMachine::Phase::kSucceeded);
+  // Every node hears the end at its next heartbeat, which lets a hosting agent stop serving.
+  EXPECT_FALSE(server->handler().EndAcknowledged());
+  for (int i = 0; i < kAgents; ++i) {
+    auto end = clients[i]->Heartbeat("node-" + std::to_string(1000 + i), 2);
+    ASSERT_TRUE(end.ok());
+    EXPECT_EQ(end->action, Action::kFinished);
+  }
+  EXPECT_TRUE(server->WaitForJobEnd(std::chrono::seconds(5)));
+  EXPECT_TRUE(server->handler().EndAcknowledged());
 }
 
 TEST(RendezvousGrpc, WrongTokenIsRefusedOverTheWire) {

@@ -1,0 +1,110 @@
+// Two dlrun agents on this machine meet at the gRPC rendezvous (one hosts it in-process),
+// as two nodes would: ranks, restarts after a worker failure, and DDP training across them.
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "multiproc/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace dlrun::testing {
+namespace {
+
+constexpr auto kDeadline = std::chrono::seconds(120);
+
+struct TwoNodes {
+  int rc[2] = {-1, -1};
+  std::string out[2];
+};
+
+// Runs the same dlrun command as two agents (nodes) against one rendezvous endpoint.
+TwoNodes RunTwoNodes(const std::vector<std::string>& program, const std::string& extra_conf = "",
+                     int max_restarts = 0) {
+  const std::string endpoint = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  std::vector<std::string> cmd = {DLRUN_BIN,       "--nnodes",          "2",
+                                  "--nproc-per-node", "2",              "--rdzv-backend",
+                                  "c10d",          "--rdzv-endpoint",   endpoint,
+                                  "--rdzv-id",     "test-job",          "--max-restarts",
+                                  std::to_string(max_restarts),        "--rdzv-conf",
+                                  "heartbeat_interval=0.1,join_timeout=60" + extra_conf};
+  cmd.insert(cmd.end(), program.begin(), program.end());
+  const std::map<std::string, std::string> env = {{"DLRUN_RDZV_TOKEN", "test-token-123"},
+                                                  {"OMP_NUM_THREADS", "1"}};
+  Started a = StartCommand(cmd, env);
+  Started b = StartCommand(cmd, env);
+  TwoNodes r;
+  r.rc[0] = FinishCommand(a, kDeadline);
+  r.rc[1] = FinishCommand(b, kDeadline);
+  r.out[0] = a.output;
+  r.out[1] = b.output;
+  return r;
+}
+
+TEST(DlrunMultiNode, TwoAgentsTimesTwoWorkersGetRanks0To3ExactlyOnce) {
+  const std::string dir = MakeTempDir();
+  TwoNodes r = RunTwoNodes(
+      {"sh", "-c", "echo $RANK $WORLD_SIZE $GROUP_RANK $LOCAL_RANK $MASTER_PORT > " + dir +
+                       "/rank.$RANK.$$"});
+  ASSERT_EQ(r.rc[0], 0) << r.out[0];
+  ASSERT_EQ(r.rc[1], 0) << r.out[1];
+  std::multiset<int> ranks;
+  std::set<std::string> ports;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    std::vector<std::string> v = absl::StrSplit(absl::StripAsciiWhitespace(ReadFile(f.path())), ' ');
+    ASSERT_EQ(v.size(), 5u);
+    ranks.insert(std::stoi(v[0]));
+    EXPECT_EQ(v[1], "4");
+    EXPECT_EQ(std::stoi(v[0]), std::stoi(v[2]) * 2 + std::stoi(v[3]));  // node-major ranks
+    ports.insert(v[4]);
+  }
+  EXPECT_EQ(ranks, (std::multiset<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ports.size(), 1u);
+  // One agent hosted the rendezvous; both printed their rank table.
+  EXPECT_NE((r.out[0] + r.out[1]).find("hosting the rendezvous"), std::string::npos);
+  EXPECT_NE(r.out[0].find("world size 4"), std::string::npos) << r.out[0];
+}
+
+TEST(DlrunMultiNode, WorkerFailureRestartsBothNodesWithTheSameRestartCount) {
+  const std::string dir = MakeTempDir();
+  // Rank 3 fails on the first attempt only; every attempt records its restart count.
+  TwoNodes r = RunTwoNodes(
+      {"sh", "-c",
+       "echo $TORCHELASTIC_RESTART_COUNT >> " + dir +
+           "/attempts.$RANK; if [ $RANK = 3 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 5; "
+           "fi; exit 0"},
+      "", /*max_restarts=*/1);
+  EXPECT_EQ(r.rc[0], 0) << r.out[0] << r.out[1];
+  EXPECT_EQ(r.rc[1], 0) << r.out[1] << r.out[0];
+  // Every rank ran in restart 1, on both nodes.
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string attempts = ReadFile(dir + "/attempts." + std::to_string(rank));
+    EXPECT_NE(attempts.find("1\n"), std::string::npos) << "rank " << rank << ": " << attempts;
+  }
+  EXPECT_NE((r.out[0] + r.out[1]).find("exit code 5"), std::string::npos);
+}
+
+TEST(DlrunMultiNode, NoRestartsLeftFailsBothNodes) {
+  TwoNodes r = RunTwoNodes({"sh", "-c", "if [ $RANK = 0 ]; then exit 9; fi; exec sleep 600"});
+  EXPECT_NE(r.rc[0], 0);
+  EXPECT_NE(r.rc[1], 0);
+  const std::string all = r.out[0] + r.out[1];
+  EXPECT_NE(all.find("rank 0 (local rank 0"), std::string::npos) << all;
+  EXPECT_NE(all.find("no restarts left"), std::string::npos) << all;
+}
+
+TEST(DlrunMultiNode, TrainUnetAcrossTwoAgentsKeepsParametersIdentical) {
+  const std::string metrics = MakeTempDir() + "/m.json";
+  TwoNodes r = RunTwoNodes({TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4", "--max-steps",
+                            "2", "--metrics-json", metrics});
+  ASSERT_EQ(r.rc[0], 0) << r.out[0];
+  ASSERT_EQ(r.rc[1], 0) << r.out[1];
+  nlohmann::json m = nlohmann::json::parse(ReadFile(metrics));
+  EXPECT_EQ(m["world_size"], 4);
+  ASSERT_EQ(m["param_digests"].size(), 4u);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(m["param_digests"][i], m["param_digests"][0]);
+}
+
+}  // namespace
+}  // namespace dlrun::testing

@@ -11,6 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -45,16 +48,34 @@ std::vector<std::string> MergedEnvironment(const std::map<std::string, std::stri
   return out;
 }
 
-// Reads the "message" of a torchelastic error file, or "" if there is none.
-std::string ReadErrorMessage(const std::string& path) {
+struct ErrorRecord {
+  std::string message;  // empty: no (readable) file
+  double timestamp = 0;
+};
+
+// Reads a torchelastic error file:
+// {"message": {"message": "...", "extraInfo": {"timestamp": "<epoch s>", ...}}}.
+ErrorRecord ReadErrorRecord(const std::string& path) {
+  ErrorRecord r;
   std::ifstream in(path);
-  if (!in) return "";
+  if (!in) return r;
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return "(unreadable error file " + path + ")";
+  if (j.is_discarded() || !j.is_object()) {
+    r.message = "(unreadable error file " + path + ")";
+    return r;
+  }
   const nlohmann::json* m = &j;
   if (m->contains("message")) m = &(*m)["message"];
-  if (m->is_object() && m->contains("message")) m = &(*m)["message"];
-  return m->is_string() ? m->get<std::string>() : m->dump();
+  if (m->is_object()) {
+    if (m->contains("extraInfo") && (*m)["extraInfo"].is_object()) {
+      const auto& ts = (*m)["extraInfo"].value("timestamp", nlohmann::json());
+      if (ts.is_string()) r.timestamp = std::atof(ts.get<std::string>().c_str());
+      if (ts.is_number()) r.timestamp = ts.get<double>();
+    }
+    if (m->contains("message")) m = &(*m)["message"];
+  }
+  r.message = m->is_string() ? m->get<std::string>() : m->dump();
+  return r;
 }
 
 }  // namespace
@@ -100,7 +121,6 @@ std::string Agent::ErrorFile(int local_rank) const {
 }
 
 bool Agent::SpawnGroup(const NodeAssignment& a) {
-
   std::vector<char*> argv;
   for (const std::string& s : options_.argv) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
@@ -109,15 +129,40 @@ bool Agent::SpawnGroup(const NodeAssignment& a) {
   sigemptyset(&empty);
   const pid_t agent_pid = getpid();
   workers_.clear();
+  workers_.resize(options_.nproc);
+  const int ncpu = static_cast<int>(options_.cpus.size());
   for (int lr = 0; lr < options_.nproc; ++lr) {
+    Worker& w = workers_[lr];
+    w.local_rank = lr;
     const std::string err = ErrorFile(lr);
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(err).parent_path(), ec);
-    std::vector<std::string> env =
-        MergedEnvironment(BuildWorkerEnv(a, lr, err, options_.omp_threads));
+    std::filesystem::remove(err, ec);  // a stale file must not be taken for this attempt's
+
+    std::map<std::string, std::string> overrides =
+        BuildWorkerEnv(a, lr, err, options_.omp_threads);
+    int out_pipe[2], err_pipe[2], hb_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0 ||
+        pipe2(hb_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      spdlog::error("pipe failed for local rank {}: {}", lr, std::strerror(errno));
+      return false;
+    }
+    overrides["DLRUN_HEARTBEAT_FD"] = std::to_string(hb_pipe[1]);
+    if (lr < static_cast<int>(options_.gpus.size())) {
+      overrides["CUDA_VISIBLE_DEVICES"] = options_.gpus[lr];
+    }
+    std::vector<std::string> env = MergedEnvironment(overrides);
     std::vector<char*> envp;
     for (std::string& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
+    // This worker's share of the CPUs: a contiguous block, when there is at least one each.
+    cpu_set_t cpuset;
+    CPU_ZERO(&cpuset);
+    const bool pin = ncpu >= options_.nproc && ncpu > 0;
+    if (pin) {
+      const int per = ncpu / options_.nproc;
+      for (int c = lr * per; c < (lr + 1) * per; ++c) CPU_SET(options_.cpus[c], &cpuset);
+    }
 
     pid_t pid = fork();
     if (pid < 0) {
@@ -131,6 +176,12 @@ bool Agent::SpawnGroup(const NodeAssignment& a) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != agent_pid) _exit(128 + SIGKILL);
       sigprocmask(SIG_SETMASK, &empty, nullptr);
+      dup2(out_pipe[1], STDOUT_FILENO);
+      dup2(err_pipe[1], STDERR_FILENO);
+      fcntl(hb_pipe[1], F_SETFD, 0);  // the heartbeat pipe survives exec
+      int fl = fcntl(hb_pipe[1], F_GETFL);
+      fcntl(hb_pipe[1], F_SETFL, fl | O_NONBLOCK);  // a full pipe never blocks a worker
+      if (pin) sched_setaffinity(0, sizeof cpuset, &cpuset);
       execvpe(argv[0], argv.data(), envp.data());
       const std::string msg = absl::StrCat("dlrun: cannot execute '", options_.argv[0],
                                            "': ", std::strerror(errno), "\n");
@@ -138,7 +189,29 @@ bool Agent::SpawnGroup(const NodeAssignment& a) {
       _exit(127);
     }
     setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
-    workers_.push_back({lr, pid, true});
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    close(hb_pipe[1]);
+    w.pid = pid;
+    w.alive = true;
+    w.out.fd = out_pipe[0];
+    w.err.fd = err_pipe[0];
+    w.heartbeat_fd = hb_pipe[0];
+    const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
+    const bool shown = options_.console_ranks.empty() ||
+                       std::find(options_.console_ranks.begin(), options_.console_ranks.end(),
+                                 lr) != options_.console_ranks.end();
+    w.out.console_fd = shown && !(mode & 1) ? STDOUT_FILENO : -1;
+    w.err.console_fd = shown && !(mode & 2) ? STDERR_FILENO : -1;
+    if (!options_.log_dir.empty()) {
+      const std::string dir = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/", lr);
+      std::filesystem::create_directories(dir, ec);
+      w.out.log = std::fopen((dir + "/stdout.log").c_str(), "w");
+      w.err.log = std::fopen((dir + "/stderr.log").c_str(), "w");
+      if (w.out.log == nullptr || w.err.log == nullptr) {
+        spdlog::warn("cannot write logs in {}: {}", dir, std::strerror(errno));
+      }
+    }
   }
   std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
                                    a.num_nodes, ", world size ", a.world_size, ", master ",
@@ -149,6 +222,76 @@ bool Agent::SpawnGroup(const NodeAssignment& a) {
   }
   spdlog::info("{}", table);
   return true;
+}
+
+void Agent::DrainStream(Worker& w, Stream& s, bool flush) {
+  if (s.fd >= 0) {
+    char buf[8192];
+    ssize_t n = read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      if (s.log != nullptr) std::fwrite(buf, 1, static_cast<size_t>(n), s.log);
+      s.partial.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      close(s.fd);
+      s.fd = -1;
+      flush = true;
+    }
+  }
+  if (s.console_fd < 0) {
+    s.partial.clear();
+    return;
+  }
+  const std::string prefix = absl::StrCat("[rank ", current_.rank_offset + w.local_rank, "]: ");
+  std::string out;
+  size_t start = 0;
+  for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    absl::StrAppend(&out, prefix, absl::string_view(s.partial).substr(start, nl + 1 - start));
+  }
+  s.partial.erase(0, start);
+  if (flush && !s.partial.empty()) {
+    absl::StrAppend(&out, prefix, s.partial, "\n");
+    s.partial.clear();
+  }
+  if (!out.empty()) {
+    if (s.console_fd == STDERR_FILENO) std::fflush(stdout);
+    (void)!write(s.console_fd, out.data(), out.size());
+  }
+}
+
+void Agent::CloseStreams() {
+  // Workers are dead; their pipes end once any children they left are gone too. A child that
+  // outlives its worker (kept in another process group) must not hold dlrun up: bounded wait.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (;;) {
+    std::vector<pollfd> fds;
+    for (Worker& w : workers_) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd >= 0) fds.push_back({s->fd, POLLIN, 0});
+      }
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (fds.empty() || left <= 0 || poll(fds.data(), fds.size(), static_cast<int>(left)) <= 0) {
+      break;
+    }
+    for (Worker& w : workers_) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd >= 0) DrainStream(w, *s, false);
+      }
+    }
+  }
+  for (Worker& w : workers_) {
+    for (Stream* s : {&w.out, &w.err}) {
+      if (s->fd >= 0) close(s->fd);
+      s->fd = -1;
+      DrainStream(w, *s, true);
+      if (s->log != nullptr) std::fclose(s->log);
+      s->log = nullptr;
+    }
+    if (w.heartbeat_fd >= 0) close(w.heartbeat_fd);
+    w.heartbeat_fd = -1;
+  }
 }
 
 void Agent::ReapAll() {
@@ -164,6 +307,7 @@ void Agent::ReapAll() {
       e.global_rank = current_.rank_offset + w.local_rank;
       e.pid = pid;
       e.when_s = WallSeconds();
+      e.stopped = stopping_;
       if (WIFSIGNALED(status)) {
         e.signal = WTERMSIG(status);
       } else {
@@ -180,6 +324,19 @@ int Agent::AliveCount() const {
   return n;
 }
 
+const Agent::Worker* Agent::FindHung(std::chrono::steady_clock::time_point* next) const {
+  *next = std::chrono::steady_clock::time_point::max();
+  if (options_.hang_timeout.count() == 0) return nullptr;
+  const auto now = std::chrono::steady_clock::now();
+  for (const Worker& w : workers_) {
+    if (!w.alive || !w.heartbeat_seen) continue;
+    const auto due = w.last_heartbeat + options_.hang_timeout;
+    if (due <= now) return &w;
+    *next = std::min(*next, due);
+  }
+  return nullptr;
+}
+
 int Agent::WaitEvent(std::chrono::steady_clock::time_point deadline, int extra_fd) {
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -187,26 +344,64 @@ int Agent::WaitEvent(std::chrono::steady_clock::time_point deadline, int extra_f
     int timeout = deadline == std::chrono::steady_clock::time_point::max()
                       ? -1
                       : static_cast<int>(std::max<int64_t>(0, left.count()));
-    pollfd p[2] = {{signal_fd_, POLLIN, 0}, {extra_fd, POLLIN, 0}};
-    int r = poll(p, extra_fd >= 0 ? 2 : 1, timeout);
+    // [0] signals, [1] extra, then per worker: stdout, stderr, heartbeat.
+    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}, {extra_fd, POLLIN, 0}};
+    for (const Worker& w : workers_) {
+      fds.push_back({w.out.fd, POLLIN, 0});
+      fds.push_back({w.err.fd, POLLIN, 0});
+      fds.push_back({w.heartbeat_fd, POLLIN, 0});
+    }
+    int r = poll(fds.data(), fds.size(), timeout);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return 0;  // deadline
-    if ((p[0].revents & POLLIN) == 0) return 0;  // only extra_fd is ready
-    signalfd_siginfo si;
-    int forwarded = 0;
-    while (read(signal_fd_, &si, sizeof si) == sizeof si) {
-      if (si.ssi_signo == SIGCHLD) {
-        ReapAll();
-      } else {
-        forwarded = static_cast<int>(si.ssi_signo);
+    bool first_heartbeat = false;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& w = workers_[i];
+      if (fds[2 + 3 * i].revents) DrainStream(w, w.out, false);
+      if (fds[3 + 3 * i].revents) DrainStream(w, w.err, false);
+      if (fds[4 + 3 * i].revents) {
+        char buf[256];
+        ssize_t n = read(w.heartbeat_fd, buf, sizeof buf);
+        if (n > 0) {
+          first_heartbeat |= !w.heartbeat_seen;
+          w.heartbeat_seen = true;
+          w.last_heartbeat = std::chrono::steady_clock::now();
+        } else if (n == 0) {
+          close(w.heartbeat_fd);
+          w.heartbeat_fd = -1;
+        }
       }
     }
-    ReapAll();
-    return forwarded;
+    int forwarded = 0;
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo si;
+      while (read(signal_fd_, &si, sizeof si) == sizeof si) {
+        const int sig = static_cast<int>(si.ssi_signo);
+        if (sig == SIGCHLD) {
+          ReapAll();
+        } else if (std::find(options_.passthrough_signals.begin(),
+                             options_.passthrough_signals.end(),
+                             sig) != options_.passthrough_signals.end()) {
+          spdlog::info("forwarding SIG{} to the workers", sigabbrev_np(sig));
+          for (const Worker& w : workers_) {
+            if (w.alive) kill(-w.pid, sig);
+          }
+        } else {
+          forwarded = sig;
+        }
+      }
+      ReapAll();
+    }
+    if (forwarded != 0 || (fds[1].revents & POLLIN)) return forwarded;
+    if (fds[0].revents & POLLIN) return 0;  // a worker exited
+    if (first_heartbeat) return 0;           // the caller starts that worker's hang clock
+    // Only output or heartbeats arrived: keep waiting unless the deadline passed.
+    if (std::chrono::steady_clock::now() >= deadline) return 0;
   }
 }
 
 void Agent::StopGroup(int first_signal) {
+  stopping_ = true;
   for (const Worker& w : workers_) {
     if (w.alive) kill(-w.pid, first_signal);
   }
@@ -220,21 +415,46 @@ void Agent::StopGroup(int first_signal) {
     kill(-w.pid, SIGKILL);  // the leader's exit does not end its children: kill the whole group
   }
   while (AliveCount() > 0) WaitEvent(std::chrono::steady_clock::time_point::max());
+  CloseStreams();
+  stopping_ = false;
 }
 
-void Agent::PrintFailureSummary(const WorkerExit& first) const {
-  std::string cause;
-  if (std::string msg = ReadErrorMessage(ErrorFile(first.local_rank));
-      !msg.empty()) {
-    cause = msg;
-  } else if (first.signal != 0) {
-    cause = absl::StrCat("Signal ", first.signal, " (SIG", sigabbrev_np(first.signal),
-                         ") received by PID ", first.pid);
-  } else {
-    cause = absl::StrCat("exit code ", first.exit_code);
+WorkerExit Agent::PrintFailureSummary() const {
+  // torchrun's rule: the failure with the earliest error-file timestamp is the root cause;
+  // without error files, the first worker to exit.
+  const WorkerExit* root = nullptr;
+  double root_ts = 0;
+  std::string root_msg;
+  for (const WorkerExit& e : exits_) {
+    if (!e.failed() || e.stopped) continue;
+    ErrorRecord rec = ReadErrorRecord(ErrorFile(e.local_rank));
+    if (!rec.message.empty() && (root == nullptr || root_msg.empty() || rec.timestamp < root_ts)) {
+      root = &e;
+      root_ts = rec.timestamp;
+      root_msg = rec.message;
+    } else if (root == nullptr) {
+      root = &e;
+    }
+  }
+  if (root == nullptr) return {};
+  std::string cause = root_msg;
+  if (cause.empty() && root->signal != 0) {
+    cause = absl::StrCat("Signal ", root->signal, " (SIG", sigabbrev_np(root->signal),
+                         ") received by PID ", root->pid);
+  } else if (cause.empty()) {
+    cause = absl::StrCat("exit code ", root->exit_code);
   }
   spdlog::error("job failed. Root cause (first failure): rank {} (local rank {}, pid {}): {}",
-                first.global_rank, first.local_rank, first.pid, cause);
+                root->global_rank, root->local_rank, root->pid, cause);
+  for (const WorkerExit& e : exits_) {
+    if (!e.failed() || e.stopped || &e == root) continue;
+    spdlog::error("  also failed: rank {} (local rank {}, pid {}): {}", e.global_rank,
+                  e.local_rank, e.pid,
+                  e.signal != 0 ? absl::StrCat("signal ", e.signal, " (SIG",
+                                               sigabbrev_np(e.signal), ")")
+                                : absl::StrCat("exit code ", e.exit_code));
+  }
+  return *root;
 }
 
 absl::StatusOr<NodeAssignment> Agent::NextAssignment(int* signal) {
@@ -307,8 +527,12 @@ int Agent::Run() {
     const auto interval = source_->check_interval();
     auto next_check = interval.count() > 0 ? std::chrono::steady_clock::now() + interval
                                            : std::chrono::steady_clock::time_point::max();
+    const Worker* hung = nullptr;
     while (AliveCount() > 0 && forwarded == 0) {
-      forwarded = WaitEvent(next_check);
+      std::chrono::steady_clock::time_point next_hang;
+      hung = FindHung(&next_hang);
+      if (hung != nullptr) break;
+      forwarded = WaitEvent(std::min(next_check, next_hang));
       for (const WorkerExit& e : exits_) {
         if (e.failed()) {
           failure = &e;
@@ -321,6 +545,17 @@ int Agent::Run() {
         if (verdict != MembershipSource::Verdict::kContinue) break;
         next_check = std::chrono::steady_clock::now() + interval;
       }
+    }
+    if (hung != nullptr) {
+      const int rank = current_.rank_offset + hung->local_rank;
+      const std::string what = absl::StrCat("rank ", rank, " (local rank ", hung->local_rank,
+                                            ", pid ", hung->pid, ") hung: no heartbeat for ",
+                                            options_.hang_timeout.count(), " ms");
+      spdlog::error("{}: stopping the worker group", what);
+      StopGroup(SIGTERM);
+      if (!source_->OnFailure(what)) return kHangExitCode;
+      spdlog::warn("restarting worker group after a hang");
+      continue;
     }
     if (forwarded != 0) {
       spdlog::warn("received SIG{}: forwarding to workers and stopping", sigabbrev_np(forwarded));
@@ -340,6 +575,7 @@ int Agent::Run() {
       return 1;
     }
     if (failure == nullptr) {
+      CloseStreams();
       spdlog::info("all {} worker(s) finished successfully", options_.nproc);
       source_->OnSuccess();
       if (interval.count() == 0) return 0;
@@ -358,9 +594,8 @@ int Agent::Run() {
       spdlog::warn("the rendezvous opened a new round ({}): running again", reason);
       continue;
     }
-    const WorkerExit first = *failure;
     StopGroup(SIGTERM);
-    PrintFailureSummary(first);
+    const WorkerExit first = PrintFailureSummary();
     const std::string what = first.signal != 0
                                  ? absl::StrCat("rank ", first.global_rank, " got SIG",
                                                 sigabbrev_np(first.signal))

@@ -80,6 +80,30 @@ absl::StatusOr<std::vector<int>> ParseSignals(const std::string& list) {
   return out;
 }
 
+// The device id each worker gets in CUDA_VISIBLE_DEVICES: "auto" gives local rank i the i-th
+// visible GPU (respecting an inherited CUDA_VISIBLE_DEVICES) when there is one per worker.
+absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, int nproc) {
+  std::vector<std::string> ids;
+  if (spec == "none") return ids;
+  if (spec == "auto") {
+    if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES")) {
+      ids = absl::StrSplit(vis, ',', absl::SkipEmpty());
+    } else {
+      for (int i = 0, n = CountGpus(); i < n; ++i) ids.push_back(std::to_string(i));
+    }
+    if (static_cast<int>(ids.size()) < nproc) return std::vector<std::string>{};  // CPU run
+  } else {
+    ids = absl::StrSplit(spec, ',', absl::SkipEmpty());
+    if (static_cast<int>(ids.size()) < nproc) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid value '", spec, "' for --gpus: expected at least ", nproc,
+          " device ids (one per worker), auto or none"));
+    }
+  }
+  ids.resize(nproc);
+  return ids;
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "dlrun: %s\n", std::string(s.message()).c_str());
   return 2;
@@ -119,8 +143,33 @@ int main(int argc, char** argv) {
 
   dl::AgentOptions a;
   a.nproc = *nproc;
-  a.forwarded_signals = *signals;
+  for (int sig : *signals) {
+    // SIGUSR1/SIGUSR2 carry messages (e.g. Slurm's preemption warning): pass them on and keep
+    // the job running. The others stop the job.
+    (sig == SIGUSR1 || sig == SIGUSR2 ? a.passthrough_signals : a.forwarded_signals).push_back(sig);
+  }
   a.grace = std::chrono::milliseconds(static_cast<int64_t>(o.grace_period_s * 1000));
+  a.hang_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.hang_timeout_s * 1000));
+  a.log_dir = o.log_dir;
+  a.redirects = dl::StdSpecPerRank(o.redirects, *nproc);
+  if (!o.local_ranks_filter.empty()) {
+    auto ranks = dl::ParseRankList(o.local_ranks_filter, *nproc);
+    if (!ranks.ok()) return Fail(ranks.status());
+    a.console_ranks = *ranks;
+  }
+  if (const char* aff = std::getenv("DLRUN_CPU_AFFINITY"); aff == nullptr || std::string(aff) != "0") {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (CPU_ISSET(c, &set)) a.cpus.push_back(c);
+      }
+    }
+  }
+  {
+    auto gpus = ResolveGpus(o.gpus, *nproc);
+    if (!gpus.ok()) return Fail(gpus.status());
+    a.gpus = *gpus;
+  }
 
   // torchrun runs .py files (and -m modules) with the Python interpreter.
   if (o.module) {

@@ -170,7 +170,26 @@ std::vector<Flag> Flags() {
        "port of the c10d store on node rank 0 (static; default 29500)"},
       {"local-addr", "", true, str(&LaunchOptions::local_addr), "address of this node"},
       {"signals-to-handle", "", true, str(&LaunchOptions::signals_to_handle),
-       "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
+       "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "
+       "are passed on without stopping the job)"},
+      {"hang-timeout", "", true,
+       [](LaunchOptions& o, const std::string& v) {
+         double d = 0;
+         if (!absl::SimpleAtod(v, &d) || d < 0) return Bad("hang-timeout", v, "seconds >= 0");
+         o.hang_timeout_s = d;
+         return absl::OkStatus();
+       },
+       "restart workers whose dlrun::worker heartbeats stop this long (0: off)"},
+      {"grace-period", "", true,
+       [](LaunchOptions& o, const std::string& v) {
+         double d = 0;
+         if (!absl::SimpleAtod(v, &d) || d < 0) return Bad("grace-period", v, "seconds >= 0");
+         o.grace_period_s = d;
+         return absl::OkStatus();
+       },
+       "seconds between SIGTERM and SIGKILL when stopping workers (default 30)"},
+      {"gpus", "", true, str(&LaunchOptions::gpus),
+       "auto (one visible GPU per worker), none, or device ids 0,1,..."},
   };
 }
 
@@ -292,6 +311,37 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
                absl::StrCat("an integer below --nnodes (", o.max_nodes, ")"));
   }
   return o;
+}
+
+std::vector<int> StdSpecPerRank(const std::string& spec, int nproc) {
+  std::vector<int> out(nproc, 0);
+  int all = 0;
+  if (absl::SimpleAtoi(spec, &all)) {
+    std::fill(out.begin(), out.end(), all);
+    return out;
+  }
+  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    std::vector<std::string> kv = absl::StrSplit(item, ':');
+    int r = 0, v = 0;
+    if (kv.size() == 2 && absl::SimpleAtoi(kv[0], &r) && absl::SimpleAtoi(kv[1], &v) && r >= 0 &&
+        r < nproc) {
+      out[r] = v;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc) {
+  std::vector<int> out;
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    int r = 0;
+    if (!absl::SimpleAtoi(item, &r) || r < 0 || r >= nproc) {
+      return Bad("local-ranks-filter", list,
+                 absl::StrCat("comma-separated local ranks in [0, ", nproc, ")"));
+    }
+    out.push_back(r);
+  }
+  return out;
 }
 
 std::string UsageText() {

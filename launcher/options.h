@@ -41,6 +41,8 @@ struct LaunchOptions {
   std::string local_addr;
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   double grace_period_s = 30.0;  // SIGTERM -> SIGKILL when stopping workers
+  double hang_timeout_s = 0;     // 0: off
+  std::string gpus = "auto";     // auto | none | comma-separated device ids
   std::vector<std::string> command;  // PROGRAM ARGS...
 };
 
@@ -54,5 +56,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
 absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, int num_cpus);
 
 std::string UsageText();
+
+// torchrun's per-rank stream spec ("3", or "0:1,2:3") as a value 0-3 for each local rank.
+std::vector<int> StdSpecPerRank(const std::string& spec, int nproc);
+// --local-ranks-filter "0,2" -> {0, 2}; errors name the bad item.
+absl::StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc);
 
 }  // namespace dlrun::launcher

@@ -18,7 +18,11 @@ std::vector<int> StartReadyWorkers(Started& s, const std::string& worker_script)
   std::vector<int> pids;
   for (absl::string_view line : absl::StrSplit(s.output, '\n')) {
     int pid = 0;
-    if (absl::ConsumePrefix(&line, "ready ") && absl::SimpleAtoi(line, &pid)) pids.push_back(pid);
+    // Lines arrive as "[rank N]: ready PID".
+    size_t at = line.find("ready ");
+    if (at != absl::string_view::npos && absl::SimpleAtoi(line.substr(at + 6), &pid)) {
+      pids.push_back(pid);
+    }
   }
   return pids;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "launcher/agent.h"
+#include "launcher/env_detect.h"
 #include "launcher/options.h"
 #include "launcher/rdzv_loader.h"
 #include "launcher/rdzv_source.h"
@@ -124,9 +125,20 @@ int main(int argc, char** argv) {
     if (!api.ok()) return Fail(api.status());
     return (*api)->ServerMain(std::vector<std::string>(args.begin() + 1, args.end()));
   }
+  const bool env_only = args[0] == "env";
+  if (env_only) {
+    args.erase(args.begin());
+    args.push_back("true");  // `dlrun env [options]` needs no program
+  }
   auto parsed = dl::ParseLaunchOptions(args, dl::ProcessEnv());
   if (!parsed.ok()) return Fail(parsed.status());
   dl::LaunchOptions o = *std::move(parsed);
+  auto detected = dl::DetectEnvironment(dl::ProcessEnv(), &o);
+  if (!detected.ok()) return Fail(detected.status());
+  if (env_only) {
+    std::fputs(dl::FormatDetection(*detected, o).c_str(), stdout);
+    return 0;
+  }
 
   auto nproc = dl::ResolveNprocPerNode(o.nproc_per_node, CountGpus(), CountCpus());
   if (!nproc.ok()) return Fail(nproc.status());
@@ -217,7 +229,7 @@ int main(int argc, char** argv) {
     r.local_addr = !o.local_addr.empty() ? o.local_addr : dl::LocalAddressFor(ep_host);
     if (r.local_addr.empty()) r.local_addr = host;
     r.nproc = *nproc;
-    if (const char* nid = std::getenv("SLURM_NODEID")) r.slurm_node_id = std::atoi(nid);
+    r.slurm_node_id = detected->slurm_node_id;
     r.min_nodes = o.min_nodes;
     r.max_nodes = o.max_nodes;
     r.max_restarts = o.max_restarts;

@@ -279,6 +279,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
     }
     if (absl::Status s = flags[f].set(o, value); !s.ok()) return s;
     given[f] = true;
+    o.given.insert(flags[f].name);
   }
   o.command.assign(args.begin() + static_cast<long>(i), args.end());
 
@@ -296,6 +297,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
     if (absl::Status s = flags[f].set(o, *v); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(s.message(), " (from ", var, ")"));
     }
+    o.given.insert(flags[f].name);
   }
 
   if (o.command.empty()) {
@@ -347,7 +349,8 @@ absl::StatusOr<std::vector<int>> ParseRankList(const std::string& list, int npro
 std::string UsageText() {
   std::string s =
       "usage: dlrun [options] PROGRAM [ARGS...]\n"
-      "       dlrun env        print the detected environment\n\n"
+      "       dlrun env [options]       print the detected environment and resulting settings\n"
+      "       dlrun rdzv-server [...]   run the rendezvous on its own (--help for its flags)\n\n"
       "Starts one worker per slot with the torchrun worker environment (RANK, LOCAL_RANK,\n"
       "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). Flags accept '-' or '_' and fall back to\n"
       "PET_<FLAG> environment variables.\n\noptions:\n";

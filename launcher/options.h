@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,7 @@ struct LaunchOptions {
   double hang_timeout_s = 0;     // 0: off
   std::string gpus = "auto";     // auto | none | comma-separated device ids
   std::vector<std::string> command;  // PROGRAM ARGS...
+  std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*
 };
 
 // Parses `dlrun [options] PROGRAM [ARGS...]` (args excludes argv[0]). Flags are accepted with

@@ -78,6 +78,7 @@ int Train(const Args& a) {
     loss.backward();
     if (a.grad_sync) dlrun::worker::averageGradients(*ctx.pg, params);
     opt.step();
+    dlrun::worker::heartbeat();
 
     // Report the loss averaged over ranks.
     std::vector<torch::Tensor> l{loss.detach().reshape({1}).clone()};
@@ -167,7 +168,9 @@ int TrainUnetMain(int argc, char** argv) {
     return Train(a);
   } catch (const std::exception& e) {
     std::string what = e.what();
-    std::fprintf(stderr, "train_unet: %s\n", what.substr(0, what.find('\n')).c_str());
+    what = what.substr(0, what.find('\n'));
+    dlrun::worker::recordError("train_unet: " + what);
+    std::fprintf(stderr, "train_unet: %s\n", what.c_str());
     return 1;
   }
 }

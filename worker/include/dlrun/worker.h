@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dlrun/agent_link.h"
 #include "dlrun/dist_env.h"
 
 namespace dlrun::worker {

@@ -1,0 +1,239 @@
+#include "launcher/env_detect.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "launcher/hostlist.h"
+
+namespace dlrun::launcher {
+namespace {
+
+constexpr const char* kDefaultRdzvPort = "29400";
+
+class Reader {
+ public:
+  Reader(const EnvLookup& env, Detection* d) : env_(env), d_(d) {}
+  std::optional<std::string> Get(const std::string& name) {
+    auto v = env_(name);
+    if (v) d_->evidence.emplace_back(name, *v);
+    return v;
+  }
+  absl::StatusOr<int> Int(const std::string& name, int lo) {
+    auto v = Get(name);
+    int x = 0;
+    if (!v || !absl::SimpleAtoi(*v, &x) || x < lo) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable ", name, "='", v.value_or(""), "' is invalid: expected an integer >= ", lo));
+    }
+    return x;
+  }
+
+ private:
+  const EnvLookup& env_;
+  Detection* d_;
+};
+
+// Sets `o.*field` to `value` unless the user gave `flag`.
+template <typename T>
+void Fill(LaunchOptions* o, Detection* d, const std::string& flag, T LaunchOptions::*field,
+          const T& value) {
+  if (o->given.count(flag)) return;
+  o->*field = value;
+  if constexpr (std::is_same_v<T, std::string>) {
+    d->applied.emplace_back(flag, value);
+  } else {
+    d->applied.emplace_back(flag, absl::StrCat(value));
+  }
+}
+
+void FillNodes(LaunchOptions* o, Detection* d, int n) {
+  if (o->given.count("nnodes")) return;
+  o->min_nodes = o->max_nodes = n;
+  d->applied.emplace_back("nnodes", absl::StrCat(n));
+}
+
+std::string RdzvPort(Reader& r) { return r.Get("DLRUN_RDZV_PORT").value_or(kDefaultRdzvPort); }
+
+}  // namespace
+
+absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o) {
+  Detection d;
+  Reader r(env, &d);
+  if (o->standalone) {
+    d.source = "standalone";
+    d.reason = "--standalone was given";
+    return d;
+  }
+  const bool placement_given = o->given.count("rdzv-endpoint") || o->given.count("master-addr") ||
+                               o->given.count("node-rank");
+
+  if (env("SLURM_JOB_ID") && env("SLURM_PROCID")) {
+    d.source = "slurm";
+    d.reason = "inside a Slurm step (SLURM_JOB_ID and SLURM_PROCID are set); one dlrun per node";
+    r.Get("SLURM_JOB_ID");
+    auto nodes_var = env("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES" : "SLURM_JOB_NUM_NODES";
+    auto nodes = r.Int(nodes_var, 1);
+    if (!nodes.ok()) return nodes.status();
+    auto nodeid = r.Int("SLURM_NODEID", 0);
+    if (!nodeid.ok()) return nodeid.status();
+    d.slurm_node_id = *nodeid;
+    if (auto ntasks = env("SLURM_NTASKS"); ntasks && *ntasks != absl::StrCat(*nodes)) {
+      r.Get("SLURM_NTASKS");
+      d.reason += "; note: SLURM_NTASKS differs from the node count, dlrun wants "
+                  "--ntasks-per-node=1";
+    }
+    Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *env("SLURM_JOB_ID"));
+    if (*nodes == 1 && !placement_given) {
+      o->standalone = true;
+      d.applied.emplace_back("standalone", "true (a one-node step)");
+      return d;
+    }
+    const std::string list_var = env("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
+                                                            : "SLURM_JOB_NODELIST";
+    auto list = r.Get(list_var);
+    if (!list) {
+      return absl::FailedPreconditionError(
+          "inside Slurm but SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are unset");
+    }
+    auto hosts = ExpandHostlist(*list);
+    if (!hosts.ok()) return hosts.status();
+    FillNodes(o, &d, *nodes);
+    Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
+    Fill(o, &d, "rdzv-endpoint", &LaunchOptions::rdzv_endpoint,
+         absl::StrCat((*hosts)[0], ":", RdzvPort(r)));
+    return d;
+  }
+
+  if (env("OMPI_COMM_WORLD_SIZE")) {
+    d.source = "openmpi";
+    d.reason = "started by Open MPI's mpirun (OMPI_COMM_WORLD_* are set); one dlrun per node";
+    auto size = r.Int("OMPI_COMM_WORLD_SIZE", 1);
+    if (!size.ok()) return size.status();
+    auto rank = r.Int("OMPI_COMM_WORLD_RANK", 0);
+    if (!rank.ok()) return rank.status();
+    auto local_size = r.Int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    if (!local_size.ok()) return local_size.status();
+    auto addr = r.Get("MASTER_ADDR");
+    if (!addr && *local_size != *size && !o->given.count("master-addr")) {
+      return absl::FailedPreconditionError(
+          "under mpirun across nodes dlrun needs the address of rank 0: export MASTER_ADDR "
+          "(mpirun -x MASTER_ADDR=host) or pass --master-addr");
+    }
+    FillNodes(o, &d, *size);
+    Fill(o, &d, "node-rank", &LaunchOptions::node_rank, *rank);
+    Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("static"));
+    Fill(o, &d, "master-addr", &LaunchOptions::master_addr, addr.value_or("127.0.0.1"));
+    if (auto port = r.Get("MASTER_PORT")) {
+      int p = 0;
+      if (!absl::SimpleAtoi(*port, &p) || p < 1 || p > 65535) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("environment variable MASTER_PORT='", *port, "' is invalid: expected 1-65535"));
+      }
+      Fill(o, &d, "master-port", &LaunchOptions::master_port, p);
+      o->master_port_given = true;
+    }
+    if (auto job = r.Get("OMPI_MCA_orte_ess_jobid")) {
+      Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *job);
+    }
+    return d;
+  }
+
+  const bool kubeflow = env("PET_NNODES") || env("PET_NODE_RANK") || env("PET_RDZV_ENDPOINT") ||
+                        (env("MASTER_ADDR") && env("RANK") && env("WORLD_SIZE") &&
+                         !env("LOCAL_RANK") && env("POD_INDEX"));
+  if (kubeflow) {
+    d.source = "kubeflow";
+    d.reason = "in a Kubeflow PyTorchJob / Run:ai pod (PET_* or MASTER_ADDR + RANK as the pod "
+               "index are set); one dlrun per pod";
+    for (const char* v : {"PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_RDZV_ENDPOINT",
+                          "JOB_UUID", "POD_INDEX"}) {
+      r.Get(v);
+    }
+    if (auto ep = env("PET_RDZV_ENDPOINT")) {
+      Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
+      (void)ep;  // --rdzv-endpoint itself comes from PET_RDZV_ENDPOINT through the flag table
+    } else {
+      // The operator's RANK is the pod index (master 0, worker i -> i+1), not a process rank.
+      auto rank_var = env("PET_NODE_RANK") ? "PET_NODE_RANK" : "RANK";
+      auto rank = r.Int(rank_var, 0);
+      if (!rank.ok()) return rank.status();
+      Fill(o, &d, "node-rank", &LaunchOptions::node_rank, *rank);
+      if (!o->given.count("nnodes")) {
+        // WORLD_SIZE is replicas in older operators and replicas x nproc in newer ones.
+        auto ws = r.Int("WORLD_SIZE", 1);
+        if (!ws.ok()) return ws.status();
+        FillNodes(o, &d, *ws);
+      }
+      Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("static"));
+      if (auto addr = r.Get("MASTER_ADDR")) {
+        Fill(o, &d, "master-addr", &LaunchOptions::master_addr, *addr);
+      }
+      if (auto port = r.Get("MASTER_PORT"); port && !o->given.count("master-port")) {
+        int p = 0;
+        if (absl::SimpleAtoi(*port, &p) && p > 0 && p < 65536) {
+          Fill(o, &d, "master-port", &LaunchOptions::master_port, p);
+          o->master_port_given = true;
+        }
+      }
+    }
+    if (auto id = env("JOB_UUID")) Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *id);
+    return d;
+  }
+
+  if (env("MASTER_ADDR") && (env("NODE_RANK") || env("GROUP_RANK")) && env("NNODES")) {
+    d.source = "torchrun-env";
+    d.reason = "MASTER_ADDR, NODE_RANK and NNODES are set (a torchrun-style static setup)";
+    auto nn = r.Int("NNODES", 1);
+    if (!nn.ok()) return nn.status();
+    auto nr = r.Int(env("NODE_RANK") ? "NODE_RANK" : "GROUP_RANK", 0);
+    if (!nr.ok()) return nr.status();
+    FillNodes(o, &d, *nn);
+    Fill(o, &d, "node-rank", &LaunchOptions::node_rank, *nr);
+    Fill(o, &d, "master-addr", &LaunchOptions::master_addr, *r.Get("MASTER_ADDR"));
+    if (auto port = r.Get("MASTER_PORT")) {
+      int p = 0;
+      if (absl::SimpleAtoi(*port, &p) && p > 0 && p < 65536) {
+        Fill(o, &d, "master-port", &LaunchOptions::master_port, p);
+        o->master_port_given = true;
+      }
+    }
+    return d;
+  }
+
+  if (o->max_nodes == 1 && !placement_given && !o->given.count("master-port") &&
+      o->rdzv_backend == "static") {
+    d.source = "standalone";
+    d.reason = "no cluster environment and a single node: local rendezvous on a free port";
+    o->standalone = true;
+    return d;
+  }
+  d.source = "flags";
+  d.reason = "no cluster environment found: the command-line flags decide";
+  return d;
+}
+
+std::string FormatDetection(const Detection& d, const LaunchOptions& o) {
+  std::string s = absl::StrCat("detected   ", d.source, "\nwhy        ", d.reason, "\n");
+  if (!d.evidence.empty()) {
+    absl::StrAppend(&s, "\nvariable                     value\n");
+    for (const auto& [k, v] : d.evidence) absl::StrAppend(&s, absl::StrFormat("%-28s %s\n", k, v));
+  }
+  if (!d.applied.empty()) {
+    absl::StrAppend(&s, "\nsetting (from the environment)  value\n");
+    for (const auto& [k, v] : d.applied) {
+      absl::StrAppend(&s, absl::StrFormat("--%-30s %s\n", k, v));
+    }
+  }
+  absl::StrAppend(&s, "\nresult\n");
+  absl::StrAppend(&s, absl::StrFormat("  %-16s %d:%d\n", "nnodes", o.min_nodes, o.max_nodes));
+  absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "nproc-per-node", o.nproc_per_node));
+  absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "rendezvous",
+                                      o.standalone ? "standalone (local, free port)"
+                                                   : o.rdzv_backend == "static"
+                                                         ? absl::StrCat("static: node rank ", o.node_rank, ", master ", o.master_addr, ":", o.master_port)
+                                                         : absl::StrCat("grpc at ", o.rdzv_endpoint)));
+  absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "run id", o.rdzv_id));
+  return s;
+}
+
+}  // namespace dlrun::launcher

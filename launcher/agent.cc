@@ -491,11 +491,14 @@ void BlockAgentSignals(const std::vector<int>& forwarded) {
 }
 
 int Agent::Run() {
-  BlockAgentSignals(options_.forwarded_signals);
+  std::vector<int> handled = options_.forwarded_signals;
+  handled.insert(handled.end(), options_.passthrough_signals.begin(),
+                 options_.passthrough_signals.end());
+  BlockAgentSignals(handled);
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGCHLD);
-  for (int s : options_.forwarded_signals) sigaddset(&mask, s);
+  for (int s : handled) sigaddset(&mask, s);
   signal_fd_ = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (signal_fd_ < 0) {
     spdlog::error("signalfd: {}", std::strerror(errno));

@@ -202,7 +202,9 @@ int main(int argc, char** argv) {
   // Block the signals the agent handles before any thread exists (the rendezvous client starts
   // gRPC threads): threads inherit the mask, so SIGCHLD and the forwarded signals can only be
   // read from the agent's signalfd and are never swallowed by another thread.
-  dl::BlockAgentSignals(a.forwarded_signals);
+  std::vector<int> handled = a.forwarded_signals;
+  handled.insert(handled.end(), a.passthrough_signals.begin(), a.passthrough_signals.end());
+  dl::BlockAgentSignals(handled);
 
   std::unique_ptr<dl::MembershipSource> source;
   std::string run_id = o.rdzv_id;

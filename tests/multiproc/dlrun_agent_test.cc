@@ -1,0 +1,192 @@
+// The agent's user-visible behaviour: the torchrun environment, output, hangs, signals, root
+// causes, and a real torch.distributed program compared with torchrun itself.
+#include <sched.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "multiproc/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace dlrun::testing {
+namespace {
+
+constexpr auto kDeadline = std::chrono::seconds(60);
+
+std::map<std::string, std::string> ParseEnv(const std::string& text) {
+  std::map<std::string, std::string> m;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    size_t eq = line.find('=');
+    if (eq != absl::string_view::npos) m[std::string(line.substr(0, eq))] = std::string(line.substr(eq + 1));
+  }
+  return m;
+}
+
+TEST(DlrunAgent, EveryTorchrunVariableForOneToFourWorkers) {
+  for (int n = 1; n <= 4; ++n) {
+    const std::string dir = MakeTempDir();
+    ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", std::to_string(n), "--max-restarts",
+                               "2", "--role", "trainer", "sh", "-c",
+                               "env > " + dir + "/env.$RANK"},
+                              {}, kDeadline);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::set<std::string> ports;
+    for (int rank = 0; rank < n; ++rank) {
+      auto e = ParseEnv(ReadFile(dir + "/env." + std::to_string(rank)));
+      const std::string rs = std::to_string(rank), ns = std::to_string(n);
+      EXPECT_EQ(e["RANK"], rs);
+      EXPECT_EQ(e["LOCAL_RANK"], rs);
+      EXPECT_EQ(e["GROUP_RANK"], "0");
+      EXPECT_EQ(e["ROLE_RANK"], rs);
+      EXPECT_EQ(e["ROLE_NAME"], "trainer");
+      EXPECT_EQ(e["WORLD_SIZE"], ns);
+      EXPECT_EQ(e["LOCAL_WORLD_SIZE"], ns);
+      EXPECT_EQ(e["ROLE_WORLD_SIZE"], ns);
+      EXPECT_EQ(e["GROUP_WORLD_SIZE"], "1");
+      EXPECT_EQ(e["MASTER_ADDR"], "127.0.0.1");
+      EXPECT_EQ(e["TORCHELASTIC_RESTART_COUNT"], "0");
+      EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "2");
+      EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "False");
+      EXPECT_EQ(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+      EXPECT_FALSE(e["TORCHELASTIC_RUN_ID"].empty());
+      EXPECT_NE(e["TORCHELASTIC_ERROR_FILE"].find("/" + rs + "/error.json"), std::string::npos);
+      EXPECT_FALSE(e["DLRUN_HEARTBEAT_FD"].empty());
+      cpu_set_t cpus;
+      sched_getaffinity(0, sizeof cpus, &cpus);
+      EXPECT_EQ(e["OMP_NUM_THREADS"], std::to_string(std::max(1, CPU_COUNT(&cpus) / n)));
+      ports.insert(e["MASTER_PORT"]);
+    }
+    EXPECT_EQ(ports.size(), 1u);
+  }
+}
+
+TEST(DlrunAgent, OutputIsPrefixedFilteredAndLogged) {
+  const std::string logs = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--log-dir", logs,
+                             "--local-ranks-filter", "1", "sh", "-c",
+                             "echo out-$RANK; echo err-$RANK >&2"},
+                            {}, kDeadline);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 1]: out-1\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1]: err-1\n"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("out-0"), std::string::npos) << r.output;  // filtered from the console
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/0/stdout.log"), "out-0\n");  // but still logged
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/0/stderr.log"), "err-0\n");
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/1/stdout.log"), "out-1\n");
+  // --redirects 1: stdout goes to the files only.
+  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", logs, "-r", "1", "sh", "-c",
+                  "echo quiet; echo loud >&2"},
+                 {}, kDeadline);
+  EXPECT_EQ(r.output.find("quiet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 0]: loud"), std::string::npos) << r.output;
+}
+
+TEST(DlrunAgent, HungWorkerIsRestarted) {
+  // The worker heartbeats once, then hangs; on the restart it succeeds.
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--nproc-per-node", "2", "--hang-timeout", "0.5", "--max-restarts", "1", "bash",
+       "-c",
+       "printf h >&$DLRUN_HEARTBEAT_FD; [ $TORCHELASTIC_RESTART_COUNT = 1 ] && exit 0; "
+       "exec sleep 600"},
+      {}, kDeadline);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("hung: no heartbeat for 500 ms"), std::string::npos) << r.output;
+  // A program that never heartbeats is not affected by --hang-timeout.
+  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--hang-timeout", "0.05", "sh", "-c",
+                  "sleep 0.3"},
+                 {}, kDeadline);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Without restarts left the job fails with code 124.
+  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--hang-timeout", "0.2", "bash", "-c",
+                  "printf h >&$DLRUN_HEARTBEAT_FD; exec sleep 600"},
+                 {}, kDeadline);
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+}
+
+TEST(DlrunAgent, Sigusr1IsPassedOnAndTheJobContinues) {
+  Started s = StartCommand({DLRUN_BIN, "--nproc-per-node", "2", "--signals-to-handle",
+                            "SIGTERM,SIGINT,SIGUSR1", "bash", "-c",
+                            "trap 'echo usr1-$RANK; exit 0' USR1; echo ready; "
+                            "while :; do sleep 1 & wait $!; done"});
+  ASSERT_TRUE(ReadUntil(s, "ready", 2, kDeadline)) << s.output;
+  kill(s.pid, SIGUSR1);
+  EXPECT_EQ(FinishCommand(s, kDeadline), 0) << s.output;  // workers exited 0 after the signal
+  EXPECT_NE(s.output.find("usr1-0"), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find("usr1-1"), std::string::npos) << s.output;
+}
+
+TEST(DlrunAgent, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
+  // Rank 1 records an error at t=1000 and exits; rank 0 records an earlier one (t=500) but exits
+  // later. torchrun's rule: the earliest timestamp is the root cause.
+  const std::string script =
+      "if [ $RANK = 1 ]; then echo '{\"message\":{\"message\":\"late error\",\"extraInfo\":"
+      "{\"timestamp\":\"1000\"}}}' > $TORCHELASTIC_ERROR_FILE; exit 3; fi; "
+      "echo '{\"message\":{\"message\":\"ValueError: the real cause\",\"extraInfo\":"
+      "{\"timestamp\":\"500\"}}}' > $TORCHELASTIC_ERROR_FILE; trap 'exit 4' TERM; "
+      "while :; do sleep 1 & wait $!; done";
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--grace-period", "5", "bash",
+                             "-c", script},
+                            {}, kDeadline);
+  EXPECT_NE(r.exit_code, 0);
+  // Rank 0 was stopped by the agent, so only rank 1's file counts here.
+  EXPECT_NE(r.output.find("Root cause (first failure): rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("late error"), std::string::npos) << r.output;
+  // Both fail on their own: the earlier timestamp wins although it exited second.
+  const std::string both =
+      "if [ $RANK = 1 ]; then echo '{\"message\":{\"message\":\"late\",\"extraInfo\":"
+      "{\"timestamp\":\"1000\"}}}' > $TORCHELASTIC_ERROR_FILE; exit 3; fi; "
+      "echo '{\"message\":{\"message\":\"ValueError: the real cause\",\"extraInfo\":"
+      "{\"timestamp\":\"500\"}}}' > $TORCHELASTIC_ERROR_FILE; exit 5";
+  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "bash", "-c", both}, {}, kDeadline);
+  EXPECT_NE(r.exit_code, 0);
+  if (r.output.find("also failed") != std::string::npos) {
+    EXPECT_NE(r.output.find("rank 0 (local rank 0"), std::string::npos);
+    EXPECT_NE(r.output.find("ValueError: the real cause"), std::string::npos) << r.output;
+    EXPECT_EQ(r.exit_code, 5) << r.output;
+  }
+}
+
+nlohmann::json RunDdpCheck(const std::vector<std::string>& launcher) {
+  const std::string dir = MakeTempDir();
+  std::vector<std::string> cmd = launcher;
+  cmd.push_back(std::string(SOURCE_DIR) + "/tests/python/ddp_check.py");
+  cmd.push_back(dir);
+  ProcResult r = RunCommand(cmd, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json all;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string text = ReadFile(dir + "/rank" + std::to_string(rank) + ".json");
+    if (text.empty()) return all;
+    all.push_back(nlohmann::json::parse(text));
+  }
+  return all;
+}
+
+TEST(DlrunAgent, TorchDistributedProgramSeesWhatTorchrunGivesIt) {
+  if (!std::filesystem::exists("/usr/bin/python3") ||
+      RunCommand({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
+    GTEST_SKIP() << "Debian's python3-torch is not installed (scripts/install-deps installs it)";
+  }
+  nlohmann::json ours = RunDdpCheck({DLRUN_BIN, "--standalone", "--nproc-per-node", "2",
+                                     "/usr/bin/python3"});
+  nlohmann::json theirs = RunDdpCheck({"/usr/bin/python3", std::string(SOURCE_DIR) +
+                                       "/bench/torchrun_py311.py", "--standalone",
+                                       "--nproc_per_node", "2"});
+  ASSERT_EQ(ours.size(), 2u);
+  ASSERT_EQ(theirs.size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    nlohmann::json a = ours[rank], b = theirs[rank];
+    EXPECT_EQ(a["allreduce"], 3.0);  // gloo allreduce over both ranks really happened
+    // torchrun --standalone says "localhost", dlrun the address itself; all else is equal.
+    a.erase("MASTER_ADDR");
+    b.erase("MASTER_ADDR");
+    EXPECT_EQ(a, b) << "dlrun: " << a.dump() << "\ntorchrun: " << b.dump();
+  }
+}
+
+}  // namespace
+}  // namespace dlrun::testing

@@ -12,9 +12,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "launcher/agent.h"
 #include "launcher/env_detect.h"
+#include "launcher/gpu_pick.h"
 #include "launcher/options.h"
 #include "launcher/rdzv_loader.h"
 #include "launcher/rdzv_source.h"
@@ -88,7 +90,11 @@ absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, in
   if (spec == "none") return ids;
   if (spec == "auto") {
     if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES")) {
-      ids = absl::StrSplit(vis, ',', absl::SkipEmpty());
+      ids = absl::StrSplit(vis, ',', absl::SkipEmpty());  // the scheduler chose: keep its order
+    } else if (auto loads = dl::QueryGpuLoads(); loads && static_cast<int>(loads->size()) >= nproc) {
+      for (int i : dl::PickLeastLoaded(*loads, nproc)) ids.push_back(std::to_string(i));
+      spdlog::info("--gpus auto: the {} least-loaded GPU(s) by memory used and utilisation: {}",
+                   nproc, absl::StrJoin(ids, ","));
     } else {
       for (int i = 0, n = CountGpus(); i < n; ++i) ids.push_back(std::to_string(i));
     }

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "launcher/gpu_pick.h"
 #include "launcher/rdzv_source.h"
 
 namespace dlrun::launcher {
@@ -138,6 +139,18 @@ TEST(RdzvConf, KeysAndErrors) {
   s = ApplyRdzvConf("bogus=1", &o);
   EXPECT_NE(std::string(s.message()).find("unknown key 'bogus'"), std::string::npos);
   EXPECT_FALSE(ApplyRdzvConf("novalue", &o).ok());
+}
+
+TEST(GpuPick, LeastLoadedByMemoryAndUtilisation) {
+  std::vector<GpuLoad> g = {{0, 30, 100, 50},   // 30% memory + 50% busy = 80
+                            {1, 0, 100, 0},     // idle
+                            {2, 90, 100, 90},   // 180
+                            {3, 10, 100, 5}};   // 15
+  EXPECT_EQ(PickLeastLoaded(g, 2), (std::vector<int>{1, 3}));
+  EXPECT_EQ(PickLeastLoaded(g, 3), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(PickLeastLoaded(g, 9).size(), 4u);
+  // No driver on this machine: NVML cannot load and dlrun carries on without it.
+  if (!QueryGpuLoads().has_value()) SUCCEED();
 }
 
 TEST(StdSpec, PerRankValuesAndFilter) {

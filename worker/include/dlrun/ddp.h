@@ -1,0 +1,92 @@
+// dlrun::worker::DistributedDataParallel: PyTorch's DDP for LibTorch trainers.
+//
+//   dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);   // broadcasts rank 0's state
+//   auto out = ddp.forward<torch::Tensor>(x);   // or: ddp.prepareForward(); model->forward(x)
+//   loss.backward();                            // buckets are allreduced while backward runs;
+//   optimizer.step();                           // grads are averaged when backward returns
+//   { auto guard = ddp.noSync(); ... backward(); }   // accumulate locally, no communication
+//
+// Gradients are packed into buckets in reverse registration order (the order backward produces
+// them); each bucket's allreduce starts as soon as its last gradient is ready, buckets start in
+// the same order on every rank, and a callback queued on the autograd engine waits for them all
+// and averages before backward() returns. The parameters defined first (the last gradients
+// computed) share a small bucket of first_bucket_cap_mb, as in PyTorch, so little is left to
+// send after backward ends.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dlrun::worker {
+
+struct DDPOptions {
+  double bucket_cap_mb = 25;
+  double first_bucket_cap_mb = 1;  // PyTorch's _DEFAULT_FIRST_BUCKET_BYTES
+  bool broadcast_buffers = true;   // rank 0's buffers (e.g. BatchNorm statistics) before forward
+  // Parameters without a gradient in a backward are reduced as zeros. When false, such a
+  // parameter is an error that names it (instead of a hang).
+  bool find_unused_parameters = false;
+  // p.grad() is a view into its bucket (no copy in or out). A trainer that sets grads to
+  // undefined between steps still works: the gradient is copied in once and the view restored.
+  bool gradient_as_bucket_view = true;
+};
+
+struct BucketInfo {
+  std::vector<std::string> parameters;  // names, in bucket order
+  int64_t numel = 0;
+  int64_t bytes = 0;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                          c10::intrusive_ptr<c10d::ProcessGroup> pg, DDPOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Call before each forward (forward() below does it): broadcasts buffers when asked and arms
+  // the reducer for the next backward.
+  void prepareForward();
+
+  template <typename Result, typename M, typename... Args>
+  Result forward(M& module, Args&&... args) {
+    prepareForward();
+    return module->forward(std::forward<Args>(args)...);
+  }
+
+  // While the guard lives, backward accumulates gradients locally without communicating; the
+  // first backward after it reduces the accumulated sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* d);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel* d_;
+    bool previous_;
+  };
+  NoSyncGuard noSync() { return NoSyncGuard(this); }
+
+  const std::vector<BucketInfo>& buckets() const;
+  std::string bucketReport() const;  // one line for logs
+  torch::nn::Module& module() { return *module_; }
+
+ private:
+  struct Impl;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<Impl> impl_;
+};
+
+// The bucket assignment alone (PyTorch's compute_bucket_assignment_by_size followed by DDP's
+// reversal): indices into `sizes_bytes` per bucket, buckets in the order gradients are ready.
+std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
+                                               int64_t first_cap_bytes, int64_t cap_bytes);
+
+}  // namespace dlrun::worker

@@ -1,0 +1,282 @@
+#include "dlrun/ddp.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/torch.h>
+
+#include <mutex>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dlrun::worker {
+
+std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
+                                               int64_t first_cap_bytes, int64_t cap_bytes) {
+  // Registration order, the first bucket capped at first_cap, later ones at cap; a bucket closes
+  // once it reaches its cap (so one parameter larger than the cap gets a bucket of its own).
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<size_t> current;
+  int64_t current_bytes = 0;
+  for (size_t i = 0; i < sizes_bytes.size(); ++i) {
+    current.push_back(i);
+    current_bytes += sizes_bytes[i];
+    const int64_t cap = buckets.empty() ? first_cap_bytes : cap_bytes;
+    if (current_bytes >= cap) {
+      buckets.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+  }
+  if (!current.empty()) buckets.push_back(std::move(current));
+  std::reverse(buckets.begin(), buckets.end());  // the last-defined parameters are ready first
+  return buckets;
+}
+
+struct DistributedDataParallel::Impl {
+  struct Slot {
+    std::string name;
+    torch::Tensor param;
+    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it owns our hook
+    size_t bucket = 0;
+    int64_t offset = 0;
+    torch::Tensor view;  // this parameter's part of the bucket, shaped like the parameter
+    bool ready = false;
+  };
+  struct Bucket {
+    torch::Tensor flat;
+    std::vector<size_t> slots;
+    size_t pending = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+    bool launched = false;
+  };
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  DDPOptions options;
+  std::vector<Slot> slots;
+  std::vector<Bucket> buckets;
+  std::vector<BucketInfo> info;
+  std::vector<torch::Tensor> buffers;
+  std::mutex mu;  // hooks of different parameters may run on different autograd threads
+  bool no_sync = false;
+  bool callback_queued = false;
+  size_t next_launch = 0;
+
+  void StartIteration() {
+    for (Slot& s : slots) s.ready = false;
+    for (Bucket& b : buckets) {
+      b.pending = b.slots.size();
+      b.work.reset();
+      b.launched = false;
+    }
+    next_launch = 0;
+    callback_queued = false;
+  }
+
+  // Copies a gradient that is not (any longer) a bucket view into its bucket.
+  void Gather(Slot& s) {
+    torch::Tensor g = s.param.grad();
+    if (!g.defined()) {
+      s.view.zero_();
+    } else if (!g.is_alias_of(s.view)) {
+      s.view.copy_(g);
+    }
+  }
+
+  void LaunchReady() {
+    // Collectives must be issued in the same order on every rank: launch bucket k only after
+    // buckets 0..k-1.
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Bucket& b = buckets[next_launch++];
+      std::vector<torch::Tensor> t{b.flat};
+      b.work = pg->allreduce(t);
+      b.launched = true;
+    }
+  }
+
+  void OnGradReady(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (no_sync) return;
+    Slot& s = slots[i];
+    if (s.ready) return;
+    if (!callback_queued) {
+      callback_queued = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+    }
+    s.ready = true;
+    Gather(s);
+    if (--buckets[s.bucket].pending == 0) LaunchReady();
+  }
+
+  void Finalize() {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::string> missing;
+    for (Slot& s : slots) {
+      if (s.ready) continue;
+      if (!options.find_unused_parameters) {
+        missing.push_back(s.name);
+        continue;
+      }
+      s.ready = true;
+      Gather(s);  // no gradient this time: contributes zeros (or what was accumulated)
+      --buckets[s.bucket].pending;
+    }
+    if (!missing.empty()) {
+      if (missing.size() > 8) {
+        missing.resize(8);
+        missing.push_back("...");
+      }
+      throw std::runtime_error(absl::StrCat(
+          "DistributedDataParallel: parameter(s) ", absl::StrJoin(missing, ", "),
+          " got no gradient in this backward; construct DistributedDataParallel with "
+          "find_unused_parameters = true if parts of the model are unused"));
+    }
+    LaunchReady();
+    const double scale = 1.0 / pg->getSize();
+    for (Bucket& b : buckets) {
+      b.work->wait();
+      b.flat.mul_(scale);
+    }
+    torch::NoGradGuard no_grad;
+    for (Slot& s : slots) {
+      torch::Tensor g = s.param.grad();
+      if (options.gradient_as_bucket_view || !g.defined()) {
+        if (!g.defined() || !g.is_alias_of(s.view)) s.param.mutable_grad() = s.view;
+      } else {
+        g.copy_(s.view);
+      }
+    }
+    StartIteration();
+  }
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                                                 DDPOptions options)
+    : module_(std::move(module)), impl_(std::make_shared<Impl>()) {
+  Impl& m = *impl_;
+  m.pg = std::move(pg);
+  m.options = options;
+  torch::NoGradGuard no_grad;
+
+  // Same parameter shapes everywhere, or a clear error instead of a corrupt reduction.
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (auto& p : module_->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    names.push_back(p.key());
+    params.push_back(p.value());
+  }
+  {
+    int64_t sig = static_cast<int64_t>(params.size());
+    for (auto& p : params) sig = sig * 1000003 + p.numel();
+    std::vector<torch::Tensor> mine{torch::tensor({sig})};
+    std::vector<std::vector<torch::Tensor>> all(1);
+    for (int r = 0; r < m.pg->getSize(); ++r) all[0].push_back(torch::zeros({1}, torch::kLong));
+    m.pg->allgather(all, mine)->wait();
+    for (int r = 0; r < m.pg->getSize(); ++r) {
+      if (all[0][r].item<int64_t>() != sig) {
+        throw std::runtime_error(absl::StrCat(
+            "DistributedDataParallel: rank ", r, " has a model with different parameters (count "
+            "or shapes) than rank ", m.pg->getRank(), "; every rank must build the same model"));
+      }
+    }
+  }
+
+  // Rank 0's parameters and buffers everywhere.
+  for (auto& b : module_->buffers()) m.buffers.push_back(b);
+  std::vector<torch::Tensor> state = params;
+  state.insert(state.end(), m.buffers.begin(), m.buffers.end());
+  if (m.pg->getSize() > 1 && !state.empty()) {
+    c10d::broadcast_coalesced(m.pg, state, 250 * 1024 * 1024, 0);
+  }
+
+  // Buckets.
+  std::vector<int64_t> sizes;
+  for (auto& p : params) sizes.push_back(p.numel() * p.element_size());
+  const auto assignment =
+      AssignBuckets(sizes, static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
+                    static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
+  m.slots.resize(params.size());
+  for (size_t b = 0; b < assignment.size(); ++b) {
+    Impl::Bucket bucket;
+    BucketInfo bi;
+    int64_t numel = 0;
+    // Within a bucket too, reverse registration order: the order gradients arrive in.
+    std::vector<size_t> order(assignment[b].rbegin(), assignment[b].rend());
+    for (size_t i : order) numel += params[i].numel();
+    bucket.flat = torch::zeros({numel}, params[order[0]].options());
+    int64_t off = 0;
+    for (size_t i : order) {
+      Impl::Slot& s = m.slots[i];
+      s.name = names[i];
+      s.param = params[i];
+      s.bucket = b;
+      s.offset = off;
+      s.view = bucket.flat.narrow(0, off, params[i].numel()).view_as(params[i]);
+      off += params[i].numel();
+      bucket.slots.push_back(i);
+      bi.parameters.push_back(names[i]);
+    }
+    bi.numel = numel;
+    bi.bytes = numel * bucket.flat.element_size();
+    m.buckets.push_back(std::move(bucket));
+    m.info.push_back(std::move(bi));
+  }
+  for (size_t i = 0; i < m.slots.size(); ++i) {
+    Impl::Slot& s = m.slots[i];
+    if (options.gradient_as_bucket_view) {
+      if (s.param.grad().defined()) s.view.copy_(s.param.grad());
+      s.param.mutable_grad() = s.view;
+    }
+    s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
+    std::weak_ptr<Impl> weak = impl_;
+    s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          if (auto impl = weak.lock()) impl->OnGradReady(i);
+          return outputs;
+        }));
+  }
+  m.StartIteration();
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::prepareForward() {
+  Impl& m = *impl_;
+  if (m.options.broadcast_buffers && m.pg->getSize() > 1 && !m.buffers.empty()) {
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(m.pg, m.buffers, 250 * 1024 * 1024, 0);
+  }
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* d) : d_(d) {
+  std::lock_guard<std::mutex> lock(d_->impl_->mu);
+  previous_ = d_->impl_->no_sync;
+  d_->impl_->no_sync = true;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  std::lock_guard<std::mutex> lock(d_->impl_->mu);
+  d_->impl_->no_sync = previous_;
+}
+
+const std::vector<BucketInfo>& DistributedDataParallel::buckets() const { return impl_->info; }
+
+std::string DistributedDataParallel::bucketReport() const {
+  std::vector<std::string> sizes;
+  int64_t total = 0;
+  for (const BucketInfo& b : impl_->info) {
+    sizes.push_back(absl::StrCat(b.bytes / 1024, " KiB/", b.parameters.size(), "p"));
+    total += b.bytes;
+  }
+  return absl::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", total / (1024 * 1024),
+                      " MiB of gradients, in ready order: ", absl::StrJoin(sizes, ", "));
+}
+
+}  // namespace dlrun::worker

@@ -217,7 +217,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       s.param = params[i];
       s.bucket = b;
       s.offset = off;
-      s.view = bucket.flat.narrow(0, off, params[i].numel()).view_as(params[i]);
+      // Shares the bucket's storage without being an autograd view: LibTorch's
+      // Optimizer::zero_grad() calls detach_() on every grad, which a view refuses.
+      s.view = torch::empty({0}, bucket.flat.options());
+      s.view.set_(bucket.flat.storage(), off, params[i].sizes(), params[i].contiguous().strides());
       off += params[i].numel();
       bucket.slots.push_back(i);
       bi.parameters.push_back(names[i]);

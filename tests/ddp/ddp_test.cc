@@ -1,0 +1,83 @@
+// DDP pieces in one process: bucket layout against PyTorch's, and the two-rank checks run
+// under dlrun (ddp_check).
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "dlrun/ddp.h"
+#include "gtest/gtest.h"
+#include "multiproc/subprocess.h"
+#include "unet/unet.h"
+
+namespace dlrun::worker {
+namespace {
+
+c10::intrusive_ptr<c10d::ProcessGroup> SoloGroup() {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, opts);
+}
+
+// Expected counts from PyTorch 1.13's own dist._compute_bucket_assignment_by_size on the same
+// U-Net (Python, Debian's python3-torch), caps [1 MiB, bucket_cap_mb]:
+//   width 64: cap 1 -> 11 buckets, 25 -> 8, 100 -> 5;  width 16: 8, 3, 2.
+TEST(DdpBuckets, UNetBucketCountsMatchPyTorch) {
+  auto pg = SoloGroup();
+  for (auto [width, expected] : std::vector<std::pair<int, std::vector<size_t>>>{
+           {16, {8, 3, 2}}, {64, {11, 8, 5}}}) {
+    auto unet = dlrun::examples::UNet(dlrun::examples::UNetOptions{4, 5, width});
+    const double caps[] = {1, 25, 100};
+    for (int i = 0; i < 3; ++i) {
+      DDPOptions o;
+      o.bucket_cap_mb = caps[i];
+      DistributedDataParallel ddp(unet.ptr(), pg, o);
+      EXPECT_EQ(ddp.buckets().size(), expected[i]) << "width " << width << " cap " << caps[i]
+                                                   << ": " << ddp.bucketReport();
+      // Ready order: the last layer's gradients come first; the first layers share the small
+      // last bucket.
+      const auto& first = ddp.buckets().front().parameters;
+      const auto& last = ddp.buckets().back().parameters;
+      EXPECT_EQ(first.front(), "conv_last.bias");
+      EXPECT_NE(std::find(first.begin(), first.end(), "conv_last.weight"), first.end());
+      EXPECT_EQ(last.back(), "conv_down1.0.weight");
+    }
+  }
+}
+
+TEST(DdpBuckets, AssignmentRules) {
+  // 3 x 0.6 MiB with caps [1 MiB, 1 MiB]: [0,1] then [2], reversed into ready order.
+  const int64_t mb = 1024 * 1024;
+  auto b = AssignBuckets({6 * mb / 10, 6 * mb / 10, 6 * mb / 10}, mb, mb);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[0], (std::vector<size_t>{2}));
+  EXPECT_EQ(b[1], (std::vector<size_t>{0, 1}));
+  // One parameter above the cap gets a bucket of its own.
+  b = AssignBuckets({10, 5 * mb, 10}, mb, mb);
+  EXPECT_EQ(b.size(), 2u);
+}
+
+std::string RunCheck(const std::string& mode, int* rc) {
+  testing::ProcResult r = testing::RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", DDP_CHECK_BIN, "--mode", mode},
+      {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  *rc = r.exit_code;
+  return r.output;
+}
+
+class DdpTwoRanks : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DdpTwoRanks, MatchesTheSingleProcessReference) {
+  int rc = -1;
+  const std::string out = RunCheck(GetParam(), &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("[rank 0]: ddp_check ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1]: ddp_check ok"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
+                         ::testing::Values("adam", "nosync", "buffers-on", "buffers-off",
+                                           "unused-error", "unused-ok"));
+
+}  // namespace
+}  // namespace dlrun::worker

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "dlrun/ddp.h"
 #include "dlrun/worker.h"
 #include "nlohmann/json.hpp"
 #include "unet/trainer.h"
@@ -23,6 +24,8 @@ struct Args {
   double lr = 1e-3;
   uint64_t seed = 1234;
   bool grad_sync = true;
+  double bucket_cap_mb = 25;
+  bool broadcast_buffers = true;
   std::string metrics_json;
 };
 
@@ -52,8 +55,11 @@ int Train(const Args& a) {
 
   dlrun::examples::UNet model(dlrun::examples::UNetOptions{4, 5, a.base_channels});
   std::vector<torch::Tensor> params = model->parameters();
-  dlrun::worker::broadcastParameters(*ctx.pg, params);
   const uint64_t initial_digest = dlrun::worker::digest(params);
+  dlrun::worker::DDPOptions ddp_opts;
+  ddp_opts.bucket_cap_mb = a.bucket_cap_mb;
+  ddp_opts.broadcast_buffers = a.broadcast_buffers;
+  dlrun::worker::DistributedDataParallel ddp(model.ptr(), ctx.pg, ddp_opts);
   int64_t nparams = 0;
   for (const auto& p : params) nparams += p.numel();
 
@@ -64,6 +70,7 @@ int Train(const Args& a) {
                 "local batch %ld, %d thread(s) per rank, gradient sync %s\n",
                 world, a.base_channels, nparams / 1e6, a.data_size, a.local_batch_size,
                 torch::get_num_threads(), a.grad_sync ? "on" : "off");
+    std::printf("%s\n", ddp.bucketReport().c_str());
     std::fflush(stdout);
   }
 
@@ -74,9 +81,15 @@ int Train(const Args& a) {
     if (step == a.warmup_steps + 1) start = Clock::now();
     auto [x, y] = data.Batch(a.local_batch_size);
     opt.zero_grad();
-    torch::Tensor loss = torch::l1_loss(model->forward(x), y);
-    loss.backward();
-    if (a.grad_sync) dlrun::worker::averageGradients(*ctx.pg, params);
+    torch::Tensor loss;
+    if (a.grad_sync) {
+      loss = torch::l1_loss(ddp.forward<torch::Tensor>(model, x), y);
+      loss.backward();  // gradients are averaged over ranks when this returns
+    } else {
+      auto local_only = ddp.noSync();  // benchmarks: the same step without communication
+      loss = torch::l1_loss(model->forward(x), y);
+      loss.backward();
+    }
     opt.step();
     dlrun::worker::heartbeat();
 
@@ -157,6 +170,10 @@ int TrainUnetMain(int argc, char** argv) {
   app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
   app.add_option("--seed", a.seed, "seed of the model initialisation and the data");
   app.add_flag("!--no-grad-sync", a.grad_sync, "skip the gradient allreduce (benchmarks)");
+  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP gradient bucket size (PyTorch: 25)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("!--no-broadcast-buffers", a.broadcast_buffers,
+               "do not broadcast module buffers from rank 0 before each forward");
   app.add_option("--metrics-json", a.metrics_json, "write final figures to this JSON file");
   CLI11_PARSE(app, argc, argv);
   if (!a.synthetic) {

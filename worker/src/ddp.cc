@@ -1,4 +1,5 @@
 #include "dlrun/ddp.h"
+#include "dlrun/agent_link.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -151,6 +152,7 @@ struct DistributedDataParallel::Impl {
       }
     }
     StartIteration();
+    heartbeat();  // one reduced backward = one step of progress for the agent's hang check
   }
 };
 

@@ -1,0 +1,202 @@
+#include "dlrun/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace dlrun::worker {
+namespace {
+
+constexpr char kMagic[8] = {'D', 'L', 'R', 'U', 'N', 'C', 'K', '1'};
+constexpr size_t kHeader = 24;
+
+uint64_t Fnv1a(const char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
+  return h;
+}
+
+void PutU64(std::string* s, uint64_t v) {
+  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t GetU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+std::string FileName(int64_t step) { return absl::StrFormat("ckpt-%012d.dlrun", step); }
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(CheckpointOptions options) : o_(std::move(options)) {}
+
+std::vector<std::string> CheckpointManager::list() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(o_.dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0 && name.size() > 6 &&
+        name.compare(name.size() - 6, 6, ".dlrun") == 0) {
+      out.push_back(e.path().string());
+    }
+  }
+  std::sort(out.rbegin(), out.rend());  // zero-padded step numbers: newest first
+  return out;
+}
+
+absl::Status CheckpointManager::save(const torch::nn::Module& model,
+                                     const torch::optim::Optimizer& optimizer,
+                                     const TrainingState& state) {
+  std::error_code ec;
+  std::filesystem::create_directories(o_.dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", o_.dir, ": ", ec.message()));
+
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive model_archive, optim_archive;
+  model.save(model_archive);
+  optimizer.save(optim_archive);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optim_archive);
+  archive.write("step", torch::tensor({state.step}));
+  archive.write("epoch", torch::tensor({state.epoch}));
+  archive.write("sampler_epoch", torch::tensor({state.sampler_epoch}));
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("rng", gen.get_state());
+  }
+  std::ostringstream payload_stream;
+  archive.save_to(payload_stream);
+  const std::string payload = payload_stream.str();
+
+  std::string header(kMagic, sizeof kMagic);
+  PutU64(&header, payload.size());
+  PutU64(&header, Fnv1a(payload.data(), payload.size()));
+
+  const std::string final_path = absl::StrCat(o_.dir, "/", FileName(state.step));
+  const std::string tmp = absl::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  size_t written = 0;
+  auto write_all = [&](const char* p, size_t n) {
+    while (n > 0) {
+      const size_t chunk = std::min<size_t>(n, 1 << 20);
+      ssize_t w = write(fd, p, chunk);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<size_t>(w);
+      written += static_cast<size_t>(w);
+      if (o_.on_write_progress) o_.on_write_progress(written);
+    }
+    return true;
+  };
+  if (!write_all(header.data(), header.size()) || !write_all(payload.data(), payload.size()) ||
+      fsync(fd) != 0) {
+    absl::Status s = Errno("cannot write", tmp);
+    close(fd);
+    unlink(tmp.c_str());
+    return s;
+  }
+  close(fd);
+  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+    absl::Status s = Errno("cannot rename to", final_path);
+    unlink(tmp.c_str());
+    return s;
+  }
+  // The rename is durable only once the directory is synced.
+  if (int dfd = open(o_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  // Keep the newest keep_last; clear temp files of writers that died.
+  std::vector<std::string> all = list();
+  for (size_t i = static_cast<size_t>(std::max(1, o_.keep_last)); i < all.size(); ++i) {
+    std::filesystem::remove(all[i], ec);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(o_.dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-ckpt-", 0) == 0 && e.path().string() != tmp) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
+    torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+    const std::function<void(const std::string&)>& warn) {
+  for (const std::string& path : list()) {
+    std::ifstream in(path, std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string problem;
+    if (data.size() < kHeader || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
+      problem = "not a dlrun checkpoint (bad magic or truncated header)";
+    } else if (GetU64(data.data() + 8) != data.size() - kHeader) {
+      problem = absl::StrCat("payload is ", data.size() - kHeader, " bytes, header says ",
+                             GetU64(data.data() + 8), " (truncated?)");
+    } else if (GetU64(data.data() + 16) != Fnv1a(data.data() + kHeader, data.size() - kHeader)) {
+      problem = "checksum mismatch (the file is damaged)";
+    }
+    if (!problem.empty()) {
+      if (warn) warn(absl::StrCat("checkpoint ", path, " skipped: ", problem));
+      continue;
+    }
+    TrainingState st;
+    try {
+      torch::serialize::InputArchive archive;
+      std::istringstream payload(data.substr(kHeader));
+      archive.load_from(payload);
+      torch::serialize::InputArchive model_archive, optim_archive;
+      archive.read("model", model_archive);
+      archive.read("optimizer", optim_archive);
+      model.load(model_archive);
+      optimizer.load(optim_archive);
+      auto read_int = [&](const char* key) {
+        torch::Tensor v;  // a fresh tensor: read() into a defined one would set_() it
+        archive.read(key, v);
+        return v.item<int64_t>();
+      };
+      st.step = read_int("step");
+      st.epoch = read_int("epoch");
+      st.sampler_epoch = read_int("sampler_epoch");
+      torch::Tensor t;
+      archive.read("rng", t);
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(t);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (warn) {
+        warn(absl::StrCat("checkpoint ", path, " skipped: it does not match this model (",
+                          what.substr(0, what.find('\n')), ")"));
+      }
+      continue;
+    }
+    return std::optional<TrainingState>(st);
+  }
+  return std::optional<TrainingState>();
+}
+
+}  // namespace dlrun::worker

@@ -41,6 +41,19 @@ TEST(TrainUnet, InconsistentEnvironmentIsAClearError) {
                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.output, "train_unet: RANK=3 is not below WORLD_SIZE=2\n");
+  // Rank 1 of 2 whose rank 0 never comes: the error names the address and port, after the
+  // (shortened) init timeout, and the torchelastic error file records it for dlrun.
+  const std::string err_file = MakeTempDir() + "/error.json";
+  const int port = FreeTcpPort();
+  r = RunCommand({TRAIN_UNET_BIN, "--synthetic", "--max-steps", "1"},
+                 {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"},
+                  {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+                  {"DLRUN_INIT_TIMEOUT", "1"}, {"TORCHELASTIC_ERROR_FILE", err_file}});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("cannot reach the c10d store at 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(ReadFile(err_file).find("cannot reach the c10d store"), std::string::npos);
   r = RunCommand({TRAIN_UNET_BIN, "--synthetic", "--data-size", "48"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("multiple of 64"), std::string::npos) << r.output;

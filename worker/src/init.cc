@@ -1,9 +1,14 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <stdexcept>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dlrun/worker.h"
 
@@ -23,20 +28,38 @@ Context init(const InitOptions& options) {
   ctx.env = *parsed;
   const DistEnv& e = ctx.env;
 
-  std::string backend = options.backend;
-  if (backend == "auto") backend = "gloo";  // Debian's LibTorch is CPU-only; NCCL needs CUDA
-  if (backend != "gloo") {
-    throw std::runtime_error(absl::StrCat("backend '", backend,
-                                          "' is not available in this LibTorch build: expected "
-                                          "gloo (NCCL needs a CUDA-enabled LibTorch)"));
+  std::chrono::milliseconds timeout = options.timeout;
+  if (const char* t = std::getenv("DLRUN_INIT_TIMEOUT")) {
+    double s = 0;
+    if (!absl::SimpleAtod(t, &s) || s <= 0) {
+      throw std::runtime_error(absl::StrCat("environment variable DLRUN_INIT_TIMEOUT='", t,
+                                            "' is invalid: expected seconds > 0"));
+    }
+    timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
+  std::string backend = options.backend;
+#ifdef USE_C10D_NCCL
+  if (backend == "auto") backend = torch::cuda::is_available() ? "nccl" : "gloo";
+#else
+  if (backend == "auto") backend = "gloo";  // Debian's LibTorch is CPU-only
+#endif
+  if (backend != "gloo" && backend != "nccl") {
+    throw std::runtime_error(absl::StrCat("unknown backend '", backend,
+                                          "': expected auto, gloo or nccl"));
+  }
+#ifndef USE_C10D_NCCL
+  if (backend == "nccl") {
+    throw std::runtime_error(
+        "backend 'nccl' is not available in this LibTorch build (it has no CUDA): use gloo");
+  }
+#endif
 
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(e.master_port);
   so.isServer = e.rank == 0;
   so.numWorkers = e.world_size;
   so.waitWorkers = false;
-  so.timeout = options.timeout;
+  so.timeout = timeout;
   try {
     ctx.store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
   } catch (const std::exception& ex) {
@@ -44,12 +67,24 @@ Context init(const InitOptions& options) {
     what = what.substr(0, what.find('\n'));
     throw std::runtime_error(absl::StrCat(
         e.rank == 0 ? "rank 0 cannot host the c10d store on " : "cannot reach the c10d store at ",
-        e.master_addr, ":", e.master_port, " within ", options.timeout.count() / 1000,
+        e.master_addr, ":", e.master_port, " within ", timeout.count() / 1000.0,
         " s (MASTER_ADDR/MASTER_PORT): ", what));
   }
+#ifdef USE_C10D_NCCL
+  if (backend == "nccl") {
+    // One GPU per process: the device of LOCAL_RANK (dlrun also narrows CUDA_VISIBLE_DEVICES).
+    const int ndev = static_cast<int>(torch::cuda::device_count());
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(ndev == 1 ? 0 : e.local_rank % ndev));
+    auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+    nccl_opts->timeout = timeout;
+    ctx.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(ctx.store, e.rank, e.world_size,
+                                                         nccl_opts);
+    return ctx;
+  }
+#endif
 
   auto gloo_opts = c10d::ProcessGroupGloo::Options::create();
-  gloo_opts->timeout = options.timeout;
+  gloo_opts->timeout = timeout;
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
   } else if (IsLoopback(e.master_addr)) {

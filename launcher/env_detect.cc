@@ -97,6 +97,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     }
     auto hosts = ExpandHostlist(*list);
     if (!hosts.ok()) return hosts.status();
+    d.expected_hosts = *hosts;
     FillNodes(o, &d, *nodes);
     Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
     Fill(o, &d, "rdzv-endpoint", &LaunchOptions::rdzv_endpoint,

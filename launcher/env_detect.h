@@ -18,6 +18,7 @@ struct Detection {
   std::vector<std::pair<std::string, std::string>> evidence;  // variables read, in order
   std::vector<std::pair<std::string, std::string>> applied;   // flag -> value filled in
   int slurm_node_id = -1;
+  std::vector<std::string> expected_hosts;  // the step's hosts (Slurm), for rendezvous errors
 };
 
 // Fills the unset fields of `o` from the environment. Errors name the variable and value.

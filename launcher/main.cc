@@ -238,6 +238,7 @@ int main(int argc, char** argv) {
     if (r.local_addr.empty()) r.local_addr = host;
     r.nproc = *nproc;
     r.slurm_node_id = detected->slurm_node_id;
+    r.expected_hosts = detected->expected_hosts;
     r.min_nodes = o.min_nodes;
     r.max_nodes = o.max_nodes;
     r.max_restarts = o.max_restarts;

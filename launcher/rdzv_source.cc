@@ -242,6 +242,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
     h.config.last_call = o.last_call;
     h.config.heartbeat_interval = o.heartbeat_interval;
     h.config.heartbeat_misses = o.heartbeat_misses;
+    h.config.expected_hosts = o.expected_hosts;
     h.run_id = o.run_id;
     h.token = o.token;
     // Bind the endpoint's own address (not 0.0.0.0): if it is not ours, binding fails and this

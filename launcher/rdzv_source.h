@@ -26,6 +26,7 @@ struct RdzvSourceOptions {
   std::chrono::milliseconds last_call{std::chrono::seconds(30)};
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
   int heartbeat_misses = 5;
+  std::vector<std::string> expected_hosts;  // named in a join-timeout error
   // "auto": host the server if the endpoint's port can be bound here; "true"/"false" force it.
   std::string is_host = "auto";
 };

@@ -46,6 +46,7 @@ TEST(EnvDetect, SlurmMultiNodeStep) {
   EXPECT_EQ(r.o.rdzv_endpoint, "gpu07:29400");  // first host of the step, not of the job
   EXPECT_EQ(r.o.rdzv_id, "4242");
   EXPECT_EQ(r.d->slurm_node_id, 1);
+  EXPECT_EQ(r.d->expected_hosts, (std::vector<std::string>{"gpu07", "gpu08"}));
   EXPECT_FALSE(r.o.standalone);
 }
 

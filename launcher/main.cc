@@ -17,6 +17,7 @@
 #include "launcher/agent.h"
 #include "launcher/env_detect.h"
 #include "launcher/gpu_pick.h"
+#include "launcher/net.h"
 #include "launcher/options.h"
 #include "launcher/rdzv_loader.h"
 #include "launcher/rdzv_source.h"
@@ -37,25 +38,6 @@ int CountGpus() {
   int n = 0;
   while (std::filesystem::exists("/dev/nvidia" + std::to_string(n))) ++n;
   return n;
-}
-
-// Asks the kernel for a free TCP port on `addr`. The port is released before the worker of rank
-// 0 binds it, as torchrun does; a fresh one is taken for each attempt.
-int FreePort(const std::string& addr) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = 0;
-  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
-  int port = 0;
-  socklen_t len = sizeof sa;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-    port = ntohs(sa.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 std::string RandomRunId() {
@@ -262,7 +244,7 @@ int main(int argc, char** argv) {
     if (o.standalone) {
       base.master_addr = "127.0.0.1";
       base.run_id = RandomRunId();
-      if (!o.master_port_given) pick = [] { return FreePort("127.0.0.1"); };
+      if (!o.master_port_given) pick = [] { return dl::FreeTcpPort("127.0.0.1"); };
     }
     run_id = base.run_id;
     source = dl::MakeStaticSource(base, o.max_restarts, pick);

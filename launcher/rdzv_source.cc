@@ -1,15 +1,11 @@
 #include "launcher/rdzv_source.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
-
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "launcher/net.h"
 #include "launcher/rdzv_loader.h"
 #include "spdlog/spdlog.h"
 
@@ -20,25 +16,6 @@ std::pair<std::string, std::string> SplitEndpoint(const std::string& ep) {
   size_t c = ep.rfind(':');
   if (c == std::string::npos) return {ep, "29400"};
   return {ep.substr(0, c), ep.substr(c + 1)};
-}
-
-// Whether this host can listen on host:port (it is one of our addresses and the port is free).
-bool CanBind(const std::string& host, const std::string& port) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) return false;
-  bool ok = false;
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0) {
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as gRPC's listener does
-    ok = bind(fd, res->ai_addr, res->ai_addrlen) == 0;
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return ok;
 }
 
 class RdzvSource final : public MembershipSource {
@@ -66,7 +43,7 @@ class RdzvSource final : public MembershipSource {
   }
 
   absl::StatusOr<NodeAssignment> Next() override {
-    node_.master_port = FreePort();
+    node_.master_port = FreeTcpPort("0.0.0.0");  // the port this node's rank 0 would use
     auto a = client_->Join(node_, o_.join_timeout);
     if (!a.ok()) return a.status();
     round_ = a->round;
@@ -127,20 +104,6 @@ class RdzvSource final : public MembershipSource {
   }
 
  private:
-  static int FreePort() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    socklen_t len = sizeof sa;
-    int port = 0;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-      port = ntohs(sa.sin_port);
-    }
-    close(fd);
-    return port;
-  }
-
   RdzvSourceOptions o_;
   rdzv::Api* api_;
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
@@ -151,28 +114,6 @@ class RdzvSource final : public MembershipSource {
 };
 
 }  // namespace
-
-std::string LocalAddressFor(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "";
-  std::string out;
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {  // UDP: no packet sent
-    sockaddr_in sa{};
-    socklen_t len = sizeof sa;
-    char buf[INET_ADDRSTRLEN];
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0 &&
-        inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf)) {
-      out = buf;
-    }
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(res);
-  return out;
-}
 
 absl::Status ApplyRdzvConf(const std::string& conf, RdzvSourceOptions* o) {
   for (absl::string_view item : absl::StrSplit(conf, ',', absl::SkipEmpty())) {

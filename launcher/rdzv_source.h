@@ -38,7 +38,4 @@ absl::Status ApplyRdzvConf(const std::string& conf, RdzvSourceOptions* o);
 // Starts the hosted server when this agent hosts it, and the client.
 absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o);
 
-// The local address used to reach `host` (no packet is sent), or "" if unknown.
-std::string LocalAddressFor(const std::string& host);
-
 }  // namespace dlrun::launcher

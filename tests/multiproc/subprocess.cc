@@ -32,6 +32,7 @@ Started StartCommand(const std::vector<std::string>& argv,
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execvp(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
   close(fds[1]);
@@ -73,13 +74,14 @@ int FinishCommand(Started& s, std::chrono::milliseconds deadline) {
                     end - std::chrono::steady_clock::now())
                     .count();
     if (left <= 0) {
+      s.timed_out = true;
       kill(-s.pid, SIGKILL);
       break;
     }
     pollfd p{s.out_fd, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
     ssize_t n = read(s.out_fd, buf, sizeof buf);
-    if (n <= 0) break;
+    if (n <= 0) break;  // EOF: every writer (the command and its children) is gone
     s.output.append(buf, static_cast<size_t>(n));
   }
   close(s.out_fd);
@@ -115,44 +117,11 @@ int FreeTcpPort() {
 ProcResult RunCommand(const std::vector<std::string>& argv,
                       const std::map<std::string, std::string>& env,
                       std::chrono::milliseconds deadline) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
-  pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
-    _exit(127);
-  }
-  close(fds[1]);
+  Started s = StartCommand(argv, env);
   ProcResult r;
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  char buf[4096];
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    end - std::chrono::steady_clock::now())
-                    .count();
-    if (left <= 0) {
-      r.timed_out = true;
-      kill(-pid, SIGKILL);
-      break;
-    }
-    pollfd p{fds[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-    ssize_t n = read(fds[0], buf, sizeof buf);
-    if (n <= 0) break;  // EOF: every writer (the command and its children) is gone
-    r.output.append(buf, static_cast<size_t>(n));
-  }
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  r.exit_code = FinishCommand(s, deadline);
+  r.timed_out = s.timed_out;
+  r.output = std::move(s.output);
   return r;
 }
 

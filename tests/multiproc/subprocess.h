@@ -24,7 +24,8 @@ ProcResult RunCommand(const std::vector<std::string>& argv,
 struct Started {
   int pid = -1;
   int out_fd = -1;
-  std::string output;  // what ReadUntil has read so far
+  std::string output;  // what ReadUntil / FinishCommand have read so far
+  bool timed_out = false;
 };
 Started StartCommand(const std::vector<std::string>& argv,
                      const std::map<std::string, std::string>& env = {});

@@ -2,13 +2,19 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <optional>
 #include <cstdio>
 #include <fstream>
 
+#include "dlrun/checkpoint.h"
 #include "dlrun/ddp.h"
+#include "dlrun/lr_schedule.h"
 #include "dlrun/worker.h"
 #include "nlohmann/json.hpp"
+#include "unet/data.h"
 #include "unet/trainer.h"
 #include "unet/unet.h"
 
@@ -27,7 +33,23 @@ struct Args {
   double bucket_cap_mb = 25;
   bool broadcast_buffers = true;
   std::string metrics_json;
+  std::string data;  // HDF5 file (instead of --synthetic)
+  std::string data_mode = "inmem";
+  int num_data_workers = 2;
+  int prefetch_factor = 2;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end and on SIGUSR1
+  std::string lr_scaling = "none";
+  int64_t base_batch_size = 0;  // 0: the global batch (no scaling)
+  int64_t lr_warmup_steps = 0;
+  double end_lr = 0;
+  int64_t fail_at_step = 0;  // fault injection for restart tests: exit 1 at this step once
 };
+
+// SIGUSR1 (e.g. Slurm's --signal=USR1@90 before preemption, forwarded by dlrun): checkpoint at
+// the end of the current step.
+std::atomic<bool> g_checkpoint_requested{false};
+void OnSigusr1(int) { g_checkpoint_requested = true; }
 
 // Synthetic pairs with a learnable relation: the target is tanh of a fixed per-voxel mix of the
 // input channels, so the loss falls as the model trains. Each rank draws its own samples.
@@ -56,15 +78,65 @@ int Train(const Args& a) {
   dlrun::examples::UNet model(dlrun::examples::UNetOptions{4, 5, a.base_channels});
   std::vector<torch::Tensor> params = model->parameters();
   const uint64_t initial_digest = dlrun::worker::digest(params);
-  dlrun::worker::DDPOptions ddp_opts;
-  ddp_opts.bucket_cap_mb = a.bucket_cap_mb;
-  ddp_opts.broadcast_buffers = a.broadcast_buffers;
-  dlrun::worker::DistributedDataParallel ddp(model.ptr(), ctx.pg, ddp_opts);
   int64_t nparams = 0;
   for (const auto& p : params) nparams += p.numel();
 
   torch::optim::Adam opt(params, torch::optim::AdamOptions(a.lr));
-  SyntheticData data(a.data_size, a.seed, rank);
+
+  dlrun::worker::LrSchedule sched;
+  sched.start_lr = a.lr;
+  sched.end_lr = a.end_lr;
+  sched.tot_steps = a.max_steps;
+  sched.warmup_steps = a.lr_warmup_steps;
+  sched.global_batch_size = a.local_batch_size * world;
+  sched.base_batch_size = a.base_batch_size > 0 ? a.base_batch_size : sched.global_batch_size;
+  sched.scaling = a.lr_scaling;
+  if (absl::Status s = dlrun::worker::Validate(sched); !s.ok()) {
+    throw std::runtime_error(std::string(s.message()));
+  }
+
+  // Resume after an elastic restart or a requeue: every rank loads the newest valid
+  // checkpoint (the directory must be shared between nodes).
+  std::optional<dlrun::worker::CheckpointManager> ckpt;
+  int64_t start_step = 0;
+  if (!a.checkpoint_dir.empty()) {
+    ckpt.emplace(dlrun::worker::CheckpointOptions{a.checkpoint_dir, 3, {}});
+    auto resumed = ckpt->resumeLatest(*model, opt, [&](const std::string& w) {
+      std::fprintf(stderr, "train_unet: warning: %s\n", w.c_str());
+    });
+    if (!resumed.ok()) throw std::runtime_error(std::string(resumed.status().message()));
+    if (resumed->has_value()) {
+      start_step = (*resumed)->step;
+      if (rank == 0) std::printf("resumed from step %ld\n", start_step);
+    }
+  }
+  // Wrap after loading: DDP broadcasts rank 0's (resumed) parameters, and a checkpoint must be
+  // loaded before the wrap (loading replaces parameter storage under the reducer's hooks).
+  dlrun::worker::DDPOptions ddp_opts;
+  ddp_opts.bucket_cap_mb = a.bucket_cap_mb;
+  ddp_opts.broadcast_buffers = a.broadcast_buffers;
+  dlrun::worker::DistributedDataParallel ddp(model.ptr(), ctx.pg, ddp_opts);
+  auto save = [&](int64_t step) {
+    if (!ckpt || rank != 0) return;
+    if (absl::Status s = ckpt->save(*model, opt, {step, 0, 0}); !s.ok()) {
+      std::fprintf(stderr, "train_unet: checkpoint failed: %s\n", std::string(s.message()).c_str());
+    } else {
+      std::printf("checkpoint saved at step %ld\n", step);
+    }
+  };
+  std::signal(SIGUSR1, OnSigusr1);
+
+  std::unique_ptr<SyntheticData> synthetic;
+  std::unique_ptr<dlrun::examples::Prefetcher> loader;
+  if (a.data.empty()) {
+    synthetic = std::make_unique<SyntheticData>(a.data_size, a.seed, rank);
+  } else {
+    auto src = dlrun::examples::CropSource::Open(a.data, a.data_size, a.data_mode == "inmem");
+    if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
+    loader = std::make_unique<dlrun::examples::Prefetcher>(
+        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), a.num_data_workers,
+        a.prefetch_factor, a.seed * 7919 + rank + 1 + start_step * 1000003);
+  }
   if (rank == 0) {
     std::printf("train_unet: %d rank(s), base width %ld (%.2f M parameters), %ld^3 crops, "
                 "local batch %ld, %d thread(s) per rank, gradient sync %s\n",
@@ -76,10 +148,16 @@ int Train(const Args& a) {
 
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0 = Clock::now(), start = t0;
-  double first_loss = 0, last_loss = 0;
-  for (int64_t step = 1; step <= a.max_steps; ++step) {
-    if (step == a.warmup_steps + 1) start = Clock::now();
-    auto [x, y] = data.Batch(a.local_batch_size);
+  double first_loss = 0, last_loss = 0, lr = a.lr;
+  for (int64_t step = start_step + 1; step <= a.max_steps; ++step) {
+    if (step == start_step + a.warmup_steps + 1) start = Clock::now();
+    if (step == a.fail_at_step && ctx.env.restart_count == 0 && rank == world - 1) {
+      std::fprintf(stderr, "train_unet: --fail-at-step %ld: exiting as asked\n", step);
+      std::exit(1);
+    }
+    auto [x, y] = loader ? loader->Next(a.local_batch_size) : synthetic->Batch(a.local_batch_size);
+    lr = dlrun::worker::LearningRate(sched, step - 1);
+    dlrun::worker::SetLearningRate(opt, lr);
     opt.zero_grad();
     torch::Tensor loss;
     if (a.grad_sync) {
@@ -93,20 +171,31 @@ int Train(const Args& a) {
     opt.step();
     dlrun::worker::heartbeat();
 
-    // Report the loss averaged over ranks.
-    std::vector<torch::Tensor> l{loss.detach().reshape({1}).clone()};
+    // The loss averaged over ranks, and whether any rank was asked to checkpoint (one
+    // allreduce for both, so every rank takes the same decision).
+    std::vector<torch::Tensor> l{torch::stack(
+        {loss.detach().to(torch::kFloat32), torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f)})};
     if (world > 1) ctx.pg->allreduce(l)->wait();
-    const double mean_loss = l[0].item<double>() / world;
-    if (step == 1) first_loss = mean_loss;
+    const double mean_loss = l[0][0].item<double>() / world;
+    if (l[0][1].item<float>() > 0 ||
+        (a.checkpoint_every > 0 && step % a.checkpoint_every == 0)) {
+      g_checkpoint_requested = false;
+      save(step);
+    }
+    if (step == start_step + 1) first_loss = mean_loss;
     last_loss = mean_loss;
     if (rank == 0) {
       const double el = std::chrono::duration<double>(Clock::now() - t0).count();
-      std::printf("step %ld/%ld  loss %.5f  %.2f samples/s (all ranks, since start)\n", step,
-                  a.max_steps, mean_loss, step * a.local_batch_size * world / el);
+      std::printf("step %ld/%ld  loss %.5f  lr %.3g  %.2f samples/s (all ranks, since start)\n",
+                  step, a.max_steps, mean_loss, lr,
+                  (step - start_step) * a.local_batch_size * world / el);
       std::fflush(stdout);
     }
   }
-  const int64_t timed_steps = std::max<int64_t>(1, a.max_steps - a.warmup_steps);
+  if (start_step < a.max_steps && !(a.checkpoint_every > 0 && a.max_steps % a.checkpoint_every == 0)) {
+    save(a.max_steps);
+  }
+  const int64_t timed_steps = std::max<int64_t>(1, a.max_steps - start_step - a.warmup_steps);
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   const double sps = timed_steps * a.local_batch_size * world / secs;
 
@@ -127,6 +216,8 @@ int Train(const Args& a) {
       j["world_size"] = world;
       j["steps"] = a.max_steps;
       j["samples_per_sec"] = sps;
+      j["start_step"] = start_step;
+      j["final_lr"] = lr;
       j["final_loss"] = last_loss;
       j["first_loss"] = first_loss;
       j["parameters"] = nparams;
@@ -175,9 +266,30 @@ int TrainUnetMain(int argc, char** argv) {
   app.add_flag("!--no-broadcast-buffers", a.broadcast_buffers,
                "do not broadcast module buffers from rank 0 before each forward");
   app.add_option("--metrics-json", a.metrics_json, "write final figures to this JSON file");
+  app.add_option("--data", a.data, "HDF5 file with Nbody and Hydro datasets");
+  app.add_option("--data-mode", a.data_mode, "inmem (read once) or lowmem (read each crop)")
+      ->check(CLI::IsMember({"inmem", "lowmem"}));
+  app.add_option("--num-data-workers", a.num_data_workers, "loader threads")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--prefetch-factor", a.prefetch_factor, "samples queued per loader thread")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--checkpoint-dir", a.checkpoint_dir,
+                 "save checkpoints here and resume from the newest valid one");
+  app.add_option("--checkpoint-every", a.checkpoint_every, "steps between checkpoints (0: end)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--lr-scaling", a.lr_scaling, "large-batch LR scaling: none, linear or sqrt")
+      ->check(CLI::IsMember({"none", "linear", "sqrt"}));
+  app.add_option("--base-batch-size", a.base_batch_size, "batch the --lr is for (0: global)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--lr-warmup-steps", a.lr_warmup_steps, "linear LR warm-up when scaled")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--end-lr", a.end_lr, "LR at the end of the cosine decay")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--fail-at-step", a.fail_at_step,
+                 "testing: the last rank exits 1 at this step of the first attempt");
   CLI11_PARSE(app, argc, argv);
-  if (!a.synthetic) {
-    std::fprintf(stderr, "train_unet: only --synthetic data is supported in this build\n");
+  if (a.synthetic == !a.data.empty()) {
+    std::fprintf(stderr, "train_unet: give exactly one of --synthetic or --data PATH\n");
     return 2;
   }
   if (a.warmup_steps >= a.max_steps) a.warmup_steps = 0;

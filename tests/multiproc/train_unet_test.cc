@@ -1,5 +1,7 @@
 // Two ranks under dlrun train the U-Net with real Gloo allreduce; their parameters must agree
 // bit for bit, and must not agree when gradient sync is switched off (the negative control).
+#include <cmath>
+
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
@@ -57,6 +59,48 @@ TEST(TrainUnet, InconsistentEnvironmentIsAClearError) {
   r = RunCommand({TRAIN_UNET_BIN, "--synthetic", "--data-size", "48"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("multiple of 64"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace dlrun::testing
+
+namespace dlrun::testing {
+namespace {
+
+TEST(TrainUnet, TrainsOnAGeneratedHdf5FileAndTheLossFalls) {
+  const std::string dir = MakeTempDir();
+  ProcResult gen = RunCommand({MAKE_UNET_DATA_BIN, dir + "/data.h5", "64", "3"});
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", TRAIN_UNET_BIN, "--data",
+                             dir + "/data.h5", "--base-channels", "8", "--max-steps", "8",
+                             "--lr", "2e-3", "--num-data-workers", "1", "--metrics-json",
+                             dir + "/m.json"},
+                            {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
+  EXPECT_LT(m["final_loss"].get<double>(), m["first_loss"].get<double>()) << m.dump();
+  EXPECT_EQ(m["param_digests"][0], m["param_digests"][1]);
+}
+
+TEST(TrainUnet, ResumesAfterAForcedRestartAtTheRightStepAndLr) {
+  const std::string dir = MakeTempDir();
+  // Checkpoints every 2 steps; the last rank dies at step 3 of the first attempt; dlrun
+  // restarts both; they resume from step 2 and finish at step 5 with the schedule's LR.
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--nproc-per-node", "2", "--max-restarts", "1", TRAIN_UNET_BIN, "--synthetic",
+       "--base-channels", "4", "--max-steps", "5", "--checkpoint-dir", dir + "/ckpt",
+       "--checkpoint-every", "2", "--fail-at-step", "3", "--lr", "1e-3", "--end-lr", "1e-4",
+       "--metrics-json", dir + "/m.json"},
+      {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("restart 1:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from step 2"), std::string::npos) << r.output;
+  auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
+  EXPECT_EQ(m["start_step"], 2);
+  // Cosine from 1e-3 to 1e-4 over 5 steps, at step index 4 (the 5th step).
+  const double expected = 1e-4 + 0.5 * (1e-3 - 1e-4) * (1 + std::cos(M_PI * 4 / 5));
+  EXPECT_NEAR(m["final_lr"].get<double>(), expected, 1e-12);
+  EXPECT_EQ(m["param_digests"][0], m["param_digests"][1]);
 }
 
 }  // namespace

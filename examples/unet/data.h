@@ -1,0 +1,72 @@
+// The SC22 U-Net's data: HDF5 files with datasets "Nbody" (4 x L^3) and "Hydro" (5 x L^3),
+// random crops of data_size^3 with one of the 24 rotations of the cube applied to input and
+// target alike; loaded on worker threads into a prefetch queue.
+#pragma once
+
+#include <torch/types.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dlrun::examples {
+
+// The k-th (0..23) proper rotation of the cube, applied to the last three dimensions of `t`
+// (e.g. [C, D, H, W]): a permutation of the axes plus flips, with determinant +1.
+torch::Tensor Rotate24(const torch::Tensor& t, int k);
+
+struct Sample {
+  torch::Tensor input;   // [4, S, S, S]
+  torch::Tensor target;  // [5, S, S, S]
+};
+
+// Random crops from one HDF5 file. "inmem" reads both datasets once; "lowmem" reads each crop
+// from the file (HDF5 calls are serialised: Debian's libhdf5 is not thread-safe).
+class CropSource {
+ public:
+  // Validates the file: both datasets present, float, 4-D with 4 and 5 channels, the same cube
+  // edge, and data_size no larger than it. Errors name the file and what was expected.
+  static absl::StatusOr<std::unique_ptr<CropSource>> Open(const std::string& path,
+                                                          int64_t data_size, bool in_memory);
+  virtual ~CropSource() = default;
+  // A crop at (z, y, x), un-rotated.
+  virtual Sample Crop(int64_t z, int64_t y, int64_t x) = 0;
+  int64_t box() const { return box_; }
+  int64_t size() const { return size_; }
+
+ protected:
+  int64_t box_ = 0, size_ = 0;
+};
+
+// Writes a valid data file: Nbody random fields and Hydro = tanh of a fixed per-voxel mix of
+// them (learnable), edge `box`.
+absl::Status WriteSyntheticFile(const std::string& path, int64_t box, uint64_t seed);
+
+// num_workers threads fill a queue of prefetch_factor x num_workers random rotated crops.
+class Prefetcher {
+ public:
+  Prefetcher(std::shared_ptr<CropSource> source, int num_workers, int prefetch_factor,
+             uint64_t seed);
+  ~Prefetcher();
+  // A batch [n, C, S, S, S] of input and target.
+  std::pair<torch::Tensor, torch::Tensor> Next(int64_t n);
+
+ private:
+  void Work(int id);
+  std::shared_ptr<CropSource> source_;
+  size_t capacity_;
+  uint64_t seed_;
+  std::mutex mu_;
+  std::condition_variable not_empty_, not_full_;
+  std::deque<Sample> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace dlrun::examples

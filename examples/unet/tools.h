@@ -1,0 +1,5 @@
+#pragma once
+
+namespace dlrun::examples {
+int MakeUnetDataMain(int argc, char** argv);
+}  // namespace dlrun::examples

@@ -110,8 +110,7 @@ int Train(const Args& a) {
       if (rank == 0) std::printf("resumed from step %ld\n", start_step);
     }
   }
-  // Wrap after loading: DDP broadcasts rank 0's (resumed) parameters, and a checkpoint must be
-  // loaded before the wrap (loading replaces parameter storage under the reducer's hooks).
+  // Wrap after loading, as with PyTorch: DDP then starts from rank 0's resumed parameters.
   dlrun::worker::DDPOptions ddp_opts;
   ddp_opts.bucket_cap_mb = a.bucket_cap_mb;
   ddp_opts.broadcast_buffers = a.broadcast_buffers;

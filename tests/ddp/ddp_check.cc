@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 
 #include "dlrun/ddp.h"
 #include "dlrun/worker.h"
@@ -69,6 +70,17 @@ int Run(const std::string& mode) {
   opts.broadcast_buffers = mode != "buffers-off";
   opts.find_unused_parameters = mode == "unused-ok";
   DistributedDataParallel ddp(model.ptr(), ctx.pg, opts);
+  if (mode == "reload") {
+    // Loading a checkpoint after wrapping (as a resuming trainer may) replaces the parameters'
+    // gradient accumulators; the reducer must still see every gradient.
+    std::stringstream ss;
+    torch::serialize::OutputArchive out;
+    model->save(out);
+    out.save_to(ss);
+    torch::serialize::InputArchive in;
+    in.load_from(ss);
+    model->load(in);
+  }
   if (rank == 0) std::printf("%s\n", ddp.bucketReport().c_str());
   if (ddp.buckets().size() < 3) return Fail("expected several buckets");
 

@@ -77,7 +77,7 @@ TEST_P(DdpTwoRanks, MatchesTheSingleProcessReference) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
                          ::testing::Values("adam", "nosync", "buffers-on", "buffers-off",
-                                           "unused-error", "unused-ok"));
+                                           "unused-error", "unused-ok", "reload"));
 
 }  // namespace
 }  // namespace dlrun::worker

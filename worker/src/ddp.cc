@@ -56,6 +56,7 @@ struct DistributedDataParallel::Impl {
     bool launched = false;
   };
 
+  std::weak_ptr<Impl> self;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   DDPOptions options;
   std::vector<Slot> slots;
@@ -66,6 +67,29 @@ struct DistributedDataParallel::Impl {
   bool no_sync = false;
   bool callback_queued = false;
   size_t next_launch = 0;
+
+  // Installs the readiness hook on the parameter's gradient accumulator. Loading a checkpoint
+  // into a parameter (InputArchive's set_ under NoGradGuard) gives it a new accumulator, so
+  // prepareForward() re-checks and re-hooks.
+  void Hook(size_t i) {
+    Slot& s = slots[i];
+    s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
+    std::weak_ptr<Impl> weak = self;
+    s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs,
+                  const torch::autograd::variable_list&) {
+          if (auto impl = weak.lock()) impl->OnGradReady(i);
+          return outputs;
+        }));
+  }
+
+  void EnsureHooks() {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (torch::autograd::impl::try_get_grad_accumulator(slots[i].param) != slots[i].accumulator) {
+        Hook(i);
+      }
+    }
+  }
 
   void StartIteration() {
     for (Slot& s : slots) s.ready = false;
@@ -161,6 +185,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  DDPOptions options)
     : module_(std::move(module)), impl_(std::make_shared<Impl>()) {
   Impl& m = *impl_;
+  m.self = impl_;
   m.pg = std::move(pg);
   m.options = options;
   torch::NoGradGuard no_grad;
@@ -238,14 +263,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
       if (s.param.grad().defined()) s.view.copy_(s.param.grad());
       s.param.mutable_grad() = s.view;
     }
-    s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
-    std::weak_ptr<Impl> weak = impl_;
-    s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          if (auto impl = weak.lock()) impl->OnGradReady(i);
-          return outputs;
-        }));
+    m.Hook(i);
   }
   m.StartIteration();
 }
@@ -254,6 +272,7 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::prepareForward() {
   Impl& m = *impl_;
+  m.EnsureHooks();
   if (m.options.broadcast_buffers && m.pg->getSize() > 1 && !m.buffers.empty()) {
     torch::NoGradGuard no_grad;
     c10d::broadcast_coalesced(m.pg, m.buffers, 250 * 1024 * 1024, 0);

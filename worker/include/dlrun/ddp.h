@@ -49,8 +49,9 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // Call before each forward (forward() below does it): broadcasts buffers when asked and arms
-  // the reducer for the next backward.
+  // Call before each forward (forward() below does it): broadcasts buffers when asked and
+  // re-attaches the reducer's hooks if parameters were reloaded (a checkpoint load gives them
+  // new gradient accumulators).
   void prepareForward();
 
   template <typename Result, typename M, typename... Args>

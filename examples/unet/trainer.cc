@@ -14,6 +14,9 @@
 #include "dlrun/lr_schedule.h"
 #include "dlrun/worker.h"
 #include "nlohmann/json.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "unet/config.h"
 #include "unet/data.h"
 #include "unet/trainer.h"
 #include "unet/unet.h"
@@ -44,6 +47,13 @@ struct Args {
   int64_t lr_warmup_steps = 0;
   double end_lr = 0;
   int64_t fail_at_step = 0;  // fault injection for restart tests: exit 1 at this step once
+  // From --config (the tutorial's epochs): 0 = not set.
+  int64_t num_epochs = 0;
+  int64_t nsamples = 0;      // training samples per epoch
+  int64_t nsamples_val = 0;  // validation samples per epoch
+  int64_t global_batch_size = 0;
+  std::string val_path;
+  bool max_steps_given = false, local_batch_given = false;
 };
 
 // SIGUSR1 (e.g. Slurm's --signal=USR1@90 before preemption, forwarded by dlrun): checkpoint at
@@ -69,10 +79,22 @@ struct SyntheticData {
   }
 };
 
-int Train(const Args& a) {
+int Train(Args a) {
   dlrun::worker::Context ctx = dlrun::worker::init();
   const int rank = ctx.rank();
   const int world = ctx.worldSize();
+  if (a.global_batch_size > 0 && !a.local_batch_given) {
+    if (a.global_batch_size % world != 0) {
+      throw std::runtime_error(absl::StrCat("global_batch_size ", a.global_batch_size,
+                                            " does not split over ", world,
+                                            " ranks: expected a multiple of the world size"));
+    }
+    a.local_batch_size = a.global_batch_size / world;
+  }
+  if (a.num_epochs > 0 && !a.max_steps_given) {
+    a.max_steps = a.num_epochs * std::max<int64_t>(1, a.nsamples / (a.local_batch_size * world));
+  }
+  if (a.warmup_steps >= a.max_steps) a.warmup_steps = 0;
   torch::manual_seed(a.seed);  // identical init everywhere; rank 0's values are broadcast anyway
 
   dlrun::examples::UNet model(dlrun::examples::UNetOptions{4, 5, a.base_channels});
@@ -125,17 +147,42 @@ int Train(const Args& a) {
   };
   std::signal(SIGUSR1, OnSigusr1);
 
-  std::unique_ptr<SyntheticData> synthetic;
-  std::unique_ptr<dlrun::examples::Prefetcher> loader;
+  std::unique_ptr<SyntheticData> synthetic, synthetic_val;
+  std::unique_ptr<dlrun::examples::Prefetcher> loader, loader_val;
+  auto open_loader = [&](const std::string& path, uint64_t seed) {
+    auto src = dlrun::examples::CropSource::Open(path, a.data_size, a.data_mode == "inmem");
+    if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
+    return std::make_unique<dlrun::examples::Prefetcher>(
+        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), a.num_data_workers,
+        a.prefetch_factor, seed);
+  };
   if (a.data.empty()) {
     synthetic = std::make_unique<SyntheticData>(a.data_size, a.seed, rank);
+    if (a.nsamples_val > 0) synthetic_val = std::make_unique<SyntheticData>(a.data_size, a.seed, 7777 + rank);
   } else {
-    auto src = dlrun::examples::CropSource::Open(a.data, a.data_size, a.data_mode == "inmem");
-    if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
-    loader = std::make_unique<dlrun::examples::Prefetcher>(
-        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), a.num_data_workers,
-        a.prefetch_factor, a.seed * 7919 + rank + 1 + start_step * 1000003);
+    loader = open_loader(a.data, a.seed * 7919 + rank + 1 + start_step * 1000003);
+    if (a.nsamples_val > 0) {
+      loader_val = open_loader(a.val_path.empty() ? a.data : a.val_path, a.seed * 31 + rank + 1);
+    }
   }
+  // Epochs as in the tutorial: Nsamples per epoch over the global batch; without a config the
+  // whole run is one epoch.
+  const int64_t global_batch = a.local_batch_size * world;
+  const int64_t steps_per_epoch =
+      a.nsamples > 0 ? std::max<int64_t>(1, a.nsamples / global_batch) : a.max_steps;
+  const int64_t val_steps = a.nsamples_val > 0 ? std::max<int64_t>(1, a.nsamples_val / global_batch) : 0;
+  auto validate = [&]() {
+    torch::NoGradGuard no_grad;
+    double sum = 0;
+    for (int64_t i = 0; i < val_steps; ++i) {
+      auto [x, y] = loader_val ? loader_val->Next(a.local_batch_size)
+                               : synthetic_val->Batch(a.local_batch_size);
+      sum += torch::l1_loss(model->forward(x), y).item<double>();
+    }
+    std::vector<torch::Tensor> t{torch::tensor({sum / std::max<int64_t>(1, val_steps)})};
+    if (world > 1) ctx.pg->allreduce(t)->wait();
+    return t[0].item<double>() / world;
+  };
   if (rank == 0) {
     std::printf("train_unet: %d rank(s), base width %ld (%.2f M parameters), %ld^3 crops, "
                 "local batch %ld, %d thread(s) per rank, gradient sync %s\n",
@@ -147,7 +194,9 @@ int Train(const Args& a) {
 
   using Clock = std::chrono::steady_clock;
   Clock::time_point t0 = Clock::now(), start = t0;
-  double first_loss = 0, last_loss = 0, lr = a.lr;
+  double first_loss = 0, last_loss = 0, lr = a.lr, epoch_loss = 0;
+  int64_t epoch_steps = 0;
+  Clock::time_point epoch_start = Clock::now();
   for (int64_t step = start_step + 1; step <= a.max_steps; ++step) {
     if (step == start_step + a.warmup_steps + 1) start = Clock::now();
     if (step == a.fail_at_step && ctx.env.restart_count == 0 && rank == world - 1) {
@@ -183,12 +232,35 @@ int Train(const Args& a) {
     }
     if (step == start_step + 1) first_loss = mean_loss;
     last_loss = mean_loss;
+    epoch_loss += mean_loss;
+    ++epoch_steps;
     if (rank == 0) {
       const double el = std::chrono::duration<double>(Clock::now() - t0).count();
       std::printf("step %ld/%ld  loss %.5f  lr %.3g  %.2f samples/s (all ranks, since start)\n",
                   step, a.max_steps, mean_loss, lr,
                   (step - start_step) * a.local_batch_size * world / el);
       std::fflush(stdout);
+    }
+    if (step % steps_per_epoch == 0 || step == a.max_steps) {
+      // The tutorial's per-epoch report.
+      const double secs = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+      const int64_t epoch = (step - 1) / steps_per_epoch + 1;
+      const auto val_start = Clock::now();
+      const double val_loss = val_steps > 0 ? validate() : 0;
+      const double val_secs = std::chrono::duration<double>(Clock::now() - val_start).count();
+      if (rank == 0) {
+        std::printf("Time taken for epoch %ld is %.3f sec, avg %.3f samples/sec\n", epoch, secs,
+                    epoch_steps * global_batch / secs);
+        std::printf("  Avg train loss=%.6f\n", epoch_loss / std::max<int64_t>(1, epoch_steps));
+        if (val_steps > 0) {
+          std::printf("  Avg val loss=%.6f\n  Total validation time: %.3f sec\n", val_loss,
+                      val_secs);
+        }
+        std::fflush(stdout);
+      }
+      epoch_loss = 0;
+      epoch_steps = 0;
+      epoch_start = Clock::now();
     }
   }
   if (start_step < a.max_steps && !(a.checkpoint_every > 0 && a.max_steps % a.checkpoint_every == 0)) {
@@ -234,6 +306,80 @@ int Train(const Args& a) {
     }
   }
   return 0;
+}
+
+// Fills the fields of `a` from configuration `name`, except those given as flags.
+absl::Status ApplyConfig(const std::string& path, const std::string& name, const CLI::App& app,
+                         Args* a) {
+  auto cfg = dlrun::examples::LoadConfig(path, name);
+  if (!cfg.ok()) return cfg.status();
+  auto bad = [&](const std::string& key, const std::string& v, const char* expected) {
+    return absl::InvalidArgumentError(absl::StrCat("configuration '", name, "' in ", path, ": ",
+                                                   key, "='", v, "' is invalid: expected ",
+                                                   expected));
+  };
+  auto get = [&](const std::string& key) -> const std::string* {
+    auto it = cfg->find(key);
+    return it == cfg->end() ? nullptr : &it->second;
+  };
+  auto set_int = [&](const char* flag, const std::string& key, int64_t* out) -> absl::Status {
+    const std::string* v = get(key);
+    if (v == nullptr || (flag && app.count(flag) > 0)) return absl::OkStatus();
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(*v, &x) || x < 0) return bad(key, *v, "an integer >= 0");
+    *out = x;
+    return absl::OkStatus();
+  };
+  auto set_double = [&](const char* flag, const std::string& key, double* out) -> absl::Status {
+    const std::string* v = get(key);
+    if (v == nullptr || app.count(flag) > 0) return absl::OkStatus();
+    double x = 0;
+    if (!absl::SimpleAtod(*v, &x) || x < 0) return bad(key, *v, "a number >= 0");
+    *out = x;
+    return absl::OkStatus();
+  };
+  int64_t workers = a->num_data_workers, prefetch = a->prefetch_factor;
+  for (absl::Status s : {set_int("--data-size", "data_size", &a->data_size),
+                         set_int("--base-channels", "base_channels", &a->base_channels),
+                         set_int("--num-data-workers", "num_data_workers", &workers),
+                         set_int("--prefetch-factor", "prefetch_factor", &prefetch),
+                         set_int("--base-batch-size", "base_batch_size", &a->base_batch_size),
+                         set_int(nullptr, "global_batch_size", &a->global_batch_size),
+                         set_int(nullptr, "num_epochs", &a->num_epochs),
+                         set_int(nullptr, "Nsamples", &a->nsamples),
+                         set_int(nullptr, "Nsamples_val", &a->nsamples_val),
+                         set_int("--lr-warmup-steps", "lr_schedule.warmup_steps",
+                                 &a->lr_warmup_steps),
+                         set_double("--lr", "lr_schedule.start_lr", &a->lr),
+                         set_double("--end-lr", "lr_schedule.end_lr", &a->end_lr)}) {
+    if (!s.ok()) return s;
+  }
+  a->num_data_workers = static_cast<int>(std::max<int64_t>(1, workers));
+  a->prefetch_factor = static_cast<int>(std::max<int64_t>(1, prefetch));
+  if (a->data_size <= 0 || a->data_size % 64 != 0) {
+    return bad("data_size", std::to_string(a->data_size), "a positive multiple of 64");
+  }
+  if (const std::string* v = get("lr_schedule.scaling"); v && app.count("--lr-scaling") == 0) {
+    if (*v != "none" && *v != "linear" && *v != "sqrt") return bad("lr_schedule.scaling", *v, "none, linear or sqrt");
+    a->lr_scaling = *v;
+  }
+  if (const std::string* v = get("val_path")) a->val_path = *v;
+  const bool data_given = app.count("--data") > 0 || app.count("--synthetic") > 0;
+  if (const std::string* v = get("data_loader_config"); v && !data_given) {
+    if (*v == "synthetic") {
+      a->synthetic = true;
+    } else if (*v == "inmem" || *v == "lowmem") {
+      if (app.count("--data-mode") == 0) a->data_mode = *v;
+      const std::string* path = get("train_path");
+      if (path == nullptr || path->empty()) {
+        return bad("train_path", path ? *path : "", "an HDF5 file for inmem / lowmem");
+      }
+      a->data = *path;
+    } else {
+      return bad("data_loader_config", *v, "synthetic, inmem or lowmem");
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -286,12 +432,22 @@ int TrainUnetMain(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--fail-at-step", a.fail_at_step,
                  "testing: the last rank exits 1 at this step of the first attempt");
+  std::string yaml_config = "examples/unet/config/UNet.yaml", config;
+  app.add_option("--yaml-config", yaml_config, "YAML file of named configurations");
+  app.add_option("--config", config, "configuration to use (e.g. short, bs64_opt, cpu_tiny)");
   CLI11_PARSE(app, argc, argv);
+  a.max_steps_given = app.count("--max-steps") > 0;
+  a.local_batch_given = app.count("--local-batch-size") > 0;
+  if (!config.empty()) {
+    if (absl::Status s = ApplyConfig(yaml_config, config, app, &a); !s.ok()) {
+      std::fprintf(stderr, "train_unet: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   if (a.synthetic == !a.data.empty()) {
     std::fprintf(stderr, "train_unet: give exactly one of --synthetic or --data PATH\n");
     return 2;
   }
-  if (a.warmup_steps >= a.max_steps) a.warmup_steps = 0;
   try {
     return Train(a);
   } catch (const std::exception& e) {

@@ -105,3 +105,27 @@ TEST(TrainUnet, ResumesAfterAForcedRestartAtTheRightStepAndLr) {
 
 }  // namespace
 }  // namespace dlrun::testing
+
+namespace dlrun::testing {
+namespace {
+
+TEST(TrainUnet, TutorialStyleConfigRunsEpochsWithValidation) {
+  const std::string yaml = std::string(SOURCE_DIR) + "/examples/unet/config/UNet.yaml";
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", TRAIN_UNET_BIN, "--yaml-config",
+                             yaml, "--config", "cpu_tiny", "--base-channels", "4"},
+                            {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // cpu_tiny: 2 epochs of 8 samples over a global batch of 2 -> 4 steps each, validation each.
+  EXPECT_NE(r.output.find("Time taken for epoch 1 is"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Time taken for epoch 2 is"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Time taken for epoch 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 8/8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Avg val loss="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("base width 4"), std::string::npos);  // the flag overrides the config
+  r = RunCommand({TRAIN_UNET_BIN, "--yaml-config", yaml, "--config", "nope"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("no configuration 'nope'"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace dlrun::testing

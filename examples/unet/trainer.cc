@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <optional>
 #include <cstdio>
 #include <fstream>
@@ -54,7 +55,20 @@ struct Args {
   int64_t global_batch_size = 0;
   std::string val_path;
   bool max_steps_given = false, local_batch_given = false;
+  double lambda_rho = 0;
+  bool benchy = false;
 };
+
+// The tutorial's loss: L1, plus lambda_rho x L1 of exp(14 x) on channel 0 (the density), which
+// weights the dense regions.
+torch::Tensor Loss(const torch::Tensor& gen, const torch::Tensor& tar, double lambda_rho) {
+  torch::Tensor loss = torch::l1_loss(gen, tar);
+  if (lambda_rho > 0) {
+    loss = loss + lambda_rho * torch::l1_loss(torch::exp(14 * gen.select(1, 0)),
+                                              torch::exp(14 * tar.select(1, 0)));
+  }
+  return loss;
+}
 
 // SIGUSR1 (e.g. Slurm's --signal=USR1@90 before preemption, forwarded by dlrun): checkpoint at
 // the end of the current step.
@@ -177,7 +191,7 @@ int Train(Args a) {
     for (int64_t i = 0; i < val_steps; ++i) {
       auto [x, y] = loader_val ? loader_val->Next(a.local_batch_size)
                                : synthetic_val->Batch(a.local_batch_size);
-      sum += torch::l1_loss(model->forward(x), y).item<double>();
+      sum += Loss(model->forward(x), y, a.lambda_rho).item<double>();
     }
     std::vector<torch::Tensor> t{torch::tensor({sum / std::max<int64_t>(1, val_steps)})};
     if (world > 1) ctx.pg->allreduce(t)->wait();
@@ -193,6 +207,42 @@ int Train(Args a) {
   }
 
   using Clock = std::chrono::steady_clock;
+  if (a.benchy) {
+    // benchy's three trials: the loader alone (IO), the model on one cached batch (SYNTHETIC),
+    // and normal training (FULL); FULL is bounded by the slower of the first two.
+    auto next = [&] {
+      return loader ? loader->Next(a.local_batch_size) : synthetic->Batch(a.local_batch_size);
+    };
+    auto train_step = [&](const torch::Tensor& x, const torch::Tensor& y) {
+      opt.zero_grad();
+      Loss(ddp.forward<torch::Tensor>(model, x), y, a.lambda_rho).backward();
+      opt.step();
+    };
+    auto trial = [&](const std::function<void()>& step) {
+      step();  // warm-up
+      if (world > 1) ctx.pg->barrier()->wait();
+      const auto t = Clock::now();
+      for (int64_t i = 0; i < a.max_steps; ++i) step();
+      if (world > 1) ctx.pg->barrier()->wait();
+      return a.max_steps * global_batch / std::chrono::duration<double>(Clock::now() - t).count();
+    };
+    const double io = trial([&] { next(); });
+    auto cached = next();
+    const double synth = trial([&] { train_step(cached.first, cached.second); });
+    const double full = trial([&] {
+      auto b = next();
+      train_step(b.first, b.second);
+    });
+    if (rank == 0) {
+      std::printf("BENCHY::SUMMARY::IO average trial throughput: %.3f\n", io);
+      std::printf("BENCHY::SUMMARY:: SYNTHETIC average trial throughput: %.3f\n", synth);
+      std::printf("BENCHY::SUMMARY::FULL average trial throughput: %.3f\n", full);
+      std::printf("FULL is bounded by %s: %s (%.3f) is slower than %s (%.3f) samples/s\n",
+                  io < synth ? "data loading" : "compute", io < synth ? "IO" : "SYNTHETIC",
+                  std::min(io, synth), io < synth ? "SYNTHETIC" : "IO", std::max(io, synth));
+    }
+    return 0;
+  }
   Clock::time_point t0 = Clock::now(), start = t0;
   double first_loss = 0, last_loss = 0, lr = a.lr, epoch_loss = 0;
   int64_t epoch_steps = 0;
@@ -209,11 +259,11 @@ int Train(Args a) {
     opt.zero_grad();
     torch::Tensor loss;
     if (a.grad_sync) {
-      loss = torch::l1_loss(ddp.forward<torch::Tensor>(model, x), y);
+      loss = Loss(ddp.forward<torch::Tensor>(model, x), y, a.lambda_rho);
       loss.backward();  // gradients are averaged over ranks when this returns
     } else {
       auto local_only = ddp.noSync();  // benchmarks: the same step without communication
-      loss = torch::l1_loss(model->forward(x), y);
+      loss = Loss(model->forward(x), y, a.lambda_rho);
       loss.backward();
     }
     opt.step();
@@ -351,7 +401,8 @@ absl::Status ApplyConfig(const std::string& path, const std::string& name, const
                          set_int("--lr-warmup-steps", "lr_schedule.warmup_steps",
                                  &a->lr_warmup_steps),
                          set_double("--lr", "lr_schedule.start_lr", &a->lr),
-                         set_double("--end-lr", "lr_schedule.end_lr", &a->end_lr)}) {
+                         set_double("--end-lr", "lr_schedule.end_lr", &a->end_lr),
+                         set_double("--lambda-rho", "lambda_rho", &a->lambda_rho)}) {
     if (!s.ok()) return s;
   }
   a->num_data_workers = static_cast<int>(std::max<int64_t>(1, workers));
@@ -430,6 +481,10 @@ int TrainUnetMain(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--end-lr", a.end_lr, "LR at the end of the cosine decay")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--lambda-rho", a.lambda_rho, "weight of the exp(14 x) density L1 term")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--benchy", a.benchy,
+               "throughput trials (IO, SYNTHETIC, FULL) of --max-steps steps each, then exit");
   app.add_option("--fail-at-step", a.fail_at_step,
                  "testing: the last rank exits 1 at this step of the first attempt");
   std::string yaml_config = "examples/unet/config/UNet.yaml", config;

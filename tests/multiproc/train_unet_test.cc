@@ -129,3 +129,34 @@ TEST(TrainUnet, TutorialStyleConfigRunsEpochsWithValidation) {
 
 }  // namespace
 }  // namespace dlrun::testing
+
+namespace dlrun::testing {
+namespace {
+
+TEST(TrainUnet, BenchyTrialsAndTheDensityLossTerm) {
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", TRAIN_UNET_BIN, "--synthetic",
+                             "--base-channels", "4", "--max-steps", "2", "--benchy"},
+                            {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"BENCHY::SUMMARY::IO average trial throughput: ",
+                           "BENCHY::SUMMARY:: SYNTHETIC average trial throughput: ",
+                           "BENCHY::SUMMARY::FULL average trial throughput: ", "FULL is bounded by"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  }
+  // lambda_rho adds a non-negative term: the same first step has a larger loss with it.
+  const std::string dir = MakeTempDir();
+  double first[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const std::string m = dir + "/m" + std::to_string(i) + ".json";
+    ProcResult t = RunCommand({TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4",
+                               "--max-steps", "1", "--lambda-rho", i ? "0.5" : "0",
+                               "--metrics-json", m},
+                              {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+    ASSERT_EQ(t.exit_code, 0) << t.output;
+    first[i] = nlohmann::json::parse(ReadFile(m))["first_loss"].get<double>();
+  }
+  EXPECT_GT(first[1], first[0]);
+}
+
+}  // namespace
+}  // namespace dlrun::testing

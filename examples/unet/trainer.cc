@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "unet/config.h"
 #include "unet/data.h"
+#include "unet/tensorboard.h"
 #include "unet/trainer.h"
 #include "unet/unet.h"
 
@@ -57,6 +58,7 @@ struct Args {
   bool max_steps_given = false, local_batch_given = false;
   double lambda_rho = 0;
   bool benchy = false;
+  std::string tensorboard_dir;
 };
 
 // The tutorial's loss: L1, plus lambda_rho x L1 of exp(14 x) on channel 0 (the density), which
@@ -206,6 +208,12 @@ int Train(Args a) {
     std::fflush(stdout);
   }
 
+  std::unique_ptr<dlrun::examples::EventWriter> tb;
+  if (!a.tensorboard_dir.empty() && rank == 0) {
+    auto w = dlrun::examples::EventWriter::Open(a.tensorboard_dir);
+    if (!w.ok()) throw std::runtime_error(std::string(w.status().message()));
+    tb = std::move(*w);
+  }
   using Clock = std::chrono::steady_clock;
   if (a.benchy) {
     // benchy's three trials: the loader alone (IO), the model on one cached batch (SYNTHETIC),
@@ -284,6 +292,13 @@ int Train(Args a) {
     last_loss = mean_loss;
     epoch_loss += mean_loss;
     ++epoch_steps;
+    if (tb) {
+      const double el = std::chrono::duration<double>(Clock::now() - t0).count();
+      tb->Scalar("train/loss", static_cast<float>(mean_loss), step);
+      tb->Scalar("train/lr", static_cast<float>(lr), step);
+      tb->Scalar("train/samples_per_sec",
+                 static_cast<float>((step - start_step) * global_batch / el), step);
+    }
     if (rank == 0) {
       const double el = std::chrono::duration<double>(Clock::now() - t0).count();
       std::printf("step %ld/%ld  loss %.5f  lr %.3g  %.2f samples/s (all ranks, since start)\n",
@@ -298,6 +313,10 @@ int Train(Args a) {
       const auto val_start = Clock::now();
       const double val_loss = val_steps > 0 ? validate() : 0;
       const double val_secs = std::chrono::duration<double>(Clock::now() - val_start).count();
+      if (tb) {
+        if (val_steps > 0) tb->Scalar("val/loss", static_cast<float>(val_loss), step);
+        tb->Flush();
+      }
       if (rank == 0) {
         std::printf("Time taken for epoch %ld is %.3f sec, avg %.3f samples/sec\n", epoch, secs,
                     epoch_steps * global_batch / secs);
@@ -483,6 +502,8 @@ int TrainUnetMain(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--lambda-rho", a.lambda_rho, "weight of the exp(14 x) density L1 term")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--tensorboard-dir", a.tensorboard_dir,
+                 "write TensorBoard event files (loss, val loss, LR, samples/s) here");
   app.add_flag("--benchy", a.benchy,
                "throughput trials (IO, SYNTHETIC, FULL) of --max-steps steps each, then exit");
   app.add_option("--fail-at-step", a.fail_at_step,

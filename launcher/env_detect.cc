@@ -52,6 +52,20 @@ void FillNodes(LaunchOptions* o, Detection* d, int n) {
   d->applied.emplace_back("nnodes", absl::StrCat(n));
 }
 
+// MASTER_PORT, when set, fills --master-port (unless given); a bad value is an error.
+absl::Status FillMasterPort(Reader& r, LaunchOptions* o, Detection* d) {
+  auto port = r.Get("MASTER_PORT");
+  if (!port) return absl::OkStatus();
+  int p = 0;
+  if (!absl::SimpleAtoi(*port, &p) || p < 1 || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable MASTER_PORT='", *port,
+                                                   "' is invalid: expected 1-65535"));
+  }
+  Fill(o, d, "master-port", &LaunchOptions::master_port, p);
+  o->master_port_given = true;
+  return absl::OkStatus();
+}
+
 std::string RdzvPort(Reader& r) { return r.Get("DLRUN_RDZV_PORT").value_or(kDefaultRdzvPort); }
 
 }  // namespace
@@ -124,15 +138,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     Fill(o, &d, "node-rank", &LaunchOptions::node_rank, *rank);
     Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("static"));
     Fill(o, &d, "master-addr", &LaunchOptions::master_addr, addr.value_or("127.0.0.1"));
-    if (auto port = r.Get("MASTER_PORT")) {
-      int p = 0;
-      if (!absl::SimpleAtoi(*port, &p) || p < 1 || p > 65535) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("environment variable MASTER_PORT='", *port, "' is invalid: expected 1-65535"));
-      }
-      Fill(o, &d, "master-port", &LaunchOptions::master_port, p);
-      o->master_port_given = true;
-    }
+    if (absl::Status s = FillMasterPort(r, o, &d); !s.ok()) return s;
     if (auto job = r.Get("OMPI_MCA_orte_ess_jobid")) {
       Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *job);
     }
@@ -150,9 +156,9 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
                           "JOB_UUID", "POD_INDEX"}) {
       r.Get(v);
     }
-    if (auto ep = env("PET_RDZV_ENDPOINT")) {
+    if (env("PET_RDZV_ENDPOINT")) {
+      // --rdzv-endpoint itself comes from PET_RDZV_ENDPOINT through the flag table.
       Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
-      (void)ep;  // --rdzv-endpoint itself comes from PET_RDZV_ENDPOINT through the flag table
     } else {
       // The operator's RANK is the pod index (master 0, worker i -> i+1), not a process rank.
       auto rank_var = env("PET_NODE_RANK") ? "PET_NODE_RANK" : "RANK";
@@ -169,13 +175,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
       if (auto addr = r.Get("MASTER_ADDR")) {
         Fill(o, &d, "master-addr", &LaunchOptions::master_addr, *addr);
       }
-      if (auto port = r.Get("MASTER_PORT"); port && !o->given.count("master-port")) {
-        int p = 0;
-        if (absl::SimpleAtoi(*port, &p) && p > 0 && p < 65536) {
-          Fill(o, &d, "master-port", &LaunchOptions::master_port, p);
-          o->master_port_given = true;
-        }
-      }
+      if (absl::Status s = FillMasterPort(r, o, &d); !s.ok()) return s;
     }
     if (auto id = env("JOB_UUID")) Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *id);
     return d;
@@ -191,13 +191,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     FillNodes(o, &d, *nn);
     Fill(o, &d, "node-rank", &LaunchOptions::node_rank, *nr);
     Fill(o, &d, "master-addr", &LaunchOptions::master_addr, *r.Get("MASTER_ADDR"));
-    if (auto port = r.Get("MASTER_PORT")) {
-      int p = 0;
-      if (absl::SimpleAtoi(*port, &p) && p > 0 && p < 65536) {
-        Fill(o, &d, "master-port", &LaunchOptions::master_port, p);
-        o->master_port_given = true;
-      }
-    }
+    if (absl::Status s = FillMasterPort(r, o, &d); !s.ok()) return s;
     return d;
   }
 

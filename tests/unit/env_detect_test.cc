@@ -120,6 +120,9 @@ TEST(EnvDetect, TorchrunStyleStatic) {
   EXPECT_EQ(r.o.max_nodes, 2);
   EXPECT_EQ(r.o.master_addr, "10.1.1.1");
   const std::string table = FormatDetection(*r.d, r.o);
+  auto bad = Detect({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "0"}, {"NODE_RANK", "0"}, {"NNODES", "2"}});
+  ASSERT_FALSE(bad.d.ok());
+  EXPECT_NE(std::string(bad.d.status().message()).find("MASTER_PORT='0'"), std::string::npos);
   EXPECT_NE(table.find("NODE_RANK"), std::string::npos) << table;
   EXPECT_NE(table.find("static: node rank 1, master 10.1.1.1:1234"), std::string::npos) << table;
 }

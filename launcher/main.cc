@@ -27,11 +27,20 @@ namespace dl = dlrun::launcher;
 
 namespace {
 
-int CountCpus() {
+// The CPUs this process may run on (its affinity mask, e.g. what Slurm gave the step).
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (int c = 0; c < std::max(1L, n); ++c) cpus.push_back(c);
+  }
+  return cpus;
 }
 
 int CountGpus() {
@@ -128,7 +137,9 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  auto nproc = dl::ResolveNprocPerNode(o.nproc_per_node, CountGpus(), CountCpus());
+  const std::vector<int> cpus = AllowedCpus();
+  const int ncpus = static_cast<int>(cpus.size());
+  auto nproc = dl::ResolveNprocPerNode(o.nproc_per_node, CountGpus(), ncpus);
   if (!nproc.ok()) return Fail(nproc.status());
   auto signals = ParseSignals(o.signals_to_handle);
   if (!signals.ok()) return Fail(signals.status());
@@ -158,12 +169,7 @@ int main(int argc, char** argv) {
     a.console_ranks = *ranks;
   }
   if (const char* aff = std::getenv("DLRUN_CPU_AFFINITY"); aff == nullptr || std::string(aff) != "0") {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) {
-      for (int c = 0; c < CPU_SETSIZE; ++c) {
-        if (CPU_ISSET(c, &set)) a.cpus.push_back(c);
-      }
-    }
+    a.cpus = cpus;
   }
   {
     auto gpus = ResolveGpus(o.gpus, *nproc);
@@ -180,10 +186,10 @@ int main(int argc, char** argv) {
   a.argv.insert(a.argv.end(), o.command.begin(), o.command.end());
 
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    a.omp_threads = std::max(1, CountCpus() / *nproc);
+    a.omp_threads = std::max(1, ncpus / *nproc);
     if (*nproc > 1) {
       spdlog::info("OMP_NUM_THREADS is unset: setting it to {} ({} CPUs / {} workers)",
-                   a.omp_threads, CountCpus(), *nproc);
+                   a.omp_threads, ncpus, *nproc);
     }
   }
 

@@ -18,18 +18,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "fnv1a.h"
 
 namespace dlrun::worker {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'L', 'R', 'U', 'N', 'C', 'K', '1'};
 constexpr size_t kHeader = 24;
-
-uint64_t Fnv1a(const char* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 1099511628211ull;
-  return h;
-}
 
 void PutU64(std::string* s, uint64_t v) {
   for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -92,7 +87,7 @@ absl::Status CheckpointManager::save(const torch::nn::Module& model,
 
   std::string header(kMagic, sizeof kMagic);
   PutU64(&header, payload.size());
-  PutU64(&header, Fnv1a(payload.data(), payload.size()));
+  PutU64(&header, detail::Fnv1a(payload.data(), payload.size()));
 
   const std::string final_path = absl::StrCat(o_.dir, "/", FileName(state.step));
   const std::string tmp = absl::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
@@ -156,7 +151,7 @@ absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
     } else if (GetU64(data.data() + 8) != data.size() - kHeader) {
       problem = absl::StrCat("payload is ", data.size() - kHeader, " bytes, header says ",
                              GetU64(data.data() + 8), " (truncated?)");
-    } else if (GetU64(data.data() + 16) != Fnv1a(data.data() + kHeader, data.size() - kHeader)) {
+    } else if (GetU64(data.data() + 16) != detail::Fnv1a(data.data() + kHeader, data.size() - kHeader)) {
       problem = "checksum mismatch (the file is damaged)";
     }
     if (!problem.empty()) {

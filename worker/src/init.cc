@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dlrun/worker.h"
+#include "fnv1a.h"
 
 namespace dlrun::worker {
 namespace {
@@ -96,49 +97,11 @@ Context init(const InitOptions& options) {
   return ctx;
 }
 
-void broadcastParameters(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors) {
-  if (pg.getSize() == 1 || tensors.empty()) return;
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> flat{torch::cat(
-      [&] {
-        std::vector<torch::Tensor> v;
-        for (const auto& t : tensors) v.push_back(t.detach().reshape({-1}));
-        return v;
-      }())};
-  pg.broadcast(flat, c10d::BroadcastOptions{})->wait();
-  int64_t off = 0;
-  for (const auto& t : tensors) {
-    t.copy_(flat[0].narrow(0, off, t.numel()).view_as(t));
-    off += t.numel();
-  }
-}
-
-void averageGradients(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& params) {
-  if (pg.getSize() == 1) return;
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    grads.push_back(p.grad().reshape({-1}));
-  }
-  if (grads.empty()) return;
-  std::vector<torch::Tensor> flat{torch::cat(grads)};
-  pg.allreduce(flat)->wait();
-  flat[0].div_(pg.getSize());
-  int64_t off = 0;
-  for (const auto& p : params) {
-    p.grad().copy_(flat[0].narrow(0, off, p.numel()).view_as(p));
-    off += p.numel();
-  }
-}
-
 uint64_t digest(const std::vector<torch::Tensor>& tensors) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the raw bytes
+  uint64_t h = detail::kFnv1aOffset;
   for (const auto& t : tensors) {
     torch::Tensor c = t.detach().contiguous().cpu();
-    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-    const size_t n = c.numel() * c.element_size();
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    h = detail::Fnv1a(c.data_ptr(), c.numel() * c.element_size(), h);
   }
   return h;
 }

@@ -1,8 +1,8 @@
-// dlrun::worker: process-group setup and gradient synchronisation for LibTorch trainers.
+// dlrun::worker: process-group setup for LibTorch trainers (gradient synchronisation is
+// DistributedDataParallel in dlrun/ddp.h).
 //
 //   auto ctx = dlrun::worker::init();          // reads RANK, WORLD_SIZE, MASTER_ADDR, ...
-//   dlrun::worker::broadcastParameters(*ctx.pg, model->parameters());
-//   ... loss.backward(); dlrun::worker::averageGradients(*ctx.pg, model->parameters()); ...
+//   dlrun::worker::DistributedDataParallel ddp(model.ptr(), ctx.pg);
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -36,12 +36,6 @@ struct Context {
 // Creates the c10d TCPStore (hosted by rank 0) and the process group. Throws std::runtime_error
 // with a one-line message (naming the variable, or the master address and port) on failure.
 Context init(const InitOptions& options = {});
-
-// Copies rank 0's values of `tensors` to every rank (in place).
-void broadcastParameters(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors);
-
-// Averages the gradients of `params` over all ranks in one flat allreduce.
-void averageGradients(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& params);
 
 // A 64-bit digest of the exact bytes of `tensors` (for checking ranks agree bit for bit).
 uint64_t digest(const std::vector<torch::Tensor>& tensors);

@@ -4,9 +4,11 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -17,6 +19,7 @@
 #include "launcher/agent.h"
 #include "launcher/env_detect.h"
 #include "launcher/gpu_pick.h"
+#include "launcher/job_script.h"
 #include "launcher/net.h"
 #include "launcher/options.h"
 #include "launcher/rdzv_loader.h"
@@ -24,6 +27,9 @@
 #include "spdlog/spdlog.h"
 
 namespace dl = dlrun::launcher;
+namespace dlrun::launcher {
+extern const char* const kSlurmTemplate;  // job_templates/dlrun.sbatch, compiled in
+}
 
 namespace {
 
@@ -107,6 +113,92 @@ int Fail(const absl::Status& s) {
   return 2;
 }
 
+bool WantsHelp(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--") return false;
+    if (a == "-h" || a == "--help") return true;
+  }
+  return false;
+}
+
+std::string SelfPath() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("dlrun") : p.string();
+}
+
+bool WriteFile(const std::string& path, const std::string& text, bool executable) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return false;
+  if (executable) std::filesystem::permissions(path, std::filesystem::perms::owner_exec |
+                                                         std::filesystem::perms::group_exec,
+                                               std::filesystem::perm_options::add);
+  return true;
+}
+
+// `dlrun slurm [options] -- PROGRAM ARGS`: the sbatch script (stdout or -o), or submits it.
+int SlurmMain(const std::vector<std::string>& args) {
+  if (WantsHelp(args)) {
+    std::fputs(dl::SlurmUsage().c_str(), stdout);
+    return 0;
+  }
+  auto o = dl::ParseSlurmArgs(args);
+  if (!o.ok()) return Fail(o.status());
+  if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
+  const std::string script = dl::RenderSlurmScript(*o, dl::kSlurmTemplate);
+  std::string path = o->script_path;
+  if (path.empty() && o->submit) path = absl::StrCat("dlrun-", o->job_name, ".sbatch");
+  if (path.empty() || path == "-") {
+    std::fputs(script.c_str(), stdout);
+    return 0;
+  }
+  if (!WriteFile(path, script, true)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot write the job script to '", path, "': ", std::strerror(errno))));
+  }
+  if (!o->submit) {
+    std::fprintf(stderr, "dlrun: wrote %s (submit with: sbatch %s)\n", path.c_str(), path.c_str());
+    return 0;
+  }
+  const std::string cmd = absl::StrCat("sbatch --parsable ", dl::ShellQuote(path));
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return Fail(absl::InternalError("cannot run sbatch"));
+  char buf[256];
+  std::string out;
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  if (status != 0) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "sbatch failed (exit status ", WEXITSTATUS(status), ") for ", path, "; see its message above")));
+  }
+  const std::string id = out.substr(0, out.find_first_of(";\n"));
+  std::printf("%s\n", id.c_str());
+  std::fprintf(stderr, "dlrun: submitted %s as job %s\n", path.c_str(), id.c_str());
+  return 0;
+}
+
+// `dlrun runai [options] -- PROGRAM ARGS`: the runai command line; -o FILE: the manifest too.
+int RunaiMain(const std::vector<std::string>& args) {
+  if (WantsHelp(args)) {
+    std::fputs(dl::RunaiUsage().c_str(), stdout);
+    return 0;
+  }
+  auto o = dl::ParseRunaiArgs(args);
+  if (!o.ok()) return Fail(o.status());
+  std::fputs(dl::RenderRunaiCommand(*o).c_str(), stdout);
+  if (!o->manifest_path.empty()) {
+    if (!WriteFile(o->manifest_path, dl::RenderRunaiManifest(*o), false)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "cannot write the manifest to '", o->manifest_path, "': ", std::strerror(errno))));
+    }
+    std::fprintf(stderr, "dlrun: wrote %s (kubectl apply -f %s)\n", o->manifest_path.c_str(),
+                 o->manifest_path.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -117,6 +209,8 @@ int main(int argc, char** argv) {
     return args.empty() ? 2 : 0;
   }
 
+  if (args[0] == "slurm") return SlurmMain({args.begin() + 1, args.end()});
+  if (args[0] == "runai") return RunaiMain({args.begin() + 1, args.end()});
   if (args[0] == "rdzv-server") {
     auto api = dl::LoadRendezvous();
     if (!api.ok()) return Fail(api.status());

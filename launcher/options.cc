@@ -350,7 +350,9 @@ std::string UsageText() {
   std::string s =
       "usage: dlrun [options] PROGRAM [ARGS...]\n"
       "       dlrun env [options]       print the detected environment and resulting settings\n"
-      "       dlrun rdzv-server [...]   run the rendezvous on its own (--help for its flags)\n\n"
+      "       dlrun rdzv-server [...]   run the rendezvous on its own (--help for its flags)\n"
+      "       dlrun slurm [...] -- CMD  write (or --submit) an sbatch script running CMD\n"
+      "       dlrun runai [...] -- CMD  print the Run:ai command (-o: manifest) running CMD\n\n"
       "Starts one worker per slot with the torchrun worker environment (RANK, LOCAL_RANK,\n"
       "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). Flags accept '-' or '_' and fall back to\n"
       "PET_<FLAG> environment variables.\n\noptions:\n";

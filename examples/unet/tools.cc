@@ -9,9 +9,9 @@
 namespace dlrun::examples {
 
 int MakeUnetDataMain(int argc, char** argv) {
-  if (argc < 2) {
+  if (argc < 2 || argc > 4 || argv[1][0] == '-') {
     std::fprintf(stderr, "usage: make_unet_data OUT.h5 [EDGE=128] [SEED=1]\n");
-    return 2;
+    return argc >= 2 && std::string(argv[1]) == "--help" ? 0 : 2;
   }
   const long edge = argc > 2 ? std::atol(argv[2]) : 128;
   const long seed = argc > 3 ? std::atol(argv[3]) : 1;

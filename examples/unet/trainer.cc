@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "dlrun/agent_link.h"
 #include "dlrun/checkpoint.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
@@ -283,10 +284,22 @@ int Train(Args a) {
         {loss.detach().to(torch::kFloat32), torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f)})};
     if (world > 1) ctx.pg->allreduce(l)->wait();
     const double mean_loss = l[0][0].item<double>() / world;
-    if (l[0][1].item<float>() > 0 ||
-        (a.checkpoint_every > 0 && step % a.checkpoint_every == 0)) {
+    const bool signalled = l[0][1].item<float>() > 0;
+    if (signalled || (a.checkpoint_every > 0 && step % a.checkpoint_every == 0)) {
       g_checkpoint_requested = false;
       save(step);
+    }
+    if (signalled && rank == 0 && dlrun::worker::requeueOnSignalRequested()) {
+      // Preemption (dlrun slurm --preemptible): the checkpoint is on disk, hand the job back
+      // to Slurm; the requeued run resumes from it. Slurm then stops this run.
+      const std::string err = dlrun::worker::requeueSlurmJob();
+      if (err.empty()) {
+        std::printf("requeued Slurm job %s after the checkpoint at step %ld\n",
+                    std::getenv("SLURM_JOB_ID"), step);
+      } else {
+        std::fprintf(stderr, "train_unet: %s\n", err.c_str());
+      }
+      std::fflush(stdout);
     }
     if (step == start_step + 1) first_loss = mean_loss;
     last_loss = mean_loss;

@@ -1,15 +1,21 @@
 #include "dlrun/agent_link.h"
 
 #include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+
+extern char** environ;
 
 namespace dlrun::worker {
 
@@ -42,6 +48,32 @@ void recordError(const std::string& message) {
     out << j.dump() << "\n";
   }
   std::rename(tmp.c_str(), path);  // the agent never reads a half-written file
+}
+
+bool requeueOnSignalRequested() {
+  const char* want = std::getenv("DLRUN_REQUEUE_ON_SIGNAL");
+  const char* job = std::getenv("SLURM_JOB_ID");
+  return want != nullptr && std::string(want) == "1" && job != nullptr && *job != '\0';
+}
+
+std::string requeueSlurmJob() {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (job == nullptr || *job == '\0') return "SLURM_JOB_ID is unset: not a Slurm job";
+  std::string id = job;
+  char arg0[] = "scontrol";
+  char arg1[] = "requeue";
+  char* argv[] = {arg0, arg1, id.data(), nullptr};
+  pid_t pid = 0;
+  if (int err = posix_spawnp(&pid, "scontrol", nullptr, nullptr, argv, environ); err != 0) {
+    return absl::StrCat("cannot run scontrol: ", std::strerror(err));
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::StrCat("scontrol requeue ", id, " failed (status ", status, ")");
+  }
+  return "";
 }
 
 }  // namespace dlrun::worker

@@ -185,7 +185,7 @@ std::vector<SubFlag<SlurmJobOptions>> SlurmFlags() {
       {"signal-seconds", true, IntField<O>("signal-seconds", &O::signal_seconds, 1, 65535),
        "with --preemptible: seconds of warning before the end (default 90)"},
       {"rdzv-port", true, IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
-       "rendezvous port on the first node (default 29400)"},
+       "rendezvous port on the first node (default: 20000 + job id % 10000)"},
       {"max-restarts", true, IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
        "worker-group restarts before the job fails (default 3)"},
       {"hang-timeout", true, hang, "restart workers silent for this many seconds (default off)"},
@@ -298,7 +298,12 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
              {"{{SBATCH_LINES}}", absl::StrJoin(sb, "\n")},
              {"{{NPROC}}", absl::StrCat(o.nproc_per_node)},
              {"{{MAX_RESTARTS}}", absl::StrCat(o.max_restarts)},
-             {"{{RDZV_PORT}}", absl::StrCat(o.rdzv_port)},
+             {"{{RDZV_PORT_COMMENT}}",
+              o.rdzv_port > 0 ? "fixed by --rdzv-port."
+                              : "derived from the job id, so two jobs sharing a node do not "
+                                "collide\n# (20000-29999, below Linux's ephemeral ports)."},
+             {"{{RDZV_PORT}}", o.rdzv_port > 0 ? absl::StrCat(o.rdzv_port)
+                                               : "$((20000 + SLURM_JOB_ID % 10000))"},
              {"{{PREEMPT_BLOCK}}", preempt},
              {"{{DLRUN}}", ShellQuote(o.dlrun_path)},
              {"{{DLRUN_EXTRA}}", extra},

@@ -21,7 +21,7 @@ struct SlurmJobOptions {
   std::vector<std::string> sbatch_options;  // extra "--opt=value" lines, verbatim
   bool preemptible = false;
   int signal_seconds = 90;  // --preemptible: SIGUSR1 this long before the end
-  int rdzv_port = 29400;
+  int rdzv_port = 0;  // 0: 20000 + SLURM_JOB_ID % 10000, computed in the script
   int max_restarts = 3;
   double hang_timeout_s = 0;
   std::string log_dir;

@@ -27,7 +27,24 @@ print_env() {
 }
 
 stop_all() {
-  local pid name
+  local pid name ns p
+  # Jobs first (a failed test may leave one running), then every process left in a node's
+  # private mount namespace (slurmstepd and job tasks, which are not the daemons' children).
+  if [[ -e "$dir/pids/slurmctld.pid" ]] && kill -0 "$(cat "$dir/pids/slurmctld.pid")" 2>/dev/null; then
+    SLURM_CONF="$dir/slurm.conf" timeout 10 scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
+  fi
+  for f in "$dir"/pids/*.mntns; do
+    [[ -e "$f" ]] || continue
+    ns=$(cat "$f")
+    for p in /proc/[0-9]*; do
+      [[ "$(readlink "$p/ns/mnt" 2>/dev/null)" == "$ns" ]] || continue
+      pid=${p#/proc/}
+      [[ "$pid" == "$(cat "${f%.mntns}.pid" 2>/dev/null)" ]] && continue  # slurmd itself: below
+      name=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null | cut -c1-60)
+      kill -KILL "$pid" 2>/dev/null && echo "cluster: killed leftover $name ($pid)"
+    done
+    rm -f "$f"
+  done
   for f in "$dir"/pids/*.pid; do
     [[ -e "$f" ]] || continue
     pid=$(cat "$f")
@@ -41,8 +58,6 @@ stop_all() {
     fi
     rm -f "$f"
   done
-  # Job steps the slurmd left (slurmstepd and their tasks) belong to this cluster's spool dir.
-  pkill -KILL -f "slurmstepd.*$dir" 2>/dev/null || true
 }
 
 case "$cmd" in
@@ -87,7 +102,8 @@ ClusterName=dlrun-test
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire: a requeued job may start again after this many seconds (default 120).
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -141,4 +157,8 @@ if ! timeout 90 srun -N 2 -n 2 --time=1 hostname >"$dir/log/ready.out" 2>&1; the
   stop_all
   exit 1
 fi
+# Each node's mount namespace, to find what its jobs leave behind at stop.
+for n in node1 node2; do
+  readlink "/proc/$(cat "$dir/pids/slurmd-$n.pid")/ns/mnt" >"$dir/pids/slurmd-$n.mntns"
+done
 sinfo -N -o "%N %T %c" | sed 's/^/cluster: /'

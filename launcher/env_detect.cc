@@ -66,7 +66,16 @@ absl::Status FillMasterPort(Reader& r, LaunchOptions* o, Detection* d) {
   return absl::OkStatus();
 }
 
-std::string RdzvPort(Reader& r) { return r.Get("DLRUN_RDZV_PORT").value_or(kDefaultRdzvPort); }
+// DLRUN_RDZV_PORT (the rendezvous port when dlrun derives the endpoint), default 29400.
+absl::StatusOr<std::string> RdzvPort(Reader& r) {
+  const std::string v = r.Get("DLRUN_RDZV_PORT").value_or(kDefaultRdzvPort);
+  int p = 0;
+  if (!absl::SimpleAtoi(v, &p) || p < 1 || p > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable DLRUN_RDZV_PORT='", v,
+                                                   "' is invalid: expected 1-65535"));
+  }
+  return v;
+}
 
 }  // namespace
 
@@ -114,8 +123,9 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     d.expected_hosts = *hosts;
     FillNodes(o, &d, *nodes);
     Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
-    Fill(o, &d, "rdzv-endpoint", &LaunchOptions::rdzv_endpoint,
-         absl::StrCat((*hosts)[0], ":", RdzvPort(r)));
+    auto port = RdzvPort(r);
+    if (!port.ok()) return port.status();
+    Fill(o, &d, "rdzv-endpoint", &LaunchOptions::rdzv_endpoint, absl::StrCat((*hosts)[0], ":", *port));
     return d;
   }
 
@@ -153,13 +163,33 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     d.reason = "in a Kubeflow PyTorchJob / Run:ai pod (PET_* or MASTER_ADDR + RANK as the pod "
                "index are set); one dlrun per pod";
     for (const char* v : {"PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_RDZV_ENDPOINT",
-                          "JOB_UUID", "POD_INDEX"}) {
+                          "JOB_NAME", "JOB_UUID", "POD_INDEX"}) {
       r.Get(v);
     }
+    // The pod's index orders the agents at the rendezvous (master pod first), like SLURM_NODEID.
+    for (const char* v : {"POD_INDEX", "PET_NODE_RANK", "RANK"}) {
+      int idx = 0;
+      if (auto val = env(v); val && absl::SimpleAtoi(*val, &idx) && idx >= 0) {
+        d.slurm_node_id = idx;
+        break;
+      }
+    }
+    const bool rdzv_asked = o->given.count("rdzv-backend") && o->rdzv_backend != "static";
     if (env("PET_RDZV_ENDPOINT")) {
       // --rdzv-endpoint itself comes from PET_RDZV_ENDPOINT through the flag table.
       Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
-    } else {
+    } else if (rdzv_asked && !o->given.count("rdzv-endpoint")) {
+      // `dlrun runai` pods: --rdzv-backend grpc and the master pod hosts the rendezvous.
+      auto addr = r.Get("MASTER_ADDR");
+      if (!addr) {
+        return absl::FailedPreconditionError(
+            "in a pod with --rdzv-backend grpc but MASTER_ADDR is unset: pass --rdzv-endpoint "
+            "HOST:PORT of the pod that hosts the rendezvous");
+      }
+      auto port = RdzvPort(r);
+      if (!port.ok()) return port.status();
+      Fill(o, &d, "rdzv-endpoint", &LaunchOptions::rdzv_endpoint, absl::StrCat(*addr, ":", *port));
+    } else if (!rdzv_asked) {
       // The operator's RANK is the pod index (master 0, worker i -> i+1), not a process rank.
       auto rank_var = env("PET_NODE_RANK") ? "PET_NODE_RANK" : "RANK";
       auto rank = r.Int(rank_var, 0);

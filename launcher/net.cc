@@ -1,5 +1,7 @@
 #include "launcher/net.h"
 
+#include "dlrun/dist_env.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -43,25 +45,7 @@ bool CanBind(const std::string& host, const std::string& port) {
 }
 
 std::string LocalAddressFor(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "";
-  std::string out;
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {  // UDP: no packet sent
-    sockaddr_in sa{};
-    socklen_t len = sizeof sa;
-    char buf[INET_ADDRSTRLEN];
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0 &&
-        inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf)) {
-      out = buf;
-    }
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(res);
-  return out;
+  return dlrun::worker::localAddressFor(host);
 }
 
 }  // namespace dlrun::launcher

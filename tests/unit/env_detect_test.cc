@@ -111,6 +111,29 @@ TEST(EnvDetect, KubeflowPodIndexIsTheNodeRank) {
   EXPECT_EQ(r.o.max_nodes, 4);
 }
 
+TEST(EnvDetect, RunaiPodsJoinTheMasterPodsRendezvous) {
+  // What `dlrun runai` makes every pod run: --rdzv-backend grpc, the endpoint from MASTER_ADDR.
+  std::map<std::string, std::string> pod = {{"MASTER_ADDR", "train-master-0"},
+                                            {"MASTER_PORT", "23456"}, {"RANK", "1"},
+                                            {"WORLD_SIZE", "2"}, {"POD_INDEX", "1"},
+                                            {"JOB_UUID", "u-7"}, {"DLRUN_RDZV_PORT", "29455"}};
+  auto r = Detect(pod, {"--nnodes", "2", "--rdzv-backend", "grpc", "--", "p"});
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  EXPECT_EQ(r.d->source, "kubeflow");
+  EXPECT_EQ(r.o.rdzv_backend, "grpc");
+  EXPECT_EQ(r.o.rdzv_endpoint, "train-master-0:29455");
+  EXPECT_EQ(r.o.rdzv_id, "u-7");
+  EXPECT_EQ(r.d->slurm_node_id, 1);  // the pod index orders the agents
+  pod["DLRUN_RDZV_PORT"] = "99999";
+  r = Detect(pod, {"--rdzv-backend", "grpc", "p"});
+  ASSERT_FALSE(r.d.ok());
+  EXPECT_NE(std::string(r.d.status().message()).find("DLRUN_RDZV_PORT='99999'"), std::string::npos);
+  r = Detect({{"PET_NODE_RANK", "0"}, {"RANK", "0"}, {"WORLD_SIZE", "2"}},
+             {"--rdzv-backend", "grpc", "p"});
+  ASSERT_FALSE(r.d.ok());
+  EXPECT_NE(std::string(r.d.status().message()).find("MASTER_ADDR is unset"), std::string::npos);
+}
+
 TEST(EnvDetect, TorchrunStyleStatic) {
   auto r = Detect({{"MASTER_ADDR", "10.1.1.1"}, {"MASTER_PORT", "1234"}, {"NODE_RANK", "1"},
                    {"NNODES", "2"}});

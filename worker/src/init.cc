@@ -90,6 +90,10 @@ Context init(const InitOptions& options) {
     gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
   } else if (IsLoopback(e.master_addr)) {
     gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else if (const std::string local = localAddressFor(e.master_addr); !local.empty()) {
+    // The address that routes to the master: right with several interfaces, and where the
+    // host name resolves to loopback (containers, pods, network namespaces).
+    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
   } else {
     gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }

@@ -33,4 +33,8 @@ struct DistEnv {
 // all is a single-process job (world size 1).
 absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env);
 
+// The local IPv4 address this host uses to reach `host` (a name or address), or "" when it
+// cannot be resolved or routed. No packet is sent.
+std::string localAddressFor(const std::string& host);
+
 }  // namespace dlrun::worker

@@ -52,7 +52,7 @@ stop_all() {
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM "$pid" 2>/dev/null || true
       # Wait for it to exit (bounded), then make sure.
-      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      timeout 10 tail --pid="$pid" -f /dev/null || true
       kill -KILL "$pid" 2>/dev/null || true
       echo "cluster: stopped $name ($pid)"
     fi

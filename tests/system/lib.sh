@@ -41,19 +41,20 @@ wait_for_line() {
   ((found)) || fail "no line matching '$2' in $1 within $3 s"
 }
 
-# wait_job JOBID 'JobState=COMPLETED' SECONDS: polls scontrol (slurmctld has no push API)
-# until the job's record matches, or fails after SECONDS.
-wait_job() {
-  local deadline=$((SECONDS + $3)) info=""
-  while ((SECONDS < deadline)); do
-    info=$(scontrol show job "$1" 2>/dev/null || true)
-    if grep -q -E "$2" <<<"$info"; then return 0; fi
-    if grep -q -E "JobState=(FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY)" <<<"$info"; then
-      fail "job $1 ended badly while waiting for '$2': $(grep -o 'JobState=[A-Z_]*' <<<"$info")"
-    fi
-    sleep 0.5
-  done
-  fail "job $1 did not reach '$2' within $3 s: $(grep -o 'JobState=[A-Z_]*' <<<"$info")"
+# submit SCRIPT SECONDS: sbatch --wait in the background; sets jid (and out, the job's output
+# file). finish: waits for that sbatch, which returns when the job has ended for good (after
+# any requeue), with the job's success or failure.
+submit() {
+  timeout "$2" sbatch --wait --parsable "$1" >"$work/submit.out" 2>"$work/submit.err" &
+  submit_pid=$!
+  wait_for_line "$work/submit.out" "^[0-9]+" 30
+  jid=$(head -n 1 "$work/submit.out" | cut -d';' -f1)
+  out="dlrun-$jid.out"
+}
+finish() {
+  local rc=0
+  wait "$submit_pid" || rc=$?
+  ((rc == 0)) || fail "job $jid did not succeed (sbatch --wait: $rc; $(cat "$work/submit.err"))"
 }
 
 # count LINE_REGEX FILE: how many lines match.

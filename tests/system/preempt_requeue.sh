@@ -10,13 +10,12 @@ source "$(dirname "$0")/lib.sh"
   --metrics-json "$work/m.json" 2>/dev/null
 grep -q -- "--signal=USR1@90" job.sbatch || fail "no --signal in the script"
 grep -q -- "--requeue" job.sbatch || fail "no --requeue in the script"
-jid=$(sbatch --parsable job.sbatch)
-out="dlrun-$jid.out"
+submit job.sbatch 360
 wait_for_line "$out" "step 3/16" 120
 scancel -s USR1 "$jid"
 wait_for_line "$out" "requeued Slurm job $jid after the checkpoint at step" 60
-wait_job "$jid" "Restarts=1" 60
-wait_job "$jid" "JobState=COMPLETED" 300
+finish
+scontrol show job "$jid" | grep -q "Restarts=1" || fail "Slurm does not count one requeue"
 
 ckpt_step=$(sed -n "s/.*requeued Slurm job $jid after the checkpoint at step \([0-9]*\).*/\1/p" "$out")
 grep -q "dlrun: job $jid (restart 1)" "$out" || fail "the requeued run did not start"

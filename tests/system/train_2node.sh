@@ -8,8 +8,8 @@ source "$(dirname "$0")/lib.sh"
   -- "$TRAIN_UNET" --yaml-config "$SOURCE_DIR/examples/unet/config/UNet.yaml" --config cpu_tiny \
   --base-channels 4 --local-batch-size 1 --data "$work/data.h5" --metrics-json "$work/m.json" \
   2>/dev/null
-timeout 300 sbatch --wait job.sbatch >/dev/null || fail "the job did not succeed"
-out=$(ls dlrun-*.out)
+submit job.sbatch 300
+finish
 
 grep -q "node 0 of 2, world size 4" "$out" || fail "no agent on node 0"
 grep -q "node 1 of 2, world size 4" "$out" || fail "no agent on node 1"

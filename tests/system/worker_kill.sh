@@ -7,14 +7,13 @@ source "$(dirname "$0")/lib.sh"
   -- "$TRAIN_UNET" --synthetic --base-channels 4 --data-size 64 --local-batch-size 1 \
   --max-steps 16 --checkpoint-dir "$work/ckpt" --checkpoint-every 4 \
   --metrics-json "$work/m.json" 2>/dev/null
-jid=$(sbatch --parsable job.sbatch)
-out="dlrun-$jid.out"
+submit job.sbatch 300
 wait_for_line "$out" "checkpoint saved at step 4" 120
 victim=$(pgrep -f "^$TRAIN_UNET .*$work/ckpt" | head -n 1)
 [[ -n "$victim" ]] || fail "no worker process found"
 kill -KILL "$victim"
 echo "killed worker pid $victim"
-wait_job "$jid" "JobState=COMPLETED" 240
+finish
 
 grep -q "restart 1: node 0 of 2" "$out" || fail "node 0 did not restart its workers"
 grep -q "restart 1: node 1 of 2" "$out" || fail "node 1 did not restart its workers"

@@ -1,6 +1,7 @@
 #include "dlrun/agent_link.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
@@ -48,6 +50,21 @@ void recordError(const std::string& message) {
     out << j.dump() << "\n";
   }
   std::rename(tmp.c_str(), path);  // the agent never reads a half-written file
+}
+
+bool keepFreedMemory() {
+  if (const char* v = std::getenv("DLRUN_KEEP_FREED_MEMORY"); v != nullptr && std::string(v) == "0") {
+    return false;
+  }
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "MALLOC_", 7) == 0 || std::strncmp(*e, "GLIBC_TUNABLES=", 15) == 0) {
+      return false;
+    }
+  }
+  // Every large block from the heap (no mmap), and never trim the heap's top.
+  bool ok = mallopt(M_MMAP_MAX, 0) == 1;
+  ok = mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1 && ok;
+  return ok;
 }
 
 bool requeueOnSignalRequested() {

@@ -23,6 +23,7 @@ bool IsLoopback(const std::string& addr) {
 }  // namespace
 
 Context init(const InitOptions& options) {
+  if (options.keep_freed_memory) keepFreedMemory();
   auto parsed = ParseDistEnv(ProcessEnvironment());
   if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));
   Context ctx;

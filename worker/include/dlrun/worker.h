@@ -23,6 +23,8 @@ struct InitOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // "gloo" (CPU), "nccl" (where LibTorch has CUDA) or "auto".
   std::string backend = "auto";
+  // Keep freed memory in the process for the next step (keepFreedMemory() below).
+  bool keep_freed_memory = true;
 };
 
 struct Context {

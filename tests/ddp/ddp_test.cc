@@ -1,5 +1,6 @@
 // DDP pieces in one process: bucket layout against PyTorch's, and the two-rank checks run
 // under dlrun (ddp_check).
+#include <filesystem>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -57,10 +58,10 @@ TEST(DdpBuckets, AssignmentRules) {
   EXPECT_EQ(b.size(), 2u);
 }
 
-std::string RunCheck(const std::string& mode, int* rc) {
+std::string RunCheck(const std::string& mode, int* rc, const std::string& shm = "1") {
   testing::ProcResult r = testing::RunCommand(
       {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", DDP_CHECK_BIN, "--mode", mode},
-      {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+      {{"OMP_NUM_THREADS", "1"}, {"DLRUN_DDP_SHM", shm}}, std::chrono::seconds(120));
   *rc = r.exit_code;
   return r.output;
 }
@@ -73,6 +74,24 @@ TEST_P(DdpTwoRanks, MatchesTheSingleProcessReference) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("[rank 0]: ddp_check ok"), std::string::npos) << out;
   EXPECT_NE(out.find("[rank 1]: ddp_check ok"), std::string::npos) << out;
+}
+
+// Ranks on one host sum buckets through shared memory; DLRUN_DDP_SHM=0 (or ranks on several
+// hosts) uses Gloo. Both must match the single-process reference, and no segment is left.
+TEST(DdpTwoRanks, SharedMemoryAndGlooBothMatchTheReference) {
+  int rc = -1;
+  std::string out = RunCheck("adam", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("allreduce: shared memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1]: ddp_check ok"), std::string::npos) << out;
+  out = RunCheck("adam", &rc, "0");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("allreduce: Gloo"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1]: ddp_check ok"), std::string::npos) << out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_EQ(e.path().filename().string().rfind("dlrun-ddp-", 0), std::string::npos)
+        << "left behind: " << e.path();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,

@@ -8,11 +8,18 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "shm_allreduce.h"
 
 namespace dlrun::worker {
 
@@ -68,6 +75,51 @@ struct DistributedDataParallel::Impl {
   bool callback_queued = false;
   size_t next_launch = 0;
 
+  // The shared-memory path: a communication thread sums launched buckets in launch order (the
+  // same order on every rank), so reduction still overlaps the rest of backward.
+  std::unique_ptr<ShmAllreduce> shm;
+  std::thread comm_thread;
+  std::mutex comm_mu;
+  std::condition_variable comm_cv;
+  std::deque<size_t> comm_queue;
+  size_t comm_done = 0;  // buckets reduced in this iteration
+  absl::Status comm_status;
+  bool comm_stop = false;
+
+  ~Impl() {
+    if (comm_thread.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(comm_mu);
+        comm_stop = true;
+      }
+      comm_cv.notify_all();
+      comm_thread.join();
+    }
+  }
+
+  void CommLoop() {
+    for (;;) {
+      size_t idx = 0;
+      {
+        std::unique_lock<std::mutex> lock(comm_mu);
+        comm_cv.wait(lock, [&] { return comm_stop || !comm_queue.empty(); });
+        if (comm_stop) return;
+        idx = comm_queue.front();
+        comm_queue.pop_front();
+      }
+      torch::Tensor& flat = buckets[idx].flat;
+      absl::Status st = flat.scalar_type() == torch::kDouble
+                            ? shm->Sum(flat.data_ptr<double>(), flat.numel())
+                            : shm->Sum(flat.data_ptr<float>(), flat.numel());
+      {
+        std::lock_guard<std::mutex> lock(comm_mu);
+        if (!st.ok() && comm_status.ok()) comm_status = st;
+        ++comm_done;
+      }
+      comm_cv.notify_all();
+    }
+  }
+
   // Installs the readiness hook on the parameter's gradient accumulator. Loading a checkpoint
   // into a parameter (InputArchive's set_ under NoGradGuard) gives it a new accumulator, so
   // prepareForward() re-checks and re-hooks.
@@ -100,6 +152,8 @@ struct DistributedDataParallel::Impl {
     }
     next_launch = 0;
     callback_queued = false;
+    std::lock_guard<std::mutex> lock(comm_mu);
+    comm_done = 0;
   }
 
   // Copies a gradient that is not (any longer) a bucket view into its bucket.
@@ -116,10 +170,19 @@ struct DistributedDataParallel::Impl {
     // Collectives must be issued in the same order on every rank: launch bucket k only after
     // buckets 0..k-1.
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-      Bucket& b = buckets[next_launch++];
+      const size_t idx = next_launch++;
+      Bucket& b = buckets[idx];
+      b.launched = true;
+      if (shm) {
+        {
+          std::lock_guard<std::mutex> lock(comm_mu);
+          comm_queue.push_back(idx);
+        }
+        comm_cv.notify_all();
+        continue;
+      }
       std::vector<torch::Tensor> t{b.flat};
       b.work = pg->allreduce(t);
-      b.launched = true;
     }
   }
 
@@ -135,6 +198,49 @@ struct DistributedDataParallel::Impl {
     s.ready = true;
     Gather(s);
     if (--buckets[s.bucket].pending == 0) LaunchReady();
+  }
+
+  // Collective (every rank decides the same): the shared-memory path when the whole group is on
+  // this host, else Gloo.
+  void SetUpSharedMemory() {
+    const int world = pg->getSize();
+    if (world < 2) return;
+    bool want = options.shared_memory_allreduce;
+    if (const char* v = std::getenv("DLRUN_DDP_SHM"); v != nullptr && std::string(v) == "0") {
+      want = false;
+    }
+    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+    if (lws == nullptr || std::atoi(lws) != world) want = false;
+    int64_t max_bytes = 0;
+    for (const Bucket& b : buckets) {
+      const auto t = b.flat.scalar_type();
+      if ((t != torch::kFloat && t != torch::kDouble) || !b.flat.device().is_cpu()) want = false;
+      max_bytes = std::max<int64_t>(max_bytes, b.flat.numel() * b.flat.element_size());
+    }
+    // Everyone agrees, and learns rank 0's pid for a segment name unique on this host.
+    static std::atomic<int> instances{0};
+    const int instance = instances++;
+    std::vector<torch::Tensor> t{torch::tensor(
+        {static_cast<int64_t>(want ? 1 : 0), static_cast<int64_t>(pg->getRank() == 0 ? getpid() : 0)})};
+    pg->allreduce(t)->wait();
+    if (t[0][0].item<int64_t>() != world) return;
+    const std::string name = absl::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", instance);
+    auto created = ShmAllreduce::Create(
+        name, pg->getRank(), world,
+        // Pieces as large as 32 MiB of segment allow (2 sets of world + 1 areas).
+        std::max<int64_t>(4096, std::min<int64_t>(max_bytes, (32 << 20) / (2 * (world + 1)))),
+        [this] { pg->barrier()->wait(); }, std::chrono::minutes(5));
+    std::vector<torch::Tensor> ok{torch::tensor({static_cast<int64_t>(created.ok() ? 1 : 0)})};
+    pg->allreduce(ok)->wait();
+    if (ok[0].item<int64_t>() != world) {
+      if (!created.ok()) {
+        std::fprintf(stderr, "dlrun::worker DDP: %s; using Gloo's allreduce\n",
+                     std::string(created.status().message()).c_str());
+      }
+      return;
+    }
+    shm = std::move(*created);
+    comm_thread = std::thread([this] { CommLoop(); });
   }
 
   void Finalize() {
@@ -162,8 +268,13 @@ struct DistributedDataParallel::Impl {
     }
     LaunchReady();
     const double scale = 1.0 / pg->getSize();
+    if (shm) {
+      std::unique_lock<std::mutex> lock(comm_mu);
+      comm_cv.wait(lock, [&] { return comm_done == buckets.size(); });
+      if (!comm_status.ok()) throw std::runtime_error(std::string(comm_status.message()));
+    }
     for (Bucket& b : buckets) {
-      b.work->wait();
+      if (b.work) b.work->wait();
       b.flat.mul_(scale);
     }
     torch::NoGradGuard no_grad;
@@ -266,6 +377,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     m.Hook(i);
   }
   m.StartIteration();
+  m.SetUpSharedMemory();
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
@@ -300,7 +412,8 @@ std::string DistributedDataParallel::bucketReport() const {
     total += b.bytes;
   }
   return absl::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", total / (1024 * 1024),
-                      " MiB of gradients, in ready order: ", absl::StrJoin(sizes, ", "));
+                      " MiB of gradients, in ready order: ", absl::StrJoin(sizes, ", "),
+                      "; allreduce: ", impl_->shm ? "shared memory (all ranks on this host)" : "Gloo");
 }
 
 }  // namespace dlrun::worker

@@ -33,6 +33,11 @@ struct DDPOptions {
   // p.grad() is a view into its bucket (no copy in or out). A trainer that sets grads to
   // undefined between steps still works: the gradient is copied in once and the view restored.
   bool gradient_as_bucket_view = true;
+  // When every rank of the process group runs on this machine (LOCAL_WORLD_SIZE ==
+  // WORLD_SIZE) and the gradients are float32 or float64 on the CPU, buckets are summed through shared
+  // memory on a communication thread instead of Gloo's TCP allreduce. DLRUN_DDP_SHM=0 in the
+  // environment turns it off as well.
+  bool shared_memory_allreduce = true;
 };
 
 struct BucketInfo {

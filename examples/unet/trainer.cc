@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "unet/config.h"
 #include "unet/data.h"
+#include "unet/gpu.h"
 #include "unet/tensorboard.h"
 #include "unet/trainer.h"
 #include "unet/unet.h"
@@ -60,6 +61,9 @@ struct Args {
   double lambda_rho = 0;
   bool benchy = false;
   std::string tensorboard_dir;
+  std::string device = "auto";  // auto | cpu | cuda
+  bool amp = true;               // mixed precision, on CUDA only
+  int channels_last = -1;        // -1: on CUDA only
 };
 
 // The tutorial's loss: L1, plus lambda_rho x L1 of exp(14 x) on channel 0 (the density), which
@@ -115,6 +119,21 @@ int Train(Args a) {
   torch::manual_seed(a.seed);  // identical init everywhere; rank 0's values are broadcast anyway
 
   dlrun::examples::UNet model(dlrun::examples::UNetOptions{4, 5, a.base_channels});
+  // The GPU path (never run here: no GPU): the rank's device, cuDNN/TF32, channels-last,
+  // autocast with loss scaling. On the CPU only channels-last can be asked for.
+  const torch::Device device = dlrun::examples::PickDevice(a.device, ctx.env.local_rank);
+  dlrun::examples::ConfigureBackends(device);
+  model->to(device);
+  const bool channels_last = a.channels_last < 0 ? device.is_cuda() : a.channels_last > 0;
+  if (channels_last) dlrun::examples::ToChannelsLast(model->parameters());
+  dlrun::examples::GradScaler scaler(a.amp && device.is_cuda());
+  auto to_device = [&](torch::Tensor t) {
+    if (device.is_cuda()) t = t.pin_memory().to(device, /*non_blocking=*/true);
+    return channels_last ? t.contiguous(torch::MemoryFormat::ChannelsLast3d) : t;
+  };
+  auto batch = [&](std::pair<torch::Tensor, torch::Tensor> b) {
+    return std::make_pair(to_device(b.first), to_device(b.second));
+  };
   std::vector<torch::Tensor> params = model->parameters();
   const uint64_t initial_digest = dlrun::worker::digest(params);
   int64_t nparams = 0;
@@ -192,19 +211,22 @@ int Train(Args a) {
     torch::NoGradGuard no_grad;
     double sum = 0;
     for (int64_t i = 0; i < val_steps; ++i) {
-      auto [x, y] = loader_val ? loader_val->Next(a.local_batch_size)
-                               : synthetic_val->Batch(a.local_batch_size);
+      auto [x, y] = batch(loader_val ? loader_val->Next(a.local_batch_size)
+                                     : synthetic_val->Batch(a.local_batch_size));
+      dlrun::examples::AutocastScope autocast(scaler.enabled());
       sum += Loss(model->forward(x), y, a.lambda_rho).item<double>();
     }
-    std::vector<torch::Tensor> t{torch::tensor({sum / std::max<int64_t>(1, val_steps)})};
+    std::vector<torch::Tensor> t{
+        torch::tensor({sum / std::max<int64_t>(1, val_steps)}, torch::TensorOptions().device(device))};
     if (world > 1) ctx.pg->allreduce(t)->wait();
     return t[0].item<double>() / world;
   };
   if (rank == 0) {
     std::printf("train_unet: %d rank(s), base width %ld (%.2f M parameters), %ld^3 crops, "
-                "local batch %ld, %d thread(s) per rank, gradient sync %s\n",
+                "local batch %ld, %d thread(s) per rank, gradient sync %s, device %s%s%s\n",
                 world, a.base_channels, nparams / 1e6, a.data_size, a.local_batch_size,
-                torch::get_num_threads(), a.grad_sync ? "on" : "off");
+                torch::get_num_threads(), a.grad_sync ? "on" : "off", device.str().c_str(),
+                scaler.enabled() ? ", AMP" : "", channels_last ? ", channels-last" : "");
     std::printf("%s\n", ddp.bucketReport().c_str());
     std::fflush(stdout);
   }
@@ -220,12 +242,19 @@ int Train(Args a) {
     // benchy's three trials: the loader alone (IO), the model on one cached batch (SYNTHETIC),
     // and normal training (FULL); FULL is bounded by the slower of the first two.
     auto next = [&] {
-      return loader ? loader->Next(a.local_batch_size) : synthetic->Batch(a.local_batch_size);
+      return batch(loader ? loader->Next(a.local_batch_size) : synthetic->Batch(a.local_batch_size));
     };
     auto train_step = [&](const torch::Tensor& x, const torch::Tensor& y) {
       opt.zero_grad();
-      Loss(ddp.forward<torch::Tensor>(model, x), y, a.lambda_rho).backward();
-      opt.step();
+      torch::Tensor loss;
+      {
+        dlrun::examples::AutocastScope autocast(scaler.enabled());
+        loss = Loss(ddp.forward<torch::Tensor>(model, x), y, a.lambda_rho);
+      }
+      scaler.scale(loss).backward();
+      const bool finite = scaler.unscale(params);
+      if (finite) opt.step();
+      scaler.update(finite);
     };
     auto trial = [&](const std::function<void()>& step) {
       step();  // warm-up
@@ -262,26 +291,33 @@ int Train(Args a) {
       std::fprintf(stderr, "train_unet: --fail-at-step %ld: exiting as asked\n", step);
       std::exit(1);
     }
-    auto [x, y] = loader ? loader->Next(a.local_batch_size) : synthetic->Batch(a.local_batch_size);
+    auto [x, y] =
+        batch(loader ? loader->Next(a.local_batch_size) : synthetic->Batch(a.local_batch_size));
     lr = dlrun::worker::LearningRate(sched, step - 1);
     dlrun::worker::SetLearningRate(opt, lr);
     opt.zero_grad();
     torch::Tensor loss;
-    if (a.grad_sync) {
-      loss = Loss(ddp.forward<torch::Tensor>(model, x), y, a.lambda_rho);
-      loss.backward();  // gradients are averaged over ranks when this returns
-    } else {
-      auto local_only = ddp.noSync();  // benchmarks: the same step without communication
-      loss = Loss(model->forward(x), y, a.lambda_rho);
-      loss.backward();
+    {
+      // Without sync (benchmarks): the same step, gradients stay local.
+      std::optional<dlrun::worker::DistributedDataParallel::NoSyncGuard> local_only;
+      if (!a.grad_sync) local_only.emplace(&ddp);
+      {
+        dlrun::examples::AutocastScope autocast(scaler.enabled());
+        loss = Loss(a.grad_sync ? ddp.forward<torch::Tensor>(model, x) : model->forward(x), y,
+                    a.lambda_rho);
+      }
+      scaler.scale(loss).backward();  // with sync: averaged over ranks when this returns
     }
-    opt.step();
+    const bool finite = scaler.unscale(params);
+    if (finite) opt.step();  // an overflow under AMP skips the step on every rank alike
+    scaler.update(finite);
     dlrun::worker::heartbeat();
 
     // The loss averaged over ranks, and whether any rank was asked to checkpoint (one
     // allreduce for both, so every rank takes the same decision).
     std::vector<torch::Tensor> l{torch::stack(
-        {loss.detach().to(torch::kFloat32), torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f)})};
+        {loss.detach().to(torch::kFloat32),
+         torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device))})};
     if (world > 1) ctx.pg->allreduce(l)->wait();
     const double mean_loss = l[0][0].item<double>() / world;
     const bool signalled = l[0][1].item<float>() > 0;
@@ -354,9 +390,10 @@ int Train(Args a) {
 
   // Gather every rank's parameter digest so scripts can check the ranks agree bit for bit.
   const uint64_t final_digest = dlrun::worker::digest(params);
-  std::vector<torch::Tensor> mine{torch::tensor({static_cast<int64_t>(final_digest)})};
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  std::vector<torch::Tensor> mine{torch::tensor({static_cast<int64_t>(final_digest)}, long_opts)};
   std::vector<std::vector<torch::Tensor>> all(1);
-  for (int r = 0; r < world; ++r) all[0].push_back(torch::zeros({1}, torch::kLong));
+  for (int r = 0; r < world; ++r) all[0].push_back(torch::zeros({1}, long_opts));
   ctx.pg->allgather(all, mine)->wait();
 
   if (rank == 0) {
@@ -517,6 +554,11 @@ int TrainUnetMain(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--tensorboard-dir", a.tensorboard_dir,
                  "write TensorBoard event files (loss, val loss, LR, samples/s) here");
+  app.add_option("--device", a.device, "auto (CUDA when available), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_flag("!--no-amp", a.amp, "no mixed precision on CUDA (autocast + loss scaling)");
+  app.add_flag("--channels-last{1},--no-channels-last{0}", a.channels_last,
+               "channels-last 3D tensors (default: on CUDA only)");
   app.add_flag("--benchy", a.benchy,
                "throughput trials (IO, SYNTHETIC, FULL) of --max-steps steps each, then exit");
   app.add_option("--fail-at-step", a.fail_at_step,

@@ -109,6 +109,22 @@ TEST(TrainUnet, ResumesAfterAForcedRestartAtTheRightStepAndLr) {
 namespace dlrun::testing {
 namespace {
 
+TEST(TrainUnet, ChannelsLastOnTheCpuTrainsAndDeviceFlagsAreChecked) {
+  const std::string dir = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", TRAIN_UNET_BIN, "--synthetic",
+                             "--base-channels", "4", "--max-steps", "3", "--channels-last",
+                             "--device", "cpu", "--metrics-json", dir + "/m.json"},
+                            {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("device cpu, channels-last"), std::string::npos) << r.output;
+  auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
+  EXPECT_EQ(m["param_digests"][0], m["param_digests"][1]);
+  EXPECT_LT(m["final_loss"].get<double>(), m["first_loss"].get<double>());
+  r = RunCommand({TRAIN_UNET_BIN, "--synthetic", "--device", "tpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--device"), std::string::npos) << r.output;
+}
+
 TEST(TrainUnet, TutorialStyleConfigRunsEpochsWithValidation) {
   const std::string yaml = std::string(SOURCE_DIR) + "/examples/unet/config/UNet.yaml";
   ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", TRAIN_UNET_BIN, "--yaml-config",

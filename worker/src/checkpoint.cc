@@ -162,7 +162,9 @@ absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
     try {
       torch::serialize::InputArchive archive;
       std::istringstream payload(data.substr(kHeader));
-      archive.load_from(payload);
+      // Onto the model's device (a checkpoint written on one GPU loads on another, or the CPU).
+      std::vector<torch::Tensor> mp = model.parameters();
+      archive.load_from(payload, mp.empty() ? torch::Device(torch::kCPU) : mp[0].device());
       torch::serialize::InputArchive model_archive, optim_archive;
       archive.read("model", model_archive);
       archive.read("optimizer", optim_archive);
@@ -178,6 +180,7 @@ absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
       st.sampler_epoch = read_int("sampler_epoch");
       torch::Tensor t;
       archive.read("rng", t);
+      t = t.to(torch::kCPU);
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(t);

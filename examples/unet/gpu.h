@@ -1,0 +1,60 @@
+// The U-Net trainer's GPU path: device choice, cuDNN/TF32 settings, channels-last, and mixed
+// precision (autocast + dynamic loss scaling). Everything compiles against a CPU-only LibTorch
+// (Debian's) and is chosen at run time; the parts that need a GPU have never run here (no GPU
+// on the development and CI machines). GradScaler's logic is tested on the CPU.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace dlrun::examples {
+
+// "auto" (CUDA when LibTorch has it and a GPU is visible, else CPU), "cpu" or "cuda". The GPU
+// is LOCAL_RANK's among the visible ones (dlrun narrows CUDA_VISIBLE_DEVICES to one).
+torch::Device PickDevice(const std::string& want, int local_rank);
+
+// On CUDA: cudnn.benchmark and TF32 for matmul and convolutions (as the tutorial's
+// torch.backends settings). A no-op on the CPU.
+void ConfigureBackends(const torch::Device& device);
+
+// Parameters of rank >= 5 (Conv3d / ConvTranspose3d weights) to channels-last-3d, in place:
+// the parameter objects stay the same, so optimizers and DDP keep working.
+void ToChannelsLast(const std::vector<torch::Tensor>& params);
+
+// Autocast (float16 on CUDA) for the scope's forward pass and loss, when enabled.
+class AutocastScope {
+ public:
+  explicit AutocastScope(bool enabled);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool enabled_;
+  bool previous_ = false;
+};
+
+// Dynamic loss scaling, as torch.cuda.amp.GradScaler: backward on scale(loss); unscale() divides
+// the (already DDP-averaged) gradients by the scale and says whether they are all finite; skip
+// the optimizer step when they are not; update() halves the scale after an overflow and doubles
+// it after `growth_interval` finite steps. Every rank sees the same averaged gradients, so
+// every rank takes the same decision.
+class GradScaler {
+ public:
+  explicit GradScaler(bool enabled, double init_scale = 65536.0, int64_t growth_interval = 2000);
+  torch::Tensor scale(const torch::Tensor& loss) const;
+  bool unscale(const std::vector<torch::Tensor>& params);
+  void update(bool finite);
+  double currentScale() const { return scale_; }
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_;
+  double scale_;
+  int64_t growth_interval_;
+  int64_t good_steps_ = 0;
+};
+
+}  // namespace dlrun::examples

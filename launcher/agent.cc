@@ -405,8 +405,23 @@ void Agent::StopGroup(int first_signal) {
   for (const Worker& w : workers_) {
     if (w.alive) kill(-w.pid, first_signal);
   }
-  const auto deadline = std::chrono::steady_clock::now() + options_.grace;
-  while (AliveCount() > 0 && std::chrono::steady_clock::now() < deadline) WaitEvent(deadline);
+  // Stopping can take the whole grace period (a worker that ignores SIGTERM, or is stopped):
+  // keep heartbeating meanwhile, or the rendezvous declares this live node dead. The verdict
+  // does not matter here: the group is being stopped anyway.
+  const auto interval = source_->check_interval();
+  auto next_check = interval.count() > 0 ? std::chrono::steady_clock::now() + interval
+                                         : std::chrono::steady_clock::time_point::max();
+  auto wait_until = [&](std::chrono::steady_clock::time_point deadline) {
+    while (AliveCount() > 0 && std::chrono::steady_clock::now() < deadline) {
+      WaitEvent(std::min(deadline, next_check));
+      if (std::chrono::steady_clock::now() >= next_check) {
+        std::string ignored;
+        source_->Check(&ignored);
+        next_check = std::chrono::steady_clock::now() + interval;
+      }
+    }
+  };
+  wait_until(std::chrono::steady_clock::now() + options_.grace);
   for (const Worker& w : workers_) {
     if (w.alive) {
       spdlog::warn("local rank {} (pid {}) did not stop within {} ms: SIGKILL", w.local_rank,
@@ -414,7 +429,7 @@ void Agent::StopGroup(int first_signal) {
     }
     kill(-w.pid, SIGKILL);  // the leader's exit does not end its children: kill the whole group
   }
-  while (AliveCount() > 0) WaitEvent(std::chrono::steady_clock::time_point::max());
+  wait_until(std::chrono::steady_clock::time_point::max());
   CloseStreams();
   stopping_ = false;
 }

@@ -65,6 +65,13 @@ class RdzvSource final : public MembershipSource {
 
   bool OnFailure(const std::string& reason) override {
     auto r = client_->ReportFailure(node_.node_id, round_, reason);
+    if (absl::IsPermissionDenied(r.status())) {
+      // This node was dropped from the round (e.g. declared dead while it could not answer):
+      // it is alive, so it joins the next round; a failed job answers the join with the reason.
+      spdlog::warn("the rendezvous no longer counts this node ({}): joining the next round",
+                   std::string(r.status().message()));
+      return true;
+    }
     if (!r.ok()) {
       spdlog::error("cannot report the failure to the rendezvous: {}",
                     std::string(r.status().message()));

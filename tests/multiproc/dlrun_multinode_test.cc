@@ -21,7 +21,7 @@ struct TwoNodes {
 
 // Runs the same dlrun command as two agents (nodes) against one rendezvous endpoint.
 TwoNodes RunTwoNodes(const std::vector<std::string>& program, const std::string& extra_conf = "",
-                     int max_restarts = 0) {
+                     int max_restarts = 0, const std::vector<std::string>& extra_flags = {}) {
   const std::string endpoint = absl::StrCat("127.0.0.1:", FreeTcpPort());
   std::vector<std::string> cmd = {DLRUN_BIN,       "--nnodes",          "2",
                                   "--nproc-per-node", "2",              "--rdzv-backend",
@@ -29,6 +29,7 @@ TwoNodes RunTwoNodes(const std::vector<std::string>& program, const std::string&
                                   "--rdzv-id",     "test-job",          "--max-restarts",
                                   std::to_string(max_restarts),        "--rdzv-conf",
                                   "heartbeat_interval=0.1,join_timeout=60" + extra_conf};
+  cmd.insert(cmd.end(), extra_flags.begin(), extra_flags.end());
   cmd.insert(cmd.end(), program.begin(), program.end());
   const std::map<std::string, std::string> env = {{"DLRUN_RDZV_TOKEN", "test-token-123"},
                                                   {"OMP_NUM_THREADS", "1"}};
@@ -83,6 +84,28 @@ TEST(DlrunMultiNode, WorkerFailureRestartsBothNodesWithTheSameRestartCount) {
     EXPECT_NE(attempts.find("1\n"), std::string::npos) << "rank " << rank << ": " << attempts;
   }
   EXPECT_NE((r.out[0] + r.out[1]).find("exit code 5"), std::string::npos);
+}
+
+TEST(DlrunMultiNode, ASlowStopDoesNotGetALiveNodeDeclaredDead) {
+  // On the first attempt rank 3 fails while rank 2 (same node) ignores SIGTERM, so that node's
+  // agent spends the whole 2 s grace period stopping it: 4x the heartbeat limit (0.1 s x 5). The
+  // agent must keep heartbeating meanwhile; both nodes then restart and the job succeeds.
+  const std::string dir = MakeTempDir();
+  TwoNodes r = RunTwoNodes(
+      {"sh", "-c",
+       "echo $TORCHELASTIC_RESTART_COUNT >> " + dir +
+           "/attempts.$RANK; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
+           "if [ $RANK = 3 ]; then sleep 0.5; exit 5; fi; "
+           "if [ $RANK = 2 ]; then trap '' TERM; sleep 30; fi; fi; exit 0"},
+      "", /*max_restarts=*/1, {"--grace-period", "2"});
+  EXPECT_EQ(r.rc[0], 0) << r.out[0] << r.out[1];
+  EXPECT_EQ(r.rc[1], 0) << r.out[1] << r.out[0];
+  const std::string all = r.out[0] + r.out[1];
+  EXPECT_NE(all.find("did not stop within 2000 ms: SIGKILL"), std::string::npos) << all;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string attempts = ReadFile(dir + "/attempts." + std::to_string(rank));
+    EXPECT_NE(attempts.find("1\n"), std::string::npos) << "rank " << rank << ": " << attempts;
+  }
 }
 
 TEST(DlrunMultiNode, NoRestartsLeftFailsBothNodes) {

@@ -213,8 +213,12 @@ struct DistributedDataParallel::Impl {
     if (lws == nullptr || std::atoi(lws) != world) want = false;
     int64_t max_bytes = 0;
     for (const Bucket& b : buckets) {
+      // Every rank places the model alike, so this return is the same everywhere: GPU
+      // gradients (NCCL, which also refuses the CPU tensors of the agreement below) never
+      // take this path.
+      if (!b.flat.device().is_cpu()) return;
       const auto t = b.flat.scalar_type();
-      if ((t != torch::kFloat && t != torch::kDouble) || !b.flat.device().is_cpu()) want = false;
+      if (t != torch::kFloat && t != torch::kDouble) want = false;
       max_bytes = std::max<int64_t>(max_bytes, b.flat.numel() * b.flat.element_size());
     }
     // Everyone agrees, and learns rank 0's pid for a segment name unique on this host.

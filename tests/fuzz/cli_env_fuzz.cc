@@ -1,0 +1,56 @@
+// libFuzzer: the dlrun command line and environment detection. The input is NUL-separated
+// words; words of the form K=V after a lone "--env" are the environment.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launcher/env_detect.h"
+#include "launcher/job_script.h"
+#include "launcher/options.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::vector<std::string> args;
+  std::map<std::string, std::string> vars;
+  bool in_env = false;
+  std::string cur;
+  auto flush = [&] {
+    if (cur == "--env") {
+      in_env = true;
+    } else if (in_env) {
+      const auto eq = cur.find('=');
+      if (eq != std::string::npos) vars[cur.substr(0, eq)] = cur.substr(eq + 1);
+    } else {
+      args.push_back(cur);
+    }
+    cur.clear();
+  };
+  for (size_t i = 0; i < size; ++i) {
+    if (data[i] == 0) {
+      flush();
+    } else {
+      cur += static_cast<char>(data[i]);
+    }
+  }
+  flush();
+  dlrun::launcher::EnvLookup env = [&](std::string_view n) -> std::optional<std::string> {
+    auto it = vars.find(std::string(n));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+  auto o = dlrun::launcher::ParseLaunchOptions(args, env);
+  if (o.ok()) {
+    auto d = dlrun::launcher::DetectEnvironment(env, &*o);
+    if (d.ok()) (void)dlrun::launcher::FormatDetection(*d, *o);
+  }
+  // The same words as `dlrun slurm` / `dlrun runai` arguments.
+  if (auto s = dlrun::launcher::ParseSlurmArgs(args); s.ok()) {
+    (void)dlrun::launcher::RenderSlurmScript(*s, "{{SBATCH_LINES}}\n{{PROGRAM}}\n{{DLRUN_EXTRA}}");
+  }
+  if (auto r = dlrun::launcher::ParseRunaiArgs(args); r.ok()) {
+    (void)dlrun::launcher::RenderRunaiCommand(*r);
+    (void)dlrun::launcher::RenderRunaiManifest(*r);
+  }
+  return 0;
+}

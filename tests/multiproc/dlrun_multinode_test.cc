@@ -43,6 +43,14 @@ TwoNodes RunTwoNodes(const std::vector<std::string>& program, const std::string&
   return r;
 }
 
+// Every rank 0..3 recorded restart count 1 in DIR/attempts.RANK: both nodes restarted.
+void ExpectEveryRankRanRestart1(const std::string& dir) {
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string attempts = ReadFile(dir + "/attempts." + std::to_string(rank));
+    EXPECT_NE(attempts.find("1\n"), std::string::npos) << "rank " << rank << ": " << attempts;
+  }
+}
+
 TEST(DlrunMultiNode, TwoAgentsTimesTwoWorkersGetRanks0To3ExactlyOnce) {
   const std::string dir = MakeTempDir();
   TwoNodes r = RunTwoNodes(
@@ -78,11 +86,7 @@ TEST(DlrunMultiNode, WorkerFailureRestartsBothNodesWithTheSameRestartCount) {
       "", /*max_restarts=*/1);
   EXPECT_EQ(r.rc[0], 0) << r.out[0] << r.out[1];
   EXPECT_EQ(r.rc[1], 0) << r.out[1] << r.out[0];
-  // Every rank ran in restart 1, on both nodes.
-  for (int rank = 0; rank < 4; ++rank) {
-    const std::string attempts = ReadFile(dir + "/attempts." + std::to_string(rank));
-    EXPECT_NE(attempts.find("1\n"), std::string::npos) << "rank " << rank << ": " << attempts;
-  }
+  ExpectEveryRankRanRestart1(dir);
   EXPECT_NE((r.out[0] + r.out[1]).find("exit code 5"), std::string::npos);
 }
 
@@ -102,10 +106,7 @@ TEST(DlrunMultiNode, ASlowStopDoesNotGetALiveNodeDeclaredDead) {
   EXPECT_EQ(r.rc[1], 0) << r.out[1] << r.out[0];
   const std::string all = r.out[0] + r.out[1];
   EXPECT_NE(all.find("did not stop within 2000 ms: SIGKILL"), std::string::npos) << all;
-  for (int rank = 0; rank < 4; ++rank) {
-    const std::string attempts = ReadFile(dir + "/attempts." + std::to_string(rank));
-    EXPECT_NE(attempts.find("1\n"), std::string::npos) << "rank " << rank << ": " << attempts;
-  }
+  ExpectEveryRankRanRestart1(dir);
 }
 
 TEST(DlrunMultiNode, NoRestartsLeftFailsBothNodes) {

@@ -17,10 +17,7 @@ dir=${2:?usage: cluster.sh start|stop|env DIR}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 
-free_port() {
-  # Ask the kernel for a free port; good enough for a test cluster (nothing else binds here).
-  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 print_env() {
   echo "export SLURM_CONF=$dir/slurm.conf"

@@ -23,22 +23,11 @@ fail() {
 
 pass() { echo "PASS ($test_name): $*"; }
 
-free_port() {
-  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-# wait_for_line FILE REGEX SECONDS: blocks until a line of FILE (which may not exist yet)
-# matches, or fails after SECONDS.
+# wait_for_line FILE REGEX SECONDS: blocks until a line of FILE matches, or fails the test.
 wait_for_line() {
-  local found=0 fifo="$work/.follow.$RANDOM" pid
-  mkfifo "$fifo"
-  # grep stops at the first match; the follower is bounded by timeout and killed right after.
-  timeout "$3" tail -n +1 -F "$1" >"$fifo" 2>/dev/null &
-  pid=$!
-  grep -q -m1 -E "$2" <"$fifo" && found=1
-  kill "$pid" 2>/dev/null || true
-  rm -f "$fifo"
-  ((found)) || fail "no line matching '$2' in $1 within $3 s"
+  follow_until "$@" || fail "no line matching '$2' in $1 within $3 s"
 }
 
 # submit SCRIPT SECONDS: sbatch --wait in the background; sets jid (and out, the job's output

@@ -2,55 +2,111 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace dlrun::examples {
 namespace {
 
-// yaml-cpp keeps "<<" as an ordinary key: apply merges ourselves (the merged map first, the
-// node's own keys over it).
-void Flatten(const YAML::Node& node, const std::string& prefix,
-             std::map<std::string, std::string>* out) {
-  if (node["<<"]) Flatten(node["<<"], prefix, out);
+// yaml-cpp keeps "<<" as an ordinary key: apply merges ourselves (the merged maps first, the
+// node's own keys over them). Nodes are visited by value, so an alias cycle would recurse
+// forever: `depth` bounds it.
+absl::Status Flatten(const YAML::Node& node, const std::string& prefix, int depth,
+                     std::map<std::string, std::string>* out) {
+  const std::string where =
+      prefix.empty() ? "the configuration" : absl::StrCat("'", absl::CEscape(prefix), "'");
+  if (depth > kMaxConfigDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " nests deeper than ", kMaxConfigDepth,
+                                                   " levels (a merge of an anchor into itself?)"));
+  }
+  if (const YAML::Node merge = node["<<"]) {
+    if (merge.IsMap()) {
+      if (absl::Status s = Flatten(merge, prefix, depth + 1, out); !s.ok()) return s;
+    } else if (merge.IsSequence()) {
+      // Earlier maps win: apply the list back to front.
+      for (std::size_t i = merge.size(); i-- > 0;) {
+        if (!merge[i].IsMap()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("merge key '<<' of ", where, ": expected a map or a list of maps"));
+        }
+        if (absl::Status s = Flatten(merge[i], prefix, depth + 1, out); !s.ok()) return s;
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge key '<<' of ", where, ": expected a map or a list of maps"));
+    }
+  }
   for (const auto& kv : node) {
-    const std::string key = kv.first.as<std::string>();
+    if (!kv.first.IsScalar()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a key of ", where, " is not a scalar: expected a name"));
+    }
+    const std::string key = kv.first.Scalar();
     if (key == "<<") continue;
     const std::string full = prefix.empty() ? key : absl::StrCat(prefix, ".", key);
     if (kv.second.IsMap()) {
-      Flatten(kv.second, full, out);
+      if (absl::Status s = Flatten(kv.second, full, depth + 1, out); !s.ok()) return s;
     } else if (kv.second.IsScalar()) {
-      (*out)[full] = kv.second.as<std::string>();
+      (*out)[full] = kv.second.Scalar();
     } else if (kv.second.IsNull()) {
       (*out)[full] = "";
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string& path,
-                                                              const std::string& name) {
-  YAML::Node root;
+absl::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string& yaml,
+                                                               const std::string& name,
+                                                               const std::string& source) {
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return absl::NotFoundError(absl::StrCat("cannot read the config file '", path,
-                                            "' (--yaml-config): expected a YAML file"));
+    const YAML::Node root = YAML::Load(yaml);
+    if (!root.IsMap() || !root[name] || !root[name].IsMap()) {
+      std::string names;
+      if (root.IsMap()) {
+        for (const auto& kv : root) {
+          if (kv.first.IsScalar()) absl::StrAppend(&names, names.empty() ? "" : ", ", absl::CEscape(kv.first.Scalar()));
+        }
+      }
+      return absl::InvalidArgumentError(absl::StrCat("no configuration '", absl::CEscape(name), "' in ", source,
+                                                     ": expected one of ",
+                                                     names.empty() ? "(none)" : names));
+    }
+    std::map<std::string, std::string> out;
+    if (absl::Status s = Flatten(root[name], "", 0, &out); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("configuration '", absl::CEscape(name), "' in ", source, ": ", s.message()));
+    }
+    return out;
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config file ", path, " is not valid YAML: ", e.what()));
+        absl::StrCat("config file ", source, " is not valid YAML: ", e.what()));
   }
-  if (!root.IsMap() || !root[name] || !root[name].IsMap()) {
-    std::string names;
-    if (root.IsMap()) {
-      for (const auto& kv : root) absl::StrAppend(&names, names.empty() ? "" : ", ", kv.first.as<std::string>());
-    }
-    return absl::InvalidArgumentError(absl::StrCat("no configuration '", name, "' in ", path,
-                                                   ": expected one of ", names));
+}
+
+absl::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string& path,
+                                                              const std::string& name) {
+  const auto unreadable = [&] {
+    return absl::NotFoundError(absl::StrCat("cannot read the config file '", path,
+                                            "' (--yaml-config): expected a YAML file"));
+  };
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return unreadable();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return unreadable();
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {  // libstdc++ throws on a read error (EIO, EISDIR)
+    return unreadable();
   }
-  std::map<std::string, std::string> out;
-  Flatten(root[name], "", &out);
-  return out;
+  if (in.bad()) return unreadable();
+  return ParseConfig(text, name, path);
 }
 
 }  // namespace dlrun::examples

@@ -1,5 +1,6 @@
 // train_unet's YAML configurations (examples/unet/config/UNet.yaml), in the SC22 tutorial's
 // shape: named maps that build on each other with anchors and merge keys (`<<: *base`).
+// No LibTorch here: unit tests and a fuzz target (tests/fuzz/yaml_config_fuzz.cc) use it alone.
 #pragma once
 
 #include <map>
@@ -14,5 +15,15 @@ namespace dlrun::examples {
 // problem (missing file, unknown configuration, bad YAML).
 absl::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string& path,
                                                               const std::string& name);
+
+// The same from YAML text; `source` names it in errors (the file's path for LoadConfig).
+// Merge keys take a map or a list of maps (earlier maps win, the node's own keys over all);
+// keys must be scalars; lists as values are ignored; nesting (merges included) deeper than
+// kMaxConfigDepth, e.g. an anchor merged into itself, is an error.
+absl::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string& yaml,
+                                                               const std::string& name,
+                                                               const std::string& source);
+
+inline constexpr int kMaxConfigDepth = 32;
 
 }  // namespace dlrun::examples

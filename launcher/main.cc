@@ -312,6 +312,9 @@ int main(int argc, char** argv) {
     } else {
       r.token = token;
     }
+    auto tls = dlrun::rdzv::TlsConfigFromEnv();
+    if (!tls.ok()) return Fail(tls.status());
+    r.tls = std::move(*tls);
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     r.hostname = host;

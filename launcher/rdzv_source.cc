@@ -26,6 +26,7 @@ class RdzvSource final : public MembershipSource {
     c.endpoint = o_.endpoint;
     c.run_id = o_.run_id;
     c.token = o_.token;
+    c.tls = o_.tls;
     client_ = api_->CreateClient(c);
     node_.node_id = absl::StrCat(o_.hostname, ":", getpid());
     node_.hostname = o_.hostname;
@@ -193,13 +194,15 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
     h.config.expected_hosts = o.expected_hosts;
     h.run_id = o.run_id;
     h.token = o.token;
+    h.tls = o.tls;
     // Bind the endpoint's own address (not 0.0.0.0): if it is not ours, binding fails and this
     // agent is a client only.
     h.listen_address = o.endpoint;
     auto s = (*api)->Host(h);
     if (s.ok()) {
       hosted = std::move(*s);
-      spdlog::info("hosting the rendezvous on {}", o.endpoint);
+      spdlog::info("hosting the rendezvous on {}{}", o.endpoint,
+                   o.tls.enabled() ? " (mutual TLS)" : "");
     } else if (o.is_host == "true") {
       return s.status();
     }

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "launcher/agent.h"
 #include "launcher/options.h"
+#include "rendezvous/tls.h"
 
 namespace dlrun::launcher {
 
@@ -29,6 +30,7 @@ struct RdzvSourceOptions {
   std::vector<std::string> expected_hosts;  // named in a join-timeout error
   // "auto": host the server if the endpoint's port can be bound here; "true"/"false" force it.
   std::string is_host = "auto";
+  rdzv::TlsConfig tls;  // from DLRUN_RDZV_TLS_* (rendezvous/tls.h)
 };
 
 // Parses --rdzv-conf "key=value,...": join_timeout, last_call_timeout, close_timeout,

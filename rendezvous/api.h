@@ -28,6 +28,7 @@ struct HostOptions {
   std::string run_id;
   std::string token;
   std::string listen_address;  // host:port (port 0: pick one)
+  TlsConfig tls;
 };
 
 class Api {

@@ -9,12 +9,21 @@
 namespace dlrun::rdzv {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s, const std::string& endpoint, const char* what) {
+// `channel` says whether a connection ever came up: a join that waited for one in vain reads
+// DEADLINE_EXCEEDED, which alone does not tell an unreachable server from a TLS mismatch.
+absl::Status FromGrpc(const grpc::Status& s, const std::string& endpoint, const char* what,
+                      grpc::Channel* channel, bool tls) {
   if (s.ok()) return absl::OkStatus();
   std::string msg = s.error_message();
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
       s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     msg = absl::StrCat(what, " to the rendezvous at ", endpoint, ": ", msg);
+    if (channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      absl::StrAppend(&msg, tls ? " (cannot connect: is it up, and does it use this job's TLS "
+                                  "CA and certificates?)"
+                                : " (cannot connect: is it up, and without TLS? "
+                                  "DLRUN_RDZV_TLS_* turn TLS on)");
+    }
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
@@ -24,8 +33,17 @@ class ClientImpl final : public RendezvousClient {
   explicit ClientImpl(const ClientOptions& o) : o_(o) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    stub_ = v1::Rendezvous::NewStub(
-        grpc::CreateCustomChannel(o.endpoint, grpc::InsecureChannelCredentials(), args));
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (o.tls.enabled()) {
+      grpc::SslCredentialsOptions co;
+      co.pem_root_certs = o.tls.ca_pem;
+      co.pem_private_key = o.tls.key_pem;
+      co.pem_cert_chain = o.tls.cert_pem;
+      creds = grpc::SslCredentials(co);
+      if (!o.tls.server_name.empty()) args.SetSslTargetNameOverride(o.tls.server_name);
+    }
+    channel_ = grpc::CreateCustomChannel(o.endpoint, creds, args);
+    stub_ = v1::Rendezvous::NewStub(channel_);
   }
 
   absl::StatusOr<Assignment> Join(const NodeInfo& n, Duration timeout) override {
@@ -42,7 +60,7 @@ class ClientImpl final : public RendezvousClient {
     ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     ctx.set_wait_for_ready(true);  // the server may not be up yet: wait for it within timeout
     v1::JoinResponse resp;
-    absl::Status s = FromGrpc(stub_->Join(&ctx, req, &resp), o_.endpoint, "join");
+    absl::Status s = Check(stub_->Join(&ctx, req, &resp), "join");
     if (!s.ok()) return s;
     return FromProto(resp.assignment());
   }
@@ -55,7 +73,7 @@ class ClientImpl final : public RendezvousClient {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::HeartbeatResponse resp;
-    absl::Status s = FromGrpc(stub_->Heartbeat(&ctx, req, &resp), o_.endpoint, "heartbeat");
+    absl::Status s = Check(stub_->Heartbeat(&ctx, req, &resp), "heartbeat");
     if (!s.ok()) return s;
     HeartbeatReply r;
     switch (resp.action()) {
@@ -79,7 +97,7 @@ class ClientImpl final : public RendezvousClient {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::FailureResponse resp;
-    absl::Status s = FromGrpc(stub_->ReportFailure(&ctx, req, &resp), o_.endpoint, "report");
+    absl::Status s = Check(stub_->ReportFailure(&ctx, req, &resp), "report");
     if (!s.ok()) return s;
     return FailureReply{resp.next_round(), resp.restarts_exhausted()};
   }
@@ -93,7 +111,7 @@ class ClientImpl final : public RendezvousClient {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::LeaveResponse resp;
-    return FromGrpc(stub_->Leave(&ctx, req, &resp), o_.endpoint, "leave");
+    return Check(stub_->Leave(&ctx, req, &resp), "leave");
   }
 
   absl::StatusOr<StatusSnapshot> Status() override {
@@ -102,7 +120,7 @@ class ClientImpl final : public RendezvousClient {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::StatusResponse resp;
-    absl::Status s = FromGrpc(stub_->Status(&ctx, req, &resp), o_.endpoint, "status");
+    absl::Status s = Check(stub_->Status(&ctx, req, &resp), "status");
     if (!s.ok()) return s;
     StatusSnapshot snap;
     snap.round = resp.round();
@@ -120,11 +138,15 @@ class ClientImpl final : public RendezvousClient {
     a->set_run_id(o_.run_id);
     a->set_token(o_.token);
   }
+  absl::Status Check(const grpc::Status& s, const char* what) const {
+    return FromGrpc(s, o_.endpoint, what, channel_.get(), o_.tls.enabled());
+  }
   void SetDeadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(std::chrono::system_clock::now() + o_.rpc_timeout);
   }
 
   ClientOptions o_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
 };
 

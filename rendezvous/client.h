@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/tls.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::rdzv {
@@ -15,6 +16,7 @@ struct ClientOptions {
   std::string run_id;
   std::string token;
   Duration rpc_timeout{std::chrono::seconds(10)};  // heartbeat, failure, leave
+  TlsConfig tls;  // mutual TLS when enabled (rendezvous/tls.h)
 };
 
 class RendezvousClient {

@@ -98,9 +98,17 @@ class ServerImpl final : public RendezvousServer {
         handler_(std::move(o.handler)),
         service_(&handler_, [this] { Poke(); }) {}
 
-  absl::Status Init(const std::string& listen) {
+  absl::Status Init(const std::string& listen, const TlsConfig& tls) {
     grpc::ServerBuilder b;
-    b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+    std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+    if (tls.enabled()) {
+      // Mutual: a client without a certificate signed by the job's CA cannot even send a call.
+      grpc::SslServerCredentialsOptions so(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+      so.pem_root_certs = tls.ca_pem;
+      so.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
+      creds = grpc::SslServerCredentials(so);
+    }
+    b.AddListeningPort(listen, creds, &port_);
     b.RegisterService(&service_);
     b.SetMaxReceiveMessageSize(kMaxMessageBytes);
     // gRPC sets SO_REUSEPORT by default: two agents on one host could then both "own" the
@@ -109,7 +117,10 @@ class ServerImpl final : public RendezvousServer {
     server_ = b.BuildAndStart();
     if (!server_ || port_ == 0) {
       return absl::UnavailableError(
-          absl::StrCat("cannot listen on ", listen, " (address in use or not local?)"));
+          absl::StrCat("cannot listen on ", listen,
+                       tls.enabled() ? " (address in use or not local, or the TLS certificate "
+                                       "and key do not match?)"
+                                     : " (address in use or not local?)"));
     }
     timer_ = std::thread([this] { TimerLoop(); });
     return absl::OkStatus();
@@ -191,8 +202,9 @@ class ServerImpl final : public RendezvousServer {
 
 absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(ServerOptions options) {
   const std::string listen = options.listen_address;
+  const TlsConfig tls = options.tls;
   auto s = std::make_unique<ServerImpl>(std::move(options));
-  if (absl::Status st = s->Init(listen); !st.ok()) return st;
+  if (absl::Status st = s->Init(listen, tls); !st.ok()) return st;
   return std::unique_ptr<RendezvousServer>(std::move(s));
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "rendezvous/handler.h"
+#include "rendezvous/tls.h"
 
 namespace dlrun::rdzv {
 
@@ -15,6 +16,8 @@ struct ServerOptions {
   // host:port to listen on; port 0 picks a free one. Bind the job's address, not 0.0.0.0,
   // unless asked.
   std::string listen_address = "127.0.0.1:0";
+  // Mutual TLS when enabled (rendezvous/tls.h); plaintext otherwise.
+  TlsConfig tls;
 };
 
 class RendezvousServer {

@@ -93,14 +93,19 @@ int ServerMainImpl(const std::vector<std::string>& args) {
                "secret token (the same on every node)");
   }
   o.handler.token = token;
+  auto tls = TlsConfigFromEnv();
+  if (!tls.ok()) return Bad(std::string(tls.status().message()));
+  o.tls = std::move(*tls);
   o.listen_address = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host,
                                   ":", port);
   o.handler.on_refused = [](const absl::Status& s, const std::string& peer) {
     spdlog::warn("refused a request from {}: {}", peer, std::string(s.message()));
   };
+  const bool o_tls_enabled = o.tls.enabled();
   auto server = RendezvousServer::Start(std::move(o));
   if (!server.ok()) return Bad(std::string(server.status().message()));
-  spdlog::info("rendezvous listening on {}:{}", host, (*server)->port());
+  spdlog::info("rendezvous listening on {}:{}{}", host, (*server)->port(),
+               o_tls_enabled ? " (mutual TLS)" : "");
   std::fflush(stdout);
   (*server)->WaitForJobEnd();
   const bool ok = (*server)->handler().phase() == StateMachine::Phase::kSucceeded;
@@ -138,6 +143,7 @@ class ApiImpl final : public Api {
       spdlog::warn("rendezvous refused a request from {}: {}", peer, std::string(s.message()));
     };
     o.listen_address = h.listen_address;
+    o.tls = h.tls;
     auto s = RendezvousServer::Start(std::move(o));
     if (!s.ok()) return s.status();
     return std::unique_ptr<HostedRendezvous>(new HostedImpl(std::move(*s)));

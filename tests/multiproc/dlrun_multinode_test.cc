@@ -21,7 +21,8 @@ struct TwoNodes {
 
 // Runs the same dlrun command as two agents (nodes) against one rendezvous endpoint.
 TwoNodes RunTwoNodes(const std::vector<std::string>& program, const std::string& extra_conf = "",
-                     int max_restarts = 0, const std::vector<std::string>& extra_flags = {}) {
+                     int max_restarts = 0, const std::vector<std::string>& extra_flags = {},
+                     const std::map<std::string, std::string>& extra_env = {}) {
   const std::string endpoint = absl::StrCat("127.0.0.1:", FreeTcpPort());
   std::vector<std::string> cmd = {DLRUN_BIN,       "--nnodes",          "2",
                                   "--nproc-per-node", "2",              "--rdzv-backend",
@@ -31,8 +32,9 @@ TwoNodes RunTwoNodes(const std::vector<std::string>& program, const std::string&
                                   "heartbeat_interval=0.1,join_timeout=60" + extra_conf};
   cmd.insert(cmd.end(), extra_flags.begin(), extra_flags.end());
   cmd.insert(cmd.end(), program.begin(), program.end());
-  const std::map<std::string, std::string> env = {{"DLRUN_RDZV_TOKEN", "test-token-123"},
-                                                  {"OMP_NUM_THREADS", "1"}};
+  std::map<std::string, std::string> env = {{"DLRUN_RDZV_TOKEN", "test-token-123"},
+                                            {"OMP_NUM_THREADS", "1"}};
+  env.insert(extra_env.begin(), extra_env.end());
   Started a = StartCommand(cmd, env);
   Started b = StartCommand(cmd, env);
   TwoNodes r;
@@ -73,6 +75,55 @@ TEST(DlrunMultiNode, TwoAgentsTimesTwoWorkersGetRanks0To3ExactlyOnce) {
   // One agent hosted the rendezvous; both printed their rank table.
   EXPECT_NE((r.out[0] + r.out[1]).find("hosting the rendezvous"), std::string::npos);
   EXPECT_NE(r.out[0].find("world size 4"), std::string::npos) << r.out[0];
+}
+
+// The job's TLS files, as a job script would export them (tests/rdzv/testdata).
+std::map<std::string, std::string> TlsEnv(const std::string& cert = "node") {
+  const std::string d = std::string(SOURCE_DIR) + "/tests/rdzv/testdata/";
+  return {{"DLRUN_RDZV_TLS_CA", d + "ca.pem"},
+          {"DLRUN_RDZV_TLS_CERT", d + cert + ".pem"},
+          {"DLRUN_RDZV_TLS_KEY", d + cert + ".key"},
+          {"DLRUN_RDZV_TLS_SERVER_NAME", "dlrun-rdzv"}};
+}
+
+TEST(DlrunMultiNode, TwoAgentsMeetOverMutualTls) {
+  const std::string dir = MakeTempDir();
+  TwoNodes r = RunTwoNodes({"sh", "-c", "echo $RANK > " + dir + "/rank.$RANK"}, "", 0, {},
+                           TlsEnv());
+  ASSERT_EQ(r.rc[0], 0) << r.out[0];
+  ASSERT_EQ(r.rc[1], 0) << r.out[1];
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(ReadFile(dir + "/rank." + std::to_string(rank)), std::to_string(rank) + "\n");
+  }
+  EXPECT_NE((r.out[0] + r.out[1]).find("hosting the rendezvous on 127.0.0.1:"), std::string::npos);
+  EXPECT_NE((r.out[0] + r.out[1]).find("(mutual TLS)"), std::string::npos);
+}
+
+TEST(DlrunMultiNode, AnAgentWithoutTheJobsCertificateCannotJoin) {
+  // A TLS rendezvous hosted by the first agent; an agent with the token but a rogue
+  // certificate never gets in (its join times out), and the job does not start without it.
+  const std::string endpoint = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  auto cmd = [&](const char* join_timeout) {
+    return std::vector<std::string>{DLRUN_BIN, "--nnodes", "2", "--nproc-per-node", "1",
+                                    "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                                    "--rdzv-id", "tls-job", "--rdzv-conf",
+                                    std::string("heartbeat_interval=0.1,join_timeout=") + join_timeout,
+                                    "true"};
+  };
+  auto env = TlsEnv();
+  env["DLRUN_RDZV_TOKEN"] = "test-token-123";
+  Started host = StartCommand(cmd("8"), env);
+  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, std::chrono::seconds(30))) << host.output;
+  auto rogue_env = TlsEnv("rogue");
+  rogue_env["DLRUN_RDZV_TOKEN"] = "test-token-123";
+  ProcResult rogue = RunCommand(cmd("3"), rogue_env, std::chrono::seconds(60));
+  EXPECT_NE(rogue.exit_code, 0) << rogue.output;
+  EXPECT_EQ(rogue.output.find("world size"), std::string::npos) << rogue.output;
+  EXPECT_NE(rogue.output.find("does it use this job's TLS CA and certificates?"), std::string::npos)
+      << rogue.output;
+  const int rc = FinishCommand(host, std::chrono::seconds(60));
+  EXPECT_NE(rc, 0) << host.output;
+  EXPECT_EQ(host.output.find("world size"), std::string::npos) << host.output;  // never started
 }
 
 TEST(DlrunMultiNode, WorkerFailureRestartsBothNodesWithTheSameRestartCount) {

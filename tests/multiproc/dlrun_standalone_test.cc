@@ -94,6 +94,14 @@ TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {
   EXPECT_EQ(r.output,
             "dlrun: invalid value 'zero' for --nproc-per-node: expected auto, gpu, cpu or an "
             "integer 1-4096\n");
+  // Half a TLS configuration is refused before anything starts.
+  r = RunCommand({DLRUN_BIN, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                  "127.0.0.1:0", "/bin/true"},
+                 {{"DLRUN_RDZV_TLS_CERT", "/nonexistent/node.pem"}, {"DLRUN_RDZV_TOKEN", "tok12345"}});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "dlrun: rendezvous TLS is half configured (DLRUN_RDZV_TLS_CA, DLRUN_RDZV_TLS_KEY "
+            "unset): expected DLRUN_RDZV_TLS_CA, _CERT and _KEY all set (mutual TLS) or none\n");
   r = RunCommand({DLRUN_BIN, "--standalone", "/nonexistent/program"});
   EXPECT_EQ(r.exit_code, 127) << r.output;
   EXPECT_NE(r.output.find("cannot execute '/nonexistent/program'"), std::string::npos);

@@ -1,0 +1,85 @@
+#include "rendezvous/tls.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+// The contents of `file` (named by environment variable `var`), which must hold PEM text with
+// the block `marker` ("CERTIFICATE" or "PRIVATE KEY").
+absl::StatusOr<std::string> ReadPem(const char* var, const std::string& file,
+                                    const char* marker) {
+  std::ifstream in(file, std::ios::binary);
+  std::string text;
+  try {
+    if (in) text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {
+    in.setstate(std::ios::badbit);
+  }
+  if (!in.is_open() || in.bad()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", var, "='", file, "': expected a readable PEM file"));
+  }
+  if (!absl::StrContains(text, "-----BEGIN ") ||
+      !absl::StrContains(text, absl::StrCat(marker, "-----"))) {
+    return absl::InvalidArgumentError(absl::StrCat(var, "='", file, "' holds no PEM ", marker,
+                                                   ": expected a file with a -----BEGIN ",
+                                                   marker, "----- block"));
+  }
+  return text;
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+}  // namespace
+
+absl::StatusOr<TlsConfig> LoadTlsConfig(const std::string& ca_file, const std::string& cert_file,
+                                        const std::string& key_file,
+                                        const std::string& server_name) {
+  TlsConfig c;
+  if (ca_file.empty() && cert_file.empty() && key_file.empty()) {
+    if (!server_name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DLRUN_RDZV_TLS_SERVER_NAME='", server_name,
+          "' is set without TLS: expected DLRUN_RDZV_TLS_CA, _CERT and _KEY as well"));
+    }
+    return c;
+  }
+  if (ca_file.empty() || cert_file.empty() || key_file.empty()) {
+    std::string missing;
+    for (auto [name, value] : {std::pair{"DLRUN_RDZV_TLS_CA", &ca_file},
+                               std::pair{"DLRUN_RDZV_TLS_CERT", &cert_file},
+                               std::pair{"DLRUN_RDZV_TLS_KEY", &key_file}}) {
+      if (value->empty()) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous TLS is half configured (", missing,
+        " unset): expected DLRUN_RDZV_TLS_CA, _CERT and _KEY all set (mutual TLS) or none"));
+  }
+  auto ca = ReadPem("DLRUN_RDZV_TLS_CA", ca_file, "CERTIFICATE");
+  if (!ca.ok()) return ca.status();
+  auto cert = ReadPem("DLRUN_RDZV_TLS_CERT", cert_file, "CERTIFICATE");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem("DLRUN_RDZV_TLS_KEY", key_file, "PRIVATE KEY");
+  if (!key.ok()) return key.status();
+  c.ca_pem = std::move(*ca);
+  c.cert_pem = std::move(*cert);
+  c.key_pem = std::move(*key);
+  c.server_name = server_name;
+  return c;
+}
+
+absl::StatusOr<TlsConfig> TlsConfigFromEnv() {
+  return LoadTlsConfig(Env("DLRUN_RDZV_TLS_CA"), Env("DLRUN_RDZV_TLS_CERT"),
+                       Env("DLRUN_RDZV_TLS_KEY"), Env("DLRUN_RDZV_TLS_SERVER_NAME"));
+}
+
+}  // namespace dlrun::rdzv

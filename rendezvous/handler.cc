@@ -140,7 +140,7 @@ void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t
   Deliveries out;
   absl::Status s;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     s = machine_.Join(*node, ticket, options_.now(), cb, &out);
   }
   Deliver(out);
@@ -148,7 +148,7 @@ void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t
 }
 
 bool Handler::CancelJoin(const std::string& node_id, uint64_t ticket) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return machine_.CancelJoin(node_id, ticket);
 }
 
@@ -158,7 +158,7 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
   if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
   absl::StatusOr<HeartbeatReply> r;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     r = machine_.Heartbeat(req.node_id(), req.round(), options_.now());
   }
   if (!r.ok()) return Refuse(r.status(), peer);
@@ -183,7 +183,7 @@ absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::str
   Deliveries out;
   absl::StatusOr<FailureReply> r;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     r = machine_.ReportFailure(req.node_id(), req.round(), req.reason(), options_.now(), &out);
   }
   Deliver(out);
@@ -199,7 +199,7 @@ absl::Status Handler::Leave(const v1::LeaveRequest& req, const std::string& peer
   Deliveries out;
   absl::Status s;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     s = machine_.Leave(req.node_id(), req.round(), req.success(), options_.now(), &out);
   }
   Deliver(out);
@@ -211,7 +211,7 @@ absl::Status Handler::Status(const v1::StatusRequest& req, const std::string& pe
   if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
   StatusSnapshot snap;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     snap = machine_.Snapshot();
   }
   resp->set_round(snap.round);
@@ -227,7 +227,7 @@ std::optional<TimePoint> Handler::Tick() {
   Deliveries out;
   std::optional<TimePoint> next;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     machine_.Tick(options_.now(), &out);
     next = machine_.NextDeadline();
   }
@@ -236,17 +236,17 @@ std::optional<TimePoint> Handler::Tick() {
 }
 
 bool Handler::EndAcknowledged() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return machine_.EndAcknowledged();
 }
 
 StateMachine::Phase Handler::phase() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return machine_.phase();
 }
 
 uint64_t Handler::round() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return machine_.round();
 }
 

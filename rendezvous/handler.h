@@ -9,9 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "dlrun/proto/rendezvous.pb.h"
 #include "rendezvous/state_machine.h"
 
@@ -63,8 +61,10 @@ class Handler {
   static void Deliver(Deliveries& d);
 
   HandlerOptions options_;
-  absl::Mutex mu_;
-  StateMachine machine_ ABSL_GUARDED_BY(mu_);
+  // std::mutex rather than absl::Mutex: Debian's abseil is not built with ThreadSanitizer,
+  // which then cannot see absl::Mutex's ordering (scripts/test-sanitizers tsan).
+  std::mutex mu_;
+  StateMachine machine_;  // guarded by mu_
   std::atomic<uint64_t> next_ticket_{1};
 };
 

@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "launcher/hostlist.h"
 
 namespace dlrun::launcher {
@@ -79,7 +80,8 @@ absl::StatusOr<std::string> RdzvPort(Reader& r) {
 
 }  // namespace
 
-absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o) {
+absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o,
+                                            const PmixQuery& pmix) {
   Detection d;
   Reader r(env, &d);
   if (o->standalone) {
@@ -151,6 +153,62 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     if (absl::Status s = FillMasterPort(r, o, &d); !s.ok()) return s;
     if (auto job = r.Get("OMPI_MCA_orte_ess_jobid")) {
       Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *job);
+    }
+    return d;
+  }
+
+  if (env("PMIX_NAMESPACE") && env("PMIX_RANK")) {
+    d.source = "pmix";
+    d.reason = "started by a PMIx launcher (PMIX_NAMESPACE and PMIX_RANK are set, no Slurm or "
+               "Open MPI variables): the job's layout comes from PMIx_Get; one dlrun per node";
+    r.Get("PMIX_NAMESPACE");
+    r.Get("PMIX_RANK");
+    auto job = pmix();
+    if (!job.ok()) return job.status();
+    const auto show = [&](const char* key, const std::optional<uint32_t>& v) {
+      d.evidence.emplace_back(absl::StrCat("PMIx ", key), v ? absl::StrCat(*v) : "(none)");
+    };
+    d.evidence.emplace_back("PMIx namespace", job->nspace);
+    d.evidence.emplace_back("PMIx rank", absl::StrCat(job->rank));
+    show("PMIX_JOB_SIZE", job->job_size);
+    show("PMIX_NUM_NODES", job->num_nodes);
+    show("PMIX_LOCAL_SIZE", job->local_size);
+    d.evidence.emplace_back("PMIx PMIX_NODE_LIST", job->node_list.empty() ? "(none)" : job->node_list);
+    d.evidence.emplace_back("PMIx PMIX_HOSTNAME (rank 0)",
+                            job->rank0_host.empty() ? "(none)" : job->rank0_host);
+    if (!job->job_size || *job->job_size < 1 || job->rank >= *job->job_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the PMIx server of namespace '", job->nspace, "' gave no valid PMIX_JOB_SIZE (rank ",
+          job->rank, "): pass --nnodes, --node-rank and the rendezvous flags"));
+    }
+    const int nodes = static_cast<int>(*job->job_size);
+    if (job->local_size && *job->local_size > 1) {
+      d.reason += absl::StrCat("; note: ", *job->local_size,
+                               " processes of the job share this node, dlrun wants one per node");
+    }
+    d.slurm_node_id = static_cast<int>(job->rank);  // agents line up in PMIx rank order
+    Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, job->nspace);
+    if (nodes == 1 && !placement_given) {
+      o->standalone = true;
+      d.applied.emplace_back("standalone", "true (a one-process PMIx job)");
+      return d;
+    }
+    std::vector<std::string> hosts;
+    if (!job->node_list.empty()) hosts = absl::StrSplit(job->node_list, ',', absl::SkipEmpty());
+    std::string host0 = !job->rank0_host.empty() ? job->rank0_host : hosts.empty() ? "" : hosts[0];
+    if (host0.empty() && !o->given.count("rdzv-endpoint")) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the PMIx server of namespace '", job->nspace,
+          "' knows neither PMIX_HOSTNAME of rank 0 nor PMIX_NODE_LIST: pass --rdzv-endpoint "
+          "HOST:PORT of the node of PMIx rank 0"));
+    }
+    d.expected_hosts = hosts;
+    FillNodes(o, &d, nodes);
+    Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
+    auto port = RdzvPort(r);
+    if (!port.ok()) return port.status();
+    if (!host0.empty()) {
+      Fill(o, &d, "rdzv-endpoint", &LaunchOptions::rdzv_endpoint, absl::StrCat(host0, ":", *port));
     }
     return d;
   }

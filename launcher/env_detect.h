@@ -1,4 +1,5 @@
-// Where is dlrun running? Slurm (srun, also srun --mpi=pmix), Open MPI (mpirun), Kubeflow /
+// Where is dlrun running? Slurm (srun, also srun --mpi=pmix), Open MPI (mpirun), another PMIx
+// launcher (prterun, flux; asked through PMIx_Get), Kubeflow /
 // Run:ai pods (PET_*, MASTER_ADDR, RANK as the pod index), torchrun-style variables, or nothing
 // (standalone). Detection only fills in what the flags left unset.
 #pragma once
@@ -9,11 +10,12 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/options.h"
+#include "launcher/pmix_query.h"
 
 namespace dlrun::launcher {
 
 struct Detection {
-  std::string source;  // slurm | openmpi | kubeflow | torchrun-env | standalone | flags
+  std::string source;  // slurm | openmpi | pmix | kubeflow | torchrun-env | standalone | flags
   std::string reason;  // one sentence: why this source
   std::vector<std::pair<std::string, std::string>> evidence;  // variables read, in order
   std::vector<std::pair<std::string, std::string>> applied;   // flag -> value filled in
@@ -22,7 +24,9 @@ struct Detection {
 };
 
 // Fills the unset fields of `o` from the environment. Errors name the variable and value.
-absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o);
+// `pmix` is asked only under a PMIx launcher that set no Slurm or Open MPI variables.
+absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o,
+                                            const PmixQuery& pmix = QueryPmixServer);
 
 // `dlrun env`: prints what was detected and why, as a table.
 std::string FormatDetection(const Detection& d, const LaunchOptions& o);

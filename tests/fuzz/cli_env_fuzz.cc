@@ -1,7 +1,9 @@
 // libFuzzer: the dlrun command line and environment detection. The input is NUL-separated
-// words; words of the form K=V after a lone "--env" are the environment.
+// words; words of the form K=V after a lone "--env" are the environment. The PMIx server's
+// answer is made from the same variables (FUZZ_PMIX_*), so no server is contacted.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -41,7 +43,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   auto o = dlrun::launcher::ParseLaunchOptions(args, env);
   if (o.ok()) {
-    auto d = dlrun::launcher::DetectEnvironment(env, &*o);
+    const auto pmix = [&]() -> absl::StatusOr<dlrun::launcher::PmixJob> {
+      if (vars.count("FUZZ_PMIX_FAIL")) return absl::UnavailableError("fuzz");
+      const auto str = [&](const char* k) {
+        auto it = vars.find(k);
+        return it == vars.end() ? std::string() : it->second;
+      };
+      const auto num = [&](const char* k) -> std::optional<uint32_t> {
+        if (!vars.count(k)) return std::nullopt;
+        return static_cast<uint32_t>(std::strtoul(str(k).c_str(), nullptr, 10));
+      };
+      dlrun::launcher::PmixJob job;
+      job.nspace = str("PMIX_NAMESPACE");
+      job.rank = num("PMIX_RANK").value_or(0);
+      job.job_size = num("FUZZ_PMIX_JOB_SIZE");
+      job.local_size = num("FUZZ_PMIX_LOCAL_SIZE");
+      job.node_list = str("FUZZ_PMIX_NODE_LIST");
+      job.rank0_host = str("FUZZ_PMIX_HOSTNAME");
+      return job;
+    };
+    auto d = dlrun::launcher::DetectEnvironment(env, &*o, pmix);
     if (d.ok()) (void)dlrun::launcher::FormatDetection(*d, *o);
   }
   // The same words as `dlrun slurm` / `dlrun runai` arguments.

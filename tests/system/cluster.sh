@@ -72,6 +72,12 @@ for bin in munged slurmctld slurmd sbatch srun; do
 done
 
 stop_all
+case "$dir/" in
+  /tmp/*)
+    echo "cluster.sh: DIR '$dir' is under /tmp, which each node replaces with its own: use a" \
+      "build directory outside /tmp (clone the repository elsewhere)" >&2
+    exit 2 ;;
+esac
 rm -rf "$dir/state" "$dir/spool" "$dir/log" "$dir/munge" "$dir/tmp"
 mkdir -p "$dir/state" "$dir/spool/node1" "$dir/spool/node2" "$dir/log" "$dir/munge" \
   "$dir/pids" "$dir/tmp/node1" "$dir/tmp/node2"

@@ -14,7 +14,14 @@ struct Result {
   LaunchOptions o;
 };
 
-Result Detect(std::map<std::string, std::string> vars, std::vector<std::string> args = {"p"}) {
+// A PMIx server that must not be asked: these environments are decided by their variables.
+absl::StatusOr<PmixJob> NoPmix() {
+  ADD_FAILURE() << "the PMIx server was asked";
+  return absl::InternalError("not expected");
+}
+
+Result Detect(std::map<std::string, std::string> vars, std::vector<std::string> args = {"p"},
+              const PmixQuery& pmix = NoPmix) {
   EnvLookup env = [vars](std::string_view n) -> std::optional<std::string> {
     auto it = vars.find(std::string(n));
     if (it == vars.end()) return std::nullopt;
@@ -23,7 +30,7 @@ Result Detect(std::map<std::string, std::string> vars, std::vector<std::string> 
   auto o = ParseLaunchOptions(args, env);
   EXPECT_TRUE(o.ok()) << o.status();
   Result r{absl::UnknownError("unset"), *o};
-  r.d = DetectEnvironment(env, &r.o);
+  r.d = DetectEnvironment(env, &r.o, pmix);
   return r;
 }
 
@@ -132,6 +139,102 @@ TEST(EnvDetect, RunaiPodsJoinTheMasterPodsRendezvous) {
              {"--rdzv-backend", "grpc", "p"});
   ASSERT_FALSE(r.d.ok());
   EXPECT_NE(std::string(r.d.status().message()).find("MASTER_ADDR is unset"), std::string::npos);
+}
+
+// prterun / flux-style PMIx launch: only PMIX_NAMESPACE and PMIX_RANK in the environment, the
+// layout from the server.
+const std::map<std::string, std::string> kPmixVars = {{"PMIX_NAMESPACE", "prterun-h1-77@1"},
+                                                      {"PMIX_RANK", "1"}};
+
+PmixJob TwoNodeJob() {
+  PmixJob job;
+  job.nspace = "prterun-h1-77@1";
+  job.rank = 1;
+  job.job_size = 2;
+  job.num_nodes = 2;
+  job.local_size = 1;
+  job.node_list = "h1,h2";
+  job.rank0_host = "h1";
+  return job;
+}
+
+TEST(EnvDetect, PmixLauncherGivesNodesOrderRunIdAndTheEndpointOnRankZerosHost) {
+  auto r = Detect(kPmixVars, {"p"}, [] { return TwoNodeJob(); });
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  EXPECT_EQ(r.d->source, "pmix");
+  EXPECT_EQ(r.o.min_nodes, 2);
+  EXPECT_EQ(r.o.max_nodes, 2);
+  EXPECT_EQ(r.o.rdzv_backend, "grpc");
+  EXPECT_EQ(r.o.rdzv_endpoint, "h1:29400");
+  EXPECT_EQ(r.o.rdzv_id, "prterun-h1-77@1");
+  EXPECT_EQ(r.d->slurm_node_id, 1);
+  EXPECT_EQ(r.d->expected_hosts, (std::vector<std::string>{"h1", "h2"}));
+  EXPECT_FALSE(r.o.standalone);
+  EXPECT_NE(FormatDetection(*r.d, r.o).find("PMIx PMIX_JOB_SIZE           2"), std::string::npos)
+      << FormatDetection(*r.d, r.o);
+}
+
+TEST(EnvDetect, PmixNodeListStandsInForAMissingHostnameAndFlagsWin) {
+  auto r = Detect(kPmixVars, {"--nnodes", "1:2", "--rdzv-id", "mine", "p"}, [] {
+    PmixJob job = TwoNodeJob();
+    job.rank0_host.clear();
+    return job;
+  });
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  EXPECT_EQ(r.o.rdzv_endpoint, "h1:29400");
+  EXPECT_EQ(r.o.min_nodes, 1);
+  EXPECT_EQ(r.o.rdzv_id, "mine");
+}
+
+TEST(EnvDetect, PmixOneProcessJobIsStandalone) {
+  auto r = Detect(kPmixVars, {"p"}, [] {
+    PmixJob job = TwoNodeJob();
+    job.rank = 0;
+    job.job_size = 1;
+    return job;
+  });
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  EXPECT_TRUE(r.o.standalone);
+}
+
+TEST(EnvDetect, PmixGapsAreOneLineErrorsNamingTheKey) {
+  auto r = Detect(kPmixVars, {"p"}, [] {
+    PmixJob job = TwoNodeJob();
+    job.job_size.reset();
+    return job;
+  });
+  ASSERT_FALSE(r.d.ok());
+  EXPECT_NE(r.d.status().message().find("PMIX_JOB_SIZE"), std::string::npos) << r.d.status();
+  EXPECT_NE(r.d.status().message().find("prterun-h1-77@1"), std::string::npos) << r.d.status();
+
+  const auto hostless = [] {
+    PmixJob job = TwoNodeJob();
+    job.rank0_host.clear();
+    job.node_list.clear();
+    return job;
+  };
+  r = Detect(kPmixVars, {"p"}, hostless);
+  ASSERT_FALSE(r.d.ok());
+  EXPECT_NE(r.d.status().message().find("--rdzv-endpoint"), std::string::npos) << r.d.status();
+  r = Detect(kPmixVars, {"--rdzv-endpoint", "10.0.0.1:5000", "p"}, hostless);
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  EXPECT_EQ(r.o.rdzv_endpoint, "10.0.0.1:5000");
+
+  r = Detect(kPmixVars, {"p"}, [] { return absl::StatusOr<PmixJob>(absl::UnavailableError("PMIx_Init failed")); });
+  ASSERT_FALSE(r.d.ok());
+  EXPECT_EQ(r.d.status().message(), "PMIx_Init failed");
+}
+
+TEST(EnvDetect, SlurmAndOpenMpiVariablesWinOverPmix) {
+  // srun --mpi=pmix and mpirun set PMIX_* too; their own variables decide, PMIx is not asked.
+  std::map<std::string, std::string> vars = kPmixVars;
+  vars.insert({{"SLURM_JOB_ID", "9"}, {"SLURM_PROCID", "0"}, {"SLURM_NODEID", "0"},
+               {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_STEP_NODELIST", "n[1-2]"}});
+  EXPECT_EQ(Detect(vars).d->source, "slurm");
+  vars = kPmixVars;
+  vars.insert({{"OMPI_COMM_WORLD_SIZE", "1"}, {"OMPI_COMM_WORLD_RANK", "0"},
+               {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
+  EXPECT_EQ(Detect(vars).d->source, "openmpi");
 }
 
 TEST(EnvDetect, TorchrunStyleStatic) {

@@ -1,7 +1,7 @@
 // ddp_check: run under `dlrun --nproc-per-node 2`; checks dlrun::worker::DistributedDataParallel
 // against a single-process reference computed on every rank. Exit 0 and "ddp_check ok" on
 // success, 1 with the reason otherwise.
-//   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok
+//   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok|reload|reorder
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -21,10 +21,18 @@ struct NetImpl : nn::Module {
   nn::Linear a{nullptr}, b{nullptr}, c{nullptr}, unused{nullptr};
   nn::BatchNorm1d bn{nullptr};
   bool with_bn;
-  NetImpl(bool with_bn_, bool with_unused) : with_bn(with_bn_) {
+  // `reordered`: the layers are registered last-used first (c, b, a), so reverse registration
+  // order is not the order backward produces gradients in.
+  NetImpl(bool with_bn_, bool with_unused, bool reordered = false) : with_bn(with_bn_) {
+    if (reordered) {
+      c = register_module("c", nn::Linear(32, 4));
+      b = register_module("b", nn::Linear(32, 32));
+    }
     a = register_module("a", nn::Linear(8, 32));
-    b = register_module("b", nn::Linear(32, 32));
-    c = register_module("c", nn::Linear(32, 4));
+    if (!reordered) {
+      b = register_module("b", nn::Linear(32, 32));
+      c = register_module("c", nn::Linear(32, 4));
+    }
     if (with_unused) unused = register_module("unused", nn::Linear(32, 4));
     if (with_bn) bn = register_module("bn", nn::BatchNorm1d(32));
   }
@@ -59,10 +67,11 @@ int Run(const std::string& mode) {
   const bool bn = mode.rfind("buffers", 0) == 0;
   const bool extra = mode.rfind("unused", 0) == 0;  // a layer forward never uses
 
+  const bool reordered = mode == "reorder";
   torch::manual_seed(7);
-  Net model(bn, extra);
+  Net model(bn, extra, reordered);
   torch::manual_seed(7);
-  Net reference(bn, extra);  // same initial values: trained single-process on the global batch
+  Net reference(bn, extra, reordered);  // same initial values: trained on the global batch
 
   DDPOptions opts;
   opts.bucket_cap_mb = 0.002;  // ~2 KB: several buckets, so ordering and overlap are exercised
@@ -83,6 +92,11 @@ int Run(const std::string& mode) {
   }
   if (rank == 0) std::printf("%s\n", ddp.bucketReport().c_str());
   if (ddp.buckets().size() < 3) return Fail("expected several buckets");
+  const auto first_layer = [&] { return ddp.buckets().front().parameters.front().substr(0, 2); };
+  if (reordered && first_layer() != "a.") {
+    return Fail("before the first step the first bucket should hold a (reverse registration), "
+                "not " + ddp.buckets().front().parameters.front());
+  }
 
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
   torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(1e-2));
@@ -153,6 +167,15 @@ int Run(const std::string& mode) {
     std::printf("ddp_check ok: %s, running_mean %s across ranks\n", mode.c_str(),
                 same ? "identical" : "different");
     return 0;
+  }
+  if (mode != "unused-error") {
+    // After the first step the buckets follow the order gradients arrived in: the last layer
+    // (c) first. Every rank uses rank 0's order.
+    std::printf("after training: %s\n", ddp.bucketReport().c_str());
+    if (first_layer() != "c.") {
+      return Fail("after the first step the first bucket holds " +
+                  ddp.buckets().front().parameters.front() + ", expected the last layer's");
+    }
   }
   std::vector<torch::Tensor> p = model->parameters(), q = reference->parameters();
   if (mode == "unused-ok") {

@@ -56,6 +56,13 @@ TEST(DdpBuckets, AssignmentRules) {
   // One parameter above the cap gets a bucket of its own.
   b = AssignBuckets({10, 5 * mb, 10}, mb, mb);
   EXPECT_EQ(b.size(), 2u);
+  // The rebuild keeps the observed order, inside buckets too; the first bucket has the small cap.
+  b = AssignBucketsInReadyOrder({6 * mb / 10, 6 * mb / 10, 6 * mb / 10, 6 * mb / 10}, {2, 0, 3, 1},
+                                mb / 2, mb);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0], (std::vector<size_t>{2}));
+  EXPECT_EQ(b[1], (std::vector<size_t>{0, 3}));
+  EXPECT_EQ(b[2], (std::vector<size_t>{1}));
 }
 
 std::string RunCheck(const std::string& mode, int* rc, const std::string& shm = "1") {
@@ -96,7 +103,8 @@ TEST(DdpTwoRanks, SharedMemoryAndGlooBothMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
                          ::testing::Values("adam", "nosync", "buffers-on", "buffers-off",
-                                           "unused-error", "unused-ok", "reload"));
+                                           "unused-error", "unused-ok", "reload",
+                                           "reorder"));
 
 }  // namespace
 }  // namespace dlrun::worker

@@ -23,14 +23,17 @@
 
 namespace dlrun::worker {
 
-std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
-                                               int64_t first_cap_bytes, int64_t cap_bytes) {
-  // Registration order, the first bucket capped at first_cap, later ones at cap; a bucket closes
-  // once it reaches its cap (so one parameter larger than the cap gets a bucket of its own).
+namespace {
+
+// `order` cut into buckets: the first capped at first_cap, later ones at cap; a bucket closes
+// once it reaches its cap (so one parameter larger than the cap gets a bucket of its own).
+std::vector<std::vector<size_t>> CutBuckets(const std::vector<int64_t>& sizes_bytes,
+                                            const std::vector<size_t>& order,
+                                            int64_t first_cap_bytes, int64_t cap_bytes) {
   std::vector<std::vector<size_t>> buckets;
   std::vector<size_t> current;
   int64_t current_bytes = 0;
-  for (size_t i = 0; i < sizes_bytes.size(); ++i) {
+  for (size_t i : order) {
     current.push_back(i);
     current_bytes += sizes_bytes[i];
     const int64_t cap = buckets.empty() ? first_cap_bytes : cap_bytes;
@@ -41,8 +44,26 @@ std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes
     }
   }
   if (!current.empty()) buckets.push_back(std::move(current));
-  std::reverse(buckets.begin(), buckets.end());  // the last-defined parameters are ready first
   return buckets;
+}
+
+}  // namespace
+
+std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
+                                               int64_t first_cap_bytes, int64_t cap_bytes) {
+  // Cut in registration order, then reversed: the last-defined parameters are ready first.
+  std::vector<size_t> order(sizes_bytes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto buckets = CutBuckets(sizes_bytes, order, first_cap_bytes, cap_bytes);
+  std::reverse(buckets.begin(), buckets.end());
+  return buckets;
+}
+
+std::vector<std::vector<size_t>> AssignBucketsInReadyOrder(const std::vector<int64_t>& sizes_bytes,
+                                                           const std::vector<size_t>& ready_order,
+                                                           int64_t first_cap_bytes,
+                                                           int64_t cap_bytes) {
+  return CutBuckets(sizes_bytes, ready_order, first_cap_bytes, cap_bytes);
 }
 
 struct DistributedDataParallel::Impl {
@@ -74,6 +95,8 @@ struct DistributedDataParallel::Impl {
   bool no_sync = false;
   bool callback_queued = false;
   size_t next_launch = 0;
+  bool rebuilt = false;             // buckets re-packed in ready order (after the first step)
+  std::vector<size_t> ready_order;  // slots as their gradients arrived, until then
 
   // The shared-memory path: a communication thread sums launched buckets in launch order (the
   // same order on every rank), so reduction still overlaps the rest of backward.
@@ -118,6 +141,77 @@ struct DistributedDataParallel::Impl {
       }
       comm_cv.notify_all();
     }
+  }
+
+  // (Re)creates the buckets: `layout` lists each bucket's slots in their order within it. Values
+  // the old views held (the gradients just reduced, at a rebuild) move to the new views.
+  void BuildBuckets(const std::vector<std::vector<size_t>>& layout) {
+    std::vector<torch::Tensor> old_views(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) old_views[i] = slots[i].view;
+    buckets.clear();
+    info.clear();
+    for (size_t b = 0; b < layout.size(); ++b) {
+      Bucket bucket;
+      BucketInfo bi;
+      int64_t numel = 0;
+      for (size_t i : layout[b]) numel += slots[i].param.numel();
+      bucket.flat = torch::zeros({numel}, slots[layout[b][0]].param.options());
+      int64_t off = 0;
+      for (size_t i : layout[b]) {
+        Slot& s = slots[i];
+        s.bucket = b;
+        s.offset = off;
+        // Shares the bucket's storage without being an autograd view: LibTorch's
+        // Optimizer::zero_grad() calls detach_() on every grad, which a view refuses.
+        s.view = torch::empty({0}, bucket.flat.options());
+        s.view.set_(bucket.flat.storage(), off, s.param.sizes(), s.param.contiguous().strides());
+        off += s.param.numel();
+        bucket.slots.push_back(i);
+        bi.parameters.push_back(s.name);
+      }
+      bi.numel = numel;
+      bi.bytes = numel * bucket.flat.element_size();
+      buckets.push_back(std::move(bucket));
+      info.push_back(std::move(bi));
+    }
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (!old_views[i].defined()) continue;
+      Slot& s = slots[i];
+      s.view.copy_(old_views[i]);
+      const torch::Tensor g = s.param.grad();
+      if (g.defined() && g.is_alias_of(old_views[i])) s.param.mutable_grad() = s.view;
+    }
+  }
+
+  // Once, after the first reduced backward: the buckets in the order rank 0 saw gradients
+  // arrive (every rank must use the same buckets, and ranks may see different orders).
+  void RebuildInReadyOrder() {
+    const size_t n = slots.size();
+    if (ready_order.size() != n) return;
+    torch::Tensor order = torch::empty({static_cast<int64_t>(n)}, torch::kLong);
+    auto o = order.accessor<int64_t, 1>();
+    for (size_t i = 0; i < n; ++i) o[i] = static_cast<int64_t>(ready_order[i]);
+    if (pg->getSize() > 1) {
+      std::vector<torch::Tensor> t{order};
+      pg->broadcast(t)->wait();
+    }
+    std::vector<size_t> agreed(n);
+    std::vector<bool> seen(n, false);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t k = o[i];
+      if (k < 0 || static_cast<size_t>(k) >= n || seen[k]) {
+        throw std::runtime_error(absl::StrCat(
+            "DistributedDataParallel: rank 0's gradient order names parameter index ", k,
+            " of ", n, " twice or out of range; every rank must build the same model"));
+      }
+      seen[k] = true;
+      agreed[i] = static_cast<size_t>(k);
+    }
+    std::vector<int64_t> sizes(n);
+    for (size_t i = 0; i < n; ++i) sizes[i] = slots[i].param.numel() * slots[i].param.element_size();
+    BuildBuckets(AssignBucketsInReadyOrder(
+        sizes, agreed, static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
+        static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024)));
   }
 
   // Installs the readiness hook on the parameter's gradient accumulator. Loading a checkpoint
@@ -196,6 +290,7 @@ struct DistributedDataParallel::Impl {
       torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
     }
     s.ready = true;
+    if (!rebuilt) ready_order.push_back(i);
     Gather(s);
     if (--buckets[s.bucket].pending == 0) LaunchReady();
   }
@@ -257,6 +352,7 @@ struct DistributedDataParallel::Impl {
         continue;
       }
       s.ready = true;
+      if (!rebuilt) ready_order.push_back(static_cast<size_t>(&s - slots.data()));
       Gather(s);  // no gradient this time: contributes zeros (or what was accumulated)
       --buckets[s.bucket].pending;
     }
@@ -289,6 +385,11 @@ struct DistributedDataParallel::Impl {
       } else {
         g.copy_(s.view);
       }
+    }
+    if (!rebuilt) {
+      if (options.rebuild_buckets_in_ready_order) RebuildInReadyOrder();
+      rebuilt = true;
+      ready_order.clear();
     }
     StartIteration();
     heartbeat();  // one reduced backward = one step of progress for the agent's hang check
@@ -337,41 +438,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     c10d::broadcast_coalesced(m.pg, state, 250 * 1024 * 1024, 0);
   }
 
-  // Buckets.
+  // Buckets: reverse registration order, within each bucket too (the order gradients arrive in).
   std::vector<int64_t> sizes;
   for (auto& p : params) sizes.push_back(p.numel() * p.element_size());
-  const auto assignment =
+  auto layout =
       AssignBuckets(sizes, static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
                     static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
+  for (auto& bucket : layout) std::reverse(bucket.begin(), bucket.end());
   m.slots.resize(params.size());
-  for (size_t b = 0; b < assignment.size(); ++b) {
-    Impl::Bucket bucket;
-    BucketInfo bi;
-    int64_t numel = 0;
-    // Within a bucket too, reverse registration order: the order gradients arrive in.
-    std::vector<size_t> order(assignment[b].rbegin(), assignment[b].rend());
-    for (size_t i : order) numel += params[i].numel();
-    bucket.flat = torch::zeros({numel}, params[order[0]].options());
-    int64_t off = 0;
-    for (size_t i : order) {
-      Impl::Slot& s = m.slots[i];
-      s.name = names[i];
-      s.param = params[i];
-      s.bucket = b;
-      s.offset = off;
-      // Shares the bucket's storage without being an autograd view: LibTorch's
-      // Optimizer::zero_grad() calls detach_() on every grad, which a view refuses.
-      s.view = torch::empty({0}, bucket.flat.options());
-      s.view.set_(bucket.flat.storage(), off, params[i].sizes(), params[i].contiguous().strides());
-      off += params[i].numel();
-      bucket.slots.push_back(i);
-      bi.parameters.push_back(names[i]);
-    }
-    bi.numel = numel;
-    bi.bytes = numel * bucket.flat.element_size();
-    m.buckets.push_back(std::move(bucket));
-    m.info.push_back(std::move(bi));
+  for (size_t i = 0; i < params.size(); ++i) {
+    m.slots[i].name = names[i];
+    m.slots[i].param = params[i];
   }
+  m.BuildBuckets(layout);
   for (size_t i = 0; i < m.slots.size(); ++i) {
     Impl::Slot& s = m.slots[i];
     if (options.gradient_as_bucket_view) {

@@ -6,8 +6,8 @@
 //   optimizer.step();                           // grads are averaged when backward returns
 //   { auto guard = ddp.noSync(); ... backward(); }   // accumulate locally, no communication
 //
-// Gradients are packed into buckets in reverse registration order (the order backward produces
-// them); each bucket's allreduce starts as soon as its last gradient is ready, buckets start in
+// Gradients are packed into buckets in reverse registration order (the order backward usually
+// produces them), re-packed once in the observed order after the first step; each bucket's allreduce starts as soon as its last gradient is ready, buckets start in
 // the same order on every rank, and a callback queued on the autograd engine waits for them all
 // and averages before backward() returns. The parameters defined first (the last gradients
 // computed) share a small bucket of first_bucket_cap_mb, as in PyTorch, so little is left to
@@ -38,6 +38,10 @@ struct DDPOptions {
   // memory on a communication thread instead of Gloo's TCP allreduce. DLRUN_DDP_SHM=0 in the
   // environment turns it off as well.
   bool shared_memory_allreduce = true;
+  // After the first reduced backward, re-pack the buckets in the order the gradients actually
+  // became ready on rank 0 (PyTorch's _rebuild_buckets), once, so each bucket can start as
+  // early as the model allows even when registration order differs from use order.
+  bool rebuild_buckets_in_ready_order = true;
 };
 
 struct BucketInfo {
@@ -80,6 +84,7 @@ class DistributedDataParallel {
   };
   NoSyncGuard noSync() { return NoSyncGuard(this); }
 
+  // The current buckets, in launch order (after the first step: the observed ready order).
   const std::vector<BucketInfo>& buckets() const;
   std::string bucketReport() const;  // one line for logs
   torch::nn::Module& module() { return *module_; }
@@ -94,5 +99,12 @@ class DistributedDataParallel {
 // reversal): indices into `sizes_bytes` per bucket, buckets in the order gradients are ready.
 std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
                                                int64_t first_cap_bytes, int64_t cap_bytes);
+
+// The rebuild after the first step: `ready_order` (parameter indices as their gradients became
+// ready) cut greedily into buckets, the first capped at first_cap_bytes, the rest at cap_bytes.
+std::vector<std::vector<size_t>> AssignBucketsInReadyOrder(const std::vector<int64_t>& sizes_bytes,
+                                                           const std::vector<size_t>& ready_order,
+                                                           int64_t first_cap_bytes,
+                                                           int64_t cap_bytes);
 
 }  // namespace dlrun::worker

@@ -157,6 +157,14 @@ std::vector<SubFlag<SlurmJobOptions>> SlurmFlags() {
     o.sbatch_options.push_back(v);
     return absl::OkStatus();
   };
+  auto tls_dir = [](O& o, const std::string& v) {
+    if (v.empty() || v.find_first_of("\n\r") != std::string::npos) {
+      return BadValue("tls-dir", v, "a directory path that every node of the job can read");
+    }
+    o.tls_dir = v;
+    o.tls = true;
+    return absl::OkStatus();
+  };
   auto hang = [](O& o, const std::string& v) {
     double d = 0;
     if (!absl::SimpleAtod(v, &d) || d < 0) return BadValue("hang-timeout", v, "seconds >= 0");
@@ -186,6 +194,11 @@ std::vector<SubFlag<SlurmJobOptions>> SlurmFlags() {
        "with --preemptible: seconds of warning before the end (default 90)"},
       {"rdzv-port", true, IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
        "rendezvous port on the first node (default: 20000 + job id % 10000)"},
+      {"tls", false, BoolField<O>(&O::tls),
+       "mutual TLS for the rendezvous: the script makes a CA and a certificate for this job "
+       "(openssl) and removes them when it ends"},
+      {"tls-dir", true, tls_dir,
+       "with --tls: a directory every node can read (default $HOME/.dlrun/tls)"},
       {"max-restarts", true, IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
        "worker-group restarts before the job fails (default 3)"},
       {"hang-timeout", true, hang, "restart workers silent for this many seconds (default off)"},
@@ -286,6 +299,36 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
         "script again\n# (SLURM_RESTART_COUNT counts the runs) and the trainer resumes from its "
         "checkpoint.\nexport DLRUN_REQUEUE_ON_SIGNAL=1\n");
   }
+  std::string tls;
+  if (o.tls) {
+    tls = absl::StrCat(
+        "\n# Mutual TLS for the rendezvous (--tls): a CA and one certificate made for this job "
+        "only,\n# in a directory that only you can read and every node sees (the agents read "
+        "the files\n# when they start). The CA's key is deleted at once, so nothing else can be "
+        "signed with\n# it, and the directory is removed when this script ends.\n"
+        "tls_dir=",
+        o.tls_dir.empty() ? "\"$HOME/.dlrun/tls\"" : ShellQuote(o.tls_dir),
+        "/\"job-$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}\"\n"
+        "(umask 077 && mkdir -p \"$tls_dir\")\n"
+        "tls_dir=$(cd \"$tls_dir\" && pwd)\n"
+        "trap 'rm -rf \"$tls_dir\"' EXIT\n"
+        "tls_openssl() {  # quiet unless it fails\n"
+        "  openssl \"$@\" 2>\"$tls_dir/openssl.err\" || { cat \"$tls_dir/openssl.err\" >&2; return 1; }\n"
+        "}\n"
+        "(\n"
+        "  umask 077 && cd \"$tls_dir\"\n"
+        "  tls_openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \\\n"
+        "    -subj \"/CN=dlrun job $SLURM_JOB_ID CA\" -keyout ca.key -out ca.pem\n"
+        "  tls_openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \\\n"
+        "    -subj /CN=dlrun-rdzv -keyout node.key -out node.csr\n"
+        "  printf 'subjectAltName=DNS:dlrun-rdzv\\nextendedKeyUsage=serverAuth,clientAuth\\n' >ext.cnf\n"
+        "  tls_openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \\\n"
+        "    -extfile ext.cnf -out node.pem\n"
+        "  rm -f ca.key ca.srl node.csr ext.cnf openssl.err\n"
+        ")\n"
+        "export DLRUN_RDZV_TLS_CA=$tls_dir/ca.pem DLRUN_RDZV_TLS_CERT=$tls_dir/node.pem \\\n"
+        "  DLRUN_RDZV_TLS_KEY=$tls_dir/node.key DLRUN_RDZV_TLS_SERVER_NAME=dlrun-rdzv\n");
+  }
   std::string extra;
   if (o.preemptible) {
     absl::StrAppend(&extra, "    --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \\\n");
@@ -305,6 +348,7 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
              {"{{RDZV_PORT}}", o.rdzv_port > 0 ? absl::StrCat(o.rdzv_port)
                                                : "$((20000 + SLURM_JOB_ID % 10000))"},
              {"{{PREEMPT_BLOCK}}", preempt},
+             {"{{TLS_BLOCK}}", tls},
              {"{{DLRUN}}", ShellQuote(o.dlrun_path)},
              {"{{DLRUN_EXTRA}}", extra},
              {"{{PROGRAM}}", JoinCommand(o.command)}});

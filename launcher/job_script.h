@@ -22,6 +22,8 @@ struct SlurmJobOptions {
   bool preemptible = false;
   int signal_seconds = 90;  // --preemptible: SIGUSR1 this long before the end
   int rdzv_port = 0;  // 0: 20000 + SLURM_JOB_ID % 10000, computed in the script
+  bool tls = false;     // the script makes a CA and certificate for the job (mutual TLS)
+  std::string tls_dir;  // where (every node must see it); empty: $HOME/.dlrun/tls
   int max_restarts = 3;
   double hang_timeout_s = 0;
   std::string log_dir;

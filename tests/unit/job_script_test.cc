@@ -82,6 +82,30 @@ TEST(SlurmScript, PreemptibleCpuJob) {
   EXPECT_NE(s.find("rdzv_port=$((20000 + SLURM_JOB_ID % 10000))"), std::string::npos);
 }
 
+TEST(SlurmScript, TlsBlockOnlyWithTls) {
+  auto o = ParseSlurmArgs({"--nodes", "2", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  std::string s = RenderSlurmScript(*o, Template());
+  EXPECT_EQ(s.find("DLRUN_RDZV_TLS"), std::string::npos) << s;
+  o = ParseSlurmArgs({"--nodes", "2", "--tls", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  s = RenderSlurmScript(*o, Template());
+  EXPECT_EQ(s.find("{{"), std::string::npos) << s;
+  EXPECT_NE(s.find("tls_dir=\"$HOME/.dlrun/tls\"/\"job-$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}\"\n"),
+            std::string::npos) << s;
+  EXPECT_NE(s.find("export DLRUN_RDZV_TLS_CA=$tls_dir/ca.pem"), std::string::npos) << s;
+  EXPECT_NE(s.find("rm -f ca.key"), std::string::npos) << s;
+  EXPECT_NE(s.find("trap 'rm -rf \"$tls_dir\"' EXIT"), std::string::npos) << s;
+  // The TLS files exist before srun starts the agents.
+  EXPECT_LT(s.find("export DLRUN_RDZV_TLS_CA"), s.find("\nsrun "));
+  // --tls-dir implies --tls and is quoted for the shell.
+  o = ParseSlurmArgs({"--tls-dir", "/shared/my certs", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->tls);
+  s = RenderSlurmScript(*o, Template());
+  EXPECT_NE(s.find("tls_dir='/shared/my certs'/"), std::string::npos) << s;
+}
+
 TEST(SlurmScript, BadInputIsNamed) {
   auto msg = [](std::vector<std::string> args) {
     auto o = ParseSlurmArgs(args);
@@ -96,6 +120,7 @@ TEST(SlurmScript, BadInputIsNamed) {
   EXPECT_NE(msg({"--sbatch-option", "mail", "p"}).find("one sbatch option"), std::string::npos);
   EXPECT_NE(msg({"--nodes", "2"}).find("no program given"), std::string::npos);
   EXPECT_NE(msg({"--bogus", "p"}).find("unknown option '--bogus'"), std::string::npos);
+  EXPECT_NE(msg({"--tls-dir", "", "p"}).find("invalid value '' for --tls-dir"), std::string::npos);
   EXPECT_NE(msg({"--nproc-per-node", "4", "--cpus-per-task", "2", "p"}).find("at least one CPU per worker"),
             std::string::npos);
 }

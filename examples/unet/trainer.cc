@@ -39,6 +39,7 @@ struct Args {
   bool grad_sync = true;
   double bucket_cap_mb = 25;
   bool broadcast_buffers = true;
+  bool fp16_grad_compression = false;
   std::string metrics_json;
   std::string data;  // HDF5 file (instead of --synthetic)
   std::string data_mode = "inmem";
@@ -172,6 +173,7 @@ int Train(Args a) {
   dlrun::worker::DDPOptions ddp_opts;
   ddp_opts.bucket_cap_mb = a.bucket_cap_mb;
   ddp_opts.broadcast_buffers = a.broadcast_buffers;
+  ddp_opts.fp16_compression = a.fp16_grad_compression;
   dlrun::worker::DistributedDataParallel ddp(model.ptr(), ctx.pg, ddp_opts);
   auto save = [&](int64_t step) {
     if (!ckpt || rank != 0) return;
@@ -530,6 +532,9 @@ int TrainUnetMain(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("!--no-broadcast-buffers", a.broadcast_buffers,
                "do not broadcast module buffers from rank 0 before each forward");
+  app.add_flag("--fp16-grad-compression", a.fp16_grad_compression,
+               "send gradients as float16 through the process group (PyTorch's "
+               "fp16_compress_hook; for jobs across hosts)");
   app.add_option("--metrics-json", a.metrics_json, "write final figures to this JSON file");
   app.add_option("--data", a.data, "HDF5 file with Nbody and Hydro datasets");
   app.add_option("--data-mode", a.data_mode, "inmem (read once) or lowmem (read each crop)")

@@ -1,7 +1,7 @@
 // ddp_check: run under `dlrun --nproc-per-node 2`; checks dlrun::worker::DistributedDataParallel
 // against a single-process reference computed on every rank. Exit 0 and "ddp_check ok" on
 // success, 1 with the reason otherwise.
-//   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok|reload|reorder
+//   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok|reload|reorder|fp16
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -78,6 +78,7 @@ int Run(const std::string& mode) {
   opts.first_bucket_cap_mb = 0.001;
   opts.broadcast_buffers = mode != "buffers-off";
   opts.find_unused_parameters = mode == "unused-ok";
+  opts.fp16_compression = mode == "fp16";
   DistributedDataParallel ddp(model.ptr(), ctx.pg, opts);
   if (mode == "reload") {
     // Loading a checkpoint after wrapping (as a resuming trainer may) replaces the parameters'
@@ -98,15 +99,23 @@ int Run(const std::string& mode) {
                 "not " + ddp.buckets().front().parameters.front());
   }
 
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
-  torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  // Adam everywhere except fp16: Adam's update g/sqrt(v) turns float16's rounding of tiny
+  // gradients into full-size steps, while SGD's error stays proportional to the gradient.
+  const auto make_opt = [&](Net& net) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (mode == "fp16") {
+      return std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1));
+    }
+    return std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-2));
+  };
+  auto opt = make_opt(model);
+  auto ref_opt = make_opt(reference);
   torch::manual_seed(100);
   for (int step = 0; step < kSteps; ++step) {
     // The global batch: world x kLocal samples, two micro-batches each; rank r owns slice r.
     auto x = torch::randn({2, world * kLocal, 8});
     auto y = torch::randn({2, world * kLocal, 4});
     auto mine = [&](int mb, const torch::Tensor& t) { return t[mb].narrow(0, rank * kLocal, kLocal); };
-    opt.zero_grad();
+    opt->zero_grad();
     if (mode == "nosync") {
       {
         auto guard = ddp.noSync();
@@ -133,11 +142,11 @@ int Run(const std::string& mode) {
       ddp.prepareForward();
       torch::mse_loss(model->forward(mine(0, x)), mine(0, y)).backward();
     }
-    opt.step();
+    opt->step();
 
     // Reference on the global batch. DDP averages per-rank mean losses; with equal local
     // batches that is the mean over the global batch (summed over micro-batches for nosync).
-    ref_opt.zero_grad();
+    ref_opt->zero_grad();
     torch::Tensor ref_loss;
     if (mode == "nosync") {
       ref_loss = torch::zeros({});
@@ -148,7 +157,7 @@ int Run(const std::string& mode) {
       ref_loss = torch::mse_loss(reference->forward(x[0]), y[0]);
     }
     ref_loss.backward();
-    ref_opt.step();
+    ref_opt->step();
   }
 
   if (bn) {
@@ -183,6 +192,26 @@ int Run(const std::string& mode) {
     p = {model->a->weight, model->b->weight, model->c->weight, model->unused->weight};
     q = {reference->a->weight, reference->b->weight, reference->c->weight,
          reference->unused->weight};
+  }
+  if (mode == "fp16") {
+    // Gradients travel as float16: close to the reference, but visibly not equal to it (the
+    // exact modes agree to ~1e-14).
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      worst = std::max(worst, (p[i] - q[i]).abs().max().item<double>());
+      scale = std::max(scale, q[i].abs().max().item<double>());
+    }
+    const double rel = worst / scale;
+    if (ddp.bucketReport().find("fp16-compressed") == std::string::npos) {
+      return Fail("fp16: the report does not say fp16-compressed: " + ddp.bucketReport());
+    }
+    if (!(rel > 1e-9 && rel < 1e-3)) {
+      return Fail("fp16: max difference " + std::to_string(rel) +
+                  " of the largest parameter, expected between 1e-9 and 1e-3");
+    }
+    std::printf("ddp_check ok: fp16, %d ranks, %d steps, max difference %.3g of the largest "
+                "parameter\n", world, kSteps, rel);
+    return 0;
   }
   const double diff = MaxRelDiff(p, q);
   if (!(diff <= 1e-6)) return Fail(mode + ": max relative difference " + std::to_string(diff));

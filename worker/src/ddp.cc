@@ -78,6 +78,7 @@ struct DistributedDataParallel::Impl {
   };
   struct Bucket {
     torch::Tensor flat;
+    torch::Tensor compressed;  // fp16_compression: what goes on the wire
     std::vector<size_t> slots;
     size_t pending = 0;
     c10::intrusive_ptr<c10d::Work> work;
@@ -156,6 +157,7 @@ struct DistributedDataParallel::Impl {
       int64_t numel = 0;
       for (size_t i : layout[b]) numel += slots[i].param.numel();
       bucket.flat = torch::zeros({numel}, slots[layout[b][0]].param.options());
+      if (options.fp16_compression) bucket.compressed = torch::empty_like(bucket.flat, torch::kHalf);
       int64_t off = 0;
       for (size_t i : layout[b]) {
         Slot& s = slots[i];
@@ -275,6 +277,15 @@ struct DistributedDataParallel::Impl {
         comm_cv.notify_all();
         continue;
       }
+      if (b.compressed.defined()) {
+        // Averaged before the cast (a sum of world float16 values may overflow where the mean
+        // does not). The gradients are complete, so scaling them in place is safe.
+        b.flat.mul_(1.0 / pg->getSize());
+        b.compressed.copy_(b.flat);
+        std::vector<torch::Tensor> t{b.compressed};
+        b.work = pg->allreduce(t);
+        continue;
+      }
       std::vector<torch::Tensor> t{b.flat};
       b.work = pg->allreduce(t);
     }
@@ -300,7 +311,7 @@ struct DistributedDataParallel::Impl {
   void SetUpSharedMemory() {
     const int world = pg->getSize();
     if (world < 2) return;
-    bool want = options.shared_memory_allreduce;
+    bool want = options.shared_memory_allreduce && !options.fp16_compression;
     if (const char* v = std::getenv("DLRUN_DDP_SHM"); v != nullptr && std::string(v) == "0") {
       want = false;
     }
@@ -375,7 +386,11 @@ struct DistributedDataParallel::Impl {
     }
     for (Bucket& b : buckets) {
       if (b.work) b.work->wait();
-      b.flat.mul_(scale);
+      if (b.compressed.defined()) {
+        b.flat.copy_(b.compressed);  // already the mean
+      } else {
+        b.flat.mul_(scale);
+      }
     }
     torch::NoGradGuard no_grad;
     for (Slot& s : slots) {
@@ -488,6 +503,11 @@ DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
 const std::vector<BucketInfo>& DistributedDataParallel::buckets() const { return impl_->info; }
 
 std::string DistributedDataParallel::bucketReport() const {
+  std::string backend = "process group";
+  try {
+    backend = impl_->pg->getBackendName();  // "gloo", "nccl"; not every process group has one
+  } catch (const std::exception&) {
+  }
   std::vector<std::string> sizes;
   int64_t total = 0;
   for (const BucketInfo& b : impl_->info) {
@@ -496,7 +516,8 @@ std::string DistributedDataParallel::bucketReport() const {
   }
   return absl::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", total / (1024 * 1024),
                       " MiB of gradients, in ready order: ", absl::StrJoin(sizes, ", "),
-                      "; allreduce: ", impl_->shm ? "shared memory (all ranks on this host)" : "Gloo");
+                      "; allreduce: ", impl_->shm ? "shared memory (all ranks on this host)" : backend,
+                      impl_->options.fp16_compression ? ", fp16-compressed" : "");
 }
 
 }  // namespace dlrun::worker

@@ -42,6 +42,11 @@ struct DDPOptions {
   // became ready on rank 0 (PyTorch's _rebuild_buckets), once, so each bucket can start as
   // early as the model allows even when registration order differs from use order.
   bool rebuild_buckets_in_ready_order = true;
+  // PyTorch's fp16_compress_hook: each bucket is divided by the world size, allreduced as
+  // float16 (half the bytes on the wire) and copied back into the gradients. float16's range
+  // and 11-bit precision apply. For jobs across hosts: it goes through the process group (Gloo
+  // or NCCL), so it also turns the shared-memory path off.
+  bool fp16_compression = false;
 };
 
 struct BucketInfo {

@@ -148,7 +148,6 @@ absl::StatusOr<PmixJob> QueryPmixServer() {
   job.job_size = client.Uint(wildcard, PMIX_JOB_SIZE);
   job.num_nodes = client.Uint(wildcard, PMIX_NUM_NODES);
   job.local_size = client.Uint(wildcard, PMIX_LOCAL_SIZE);
-  job.node_id = client.Uint(me, PMIX_NODEID);
   job.node_list = client.String(wildcard, PMIX_NODE_LIST);
   job.rank0_host = client.String(rank0, PMIX_HOSTNAME);
   return job;

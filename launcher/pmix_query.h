@@ -20,7 +20,6 @@ struct PmixJob {
   std::optional<uint32_t> job_size;    // PMIX_JOB_SIZE
   std::optional<uint32_t> num_nodes;   // PMIX_NUM_NODES
   std::optional<uint32_t> local_size;  // PMIX_LOCAL_SIZE (processes of the job on this node)
-  std::optional<uint32_t> node_id;     // PMIX_NODEID of this process
   std::string rank0_host;              // PMIX_HOSTNAME of rank 0, "" when the server has none
   std::string node_list;               // PMIX_NODE_LIST (comma-separated), "" when none
 };

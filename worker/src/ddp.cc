@@ -209,12 +209,16 @@ struct DistributedDataParallel::Impl {
       seen[k] = true;
       agreed[i] = static_cast<size_t>(k);
     }
-    std::vector<int64_t> sizes(n);
-    for (size_t i = 0; i < n; ++i) sizes[i] = slots[i].param.numel() * slots[i].param.element_size();
-    BuildBuckets(AssignBucketsInReadyOrder(
-        sizes, agreed, static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
-        static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024)));
+    BuildBuckets(AssignBucketsInReadyOrder(SlotBytes(), agreed, CapBytes(options.first_bucket_cap_mb),
+                                           CapBytes(options.bucket_cap_mb)));
   }
+
+  std::vector<int64_t> SlotBytes() const {
+    std::vector<int64_t> sizes;
+    for (const Slot& s : slots) sizes.push_back(s.param.numel() * s.param.element_size());
+    return sizes;
+  }
+  static int64_t CapBytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
 
   // Installs the readiness hook on the parameter's gradient accumulator. Loading a checkpoint
   // into a parameter (InputArchive's set_ under NoGradGuard) gives it a new accumulator, so
@@ -454,17 +458,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
 
   // Buckets: reverse registration order, within each bucket too (the order gradients arrive in).
-  std::vector<int64_t> sizes;
-  for (auto& p : params) sizes.push_back(p.numel() * p.element_size());
-  auto layout =
-      AssignBuckets(sizes, static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
-                    static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
-  for (auto& bucket : layout) std::reverse(bucket.begin(), bucket.end());
   m.slots.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     m.slots[i].name = names[i];
     m.slots[i].param = params[i];
   }
+  auto layout = AssignBuckets(m.SlotBytes(), Impl::CapBytes(options.first_bucket_cap_mb),
+                              Impl::CapBytes(options.bucket_cap_mb));
+  for (auto& bucket : layout) std::reverse(bucket.begin(), bucket.end());
   m.BuildBuckets(layout);
   for (size_t i = 0; i < m.slots.size(); ++i) {
     Impl::Slot& s = m.slots[i];

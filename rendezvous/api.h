@@ -34,8 +34,10 @@ struct HostOptions {
 class Api {
  public:
   virtual ~Api() = default;
-  // `dlrun rdzv-server ARGS`.
-  virtual int ServerMain(const std::vector<std::string>& args) = 0;
+  // `dlrun rdzv-server`, with its options parsed by the launcher (launcher/cli/rdzv_server_cli.h):
+  // serves until the job ends; returns 0 when it succeeded, 1 when it failed, 2 when the server
+  // cannot start.
+  virtual int Serve(const HostOptions& options) = 0;
   virtual std::unique_ptr<RendezvousClient> CreateClient(const ClientOptions& options) = 0;
   virtual absl::StatusOr<std::unique_ptr<HostedRendezvous>> Host(const HostOptions& options) = 0;
 };

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/contract.h"
 #include "dlrun/proto/rendezvous.grpc.pb.h"
 #include "rendezvous/handler.h"
 
@@ -22,7 +23,7 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& endpoint, const 
       absl::StrAppend(&msg, tls ? " (cannot connect: is it up, and does it use this job's TLS "
                                   "CA and certificates?)"
                                 : " (cannot connect: is it up, and without TLS? "
-                                  "DLRUN_RDZV_TLS_* turn TLS on)");
+                                  "the ", contract::kRdzvTlsCa, " variables turn TLS on)");
     }
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/contract.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -48,27 +49,27 @@ absl::StatusOr<TlsConfig> LoadTlsConfig(const std::string& ca_file, const std::s
   if (ca_file.empty() && cert_file.empty() && key_file.empty()) {
     if (!server_name.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "DLRUN_RDZV_TLS_SERVER_NAME='", server_name,
-          "' is set without TLS: expected DLRUN_RDZV_TLS_CA, _CERT and _KEY as well"));
+          contract::kRdzvTlsServerName, "='", server_name, "' is set without TLS: expected ",
+          contract::kRdzvTlsCa, ", _CERT and _KEY as well"));
     }
     return c;
   }
   if (ca_file.empty() || cert_file.empty() || key_file.empty()) {
     std::string missing;
-    for (auto [name, value] : {std::pair{"DLRUN_RDZV_TLS_CA", &ca_file},
-                               std::pair{"DLRUN_RDZV_TLS_CERT", &cert_file},
-                               std::pair{"DLRUN_RDZV_TLS_KEY", &key_file}}) {
+    for (auto [name, value] : {std::pair{contract::kRdzvTlsCa, &ca_file},
+                               std::pair{contract::kRdzvTlsCert, &cert_file},
+                               std::pair{contract::kRdzvTlsKey, &key_file}}) {
       if (value->empty()) absl::StrAppend(&missing, missing.empty() ? "" : ", ", name);
     }
     return absl::InvalidArgumentError(absl::StrCat(
         "rendezvous TLS is half configured (", missing,
-        " unset): expected DLRUN_RDZV_TLS_CA, _CERT and _KEY all set (mutual TLS) or none"));
+        " unset): expected ", contract::kRdzvTlsCa, ", _CERT and _KEY all set (mutual TLS) or none"));
   }
-  auto ca = ReadPem("DLRUN_RDZV_TLS_CA", ca_file, "CERTIFICATE");
+  auto ca = ReadPem(contract::kRdzvTlsCa, ca_file, "CERTIFICATE");
   if (!ca.ok()) return ca.status();
-  auto cert = ReadPem("DLRUN_RDZV_TLS_CERT", cert_file, "CERTIFICATE");
+  auto cert = ReadPem(contract::kRdzvTlsCert, cert_file, "CERTIFICATE");
   if (!cert.ok()) return cert.status();
-  auto key = ReadPem("DLRUN_RDZV_TLS_KEY", key_file, "PRIVATE KEY");
+  auto key = ReadPem(contract::kRdzvTlsKey, key_file, "PRIVATE KEY");
   if (!key.ok()) return key.status();
   c.ca_pem = std::move(*ca);
   c.cert_pem = std::move(*cert);
@@ -78,8 +79,8 @@ absl::StatusOr<TlsConfig> LoadTlsConfig(const std::string& ca_file, const std::s
 }
 
 absl::StatusOr<TlsConfig> TlsConfigFromEnv() {
-  return LoadTlsConfig(Env("DLRUN_RDZV_TLS_CA"), Env("DLRUN_RDZV_TLS_CERT"),
-                       Env("DLRUN_RDZV_TLS_KEY"), Env("DLRUN_RDZV_TLS_SERVER_NAME"));
+  return LoadTlsConfig(Env(contract::kRdzvTlsCa), Env(contract::kRdzvTlsCert),
+                       Env(contract::kRdzvTlsKey), Env(contract::kRdzvTlsServerName));
 }
 
 }  // namespace dlrun::rdzv

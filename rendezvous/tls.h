@@ -1,9 +1,9 @@
 // Optional TLS for the rendezvous (issue #8), configured like the token: by environment
 // variables naming PEM files, never by command-line arguments.
-//   DLRUN_RDZV_TLS_CA    the CA that signed the job's certificates
-//   DLRUN_RDZV_TLS_CERT  this node's certificate (chain)
-//   DLRUN_RDZV_TLS_KEY   its private key
-//   DLRUN_RDZV_TLS_SERVER_NAME (optional) the name to verify in the server's certificate
+//   contract::kRdzvTlsCa    the CA that signed the job's certificates
+//   contract::kRdzvTlsCert  this node's certificate (chain)
+//   contract::kRdzvTlsKey   its private key
+//   contract::kRdzvTlsServerName (optional) the name to verify in the server's certificate
 //                        instead of the endpoint's host (one job certificate for every node)
 // All three files or none: TLS here is always mutual. The server (the hosting agent or
 // `dlrun rdzv-server`) presents the certificate and requires a client certificate signed by the
@@ -26,7 +26,7 @@ struct TlsConfig {
   bool enabled() const { return !cert_pem.empty(); }
 };
 
-// Reads the files named by the DLRUN_RDZV_TLS_* variables; a config with enabled() false when
+// Reads the files named by the TLS variables of common/contract.h; a config with enabled() false when
 // none is set. Errors name the variable, the file and what was expected.
 absl::StatusOr<TlsConfig> TlsConfigFromEnv();
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/assignment.h"
+
 namespace dlrun::rdzv {
 
 using Clock = std::chrono::steady_clock;
@@ -21,8 +23,12 @@ struct Config {
   Duration last_call{std::chrono::seconds(30)};
   // A round that has not reached min_nodes this long after it opened fails the job.
   Duration join_timeout{std::chrono::seconds(600)};
-  Duration heartbeat_interval{std::chrono::seconds(5)};
-  int heartbeat_misses = 3;  // a node silent for misses x interval is declared dead
+  // Liveness, the one setting for hosted and stand-alone servers and for the agents: a node
+  // silent for heartbeat_misses x heartbeat_interval (default 5 s) is declared dead, and an
+  // agent that gets no answer for as long declares the rendezvous lost.
+  Duration heartbeat_interval{std::chrono::seconds(1)};
+  int heartbeat_misses = 5;
+  Duration liveness_limit() const { return heartbeat_interval * heartbeat_misses; }
   int max_restarts = 0;
   std::vector<std::string> expected_hosts;  // e.g. from Slurm, for error messages
 };
@@ -36,17 +42,8 @@ struct NodeInfo {
   int master_port = 0;     // port this agent reserved for the c10d store
 };
 
-struct Assignment {
-  uint64_t round = 0;
-  int node_rank = 0;
-  int num_nodes = 0;
-  int rank_offset = 0;
-  int world_size = 0;
-  int local_world_size = 0;
-  std::string master_addr;
-  int master_port = 0;
-  int restart_count = 0;
-};
+// The node's place in a closed round (common/assignment.h, shared with the launcher).
+using Assignment = ::dlrun::Assignment;
 
 enum class Action { kContinue, kRestart, kStop, kFinished };
 

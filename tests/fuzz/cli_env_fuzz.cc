@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "launcher/env_detect.h"
-#include "launcher/job_script.h"
-#include "launcher/options.h"
+#include "launcher/detect/env_detect.h"
+#include "launcher/jobgen/job_script.h"
+#include "launcher/cli/options.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> args;

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "launcher/hostlist.h"
+#include "launcher/detect/hostlist.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string s(reinterpret_cast<const char*>(data), size);

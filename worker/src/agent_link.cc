@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/contract.h"
 #include "nlohmann/json.hpp"
 
 extern char** environ;
@@ -23,7 +24,7 @@ namespace dlrun::worker {
 
 void heartbeat() {
   static const int fd = [] {
-    const char* v = std::getenv("DLRUN_HEARTBEAT_FD");
+    const char* v = std::getenv(contract::kHeartbeatFd);
     int fd = -1;
     if (v == nullptr || !absl::SimpleAtoi(v, &fd) || fd < 0 || fcntl(fd, F_GETFD) < 0) return -1;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -53,7 +54,7 @@ void recordError(const std::string& message) {
 }
 
 bool keepFreedMemory() {
-  if (const char* v = std::getenv("DLRUN_KEEP_FREED_MEMORY"); v != nullptr && std::string(v) == "0") {
+  if (const char* v = std::getenv(contract::kKeepFreedMemory); v != nullptr && std::string(v) == "0") {
     return false;
   }
   for (char** e = environ; *e != nullptr; ++e) {
@@ -68,7 +69,7 @@ bool keepFreedMemory() {
 }
 
 bool requeueOnSignalRequested() {
-  const char* want = std::getenv("DLRUN_REQUEUE_ON_SIGNAL");
+  const char* want = std::getenv(contract::kRequeueOnSignal);
   const char* job = std::getenv("SLURM_JOB_ID");
   return want != nullptr && std::string(want) == "1" && job != nullptr && *job != '\0';
 }

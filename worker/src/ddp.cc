@@ -1,4 +1,5 @@
 #include "dlrun/ddp.h"
+#include "common/contract.h"
 #include "dlrun/agent_link.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -316,10 +317,10 @@ struct DistributedDataParallel::Impl {
     const int world = pg->getSize();
     if (world < 2) return;
     bool want = options.shared_memory_allreduce && !options.fp16_compression;
-    if (const char* v = std::getenv("DLRUN_DDP_SHM"); v != nullptr && std::string(v) == "0") {
+    if (const char* v = std::getenv(contract::kDdpShm); v != nullptr && std::string(v) == "0") {
       want = false;
     }
-    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+    const char* lws = std::getenv(contract::kLocalWorldSize);
     if (lws == nullptr || std::atoi(lws) != world) want = false;
     int64_t max_bytes = 0;
     for (const Bucket& b : buckets) {

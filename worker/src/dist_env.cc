@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/contract.h"
 
 namespace dlrun::worker {
 namespace {
@@ -56,12 +57,12 @@ EnvLookup ProcessEnvironment() {
 absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env) {
   DistEnv d;
   std::string rank_var, size_var, local_var, local_size_var;
-  if (env("RANK") || env("WORLD_SIZE")) {
+  if (env(contract::kRank) || env(contract::kWorldSize)) {
     d.source = "torchrun";
-    rank_var = "RANK";
-    size_var = "WORLD_SIZE";
-    local_var = "LOCAL_RANK";
-    local_size_var = "LOCAL_WORLD_SIZE";
+    rank_var = contract::kRank;
+    size_var = contract::kWorldSize;
+    local_var = contract::kLocalRank;
+    local_size_var = contract::kLocalWorldSize;
   } else if (env("OMPI_COMM_WORLD_RANK")) {
     d.source = "openmpi";
     rank_var = "OMPI_COMM_WORLD_RANK";
@@ -94,10 +95,10 @@ absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env) {
                                                    local_size_var, "=", d.local_world_size));
   }
   if (d.source == "torchrun") {
-    DLRUN_RETURN_IF_ERROR(ReadInt(env, "GROUP_RANK", 0, kMax, false, &d.group_rank));
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, contract::kGroupRank, 0, kMax, false, &d.group_rank));
     DLRUN_RETURN_IF_ERROR(
-        ReadInt(env, "TORCHELASTIC_RESTART_COUNT", 0, kMax, false, &d.restart_count));
-    if (auto id = env("TORCHELASTIC_RUN_ID")) d.run_id = *id;
+        ReadInt(env, contract::kRestartCount, 0, kMax, false, &d.restart_count));
+    if (auto id = env(contract::kRunId)) d.run_id = *id;
   } else if (d.source == "openmpi") {
     DLRUN_RETURN_IF_ERROR(ReadInt(env, "OMPI_COMM_WORLD_NODE_RANK", 0, kMax, false, &d.group_rank));
   } else {
@@ -107,7 +108,7 @@ absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env) {
   }
 
   // The store address: always MASTER_ADDR / MASTER_PORT when set (dlrun and torchrun set them).
-  std::optional<std::string> addr = env("MASTER_ADDR");
+  std::optional<std::string> addr = env(contract::kMasterAddr);
   if (addr.has_value()) {
     if (addr->empty()) {
       return absl::InvalidArgumentError("environment variable MASTER_ADDR is empty");
@@ -127,7 +128,7 @@ absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env) {
     }
   }
   DLRUN_RETURN_IF_ERROR(
-      ReadInt(env, "MASTER_PORT", 1, 65535, d.world_size > 1 && d.source == "torchrun",
+      ReadInt(env, contract::kMasterPort, 1, 65535, d.world_size > 1 && d.source == "torchrun",
               &d.master_port));
   return d;
 }

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 
+#include "common/contract.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dlrun/worker.h"
@@ -31,10 +32,10 @@ Context init(const InitOptions& options) {
   const DistEnv& e = ctx.env;
 
   std::chrono::milliseconds timeout = options.timeout;
-  if (const char* t = std::getenv("DLRUN_INIT_TIMEOUT")) {
+  if (const char* t = std::getenv(contract::kInitTimeout)) {
     double s = 0;
     if (!absl::SimpleAtod(t, &s) || s <= 0) {
-      throw std::runtime_error(absl::StrCat("environment variable DLRUN_INIT_TIMEOUT='", t,
+      throw std::runtime_error(absl::StrCat("environment variable ", contract::kInitTimeout, "='", t,
                                             "' is invalid: expected seconds > 0"));
     }
     timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));

@@ -35,7 +35,7 @@ struct DDPOptions {
   bool gradient_as_bucket_view = true;
   // When every rank of the process group runs on this machine (LOCAL_WORLD_SIZE ==
   // WORLD_SIZE) and the gradients are float32 or float64 on the CPU, buckets are summed through shared
-  // memory on a communication thread instead of Gloo's TCP allreduce. DLRUN_DDP_SHM=0 in the
+  // memory on a communication thread instead of Gloo's TCP allreduce. the switch contract::kDdpShm ("0") in the
   // environment turns it off as well.
   bool shared_memory_allreduce = true;
   // After the first reduced backward, re-pack the buckets in the order the gradients actually

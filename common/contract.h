@@ -1,0 +1,60 @@
+// The contract between the dlrun agent, its workers and the job scripts: every environment
+// variable and file they exchange, named once. LibTorch-free and header-only; the launcher, the
+// rendezvous and the worker library include it, and no other non-test source spells these
+// names (tests/launcher/contract_test.cc checks that).
+//
+// The worker's side of the contract is read by dlrun::worker::ParseDistEnv (dlrun/dist_env.h);
+// the agent's side is written by dlrun::launcher::BuildWorkerEnv (launcher/agent/worker_env.h).
+#pragma once
+
+namespace dlrun::contract {
+
+// --- torchrun's worker environment (what any torch.distributed program reads) ---------------
+inline constexpr char kRank[] = "RANK";
+inline constexpr char kLocalRank[] = "LOCAL_RANK";
+inline constexpr char kGroupRank[] = "GROUP_RANK";  // the node rank
+inline constexpr char kRoleRank[] = "ROLE_RANK";
+inline constexpr char kRoleName[] = "ROLE_NAME";
+inline constexpr char kWorldSize[] = "WORLD_SIZE";
+inline constexpr char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
+inline constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+// JSON written by a failing worker ({"message": {"message": ..., "extraInfo": {"timestamp"}}}),
+// read by the agent to name the root cause. Path: RUN_DIR/attempt_K/LOCAL_RANK/error.json.
+inline constexpr char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
+inline constexpr char kErrorFileName[] = "error.json";
+inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
+inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
+
+// --- dlrun's additions, agent -> worker -------------------------------------------------------
+// A pipe's write end, inherited by the worker: any byte written is a heartbeat (the agent's
+// --hang-timeout clock restarts). Non-blocking; a full pipe never blocks the worker.
+inline constexpr char kHeartbeatFd[] = "DLRUN_HEARTBEAT_FD";
+
+// --- set by `dlrun slurm --preemptible` job scripts, read by the worker library ----------------
+// "1": after a SIGUSR1 checkpoint, rank 0 runs `scontrol requeue $SLURM_JOB_ID`.
+inline constexpr char kRequeueOnSignal[] = "DLRUN_REQUEUE_ON_SIGNAL";
+
+// --- the worker library's own switches (set by users) -------------------------------------------
+inline constexpr char kKeepFreedMemory[] = "DLRUN_KEEP_FREED_MEMORY";  // "0": glibc defaults
+inline constexpr char kDdpShm[] = "DLRUN_DDP_SHM";                  // "0": Gloo, not shared memory
+inline constexpr char kInitTimeout[] = "DLRUN_INIT_TIMEOUT";        // seconds for init()
+
+// --- agent and rendezvous settings (set by users and job scripts, read by dlrun) ---------------
+inline constexpr char kRdzvToken[] = "DLRUN_RDZV_TOKEN";  // the job's secret, never a flag
+inline constexpr char kRdzvPort[] = "DLRUN_RDZV_PORT";    // pods: the master pod's port
+inline constexpr char kRdzvTlsCa[] = "DLRUN_RDZV_TLS_CA";
+inline constexpr char kRdzvTlsCert[] = "DLRUN_RDZV_TLS_CERT";
+inline constexpr char kRdzvTlsKey[] = "DLRUN_RDZV_TLS_KEY";
+inline constexpr char kRdzvTlsServerName[] = "DLRUN_RDZV_TLS_SERVER_NAME";
+inline constexpr char kCpuAffinity[] = "DLRUN_CPU_AFFINITY";  // "0": no CPU pinning
+
+}  // namespace dlrun::contract

@@ -1,0 +1,363 @@
+#include "launcher/agent/agent.h"
+
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/contract.h"
+#include "launcher/agent/worker_env.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrun::launcher {
+
+Agent::Agent(AgentOptions options, std::unique_ptr<MembershipSource> source,
+             Processes& processes, Clock& clock)
+    : options_(std::move(options)),
+      source_(std::move(source)),
+      processes_(processes),
+      clock_(clock) {}
+
+std::string Agent::ErrorFile(int local_rank) const {
+  return absl::StrCat(options_.run_dir, "/attempt_", attempt_, "/", local_rank, "/",
+                      contract::kErrorFileName);
+}
+
+bool Agent::IsPassthrough(int sig) const {
+  const auto& p = options_.passthrough_signals;
+  return std::find(p.begin(), p.end(), sig) != p.end();
+}
+
+SpawnSpec Agent::MakeSpawnSpec(int lr) const {
+  SpawnSpec spec;
+  spec.local_rank = lr;
+  spec.argv = options_.argv;
+  const std::string err = ErrorFile(lr);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(err).parent_path(), ec);
+  std::filesystem::remove(err, ec);  // a stale file must not be taken for this attempt's
+  spec.env = BuildWorkerEnv(current_, lr, err, options_.omp_threads);
+  if (lr < static_cast<int>(options_.gpus.size())) {
+    spec.env[contract::kCudaVisibleDevices] = options_.gpus[lr];
+  }
+  // This worker's share of the CPUs: a contiguous block, when there is at least one each.
+  const int ncpu = static_cast<int>(options_.cpus.size());
+  if (ncpu >= options_.nproc && ncpu > 0) {
+    const int per = ncpu / options_.nproc;
+    spec.cpus.assign(options_.cpus.begin() + lr * per, options_.cpus.begin() + (lr + 1) * per);
+  }
+  spec.console_prefix = absl::StrCat("[rank ", current_.rank_offset + lr, "]: ");
+  const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
+  const auto& shown_ranks = options_.console_ranks;
+  const bool shown = shown_ranks.empty() ||
+                     std::find(shown_ranks.begin(), shown_ranks.end(), lr) != shown_ranks.end();
+  spec.out.console_fd = shown && !(mode & 1) ? STDOUT_FILENO : -1;
+  spec.err.console_fd = shown && !(mode & 2) ? STDERR_FILENO : -1;
+  if (!options_.log_dir.empty()) {
+    const std::string dir = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/", lr);
+    std::filesystem::create_directories(dir, ec);
+    if (ec) spdlog::warn("cannot write logs in {}: {}", dir, ec.message());
+    spec.out.log_path = dir + "/stdout.log";
+    spec.err.log_path = dir + "/stderr.log";
+  }
+  return spec;
+}
+
+absl::Status Agent::SpawnGroup() {
+  workers_.clear();
+  for (int lr = 0; lr < options_.nproc; ++lr) {
+    auto pid = processes_.Spawn(MakeSpawnSpec(lr));
+    if (!pid.ok()) {
+      return absl::InternalError(absl::StrCat("cannot start local rank ", lr, ": ",
+                                              pid.status().message()));
+    }
+    Worker w;
+    w.local_rank = lr;
+    w.pid = *pid;
+    w.alive = true;
+    workers_.push_back(w);
+  }
+  const Assignment& a = current_;
+  std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
+                                   a.num_nodes, ", world size ", a.world_size, ", master ",
+                                   a.master_addr, ":", a.master_port, "\n  local_rank  rank  pid");
+  for (const Worker& w : workers_) {
+    absl::StrAppend(&table, "\n  ", absl::StrFormat("%-10d  %-4d  %d", w.local_rank,
+                                                    a.rank_offset + w.local_rank, w.pid));
+  }
+  spdlog::info("{}", table);
+  return absl::OkStatus();
+}
+
+int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
+  int forwarded = 0;
+  for (const ProcEvent& e : events) {
+    switch (e.kind) {
+      case ProcEvent::Kind::kExited:
+        for (Worker& w : workers_) {
+          if (w.pid != e.pid || !w.alive) continue;
+          w.alive = false;
+          WorkerExit x;
+          x.local_rank = w.local_rank;
+          x.global_rank = current_.rank_offset + w.local_rank;
+          x.pid = e.pid;
+          x.exit_code = e.exit_code;
+          x.signal = e.signal;
+          x.when_s = clock_.WallSeconds();
+          x.stopped = stopping_;
+          exits_.push_back(x);
+        }
+        break;
+      case ProcEvent::Kind::kHeartbeat:
+        for (Worker& w : workers_) {
+          if (w.pid != e.pid) continue;
+          w.heartbeat_seen = true;
+          w.last_heartbeat = clock_.Now();
+        }
+        break;
+      case ProcEvent::Kind::kSignal:
+        if (IsPassthrough(e.signal)) {
+          spdlog::info("forwarding SIG{} to the workers", sigabbrev_np(e.signal));
+          for (const Worker& w : workers_) {
+            if (w.alive) processes_.SignalGroup(w.pid, e.signal);
+          }
+        } else if (forwarded == 0) {
+          forwarded = e.signal;
+        }
+        break;
+      case ProcEvent::Kind::kWake:
+        woken_ = true;
+        break;
+    }
+  }
+  return forwarded;
+}
+
+int Agent::AliveCount() const {
+  int n = 0;
+  for (const Worker& w : workers_) n += w.alive ? 1 : 0;
+  return n;
+}
+
+const Agent::Worker* Agent::FindHung(SteadyTime* next) const {
+  *next = SteadyTime::max();
+  if (options_.hang_timeout.count() == 0) return nullptr;
+  const SteadyTime now = clock_.Now();
+  for (const Worker& w : workers_) {
+    if (!w.alive || !w.heartbeat_seen) continue;
+    const SteadyTime due = w.last_heartbeat + options_.hang_timeout;
+    if (due <= now) return &w;
+    *next = std::min(*next, due);
+  }
+  return nullptr;
+}
+
+Agent::Watch Agent::WatchGroup() {
+  using Outcome = Watch::Outcome;
+  const Millis interval = source_->check_interval();
+  SteadyTime next_check = interval.count() > 0 ? clock_.Now() + interval : SteadyTime::max();
+  while (AliveCount() > 0) {
+    SteadyTime next_hang;
+    if (const Worker* hung = FindHung(&next_hang)) {
+      return {Outcome::kHung,
+              absl::StrCat("rank ", current_.rank_offset + hung->local_rank, " (local rank ",
+                           hung->local_rank, ", pid ", hung->pid, ") hung: no heartbeat for ",
+                           options_.hang_timeout.count(), " ms"),
+              0};
+    }
+    const int forwarded = HandleEvents(processes_.Wait(std::min(next_check, next_hang)));
+    if (forwarded != 0) return {Outcome::kSignalled, "", forwarded};
+    for (const WorkerExit& e : exits_) {
+      if (e.failed()) return {Outcome::kFailed, "", 0};
+    }
+    if (clock_.Now() >= next_check) {
+      std::string reason;
+      switch (source_->Check(&reason)) {
+        case MembershipSource::Verdict::kContinue: break;
+        case MembershipSource::Verdict::kRestart: return {Outcome::kRestart, reason, 0};
+        case MembershipSource::Verdict::kStop:
+        case MembershipSource::Verdict::kFinished: return {Outcome::kStop, reason, 0};
+      }
+      next_check = clock_.Now() + interval;
+    }
+  }
+  return {Outcome::kSucceeded, "", 0};
+}
+
+bool Agent::WaitForGroup(SteadyTime deadline) {
+  // Stopping can take the whole grace period (a worker that ignores SIGTERM, or is stopped):
+  // keep heartbeating meanwhile, or the rendezvous declares this live node dead. The verdict
+  // does not matter here: the group is being stopped anyway.
+  const Millis interval = source_->check_interval();
+  SteadyTime next_check = interval.count() > 0 ? clock_.Now() + interval : SteadyTime::max();
+  while (AliveCount() > 0 && clock_.Now() < deadline) {
+    HandleEvents(processes_.Wait(std::min(deadline, next_check)));
+    if (clock_.Now() >= next_check) {
+      std::string ignored;
+      source_->Check(&ignored);
+      next_check = clock_.Now() + interval;
+    }
+  }
+  return AliveCount() == 0;
+}
+
+void Agent::StopGroup(int first_signal) {
+  stopping_ = true;
+  for (const Worker& w : workers_) {
+    if (w.alive) processes_.SignalGroup(w.pid, first_signal);
+  }
+  WaitForGroup(clock_.Now() + options_.grace);
+  for (const Worker& w : workers_) {
+    if (w.alive) {
+      spdlog::warn("local rank {} (pid {}) did not stop within {} ms: SIGKILL", w.local_rank,
+                   w.pid, options_.grace.count());
+    }
+    processes_.SignalGroup(w.pid, SIGKILL);  // a leader's exit does not end its children
+  }
+  if (!WaitForGroup(clock_.Now() + options_.kill_wait)) {
+    for (const Worker& w : workers_) {
+      if (!w.alive) continue;
+      spdlog::error("local rank {} (pid {}) is still there {} ms after SIGKILL (stuck in the "
+                    "kernel, e.g. uninterruptible I/O): going on without it",
+                    w.local_rank, w.pid, options_.kill_wait.count());
+    }
+  }
+  processes_.CloseOutputs();
+  stopping_ = false;
+}
+
+int Agent::AfterSuccess() {
+  processes_.CloseOutputs();
+  spdlog::info("all {} worker(s) finished successfully", options_.nproc);
+  source_->OnSuccess();
+  const Millis interval = source_->check_interval();
+  if (interval.count() == 0) return 0;
+  // Wait for the other nodes: a failure elsewhere restarts this node's workers too.
+  for (;;) {
+    const int sig = HandleEvents(processes_.Wait(clock_.Now() + interval));
+    if (sig != 0) return 128 + sig;
+    std::string reason;
+    switch (source_->Check(&reason)) {
+      case MembershipSource::Verdict::kContinue: continue;
+      case MembershipSource::Verdict::kFinished: return 0;
+      case MembershipSource::Verdict::kStop:
+        spdlog::error("the rendezvous stopped the job: {}", reason);
+        return 1;
+      case MembershipSource::Verdict::kRestart:
+        spdlog::warn("the rendezvous opened a new round ({}): running again", reason);
+        return -1;
+    }
+  }
+}
+
+int Agent::AfterFailure() {
+  StopGroup(SIGTERM);
+  const RootCause root =
+      PickRootCause(exits_, [this](int lr) { return ReadErrorRecord(ErrorFile(lr)); });
+  const WorkerExit& first = root.exit;
+  spdlog::error("job failed. Root cause (first failure): rank {} (local rank {}, pid {}): {}",
+                first.global_rank, first.local_rank, first.pid, root.message);
+  for (const WorkerExit& e : exits_) {
+    if (!e.failed() || e.stopped || e.pid == first.pid) continue;
+    spdlog::error("  also failed: rank {} (local rank {}, pid {}): {}", e.global_rank,
+                  e.local_rank, e.pid, DescribeExit(e));
+  }
+  const std::string what = first.signal != 0
+                               ? absl::StrCat("rank ", first.global_rank, " got SIG",
+                                              sigabbrev_np(first.signal))
+                               : absl::StrCat("rank ", first.global_rank, " exited with ",
+                                              first.exit_code);
+  if (!source_->OnFailure(what)) return first.code();
+  spdlog::warn("restarting worker group (restart {} of {})", current_.restart_count + 1,
+               current_.max_restarts);
+  return -1;
+}
+
+absl::StatusOr<Assignment> Agent::NextAssignment(int* signal) {
+  *signal = 0;
+  if (!source_->NextMayBlock()) return source_->Next();
+  // The join blocks: run it on a helper thread that wakes the loop, so signals still arrive.
+  struct Shared {
+    std::mutex mu;
+    absl::StatusOr<Assignment> result = absl::UnknownError("pending");
+  };
+  auto shared = std::make_shared<Shared>();
+  MembershipSource* src = source_.get();
+  Processes* procs = &processes_;
+  woken_ = false;
+  std::thread([shared, src, procs] {
+    auto r = src->Next();
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      shared->result = std::move(r);
+    }
+    procs->Wake();
+  }).detach();
+  while (!woken_) {
+    *signal = HandleEvents(processes_.Wait(SteadyTime::max()));
+    if (*signal != 0) return absl::CancelledError("interrupted by a signal");
+  }
+  std::lock_guard<std::mutex> lock(shared->mu);
+  return shared->result;
+}
+
+int Agent::Run() {
+  for (;; ++attempt_) {
+    exits_.clear();
+    int sig = 0;
+    absl::StatusOr<Assignment> next = NextAssignment(&sig);
+    if (sig != 0) {
+      spdlog::warn("received SIG{} while joining the rendezvous: exiting", sigabbrev_np(sig));
+      fflush(nullptr);
+      _exit(128 + sig);  // a join may still be in flight on its thread: skip destructors
+    }
+    if (!next.ok()) {
+      spdlog::error("{}", std::string(next.status().message()));
+      return 1;
+    }
+    current_ = *next;
+    if (absl::Status s = SpawnGroup(); !s.ok()) {
+      spdlog::error("{}", std::string(s.message()));
+      StopGroup(SIGKILL);
+      return 1;
+    }
+    const Watch w = WatchGroup();
+    int rc = -1;
+    switch (w.outcome) {
+      case Watch::Outcome::kSucceeded:
+        rc = AfterSuccess();
+        break;
+      case Watch::Outcome::kFailed:
+        rc = AfterFailure();
+        break;
+      case Watch::Outcome::kHung:
+        spdlog::error("{}: stopping the worker group", w.reason);
+        StopGroup(SIGTERM);
+        if (!source_->OnFailure(w.reason)) return kHangExitCode;
+        spdlog::warn("restarting worker group after a hang");
+        break;
+      case Watch::Outcome::kSignalled:
+        spdlog::warn("received SIG{}: forwarding to workers and stopping", sigabbrev_np(w.signal));
+        StopGroup(w.signal);
+        source_->OnFailure(absl::StrCat("agent received SIG", sigabbrev_np(w.signal)));
+        return 128 + w.signal;
+      case Watch::Outcome::kRestart:
+        spdlog::warn("the rendezvous opened a new round ({}): restarting workers", w.reason);
+        StopGroup(SIGTERM);
+        break;
+      case Watch::Outcome::kStop:
+        spdlog::error("the rendezvous stopped the job: {}", w.reason);
+        StopGroup(SIGTERM);
+        return 1;
+    }
+    if (rc >= 0) return rc;
+  }
+}
+
+}  // namespace dlrun::launcher

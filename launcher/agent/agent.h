@@ -1,0 +1,107 @@
+// The local agent: starts this node's workers, supervises them in one event loop, restarts the
+// group on failure as its membership source allows, forwards signals, and never leaves a
+// worker behind. The loop reaches the operating system only through Processes and Clock, so
+// tests drive it in-process with a fake process table and a fake clock
+// (tests/launcher/agent/), and the POSIX side (posix_processes.h) is tested on its own.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/assignment.h"
+#include "launcher/agent/clock.h"
+#include "launcher/agent/membership.h"
+#include "launcher/agent/processes.h"
+#include "launcher/agent/root_cause.h"
+
+namespace dlrun::launcher {
+
+struct AgentOptions {
+  std::vector<std::string> argv;  // what each worker runs (python prefix already applied)
+  int nproc = 1;
+  Millis grace{30000};  // SIGTERM -> SIGKILL when stopping the group
+  // After SIGKILL, how long to wait for a worker to go (one stuck in uninterruptible I/O may
+  // never): then the agent names it and goes on without it.
+  Millis kill_wait{10000};
+  std::vector<int> forwarded_signals;    // stop the job: e.g. SIGTERM, SIGINT, SIGHUP, SIGQUIT
+  std::vector<int> passthrough_signals;  // forwarded as-is, the job goes on: SIGUSR1, SIGUSR2
+  int omp_threads = 0;                   // > 0: set OMP_NUM_THREADS for workers
+  std::string run_dir;                   // per-run scratch dir for error files
+  // Output: every line is prefixed "[rank N]: " on the console. With log_dir, each worker's
+  // streams also go to LOG_DIR/attempt_K/LOCAL_RANK/{stdout,stderr}.log. redirects[lr] are
+  // torchrun's 0-3 (1 stdout, 2 stderr, 3 both): redirected streams leave the console.
+  // console_ranks (--local-ranks-filter): only these local ranks reach the console.
+  std::string log_dir;
+  std::vector<int> redirects;      // per local rank; empty = 0
+  std::vector<int> console_ranks;  // empty = all
+  // Hang detection: a worker that has sent at least one heartbeat (dlrun::worker::heartbeat()
+  // or any byte written to the heartbeat pipe, contract::kHeartbeatFd) and then none for this
+  // long is treated as failed. Zero: off.
+  Millis hang_timeout{0};
+  std::vector<int> cpus;  // CPUs to split between workers (empty: no pinning)
+  std::vector<std::string> gpus;  // one device id per local rank -> CUDA_VISIBLE_DEVICES
+};
+
+class Agent {
+ public:
+  // dlrun's exit code when a hung worker (see hang_timeout) ends the job.
+  static constexpr int kHangExitCode = 124;
+  Agent(AgentOptions options, std::unique_ptr<MembershipSource> source, Processes& processes,
+        Clock& clock);
+  // Runs until the job ends; returns the exit code for dlrun: 0, the first failing worker's code
+  // (128+N for a signal), 1 when the job was stopped by the rendezvous, or 128+N if dlrun itself
+  // got forwarded signal N.
+  int Run();
+
+ private:
+  struct Worker {
+    int local_rank = 0;
+    pid_t pid = -1;
+    bool alive = false;
+    bool heartbeat_seen = false;
+    SteadyTime last_heartbeat;
+  };
+  // How one attempt's supervision ended.
+  struct Watch {
+    enum class Outcome { kSucceeded, kFailed, kHung, kSignalled, kRestart, kStop } outcome;
+    std::string reason;  // kRestart, kStop: the rendezvous' reason; kHung: what hung
+    int signal = 0;      // kSignalled
+  };
+
+  absl::Status SpawnGroup();
+  SpawnSpec MakeSpawnSpec(int local_rank) const;
+  Watch WatchGroup();
+  // Returns the first forwarded (job-stopping) signal among `events`, else 0.
+  int HandleEvents(const std::vector<ProcEvent>& events);
+  void StopGroup(int first_signal);
+  // Waits for the group to end until `deadline`, heartbeating the source meanwhile; returns
+  // whether every worker ended.
+  bool WaitForGroup(SteadyTime deadline);
+  // The verdict after every local worker succeeded: an exit code, or -1 to run again.
+  int AfterSuccess();
+  int AfterFailure();
+  int AliveCount() const;
+  // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
+  const Worker* FindHung(SteadyTime* next) const;
+  std::string ErrorFile(int local_rank) const;
+  absl::StatusOr<Assignment> NextAssignment(int* signal);
+  bool IsPassthrough(int sig) const;
+
+  AgentOptions options_;
+  std::unique_ptr<MembershipSource> source_;
+  Processes& processes_;
+  Clock& clock_;
+  Assignment current_;
+  int attempt_ = 0;
+  std::vector<Worker> workers_;
+  bool stopping_ = false;
+  bool woken_ = false;
+  std::vector<WorkerExit> exits_;
+};
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,38 @@
+// Where the agent's place in the job comes from: fixed flags (standalone / static rendezvous,
+// MakeStaticSource) or dlrun's gRPC rendezvous (launcher/rdzv/rdzv_source.h).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/assignment.h"
+
+namespace dlrun::launcher {
+
+class MembershipSource {
+ public:
+  enum class Verdict { kContinue, kRestart, kStop, kFinished };
+  virtual ~MembershipSource() = default;
+  // The next round's assignment. May block (a rendezvous join) when NextMayBlock(): the agent
+  // then runs it on a helper thread so signals still reach it.
+  virtual absl::StatusOr<Assignment> Next() = 0;
+  virtual bool NextMayBlock() const { return check_interval().count() > 0; }
+  // A local worker failed: returns true if the job goes on (a new round), false if it is over.
+  virtual bool OnFailure(const std::string& reason) = 0;
+  // Called every check_interval() while workers run (never if it is zero).
+  virtual Verdict Check(std::string* reason) = 0;
+  virtual std::chrono::milliseconds check_interval() const = 0;
+  // Every local worker succeeded. The agent then keeps calling Check() until it says kFinished
+  // (every node is done), kRestart (another node failed: run again) or kStop.
+  virtual void OnSuccess() = 0;
+};
+
+// Fixed assignment; restarts are counted locally up to max_restarts. `pick_master_port`, when
+// set, picks a fresh port per attempt (standalone).
+std::unique_ptr<MembershipSource> MakeStaticSource(Assignment base, int max_restarts,
+                                                   std::function<int()> pick_master_port);
+
+}  // namespace dlrun::launcher

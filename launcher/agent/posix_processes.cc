@@ -1,0 +1,257 @@
+#include "launcher/agent/posix_processes.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/contract.h"
+
+extern char** environ;
+
+namespace dlrun::launcher {
+namespace {
+
+std::vector<std::string> MergedEnvironment(const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    size_t eq = kv.find('=');
+    if (eq != std::string_view::npos && overrides.count(std::string(kv.substr(0, eq)))) continue;
+    out.emplace_back(kv);
+  }
+  for (const auto& [k, v] : overrides) out.push_back(k + "=" + v);
+  return out;
+}
+
+sigset_t SignalSet(const std::vector<int>& handled) {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  for (int s : handled) sigaddset(&mask, s);
+  return mask;
+}
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRoute& r) {
+  FILE* log = r.log_path.empty() ? nullptr : std::fopen(r.log_path.c_str(), "w");
+  return std::make_unique<LineStream>(prefix, r.console_fd, log);
+}
+
+// In the child, between fork and exec: only async-signal-safe calls.
+[[noreturn]] void ExecChild(pid_t agent_pid, int out_w, int err_w, int hb_w, const cpu_set_t* cpus,
+                            char** argv, char** envp, const std::string& failure) {
+  // Own process group (the agent signals everything a worker starts), die with the agent even
+  // on SIGKILL, and unblock the signals the agent keeps for its signalfd.
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != agent_pid) _exit(128 + SIGKILL);
+  sigset_t empty;
+  sigemptyset(&empty);
+  sigprocmask(SIG_SETMASK, &empty, nullptr);
+  dup2(out_w, STDOUT_FILENO);
+  dup2(err_w, STDERR_FILENO);
+  fcntl(hb_w, F_SETFD, 0);  // the heartbeat pipe survives exec
+  fcntl(hb_w, F_SETFL, fcntl(hb_w, F_GETFL) | O_NONBLOCK);  // a full pipe never blocks a worker
+  if (cpus != nullptr) sched_setaffinity(0, sizeof *cpus, cpus);
+  execvpe(argv[0], argv, envp);
+  const std::string msg = absl::StrCat(failure, std::strerror(errno), "\n");
+  (void)!write(STDERR_FILENO, msg.data(), msg.size());
+  _exit(127);
+}
+
+}  // namespace
+
+void BlockAgentSignals(const std::vector<int>& handled) {
+  sigset_t mask = SignalSet(handled);
+  pthread_sigmask(SIG_BLOCK, &mask, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<PosixProcesses>> PosixProcesses::Create(
+    const std::vector<int>& handled) {
+  BlockAgentSignals(handled);
+  sigset_t mask = SignalSet(handled);
+  const int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (sfd < 0) return absl::InternalError(absl::StrCat("signalfd: ", std::strerror(errno)));
+  const int wfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wfd < 0) {
+    close(sfd);
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<PosixProcesses>(new PosixProcesses(sfd, wfd));
+}
+
+PosixProcesses::~PosixProcesses() {
+  CloseOutputs();
+  close(signal_fd_);
+  close(wake_fd_);
+}
+
+absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
+  int out_pipe[2], err_pipe[2], hb_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
+  if (pipe2(hb_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return absl::InternalError(std::strerror(errno));
+  std::map<std::string, std::string> env = spec.env;
+  env[contract::kHeartbeatFd] = std::to_string(hb_pipe[1]);
+  std::vector<std::string> env_strings = MergedEnvironment(env);
+  std::vector<char*> envp, argv;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (const std::string& s : spec.argv) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : spec.cpus) CPU_SET(c, &cpus);
+  const std::string failure = absl::StrCat("dlrun: cannot execute '", spec.argv[0], "': ");
+
+  const pid_t agent_pid = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], spec.cpus.empty() ? nullptr : &cpus,
+              argv.data(), envp.data(), failure);
+  }
+  setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  close(hb_pipe[1]);
+  Child c;
+  c.pid = pid;
+  c.out_fd = out_pipe[0];
+  c.err_fd = err_pipe[0];
+  c.heartbeat_fd = hb_pipe[0];
+  c.out = OpenStream(spec.console_prefix, spec.out);
+  c.err = OpenStream(spec.console_prefix, spec.err);
+  children_.push_back(std::move(c));
+  return pid;
+}
+
+void PosixProcesses::SignalGroup(pid_t pid, int sig) { kill(-pid, sig); }
+
+void PosixProcesses::Wake() {
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+}
+
+void PosixProcesses::Drain(int* fd, LineStream* s) {
+  char buf[8192];
+  const ssize_t n = read(*fd, buf, sizeof buf);
+  if (n > 0) {
+    s->Feed(buf, static_cast<size_t>(n));
+  } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+    CloseFd(fd);
+    s->Finish();  // print an unfinished last line now
+  }
+}
+
+void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    ProcEvent e;
+    e.kind = ProcEvent::Kind::kExited;
+    e.pid = pid;
+    if (WIFSIGNALED(status)) {
+      e.signal = WTERMSIG(status);
+    } else {
+      e.exit_code = WEXITSTATUS(status);
+    }
+    events->push_back(e);
+  }
+}
+
+void PosixProcesses::ReadSignals(std::vector<ProcEvent>* events) {
+  signalfd_siginfo si;
+  while (read(signal_fd_, &si, sizeof si) == sizeof si) {
+    const int sig = static_cast<int>(si.ssi_signo);
+    if (sig != SIGCHLD) events->push_back({ProcEvent::Kind::kSignal, -1, 0, sig});
+  }
+  Reap(events);  // SIGCHLDs coalesce: always reap everything that has exited
+}
+
+std::vector<ProcEvent> PosixProcesses::Wait(SteadyTime deadline) {
+  std::vector<ProcEvent> events;
+  while (events.empty()) {
+    int timeout = -1;
+    if (deadline != SteadyTime::max()) {
+      const auto left = std::chrono::duration_cast<Millis>(deadline - SystemClock().Now());
+      timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+    }
+    // [0] signals, [1] wake-ups, then per child: stdout, stderr, heartbeat.
+    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    for (const Child& c : children_) {
+      fds.push_back({c.out_fd, POLLIN, 0});
+      fds.push_back({c.err_fd, POLLIN, 0});
+      fds.push_back({c.heartbeat_fd, POLLIN, 0});
+    }
+    const int r = poll(fds.data(), fds.size(), timeout);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return events;  // the deadline passed
+    for (size_t i = 0; i < children_.size(); ++i) {
+      Child& c = children_[i];
+      if (fds[2 + 3 * i].revents) Drain(&c.out_fd, c.out.get());
+      if (fds[3 + 3 * i].revents) Drain(&c.err_fd, c.err.get());
+      if (fds[4 + 3 * i].revents) {
+        char buf[256];
+        const ssize_t n = read(c.heartbeat_fd, buf, sizeof buf);
+        if (n > 0) events.push_back({ProcEvent::Kind::kHeartbeat, c.pid, 0, 0});
+        if (n == 0) CloseFd(&c.heartbeat_fd);
+      }
+    }
+    if (fds[1].revents & POLLIN) {
+      uint64_t v = 0;
+      (void)!read(wake_fd_, &v, sizeof v);
+      events.push_back({ProcEvent::Kind::kWake, -1, 0, 0});
+    }
+    if (fds[0].revents & POLLIN) ReadSignals(&events);
+    if (events.empty() && SystemClock().Now() >= deadline) return events;
+  }
+  return events;
+}
+
+void PosixProcesses::CloseOutputs() {
+  // The workers are dead; their pipes end once any children they left are gone too. A child
+  // that outlives its worker (in another process group) must not hold dlrun up: bounded wait.
+  const SteadyTime deadline = SystemClock().Now() + Millis(500);
+  for (;;) {
+    std::vector<pollfd> fds;
+    for (const Child& c : children_) {
+      for (int fd : {c.out_fd, c.err_fd}) {
+        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      }
+    }
+    const auto left = std::chrono::duration_cast<Millis>(deadline - SystemClock().Now()).count();
+    if (fds.empty() || left <= 0 || poll(fds.data(), fds.size(), static_cast<int>(left)) <= 0) {
+      break;
+    }
+    for (Child& c : children_) {
+      if (c.out_fd >= 0) Drain(&c.out_fd, c.out.get());
+      if (c.err_fd >= 0) Drain(&c.err_fd, c.err.get());
+    }
+  }
+  for (Child& c : children_) {
+    CloseFd(&c.out_fd);
+    CloseFd(&c.err_fd);
+    CloseFd(&c.heartbeat_fd);
+    c.out->Finish();
+    c.err->Finish();
+  }
+  children_.clear();
+}
+
+}  // namespace dlrun::launcher

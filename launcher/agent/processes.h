@@ -1,0 +1,58 @@
+// What the supervision loop needs from the operating system, as one small interface: start a
+// worker, signal its process group, and wait for what happens next (a worker exits, a worker
+// heartbeats, a signal reaches the agent, or another thread wakes the loop). The POSIX
+// implementation (posix_processes.h: fork/exec, pipes, signalfd, waitpid) also moves the
+// workers' output; in-process tests use a fake process table on a fake clock.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/agent/clock.h"
+
+namespace dlrun::launcher {
+
+// Where one of a worker's streams goes: the console (prefixed by line) and/or a log file.
+struct StreamRoute {
+  int console_fd = -1;   // 1, 2, or -1: not shown
+  std::string log_path;  // empty: no log file
+};
+
+struct SpawnSpec {
+  int local_rank = 0;
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;  // set on top of the agent's environment
+  std::vector<int> cpus;                   // pin to these CPUs; empty: no pinning
+  std::string console_prefix;              // "[rank N]: "
+  StreamRoute out, err;
+};
+
+struct ProcEvent {
+  enum class Kind { kExited, kHeartbeat, kSignal, kWake };
+  Kind kind = Kind::kWake;
+  pid_t pid = -1;     // kExited, kHeartbeat
+  int exit_code = 0;  // kExited, when signal == 0
+  int signal = 0;     // kExited: the signal that ended it; kSignal: the signal the agent got
+};
+
+class Processes {
+ public:
+  virtual ~Processes() = default;
+  // Starts a worker in its own process group (pid == pgid).
+  virtual absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) = 0;
+  virtual void SignalGroup(pid_t pid, int sig) = 0;
+  // Blocks until at least one event or `deadline` (time_point::max(): no deadline). An empty
+  // result means the deadline passed.
+  virtual std::vector<ProcEvent> Wait(SteadyTime deadline) = 0;
+  // Thread-safe: the next Wait() returns a kWake event.
+  virtual void Wake() = 0;
+  // After the group is gone: drains what is left of the workers' output (bounded) and closes
+  // their streams and log files.
+  virtual void CloseOutputs() = 0;
+};
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,51 @@
+// Which failure ended the job: torchrun's rule. Among the workers that failed on their own (not
+// those the agent stopped), the one whose error file (TORCHELASTIC_ERROR_FILE) has the earliest
+// timestamp; without error files, the first to exit. Pure: the error files are read through
+// a function, so tests need no files.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dlrun::launcher {
+
+// How one worker ended.
+struct WorkerExit {
+  int local_rank = -1;
+  int global_rank = -1;
+  pid_t pid = -1;
+  int exit_code = 0;     // valid when signal == 0
+  int signal = 0;        // the signal that killed it, or 0
+  double when_s = 0;     // wall clock seconds since the epoch
+  bool stopped = false;  // ended while the agent was stopping the group (not a cause)
+  bool failed() const { return signal != 0 || exit_code != 0; }
+  // The code dlrun reports for it: the exit code, or 128 + the signal.
+  int code() const { return signal != 0 ? 128 + signal : exit_code; }
+};
+
+struct ErrorRecord {
+  std::string message;  // empty: no (readable) file
+  double timestamp = 0;
+};
+
+// Reads a torchelastic error file:
+// {"message": {"message": "...", "extraInfo": {"timestamp": "<epoch s>", ...}}}.
+ErrorRecord ReadErrorRecord(const std::string& path);
+
+struct RootCause {
+  bool found = false;
+  WorkerExit exit;
+  std::string message;  // the error file's message, or "exit code N" / "Signal N (SIGX) ..."
+};
+
+// `error_of(local_rank)` returns that worker's error record for this attempt.
+RootCause PickRootCause(const std::vector<WorkerExit>& exits,
+                        const std::function<ErrorRecord(int local_rank)>& error_of);
+
+// "signal 9 (SIGKILL)" or "exit code 3".
+std::string DescribeExit(const WorkerExit& e);
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,17 @@
+// The environment each worker gets: torchrun's contract (common/contract.h), so any
+// torch.distributed program runs.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "common/assignment.h"
+
+namespace dlrun::launcher {
+
+// Variables set for local rank `local_rank`. `error_file` becomes TORCHELASTIC_ERROR_FILE;
+// `omp_threads` > 0 sets OMP_NUM_THREADS (callers pass 0 when the user set it).
+std::map<std::string, std::string> BuildWorkerEnv(const Assignment& a, int local_rank,
+                                                  const std::string& error_file, int omp_threads);
+
+}  // namespace dlrun::launcher

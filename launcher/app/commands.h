@@ -1,0 +1,25 @@
+// The subcommands of the dlrun executable; launcher/main.cc dispatches to them. Each returns
+// dlrun's exit code (2 for bad input, with a one-line error on stderr).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace dlrun::launcher {
+
+// `dlrun [options] PROGRAM ARGS` (env_only: `dlrun env [options]`, which prints what was
+// detected and exits).
+int LaunchMain(std::vector<std::string> args, bool env_only);
+// `dlrun slurm [options] -- PROGRAM ARGS`: the sbatch script (stdout or -o), or submits it.
+int SlurmMain(const std::vector<std::string>& args);
+// `dlrun runai [options] -- PROGRAM ARGS`: the runai command line; -o FILE: the manifest too.
+int RunaiMain(const std::vector<std::string>& args);
+// `dlrun rdzv-server [options]`.
+int RdzvServerMain(const std::vector<std::string>& args);
+
+// Prints "dlrun: MESSAGE" on stderr and returns 2.
+int Fail(const absl::Status& s);
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,137 @@
+// `dlrun slurm`, `dlrun runai` and `dlrun rdzv-server`: the subcommands that do not launch.
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "launcher/app/commands.h"
+#include "launcher/cli/rdzv_server_cli.h"
+#include "launcher/jobgen/job_script.h"
+#include "launcher/jobgen/shell.h"
+#include "launcher/rdzv/rdzv_loader.h"
+
+namespace dlrun::launcher {
+
+extern const char* const kSlurmTemplate;  // job_templates/dlrun.sbatch, compiled in
+
+namespace {
+
+bool WantsHelp(const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--") return false;
+    if (a == "-h" || a == "--help") return true;
+  }
+  return false;
+}
+
+std::string SelfPath() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("dlrun") : p.string();
+}
+
+bool WriteFile(const std::string& path, const std::string& text, bool executable) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return false;
+  if (executable) {
+    std::filesystem::permissions(
+        path, std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
+        std::filesystem::perm_options::add);
+  }
+  return true;
+}
+
+// `sbatch --parsable PATH`: the job id, or an error naming the script.
+absl::StatusOr<std::string> Submit(const std::string& path) {
+  const std::string cmd = absl::StrCat("sbatch --parsable ", ShellQuote(path));
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return absl::InternalError("cannot run sbatch");
+  char buf[256];
+  std::string out;
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int status = pclose(p);
+  if (status != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("sbatch failed (exit status ",
+                                                      WEXITSTATUS(status), ") for ", path,
+                                                      "; see its message above"));
+  }
+  return out.substr(0, out.find_first_of(";\n"));
+}
+
+}  // namespace
+
+int SlurmMain(const std::vector<std::string>& args) {
+  if (WantsHelp(args)) {
+    std::fputs(SlurmUsage().c_str(), stdout);
+    return 0;
+  }
+  auto o = ParseSlurmArgs(args);
+  if (!o.ok()) return Fail(o.status());
+  if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
+  const std::string script = RenderSlurmScript(*o, kSlurmTemplate);
+  std::string path = o->script_path;
+  if (path.empty() && o->submit) path = absl::StrCat("dlrun-", o->job_name, ".sbatch");
+  if (path.empty() || path == "-") {
+    std::fputs(script.c_str(), stdout);
+    return 0;
+  }
+  if (!WriteFile(path, script, true)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("cannot write the job script to '", path, "': ", std::strerror(errno))));
+  }
+  if (!o->submit) {
+    std::fprintf(stderr, "dlrun: wrote %s (submit with: sbatch %s)\n", path.c_str(), path.c_str());
+    return 0;
+  }
+  auto id = Submit(path);
+  if (!id.ok()) return Fail(id.status());
+  std::printf("%s\n", id->c_str());
+  std::fprintf(stderr, "dlrun: submitted %s as job %s\n", path.c_str(), id->c_str());
+  return 0;
+}
+
+int RunaiMain(const std::vector<std::string>& args) {
+  if (WantsHelp(args)) {
+    std::fputs(RunaiUsage().c_str(), stdout);
+    return 0;
+  }
+  auto o = ParseRunaiArgs(args);
+  if (!o.ok()) return Fail(o.status());
+  std::fputs(RenderRunaiCommand(*o).c_str(), stdout);
+  if (!o->manifest_path.empty()) {
+    if (!WriteFile(o->manifest_path, RenderRunaiManifest(*o), false)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "cannot write the manifest to '", o->manifest_path, "': ", std::strerror(errno))));
+    }
+    std::fprintf(stderr, "dlrun: wrote %s (kubectl apply -f %s)\n", o->manifest_path.c_str(),
+                 o->manifest_path.c_str());
+  }
+  return 0;
+}
+
+int RdzvServerMain(const std::vector<std::string>& args) {
+  auto parsed = ParseRdzvServerArgs(args, ProcessEnv());
+  if (!parsed.ok()) return Fail(parsed.status());
+  if (parsed->help) {
+    std::fputs(RdzvServerUsage().c_str(), stdout);
+    return 0;
+  }
+  auto tls = rdzv::TlsConfigFromEnv();
+  if (!tls.ok()) return Fail(tls.status());
+  parsed->host.tls = std::move(*tls);
+  auto api = LoadRendezvous();
+  if (!api.ok()) return Fail(api.status());
+  return (*api)->Serve(parsed->host);
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "dlrun: %s\n", std::string(s.message()).c_str());
+  return 2;
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,191 @@
+// `dlrun [options] PROGRAM ARGS` and `dlrun env`: options -> detection -> plan -> membership
+// source -> agent. docs/ARCHITECTURE.md follows one launch through these steps.
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/contract.h"
+#include "launcher/agent/agent.h"
+#include "launcher/agent/posix_processes.h"
+#include "launcher/app/commands.h"
+#include "launcher/app/plan.h"
+#include "launcher/detect/env_detect.h"
+#include "launcher/detect/net.h"
+#include "launcher/rdzv/rdzv_config.h"
+#include "launcher/rdzv/rdzv_source.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrun::launcher {
+namespace {
+
+// The CPUs this process may run on (its affinity mask, e.g. what Slurm gave the step).
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (int c = 0; c < std::max(1L, n); ++c) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+int CountGpus() {
+  int n = 0;
+  while (std::filesystem::exists("/dev/nvidia" + std::to_string(n))) ++n;
+  return n;
+}
+
+std::string RandomRunId() {
+  std::random_device rd;
+  return absl::StrCat("dlrun-", absl::Hex(rd()), absl::Hex(rd()));
+}
+
+absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc,
+                                               const std::vector<int>& cpus,
+                                               const EnvLookup& env) {
+  AgentOptions a;
+  a.nproc = nproc;
+  SplitSignals(o.signals_to_handle, &a);
+  a.grace = o.grace_period;
+  a.hang_timeout = o.hang_timeout;
+  a.log_dir = o.log_dir;
+  a.redirects = StdSpecPerRank(o.redirects, nproc);
+  if (!o.local_ranks_filter.empty()) {
+    auto ranks = ParseRankList(o.local_ranks_filter, nproc);
+    if (!ranks.ok()) return ranks.status();
+    a.console_ranks = *ranks;
+  }
+  if (env(contract::kCpuAffinity).value_or("1") != "0") a.cpus = cpus;
+  GpuFacts gpu;
+  gpu.visible_devices = env(contract::kCudaVisibleDevices);
+  if (o.gpus == "auto" && !gpu.visible_devices) gpu.loads = QueryGpuLoads();
+  gpu.device_count = CountGpus();
+  auto gpus = ResolveGpus(o.gpus, nproc, gpu);
+  if (!gpus.ok()) return gpus.status();
+  a.gpus = *gpus;
+  a.argv = WorkerArgv(o);
+  a.omp_threads = OmpThreads(env(contract::kOmpNumThreads).has_value(),
+                             static_cast<int>(cpus.size()), nproc);
+  if (a.omp_threads > 0 && nproc > 1) {
+    spdlog::info("OMP_NUM_THREADS is unset: setting it to {} ({} CPUs / {} workers)",
+                 a.omp_threads, cpus.size(), nproc);
+  }
+  return a;
+}
+
+absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchOptions& o,
+                                                                   const Detection& d, int nproc,
+                                                                   const EnvLookup& env) {
+  if (o.rdzv_endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "--rdzv-endpoint is empty: the rendezvous needs HOST[:PORT] (the same on every node)");
+  }
+  RdzvSourceOptions r;
+  r.endpoint = o.rdzv_endpoint;
+  r.run_id = o.rdzv_id;
+  auto token = JobToken(env, o.rdzv_id);
+  if (!token.ok()) return token.status();
+  r.token = *token;
+  auto tls = rdzv::TlsConfigFromEnv();
+  if (!tls.ok()) return tls.status();
+  r.tls = std::move(*tls);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  r.hostname = host;
+  const std::string ep_host = o.rdzv_endpoint.substr(0, o.rdzv_endpoint.rfind(':'));
+  r.local_addr = !o.local_addr.empty() ? o.local_addr : LocalAddressFor(ep_host);
+  if (r.local_addr.empty()) r.local_addr = host;
+  r.nproc = nproc;
+  r.slurm_node_id = d.slurm_node_id;
+  r.role = o.role;
+  r.config.expected_hosts = d.expected_hosts;
+  r.config.min_nodes = o.min_nodes;
+  r.config.max_nodes = o.max_nodes;
+  r.config.max_restarts = o.max_restarts;
+  if (absl::Status s = ApplyRdzvConf(o.rdzv_conf, &r.config, &r.is_host); !s.ok()) return s;
+  return MakeRendezvousSource(std::move(r));
+}
+
+// The membership source: the gRPC rendezvous, or a static one. `run_id` receives the run id.
+absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions& o,
+                                                             const Detection& d, int nproc,
+                                                             const EnvLookup& env,
+                                                             std::string* run_id) {
+  const bool use_rdzv = !o.standalone && o.rdzv_backend != "static";
+  if (!use_rdzv && !o.standalone && o.min_nodes != o.max_nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid value '", o.min_nodes, ":", o.max_nodes,
+        "' for --nnodes: the static rendezvous needs a fixed node count N (use --rdzv-backend "
+        "c10d for elastic MIN:MAX)"));
+  }
+  *run_id = o.rdzv_id;
+  if (use_rdzv) return RendezvousSource(o, d, nproc, env);
+  Assignment base = StaticAssignment(o, nproc);
+  std::function<int()> pick;
+  if (o.standalone) {
+    base.master_addr = "127.0.0.1";
+    base.run_id = RandomRunId();
+    if (!o.master_port_given) pick = [] { return FreeTcpPort("127.0.0.1"); };
+  }
+  *run_id = base.run_id;
+  return MakeStaticSource(base, o.max_restarts, pick);
+}
+
+}  // namespace
+
+int LaunchMain(std::vector<std::string> args, bool env_only) {
+  const EnvLookup env = ProcessEnv();
+  if (env_only) args.push_back("true");  // `dlrun env [options]` needs no program
+  auto parsed = ParseLaunchOptions(args, env);
+  if (!parsed.ok()) return Fail(parsed.status());
+  LaunchOptions o = *std::move(parsed);
+  auto detected = DetectEnvironment(env, &o);
+  if (!detected.ok()) return Fail(detected.status());
+  if (env_only) {
+    std::fputs(FormatDetection(*detected, o).c_str(), stdout);
+    return 0;
+  }
+  const std::vector<int> cpus = AllowedCpus();
+  auto nproc = ResolveNprocPerNode(o.nproc_per_node, CountGpus(), static_cast<int>(cpus.size()));
+  if (!nproc.ok()) return Fail(nproc.status());
+  auto agent_options = BuildAgentOptions(o, *nproc, cpus, env);
+  if (!agent_options.ok()) return Fail(agent_options.status());
+  AgentOptions a = *std::move(agent_options);
+
+  // Block the signals the agent handles before any thread exists (the rendezvous client starts
+  // gRPC threads): threads inherit the mask, so SIGCHLD and the handled signals can only be read
+  // from the agent's signalfd and are never swallowed by another thread.
+  std::vector<int> handled = a.forwarded_signals;
+  handled.insert(handled.end(), a.passthrough_signals.begin(), a.passthrough_signals.end());
+  auto processes = PosixProcesses::Create(handled);
+  if (!processes.ok()) return Fail(processes.status());
+
+  std::string run_id;
+  auto source = MakeSource(o, *detected, *nproc, env, &run_id);
+  if (!source.ok()) return Fail(source.status());
+  a.run_dir = RunDir(env("TMPDIR").value_or("/tmp"), getuid(), run_id, getpid());
+  const std::string run_dir = a.run_dir;
+  int rc = 0;
+  {
+    Agent agent(std::move(a), std::move(*source), **processes, SystemClock());
+    rc = agent.Run();
+  }
+  if (rc == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir, ec);
+  } else {
+    spdlog::info("worker error files are kept in {}", run_dir);
+  }
+  return rc;
+}
+
+}  // namespace dlrun::launcher

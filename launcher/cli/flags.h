@@ -1,0 +1,152 @@
+// The one command-line layer of every dlrun subcommand (`dlrun`, `env`, `slurm`, `runai`,
+// `rdzv-server`): a table of flags, one parse loop, one usage printer, and one parser per kind
+// of value (integer, duration, node range, signal list), so the same mistake gets the same
+// one-line error everywhere: "invalid value 'V' for --FLAG: expected WHAT".
+//
+// The rules are torchrun's: `--flag value` or `--flag=value`, '-' or '_' between words, short
+// flags (`-m`, `-r3`), and "--" or the first word that is not a flag starts PROGRAM ARGS.
+// CLI11 was considered: torchrun's PET_<FLAG> fallback for every flag, `-r3`-style short values
+// and stopping at the program's first word are all custom there too, and the errors would have
+// two formats; one small loop serves all five subcommands instead.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dlrun/dist_env.h"  // EnvLookup
+
+namespace dlrun::cli {
+
+using worker::EnvLookup;
+
+// "invalid value 'V' for --FLAG: expected WHAT" (InvalidArgument).
+absl::Status BadValue(const std::string& flag, const std::string& value,
+                      const std::string& expected);
+
+// Value parsers: `flag` names the flag in the error (without dashes).
+absl::StatusOr<int> ParseInt(const std::string& flag, const std::string& value, int lo, int hi);
+// Seconds as a decimal ("1.5"); `allow_zero` accepts 0 (meaning "off" for some flags).
+absl::StatusOr<std::chrono::milliseconds> ParseDuration(const std::string& flag,
+                                                        const std::string& value, bool allow_zero);
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+// "N" or "MIN:MAX" with 1 <= MIN <= MAX.
+absl::StatusOr<NodeRange> ParseNodeRange(const std::string& flag, const std::string& value);
+// "SIGTERM,INT,..." -> signal numbers; SIGKILL, SIGSTOP and SIGCHLD cannot be handled.
+absl::StatusOr<std::vector<int>> ParseSignalList(const std::string& flag, const std::string& value);
+// "KEY=VALUE,..." -> pairs in order; an item without '=' is an error naming it.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseKeyValues(
+    const std::string& flag, const std::string& value);
+
+template <typename Opts>
+using Setter = std::function<absl::Status(Opts&, const std::string&)>;
+
+template <typename Opts>
+struct Flag {
+  std::string name;        // canonical, '-' separated, without dashes ("nproc-per-node")
+  std::string short_name;  // "m", "r", "o", or empty
+  bool takes_value = true;
+  Setter<Opts> set;
+  std::string help;
+};
+
+struct ParseSpec {
+  std::string command;           // "dlrun", "dlrun slurm", ...: named in errors
+  bool wants_program = true;     // PROGRAM ARGS follow the flags (required)
+  bool pet_fallback = false;     // a flag not given falls back to PET_<FLAG> (torchrun)
+};
+
+struct Parsed {
+  std::vector<std::string> program;  // PROGRAM ARGS
+  std::set<std::string> given;       // canonical names set on the command line or by PET_*
+};
+
+// Parses `args` (after the subcommand) into `o`. Implemented over a type-erased table.
+namespace internal {
+struct ErasedFlag {
+  std::string name, short_name;
+  bool takes_value;
+  std::function<absl::Status(const std::string&)> set;
+};
+absl::StatusOr<Parsed> Parse(const ParseSpec& spec, const std::vector<ErasedFlag>& flags,
+                             const std::vector<std::string>& args, const EnvLookup* env);
+std::string Usage(const std::string& head,
+                  const std::vector<std::pair<std::string, std::string>>& lines);
+}  // namespace internal
+
+template <typename Opts>
+absl::StatusOr<Parsed> ParseFlags(const ParseSpec& spec, const std::vector<Flag<Opts>>& flags,
+                                  const std::vector<std::string>& args, Opts& o,
+                                  const EnvLookup* env = nullptr) {
+  std::vector<internal::ErasedFlag> erased;
+  for (const Flag<Opts>& f : flags) {
+    erased.push_back({f.name, f.short_name, f.takes_value,
+                      [&o, set = f.set](const std::string& v) { return set(o, v); }});
+  }
+  return internal::Parse(spec, erased, args, env);
+}
+
+template <typename Opts>
+std::string Usage(const std::string& head, const std::vector<Flag<Opts>>& flags) {
+  std::vector<std::pair<std::string, std::string>> lines;
+  for (const Flag<Opts>& f : flags) {
+    std::string lhs = (f.name.size() == 1 ? "-" : "--") + f.name;
+    if (!f.short_name.empty()) lhs = "-" + f.short_name + ", " + lhs;
+    if (f.takes_value) lhs += " VALUE";
+    lines.emplace_back(lhs, f.help);
+  }
+  return internal::Usage(head, lines);
+}
+
+// Setters for the common field kinds.
+template <typename Opts>
+Setter<Opts> StrField(std::string Opts::*field) {
+  return [field](Opts& o, const std::string& v) {
+    o.*field = v;
+    return absl::OkStatus();
+  };
+}
+template <typename Opts>
+Setter<Opts> BoolField(bool Opts::*field) {
+  return [field](Opts& o, const std::string&) {
+    o.*field = true;
+    return absl::OkStatus();
+  };
+}
+template <typename Opts>
+Setter<Opts> IntField(const std::string& flag, int Opts::*field, int lo, int hi) {
+  return [=](Opts& o, const std::string& v) {
+    auto n = ParseInt(flag, v, lo, hi);
+    if (!n.ok()) return n.status();
+    o.*field = *n;
+    return absl::OkStatus();
+  };
+}
+template <typename Opts>
+Setter<Opts> DurationField(const std::string& flag, std::chrono::milliseconds Opts::*field,
+                           bool allow_zero) {
+  return [=](Opts& o, const std::string& v) {
+    auto d = ParseDuration(flag, v, allow_zero);
+    if (!d.ok()) return d.status();
+    o.*field = *d;
+    return absl::OkStatus();
+  };
+}
+template <typename Opts>
+Setter<Opts> NodeRangeField(const std::string& flag, NodeRange Opts::*field) {
+  return [=](Opts& o, const std::string& v) {
+    auto r = ParseNodeRange(flag, v);
+    if (!r.ok()) return r.status();
+    o.*field = *r;
+    return absl::OkStatus();
+  };
+}
+
+}  // namespace dlrun::cli

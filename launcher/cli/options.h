@@ -1,0 +1,71 @@
+// Command-line and environment options of the dlrun agent, torchrun-compatible.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <chrono>
+
+#include "absl/status/statusor.h"
+#include "dlrun/dist_env.h"
+
+namespace dlrun::launcher {
+
+// Looks up an environment variable; injected so tests need not touch the real environment.
+// One definition for the launcher and the worker library (dlrun/dist_env.h).
+using worker::EnvLookup;
+inline EnvLookup ProcessEnv() { return worker::ProcessEnvironment(); }
+
+struct LaunchOptions {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::string nproc_per_node = "1";  // as given: auto | gpu | cpu | N
+  bool standalone = false;
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_id = "none";
+  std::string rdzv_conf;
+  int max_restarts = 0;
+  std::chrono::milliseconds monitor_interval{100};  // torchrun's; dlrun sees exits at once
+  std::string role = "default";
+  bool no_python = false;
+  bool module = false;
+  bool run_path = false;
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool master_port_given = false;
+  std::string local_addr;
+  std::vector<int> signals_to_handle;  // parsed --signals-to-handle (default TERM,INT,HUP,QUIT)
+  std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL when stopping workers
+  std::chrono::milliseconds hang_timeout{0};      // 0: off
+  std::string gpus = "auto";     // auto | none | comma-separated device ids
+  std::vector<std::string> command;  // PROGRAM ARGS...
+  std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*
+};
+
+// Parses `dlrun [options] PROGRAM [ARGS...]` (args excludes argv[0]). Flags are accepted with
+// '-' or '_' between words and as `--flag value` or `--flag=value`; a flag not given falls back
+// to PET_<FLAG> in the environment, as torchrun does. Errors name the flag and what it accepts.
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
+                                                 const EnvLookup& env);
+
+// Resolves --nproc-per-node (auto|gpu|cpu|N) to a count, given the machine's GPUs and CPUs.
+absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, int num_cpus);
+
+std::string UsageText();
+
+// torchrun's per-rank stream spec ("3", or "0:1,2:3") as a value 0-3 for each local rank.
+std::vector<int> StdSpecPerRank(const std::string& spec, int nproc);
+// --local-ranks-filter "0,2" -> {0, 2}; errors name the bad item.
+absl::StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc);
+
+}  // namespace dlrun::launcher

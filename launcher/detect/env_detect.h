@@ -1,0 +1,34 @@
+// Where is dlrun running? Slurm (srun, also srun --mpi=pmix), Open MPI (mpirun), another PMIx
+// launcher (prterun, flux; asked through PMIx_Get), Kubeflow /
+// Run:ai pods (PET_*, MASTER_ADDR, RANK as the pod index), torchrun-style variables, or nothing
+// (standalone). Detection only fills in what the flags left unset.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/cli/options.h"
+#include "launcher/detect/pmix_query.h"
+
+namespace dlrun::launcher {
+
+struct Detection {
+  std::string source;  // slurm | openmpi | pmix | kubeflow | torchrun-env | standalone | flags
+  std::string reason;  // one sentence: why this source
+  std::vector<std::pair<std::string, std::string>> evidence;  // variables read, in order
+  std::vector<std::pair<std::string, std::string>> applied;   // flag -> value filled in
+  int slurm_node_id = -1;
+  std::vector<std::string> expected_hosts;  // the step's hosts (Slurm), for rendezvous errors
+};
+
+// Fills the unset fields of `o` from the environment. Errors name the variable and value.
+// `pmix` is asked only under a PMIx launcher that set no Slurm or Open MPI variables.
+absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o,
+                                            const PmixQuery& pmix = QueryPmixServer);
+
+// `dlrun env`: prints what was detected and why, as a table.
+std::string FormatDetection(const Detection& d, const LaunchOptions& o);
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,34 @@
+// Membership from dlrun's gRPC rendezvous (multi-node): join, heartbeat, report failures.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "launcher/agent/membership.h"
+#include "rendezvous/tls.h"
+#include "rendezvous/types.h"
+
+namespace dlrun::launcher {
+
+struct RdzvSourceOptions {
+  std::string endpoint;     // host:port
+  std::string run_id;
+  std::string token;        // JobToken() (launcher/rdzv/rdzv_config.h)
+  std::string local_addr;   // this node's address (MASTER_ADDR if it gets node rank 0)
+  std::string hostname;
+  int nproc = 1;
+  int slurm_node_id = -1;
+  std::string role = "default";
+  // Nodes, restarts, timeouts and liveness: the same Config the server runs with, so a hosted
+  // rendezvous, `dlrun rdzv-server` and the agents agree on when a node is dead.
+  rdzv::Config config;
+  // "auto": host the server if the endpoint's port can be bound here; "true"/"false" force it.
+  std::string is_host = "auto";
+  rdzv::TlsConfig tls;  // from the environment (rendezvous/tls.h)
+};
+
+// Starts the hosted server when this agent hosts it, and the client.
+absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o);
+
+}  // namespace dlrun::launcher

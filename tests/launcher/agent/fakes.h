@@ -1,0 +1,215 @@
+// A fake process table and a fake clock for in-process tests of the agent's supervision loop.
+// Nothing runs and no time passes except what the test schedules: Wait() jumps the clock to the
+// next scheduled event (or to the deadline), so a 30 s grace period takes no time at all.
+//
+// A test describes each worker by what happens to it after it starts (OnSpawn), e.g. "exits with
+// 3 after 2 s" or "heartbeats every second for 5 s"; signals sent to a group are recorded and,
+// by default, SIGTERM ends a worker 10 ms later and SIGKILL at once.
+#pragma once
+
+#include <signal.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "launcher/agent/agent.h"
+#include "launcher/agent/clock.h"
+#include "launcher/agent/processes.h"
+
+namespace dlrun::launcher::testing {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class FakeClock final : public Clock {
+ public:
+  SteadyTime Now() override { return now_; }
+  double WallSeconds() override {
+    return 1.7e9 + std::chrono::duration<double>(now_ - SteadyTime()).count();
+  }
+  // Time since the test started.
+  milliseconds Elapsed() const { return std::chrono::duration_cast<milliseconds>(now_ - start_); }
+  void Set(SteadyTime t) { now_ = t; }
+
+ private:
+  SteadyTime start_ = SteadyTime() + std::chrono::hours(1);
+  SteadyTime now_ = start_;
+};
+
+struct SentSignal {
+  pid_t pid;
+  int sig;
+  milliseconds at;  // FakeClock::Elapsed() when sent
+};
+
+class FakeProcesses final : public Processes {
+ public:
+  struct Proc {
+    pid_t pid = 0;
+    SpawnSpec spec;
+    int attempt = 0;  // how many groups were started before this worker's
+    bool exited = false;
+    bool ignores_sigterm = false;
+    bool unkillable = false;  // stuck in the kernel: not even SIGKILL ends it
+  };
+  // Called at each Spawn; the test schedules the worker's future with the methods below.
+  std::function<void(FakeProcesses&, Proc&)> on_spawn = [](FakeProcesses&, Proc&) {};
+
+  explicit FakeProcesses(FakeClock& clock) : clock_(clock) {}
+
+  // --- scheduling, relative to now ---
+  void ExitAfter(pid_t pid, milliseconds d, int code) { At(d, {ProcEvent::Kind::kExited, pid, code, 0}); }
+  void KilledAfter(pid_t pid, milliseconds d, int sig) { At(d, {ProcEvent::Kind::kExited, pid, 0, sig}); }
+  void HeartbeatsEvery(pid_t pid, milliseconds every, milliseconds until) {
+    for (milliseconds t = every; t <= until; t += every) At(t, {ProcEvent::Kind::kHeartbeat, pid, 0, 0});
+  }
+  void SignalAfter(milliseconds d, int sig) { At(d, {ProcEvent::Kind::kSignal, -1, 0, sig}); }
+
+  // --- what happened ---
+  std::vector<Proc> procs;  // every worker ever spawned, in order
+  std::vector<SentSignal> sent;
+  int groups_started() const { return procs.empty() ? 0 : procs.back().attempt + 1; }
+  std::vector<SentSignal> SentTo(pid_t pid) const {
+    std::vector<SentSignal> out;
+    for (const SentSignal& s : sent) {
+      if (s.pid == pid) out.push_back(s);
+    }
+    return out;
+  }
+  int close_outputs_calls = 0;
+
+  // --- Processes ---
+  absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) override {
+    if (spec.local_rank == 0 && !procs.empty()) ++attempt_;
+    Proc p;
+    p.pid = next_pid_++;
+    p.spec = spec;
+    p.attempt = attempt_;
+    procs.push_back(p);
+    on_spawn(*this, procs.back());
+    return p.pid;
+  }
+  void SignalGroup(pid_t pid, int sig) override {
+    sent.push_back({pid, sig, clock_.Elapsed()});
+    Proc* p = Find(pid);
+    if (p == nullptr || p->exited || p->unkillable) return;
+    if (sig == SIGKILL) {
+      Cancel(pid);
+      At(milliseconds(0), {ProcEvent::Kind::kExited, pid, 0, SIGKILL});
+    } else if (sig == SIGTERM && !p->ignores_sigterm) {
+      Cancel(pid);
+      At(milliseconds(10), {ProcEvent::Kind::kExited, pid, 0, SIGTERM});
+    } else if (sig == SIGINT || sig == SIGHUP || sig == SIGQUIT) {
+      Cancel(pid);
+      At(milliseconds(10), {ProcEvent::Kind::kExited, pid, 0, sig});
+    }
+  }
+  std::vector<ProcEvent> Wait(SteadyTime deadline) override {
+    if (queue_.empty() && deadline == SteadyTime::max()) {
+      throw std::runtime_error("fake processes: Wait() with no deadline and nothing scheduled");
+    }
+    auto first = std::min_element(queue_.begin(), queue_.end(),
+                                  [](const Item& a, const Item& b) { return a.seq_key() < b.seq_key(); });
+    if (first == queue_.end() || first->at > deadline) {
+      clock_.Set(std::max(clock_.Now(), deadline));
+      return {};
+    }
+    const SteadyTime t = first->at;
+    clock_.Set(std::max(clock_.Now(), t));
+    std::vector<ProcEvent> out;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->at == t) {
+        if (it->event.kind == ProcEvent::Kind::kExited) {
+          Proc* p = Find(it->event.pid);
+          if (p != nullptr) p->exited = true;
+        }
+        out.push_back(it->event);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+  void Wake() override { At(milliseconds(0), {ProcEvent::Kind::kWake, -1, 0, 0}); }
+  void CloseOutputs() override { ++close_outputs_calls; }
+
+ private:
+  struct Item {
+    SteadyTime at;
+    uint64_t seq;
+    ProcEvent event;
+    std::pair<SteadyTime, uint64_t> seq_key() const { return {at, seq}; }
+  };
+  void At(milliseconds d, ProcEvent e) { queue_.push_back({clock_.Now() + d, seq_++, e}); }
+  // A worker that is ended by a signal does nothing it had planned afterwards.
+  void Cancel(pid_t pid) {
+    queue_.erase(std::remove_if(queue_.begin(), queue_.end(),
+                                [&](const Item& i) { return i.event.pid == pid; }),
+                 queue_.end());
+  }
+  Proc* Find(pid_t pid) {
+    for (Proc& p : procs) {
+      if (p.pid == pid) return &p;
+    }
+    return nullptr;
+  }
+
+  FakeClock& clock_;
+  std::vector<Item> queue_;
+  uint64_t seq_ = 0;
+  pid_t next_pid_ = 1000;
+  int attempt_ = 0;
+};
+
+// A membership source whose verdicts the test scripts: Check() returns `verdicts` in order
+// (then kContinue), after success it returns `after_success` (default kFinished).
+class ScriptedSource final : public MembershipSource {
+ public:
+  ScriptedSource(Assignment base, int max_restarts, milliseconds interval)
+      : base_(std::move(base)), max_restarts_(max_restarts), interval_(interval) {}
+  std::vector<std::pair<Verdict, std::string>> verdicts;
+  Verdict after_success = Verdict::kFinished;
+  int nexts = 0, failures = 0, checks = 0, successes = 0;
+  std::vector<std::string> failure_reasons;
+
+  absl::StatusOr<Assignment> Next() override {
+    Assignment a = base_;
+    a.restart_count = failures;
+    a.max_restarts = max_restarts_;
+    a.round = static_cast<uint64_t>(++nexts);
+    waiting_for_others_ = false;
+    return a;
+  }
+  bool NextMayBlock() const override { return false; }
+  bool OnFailure(const std::string& reason) override {
+    failure_reasons.push_back(reason);
+    return failures++ < max_restarts_;
+  }
+  Verdict Check(std::string* reason) override {
+    ++checks;
+    if (waiting_for_others_) return after_success;
+    if (verdicts.empty()) return Verdict::kContinue;
+    auto [v, r] = verdicts.front();
+    verdicts.erase(verdicts.begin());
+    *reason = r;
+    return v;
+  }
+  milliseconds check_interval() const override { return interval_; }
+  void OnSuccess() override {
+    ++successes;
+    waiting_for_others_ = true;
+  }
+
+ private:
+  Assignment base_;
+  int max_restarts_;
+  milliseconds interval_;
+  bool waiting_for_others_ = false;
+};
+
+}  // namespace dlrun::launcher::testing

@@ -1,0 +1,46 @@
+// Runs the agent in-process against the fakes (fakes.h).
+#pragma once
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "launcher/agent/agent.h"
+#include "agent/fakes.h"
+
+namespace dlrun::launcher::testing {
+
+struct Harness {
+  FakeClock clock;
+  FakeProcesses procs{clock};
+  AgentOptions options;
+
+  explicit Harness(int nproc) {
+    options.argv = {"worker"};
+    options.nproc = nproc;
+    options.grace = seconds(30);
+    options.kill_wait = seconds(10);
+    options.forwarded_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+    options.passthrough_signals = {SIGUSR1, SIGUSR2};
+    char dir[] = "/tmp/dlrun-agent-test-XXXXXX";
+    options.run_dir = mkdtemp(dir);
+  }
+  ~Harness() {
+    std::error_code ec;
+    std::filesystem::remove_all(options.run_dir, ec);
+  }
+  int Run(std::unique_ptr<MembershipSource> source) {
+    Agent agent(options, std::move(source), procs, clock);
+    return agent.Run();
+  }
+  // A static source, as `dlrun --standalone` uses.
+  int RunStatic(int max_restarts) {
+    Assignment a;
+    a.world_size = a.local_world_size = options.nproc;
+    return Run(MakeStaticSource(a, max_restarts, nullptr));
+  }
+};
+
+}  // namespace dlrun::launcher::testing

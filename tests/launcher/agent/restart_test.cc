@@ -1,0 +1,56 @@
+// Restart counting: a failed worker restarts the whole local group until --max-restarts is used
+// up, each group sees its restart number, and the job then ends with the worker's exit code.
+#include "gtest/gtest.h"
+#include "agent/harness.h"
+
+namespace dlrun::launcher::testing {
+namespace {
+
+TEST(AgentRestarts, FailedGroupRestartsUntilMaxRestartsThenExitsWithTheWorkersCode) {
+  Harness h(2);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.spec.local_rank == 1) f.ExitAfter(p.pid, seconds(1), 3);
+    if (p.spec.local_rank == 0) f.ExitAfter(p.pid, seconds(100), 0);
+  };
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/2), 3);
+  ASSERT_EQ(h.procs.groups_started(), 3);  // the first run and two restarts
+  for (const auto& p : h.procs.procs) {
+    EXPECT_EQ(p.spec.env.at("TORCHELASTIC_RESTART_COUNT"), std::to_string(p.attempt));
+    EXPECT_EQ(p.spec.env.at("TORCHELASTIC_MAX_RESTARTS"), "2");
+  }
+  // Each time, the healthy local rank 0 was stopped with SIGTERM right after the failure.
+  for (const auto& p : h.procs.procs) {
+    if (p.spec.local_rank != 0) continue;
+    auto s = h.procs.SentTo(p.pid);
+    ASSERT_FALSE(s.empty());
+    EXPECT_EQ(s[0].sig, SIGTERM);
+  }
+}
+
+TEST(AgentRestarts, AGroupThatSucceedsAfterARestartEndsTheJobWithZero) {
+  Harness h(2);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    const bool first = p.attempt == 0;
+    f.ExitAfter(p.pid, seconds(1), first && p.spec.local_rank == 0 ? 1 : 0);
+  };
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 0);
+  EXPECT_EQ(h.procs.groups_started(), 2);
+}
+
+TEST(AgentRestarts, ErrorFilesAndLogsGoToAFreshDirectoryPerAttempt) {
+  Harness h(1);
+  h.options.log_dir = h.options.run_dir + "/logs";
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.ExitAfter(p.pid, seconds(1), p.attempt == 0 ? 1 : 0);
+  };
+  EXPECT_EQ(h.RunStatic(1), 0);
+  ASSERT_EQ(h.procs.procs.size(), 2u);
+  EXPECT_EQ(h.procs.procs[0].spec.env.at("TORCHELASTIC_ERROR_FILE"),
+            h.options.run_dir + "/attempt_0/0/error.json");
+  EXPECT_EQ(h.procs.procs[1].spec.env.at("TORCHELASTIC_ERROR_FILE"),
+            h.options.run_dir + "/attempt_1/0/error.json");
+  EXPECT_EQ(h.procs.procs[1].spec.out.log_path, h.options.log_dir + "/attempt_1/0/stdout.log");
+}
+
+}  // namespace
+}  // namespace dlrun::launcher::testing

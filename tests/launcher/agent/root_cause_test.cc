@@ -1,0 +1,80 @@
+// The root cause of a failed job, torchrun's rule: the earliest error-file timestamp wins over
+// the first exit; without error files, the first worker to exit; a signal is reported as
+// 128 + N. Workers the agent stopped are never the cause.
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "launcher/agent/root_cause.h"
+#include "agent/harness.h"
+
+namespace dlrun::launcher::testing {
+namespace {
+
+void WriteErrorFile(const std::string& path, const std::string& message, double timestamp) {
+  std::ofstream(path) << R"({"message": {"message": ")" << message
+                      << R"(", "extraInfo": {"timestamp": ")" << timestamp << R"("}}})";
+}
+
+TEST(RootCause, TheEarliestErrorFileWinsOverTheFirstExit) {
+  std::vector<WorkerExit> exits = {{1, 1, 101, 1, 0, 10.0, false},   // exits first
+                                   {0, 0, 100, 2, 0, 11.0, false}};  // but failed earlier
+  auto errors = [](int lr) {
+    return lr == 0 ? ErrorRecord{"ValueError: bad batch", 5.0} : ErrorRecord{"late", 9.0};
+  };
+  RootCause r = PickRootCause(exits, errors);
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.exit.local_rank, 0);
+  EXPECT_EQ(r.message, "ValueError: bad batch");
+}
+
+TEST(RootCause, WithoutErrorFilesTheFirstExitAndStoppedWorkersNeverCount) {
+  std::vector<WorkerExit> exits = {{0, 4, 100, 0, SIGTERM, 10.0, true},  // stopped by the agent
+                                   {2, 6, 102, 0, SIGSEGV, 11.0, false},
+                                   {1, 5, 101, 7, 0, 12.0, false}};
+  RootCause r = PickRootCause(exits, [](int) { return ErrorRecord{}; });
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.exit.global_rank, 6);
+  EXPECT_EQ(r.exit.code(), 128 + SIGSEGV);
+  EXPECT_EQ(r.message, "Signal 11 (SIGSEGV) received by PID 102");
+  EXPECT_FALSE(PickRootCause({exits[0]}, [](int) { return ErrorRecord{}; }).found);
+}
+
+TEST(RootCause, ErrorFilesAreReadInTorchelasticsFormat) {
+  char dir[] = "/tmp/dlrun-rc-XXXXXX";
+  const std::string d = mkdtemp(dir);
+  WriteErrorFile(d + "/e.json", "boom", 12.5);
+  ErrorRecord r = ReadErrorRecord(d + "/e.json");
+  EXPECT_EQ(r.message, "boom");
+  EXPECT_DOUBLE_EQ(r.timestamp, 12.5);
+  std::ofstream(d + "/bad.json") << "{not json";
+  EXPECT_NE(ReadErrorRecord(d + "/bad.json").message.find("unreadable error file"),
+            std::string::npos);
+  EXPECT_TRUE(ReadErrorRecord(d + "/missing.json").message.empty());
+  std::filesystem::remove_all(d);
+}
+
+TEST(AgentRootCause, TheAgentExitsWithTheRootCausesCodeNotTheFirstExit) {
+  Harness h(2);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    const std::string err = p.spec.env.at("TORCHELASTIC_ERROR_FILE");
+    if (p.spec.local_rank == 0) {  // recorded its error first, exits second with 2
+      WriteErrorFile(err, "rank 0 failed first", 100.0);
+      f.ExitAfter(p.pid, seconds(2), 2);
+    } else {  // exits first with 3, its error file is later
+      WriteErrorFile(err, "rank 1 failed later", 200.0);
+      f.ExitAfter(p.pid, seconds(2), 3);
+    }
+  };
+  EXPECT_EQ(h.RunStatic(0), 2);
+}
+
+TEST(AgentRootCause, ASignalDeathIsReportedAs128PlusTheSignal) {
+  Harness h(2);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.spec.local_rank == 1) f.KilledAfter(p.pid, seconds(1), SIGSEGV);
+  };
+  EXPECT_EQ(h.RunStatic(0), 128 + SIGSEGV);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher::testing

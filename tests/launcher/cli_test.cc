@@ -1,0 +1,130 @@
+#include "launcher/cli/options.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace dlrun::launcher {
+namespace {
+
+EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+absl::StatusOr<LaunchOptions> Parse(std::vector<std::string> args,
+                                    std::map<std::string, std::string> env = {}) {
+  return ParseLaunchOptions(args, FakeEnv(std::move(env)));
+}
+
+TEST(LaunchOptions, BothSpellingsAndEqualsForm) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--nproc-per-node", "4", "train", "--lr", "1"},
+        std::vector<std::string>{"--nproc_per_node=4", "train", "--lr", "1"},
+        std::vector<std::string>{"--nproc_per_node", "4", "--", "train", "--lr", "1"}}) {
+    auto o = Parse(args);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->nproc_per_node, "4");
+    EXPECT_EQ(o->command, (std::vector<std::string>{"train", "--lr", "1"}));
+  }
+}
+
+TEST(LaunchOptions, ProgramArgumentsAreNotParsed) {
+  auto o = Parse({"--standalone", "prog", "--nproc-per-node", "9", "--bogus"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->standalone);
+  EXPECT_EQ(o->nproc_per_node, "1");
+  EXPECT_EQ(o->command.size(), 4u);
+}
+
+TEST(LaunchOptions, Nnodes) {
+  auto o = Parse({"--nnodes", "2:4", "p"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->min_nodes, 2);
+  EXPECT_EQ(o->max_nodes, 4);
+  o = Parse({"--nnodes=3", "p"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->min_nodes, 3);
+  EXPECT_EQ(o->max_nodes, 3);
+  for (const char* bad : {"0", "4:2", "x", "1:2:3", ""}) {
+    auto r = Parse({"--nnodes", bad, "p"});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(std::string(r.status().message()).find("--nnodes"), std::string::npos);
+  }
+}
+
+TEST(LaunchOptions, BadValuesNameTheFlagAndTheAcceptedValues) {
+  auto r = Parse({"--nproc-per-node", "many", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(std::string(r.status().message()),
+            "invalid value 'many' for --nproc-per-node: expected auto, gpu, cpu or an integer "
+            "1-4096");
+  r = Parse({"--max-restarts=-1", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("--max-restarts"), std::string::npos);
+  r = Parse({"--master-port", "70000", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("0-65535"), std::string::npos);
+  r = Parse({"--redirects", "7", "p"});
+  ASSERT_FALSE(r.ok());
+  r = Parse({"--frobnicate", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("unknown flag '--frobnicate'"),
+            std::string::npos);
+  r = Parse({"--standalone"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("missing the program"), std::string::npos);
+  r = Parse({"--nproc-per-node"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("needs a value"), std::string::npos);
+  r = Parse({"--nnodes", "2", "--node-rank", "2", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("--node-rank"), std::string::npos);
+}
+
+TEST(LaunchOptions, ShortFlags) {
+  auto o = Parse({"-r", "3", "-t1", "-m", "pkg.mod"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->redirects, "3");
+  EXPECT_EQ(o->tee, "1");
+  EXPECT_TRUE(o->module);
+  EXPECT_EQ(o->command, std::vector<std::string>{"pkg.mod"});
+}
+
+TEST(LaunchOptions, PetEnvironmentFallbackAndPrecedence) {
+  auto o = Parse({"p"}, {{"PET_NPROC_PER_NODE", "3"}, {"PET_NNODES", "1:2"},
+                         {"PET_MAX_RESTARTS", "5"}, {"PET_STANDALONE", "1"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->nproc_per_node, "3");
+  EXPECT_EQ(o->max_restarts, 5);
+  EXPECT_TRUE(o->standalone);
+  o = Parse({"--nproc-per-node", "2", "p"}, {{"PET_NPROC_PER_NODE", "3"}});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->nproc_per_node, "2");  // the command line wins
+  auto r = Parse({"p"}, {{"PET_MAX_RESTARTS", "lots"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("PET_MAX_RESTARTS"), std::string::npos);
+}
+
+TEST(LaunchOptions, ResolveNprocPerNode) {
+  EXPECT_EQ(*ResolveNprocPerNode("auto", 0, 8), 8);
+  EXPECT_EQ(*ResolveNprocPerNode("auto", 4, 8), 4);
+  EXPECT_EQ(*ResolveNprocPerNode("cpu", 4, 8), 8);
+  EXPECT_EQ(*ResolveNprocPerNode("gpu", 2, 8), 2);
+  EXPECT_FALSE(ResolveNprocPerNode("gpu", 0, 8).ok());
+  EXPECT_EQ(*ResolveNprocPerNode("3", 0, 1), 3);
+  EXPECT_FALSE(ResolveNprocPerNode("0", 0, 1).ok());
+}
+
+TEST(StdSpec, PerRankValuesAndFilter) {
+  EXPECT_EQ(StdSpecPerRank("3", 2), (std::vector<int>{3, 3}));
+  EXPECT_EQ(StdSpecPerRank("0:1,2:3", 3), (std::vector<int>{1, 0, 3}));
+  EXPECT_EQ(*ParseRankList("0,2", 3), (std::vector<int>{0, 2}));
+  EXPECT_FALSE(ParseRankList("5", 3).ok());
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

@@ -1,0 +1,53 @@
+// Worker output on its way to the console: whole lines with the rank prefix, an unfinished last
+// line printed when the stream ends, everything in the log file as it came.
+#include "launcher/agent/output.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace dlrun::launcher {
+namespace {
+
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[256];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+TEST(LineStream, WholeLinesWithThePrefixAndTheLastLineOnFinish) {
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_NONBLOCK), 0);
+  char path[] = "/tmp/dlrun-out-XXXXXX";
+  const int log_fd = mkstemp(path);
+  {
+    LineStream s("[rank 3]: ", p[1], fdopen(log_fd, "w"));
+    s.Feed("hel", 3);
+    EXPECT_EQ(ReadAll(p[0]), "");  // half a line stays back
+    s.Feed("lo\nwor", 6);
+    EXPECT_EQ(ReadAll(p[0]), "[rank 3]: hello\n");
+    s.Feed("ld\r50%", 6);
+    s.Finish();
+    EXPECT_EQ(ReadAll(p[0]), "[rank 3]: world\r50%\n");
+  }
+  int in = open(path, O_RDONLY);
+  EXPECT_EQ(ReadAll(in), "hello\nworld\r50%");  // the log has the bytes as written
+  close(in);
+  unlink(path);
+  close(p[0]);
+  close(p[1]);
+}
+
+TEST(LineStream, NotShownMeansNothingOnTheConsole) {
+  LineStream s("[rank 0]: ", -1, nullptr);
+  s.Feed("x\n", 2);  // must not write anywhere (fd -1) nor crash
+  s.Finish();
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

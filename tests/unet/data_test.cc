@@ -1,0 +1,90 @@
+// The U-Net data pipeline: the 24 rotations, HDF5 crops and their error messages.
+#include <hdf5.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "multiproc/subprocess.h"
+#include "unet/data.h"
+
+namespace dlrun::examples {
+namespace {
+
+TEST(Rotations, TwentyFourDistinctProperRotationsAppliedAlikeToInputAndTarget) {
+  torch::manual_seed(3);
+  const auto cube = torch::randn({2, 5, 5, 5});
+  std::vector<torch::Tensor> seen;
+  for (int k = 0; k < 24; ++k) {
+    auto r = Rotate24(cube, k);
+    EXPECT_EQ(r.sizes(), cube.sizes());
+    for (const auto& s : seen) EXPECT_FALSE(torch::equal(r, s)) << "rotation " << k << " repeats";
+    seen.push_back(r);
+    // Input and target of one sample get the same rotation: rotating them stacked equals
+    // rotating each.
+    auto input = torch::randn({4, 3, 3, 3}), target = torch::randn({5, 3, 3, 3});
+    auto both = Rotate24(torch::cat({input, target}), k);
+    EXPECT_TRUE(torch::equal(both.narrow(0, 0, 4), Rotate24(input, k)));
+    EXPECT_TRUE(torch::equal(both.narrow(0, 4, 5), Rotate24(target, k)));
+  }
+  // Proper rotations only: a mirror image (one flipped axis) is not among them.
+  auto mirrored = cube.flip({3});
+  for (const auto& s : seen) EXPECT_FALSE(torch::equal(mirrored, s));
+  EXPECT_TRUE(torch::equal(seen[0], cube));  // the identity is one of them
+}
+
+TEST(CropSource, ReadsCropsInMemoryAndFromFileAlike) {
+  const std::string path = dlrun::testing::MakeTempDir() + "/d.h5";
+  ASSERT_TRUE(WriteSyntheticFile(path, 16, 1).ok());
+  auto mem = CropSource::Open(path, 8, true);
+  auto low = CropSource::Open(path, 8, false);
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  ASSERT_TRUE(low.ok()) << low.status();
+  auto a = (*mem)->Crop(3, 5, 8), b = (*low)->Crop(3, 5, 8);
+  EXPECT_EQ(a.input.sizes(), (std::vector<int64_t>{4, 8, 8, 8}));
+  EXPECT_EQ(a.target.sizes(), (std::vector<int64_t>{5, 8, 8, 8}));
+  EXPECT_TRUE(torch::equal(a.input, b.input));
+  EXPECT_TRUE(torch::equal(a.target, b.target));
+  Prefetcher p(std::shared_ptr<CropSource>(std::move(*mem)), 2, 2, 7);
+  auto [x, y] = p.Next(3);
+  EXPECT_EQ(x.sizes(), (std::vector<int64_t>{3, 4, 8, 8, 8}));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{3, 5, 8, 8, 8}));
+}
+
+void WriteDataset(hid_t f, const char* name, std::vector<hsize_t> dims) {
+  hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  H5Dclose(ds);
+  H5Sclose(space);
+}
+
+TEST(CropSource, BadFilesAreClearErrors) {
+  const std::string dir = dlrun::testing::MakeTempDir();
+  auto expect_error = [](const std::string& path, int64_t size, const std::string& needle) {
+    auto s = CropSource::Open(path, size, false);
+    ASSERT_FALSE(s.ok()) << path;
+    EXPECT_NE(std::string(s.status().message()).find(needle), std::string::npos) << s.status();
+  };
+  expect_error(dir + "/missing.h5", 8, "missing or not an HDF5 file");
+  {
+    hid_t f = H5Fcreate((dir + "/no_hydro.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    WriteDataset(f, "Nbody", {4, 8, 8, 8});
+    H5Fclose(f);
+  }
+  expect_error(dir + "/no_hydro.h5", 8, "no dataset Hydro");
+  {
+    hid_t f = H5Fcreate((dir + "/shape.h5").c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    WriteDataset(f, "Nbody", {3, 8, 8, 8});
+    WriteDataset(f, "Hydro", {5, 8, 8, 8});
+    H5Fclose(f);
+  }
+  expect_error(dir + "/shape.h5", 8, "Nbody has shape [3, 8, 8, 8]");
+  ASSERT_TRUE(WriteSyntheticFile(dir + "/ok.h5", 8, 1).ok());
+  expect_error(dir + "/ok.h5", 16, "--data-size 16 is larger than the box");
+}
+
+}  // namespace
+}  // namespace dlrun::examples

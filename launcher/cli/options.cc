@@ -45,54 +45,59 @@ cli::Setter<O> StdField(const std::string& flag, std::string O::*field) {
   };
 }
 
+absl::Status SetNnodes(O& o, const std::string& v) {
+  auto r = cli::ParseNodeRange("nnodes", v);
+  if (!r.ok()) return r.status();
+  o.min_nodes = r->min;
+  o.max_nodes = r->max;
+  return absl::OkStatus();
+}
+
+absl::Status SetNproc(O& o, const std::string& v) {
+  if (v != "auto" && v != "gpu" && v != "cpu") {
+    auto n = ResolveNprocPerNode(v, 0, 1);
+    if (!n.ok()) return n.status();
+  }
+  o.nproc_per_node = v;
+  return absl::OkStatus();
+}
+
+absl::Status SetBackend(O& o, const std::string& v) {
+  if (v != "static" && v != "c10d" && v != "grpc" && v != "dlrun" && v != "etcd" &&
+      v != "etcd-v2") {
+    return BadValue("rdzv-backend", v, "static, c10d, grpc or dlrun");
+  }
+  o.rdzv_backend = v;
+  return absl::OkStatus();
+}
+
+absl::Status SetMasterPort(O& o, const std::string& v) {
+  auto n = cli::ParseInt("master-port", v, 0, 65535);
+  if (!n.ok()) return BadValue("master-port", v, "a port number 0-65535");
+  o.master_port = *n;
+  o.master_port_given = true;
+  return absl::OkStatus();
+}
+
+absl::Status SetSignals(O& o, const std::string& v) {
+  auto s = cli::ParseSignalList("signals-to-handle", v);
+  if (!s.ok()) return s.status();
+  o.signals_to_handle = *s;
+  return absl::OkStatus();
+}
+
 std::vector<Flag> Flags() {
   using cli::BoolField;
   using cli::DurationField;
   using cli::IntField;
   using cli::StrField;
-  auto nnodes = [](O& o, const std::string& v) {
-    auto r = cli::ParseNodeRange("nnodes", v);
-    if (!r.ok()) return r.status();
-    o.min_nodes = r->min;
-    o.max_nodes = r->max;
-    return absl::OkStatus();
-  };
-  auto nproc = [](O& o, const std::string& v) {
-    if (v != "auto" && v != "gpu" && v != "cpu") {
-      auto n = ResolveNprocPerNode(v, 0, 1);
-      if (!n.ok()) return n.status();
-    }
-    o.nproc_per_node = v;
-    return absl::OkStatus();
-  };
-  auto backend = [](O& o, const std::string& v) {
-    if (v != "static" && v != "c10d" && v != "grpc" && v != "dlrun" && v != "etcd" &&
-        v != "etcd-v2") {
-      return BadValue("rdzv-backend", v, "static, c10d, grpc or dlrun");
-    }
-    o.rdzv_backend = v;
-    return absl::OkStatus();
-  };
-  auto master_port = [](O& o, const std::string& v) {
-    auto n = cli::ParseInt("master-port", v, 0, 65535);
-    if (!n.ok()) return BadValue("master-port", v, "a port number 0-65535");
-    o.master_port = *n;
-    o.master_port_given = true;
-    return absl::OkStatus();
-  };
-  auto signals = [](O& o, const std::string& v) {
-    auto s = cli::ParseSignalList("signals-to-handle", v);
-    if (!s.ok()) return s.status();
-    o.signals_to_handle = *s;
-    return absl::OkStatus();
-  };
   constexpr int kMax = std::numeric_limits<int>::max();
   return {
-      {"nnodes", "", true, nnodes, "N or MIN:MAX nodes (default 1:1)"},
-      {"nproc-per-node", "", true, nproc, "workers per node: auto | gpu | cpu | N (default 1)"},
+      {"nnodes", "", true, SetNnodes, "N or MIN:MAX nodes (default 1:1)"},
+      {"nproc-per-node", "", true, SetNproc, "workers per node: auto | gpu | cpu | N (default 1)"},
       {"standalone", "", false, BoolField(&O::standalone),
        "single node, local rendezvous on a free port"},
-      {"rdzv-backend", "", true, backend,
+      {"rdzv-backend", "", true, SetBackend,
        "static (fixed node ranks) or c10d/grpc (dlrun's gRPC rendezvous)"},
       {"rdzv-endpoint", "", true, StrField(&O::rdzv_endpoint), "HOST[:PORT] of the rendezvous"},
       {"rdzv-id", "", true, StrField(&O::rdzv_id), "run id shared by all nodes of the job"},
@@ -116,10 +121,10 @@ std::vector<Flag> Flags() {
       {"node-rank", "", true, IntField("node-rank", &O::node_rank, 0, kMax),
        "rank of this node (static rendezvous)"},
       {"master-addr", "", true, StrField(&O::master_addr), "address of node rank 0 (static)"},
-      {"master-port", "", true, master_port,
+      {"master-port", "", true, SetMasterPort,
        "port of the c10d store on node rank 0 (static; default 29500)"},
       {"local-addr", "", true, StrField(&O::local_addr), "address of this node"},
-      {"signals-to-handle", "", true, signals,
+      {"signals-to-handle", "", true, SetSignals,
        "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "
        "are passed on without stopping the job)"},
       {"hang-timeout", "", true, DurationField("hang-timeout", &O::hang_timeout, true),

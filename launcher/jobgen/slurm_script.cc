@@ -104,7 +104,10 @@ absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& a
   return o;
 }
 
-std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl) {
+namespace {
+
+// The #SBATCH lines, each with a comment saying why.
+std::string SbatchLines(const SlurmJobOptions& o) {
   std::vector<std::string> sb;
   auto line = [&](const std::string& opt, const std::string& comment) {
     std::string l = absl::StrCat("#SBATCH ", opt);
@@ -140,7 +143,11 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
     line("--open-mode=append", "keep the output of earlier runs");
   }
   for (const auto& extra : o.sbatch_options) line(extra, "");
+  return absl::StrJoin(sb, "\n");
+}
 
+// --preemptible: what happens on SIGUSR1, and the variable that makes rank 0 requeue the job.
+std::string PreemptBlock(const SlurmJobOptions& o) {
   std::string preempt;
   if (o.preemptible) {
     preempt = absl::StrCat(
@@ -151,6 +158,11 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
         "script again\n# (SLURM_RESTART_COUNT counts the runs) and the trainer resumes from its "
         "checkpoint.\nexport ", contract::kRequeueOnSignal, "=1\n");
   }
+  return preempt;
+}
+
+// --tls: a CA and certificate for this job only.
+std::string TlsBlock(const SlurmJobOptions& o) {
   std::string tls;
   if (o.tls) {
     tls = absl::StrCat(
@@ -182,6 +194,11 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
         "=$tls_dir/node.pem \\\n  ", contract::kRdzvTlsKey, "=$tls_dir/node.key ",
         contract::kRdzvTlsServerName, "=dlrun-rdzv\n");
   }
+  return tls;
+}
+
+// dlrun's own flags that depend on the options.
+std::string ExtraFlags(const SlurmJobOptions& o) {
   std::string extra;
   if (o.preemptible) {
     absl::StrAppend(&extra, "    --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \\\n");
@@ -190,10 +207,16 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
     absl::StrAppend(&extra, "    --hang-timeout ", o.hang_timeout.count() / 1000.0, " \\\n");
   }
   if (!o.log_dir.empty()) absl::StrAppend(&extra, "    --log-dir ", o.log_dir, "/$SLURM_JOB_ID \\\n");
+  return extra;
+}
 
+}  // namespace
+
+std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl) {
+  const std::string preempt = PreemptBlock(o), tls = TlsBlock(o), extra = ExtraFlags(o);
   return absl::StrReplaceAll(
       tmpl, {{"{{GENERATED_BY}}", o.generated_by},
-             {"{{SBATCH_LINES}}", absl::StrJoin(sb, "\n")},
+             {"{{SBATCH_LINES}}", SbatchLines(o)},
              {"{{NPROC}}", absl::StrCat(o.nproc_per_node)},
              {"{{MAX_RESTARTS}}", absl::StrCat(o.max_restarts)},
              {"{{RDZV_PORT_COMMENT}}",

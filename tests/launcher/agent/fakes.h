@@ -112,6 +112,13 @@ class FakeProcesses final : public Processes {
     if (queue_.empty() && deadline == SteadyTime::max()) {
       throw std::runtime_error("fake processes: Wait() with no deadline and nothing scheduled");
     }
+    // A loop that waits again and again without time passing or anything happening is a busy
+    // loop in the agent: fail the test instead of spinning forever.
+    if (deadline <= clock_.Now() && !Due()) {
+      if (++idle_waits_ > 100000) throw std::runtime_error("fake processes: the agent spins");
+    } else {
+      idle_waits_ = 0;
+    }
     auto first = std::min_element(queue_.begin(), queue_.end(),
                                   [](const Item& a, const Item& b) { return a.seq_key() < b.seq_key(); });
     if (first == queue_.end() || first->at > deadline) {
@@ -145,6 +152,12 @@ class FakeProcesses final : public Processes {
     ProcEvent event;
     std::pair<SteadyTime, uint64_t> seq_key() const { return {at, seq}; }
   };
+  bool Due() const {
+    for (const Item& i : queue_) {
+      if (i.at <= clock_.Now()) return true;
+    }
+    return false;
+  }
   void At(milliseconds d, ProcEvent e) { queue_.push_back({clock_.Now() + d, seq_++, e}); }
   // A worker that is ended by a signal does nothing it had planned afterwards.
   void Cancel(pid_t pid) {
@@ -164,6 +177,7 @@ class FakeProcesses final : public Processes {
   uint64_t seq_ = 0;
   pid_t next_pid_ = 1000;
   int attempt_ = 0;
+  int idle_waits_ = 0;
 };
 
 // A membership source whose verdicts the test scripts: Check() returns `verdicts` in order

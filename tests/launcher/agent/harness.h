@@ -31,10 +31,13 @@ struct Harness {
     std::error_code ec;
     std::filesystem::remove_all(options.run_dir, ec);
   }
+  // The agent (and the source it owns) lives as long as the harness, so a test can read what
+  // its ScriptedSource saw after Run() returns.
   int Run(std::unique_ptr<MembershipSource> source) {
-    Agent agent(options, std::move(source), procs, clock);
-    return agent.Run();
+    agent = std::make_unique<Agent>(options, std::move(source), procs, clock);
+    return agent->Run();
   }
+  std::unique_ptr<Agent> agent;
   // A static source, as `dlrun --standalone` uses.
   int RunStatic(int max_restarts) {
     Assignment a;

@@ -135,19 +135,10 @@ TEST(DlrunAgent, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
   // Rank 0 was stopped by the agent, so only rank 1's file counts here.
   EXPECT_NE(r.output.find("Root cause (first failure): rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("late error"), std::string::npos) << r.output;
-  // Both fail on their own: the earlier timestamp wins although it exited second.
-  const std::string both =
-      "if [ $RANK = 1 ]; then echo '{\"message\":{\"message\":\"late\",\"extraInfo\":"
-      "{\"timestamp\":\"1000\"}}}' > $TORCHELASTIC_ERROR_FILE; exit 3; fi; "
-      "echo '{\"message\":{\"message\":\"ValueError: the real cause\",\"extraInfo\":"
-      "{\"timestamp\":\"500\"}}}' > $TORCHELASTIC_ERROR_FILE; exit 5";
-  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "bash", "-c", both}, {}, kDeadline);
-  EXPECT_NE(r.exit_code, 0);
-  if (r.output.find("also failed") != std::string::npos) {
-    EXPECT_NE(r.output.find("rank 0 (local rank 0"), std::string::npos);
-    EXPECT_NE(r.output.find("ValueError: the real cause"), std::string::npos) << r.output;
-    EXPECT_EQ(r.exit_code, 5) << r.output;
-  }
+  // Both failing on their own, where the earlier timestamp wins although it exited second,
+  // races here (the agent may stop rank 0 first); it is pinned in-process, on a fake clock:
+  // tests/launcher/agent/root_cause_test.cc (AgentRootCause.*).
+}
 }
 
 nlohmann::json RunDdpCheck(const std::vector<std::string>& launcher) {

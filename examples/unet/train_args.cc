@@ -1,0 +1,186 @@
+#include "unet/train_args.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "unet/config.h"
+
+namespace dlrun::examples {
+namespace {
+
+// Fills the fields of `a` from configuration `name`, except those given as flags.
+absl::Status ApplyConfig(const std::string& path, const std::string& name, const CLI::App& app,
+                         TrainArgs* a) {
+  auto cfg = dlrun::examples::LoadConfig(path, name);
+  if (!cfg.ok()) return cfg.status();
+  auto bad = [&](const std::string& key, const std::string& v, const char* expected) {
+    return absl::InvalidArgumentError(absl::StrCat("configuration '", name, "' in ", path, ": ",
+                                                   key, "='", v, "' is invalid: expected ",
+                                                   expected));
+  };
+  auto get = [&](const std::string& key) -> const std::string* {
+    auto it = cfg->find(key);
+    return it == cfg->end() ? nullptr : &it->second;
+  };
+  auto set_int = [&](const char* flag, const std::string& key, int64_t* out) -> absl::Status {
+    const std::string* v = get(key);
+    if (v == nullptr || (flag && app.count(flag) > 0)) return absl::OkStatus();
+    int64_t x = 0;
+    if (!absl::SimpleAtoi(*v, &x) || x < 0) return bad(key, *v, "an integer >= 0");
+    *out = x;
+    return absl::OkStatus();
+  };
+  auto set_double = [&](const char* flag, const std::string& key, double* out) -> absl::Status {
+    const std::string* v = get(key);
+    if (v == nullptr || app.count(flag) > 0) return absl::OkStatus();
+    double x = 0;
+    if (!absl::SimpleAtod(*v, &x) || x < 0) return bad(key, *v, "a number >= 0");
+    *out = x;
+    return absl::OkStatus();
+  };
+  int64_t workers = a->num_data_workers, prefetch = a->prefetch_factor;
+  for (absl::Status s : {set_int("--data-size", "data_size", &a->data_size),
+                         set_int("--base-channels", "base_channels", &a->base_channels),
+                         set_int("--num-data-workers", "num_data_workers", &workers),
+                         set_int("--prefetch-factor", "prefetch_factor", &prefetch),
+                         set_int("--base-batch-size", "base_batch_size", &a->base_batch_size),
+                         set_int(nullptr, "global_batch_size", &a->global_batch_size),
+                         set_int(nullptr, "num_epochs", &a->num_epochs),
+                         set_int(nullptr, "Nsamples", &a->nsamples),
+                         set_int(nullptr, "Nsamples_val", &a->nsamples_val),
+                         set_int("--lr-warmup-steps", "lr_schedule.warmup_steps",
+                                 &a->lr_warmup_steps),
+                         set_double("--lr", "lr_schedule.start_lr", &a->lr),
+                         set_double("--end-lr", "lr_schedule.end_lr", &a->end_lr),
+                         set_double("--lambda-rho", "lambda_rho", &a->lambda_rho)}) {
+    if (!s.ok()) return s;
+  }
+  a->num_data_workers = static_cast<int>(std::max<int64_t>(1, workers));
+  a->prefetch_factor = static_cast<int>(std::max<int64_t>(1, prefetch));
+  if (a->data_size <= 0 || a->data_size % 64 != 0) {
+    return bad("data_size", std::to_string(a->data_size), "a positive multiple of 64");
+  }
+  if (const std::string* v = get("lr_schedule.scaling"); v && app.count("--lr-scaling") == 0) {
+    if (*v != "none" && *v != "linear" && *v != "sqrt") return bad("lr_schedule.scaling", *v, "none, linear or sqrt");
+    a->lr_scaling = *v;
+  }
+  if (const std::string* v = get("val_path")) a->val_path = *v;
+  const bool data_given = app.count("--data") > 0 || app.count("--synthetic") > 0;
+  if (const std::string* v = get("data_loader_config"); v && !data_given) {
+    if (*v == "synthetic") {
+      a->synthetic = true;
+    } else if (*v == "inmem" || *v == "lowmem") {
+      if (app.count("--data-mode") == 0) a->data_mode = *v;
+      const std::string* path = get("train_path");
+      if (path == nullptr || path->empty()) {
+        return bad("train_path", path ? *path : "", "an HDF5 file for inmem / lowmem");
+      }
+      a->data = *path;
+    } else {
+      return bad("data_loader_config", *v, "synthetic, inmem or lowmem");
+    }
+  }
+  return absl::OkStatus();
+}
+
+
+// The model, the batch, the optimiser and DDP.
+void AddModelFlags(CLI::App& app, TrainArgs& a) {
+  app.add_flag("--synthetic", a.synthetic, "train on synthetic fields (no data files needed)");
+  app.add_option("--base-channels", a.base_channels, "U-Net base width (tutorial: 64)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--data-size", a.data_size, "crop edge length, a multiple of 64")
+      ->check([](const std::string& s) {
+        long v = std::atol(s.c_str());
+        return (v > 0 && v % 64 == 0) ? std::string()
+                                      : "expected a positive multiple of 64, got " + s;
+      });
+  app.add_option("--local-batch-size", a.local_batch_size, "samples per rank per step")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-steps", a.max_steps, "training steps")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--warmup-steps", a.warmup_steps, "steps left out of the samples/s figure")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--lr", a.lr, "Adam learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--seed", a.seed, "seed of the model initialisation and the data");
+  app.add_flag("!--no-grad-sync", a.grad_sync, "skip the gradient allreduce (benchmarks)");
+  app.add_option("--bucket-cap-mb", a.bucket_cap_mb, "DDP gradient bucket size (PyTorch: 25)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("!--no-broadcast-buffers", a.broadcast_buffers,
+               "do not broadcast module buffers from rank 0 before each forward");
+  app.add_flag("--fp16-grad-compression", a.fp16_grad_compression,
+               "send gradients as float16 through the process group (PyTorch's "
+               "fp16_compress_hook; for jobs across hosts)");
+}
+
+// Data, metrics, checkpoints.
+void AddDataFlags(CLI::App& app, TrainArgs& a) {
+  app.add_option("--metrics-json", a.metrics_json, "write final figures to this JSON file");
+  app.add_option("--data", a.data, "HDF5 file with Nbody and Hydro datasets");
+  app.add_option("--data-mode", a.data_mode, "inmem (read once) or lowmem (read each crop)")
+      ->check(CLI::IsMember({"inmem", "lowmem"}));
+  app.add_option("--num-data-workers", a.num_data_workers, "loader threads")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--prefetch-factor", a.prefetch_factor, "samples queued per loader thread")
+      ->check(CLI::Range(1, 1024));
+}
+
+// Checkpoints, the LR schedule, devices, benchmarks and testing.
+void AddRunFlags(CLI::App& app, TrainArgs& a) {
+  app.add_option("--checkpoint-dir", a.checkpoint_dir,
+                 "save checkpoints here and resume from the newest valid one");
+  app.add_option("--checkpoint-every", a.checkpoint_every, "steps between checkpoints (0: end)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--lr-scaling", a.lr_scaling, "large-batch LR scaling: none, linear or sqrt")
+      ->check(CLI::IsMember({"none", "linear", "sqrt"}));
+  app.add_option("--base-batch-size", a.base_batch_size, "batch the --lr is for (0: global)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--lr-warmup-steps", a.lr_warmup_steps, "linear LR warm-up when scaled")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  app.add_option("--end-lr", a.end_lr, "LR at the end of the cosine decay")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lambda-rho", a.lambda_rho, "weight of the exp(14 x) density L1 term")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--tensorboard-dir", a.tensorboard_dir,
+                 "write TensorBoard event files (loss, val loss, LR, samples/s) here");
+  app.add_option("--device", a.device, "auto (CUDA when available), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_flag("!--no-amp", a.amp, "no mixed precision on CUDA (autocast + loss scaling)");
+  app.add_flag("--channels-last{1},--no-channels-last{0}", a.channels_last,
+               "channels-last 3D tensors (default: on CUDA only)");
+  app.add_flag("--benchy", a.benchy,
+               "throughput trials (IO, SYNTHETIC, FULL) of --max-steps steps each, then exit");
+  app.add_option("--fail-at-step", a.fail_at_step,
+                 "testing: the last rank exits 1 at this step of the first attempt");
+}
+
+}  // namespace
+
+int ParseTrainArgs(int argc, char** argv, TrainArgs* a) {
+  CLI::App app{"train_unet: the SC22 3D U-Net on LibTorch with dlrun::worker"};
+  AddModelFlags(app, *a);
+  AddDataFlags(app, *a);
+  AddRunFlags(app, *a);
+  std::string yaml_config = "examples/unet/config/UNet.yaml", config;
+  app.add_option("--yaml-config", yaml_config, "YAML file of named configurations");
+  app.add_option("--config", config, "configuration to use (e.g. short, bs64_opt, cpu_tiny)");
+  CLI11_PARSE(app, argc, argv);
+  a->max_steps_given = app.count("--max-steps") > 0;
+  a->local_batch_given = app.count("--local-batch-size") > 0;
+  if (!config.empty()) {
+    if (absl::Status s = ApplyConfig(yaml_config, config, app, a); !s.ok()) {
+      std::fprintf(stderr, "train_unet: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  if (a->synthetic == !a->data.empty()) {
+    std::fprintf(stderr, "train_unet: give exactly one of --synthetic or --data PATH\n");
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace dlrun::examples

@@ -139,7 +139,6 @@ TEST(DlrunAgent, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
   // races here (the agent may stop rank 0 first); it is pinned in-process, on a fake clock:
   // tests/launcher/agent/root_cause_test.cc (AgentRootCause.*).
 }
-}
 
 nlohmann::json RunDdpCheck(const std::vector<std::string>& launcher) {
   const std::string dir = MakeTempDir();

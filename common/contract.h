@@ -33,6 +33,8 @@ inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
 inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
+inline constexpr char kPythonExec[] = "PYTHON_EXEC";            // torchrun: the interpreter
+inline constexpr char kPythonUnbuffered[] = "PYTHONUNBUFFERED";  // set for Python workers
 
 // --- dlrun's additions, agent -> worker -------------------------------------------------------
 // A pipe's write end, inherited by the worker: any byte written is a heartbeat (the agent's
@@ -55,6 +57,9 @@ inline constexpr char kRdzvTlsCa[] = "DLRUN_RDZV_TLS_CA";
 inline constexpr char kRdzvTlsCert[] = "DLRUN_RDZV_TLS_CERT";
 inline constexpr char kRdzvTlsKey[] = "DLRUN_RDZV_TLS_KEY";
 inline constexpr char kRdzvTlsServerName[] = "DLRUN_RDZV_TLS_SERVER_NAME";
-inline constexpr char kCpuAffinity[] = "DLRUN_CPU_AFFINITY";  // "0": no CPU pinning
+
+// The NVML library dlrun loads for --gpus least-loaded (default libnvidia-ml.so.1); the tests
+// point it at a fake (tests/compat/fake_nvml.c).
+inline constexpr char kNvmlLibrary[] = "DLRUN_NVML_LIBRARY";
 
 }  // namespace dlrun::contract

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -43,21 +44,19 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   std::filesystem::create_directories(std::filesystem::path(err).parent_path(), ec);
   std::filesystem::remove(err, ec);  // a stale file must not be taken for this attempt's
   spec.env = BuildWorkerEnv(current_, lr, err, options_.omp_threads);
+  for (const auto& [k, v] : options_.extra_env) spec.env[k] = v;
+  for (const std::string& k : options_.keep_inherited) spec.env.erase(k);
   if (lr < static_cast<int>(options_.gpus.size())) {
     spec.env[contract::kCudaVisibleDevices] = options_.gpus[lr];
   }
-  // This worker's share of the CPUs: a contiguous block, when there is at least one each.
-  const int ncpu = static_cast<int>(options_.cpus.size());
-  if (ncpu >= options_.nproc && ncpu > 0) {
-    const int per = ncpu / options_.nproc;
-    spec.cpus.assign(options_.cpus.begin() + lr * per, options_.cpus.begin() + (lr + 1) * per);
-  }
+  if (lr < static_cast<int>(options_.worker_cpus.size())) spec.cpus = options_.worker_cpus[lr];
   spec.console_prefix = absl::StrCat("[rank ", current_.rank_offset + lr, "]: ");
   const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
   const auto& shown_ranks = options_.console_ranks;
   const bool shown = shown_ranks.empty() ||
                      std::find(shown_ranks.begin(), shown_ranks.end(), lr) != shown_ranks.end();
   spec.out.console_fd = shown && !(mode & 1) ? STDOUT_FILENO : -1;
+  spec.stdout_pty = options_.stdout_pty && spec.out.console_fd >= 0;
   spec.err.console_fd = shown && !(mode & 2) ? STDERR_FILENO : -1;
   if (!options_.log_dir.empty()) {
     const std::string dir = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/", lr);
@@ -258,22 +257,21 @@ int Agent::AfterSuccess() {
 
 int Agent::AfterFailure() {
   StopGroup(SIGTERM);
-  const RootCause root =
-      PickRootCause(exits_, [this](int lr) { return ReadErrorRecord(ErrorFile(lr)); });
+  auto error_of = [this](int lr) { return ReadErrorRecord(ErrorFile(lr)); };
+  const RootCause root = PickRootCause(exits_, error_of);
   const WorkerExit& first = root.exit;
+  FailureReport report{options_.program_name, options_.hostname, exits_, root,
+                       [this](int lr) { return ErrorFile(lr); }, error_of};
+  std::fflush(stdout);
+  std::fputs(FormatFailureReport(report).c_str(), stderr);
   spdlog::error("job failed. Root cause (first failure): rank {} (local rank {}, pid {}): {}",
                 first.global_rank, first.local_rank, first.pid, root.message);
-  for (const WorkerExit& e : exits_) {
-    if (!e.failed() || e.stopped || e.pid == first.pid) continue;
-    spdlog::error("  also failed: rank {} (local rank {}, pid {}): {}", e.global_rank,
-                  e.local_rank, e.pid, DescribeExit(e));
-  }
   const std::string what = first.signal != 0
                                ? absl::StrCat("rank ", first.global_rank, " got SIG",
                                               sigabbrev_np(first.signal))
                                : absl::StrCat("rank ", first.global_rank, " exited with ",
                                               first.exit_code);
-  if (!source_->OnFailure(what)) return first.code();
+  if (!source_->OnFailure(what)) return options_.exit_with_worker_code ? first.code() : 1;
   spdlog::warn("restarting worker group (restart {} of {})", current_.restart_count + 1,
                current_.max_restarts);
   return -1;

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,8 +44,17 @@ struct AgentOptions {
   // or any byte written to the heartbeat pipe, contract::kHeartbeatFd) and then none for this
   // long is treated as failed. Zero: off.
   Millis hang_timeout{0};
-  std::vector<int> cpus;  // CPUs to split between workers (empty: no pinning)
+  std::vector<std::vector<int>> worker_cpus;  // per local rank (empty: no pinning)
   std::vector<std::string> gpus;  // one device id per local rank -> CUDA_VISIBLE_DEVICES
+  std::map<std::string, std::string> extra_env;  // for every worker (e.g. PYTHONUNBUFFERED=1)
+  // Variables of the worker environment that the user already set and that dlrun must not
+  // overwrite (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING).
+  std::vector<std::string> keep_inherited;
+  bool stdout_pty = false;  // workers' stdout on a pseudo-terminal (dlrun's stdout is one)
+  // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
+  bool exit_with_worker_code = false;
+  std::string program_name = "worker";  // named in the failure block
+  std::string hostname;
 };
 
 class Agent {
@@ -53,9 +63,10 @@ class Agent {
   static constexpr int kHangExitCode = 124;
   Agent(AgentOptions options, std::unique_ptr<MembershipSource> source, Processes& processes,
         Clock& clock);
-  // Runs until the job ends; returns the exit code for dlrun: 0, the first failing worker's code
-  // (128+N for a signal), 1 when the job was stopped by the rendezvous, or 128+N if dlrun itself
-  // got forwarded signal N.
+  // Runs until the job ends; returns the exit code for dlrun: 0; 1 when workers failed (as
+  // torchrun; with exit_with_worker_code the root cause's own code, 128+N for a signal); 1 when
+  // the rendezvous stopped the job; kHangExitCode after a hang; 128+N if dlrun itself got
+  // forwarded signal N.
   int Run();
 
  private:

@@ -15,19 +15,36 @@ void LineStream::Feed(const char* data, size_t n) {
   if (log_ != nullptr) std::fwrite(data, 1, n, log_);
   if (console_fd_ < 0) return;
   partial_.append(data, n);
+  // A line ends at '\n', and also at '\r': a progress bar redrawing its line shows each state,
+  // with the prefix written again after each '\r' so it stays in column 0.
   std::string out;
   size_t start = 0;
-  for (size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
-    absl::StrAppend(&out, prefix_, absl::string_view(partial_).substr(start, nl + 1 - start));
+  for (size_t end; (end = partial_.find_first_of("\r\n", start)) != std::string::npos;
+       start = end + 1) {
+    const absl::string_view line = absl::string_view(partial_).substr(start, end + 1 - start);
+    if (open_line_ || (line == "\n" && after_cr_)) {
+      absl::StrAppend(&out, line);  // the prefix is out already, or this ends a "\r\n"
+    } else {
+      absl::StrAppend(&out, prefix_, line);
+    }
+    open_line_ = false;
+    after_cr_ = partial_[end] == '\r';
   }
   partial_.erase(0, start);
+  // After a '\r' the line being redrawn is shown as it comes (a bar's state has no '\n').
+  if (after_cr_ && !partial_.empty()) {
+    absl::StrAppend(&out, open_line_ ? "" : prefix_, partial_);
+    partial_.clear();
+    open_line_ = true;
+  }
   Write(out);
 }
 
 void LineStream::Finish() {
-  if (console_fd_ >= 0 && !partial_.empty()) {
-    Write(absl::StrCat(prefix_, partial_, "\n"));
+  if (console_fd_ >= 0 && (!partial_.empty() || open_line_)) {
+    Write(absl::StrCat(open_line_ ? "" : prefix_, partial_, "\n"));
     partial_.clear();
+    open_line_ = false;
   }
   if (log_ != nullptr) std::fclose(log_);
   log_ = nullptr;

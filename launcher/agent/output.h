@@ -1,7 +1,7 @@
 // One worker stream on its way to the console and a log file: bytes are logged as they come,
-// and whole lines reach the console with the rank prefix ("[rank 3]: "), so the lines of
-// several workers never interleave mid-line. An unfinished last line is printed (with a
-// newline) when the stream ends.
+// and whole lines (ended by '\n' or '\r') reach the console with the rank prefix
+// ("[rank 3]: "), so the lines of several workers never interleave mid-line and progress bars
+// redraw live. An unfinished last line is printed (with a newline) when the stream ends.
 #pragma once
 
 #include <cstdio>
@@ -28,6 +28,8 @@ class LineStream {
   int console_fd_;
   FILE* log_;
   std::string partial_;
+  bool after_cr_ = false;   // the last line written ended with '\r'
+  bool open_line_ = false;  // a redrawn line's start (and prefix) is written, its end is not
 };
 
 }  // namespace dlrun::launcher

@@ -4,7 +4,10 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <pty.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
@@ -100,9 +103,28 @@ PosixProcesses::~PosixProcesses() {
   close(wake_fd_);
 }
 
+// A pseudo-terminal for a worker's stdout: [0] the agent's end, [1] the worker's. The size is
+// the agent's terminal's (progress bars fit); no \n -> \r\n translation (the agent adds the
+// rank prefix to bytes as written).
+static bool OpenPty(int fds[2]) {
+  struct winsize ws {};
+  const bool sized = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0;
+  if (openpty(&fds[0], &fds[1], nullptr, nullptr, sized ? &ws : nullptr) != 0) return false;
+  struct termios t;
+  if (tcgetattr(fds[1], &t) == 0) {
+    t.c_oflag &= ~static_cast<tcflag_t>(ONLCR);
+    tcsetattr(fds[1], TCSANOW, &t);
+  }
+  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+  return true;
+}
+
 absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
   int out_pipe[2], err_pipe[2], hb_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
+  if (spec.stdout_pty ? !OpenPty(out_pipe) : pipe2(out_pipe, O_CLOEXEC) != 0) {
+    return absl::InternalError(std::strerror(errno));
+  }
   if (pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
   if (pipe2(hb_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return absl::InternalError(std::strerror(errno));
   std::map<std::string, std::string> env = spec.env;

@@ -28,6 +28,7 @@ struct SpawnSpec {
   std::map<std::string, std::string> env;  // set on top of the agent's environment
   std::vector<int> cpus;                   // pin to these CPUs; empty: no pinning
   std::string console_prefix;              // "[rank N]: "
+  bool stdout_pty = false;  // stdout on a pseudo-terminal (line-buffered, progress bars live)
   StreamRoute out, err;
 };
 

@@ -1,6 +1,7 @@
 #include "launcher/agent/root_cause.h"
 
 #include <string.h>
+#include <time.h>
 
 #include <fstream>
 
@@ -25,6 +26,10 @@ ErrorRecord ReadErrorRecord(const std::string& path) {
       const auto& ts = (*m)["extraInfo"].value("timestamp", nlohmann::json());
       if (ts.is_string()) r.timestamp = std::atof(ts.get<std::string>().c_str());
       if (ts.is_number()) r.timestamp = ts.get<double>();
+    }
+    if (m->contains("extraInfo") && (*m)["extraInfo"].is_object()) {
+      const auto& tb = (*m)["extraInfo"].value("py_callstack", nlohmann::json());
+      if (tb.is_string()) r.traceback = tb.get<std::string>();
     }
     if (m->contains("message")) m = &(*m)["message"];
   }
@@ -63,6 +68,56 @@ RootCause PickRootCause(const std::vector<WorkerExit>& exits,
                        : absl::StrCat("exit code ", root.exit.exit_code);
   }
   return root;
+}
+
+namespace {
+
+std::string TimeOf(double epoch_s) {
+  const time_t t = static_cast<time_t>(epoch_s);
+  struct tm tm;
+  localtime_r(&t, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tm);
+  return buf;
+}
+
+void AppendFailure(const FailureReport& r, const WorkerExit& e, int index, std::string* out) {
+  const ErrorRecord rec = r.error_of(e.local_rank);
+  const bool has_file = !rec.message.empty();
+  std::string traceback;
+  if (has_file) {
+    traceback = rec.traceback.empty() ? rec.message : rec.traceback;
+  } else if (e.signal != 0) {
+    traceback = absl::StrCat("Signal ", e.signal, " (SIG", sigabbrev_np(e.signal),
+                             ") received by PID ", e.pid);
+  } else {
+    traceback = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
+  }
+  absl::StrAppend(out, "[", index, "]:\n",
+                  "  time      : ", TimeOf(has_file && rec.timestamp > 0 ? rec.timestamp : e.when_s),
+                  "\n  host      : ", r.hostname,
+                  "\n  rank      : ", e.global_rank, " (local_rank: ", e.local_rank, ")",
+                  "\n  exitcode  : ", e.signal != 0 ? -e.signal : e.exit_code, " (pid: ", e.pid, ")",
+                  "\n  error_file: ", has_file ? r.error_file_of(e.local_rank) : "<N/A>",
+                  "\n  traceback : ", traceback, "\n");
+}
+
+}  // namespace
+
+std::string FormatFailureReport(const FailureReport& r) {
+  const std::string rule(60, '=');
+  const std::string thin(60, '-');
+  std::string out = absl::StrCat(rule, "\n", r.program, " FAILED\n", thin, "\nFailures:\n");
+  int index = 1;
+  for (const WorkerExit& e : r.exits) {
+    if (!e.failed() || e.stopped || e.pid == r.root.exit.pid) continue;
+    AppendFailure(r, e, index++, &out);
+  }
+  if (index == 1) absl::StrAppend(&out, "  <NO_OTHER_FAILURES>\n");
+  absl::StrAppend(&out, thin, "\nRoot Cause (first observed failure):\n");
+  AppendFailure(r, r.root.exit, 0, &out);
+  absl::StrAppend(&out, rule, "\n");
+  return out;
 }
 
 }  // namespace dlrun::launcher

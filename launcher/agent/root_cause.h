@@ -27,8 +27,9 @@ struct WorkerExit {
 };
 
 struct ErrorRecord {
-  std::string message;  // empty: no (readable) file
+  std::string message;    // empty: no (readable) file
   double timestamp = 0;
+  std::string traceback;  // extraInfo.py_callstack, when the worker wrote one
 };
 
 // Reads a torchelastic error file:
@@ -47,5 +48,19 @@ RootCause PickRootCause(const std::vector<WorkerExit>& exits,
 
 // "signal 9 (SIGKILL)" or "exit code 3".
 std::string DescribeExit(const WorkerExit& e);
+
+// torchrun's failure block (its ChildFailedError), so people and log scrapers find what they
+// know: "<program> FAILED", the other failures, then "Root Cause (first observed failure)" with
+// time, host, rank, local_rank, exitcode (negative for a signal, as torchrun), error_file and
+// traceback.
+struct FailureReport {
+  std::string program;   // what the workers ran, e.g. "train.py"
+  std::string hostname;
+  std::vector<WorkerExit> exits;  // this attempt's, in exit order
+  RootCause root;
+  std::function<std::string(int local_rank)> error_file_of;
+  std::function<ErrorRecord(int local_rank)> error_of;
+};
+std::string FormatFailureReport(const FailureReport& r);
 
 }  // namespace dlrun::launcher

@@ -3,7 +3,9 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -49,6 +51,58 @@ std::string RandomRunId() {
   return absl::StrCat("dlrun-", absl::Hex(rd()), absl::Hex(rd()));
 }
 
+std::string HostName() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// torchrun flags that dlrun accepts without acting on them: one line each, when given.
+void NoteIgnoredFlags(const LaunchOptions& o) {
+  if (o.given.count("start-method")) {
+    spdlog::info("--start-method {}: no effect (dlrun starts each worker as a new process)",
+                 o.start_method);
+  }
+  if (o.given.count("logs-specs")) {
+    spdlog::info("--logs-specs {}: no effect (dlrun writes torchrun's default layout)",
+                 o.logs_specs);
+  }
+  if (o.given.count("event-log-handler")) {
+    spdlog::info("--event-log-handler {}: no effect", o.event_log_handler);
+  }
+  if (o.given.count("monitor-interval")) {
+    spdlog::info("--monitor-interval: no effect (dlrun sees worker exits at once)");
+  }
+}
+
+// Worker environment and process settings that follow torchrun: CUDA_VISIBLE_DEVICES, Python,
+// threads, the user's NCCL settings, CPU pinning.
+absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std::vector<int>& cpus,
+                                   const EnvLookup& env, AgentOptions* a) {
+  GpuFacts gpu;
+  gpu.visible_devices = env(contract::kCudaVisibleDevices);
+  if (o.gpus == "least-loaded") gpu.loads = QueryGpuLoads();
+  gpu.device_count = CountGpus();
+  auto gpus = ResolveGpus(o.gpus, nproc, gpu);
+  if (!gpus.ok()) return gpus.status();
+  a->gpus = *gpus;
+  a->argv = WorkerArgv(o, env(contract::kPythonExec).value_or("python3"));
+  if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
+    a->extra_env[contract::kPythonUnbuffered] = "1";
+  }
+  a->omp_threads = OmpThreads(env(contract::kOmpNumThreads).has_value(),
+                              static_cast<int>(cpus.size()), nproc);
+  if (a->omp_threads > 0) {
+    spdlog::info("OMP_NUM_THREADS is unset: setting it to {} ({} CPUs / {} workers)",
+                 a->omp_threads, cpus.size(), nproc);
+  }
+  for (const char* k : {contract::kNcclAsyncErrorHandling, contract::kNcclAsyncErrorHandlingOld}) {
+    if (env(k)) a->keep_inherited.push_back(k);
+  }
+  a->worker_cpus = WorkerCpus(o.cpu_affinity, cpus, ReadCpuTopology(), nproc);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc,
                                                const std::vector<int>& cpus,
                                                const EnvLookup& env) {
@@ -57,29 +111,41 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   SplitSignals(o.signals_to_handle, &a);
   a.grace = o.grace_period;
   a.hang_timeout = o.hang_timeout;
-  a.log_dir = o.log_dir;
   a.redirects = StdSpecPerRank(o.redirects, nproc);
   if (!o.local_ranks_filter.empty()) {
     auto ranks = ParseRankList(o.local_ranks_filter, nproc);
     if (!ranks.ok()) return ranks.status();
     a.console_ranks = *ranks;
   }
-  if (env(contract::kCpuAffinity).value_or("1") != "0") a.cpus = cpus;
-  GpuFacts gpu;
-  gpu.visible_devices = env(contract::kCudaVisibleDevices);
-  if (o.gpus == "auto" && !gpu.visible_devices) gpu.loads = QueryGpuLoads();
-  gpu.device_count = CountGpus();
-  auto gpus = ResolveGpus(o.gpus, nproc, gpu);
-  if (!gpus.ok()) return gpus.status();
-  a.gpus = *gpus;
-  a.argv = WorkerArgv(o);
-  a.omp_threads = OmpThreads(env(contract::kOmpNumThreads).has_value(),
-                             static_cast<int>(cpus.size()), nproc);
-  if (a.omp_threads > 0 && nproc > 1) {
-    spdlog::info("OMP_NUM_THREADS is unset: setting it to {} ({} CPUs / {} workers)",
-                 a.omp_threads, cpus.size(), nproc);
-  }
+  if (absl::Status s = ApplyEnvironmentRules(o, nproc, cpus, env, &a); !s.ok()) return s;
+  a.stdout_pty = isatty(STDOUT_FILENO) == 1;
+  a.exit_with_worker_code = o.worker_exit_code;
+  a.program_name = o.command[0];
+  a.hostname = HostName();
+  NoteIgnoredFlags(o);
   return a;
+}
+
+// Where error files and logs go. --log-dir (or -r/-t without it): a new directory per run,
+// torchrun's DIR/<run_id>_<random>/ (with the host name in multi-node jobs, whose nodes may
+// share DIR), kept after the run. Else a scratch directory, removed after a success.
+absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string& run_id,
+                                       const EnvLookup& env, bool* keep) {
+  const std::string tmp = env("TMPDIR").value_or("/tmp");
+  const bool redirected = o.redirects != "0" || o.tee != "0";
+  *keep = !o.log_dir.empty() || redirected;
+  if (!*keep) return RunDir(tmp, getuid(), run_id, getpid());
+  std::string base = o.log_dir;
+  if (base.empty()) base = absl::StrCat(tmp, "/dlrun-", getuid(), "/logs");
+  std::error_code ec;
+  std::filesystem::create_directories(base, ec);
+  std::string templ = RunLogDirTemplate(base, run_id, HostName(), o.max_nodes > 1);
+  if (mkdtemp(templ.data()) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create a log directory in '", base,
+                                                   "': ", std::strerror(errno)));
+  }
+  if (o.log_dir.empty()) spdlog::info("worker output is kept in {} (no --log-dir given)", templ);
+  return templ;
 }
 
 absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchOptions& o,
@@ -98,12 +164,10 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
   auto tls = rdzv::TlsConfigFromEnv();
   if (!tls.ok()) return tls.status();
   r.tls = std::move(*tls);
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  r.hostname = host;
+  r.hostname = HostName();
   const std::string ep_host = o.rdzv_endpoint.substr(0, o.rdzv_endpoint.rfind(':'));
   r.local_addr = !o.local_addr.empty() ? o.local_addr : LocalAddressFor(ep_host);
-  if (r.local_addr.empty()) r.local_addr = host;
+  if (r.local_addr.empty()) r.local_addr = r.hostname;
   r.nproc = nproc;
   r.slurm_node_id = d.slurm_node_id;
   r.role = o.role;
@@ -129,12 +193,24 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
   }
   *run_id = o.rdzv_id;
   if (use_rdzv) return RendezvousSource(o, d, nproc, env);
+  // The static backend checks --rdzv-conf too (its keys set no timeouts here) and, as torchrun,
+  // takes the store's address from --rdzv-endpoint when given.
+  rdzv::Config unused;
+  std::string is_host;
+  if (absl::Status s = ApplyRdzvConf(o.rdzv_conf, &unused, &is_host); !s.ok()) return s;
   Assignment base = StaticAssignment(o, nproc);
   std::function<int()> pick;
   if (o.standalone) {
     base.master_addr = "127.0.0.1";
     base.run_id = RandomRunId();
-    if (!o.master_port_given) pick = [] { return FreeTcpPort("127.0.0.1"); };
+    if (!o.master_port_given) {
+      // A fresh port per attempt, held (bound, not listening) while that attempt runs.
+      auto held = std::make_shared<PortReservation>();
+      pick = [held] {
+        *held = ReservePort("127.0.0.1");
+        return held->port();
+      };
+    }
   }
   *run_id = base.run_id;
   return MakeStaticSource(base, o.max_restarts, pick);
@@ -172,17 +248,21 @@ int LaunchMain(std::vector<std::string> args, bool env_only) {
   std::string run_id;
   auto source = MakeSource(o, *detected, *nproc, env, &run_id);
   if (!source.ok()) return Fail(source.status());
-  a.run_dir = RunDir(env("TMPDIR").value_or("/tmp"), getuid(), run_id, getpid());
+  bool keep_run_dir = false;
+  auto run_dir_or = MakeRunDir(o, run_id, env, &keep_run_dir);
+  if (!run_dir_or.ok()) return Fail(run_dir_or.status());
+  a.run_dir = *run_dir_or;
+  if (keep_run_dir) a.log_dir = a.run_dir;
   const std::string run_dir = a.run_dir;
   int rc = 0;
   {
     Agent agent(std::move(a), std::move(*source), **processes, SystemClock());
     rc = agent.Run();
   }
-  if (rc == 0) {
+  if (rc == 0 && !keep_run_dir) {
     std::error_code ec;
     std::filesystem::remove_all(run_dir, ec);
-  } else {
+  } else if (rc != 0) {
     spdlog::info("worker error files are kept in {}", run_dir);
   }
   return rc;

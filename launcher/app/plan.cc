@@ -3,8 +3,14 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -15,14 +21,17 @@ namespace dlrun::launcher {
 absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, int nproc,
                                                      const GpuFacts& facts) {
   std::vector<std::string> ids;
-  if (spec == "none") return ids;
-  if (spec == "auto") {
+  if (spec == "inherit" || spec == "none") return ids;
+  if (spec == "least-loaded" && facts.loads && static_cast<int>(facts.loads->size()) >= nproc) {
+    for (int i : PickLeastLoaded(*facts.loads, nproc)) ids.push_back(std::to_string(i));
+    spdlog::info("--gpus least-loaded: the {} least-loaded GPU(s) by memory used and "
+                 "utilisation: {}",
+                 nproc, absl::StrJoin(ids, ","));
+    return ids;
+  }
+  if (spec == "per-worker" || spec == "auto" || spec == "least-loaded") {
     if (facts.visible_devices.has_value()) {
       ids = absl::StrSplit(*facts.visible_devices, ',', absl::SkipEmpty());  // the scheduler's
-    } else if (facts.loads && static_cast<int>(facts.loads->size()) >= nproc) {
-      for (int i : PickLeastLoaded(*facts.loads, nproc)) ids.push_back(std::to_string(i));
-      spdlog::info("--gpus auto: the {} least-loaded GPU(s) by memory used and utilisation: {}",
-                   nproc, absl::StrJoin(ids, ","));
     } else {
       for (int i = 0; i < facts.device_count; ++i) ids.push_back(std::to_string(i));
     }
@@ -32,27 +41,101 @@ absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, in
     if (static_cast<int>(ids.size()) < nproc) {
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid value '", spec, "' for --gpus: expected at least ", nproc,
-          " device ids (one per worker), auto or none"));
+          " device ids (one per worker), inherit, per-worker or least-loaded"));
     }
   }
   ids.resize(nproc);
   return ids;
 }
 
-std::vector<std::string> WorkerArgv(const LaunchOptions& o) {
+bool RunsPython(const LaunchOptions& o) {
+  return o.module || (!o.no_python && absl::EndsWith(o.command[0], ".py"));
+}
+
+std::vector<std::string> WorkerArgv(const LaunchOptions& o, const std::string& python) {
   std::vector<std::string> argv;
   if (o.module) {
-    argv = {"python3", "-m"};
-  } else if (!o.no_python && absl::EndsWith(o.command[0], ".py")) {
-    argv = {"python3", "-u"};
+    argv = {python, "-u", "-m"};
+  } else if (RunsPython(o)) {
+    argv = {python, "-u"};
   }
   argv.insert(argv.end(), o.command.begin(), o.command.end());
   return argv;
 }
 
 int OmpThreads(bool user_set, int ncpus, int nproc) {
-  if (user_set) return 0;
-  return std::max(1, ncpus / std::max(1, nproc));
+  if (user_set || nproc <= 1) return 0;
+  return std::max(1, ncpus / nproc);
+}
+
+std::vector<int> ParseCpuList(const std::string& list) {
+  std::vector<int> out;
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    std::vector<std::string> r = absl::StrSplit(absl::StripAsciiWhitespace(item), '-');
+    int lo = 0, hi = 0;
+    if (r.empty() || r.size() > 2 || !absl::SimpleAtoi(r[0], &lo) ||
+        !absl::SimpleAtoi(r.back(), &hi) || lo < 0 || hi < lo || hi > 1 << 20) {
+      return {};
+    }
+    for (int c = lo; c <= hi; ++c) out.push_back(c);
+  }
+  return out;
+}
+
+namespace {
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+}  // namespace
+
+CpuTopology ReadCpuTopology(const std::string& root) {
+  CpuTopology t;
+  for (int n = 0;; ++n) {
+    const std::string dir = absl::StrCat(root, "/devices/system/node/node", n);
+    if (!std::filesystem::exists(dir)) break;
+    t.numa_nodes.push_back(ParseCpuList(ReadSmallFile(dir + "/cpulist")));
+  }
+  std::map<int, std::vector<int>> by_package;
+  for (int c = 0;; ++c) {
+    const std::string f =
+        absl::StrCat(root, "/devices/system/cpu/cpu", c, "/topology/physical_package_id");
+    if (!std::filesystem::exists(f)) break;
+    int pkg = 0;
+    if (absl::SimpleAtoi(ReadSmallFile(f), &pkg)) by_package[pkg].push_back(c);
+  }
+  for (auto& [pkg, cpus] : by_package) t.sockets.push_back(std::move(cpus));
+  return t;
+}
+
+std::vector<std::vector<int>> WorkerCpus(const std::string& mode, const std::vector<int>& allowed,
+                                         const CpuTopology& topology, int nproc) {
+  std::vector<std::vector<int>> out;
+  const int ncpu = static_cast<int>(allowed.size());
+  if (mode == "block") {
+    if (ncpu < nproc || nproc <= 0) return out;
+    const int per = ncpu / nproc;
+    for (int lr = 0; lr < nproc; ++lr) {
+      out.emplace_back(allowed.begin() + lr * per, allowed.begin() + (lr + 1) * per);
+    }
+    return out;
+  }
+  if (mode != "node" && mode != "socket") return out;
+  std::vector<std::vector<int>> groups;
+  for (const auto& g : mode == "node" ? topology.numa_nodes : topology.sockets) {
+    std::vector<int> mine;
+    for (int c : g) {
+      if (std::find(allowed.begin(), allowed.end(), c) != allowed.end()) mine.push_back(c);
+    }
+    if (!mine.empty()) groups.push_back(std::move(mine));
+  }
+  if (groups.empty()) return out;  // no topology: no pinning
+  for (int lr = 0; lr < nproc; ++lr) out.push_back(groups[lr % groups.size()]);
+  return out;
 }
 
 void SplitSignals(const std::vector<int>& handled, AgentOptions* a) {
@@ -60,6 +143,11 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a) {
     (sig == SIGUSR1 || sig == SIGUSR2 ? a->passthrough_signals : a->forwarded_signals)
         .push_back(sig);
   }
+}
+
+std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run_id,
+                              const std::string& hostname, bool multinode) {
+  return absl::StrCat(log_dir, "/", run_id, multinode ? "_" + hostname : std::string(), "_XXXXXX");
 }
 
 std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid) {
@@ -76,6 +164,20 @@ Assignment StaticAssignment(const LaunchOptions& o, int nproc) {
   a.role = o.role;
   a.master_addr = o.master_addr;
   a.master_port = o.master_port;
+  if (!o.standalone && !o.rdzv_endpoint.empty()) {  // torchrun's static backend: HOST[:PORT]
+    const size_t colon = o.rdzv_endpoint.rfind(':');
+    int port = 0;
+    if (colon != std::string::npos && o.rdzv_endpoint.find(']', colon) == std::string::npos &&
+        absl::SimpleAtoi(o.rdzv_endpoint.substr(colon + 1), &port)) {
+      a.master_addr = o.rdzv_endpoint.substr(0, colon);
+      a.master_port = port;
+    } else {
+      a.master_addr = o.rdzv_endpoint;
+    }
+    if (a.master_addr.size() > 2 && a.master_addr.front() == '[' && a.master_addr.back() == ']') {
+      a.master_addr = a.master_addr.substr(1, a.master_addr.size() - 2);
+    }
+  }
   a.run_id = o.rdzv_id;
   a.max_restarts = o.max_restarts;
   return a;

@@ -21,18 +21,40 @@ struct GpuFacts {
   int device_count = 0;                        // /dev/nvidiaN
 };
 
-// The device id each worker gets in CUDA_VISIBLE_DEVICES ("none": no narrowing). "auto" gives
-// local rank i the i-th visible GPU (respecting an inherited CUDA_VISIBLE_DEVICES, else the
-// least loaded by NVML, else /dev/nvidiaN order) when there is one per worker, and nothing
-// (a CPU run) otherwise; explicit ids need at least one per worker.
+// The device id each worker gets in CUDA_VISIBLE_DEVICES; empty: every worker inherits it.
+// "inherit" (the default, as torchrun; also "none"): nothing changes, so LOCAL_RANK is the
+// device index. Opt-ins, after which the device index inside each worker is 0:
+// "per-worker" (also "auto"): local rank i sees only the i-th visible GPU (the inherited
+// CUDA_VISIBLE_DEVICES, else /dev/nvidiaN order), when there is one per worker (else nothing
+// changes); "least-loaded": the nproc GPUs with the least memory used and utilisation (NVML;
+// without NVML as per-worker); "0,3,...": these ids, at least one per worker.
 absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, int nproc,
                                                      const GpuFacts& facts);
 
-// What each worker runs: torchrun runs .py files and -m modules with the Python interpreter.
-std::vector<std::string> WorkerArgv(const LaunchOptions& o);
+// What each worker runs: torchrun runs .py files and -m modules with `python` ($PYTHON_EXEC,
+// else python3 on PATH) and -u (unbuffered).
+std::vector<std::string> WorkerArgv(const LaunchOptions& o, const std::string& python);
+// Whether workers run under the Python interpreter (they then get PYTHONUNBUFFERED=1).
+bool RunsPython(const LaunchOptions& o);
 
-// OMP_NUM_THREADS for the workers: 0 (leave it) when the user set it, else CPUs / workers.
+// OMP_NUM_THREADS for the workers: 0 (leave it) when the user set it or with one worker (as
+// torchrun), else CPUs / workers (torchrun: 1; more is faster and never oversubscribes).
 int OmpThreads(bool user_set, int ncpus, int nproc);
+
+// The machine's CPU groups, from sysfs (`root` is /sys; tests pass a fake tree).
+struct CpuTopology {
+  std::vector<std::vector<int>> numa_nodes;  // /sys/devices/system/node/nodeN/cpulist
+  std::vector<std::vector<int>> sockets;     // by .../cpuN/topology/physical_package_id
+};
+CpuTopology ReadCpuTopology(const std::string& root = "/sys");
+// A Linux CPU list ("0-3,8,10-11") as numbers; empty on a malformed list.
+std::vector<int> ParseCpuList(const std::string& list);
+
+// The CPUs each worker is pinned to (--cpu-affinity): none -> no pinning (empty); block -> a
+// contiguous share of `allowed` each (none when there are fewer CPUs than workers); node /
+// socket -> worker i gets the allowed CPUs of group i mod G (G = the groups with allowed CPUs).
+std::vector<std::vector<int>> WorkerCpus(const std::string& mode, const std::vector<int>& allowed,
+                                         const CpuTopology& topology, int nproc);
 
 // Splits --signals-to-handle: SIGUSR1/SIGUSR2 carry messages (e.g. Slurm's preemption warning)
 // and are passed on with the job running; the others stop the job.
@@ -41,7 +63,13 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a);
 // The per-run scratch directory for error files: TMPDIR/dlrun-UID/RUNID-PID.
 std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid);
 
-// Static rendezvous (--rdzv-backend static, or standalone): the fixed assignment.
+// The mkdtemp template of a run's log directory: torchrun's DIR/<run_id>_<random>, with the
+// host name before the random part in multi-node jobs (their nodes may share DIR).
+std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run_id,
+                              const std::string& hostname, bool multinode);
+
+// Static rendezvous (--rdzv-backend static, or standalone): the fixed assignment; as torchrun,
+// --rdzv-endpoint HOST[:PORT], when given, is the store's address instead of --master-addr/port.
 Assignment StaticAssignment(const LaunchOptions& o, int nproc);
 
 }  // namespace dlrun::launcher

@@ -54,7 +54,7 @@ absl::Status SetNnodes(O& o, const std::string& v) {
 }
 
 absl::Status SetNproc(O& o, const std::string& v) {
-  if (v != "auto" && v != "gpu" && v != "cpu") {
+  if (v != "auto" && v != "gpu" && v != "cpu" && v != "xpu") {
     auto n = ResolveNprocPerNode(v, 0, 1);
     if (!n.ok()) return n.status();
   }
@@ -63,8 +63,13 @@ absl::Status SetNproc(O& o, const std::string& v) {
 }
 
 absl::Status SetBackend(O& o, const std::string& v) {
-  if (v != "static" && v != "c10d" && v != "grpc" && v != "dlrun" && v != "etcd" &&
-      v != "etcd-v2") {
+  if (v == "etcd" || v == "etcd-v2") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv-backend ", v, " is not supported: dlrun brings its own rendezvous, with nothing "
+        "to run beside it; use --rdzv-backend c10d (or grpc) and the same --rdzv-endpoint "
+        "HOST:PORT on every node"));
+  }
+  if (v != "static" && v != "c10d" && v != "grpc" && v != "dlrun") {
     return BadValue("rdzv-backend", v, "static, c10d, grpc or dlrun");
   }
   o.rdzv_backend = v;
@@ -76,6 +81,47 @@ absl::Status SetMasterPort(O& o, const std::string& v) {
   if (!n.ok()) return BadValue("master-port", v, "a port number 0-65535");
   o.master_port = *n;
   o.master_port_given = true;
+  return absl::OkStatus();
+}
+
+absl::Status SetStartMethod(O& o, const std::string& v) {
+  if (v != "spawn" && v != "fork" && v != "forkserver") {
+    return BadValue("start-method", v, "spawn, fork or forkserver");
+  }
+  o.start_method = v;
+  return absl::OkStatus();
+}
+
+absl::Status SetGpus(O& o, const std::string& v) {
+  if (v.empty() || v.find_first_not_of("0123456789,") != std::string::npos) {
+    if (v != "inherit" && v != "none" && v != "per-worker" && v != "auto" && v != "least-loaded") {
+      return BadValue("gpus", v, "inherit, per-worker, least-loaded or device ids 0,1,...");
+    }
+  }
+  o.gpus = v;
+  return absl::OkStatus();
+}
+
+absl::Status SetCpuAffinity(O& o, const std::string& v) {
+  if (v != "none" && v != "block" && v != "node" && v != "socket") {
+    return BadValue("cpu-affinity", v, "none, block, node or socket");
+  }
+  o.cpu_affinity = v;
+  return absl::OkStatus();
+}
+
+// torchrun 2.x's --numa-binding: node and socket as here; exclusive (CPUs of one's own) is
+// dlrun's block; core-complex (L3 groups) is approximated by node.
+absl::Status SetNumaBinding(O& o, const std::string& v) {
+  if (v == "node" || v == "socket") {
+    o.cpu_affinity = v;
+  } else if (v == "exclusive") {
+    o.cpu_affinity = "block";
+  } else if (v == "core-complex") {
+    o.cpu_affinity = "node";
+  } else {
+    return BadValue("numa-binding", v, "node, socket, exclusive or core-complex");
+  }
   return absl::OkStatus();
 }
 
@@ -94,7 +140,7 @@ std::vector<Flag> Flags() {
   constexpr int kMax = std::numeric_limits<int>::max();
   return {
       {"nnodes", "", true, SetNnodes, "N or MIN:MAX nodes (default 1:1)"},
-      {"nproc-per-node", "", true, SetNproc, "workers per node: auto | gpu | cpu | N (default 1)"},
+      {"nproc-per-node", "", true, SetNproc, "workers per node: auto | gpu | cpu | xpu | N (default 1)"},
       {"standalone", "", false, BoolField(&O::standalone),
        "single node, local rendezvous on a free port"},
       {"rdzv-backend", "", true, SetBackend,
@@ -131,8 +177,22 @@ std::vector<Flag> Flags() {
        "restart workers whose dlrun::worker heartbeats stop this long (0: off)"},
       {"grace-period", "", true, DurationField("grace-period", &O::grace_period, true),
        "seconds between SIGTERM and SIGKILL when stopping workers (default 30)"},
-      {"gpus", "", true, StrField(&O::gpus),
-       "auto (one visible GPU per worker), none, or device ids 0,1,..."},
+      {"gpus", "", true, SetGpus,
+       "inherit (default: CUDA_VISIBLE_DEVICES as set), per-worker (local rank i sees only the "
+       "i-th visible GPU, as device 0), least-loaded (NVML picks), or device ids 0,1,..."},
+      {"cpu-affinity", "", true, SetCpuAffinity,
+       "none (default), block (a contiguous share of the CPUs each), node or socket (workers "
+       "round robin over NUMA nodes or sockets)"},
+      {"numa-binding", "", true, SetNumaBinding,
+       "torchrun 2.x: node, socket, exclusive (= --cpu-affinity block), core-complex (~ node)"},
+      {"start-method", "", true, SetStartMethod,
+       "torchrun's spawn|fork|forkserver: accepted, no effect (dlrun starts processes itself)"},
+      {"logs-specs", "", true, StrField(&O::logs_specs),
+       "torchrun's LogsSpecs plug-in: accepted, no effect (dlrun's layout is torchrun's default)"},
+      {"event-log-handler", "", true, StrField(&O::event_log_handler),
+       "torchrun's event log handler: accepted, no effect"},
+      {"worker-exit-code", "", false, BoolField(&O::worker_exit_code),
+       "exit with the failing worker's own code (128+N for a signal) instead of torchrun's 1"},
   };
 }
 
@@ -148,6 +208,10 @@ absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, 
     return num_gpus;
   }
   if (value == "auto") return num_gpus > 0 ? num_gpus : num_cpus;
+  if (value == "xpu") {
+    return absl::FailedPreconditionError(
+        "--nproc-per-node xpu: dlrun does not count Intel XPUs (use a number)");
+  }
   int n = 0;
   if (!absl::SimpleAtoi(value, &n) || n < 1 || n > 4096) {
     return BadValue("nproc-per-node", value, "auto, gpu, cpu or an integer 1-4096");

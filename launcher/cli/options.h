@@ -47,7 +47,16 @@ struct LaunchOptions {
   std::vector<int> signals_to_handle;  // parsed --signals-to-handle (default TERM,INT,HUP,QUIT)
   std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL when stopping workers
   std::chrono::milliseconds hang_timeout{0};      // 0: off
-  std::string gpus = "auto";     // auto | none | comma-separated device ids
+  // CUDA_VISIBLE_DEVICES: inherit (default, as torchrun: left as the scheduler set it),
+  // per-worker (local rank i sees only the i-th visible GPU), least-loaded (NVML picks), or ids.
+  std::string gpus = "inherit";
+  // CPU pinning: none (default, as torchrun), block (a contiguous share each), node (the NUMA
+  // nodes, round robin), socket (the physical packages, round robin). --numa-binding maps here.
+  std::string cpu_affinity = "none";
+  // torchrun flags that have no effect here (a one-line note says so when given).
+  std::string start_method = "spawn";
+  std::string logs_specs, event_log_handler;
+  bool worker_exit_code = false;  // exit with the root cause's code instead of torchrun's 1
   std::vector<std::string> command;  // PROGRAM ARGS...
   std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*
 };

@@ -1,5 +1,8 @@
 #include "launcher/detect/gpu_pick.h"
 
+#include <cstdlib>
+
+#include "common/contract.h"
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -25,7 +28,9 @@ using ShutdownFn = int (*)();
 }  // namespace
 
 std::optional<std::vector<GpuLoad>> QueryGpuLoads() {
-  void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  const char* path = std::getenv(contract::kNvmlLibrary);
+  void* lib = dlopen(path != nullptr && *path != '\0' ? path : "libnvidia-ml.so.1",
+                     RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) return std::nullopt;
   auto init = reinterpret_cast<InitFn>(dlsym(lib, "nvmlInit_v2"));
   auto count = reinterpret_cast<CountFn>(dlsym(lib, "nvmlDeviceGetCount_v2"));

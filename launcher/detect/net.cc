@@ -11,8 +11,33 @@
 namespace dlrun::launcher {
 
 int FreeTcpPort(const std::string& addr) {
+  PortReservation r = ReservePort(addr);
+  return r.port();
+}
+
+PortReservation::~PortReservation() {
+  if (fd_ >= 0) close(fd_);
+}
+
+PortReservation& PortReservation::operator=(PortReservation&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = o.fd_;
+    port_ = o.port_;
+    o.fd_ = -1;
+    o.port_ = 0;
+  }
+  return *this;
+}
+
+PortReservation ReservePort(const std::string& addr) {
+  PortReservation r;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
+  if (fd < 0) return r;
+  // SO_REUSEADDR and no listen(): the worker's store (which sets SO_REUSEADDR, as c10d's
+  // TCPStore does) can still bind the port, while the kernel hands it to nobody else's bind(0).
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -22,8 +47,13 @@ int FreeTcpPort(const std::string& addr) {
       getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
     port = ntohs(sa.sin_port);
   }
-  close(fd);
-  return port;
+  if (port == 0) {
+    close(fd);
+    return r;
+  }
+  r.fd_ = fd;
+  r.port_ = port;
+  return r;
 }
 
 bool CanBind(const std::string& host, const std::string& port) {

@@ -2,11 +2,30 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace dlrun::launcher {
 
 // A free TCP port on `addr` (bound and released at once; the caller's process binds it next).
 int FreeTcpPort(const std::string& addr);
+
+// A port held for a worker's store: bound with SO_REUSEADDR but not listening, so the store
+// (SO_REUSEADDR, as c10d's TCPStore sets it) can bind it while no other process's bind(port 0)
+// gets it. Released when destroyed: keep it until the workers that use the port are gone.
+class PortReservation {
+ public:
+  PortReservation() = default;
+  PortReservation(PortReservation&& o) noexcept { *this = std::move(o); }
+  PortReservation& operator=(PortReservation&& o) noexcept;
+  ~PortReservation();
+  int port() const { return port_; }
+
+ private:
+  friend PortReservation ReservePort(const std::string& addr);
+  int fd_ = -1;
+  int port_ = 0;
+};
+PortReservation ReservePort(const std::string& addr);
 
 // Whether this host can listen on host:port (it is one of our addresses and the port is free).
 bool CanBind(const std::string& host, const std::string& port);

@@ -12,8 +12,10 @@
 namespace dlrun::launcher {
 
 // --rdzv-conf "key=value,...". Keys: join_timeout, last_call_timeout, heartbeat_interval
-// (seconds), heartbeat_misses, is_host (true/false); torchrun's close_timeout, read_timeout
-// and timeout are accepted and have no effect. `is_host` receives "auto", "true" or "false".
+// (seconds; torchrun's keep_alive_interval), heartbeat_misses (keep_alive_max_attempt),
+// heartbeat_timeout (seconds: heartbeat_misses becomes as many intervals as fit), is_host
+// (true/false); torchrun's close_timeout, read_timeout, timeout, store_type, use_libuv and the
+// etcd keys are accepted and have no effect. `is_host` receives "auto", "true" or "false".
 absl::Status ApplyRdzvConf(const std::string& conf, rdzv::Config* config, std::string* is_host);
 
 // The job's token, from contract::kRdzvToken. The one rule for every rendezvous: unset or empty

@@ -44,7 +44,10 @@ class RdzvSource final : public MembershipSource {
   }
 
   absl::StatusOr<Assignment> Next() override {
-    node_.master_port = FreeTcpPort("0.0.0.0");  // the port this node's rank 0 would use
+    // The port this node's rank 0 would use, held (not listening) until the next round so no
+    // other process takes it before the store binds it.
+    port_ = ReservePort("0.0.0.0");
+    node_.master_port = port_.port();
     auto a = client_->Join(node_, o_.config.join_timeout);
     if (!a.ok()) return a.status();
     round_ = a->round;
@@ -110,6 +113,7 @@ class RdzvSource final : public MembershipSource {
   rdzv::NodeInfo node_;
   uint64_t round_ = 0;
   int misses_ = 0;
+  PortReservation port_;
 };
 
 }  // namespace

@@ -126,5 +126,44 @@ TEST(StdSpec, PerRankValuesAndFilter) {
   EXPECT_FALSE(ParseRankList("5", 3).ok());
 }
 
+TEST(LaunchOptions, EveryTorchrunFlagIsAccepted) {
+  // PyTorch 2.x's torchrun flags (torch/distributed/run.py), in its own spellings.
+  auto o = Parse({"--nnodes=1",           "--nproc_per_node=2",  "--rdzv_backend=static",
+                  "--rdzv_endpoint=h:1",  "--rdzv_id=x",         "--rdzv_conf=timeout=5",
+                  "--max_restarts=1",     "--monitor_interval=5", "--start_method=fork",
+                  "--role=r",             "--log_dir=/tmp/l",    "-r", "3", "-t", "0:1",
+                  "--local_ranks_filter=0", "--node_rank=0",     "--master_addr=a",
+                  "--master_port=1",      "--local_addr=b",      "--logs_specs=default",
+                  "--numa_binding=node",  "--event_log_handler=null",
+                  "--signals_to_handle=SIGTERM", "--run_path", "--no_python", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->start_method, "fork");
+  EXPECT_EQ(o->cpu_affinity, "node");
+  EXPECT_EQ(o->tee, "0:1");
+  for (const char* m : {"--standalone", "-m"}) EXPECT_TRUE(Parse({m, "prog"}).ok()) << m;
+  EXPECT_NE(std::string(Parse({"--start-method", "thread", "p"}).status().message())
+                .find("expected spawn, fork or forkserver"),
+            std::string::npos);
+}
+
+TEST(LaunchOptions, EtcdBackendsSayWhatToUseInstead) {
+  for (const char* b : {"etcd", "etcd-v2"}) {
+    const std::string m(Parse({"--rdzv-backend", b, "p"}).status().message());
+    EXPECT_NE(m.find("not supported"), std::string::npos) << m;
+    EXPECT_NE(m.find("--rdzv-backend c10d"), std::string::npos) << m;
+  }
+}
+
+TEST(LaunchOptions, GpuAndCpuDefaultsFollowTorchrun) {
+  auto o = Parse({"prog"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->gpus, "inherit");
+  EXPECT_EQ(o->cpu_affinity, "none");
+  EXPECT_FALSE(o->worker_exit_code);
+  EXPECT_FALSE(Parse({"--gpus", "some", "p"}).ok());
+  EXPECT_FALSE(Parse({"--cpu-affinity", "all", "p"}).ok());
+  EXPECT_EQ(Parse({"--numa-binding", "exclusive", "p"})->cpu_affinity, "block");
+}
+
 }  // namespace
 }  // namespace dlrun::launcher

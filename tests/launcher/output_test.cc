@@ -31,11 +31,18 @@ TEST(LineStream, WholeLinesWithThePrefixAndTheLastLineOnFinish) {
     s.Feed("lo\nwor", 6);
     EXPECT_EQ(ReadAll(p[0]), "[rank 3]: hello\n");
     s.Feed("ld\r50%", 6);
+    // A progress bar's redraw shows at once, with the prefix again after the '\r'.
+    EXPECT_EQ(ReadAll(p[0]), "[rank 3]: world\r[rank 3]: 50%");
+    s.Feed("|#", 2);
+    EXPECT_EQ(ReadAll(p[0]), "|#");  // the rest of the redrawn line, as it comes
+    s.Feed("\r\n", 2);
+    EXPECT_EQ(ReadAll(p[0]), "\r\n");  // no empty prefixed line for "\r\n"
+    s.Feed("end", 3);
     s.Finish();
-    EXPECT_EQ(ReadAll(p[0]), "[rank 3]: world\r50%\n");
+    EXPECT_EQ(ReadAll(p[0]), "[rank 3]: end\n");
   }
   int in = open(path, O_RDONLY);
-  EXPECT_EQ(ReadAll(in), "hello\nworld\r50%");  // the log has the bytes as written
+  EXPECT_EQ(ReadAll(in), "hello\nworld\r50%|#\r\nend");  // the log has the bytes as written
   close(in);
   unlink(path);
   close(p[0]);

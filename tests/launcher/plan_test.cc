@@ -3,6 +3,10 @@
 #include "launcher/app/plan.h"
 
 #include <signal.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "gtest/gtest.h"
 
@@ -19,44 +23,90 @@ TEST(GpuPick, LeastLoadedByMemoryAndUtilisation) {
   EXPECT_EQ(PickLeastLoaded(g, 9).size(), 4u);
 }
 
-TEST(ResolveGpus, AutoFollowsTheSchedulerThenNvmlThenDeviceOrder) {
+TEST(ResolveGpus, TheDefaultLeavesCudaVisibleDevicesAsTheSchedulerSetIt) {
+  GpuFacts f;
+  f.visible_devices = "0,1,2,3";
+  f.device_count = 4;
+  // As torchrun: every worker inherits CUDA_VISIBLE_DEVICES, so set_device(LOCAL_RANK) works.
+  EXPECT_TRUE(ResolveGpus("inherit", 4, f)->empty());
+  EXPECT_TRUE(ResolveGpus("none", 4, f)->empty());
+}
+
+TEST(ResolveGpus, OptInsNarrowEachWorkerToOneDevice) {
   GpuFacts f;
   f.visible_devices = "3,1,2";
   f.loads = std::vector<GpuLoad>{{0, 90, 100, 90}, {1, 0, 100, 0}};
-  EXPECT_EQ(*ResolveGpus("auto", 2, f), (std::vector<std::string>{"3", "1"}));  // scheduler's
+  EXPECT_EQ(*ResolveGpus("per-worker", 2, f), (std::vector<std::string>{"3", "1"}));
+  EXPECT_EQ(*ResolveGpus("auto", 2, f), (std::vector<std::string>{"3", "1"}));
+  EXPECT_EQ(*ResolveGpus("least-loaded", 1, f), std::vector<std::string>{"1"});  // NVML
   f.visible_devices.reset();
-  EXPECT_EQ(*ResolveGpus("auto", 1, f), std::vector<std::string>{"1"});  // least loaded
   f.loads.reset();
   f.device_count = 4;
-  EXPECT_EQ(*ResolveGpus("auto", 2, f), (std::vector<std::string>{"0", "1"}));
+  EXPECT_EQ(*ResolveGpus("least-loaded", 2, f), (std::vector<std::string>{"0", "1"}));  // no NVML
+  EXPECT_EQ(*ResolveGpus("per-worker", 2, f), (std::vector<std::string>{"0", "1"}));
   f.device_count = 1;
-  EXPECT_TRUE(ResolveGpus("auto", 2, f)->empty());  // fewer GPUs than workers: a CPU run
-  EXPECT_TRUE(ResolveGpus("none", 2, f)->empty());
+  EXPECT_TRUE(ResolveGpus("per-worker", 2, f)->empty());  // fewer GPUs than workers
   EXPECT_EQ(*ResolveGpus("5,6,7", 2, f), (std::vector<std::string>{"5", "6"}));
   EXPECT_EQ(std::string(ResolveGpus("5", 2, f).status().message()),
-            "invalid value '5' for --gpus: expected at least 2 device ids (one per worker), auto "
-            "or none");
+            "invalid value '5' for --gpus: expected at least 2 device ids (one per worker), "
+            "inherit, per-worker or least-loaded");
+}
+
+TEST(CpuAffinity, NoneByDefaultBlockNodeAndSocketOnAFakeSysfs) {
+  char dir[] = "/tmp/dlrun-sysfs-XXXXXX";
+  const std::string root = mkdtemp(dir);
+  // Two NUMA nodes (0-3, 4-7) on two sockets, CPU 7 not allowed to this process.
+  for (int n = 0; n < 2; ++n) {
+    const std::string d = root + "/devices/system/node/node" + std::to_string(n);
+    std::filesystem::create_directories(d);
+    std::ofstream(d + "/cpulist") << (n == 0 ? "0-3\n" : "4-7\n");
+  }
+  for (int c = 0; c < 8; ++c) {
+    const std::string d = root + "/devices/system/cpu/cpu" + std::to_string(c) + "/topology";
+    std::filesystem::create_directories(d);
+    std::ofstream(d + "/physical_package_id") << c / 4 << "\n";
+  }
+  const CpuTopology t = ReadCpuTopology(root);
+  ASSERT_EQ(t.numa_nodes.size(), 2u);
+  ASSERT_EQ(t.sockets.size(), 2u);
+  EXPECT_EQ(t.sockets[1], (std::vector<int>{4, 5, 6, 7}));
+  const std::vector<int> allowed = {0, 1, 2, 3, 4, 5, 6};
+  EXPECT_TRUE(WorkerCpus("none", allowed, t, 2).empty());
+  EXPECT_EQ(WorkerCpus("block", allowed, t, 2),
+            (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}}));
+  EXPECT_EQ(WorkerCpus("node", allowed, t, 3),
+            (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6}, {0, 1, 2, 3}}));
+  EXPECT_EQ(WorkerCpus("socket", allowed, t, 2)[1], (std::vector<int>{4, 5, 6}));
+  EXPECT_TRUE(WorkerCpus("node", allowed, CpuTopology{}, 2).empty());  // no sysfs: no pinning
+  EXPECT_EQ(ParseCpuList("0-2,5,7-8"), (std::vector<int>{0, 1, 2, 5, 7, 8}));
+  EXPECT_TRUE(ParseCpuList("3-1").empty());
+  std::filesystem::remove_all(root);
 }
 
 TEST(Plan, PythonProgramsRunUnderTheInterpreter) {
   LaunchOptions o;
   o.command = {"train.py", "--lr", "1"};
-  EXPECT_EQ(WorkerArgv(o), (std::vector<std::string>{"python3", "-u", "train.py", "--lr", "1"}));
+  EXPECT_EQ(WorkerArgv(o, "python3"),
+            (std::vector<std::string>{"python3", "-u", "train.py", "--lr", "1"}));
+  EXPECT_EQ(WorkerArgv(o, "/opt/venv/bin/python")[0], "/opt/venv/bin/python");  // $PYTHON_EXEC
+  EXPECT_TRUE(RunsPython(o));
   o.no_python = true;
-  EXPECT_EQ(WorkerArgv(o), o.command);
+  EXPECT_EQ(WorkerArgv(o, "python3"), o.command);
+  EXPECT_FALSE(RunsPython(o));
   o.no_python = false;
   o.module = true;
   o.command = {"pkg.mod"};
-  EXPECT_EQ(WorkerArgv(o), (std::vector<std::string>{"python3", "-m", "pkg.mod"}));
+  EXPECT_EQ(WorkerArgv(o, "python3"), (std::vector<std::string>{"python3", "-u", "-m", "pkg.mod"}));
   o.module = false;
   o.command = {"./train"};
-  EXPECT_EQ(WorkerArgv(o), o.command);
+  EXPECT_EQ(WorkerArgv(o, "python3"), o.command);
 }
 
 TEST(Plan, ThreadsSignalsRunDirAndStaticAssignment) {
   EXPECT_EQ(OmpThreads(false, 8, 3), 2);
   EXPECT_EQ(OmpThreads(false, 2, 4), 1);
-  EXPECT_EQ(OmpThreads(true, 8, 2), 0);  // the user's value is kept
+  EXPECT_EQ(OmpThreads(true, 8, 2), 0);   // the user's value is kept
+  EXPECT_EQ(OmpThreads(false, 8, 1), 0);  // one worker: left alone, as torchrun
   AgentOptions a;
   SplitSignals({SIGTERM, SIGUSR1, SIGINT, SIGUSR2}, &a);
   EXPECT_EQ(a.forwarded_signals, (std::vector<int>{SIGTERM, SIGINT}));
@@ -72,6 +122,14 @@ TEST(Plan, ThreadsSignalsRunDirAndStaticAssignment) {
   EXPECT_EQ(s.world_size, 12);
   EXPECT_EQ(s.num_nodes, 3);
   EXPECT_EQ(s.max_restarts, 4);
+  EXPECT_EQ(s.master_addr, "127.0.0.1");
+  o.rdzv_endpoint = "node7:1234";  // torchrun's static backend takes the store from here
+  EXPECT_EQ(StaticAssignment(o, 4).master_addr, "node7");
+  EXPECT_EQ(StaticAssignment(o, 4).master_port, 1234);
+  o.rdzv_endpoint = "[::1]:99";
+  EXPECT_EQ(StaticAssignment(o, 4).master_addr, "::1");
+  EXPECT_EQ(RunLogDirTemplate("/logs", "job", "n1", false), "/logs/job_XXXXXX");
+  EXPECT_EQ(RunLogDirTemplate("/logs", "job", "n1", true), "/logs/job_n1_XXXXXX");
 }
 
 }  // namespace

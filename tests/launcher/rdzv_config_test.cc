@@ -40,6 +40,20 @@ TEST(RdzvConf, KeysAndErrors) {
             "invalid item 'novalue' in --rdzv-conf: expected KEY=VALUE");
 }
 
+TEST(RdzvConf, TorchrunsKeysMapToDlrunsOrAreAccepted) {
+  rdzv::Config c;
+  std::string is_host;
+  ASSERT_TRUE(ApplyRdzvConf("keep_alive_interval=2,keep_alive_max_attempt=4,store_type=tcp,"
+                            "use_libuv=1,close_timeout=30,timeout=900",
+                            &c, &is_host)
+                  .ok());
+  EXPECT_EQ(c.heartbeat_interval.count(), 2000);
+  EXPECT_EQ(c.heartbeat_misses, 4);
+  ASSERT_TRUE(ApplyRdzvConf("heartbeat_timeout=9", &c, &is_host).ok());
+  EXPECT_EQ(c.heartbeat_misses, 5);  // 9 s at 2 s a heartbeat: 5 intervals
+  EXPECT_EQ(c.liveness_limit().count(), 10000);
+}
+
 TEST(RdzvToken, OneRuleForHostedAndStandAlone) {
   EXPECT_EQ(*JobToken(Env({}), "job7"), "run-id:job7");  // unset: allowed, with a warning
   EXPECT_EQ(*JobToken(Env({{"DLRUN_RDZV_TOKEN", ""}}), "job7"), "run-id:job7");

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -57,20 +58,35 @@ TEST(DlrunAgent, EveryTorchrunVariableForOneToFourWorkers) {
       EXPECT_FALSE(e["DLRUN_HEARTBEAT_FD"].empty());
       cpu_set_t cpus;
       sched_getaffinity(0, sizeof cpus, &cpus);
-      EXPECT_EQ(e["OMP_NUM_THREADS"], std::to_string(std::max(1, CPU_COUNT(&cpus) / n)));
+      if (n > 1) {
+        EXPECT_EQ(e["OMP_NUM_THREADS"], std::to_string(std::max(1, CPU_COUNT(&cpus) / n)));
+      } else {  // one worker: left as it was, as torchrun does
+        const char* mine = std::getenv("OMP_NUM_THREADS");
+        EXPECT_EQ(e["OMP_NUM_THREADS"], mine ? mine : "");
+      }
       ports.insert(e["MASTER_PORT"]);
     }
     EXPECT_EQ(ports.size(), 1u);
   }
 }
 
+// The run directories dlrun made under a --log-dir (torchrun's <run_id>_<random>), sorted.
+std::vector<std::string> RunDirs(const std::string& log_dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(log_dir)) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 TEST(DlrunAgent, OutputIsPrefixedFilteredAndLogged) {
-  const std::string logs = MakeTempDir();
-  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--log-dir", logs,
+  const std::string log_dir = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--log-dir", log_dir,
                              "--local-ranks-filter", "1", "sh", "-c",
                              "echo out-$RANK; echo err-$RANK >&2"},
                             {}, kDeadline);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(RunDirs(log_dir).size(), 1u);
+  const std::string logs = RunDirs(log_dir)[0];
   EXPECT_NE(r.output.find("[rank 1]: out-1\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 1]: err-1\n"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("out-0"), std::string::npos) << r.output;  // filtered from the console
@@ -78,11 +94,19 @@ TEST(DlrunAgent, OutputIsPrefixedFilteredAndLogged) {
   EXPECT_EQ(ReadFile(logs + "/attempt_0/0/stderr.log"), "err-0\n");
   EXPECT_EQ(ReadFile(logs + "/attempt_0/1/stdout.log"), "out-1\n");
   // --redirects 1: stdout goes to the files only.
-  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", logs, "-r", "1", "sh", "-c",
-                  "echo quiet; echo loud >&2"},
+  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", log_dir, "-r", "1", "sh",
+                  "-c", "echo quiet; echo loud >&2"},
                  {}, kDeadline);
   EXPECT_EQ(r.output.find("quiet"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 0]: loud"), std::string::npos) << r.output;
+  // A second run with the same --log-dir keeps the first run's logs (torchrun's layout).
+  ASSERT_EQ(RunDirs(log_dir).size(), 2u);
+  EXPECT_EQ(ReadFile(logs + "/attempt_0/0/stdout.log"), "out-0\n");
+  int quiet_logs = 0;
+  for (const std::string& d : RunDirs(log_dir)) {
+    quiet_logs += ReadFile(d + "/attempt_0/0/stdout.log") == "quiet\n";
+  }
+  EXPECT_EQ(quiet_logs, 1);
 }
 
 TEST(DlrunAgent, HungWorkerIsRestarted) {

@@ -58,20 +58,30 @@ TEST(DlrunStandalone, ThreeWorkersGetRanks0To2ExactlyOnce) {
   EXPECT_NE(*run_ids.begin(), "none");
 }
 
-TEST(DlrunStandalone, ExitsWithTheFirstFailingWorkersCode) {
+TEST(DlrunStandalone, AFailedJobExitsOneAsTorchrunAndTheBlockHasTheWorkersCode) {
   // Rank 1 fails at once with 7; rank 0 would run until stopped.
-  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "sh", "-c",
-                             "if [ $RANK = 1 ]; then exit 7; fi; exec sleep 600"});
-  EXPECT_EQ(r.exit_code, 7) << r.output;
-  EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("exit code 7"), std::string::npos) << r.output;
+  const std::vector<std::string> job = {"--standalone", "--nproc-per-node", "2", "sh", "-c",
+                                        "if [ $RANK = 1 ]; then exit 7; fi; exec sleep 600"};
+  std::vector<std::string> cmd = {DLRUN_BIN};
+  cmd.insert(cmd.end(), job.begin(), job.end());
+  ProcResult r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("sh FAILED"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Root Cause (first observed failure):"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  rank      : 1 (local_rank: 1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  exitcode  : 7 (pid: "), std::string::npos) << r.output;
+  cmd.insert(cmd.begin() + 1, "--worker-exit-code");
+  EXPECT_EQ(RunCommand(cmd).exit_code, 7);
 }
 
 TEST(DlrunStandalone, SignalDeathIsReportedAndPropagated) {
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "sh", "-c",
                              "kill -SEGV $$"});
-  EXPECT_EQ(r.exit_code, 128 + 11) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("  exitcode  : -11 (pid: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Signal 11 (SIGSEGV) received by PID"), std::string::npos) << r.output;
+  r = RunCommand({DLRUN_BIN, "--worker-exit-code", "--standalone", "sh", "-c", "kill -SEGV $$"});
+  EXPECT_EQ(r.exit_code, 128 + 11) << r.output;
 }
 
 TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
@@ -85,7 +95,8 @@ TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
   EXPECT_EQ(ReadFile(dir + "/attempts.0"), "0\n1\n");
   r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "0", "sh",
                   "-c", "exit 3"});
-  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("  exitcode  : 3 (pid: "), std::string::npos) << r.output;
 }
 
 TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {
@@ -103,7 +114,8 @@ TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {
             "dlrun: rendezvous TLS is half configured (DLRUN_RDZV_TLS_CA, DLRUN_RDZV_TLS_KEY "
             "unset): expected DLRUN_RDZV_TLS_CA, _CERT and _KEY all set (mutual TLS) or none\n");
   r = RunCommand({DLRUN_BIN, "--standalone", "/nonexistent/program"});
-  EXPECT_EQ(r.exit_code, 127) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("  exitcode  : 127 (pid: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("cannot execute '/nonexistent/program'"), std::string::npos);
 }
 

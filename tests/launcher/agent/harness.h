@@ -24,6 +24,7 @@ struct Harness {
     options.kill_wait = seconds(10);
     options.forwarded_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
     options.passthrough_signals = {SIGUSR1, SIGUSR2};
+    options.exit_with_worker_code = true;  // the tests name the worker's code (torchrun: 1)
     char dir[] = "/tmp/dlrun-agent-test-XXXXXX";
     options.run_dir = mkdtemp(dir);
   }

@@ -19,7 +19,7 @@ TEST(RootCause, TheEarliestErrorFileWinsOverTheFirstExit) {
   std::vector<WorkerExit> exits = {{1, 1, 101, 1, 0, 10.0, false},   // exits first
                                    {0, 0, 100, 2, 0, 11.0, false}};  // but failed earlier
   auto errors = [](int lr) {
-    return lr == 0 ? ErrorRecord{"ValueError: bad batch", 5.0} : ErrorRecord{"late", 9.0};
+    return lr == 0 ? ErrorRecord{"ValueError: bad batch", 5.0, ""} : ErrorRecord{"late", 9.0, ""};
   };
   RootCause r = PickRootCause(exits, errors);
   ASSERT_TRUE(r.found);
@@ -74,6 +74,43 @@ TEST(AgentRootCause, ASignalDeathIsReportedAs128PlusTheSignal) {
     if (p.spec.local_rank == 1) f.KilledAfter(p.pid, seconds(1), SIGSEGV);
   };
   EXPECT_EQ(h.RunStatic(0), 128 + SIGSEGV);
+}
+
+TEST(RootCause, TheFailureBlockHasTorchrunsShape) {
+  std::vector<WorkerExit> exits = {{1, 5, 101, 0, SIGKILL, 1.7e9, false},
+                                   {0, 4, 100, 3, 0, 1.7e9 + 1, false}};
+  auto errors = [](int lr) {
+    return lr == 0 ? ErrorRecord{"ValueError: bad", 1.6e9, "Traceback (most recent call last):"}
+                   : ErrorRecord{};
+  };
+  FailureReport r{"train.py", "node7", exits, PickRootCause(exits, errors),
+                  [](int lr) { return "/logs/attempt_0/" + std::to_string(lr) + "/error.json"; },
+                  errors};
+  const std::string block = FormatFailureReport(r);
+  EXPECT_NE(block.find("train.py FAILED\n"), std::string::npos) << block;
+  const size_t root = block.find("Root Cause (first observed failure):\n[0]:\n");
+  ASSERT_NE(root, std::string::npos) << block;
+  const std::string root_part = block.substr(root);
+  EXPECT_NE(root_part.find("  host      : node7\n"), std::string::npos) << block;
+  EXPECT_NE(root_part.find("  rank      : 4 (local_rank: 0)\n"), std::string::npos) << block;
+  EXPECT_NE(root_part.find("  exitcode  : 3 (pid: 100)\n"), std::string::npos) << block;
+  EXPECT_NE(root_part.find("  error_file: /logs/attempt_0/0/error.json\n"), std::string::npos);
+  EXPECT_NE(root_part.find("  traceback : Traceback (most recent call last):"), std::string::npos);
+  // The other failure, killed by a signal, without an error file, as torchrun shows it.
+  const std::string others = block.substr(0, root);
+  EXPECT_NE(others.find("  exitcode  : -9 (pid: 101)\n"), std::string::npos) << block;
+  EXPECT_NE(others.find("  error_file: <N/A>\n"), std::string::npos) << block;
+  EXPECT_NE(others.find("  traceback : Signal 9 (SIGKILL) received by PID 101\n"),
+            std::string::npos) << block;
+}
+
+TEST(AgentRootCause, LikeTorchrunDlrunExitsWithOneUnlessAskedForTheWorkersCode) {
+  Harness h(1);
+  h.options.exit_with_worker_code = false;
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.ExitAfter(p.pid, seconds(1), 7);
+  };
+  EXPECT_EQ(h.RunStatic(0), 1);
 }
 
 }  // namespace

@@ -1,0 +1,63 @@
+/* A fake NVML (libnvidia-ml) for tests on machines without a GPU: the entry points dlrun uses,
+ * answering from FAKE_NVML_GPUS="used_MiB:total_MiB:util_percent,..." (one entry per GPU).
+ * dlrun loads it through DLRUN_NVML_LIBRARY. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+static int parse(unsigned index, unsigned long long* used, unsigned long long* total,
+                 unsigned* util) {
+  const char* spec = getenv("FAKE_NVML_GPUS");
+  if (spec == NULL) return -1;
+  unsigned i = 0;
+  for (const char* p = spec; *p != '\0'; ++i) {
+    unsigned long long u = 0, t = 0;
+    unsigned z = 0;
+    if (sscanf(p, "%llu:%llu:%u", &u, &t, &z) != 3) return -1;
+    if (i == index) {
+      *used = u << 20;
+      *total = t << 20;
+      *util = z;
+      return 0;
+    }
+    p = strchr(p, ',');
+    if (p == NULL) break;
+    ++p;
+  }
+  return -1;
+}
+
+int nvmlInit_v2(void) { return getenv("FAKE_NVML_GPUS") ? 0 : 1; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned* n) {
+  const char* spec = getenv("FAKE_NVML_GPUS");
+  *n = 0;
+  if (spec == NULL || *spec == '\0') return 0;
+  *n = 1;
+  for (const char* p = spec; (p = strchr(p, ',')) != NULL; ++p) ++*n;
+  return 0;
+}
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void** handle) {
+  *handle = (void*)(unsigned long)(i + 1);
+  return 0;
+}
+int nvmlDeviceGetMemoryInfo(void* handle, nvmlMemory_t* m) {
+  unsigned long long used, total;
+  unsigned util;
+  if (parse((unsigned)(unsigned long)handle - 1, &used, &total, &util) != 0) return 1;
+  m->used = used;
+  m->total = total;
+  m->free = total - used;
+  return 0;
+}
+int nvmlDeviceGetUtilizationRates(void* handle, nvmlUtilization_t* u) {
+  unsigned long long used, total;
+  unsigned util;
+  if (parse((unsigned)(unsigned long)handle - 1, &used, &total, &util) != 0) return 1;
+  u->gpu = util;
+  u->memory = 0;
+  return 0;
+}

@@ -1,0 +1,45 @@
+// The port handed to a worker's store is held until the workers are gone: a store binding it
+// with SO_REUSEADDR (as c10d's TCPStore does) succeeds, while a bind without it fails, so the
+// kernel does not hand the port to another job's bind(port 0) in between.
+#include "launcher/detect/net.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gtest/gtest.h"
+
+namespace dlrun::launcher {
+namespace {
+
+int BindLocal(int port, bool reuse) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  const int rc = bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  if (rc == 0 && listen(fd, 1) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
+TEST(PortReservation, TheStoreCanBindItAndNobodyElseCan) {
+  PortReservation held = ReservePort("127.0.0.1");
+  ASSERT_GT(held.port(), 0);
+  EXPECT_EQ(BindLocal(held.port(), /*reuse=*/false), -1);  // held: a plain bind fails
+  const int store = BindLocal(held.port(), /*reuse=*/true);  // the worker's TCPStore
+  EXPECT_GE(store, 0);
+  close(store);
+  const int port = held.port();
+  held = PortReservation();  // released with the attempt
+  const int later = BindLocal(port, false);
+  EXPECT_GE(later, 0);
+  close(later);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

@@ -171,6 +171,11 @@ TEST(Compat, OnATerminalACProgramsLinesAndProgressBarsShowLive) {
   ShowsWhileRunning(
       OnATerminal(Dlrun({"--standalone", "perl", "-e", "print qq(c-line\\n); sleep 120"})),
       "[rank 0]: c-line\r\n");  // the terminal shows \n as \r\n
+  // What such a program wrote before it crashed is not lost.
+  ProcResult crash = RunCommand(
+      OnATerminal(Dlrun({"--standalone", "perl", "-e", "print qq(c-crash\\n); kill 9, $$"})),
+      {}, kDeadline);
+  EXPECT_NE(crash.output.find("[rank 0]: c-crash\r\n"), std::string::npos) << crash.output;
   // A tqdm-style bar: each '\r' redraw shows at once, prefixed, no newline needed.
   ShowsWhileRunning(OnATerminal(Dlrun({"--standalone", kCompat + "output_probe.py", "bar"})),
                     "\r[rank 0]: progress 20%|##", {{"PYTHON_EXEC", kPython}});

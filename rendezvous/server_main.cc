@@ -9,17 +9,28 @@
 
 namespace dlrun::rdzv {
 
-int Serve(const HostOptions& h) {
+namespace {
+
+// Starts a server from the launcher's options (hosted or stand-alone alike); refused requests
+// are logged as "<who> refused a request from PEER: why".
+absl::StatusOr<std::unique_ptr<RendezvousServer>> StartServer(const HostOptions& h,
+                                                              std::string who) {
   ServerOptions o;
   o.handler.config = h.config;
   o.handler.run_id = h.run_id;
   o.handler.token = h.token;
-  o.handler.on_refused = [](const absl::Status& s, const std::string& peer) {
-    spdlog::warn("refused a request from {}: {}", peer, std::string(s.message()));
+  o.handler.on_refused = [who = std::move(who)](const absl::Status& s, const std::string& peer) {
+    spdlog::warn("{} a request from {}: {}", who, peer, std::string(s.message()));
   };
   o.listen_address = h.listen_address;
   o.tls = h.tls;
-  auto server = RendezvousServer::Start(std::move(o));
+  return RendezvousServer::Start(std::move(o));
+}
+
+}  // namespace
+
+int Serve(const HostOptions& h) {
+  auto server = StartServer(h, "refused");
   if (!server.ok()) {
     std::fprintf(stderr, "dlrun rdzv-server: %s\n", std::string(server.status().message()).c_str());
     return 2;
@@ -56,16 +67,7 @@ class ApiImpl final : public Api {
     return RendezvousClient::Create(o);
   }
   absl::StatusOr<std::unique_ptr<HostedRendezvous>> Host(const HostOptions& h) override {
-    ServerOptions o;
-    o.handler.config = h.config;
-    o.handler.run_id = h.run_id;
-    o.handler.token = h.token;
-    o.handler.on_refused = [](const absl::Status& s, const std::string& peer) {
-      spdlog::warn("rendezvous refused a request from {}: {}", peer, std::string(s.message()));
-    };
-    o.listen_address = h.listen_address;
-    o.tls = h.tls;
-    auto s = RendezvousServer::Start(std::move(o));
+    auto s = StartServer(h, "rendezvous refused");
     if (!s.ok()) return s.status();
     return std::unique_ptr<HostedRendezvous>(new HostedImpl(std::move(*s)));
   }

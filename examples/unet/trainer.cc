@@ -84,7 +84,7 @@ class Trainer {
   void OpenData();
   void PrintHeader();
   int Benchy();
-  double Step(int64_t step);  // returns the loss averaged over ranks
+  void Step(int64_t step);
   void AfterStep(int64_t step, double mean_loss, bool signalled);
   void EndOfEpoch(int64_t step);
   int Finish();
@@ -315,9 +315,9 @@ int Trainer::Benchy() {
   return 0;
 }
 
-// One training step; returns the loss averaged over ranks. The same allreduce tells every rank
+// One training step. The loss is averaged over ranks, and the same allreduce tells every rank
 // whether any rank was asked to checkpoint (SIGUSR1), so every rank decides alike.
-double Trainer::Step(int64_t step) {
+void Trainer::Step(int64_t step) {
   if (step == a_.fail_at_step && ctx_.env.restart_count == 0 && rank_ == world_ - 1) {
     std::fprintf(stderr, "train_unet: --fail-at-step %ld: exiting as asked\n", step);
     std::exit(1);
@@ -348,7 +348,6 @@ double Trainer::Step(int64_t step) {
   if (world_ > 1) ctx_.pg->allreduce(l)->wait();
   const double mean_loss = l[0][0].item<double>() / world_;
   AfterStep(step, mean_loss, l[0][1].item<float>() > 0);
-  return mean_loss;
 }
 
 // Checkpoints (every N steps, or when a rank got SIGUSR1), the requeue after a preemption

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -257,7 +258,15 @@ int Agent::AfterSuccess() {
 
 int Agent::AfterFailure() {
   StopGroup(SIGTERM);
-  auto error_of = [this](int lr) { return ReadErrorRecord(ErrorFile(lr)); };
+  // Each failed worker's error file, read once for the root cause and the report.
+  std::map<int, ErrorRecord> records;
+  for (const WorkerExit& e : exits_) {
+    if (e.failed() && !e.stopped) records[e.local_rank] = ReadErrorRecord(ErrorFile(e.local_rank));
+  }
+  auto error_of = [&records](int lr) {
+    auto it = records.find(lr);
+    return it == records.end() ? ErrorRecord{} : it->second;
+  };
   const RootCause root = PickRootCause(exits_, error_of);
   const WorkerExit& first = root.exit;
   FailureReport report{options_.program_name, options_.hostname, exits_, root,

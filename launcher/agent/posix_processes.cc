@@ -76,6 +76,23 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
   _exit(127);
 }
 
+// A pseudo-terminal for a worker's stdout: [0] the agent's end, [1] the worker's. The size is
+// the agent's terminal's (progress bars fit); no \n -> \r\n translation (the agent adds the
+// rank prefix to bytes as written).
+bool OpenPty(int fds[2]) {
+  struct winsize ws {};
+  const bool sized = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0;
+  if (openpty(&fds[0], &fds[1], nullptr, nullptr, sized ? &ws : nullptr) != 0) return false;
+  struct termios t;
+  if (tcgetattr(fds[1], &t) == 0) {
+    t.c_oflag &= ~static_cast<tcflag_t>(ONLCR);
+    tcsetattr(fds[1], TCSANOW, &t);
+  }
+  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+  return true;
+}
+
 }  // namespace
 
 void BlockAgentSignals(const std::vector<int>& handled) {
@@ -101,23 +118,6 @@ PosixProcesses::~PosixProcesses() {
   CloseOutputs();
   close(signal_fd_);
   close(wake_fd_);
-}
-
-// A pseudo-terminal for a worker's stdout: [0] the agent's end, [1] the worker's. The size is
-// the agent's terminal's (progress bars fit); no \n -> \r\n translation (the agent adds the
-// rank prefix to bytes as written).
-static bool OpenPty(int fds[2]) {
-  struct winsize ws {};
-  const bool sized = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0;
-  if (openpty(&fds[0], &fds[1], nullptr, nullptr, sized ? &ws : nullptr) != 0) return false;
-  struct termios t;
-  if (tcgetattr(fds[1], &t) == 0) {
-    t.c_oflag &= ~static_cast<tcflag_t>(ONLCR);
-    tcsetattr(fds[1], TCSANOW, &t);
-  }
-  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
-  fcntl(fds[1], F_SETFD, FD_CLOEXEC);
-  return true;
 }
 
 absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {

@@ -37,11 +37,6 @@ ErrorRecord ReadErrorRecord(const std::string& path) {
   return r;
 }
 
-std::string DescribeExit(const WorkerExit& e) {
-  if (e.signal != 0) return absl::StrCat("signal ", e.signal, " (SIG", sigabbrev_np(e.signal), ")");
-  return absl::StrCat("exit code ", e.exit_code);
-}
-
 RootCause PickRootCause(const std::vector<WorkerExit>& exits,
                         const std::function<ErrorRecord(int local_rank)>& error_of) {
   RootCause root;

@@ -46,9 +46,6 @@ struct RootCause {
 RootCause PickRootCause(const std::vector<WorkerExit>& exits,
                         const std::function<ErrorRecord(int local_rank)>& error_of);
 
-// "signal 9 (SIGKILL)" or "exit code 3".
-std::string DescribeExit(const WorkerExit& e);
-
 // torchrun's failure block (its ChildFailedError), so people and log scrapers find what they
 // know: "<program> FAILED", the other failures, then "Root Cause (first observed failure)" with
 // time, host, rank, local_rank, exitcode (negative for a signal, as torchrun), error_file and

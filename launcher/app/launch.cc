@@ -99,7 +99,9 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
   for (const char* k : {contract::kNcclAsyncErrorHandling, contract::kNcclAsyncErrorHandlingOld}) {
     if (env(k)) a->keep_inherited.push_back(k);
   }
-  a->worker_cpus = WorkerCpus(o.cpu_affinity, cpus, ReadCpuTopology(), nproc);
+  const bool by_topology = o.cpu_affinity == "node" || o.cpu_affinity == "socket";
+  a->worker_cpus =
+      WorkerCpus(o.cpu_affinity, cpus, by_topology ? ReadCpuTopology() : CpuTopology{}, nproc);
   return absl::OkStatus();
 }
 

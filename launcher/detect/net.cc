@@ -10,11 +10,6 @@
 
 namespace dlrun::launcher {
 
-int FreeTcpPort(const std::string& addr) {
-  PortReservation r = ReservePort(addr);
-  return r.port();
-}
-
 PortReservation::~PortReservation() {
   if (fd_ >= 0) close(fd_);
 }

@@ -6,9 +6,6 @@
 
 namespace dlrun::launcher {
 
-// A free TCP port on `addr` (bound and released at once; the caller's process binds it next).
-int FreeTcpPort(const std::string& addr);
-
 // A port held for a worker's store: bound with SO_REUSEADDR but not listening, so the store
 // (SO_REUSEADDR, as c10d's TCPStore sets it) can bind it while no other process's bind(port 0)
 // gets it. Released when destroyed: keep it until the workers that use the port are gone.

@@ -2,18 +2,13 @@
 
 #include <map>
 
+#include "fake_env.h"
 #include "gtest/gtest.h"
 
 namespace dlrun::launcher {
 namespace {
 
-EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
-    auto it = vars.find(std::string(name));
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using dlrun::testing::FakeEnv;
 
 absl::StatusOr<LaunchOptions> Parse(std::vector<std::string> args,
                                     std::map<std::string, std::string> env = {}) {

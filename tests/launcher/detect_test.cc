@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "fake_env.h"
 #include "gtest/gtest.h"
 
 namespace dlrun::launcher {
@@ -20,11 +21,7 @@ absl::StatusOr<PmixJob> NoPmix() {
 
 Result Detect(std::map<std::string, std::string> vars, std::vector<std::string> args = {"p"},
               const PmixQuery& pmix = NoPmix) {
-  EnvLookup env = [vars](std::string_view n) -> std::optional<std::string> {
-    auto it = vars.find(std::string(n));
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
+  EnvLookup env = dlrun::testing::FakeEnv(vars);
   auto o = ParseLaunchOptions(args, env);
   EXPECT_TRUE(o.ok()) << o.status();
   Result r{absl::UnknownError("unset"), *o};

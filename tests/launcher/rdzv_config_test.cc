@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "fake_env.h"
 #include "gtest/gtest.h"
 #include "launcher/cli/rdzv_server_cli.h"
 #include "launcher/rdzv/rdzv_source.h"
@@ -12,11 +13,7 @@ namespace dlrun::launcher {
 namespace {
 
 EnvLookup Env(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](std::string_view n) -> std::optional<std::string> {
-    auto it = vars.find(std::string(n));
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
+  return dlrun::testing::FakeEnv(std::move(vars));
 }
 
 TEST(RdzvConf, KeysAndErrors) {

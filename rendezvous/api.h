@@ -21,6 +21,11 @@ class HostedRendezvous {
   virtual void Shutdown() = 0;
   // Waits until the job has ended and every node has heard it; false if `timeout` passed.
   virtual bool WaitForJobEnd(Duration timeout) = 0;
+  // Other endpoints that may host this job (earlier hosts, candidates): asked for their epoch
+  // every heartbeat interval, on a thread of the server's own. One that answers with a newer
+  // epoch makes this host step down and redirect every caller there (docs/FAILOVER.md).
+  virtual void SetPeers(std::vector<std::string> endpoints) = 0;
+  virtual uint64_t epoch() const = 0;
 };
 
 struct HostOptions {
@@ -29,6 +34,9 @@ struct HostOptions {
   std::string token;
   std::string listen_address;  // host:port (port 0: pick one)
   TlsConfig tls;
+  uint64_t epoch = 1;        // this host's epoch (docs/FAILOVER.md)
+  std::string host_node_id;  // the hosting agent's node id (empty: stand-alone)
+  std::string candidates;    // the explicit candidate list, if any
 };
 
 class Api {

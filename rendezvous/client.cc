@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "dlrun/proto/rendezvous.grpc.pb.h"
@@ -34,6 +36,11 @@ class ClientImpl final : public RendezvousClient {
   explicit ClientImpl(const ClientOptions& o) : o_(o) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    // gRPC's default reconnect backoff starts at 1 s: a failover host that comes up a moment
+    // after the survivors first try it would cost them that second.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
     if (o.tls.enabled()) {
       grpc::SslCredentialsOptions co;
@@ -47,9 +54,17 @@ class ClientImpl final : public RendezvousClient {
     stub_ = v1::Rendezvous::NewStub(channel_);
   }
 
-  absl::StatusOr<Assignment> Join(const NodeInfo& n, Duration timeout) override {
+  absl::StatusOr<JoinResult> Join(const NodeInfo& n, Duration timeout) override {
     v1::JoinRequest req;
     FillAuth(req.mutable_auth());
+    req.set_candidates(o_.candidates);
+    if (n.resume.round > 0) {
+      auto* r = req.mutable_resume();
+      r->set_round(n.resume.round);
+      r->set_restart_count(n.resume.restart_count);
+      r->set_survivors(n.resume.survivors);
+      r->set_lost_host(n.resume.lost_host);
+    }
     auto* node = req.mutable_node();
     node->set_node_id(n.node_id);
     node->set_hostname(n.hostname);
@@ -63,7 +78,12 @@ class ClientImpl final : public RendezvousClient {
     v1::JoinResponse resp;
     absl::Status s = Check(stub_->Join(&ctx, req, &resp), "join");
     if (!s.ok()) return s;
-    return FromProto(resp.assignment());
+    JoinResult r;
+    r.epoch = resp.epoch();
+    r.redirect = resp.redirect();
+    if (r.redirect.empty()) r.assignment = FromProto(resp.assignment());
+    for (const auto& x : resp.successors()) r.successors.push_back({x.node_id(), x.address()});
+    return r;
   }
 
   absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) override {
@@ -72,7 +92,7 @@ class ClientImpl final : public RendezvousClient {
     req.set_node_id(node_id);
     req.set_round(round);
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    ctx.set_deadline(std::chrono::system_clock::now() + o_.heartbeat_timeout);
     v1::HeartbeatResponse resp;
     absl::Status s = Check(stub_->Heartbeat(&ctx, req, &resp), "heartbeat");
     if (!s.ok()) return s;
@@ -85,6 +105,8 @@ class ClientImpl final : public RendezvousClient {
     }
     r.current_round = resp.current_round();
     r.reason = resp.reason();
+    r.epoch = resp.epoch();
+    r.redirect = resp.redirect();
     return r;
   }
 
@@ -115,11 +137,16 @@ class ClientImpl final : public RendezvousClient {
     return Check(stub_->Leave(&ctx, req, &resp), "leave");
   }
 
-  absl::StatusOr<StatusSnapshot> Status() override {
+  absl::StatusOr<StatusSnapshot> Status(Duration wait) override {
     v1::StatusRequest req;
     FillAuth(req.mutable_auth());
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    if (wait.count() > 0) {
+      ctx.set_deadline(std::chrono::system_clock::now() + wait);
+      ctx.set_wait_for_ready(true);
+    } else {
+      SetDeadline(&ctx);
+    }
     v1::StatusResponse resp;
     absl::Status s = Check(stub_->Status(&ctx, req, &resp), "status");
     if (!s.ok()) return s;
@@ -130,14 +157,20 @@ class ClientImpl final : public RendezvousClient {
     snap.waiting = static_cast<int>(resp.waiting());
     snap.restart_count = static_cast<int>(resp.restart_count());
     snap.nodes.assign(resp.nodes().begin(), resp.nodes().end());
+    snap.epoch = resp.epoch();
+    snap.redirect = resp.redirect();
     return snap;
   }
+
+  void set_epoch(uint64_t epoch) override { epoch_.store(epoch); }
+  const std::string& endpoint() const override { return o_.endpoint; }
 
  private:
   void FillAuth(v1::Auth* a) const {
     a->set_protocol_version(kProtocolVersion);
     a->set_run_id(o_.run_id);
     a->set_token(o_.token);
+    a->set_epoch(epoch_.load());
   }
   absl::Status Check(const grpc::Status& s, const char* what) const {
     return FromGrpc(s, o_.endpoint, what, channel_.get(), o_.tls.enabled());
@@ -149,6 +182,7 @@ class ClientImpl final : public RendezvousClient {
   ClientOptions o_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::atomic<uint64_t> epoch_{0};
 };
 
 }  // namespace

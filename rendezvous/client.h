@@ -15,20 +15,30 @@ struct ClientOptions {
   std::string endpoint;  // host:port
   std::string run_id;
   std::string token;
-  Duration rpc_timeout{std::chrono::seconds(10)};  // heartbeat, failure, leave
+  Duration rpc_timeout{std::chrono::seconds(10)};  // failure, leave, status
+  // A heartbeat that takes longer counts as a miss: the agent's liveness clock keeps running
+  // while a dead host's connection times out.
+  Duration heartbeat_timeout{std::chrono::seconds(1)};
   TlsConfig tls;  // mutual TLS when enabled (rendezvous/tls.h)
+  std::string candidates;  // the explicit candidate list, sent with every join
 };
 
 class RendezvousClient {
  public:
   virtual ~RendezvousClient() = default;
-  // Blocks until the round closes, the job fails, or `timeout` passes.
-  virtual absl::StatusOr<Assignment> Join(const NodeInfo& node, Duration timeout) = 0;
+  // Blocks until the round closes, the job fails, or `timeout` passes. A host that stepped down
+  // answers with a redirect instead of an assignment.
+  virtual absl::StatusOr<JoinResult> Join(const NodeInfo& node, Duration timeout) = 0;
   virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) = 0;
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                                      const std::string& reason) = 0;
   virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success) = 0;
-  virtual absl::StatusOr<StatusSnapshot> Status() = 0;
+  // `wait` > 0: wait that long for the server to come up (a failover host starting);
+  // 0: fail at once when nobody listens. Else the deadline is rpc_timeout.
+  virtual absl::StatusOr<StatusSnapshot> Status(Duration wait = Duration(0)) = 0;
+  // The highest host epoch this agent has seen, sent with every call.
+  virtual void set_epoch(uint64_t epoch) = 0;
+  virtual const std::string& endpoint() const = 0;
 
   static std::unique_ptr<RendezvousClient> Create(const ClientOptions& options);
 };

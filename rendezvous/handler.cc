@@ -87,6 +87,21 @@ absl::StatusOr<NodeInfo> NodeFromProto(const v1::NodeIdentity& n) {
   return out;
 }
 
+absl::Status ResumeFromProto(const v1::Resume& r, ResumeInfo* out) {
+  if (r.round() == 0) return absl::OkStatus();
+  if (auto s = CheckString("resume.lost_host", r.lost_host(), 256, false); !s.ok()) return s;
+  if (r.survivors() > 1000000 || r.restart_count() > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat("resume.survivors ", r.survivors(),
+                                                   " or resume.restart_count ", r.restart_count(),
+                                                   " is out of range (expected at most 1000000)"));
+  }
+  out->round = r.round();
+  out->restart_count = static_cast<int>(r.restart_count());
+  out->survivors = static_cast<int>(r.survivors());
+  out->lost_host = r.lost_host();
+  return absl::OkStatus();
+}
+
 Handler::Handler(HandlerOptions options)
     : options_(std::move(options)), machine_(options_.config, options_.now()) {}
 
@@ -107,6 +122,12 @@ absl::Status Handler::CheckAuth(const v1::Auth& auth, const std::string& peer) {
     // One message for both, so a caller cannot probe which one was wrong.
     return Refuse(absl::PermissionDeniedError("wrong run id or job token"), peer);
   }
+  if (auth.epoch() > options_.epoch) {
+    return Refuse(absl::FailedPreconditionError(absl::StrCat(
+                      "stale rendezvous host: it serves epoch ", options_.epoch,
+                      " but the caller has seen epoch ", auth.epoch(), " (a newer host took over)")),
+                  peer);
+  }
   return absl::OkStatus();
 }
 
@@ -124,23 +145,54 @@ void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t
     return;
   }
   absl::StatusOr<NodeInfo> node = NodeFromProto(req.node());
+  if (node.ok()) {
+    if (absl::Status r = ResumeFromProto(req.resume(), &node->resume); !r.ok()) node = r;
+  }
   if (!node.ok()) {
     done(Refuse(node.status(), peer), kEmpty);
     return;
   }
-  auto cb = [done = std::move(done)](absl::StatusOr<Assignment> r) {
+  if (req.candidates() != options_.candidates) {
+    done(Refuse(absl::InvalidArgumentError(absl::StrCat(
+                    "the rendezvous candidate lists disagree: this host has '", options_.candidates,
+                    "', node ", req.node().hostname(), " has '", req.candidates(),
+                    "' (give every node the same --rdzv-endpoint)")),
+                peer),
+         kEmpty);
+    return;
+  }
+  // Runs when the round closes. Deliveries run after the lock is released, so it may take it.
+  auto cb = [this, done = std::move(done)](absl::StatusOr<Assignment> r) {
     if (!r.ok()) {
       done(r.status(), kEmpty);
       return;
     }
     v1::JoinResponse resp;
     ToProto(*r, resp.mutable_assignment());
+    resp.set_epoch(options_.epoch);
+    std::vector<Successor> successors;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      successors = machine_.Successors(options_.host_node_id);
+    }
+    for (const Successor& x : successors) {
+      auto* p = resp.add_successors();
+      p->set_node_id(x.node_id);
+      p->set_address(x.address);
+    }
     done(absl::OkStatus(), resp);
   };
   Deliveries out;
   absl::Status s;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!redirect_.empty()) {
+      v1::JoinResponse resp;
+      resp.set_epoch(options_.epoch);
+      resp.set_redirect(redirect_);
+      done(absl::OkStatus(), resp);
+      return;
+    }
     s = machine_.Join(*node, ticket, options_.now(), cb, &out);
   }
   Deliver(out);
@@ -159,9 +211,18 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
   absl::StatusOr<HeartbeatReply> r;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!redirect_.empty()) {
+      resp->set_action(v1::HeartbeatResponse::RESTART);
+      resp->set_current_round(machine_.round());
+      resp->set_epoch(options_.epoch);
+      resp->set_redirect(redirect_);
+      resp->set_reason(absl::StrCat("the rendezvous moved to a newer host at ", redirect_));
+      return absl::OkStatus();
+    }
     r = machine_.Heartbeat(req.node_id(), req.round(), options_.now());
   }
   if (!r.ok()) return Refuse(r.status(), peer);
+  resp->set_epoch(options_.epoch);
   switch (r->action) {
     case Action::kContinue: resp->set_action(v1::HeartbeatResponse::CONTINUE); break;
     case Action::kRestart: resp->set_action(v1::HeartbeatResponse::RESTART); break;
@@ -210,9 +271,11 @@ absl::Status Handler::Status(const v1::StatusRequest& req, const std::string& pe
                              v1::StatusResponse* resp) {
   if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
   StatusSnapshot snap;
+  std::string redirect;
   {
     std::lock_guard<std::mutex> lock(mu_);
     snap = machine_.Snapshot();
+    redirect = redirect_;
   }
   resp->set_round(snap.round);
   resp->set_state(snap.phase);
@@ -220,7 +283,17 @@ absl::Status Handler::Status(const v1::StatusRequest& req, const std::string& pe
   resp->set_waiting(snap.waiting);
   resp->set_restart_count(snap.restart_count);
   for (auto& n : snap.nodes) resp->add_nodes(n);
+  resp->set_epoch(options_.epoch);
+  resp->set_redirect(redirect);
   return absl::OkStatus();
+}
+
+bool Handler::StepDown(const std::string& endpoint, uint64_t epoch) {
+  if (epoch <= options_.epoch || endpoint.empty()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!redirect_.empty()) return false;
+  redirect_ = endpoint;
+  return true;
 }
 
 std::optional<TimePoint> Handler::Tick() {

@@ -15,7 +15,8 @@
 
 namespace dlrun::rdzv {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: host epochs, failover joins and redirects (docs/FAILOVER.md).
+inline constexpr uint32_t kProtocolVersion = 2;
 // Largest message the service accepts; a join is a few hundred bytes.
 inline constexpr int kMaxMessageBytes = 64 * 1024;
 
@@ -24,6 +25,16 @@ struct HandlerOptions {
   std::string run_id;
   std::string token;  // per-job secret; empty only in tests that say so
   std::function<TimePoint()> now = [] { return Clock::now(); };
+  // This host's epoch (docs/FAILOVER.md): 1 for the first host of a job, one more than the
+  // lost host's for a host that took over. Calls from agents that have seen a newer epoch are
+  // refused.
+  uint64_t epoch = 1;
+  // The node id of the agent hosting this server (empty for `dlrun rdzv-server`): left out of
+  // the successors, since it cannot take over from itself.
+  std::string host_node_id;
+  // The explicit candidate list (--rdzv-endpoint a,b,...) this host was started with; a join
+  // naming another list is refused with both.
+  std::string candidates;
   // Called (outside the lock) for every refused request, e.g. to log it.
   std::function<void(const absl::Status&, const std::string& peer)> on_refused;
 };
@@ -49,6 +60,12 @@ class Handler {
   absl::Status Status(const v1::StatusRequest& req, const std::string& peer,
                       v1::StatusResponse* resp);
 
+  // A host with a newer epoch serves the job at `endpoint`: from now on every join and
+  // heartbeat is answered with a redirect there. Returns false (and changes nothing) unless
+  // `epoch` is newer than this host's.
+  bool StepDown(const std::string& endpoint, uint64_t epoch);
+  uint64_t epoch() const { return options_.epoch; }
+
   // Runs the state machine's timers; returns the next time it needs to run.
   std::optional<TimePoint> Tick();
   StateMachine::Phase phase();
@@ -65,6 +82,7 @@ class Handler {
   // which then cannot see absl::Mutex's ordering (scripts/test-sanitizers tsan).
   std::mutex mu_;
   StateMachine machine_;  // guarded by mu_
+  std::string redirect_;   // guarded by mu_: set once this host stepped down
   std::atomic<uint64_t> next_ticket_{1};
 };
 

@@ -1,7 +1,11 @@
 #include "rendezvous/api.h"
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "rendezvous/server.h"
@@ -19,6 +23,9 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> StartServer(const HostOptions&
   o.handler.config = h.config;
   o.handler.run_id = h.run_id;
   o.handler.token = h.token;
+  o.handler.epoch = h.epoch;
+  o.handler.host_node_id = h.host_node_id;
+  o.handler.candidates = h.candidates;
   o.handler.on_refused = [who = std::move(who)](const absl::Status& s, const std::string& peer) {
     spdlog::warn("{} a request from {}: {}", who, peer, std::string(s.message()));
   };
@@ -51,13 +58,71 @@ namespace {
 
 class HostedImpl final : public HostedRendezvous {
  public:
-  explicit HostedImpl(std::unique_ptr<RendezvousServer> s) : s_(std::move(s)) {}
+  HostedImpl(std::unique_ptr<RendezvousServer> s, const HostOptions& h)
+      : s_(std::move(s)), h_(h) {}
+  ~HostedImpl() override { Shutdown(); }
   int port() const override { return s_->port(); }
-  void Shutdown() override { s_->Shutdown(); }
+  void Shutdown() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (prober_.joinable()) prober_.join();
+    s_->Shutdown();
+  }
   bool WaitForJobEnd(Duration timeout) override { return s_->WaitForJobEnd(timeout); }
+  uint64_t epoch() const override { return h_.epoch; }
+
+  void SetPeers(std::vector<std::string> endpoints) override {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const std::string& e : endpoints) {
+      if (e == h_.listen_address || peers_.count(e)) continue;
+      ClientOptions c;
+      c.endpoint = e;
+      c.run_id = h_.run_id;
+      c.token = h_.token;
+      c.tls = h_.tls;
+      c.rpc_timeout = std::max(Duration(100), h_.config.heartbeat_interval);
+      peers_[e] = RendezvousClient::Create(c);
+    }
+    if (!peers_.empty() && !prober_.joinable() && !stopping_) {
+      prober_ = std::thread([this] { ProbeLoop(); });
+    }
+  }
 
  private:
+  // Asks every peer for its epoch, one heartbeat interval apart, until this host steps down.
+  void ProbeLoop() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stopping_) {
+      std::vector<std::pair<std::string, RendezvousClient*>> peers;
+      for (auto& [e, c] : peers_) peers.emplace_back(e, c.get());
+      l.unlock();
+      for (auto& [endpoint, client] : peers) {
+        auto st = client->Status();
+        if (!st.ok() || st->epoch <= h_.epoch) continue;
+        const std::string target = st->redirect.empty() ? endpoint : st->redirect;
+        if (s_->handler().StepDown(target, st->epoch)) {
+          spdlog::warn("the rendezvous host at {} serves this job with epoch {} (this host: {}): "
+                       "stepping down, every node re-joins there", target, st->epoch, h_.epoch);
+          std::lock_guard<std::mutex> g(mu_);
+          stopping_ = true;  // nothing more to learn
+        }
+        break;
+      }
+      l.lock();
+      cv_.wait_for(l, h_.config.heartbeat_interval, [this] { return stopping_; });
+    }
+  }
+
   std::unique_ptr<RendezvousServer> s_;
+  const HostOptions h_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::map<std::string, std::unique_ptr<RendezvousClient>> peers_;  // guarded by mu_
+  std::thread prober_;
 };
 
 class ApiImpl final : public Api {
@@ -69,7 +134,7 @@ class ApiImpl final : public Api {
   absl::StatusOr<std::unique_ptr<HostedRendezvous>> Host(const HostOptions& h) override {
     auto s = StartServer(h, "rendezvous refused");
     if (!s.ok()) return s.status();
-    return std::unique_ptr<HostedRendezvous>(new HostedImpl(std::move(*s)));
+    return std::unique_ptr<HostedRendezvous>(new HostedImpl(std::move(*s), h));
   }
 };
 

@@ -45,8 +45,31 @@ void StateMachine::AddJoining(Pending p, Deliveries* out) {
   joining_.push_back(std::move(p));
 }
 
+void StateMachine::Resume(const NodeInfo& node, Deliveries* out) {
+  // Only a host that has not closed a round yet rebuilds state from resumes: for a host that is
+  // running, a survivor's join is an ordinary re-join.
+  if (!known_.empty() || phase_ != Phase::kJoining) return;
+  const ResumeInfo& r = node.resume;
+  const bool first = expected_survivors_ == 0;
+  round_ = std::max<uint64_t>(round_, r.round + 1);
+  expected_survivors_ = std::max(expected_survivors_, r.survivors);
+  // The host's loss counts as a restart, as a lost node does; max() keeps it one however many
+  // survivors report it.
+  const int restarts = r.restart_count + 1;
+  if (restarts > restart_count_) restart_count_ = restarts;
+  if (first) {
+    restart_reason_ = absl::StrCat("the rendezvous host (", r.lost_host, ") was lost");
+  }
+  if (restart_count_ > config_.max_restarts) {
+    Fail(absl::StrCat(restart_reason_, "; no restarts left (max_restarts=", config_.max_restarts,
+                      ")"),
+         out);
+  }
+}
+
 absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint now,
                                 JoinCallback cb, Deliveries* out) {
+  if (node.resume.round > 0) Resume(node, out);
   if (phase_ == Phase::kFailed) {
     return absl::FailedPreconditionError(absl::StrCat("the job has failed: ", failure_reason_));
   }
@@ -134,6 +157,9 @@ void StateMachine::MaybeClose(TimePoint now, Deliveries* out) {
   const int n = static_cast<int>(joining_.size());
   if (n >= config_.max_nodes) return Close(now, out);
   if (n < config_.min_nodes) return;
+  if (expected_survivors_ > 0 && known_.empty() && n >= expected_survivors_) {
+    return Close(now, out);  // every survivor of the lost host's round is here
+  }
   if (!expected_.empty() &&
       std::all_of(expected_.begin(), expected_.end(),
                   [&](const std::string& id) { return joining_index_.count(id) > 0; })) {
@@ -341,6 +367,16 @@ bool StateMachine::EndAcknowledged() const {
   if (phase_ != Phase::kFailed && phase_ != Phase::kSucceeded) return false;
   return std::all_of(members_.begin(), members_.end(),
                      [&](const Member& m) { return told_end_.count(m.node.node_id) > 0; });
+}
+
+std::vector<Successor> StateMachine::Successors(const std::string& exclude) const {
+  std::vector<Successor> out;
+  for (const Member& m : members_) {
+    if (out.size() >= kMaxSuccessors) break;
+    if (m.node.node_id == exclude) continue;
+    out.push_back({m.node.node_id, m.node.address});
+  }
+  return out;
 }
 
 StatusSnapshot StateMachine::Snapshot() const {

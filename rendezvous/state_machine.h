@@ -54,6 +54,10 @@ class StateMachine {
   void Tick(TimePoint now, Deliveries* out);
   std::optional<TimePoint> NextDeadline() const;
 
+  // The round's members in node-rank order, `exclude` (the host's node id) left out, at most
+  // kMaxSuccessors: who may host next if the host is lost (docs/FAILOVER.md).
+  std::vector<Successor> Successors(const std::string& exclude) const;
+
   Phase phase() const { return phase_; }
   // The job has ended and every member of the last round has been told so (by a heartbeat
   // reply), so a hosting agent may stop serving.
@@ -76,6 +80,8 @@ class StateMachine {
   };
 
   void AddJoining(Pending p, Deliveries* out);
+  // A survivor's first join at a new host: take over the lost host's round and restart count.
+  void Resume(const NodeInfo& node, Deliveries* out);
   void OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
                  Deliveries* out);
   void MaybeClose(TimePoint now, Deliveries* out);
@@ -106,6 +112,8 @@ class StateMachine {
   std::unordered_map<std::string, size_t> member_index_;
   std::unordered_set<std::string> known_;  // every node id ever assigned
   std::unordered_set<std::string> told_end_;  // nodes that got a STOP or FINISHED reply
+  // After a failover: how many survivors the first round waits for before closing at once.
+  int expected_survivors_ = 0;
 };
 
 }  // namespace dlrun::rdzv

@@ -33,6 +33,14 @@ struct Config {
   std::vector<std::string> expected_hosts;  // e.g. from Slurm, for error messages
 };
 
+// What a survivor tells a new host after the old one was lost (docs/FAILOVER.md).
+struct ResumeInfo {
+  uint64_t round = 0;  // 0: an ordinary join
+  int restart_count = 0;
+  int survivors = 0;  // nodes of that round still expected, the lost host left out
+  std::string lost_host;
+};
+
 struct NodeInfo {
   std::string node_id;  // stable identity of the agent (default host:pid)
   std::string hostname;
@@ -40,7 +48,17 @@ struct NodeInfo {
   int nproc = 1;
   int slurm_node_id = -1;  // SLURM_NODEID when known
   int master_port = 0;     // port this agent reserved for the c10d store
+  ResumeInfo resume;       // set on a failover join
 };
+
+// A member that may host after the current host (node-rank order, the host left out).
+struct Successor {
+  std::string node_id;
+  std::string address;
+};
+
+// At most this many successors travel with each assignment.
+inline constexpr size_t kMaxSuccessors = 8;
 
 // The node's place in a closed round (common/assignment.h, shared with the launcher).
 using Assignment = ::dlrun::Assignment;
@@ -51,6 +69,16 @@ struct HeartbeatReply {
   Action action = Action::kContinue;
   uint64_t current_round = 0;
   std::string reason;
+  uint64_t epoch = 0;
+  std::string redirect;  // with kRestart: the host stepped down, re-join there
+};
+
+// What a join returns: the assignment, or a redirect to a newer host.
+struct JoinResult {
+  Assignment assignment;
+  uint64_t epoch = 0;
+  std::vector<Successor> successors;
+  std::string redirect;  // non-empty: no assignment, join this endpoint instead
 };
 
 struct FailureReply {
@@ -65,6 +93,8 @@ struct StatusSnapshot {
   int waiting = 0;
   int restart_count = 0;
   std::vector<std::string> nodes;  // members of the running round, by node rank
+  uint64_t epoch = 0;
+  std::string redirect;  // the host stepped down for this endpoint
 };
 
 }  // namespace dlrun::rdzv

@@ -17,6 +17,7 @@
 #include "launcher/app/plan.h"
 #include "launcher/detect/env_detect.h"
 #include "launcher/detect/net.h"
+#include "launcher/rdzv/failover.h"
 #include "launcher/rdzv/rdzv_config.h"
 #include "launcher/rdzv/rdzv_source.h"
 #include "spdlog/spdlog.h"
@@ -158,7 +159,17 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
         "--rdzv-endpoint is empty: the rendezvous needs HOST[:PORT] (the same on every node)");
   }
   RdzvSourceOptions r;
-  r.endpoint = o.rdzv_endpoint;
+  auto endpoints = ParseEndpointList(o.rdzv_endpoint);
+  if (!endpoints.ok()) return endpoints.status();
+  r.endpoint = endpoints->front();
+  if (endpoints->size() > 1) r.candidates = *endpoints;
+  // The other nodes of the job's node list, where a host may already serve this job.
+  const std::string rdzv_port = SplitEndpoint(r.endpoint).second;
+  for (const std::string& h : d.expected_hosts) {
+    if (r.peers.size() >= rdzv::kMaxSuccessors) break;
+    const std::string ep = absl::StrCat(h, ":", rdzv_port);
+    if (ep != r.endpoint) r.peers.push_back(ep);
+  }
   r.run_id = o.rdzv_id;
   auto token = JobToken(env, o.rdzv_id);
   if (!token.ok()) return token.status();
@@ -167,7 +178,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
   if (!tls.ok()) return tls.status();
   r.tls = std::move(*tls);
   r.hostname = HostName();
-  const std::string ep_host = o.rdzv_endpoint.substr(0, o.rdzv_endpoint.rfind(':'));
+  const std::string ep_host = SplitEndpoint(r.endpoint).first;
   r.local_addr = !o.local_addr.empty() ? o.local_addr : LocalAddressFor(ep_host);
   if (r.local_addr.empty()) r.local_addr = r.hostname;
   r.nproc = nproc;

@@ -2,37 +2,36 @@
 
 #include <unistd.h>
 
-#include "absl/strings/numbers.h"
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
 #include "launcher/detect/net.h"
+#include "launcher/rdzv/failover.h"
 #include "launcher/rdzv/rdzv_loader.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
 namespace {
 
-std::pair<std::string, std::string> SplitEndpoint(const std::string& ep) {
-  size_t c = ep.rfind(':');
-  if (c == std::string::npos) return {ep, "29400"};
-  return {ep.substr(0, c), ep.substr(c + 1)};
-}
+using SteadyClock = std::chrono::steady_clock;
 
+int64_t Ms(rdzv::Duration d) { return d.count(); }
+
+// Membership from the gRPC rendezvous, with host failover (docs/FAILOVER.md): when the host
+// stops answering for the liveness limit, the survivors pick the next candidate, which hosts a
+// new epoch, and re-join it with what they know of the job.
 class RdzvSource final : public MembershipSource {
  public:
   RdzvSource(RdzvSourceOptions o, rdzv::Api* api, std::unique_ptr<rdzv::HostedRendezvous> hosted)
       : o_(std::move(o)), api_(api), hosted_(std::move(hosted)) {
-    rdzv::ClientOptions c;
-    c.endpoint = o_.endpoint;
-    c.run_id = o_.run_id;
-    c.token = o_.token;
-    c.tls = o_.tls;
-    client_ = api_->CreateClient(c);
     node_.node_id = absl::StrCat(o_.hostname, ":", getpid());
     node_.hostname = o_.hostname;
     node_.address = o_.local_addr;
     node_.nproc = o_.nproc;
     node_.slurm_node_id = o_.slurm_node_id;
+    if (hosted_) epoch_ = hosted_->epoch();
+    SwitchTo(o_.endpoint);
   }
 
   ~RdzvSource() override {
@@ -48,14 +47,18 @@ class RdzvSource final : public MembershipSource {
     // other process takes it before the store binds it.
     port_ = ReservePort("0.0.0.0");
     node_.master_port = port_.port();
-    auto a = client_->Join(node_, o_.config.join_timeout);
-    if (!a.ok()) return a.status();
-    round_ = a->round;
-    misses_ = 0;
-    a->max_restarts = o_.config.max_restarts;
-    a->run_id = o_.run_id;
-    a->role = o_.role;
-    return *a;
+    if (!redirect_.empty()) {
+      SwitchTo(redirect_);
+      redirect_.clear();
+    }
+    if (lost_) return FailOver();
+    auto a = JoinCurrent(rdzv::ResumeInfo{});
+    if (!a.ok() && absl::IsUnavailable(a.status()) && round_ > 0 && CanFailOver()) {
+      // The host went away while this node waited in a round: fail over from here.
+      spdlog::warn("{}: failing over", std::string(a.status().message()));
+      return FailOver();
+    }
+    return a;
   }
 
   bool OnFailure(const std::string& reason) override {
@@ -68,6 +71,12 @@ class RdzvSource final : public MembershipSource {
       return true;
     }
     if (!r.ok()) {
+      if (absl::IsUnavailable(r.status()) && CanFailOver()) {
+        spdlog::warn("cannot report the failure: {}; failing over to the next rendezvous host",
+                     std::string(r.status().message()));
+        lost_ = true;
+        return true;
+      }
       spdlog::error("cannot report the failure to the rendezvous: {}",
                     std::string(r.status().message()));
       return false;
@@ -76,17 +85,33 @@ class RdzvSource final : public MembershipSource {
   }
 
   Verdict Check(std::string* reason) override {
+    if (lost_ || !redirect_.empty()) {
+      *reason = lost_reason_;
+      return Verdict::kRestart;
+    }
     auto r = client_->Heartbeat(node_.node_id, round_);
+    const auto now = SteadyClock::now();
     if (!r.ok()) {
-      if (++misses_ >= o_.config.heartbeat_misses) {
-        *reason = absl::StrCat("lost the rendezvous at ", o_.endpoint, ": ",
-                               std::string(r.status().message()));
+      const auto silent = std::chrono::duration_cast<rdzv::Duration>(now - last_ok_);
+      if (silent < o_.config.liveness_limit()) return Verdict::kContinue;
+      lost_reason_ = absl::StrCat("the rendezvous host at ", client_->endpoint(),
+                                  " has not answered for ", Ms(silent), " ms (",
+                                  std::string(r.status().message()), ")");
+      if (!CanFailOver()) {
+        *reason = lost_reason_;
         return Verdict::kStop;
       }
-      return Verdict::kContinue;
+      lost_ = true;
+      *reason = absl::StrCat(lost_reason_, ": failing over");
+      return Verdict::kRestart;
     }
-    misses_ = 0;
+    last_ok_ = now;
+    Adopt(r->epoch);
     *reason = r->reason;
+    if (!r->redirect.empty()) {
+      redirect_ = r->redirect;
+      return Verdict::kRestart;
+    }
     switch (r->action) {
       case rdzv::Action::kContinue: return Verdict::kContinue;
       case rdzv::Action::kRestart: return Verdict::kRestart;
@@ -102,19 +127,189 @@ class RdzvSource final : public MembershipSource {
     if (auto s = client_->Leave(node_.node_id, round_, true); !s.ok()) {
       spdlog::warn("leave: {}", std::string(s.message()));
     }
-
   }
 
  private:
+  void SwitchTo(const std::string& endpoint) {
+    rdzv::ClientOptions c;
+    c.endpoint = endpoint;
+    c.run_id = o_.run_id;
+    c.token = o_.token;
+    c.tls = o_.tls;
+    c.heartbeat_timeout = std::max(rdzv::Duration(100), o_.config.heartbeat_interval);
+    if (o_.candidates.size() > 1) c.candidates = absl::StrJoin(o_.candidates, ",");
+    client_ = api_->CreateClient(c);
+    client_->set_epoch(epoch_);
+    hosts_seen_.push_back(endpoint);
+  }
+
+  void Adopt(uint64_t epoch) {
+    if (epoch <= epoch_) return;
+    epoch_ = epoch;
+    client_->set_epoch(epoch_);
+  }
+
+  bool CanFailOver() const {
+    if (o_.candidates.size() > 1) return true;
+    return !successors_.empty();
+  }
+
+  // Joins the current host, following redirects of hosts that stepped down.
+  absl::StatusOr<Assignment> JoinCurrent(const rdzv::ResumeInfo& resume) {
+    node_.resume = resume;
+    for (int hops = 0;; ++hops) {
+      auto r = client_->Join(node_, o_.config.join_timeout);
+      if (!r.ok()) return r.status();
+      Adopt(r->epoch);
+      if (r->redirect.empty()) return Accept(*std::move(r));
+      if (hops >= 8) {
+        return absl::UnavailableError(absl::StrCat("the rendezvous redirected this node 8 times, "
+                                                   "last to ", r->redirect));
+      }
+      spdlog::info("the rendezvous host at {} stepped down: joining {} (epoch {})",
+                   client_->endpoint(), r->redirect, r->epoch);
+      SwitchTo(r->redirect);
+    }
+  }
+
+  absl::StatusOr<Assignment> Accept(rdzv::JoinResult r) {
+    Assignment a = r.assignment;
+    round_ = a.round;
+    restart_count_ = a.restart_count;
+    num_nodes_ = a.num_nodes;
+    successors_ = std::move(r.successors);
+    last_ok_ = SteadyClock::now();
+    lost_ = false;
+    if (hosted_) hosted_->SetPeers(PeerEndpoints());
+    a.max_restarts = o_.config.max_restarts;
+    a.run_id = o_.run_id;
+    a.role = o_.role;
+    return a;
+  }
+
+  // Where another host of this job may be: asked by a hosting agent for newer epochs.
+  std::vector<std::string> PeerEndpoints() const {
+    std::vector<std::string> out = o_.candidates;
+    const std::string port = SplitEndpoint(o_.endpoint).second;
+    for (const auto& s : successors_) out.push_back(absl::StrCat(s.address, ":", port));
+    out.insert(out.end(), o_.peers.begin(), o_.peers.end());
+    out.insert(out.end(), hosts_seen_.begin(), hosts_seen_.end());
+    return out;
+  }
+
+  absl::StatusOr<Assignment> FailOver() {
+    const std::string lost = client_->endpoint();
+    const int survivors = Survivors(num_nodes_, successors_.size());
+    if (survivors < o_.config.min_nodes) {
+      return absl::UnavailableError(absl::StrCat(
+          "rendezvous host lost: ", lost, " stopped answering and ", survivors,
+          " node(s) of round ", round_, " are left, below the minimum of ", o_.config.min_nodes,
+          " (--nnodes); checkpoints are kept"));
+    }
+    FailoverView v;
+    v.explicit_list = o_.candidates.size() > 1 ? o_.candidates : std::vector<std::string>{};
+    v.successors = successors_;
+    v.port = SplitEndpoint(o_.endpoint).second;
+    v.my_node_id = node_.node_id;
+    v.lost = lost;
+    rdzv::ResumeInfo resume;
+    resume.round = round_;
+    resume.restart_count = restart_count_;
+    resume.survivors = survivors;
+    resume.lost_host = lost;
+    std::vector<std::string> tried;
+    for (const Candidate& c : FailoverOrder(v)) {
+      tried.push_back(c.endpoint);
+      const bool explicit_candidate = !v.explicit_list.empty();
+      if (c.is_me || (explicit_candidate && CanBind(SplitEndpoint(c.endpoint).first,
+                                                    SplitEndpoint(c.endpoint).second))) {
+        HostAt(c.endpoint);  // if it cannot bind, someone else may have: join it anyway
+      }
+      SwitchTo(c.endpoint);
+      // Wait for the candidate to come up (it notices the loss at about the same time).
+      auto st = client_->Status(o_.config.liveness_limit());
+      if (!st.ok()) {
+        spdlog::warn("rendezvous candidate {} did not answer within {} ms: {}", c.endpoint,
+                     Ms(o_.config.liveness_limit()), std::string(st.status().message()));
+        continue;
+      }
+      spdlog::warn("rendezvous host {} lost: joining {} (epoch {}) with {} survivor(s) of round "
+                   "{}",
+                   lost, c.endpoint, st->epoch, survivors, round_);
+      auto a = JoinCurrent(resume);
+      node_.resume = {};
+      if (a.ok() || absl::IsFailedPrecondition(a.status())) return a;  // joined, or job over
+      spdlog::warn("joining rendezvous candidate {}: {}", c.endpoint,
+                   std::string(a.status().message()));
+    }
+    return absl::UnavailableError(absl::StrCat("rendezvous host lost: ", lost,
+                                               " stopped answering and no candidate took over "
+                                               "(tried ",
+                                               tried.empty() ? "none" : absl::StrJoin(tried, ", "),
+                                               ")"));
+  }
+
+  // Starts hosting at `endpoint` with the next epoch. A failure is logged, not fatal.
+  void HostAt(const std::string& endpoint) {
+    if (hosted_) {
+      hosted_->Shutdown();  // an earlier host of ours that stepped down
+      hosted_.reset();
+    }
+    rdzv::HostOptions h;
+    h.config = o_.config;
+    h.run_id = o_.run_id;
+    h.token = o_.token;
+    h.tls = o_.tls;
+    h.listen_address = endpoint;
+    h.epoch = epoch_ + 1;
+    h.host_node_id = node_.node_id;
+    if (o_.candidates.size() > 1) h.candidates = absl::StrJoin(o_.candidates, ",");
+    auto s = api_->Host(h);
+    if (!s.ok()) {
+      spdlog::warn("cannot host the rendezvous at {}: {}", endpoint,
+                   std::string(s.status().message()));
+      return;
+    }
+    hosted_ = std::move(*s);
+    spdlog::warn("taking over the rendezvous at {} (epoch {})", endpoint, h.epoch);
+  }
+
   RdzvSourceOptions o_;
   rdzv::Api* api_;
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::NodeInfo node_;
   uint64_t round_ = 0;
-  int misses_ = 0;
+  int restart_count_ = 0;
+  int num_nodes_ = 0;
+  uint64_t epoch_ = 0;
+  std::vector<rdzv::Successor> successors_;
+  std::vector<std::string> hosts_seen_;
+  SteadyClock::time_point last_ok_ = SteadyClock::now();
+  bool lost_ = false;  // the host stopped answering: the next Next() fails over
+  std::string lost_reason_;
+  std::string redirect_;  // the host stepped down: the next Next() joins here
   PortReservation port_;
 };
+
+// A host of this job already serving at one of `peers` (a node that comes back after the
+// job failed over must join it, not host a second one): its endpoint, or empty.
+std::string FindServingPeer(rdzv::Api* api, const RdzvSourceOptions& o) {
+  for (const std::string& peer : o.peers) {
+    if (peer == o.endpoint) continue;
+    rdzv::ClientOptions c;
+    c.endpoint = peer;
+    c.run_id = o.run_id;
+    c.token = o.token;
+    c.tls = o.tls;
+    c.rpc_timeout = std::chrono::milliseconds(500);
+    auto st = api->CreateClient(c)->Status();
+    if (st.ok() && (st->phase == "running" || st->phase == "joining")) {
+      return st->redirect.empty() ? peer : st->redirect;
+    }
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -125,6 +320,13 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
   o.endpoint = absl::StrCat(host, ":", port);
   std::unique_ptr<rdzv::HostedRendezvous> hosted;
   if (o.is_host == "auto" && !CanBind(host, port)) o.is_host = "false";
+  if (o.is_host == "auto") {
+    if (std::string serving = FindServingPeer(*api, o); !serving.empty()) {
+      spdlog::info("the rendezvous of this job is already hosted at {}: joining it", serving);
+      o.endpoint = serving;
+      o.is_host = "false";
+    }
+  }
   if (o.is_host != "false") {
     rdzv::HostOptions h;
     h.config = o.config;
@@ -134,6 +336,8 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
     // Bind the endpoint's own address (not 0.0.0.0): if it is not ours, binding fails and this
     // agent is a client only.
     h.listen_address = o.endpoint;
+    h.host_node_id = absl::StrCat(o.hostname, ":", getpid());
+    if (o.candidates.size() > 1) h.candidates = absl::StrJoin(o.candidates, ",");
     auto s = (*api)->Host(h);
     if (s.ok()) {
       hosted = std::move(*s);

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "launcher/agent/membership.h"
@@ -12,7 +13,13 @@
 namespace dlrun::launcher {
 
 struct RdzvSourceOptions {
-  std::string endpoint;     // host:port
+  std::string endpoint;     // host:port of the first host
+  // More than one --rdzv-endpoint entry: the explicit failover candidates, `endpoint` first.
+  std::vector<std::string> candidates;
+  // Endpoints that may already host this job when this agent starts (a node that comes back
+  // must join the host that took over, not host a second one): the other nodes of the Slurm /
+  // PMIx node list at the rendezvous port, at most kMaxSuccessors.
+  std::vector<std::string> peers;
   std::string run_id;
   std::string token;        // JobToken() (launcher/rdzv/rdzv_config.h)
   std::string local_addr;   // this node's address (MASTER_ADDR if it gets node rank 0)

@@ -51,7 +51,7 @@ TEST(RendezvousGrpc, SixtyFourAgentsThroughTwoRounds) {
         n.nproc = 1 + i % 3;
         n.master_port = 20000 + i;
         auto a = clients[i]->Join(n, std::chrono::seconds(30));
-        if (a.ok()) (*out)[i] = *a; else errs[i] = a.status();
+        if (a.ok()) (*out)[i] = a->assignment; else errs[i] = a.status();
       });
     }
     for (auto& t : threads) t.join();

@@ -51,11 +51,11 @@ TEST(RendezvousTls, MutualTlsClientsJoinHeartbeatAndLeave) {
   NodeInfo n{"a", "a", "127.0.0.1", 2, -1, 0};
   auto a = client->Join(n, std::chrono::seconds(10));
   ASSERT_TRUE(a.ok()) << a.status();
-  EXPECT_EQ(a->world_size, 2);
-  auto hb = client->Heartbeat("a", a->round);
+  EXPECT_EQ(a->assignment.world_size, 2);
+  auto hb = client->Heartbeat("a", a->assignment.round);
   ASSERT_TRUE(hb.ok()) << hb.status();
   EXPECT_EQ(hb->action, Action::kContinue);
-  ASSERT_TRUE(client->Leave("a", a->round, true).ok());
+  ASSERT_TRUE(client->Leave("a", a->assignment.round, true).ok());
   EXPECT_EQ(server->handler().phase(), StateMachine::Phase::kSucceeded);
 }
 

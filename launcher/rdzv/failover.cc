@@ -1,0 +1,67 @@
+#include "launcher/rdzv/failover.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace dlrun::launcher {
+
+std::pair<std::string, std::string> SplitEndpoint(const std::string& ep) {
+  const size_t c = ep.rfind(':');
+  if (c == std::string::npos || ep.find(']', c) != std::string::npos) return {ep, "29400"};
+  return {ep.substr(0, c), ep.substr(c + 1)};
+}
+
+absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& value) {
+  std::vector<std::string> out;
+  for (absl::string_view raw : absl::StrSplit(value, ',')) {
+    const std::string entry(absl::StripAsciiWhitespace(raw));
+    auto [host, port] = SplitEndpoint(entry);
+    int p = 0;
+    if (entry.empty() || host.empty() || !absl::SimpleAtoi(port, &p) || p < 1 || p > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid value '", value, "' for --rdzv-endpoint: entry '", entry,
+          "' is not HOST[:PORT] with a port 1-65535 (a list is HOST:PORT,HOST:PORT,...)"));
+    }
+    const std::string ep = absl::StrCat(host, ":", port);
+    if (std::find(out.begin(), out.end(), ep) != out.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid value '", value,
+                                                     "' for --rdzv-endpoint: '", ep,
+                                                     "' is listed twice"));
+    }
+    out.push_back(ep);
+  }
+  return out;
+}
+
+std::vector<Candidate> FailoverOrder(const FailoverView& v) {
+  std::vector<Candidate> out;
+  if (!v.explicit_list.empty()) {
+    const auto& l = v.explicit_list;
+    auto it = std::find(l.begin(), l.end(), v.lost);
+    const size_t start = it == l.end() ? 0 : static_cast<size_t>(it - l.begin()) + 1;
+    for (size_t i = 0; i < l.size(); ++i) {
+      const std::string& ep = l[(start + i) % l.size()];
+      if (ep != v.lost) out.push_back({ep, false});
+    }
+    return out;
+  }
+  for (const rdzv::Successor& s : v.successors) {
+    const std::string ep = absl::StrCat(s.address, ":", v.port);
+    const bool me = s.node_id == v.my_node_id;
+    const bool seen = std::any_of(out.begin(), out.end(), [&](const Candidate& c) {
+      return c.endpoint == ep && c.is_me == me;
+    });
+    if (!seen) out.push_back({ep, me});
+  }
+  return out;
+}
+
+int Survivors(int num_nodes, size_t successors) {
+  return successors < static_cast<size_t>(num_nodes) ? num_nodes - 1 : num_nodes;
+}
+
+}  // namespace dlrun::launcher

@@ -161,6 +161,18 @@ void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t
          kEmpty);
     return;
   }
+  std::string redirect;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    redirect = redirect_;
+  }
+  if (!redirect.empty()) {  // this host stepped down: the job goes on elsewhere
+    v1::JoinResponse resp;
+    resp.set_epoch(options_.epoch);
+    resp.set_redirect(redirect);
+    done(absl::OkStatus(), resp);
+    return;
+  }
   // Runs when the round closes. Deliveries run after the lock is released, so it may take it.
   auto cb = [this, done = std::move(done)](absl::StatusOr<Assignment> r) {
     if (!r.ok()) {
@@ -186,14 +198,9 @@ void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t
   absl::Status s;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!redirect_.empty()) {
-      v1::JoinResponse resp;
-      resp.set_epoch(options_.epoch);
-      resp.set_redirect(redirect_);
-      done(absl::OkStatus(), resp);
-      return;
-    }
-    s = machine_.Join(*node, ticket, options_.now(), cb, &out);
+    const TimePoint now = options_.now();
+    if (!options_.host_node_id.empty() && node->node_id == options_.host_node_id) host_heard_ = now;
+    s = machine_.Join(*node, ticket, now, cb, &out);
   }
   Deliver(out);
   if (!s.ok()) cb(s);
@@ -219,7 +226,9 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
       resp->set_reason(absl::StrCat("the rendezvous moved to a newer host at ", redirect_));
       return absl::OkStatus();
     }
-    r = machine_.Heartbeat(req.node_id(), req.round(), options_.now());
+    const TimePoint now = options_.now();
+    if (!options_.host_node_id.empty() && req.node_id() == options_.host_node_id) host_heard_ = now;
+    r = machine_.Heartbeat(req.node_id(), req.round(), now);
   }
   if (!r.ok()) return Refuse(r.status(), peer);
   resp->set_epoch(options_.epoch);
@@ -301,7 +310,17 @@ std::optional<TimePoint> Handler::Tick() {
   std::optional<TimePoint> next;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    machine_.Tick(options_.now(), &out);
+    const TimePoint now = options_.now();
+    // The hosting agent runs in this process: if even its heartbeats stopped for the liveness
+    // limit, this process was not running (stopped, or a frozen machine), and the others'
+    // silence means nothing yet. Give everyone a fresh limit instead of declaring them dead.
+    const Duration limit = options_.config.liveness_limit();
+    if (host_heard_ && now - *host_heard_ > limit &&
+        machine_.phase() == StateMachine::Phase::kRunning) {
+      machine_.ExtendLiveness(now);
+      host_heard_ = now;
+    }
+    machine_.Tick(now, &out);
     next = machine_.NextDeadline();
   }
   Deliver(out);

@@ -83,6 +83,8 @@ class Handler {
   std::mutex mu_;
   StateMachine machine_;  // guarded by mu_
   std::string redirect_;   // guarded by mu_: set once this host stepped down
+  // Guarded by mu_: when the hosting agent's own node last joined or sent a heartbeat.
+  std::optional<TimePoint> host_heard_;
   std::atomic<uint64_t> next_ticket_{1};
 };
 

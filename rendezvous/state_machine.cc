@@ -363,6 +363,10 @@ std::optional<TimePoint> StateMachine::NextDeadline() const {
   return oldest + config_.heartbeat_interval * config_.heartbeat_misses + Duration(1);
 }
 
+void StateMachine::ExtendLiveness(TimePoint now) {
+  for (Member& m : members_) m.last_seen = std::max(m.last_seen, now);
+}
+
 bool StateMachine::EndAcknowledged() const {
   if (phase_ != Phase::kFailed && phase_ != Phase::kSucceeded) return false;
   return std::all_of(members_.begin(), members_.end(),

@@ -53,6 +53,9 @@ class StateMachine {
   // dead. Call it at NextDeadline() (or any time; it is idempotent).
   void Tick(TimePoint now, Deliveries* out);
   std::optional<TimePoint> NextDeadline() const;
+  // Counts every member as heard from now: after the host itself was not running (a frozen
+  // process), silence says nothing about the members.
+  void ExtendLiveness(TimePoint now);
 
   // The round's members in node-rank order, `exclude` (the host's node id) left out, at most
   // kMaxSuccessors: who may host next if the host is lost (docs/FAILOVER.md).

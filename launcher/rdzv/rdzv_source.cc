@@ -48,6 +48,7 @@ class RdzvSource final : public MembershipSource {
     port_ = ReservePort("0.0.0.0");
     node_.master_port = port_.port();
     if (!redirect_.empty()) {
+      spdlog::info("joining the newer rendezvous host at {}", redirect_);
       SwitchTo(redirect_);
       redirect_.clear();
     }

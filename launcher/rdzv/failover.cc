@@ -21,10 +21,10 @@ absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& va
     const std::string entry(absl::StripAsciiWhitespace(raw));
     auto [host, port] = SplitEndpoint(entry);
     int p = 0;
-    if (entry.empty() || host.empty() || !absl::SimpleAtoi(port, &p) || p < 1 || p > 65535) {
+    if (entry.empty() || host.empty() || !absl::SimpleAtoi(port, &p) || p < 0 || p > 65535) {
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid value '", value, "' for --rdzv-endpoint: entry '", entry,
-          "' is not HOST[:PORT] with a port 1-65535 (a list is HOST:PORT,HOST:PORT,...)"));
+          "' is not HOST[:PORT] with a port 0-65535 (a list is HOST:PORT,HOST:PORT,...)"));
     }
     const std::string ep = absl::StrCat(host, ":", port);
     if (std::find(out.begin(), out.end(), ep) != out.end()) {

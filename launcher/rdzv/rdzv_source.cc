@@ -18,6 +18,39 @@ using SteadyClock = std::chrono::steady_clock;
 
 int64_t Ms(rdzv::Duration d) { return d.count(); }
 
+// This agent's identity at the rendezvous.
+std::string NodeId(const RdzvSourceOptions& o) { return absl::StrCat(o.hostname, ":", getpid()); }
+
+std::string CandidateList(const RdzvSourceOptions& o) {
+  return o.candidates.size() > 1 ? absl::StrJoin(o.candidates, ",") : "";
+}
+
+// A client of this job's rendezvous at `endpoint`.
+rdzv::ClientOptions ClientFor(const RdzvSourceOptions& o, const std::string& endpoint) {
+  rdzv::ClientOptions c;
+  c.endpoint = endpoint;
+  c.run_id = o.run_id;
+  c.token = o.token;
+  c.tls = o.tls;
+  c.candidates = CandidateList(o);
+  return c;
+}
+
+// A host of this job's rendezvous at `endpoint` with `epoch`, run by this agent.
+rdzv::HostOptions HostFor(const RdzvSourceOptions& o, const std::string& endpoint,
+                          uint64_t epoch) {
+  rdzv::HostOptions h;
+  h.config = o.config;
+  h.run_id = o.run_id;
+  h.token = o.token;
+  h.tls = o.tls;
+  h.listen_address = endpoint;
+  h.epoch = epoch;
+  h.host_node_id = NodeId(o);
+  h.candidates = CandidateList(o);
+  return h;
+}
+
 // Membership from the gRPC rendezvous, with host failover (docs/FAILOVER.md): when the host
 // stops answering for the liveness limit, the survivors pick the next candidate, which hosts a
 // new epoch, and re-join it with what they know of the job.
@@ -25,7 +58,7 @@ class RdzvSource final : public MembershipSource {
  public:
   RdzvSource(RdzvSourceOptions o, rdzv::Api* api, std::unique_ptr<rdzv::HostedRendezvous> hosted)
       : o_(std::move(o)), api_(api), hosted_(std::move(hosted)) {
-    node_.node_id = absl::StrCat(o_.hostname, ":", getpid());
+    node_.node_id = NodeId(o_);
     node_.hostname = o_.hostname;
     node_.address = o_.local_addr;
     node_.nproc = o_.nproc;
@@ -132,13 +165,8 @@ class RdzvSource final : public MembershipSource {
 
  private:
   void SwitchTo(const std::string& endpoint) {
-    rdzv::ClientOptions c;
-    c.endpoint = endpoint;
-    c.run_id = o_.run_id;
-    c.token = o_.token;
-    c.tls = o_.tls;
+    rdzv::ClientOptions c = ClientFor(o_, endpoint);
     c.heartbeat_timeout = std::max(rdzv::Duration(100), o_.config.heartbeat_interval);
-    if (o_.candidates.size() > 1) c.candidates = absl::StrJoin(o_.candidates, ",");
     client_ = api_->CreateClient(c);
     client_->set_epoch(epoch_);
     hosts_seen_.push_back(endpoint);
@@ -222,8 +250,8 @@ class RdzvSource final : public MembershipSource {
     for (const Candidate& c : FailoverOrder(v)) {
       tried.push_back(c.endpoint);
       const bool explicit_candidate = !v.explicit_list.empty();
-      if (c.is_me || (explicit_candidate && CanBind(SplitEndpoint(c.endpoint).first,
-                                                    SplitEndpoint(c.endpoint).second))) {
+      const auto [host, port] = SplitEndpoint(c.endpoint);
+      if (c.is_me || (explicit_candidate && CanBind(host, port))) {
         HostAt(c.endpoint);  // if it cannot bind, someone else may have: join it anyway
       }
       SwitchTo(c.endpoint);
@@ -256,15 +284,7 @@ class RdzvSource final : public MembershipSource {
       hosted_->Shutdown();  // an earlier host of ours that stepped down
       hosted_.reset();
     }
-    rdzv::HostOptions h;
-    h.config = o_.config;
-    h.run_id = o_.run_id;
-    h.token = o_.token;
-    h.tls = o_.tls;
-    h.listen_address = endpoint;
-    h.epoch = epoch_ + 1;
-    h.host_node_id = node_.node_id;
-    if (o_.candidates.size() > 1) h.candidates = absl::StrJoin(o_.candidates, ",");
+    const rdzv::HostOptions h = HostFor(o_, endpoint, epoch_ + 1);
     auto s = api_->Host(h);
     if (!s.ok()) {
       spdlog::warn("cannot host the rendezvous at {}: {}", endpoint,
@@ -298,11 +318,7 @@ class RdzvSource final : public MembershipSource {
 std::string FindServingPeer(rdzv::Api* api, const RdzvSourceOptions& o) {
   for (const std::string& peer : o.peers) {
     if (peer == o.endpoint) continue;
-    rdzv::ClientOptions c;
-    c.endpoint = peer;
-    c.run_id = o.run_id;
-    c.token = o.token;
-    c.tls = o.tls;
+    rdzv::ClientOptions c = ClientFor(o, peer);
     c.rpc_timeout = std::chrono::milliseconds(500);
     auto st = api->CreateClient(c)->Status();
     if (st.ok() && (st->phase == "running" || st->phase == "joining")) {
@@ -329,17 +345,9 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
     }
   }
   if (o.is_host != "false") {
-    rdzv::HostOptions h;
-    h.config = o.config;
-    h.run_id = o.run_id;
-    h.token = o.token;
-    h.tls = o.tls;
     // Bind the endpoint's own address (not 0.0.0.0): if it is not ours, binding fails and this
-    // agent is a client only.
-    h.listen_address = o.endpoint;
-    h.host_node_id = absl::StrCat(o.hostname, ":", getpid());
-    if (o.candidates.size() > 1) h.candidates = absl::StrJoin(o.candidates, ",");
-    auto s = (*api)->Host(h);
+    // agent is a client only. The first host of a job has epoch 1.
+    auto s = (*api)->Host(HostFor(o, o.endpoint, 1));
     if (s.ok()) {
       hosted = std::move(*s);
       spdlog::info("hosting the rendezvous on {}{}", o.endpoint,

@@ -102,8 +102,16 @@ absl::Status ResumeFromProto(const v1::Resume& r, ResumeInfo* out) {
   return absl::OkStatus();
 }
 
+namespace {
+Config WithFirst(Config c, const std::string& host_node_id) {
+  c.first_node_id = host_node_id;
+  return c;
+}
+}  // namespace
+
 Handler::Handler(HandlerOptions options)
-    : options_(std::move(options)), machine_(options_.config, options_.now()) {}
+    : options_(std::move(options)), machine_(WithFirst(options_.config, options_.host_node_id),
+               options_.now()) {}
 
 absl::Status Handler::Refuse(absl::Status s, const std::string& peer) {
   if (options_.on_refused) options_.on_refused(s, peer);

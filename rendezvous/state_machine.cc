@@ -10,6 +10,23 @@ namespace {
 
 int64_t Seconds(Duration d) { return std::chrono::duration_cast<std::chrono::seconds>(d).count(); }
 
+// "host:987" before "host:1001": node ids that share the text before their last ':' and end in
+// digits compare those digits as numbers; anything else compares as text.
+bool NodeIdLess(const std::string& a, const std::string& b) {
+  const size_t ca = a.rfind(':');
+  const size_t cb = b.rfind(':');
+  auto digits = [](const std::string& s, size_t from) {
+    return from + 1 < s.size() && s.find_first_not_of("0123456789", from + 1) == std::string::npos;
+  };
+  if (ca != std::string::npos && cb != std::string::npos && digits(a, ca) && digits(b, cb) &&
+      a.compare(0, ca, b, 0, cb) == 0) {
+    const size_t la = a.size() - ca - 1;
+    const size_t lb = b.size() - cb - 1;
+    if (la != lb) return la < lb;  // no leading zeros in a pid: the shorter number is smaller
+  }
+  return a < b;
+}
+
 }  // namespace
 
 StateMachine::StateMachine(Config config, TimePoint now)
@@ -170,14 +187,20 @@ void StateMachine::MaybeClose(TimePoint now, Deliveries* out) {
 }
 
 void StateMachine::Close(TimePoint now, Deliveries* out) {
-  // Deterministic node ranks: by Slurm node id when every node knows it, else by node id.
+  // Deterministic node ranks: by Slurm node id when every node knows it; else the hosting
+  // agent first (the rendezvous and MASTER_ADDR on one machine, as under torchrun), then by
+  // node id, with a numeric "host:pid" suffix compared as a number.
   const bool all_slurm = std::all_of(joining_.begin(), joining_.end(),
                                      [](const Pending& p) { return p.node.slurm_node_id >= 0; });
+  const std::string& first = config_.first_node_id;
   std::sort(joining_.begin(), joining_.end(), [&](const Pending& a, const Pending& b) {
     if (all_slurm && a.node.slurm_node_id != b.node.slurm_node_id) {
       return a.node.slurm_node_id < b.node.slurm_node_id;
     }
-    return a.node.node_id < b.node.node_id;
+    if (!all_slurm && !first.empty() && (a.node.node_id == first) != (b.node.node_id == first)) {
+      return a.node.node_id == first;
+    }
+    return NodeIdLess(a.node.node_id, b.node.node_id);
   });
   int world = 0;
   for (const Pending& p : joining_) world += p.node.nproc;

@@ -31,6 +31,9 @@ struct Config {
   Duration liveness_limit() const { return heartbeat_interval * heartbeat_misses; }
   int max_restarts = 0;
   std::vector<std::string> expected_hosts;  // e.g. from Slurm, for error messages
+  // The hosting agent's node id: it gets node rank 0 (and so MASTER_ADDR) when the nodes have
+  // no Slurm/PMIx/pod order; empty for a stand-alone server.
+  std::string first_node_id;
 };
 
 // What a survivor tells a new host after the old one was lost (docs/FAILOVER.md).

@@ -142,6 +142,37 @@ TEST_F(Fixture, SlurmNodeIdsDecideRanksWhenAllKnowThem) {
   EXPECT_EQ(results_["a"]->master_addr, "addr-z");
 }
 
+// Without a Slurm order the hosting agent is node 0 (the chaos runner and users reading the
+// host's log rely on it), and "host:pid" ids order by the pid as a number, not as text.
+TEST_F(Fixture, HostingAgentIsNodeZeroAndPidsCompareAsNumbers) {
+  Make({.min_nodes = 3, .max_nodes = 3, .first_node_id = "n:99999"});
+  Join("n:100001");
+  Join("n:99999");
+  Join("n:100000");
+  EXPECT_EQ(results_["n:99999"]->node_rank, 0);
+  EXPECT_EQ(results_["n:99999"]->master_addr, "addr-n:99999");
+  EXPECT_EQ(results_["n:100000"]->node_rank, 1);
+  EXPECT_EQ(results_["n:100001"]->node_rank, 2);
+}
+
+TEST_F(Fixture, NumericPidsOrderWithoutAHost) {
+  Make({.min_nodes = 3, .max_nodes = 3});
+  Join("n:1001");
+  Join("n:987");
+  Join("m:5");
+  EXPECT_EQ(results_["m:5"]->node_rank, 0);  // the text before the pid decides first
+  EXPECT_EQ(results_["n:987"]->node_rank, 1);
+  EXPECT_EQ(results_["n:1001"]->node_rank, 2);
+}
+
+TEST_F(Fixture, SlurmOrderBeatsTheHostingAgent) {
+  Make({.min_nodes = 2, .max_nodes = 2, .first_node_id = "a"});
+  Join("a", 2, 1);
+  Join("z", 2, 0);
+  EXPECT_EQ(results_["z"]->node_rank, 0);
+  EXPECT_EQ(results_["a"]->node_rank, 1);
+}
+
 TEST_F(Fixture, FailureReportOpensNewRoundWithSameRestartCountEverywhere) {
   Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 2});
   Join("a");

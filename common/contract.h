@@ -40,6 +40,10 @@ inline constexpr char kPythonUnbuffered[] = "PYTHONUNBUFFERED";  // set for Pyth
 // A pipe's write end, inherited by the worker: any byte written is a heartbeat (the agent's
 // --hang-timeout clock restarts). Non-blocking; a full pipe never blocks the worker.
 inline constexpr char kHeartbeatFd[] = "DLRUN_HEARTBEAT_FD";
+// A warm spare (docs/RECOVERY.md): the read end of a pipe on which the agent writes the worker's
+// whole environment (NUL-separated KEY=VALUE entries, then end of file) when it promotes the
+// spare to a worker. End of file with nothing written: the spare is not needed, exit 0.
+inline constexpr char kSpareFd[] = "DLRUN_SPARE_FD";
 
 // --- set by `dlrun slurm --preemptible` job scripts, read by the worker library ----------------
 // "1": after a SIGUSR1 checkpoint, rank 0 runs `scontrol requeue $SLURM_JOB_ID`.

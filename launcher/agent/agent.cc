@@ -40,6 +40,7 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   SpawnSpec spec;
   spec.local_rank = lr;
   spec.argv = options_.argv;
+  spec.spare_argv = options_.spare_argv;
   const std::string err = ErrorFile(lr);
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(err).parent_path(), ec);

@@ -51,6 +51,8 @@ struct AgentOptions {
   // overwrite (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING).
   std::vector<std::string> keep_inherited;
   bool stdout_pty = false;  // workers' stdout on a pseudo-terminal (dlrun's stdout is one)
+  // A warm spare per local rank, started this command (empty: none; SpawnSpec::spare_argv).
+  std::vector<std::string> spare_argv;
   // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
   bool exit_with_worker_code = false;
   std::string program_name = "worker";  // named in the failure block

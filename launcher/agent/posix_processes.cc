@@ -55,8 +55,9 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
 }
 
 // In the child, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void ExecChild(pid_t agent_pid, int out_w, int err_w, int hb_w, const cpu_set_t* cpus,
-                            char** argv, char** envp, const std::string& failure) {
+[[noreturn]] void ExecChild(pid_t agent_pid, int out_w, int err_w, int hb_w, int spare_r,
+                            const cpu_set_t* cpus, char** argv, char** envp,
+                            const std::string& failure) {
   // Own process group (the agent signals everything a worker starts), die with the agent even
   // on SIGKILL, and unblock the signals the agent keeps for its signalfd.
   setpgid(0, 0);
@@ -69,6 +70,7 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
   dup2(err_w, STDERR_FILENO);
   fcntl(hb_w, F_SETFD, 0);  // the heartbeat pipe survives exec
   fcntl(hb_w, F_SETFL, fcntl(hb_w, F_GETFL) | O_NONBLOCK);  // a full pipe never blocks a worker
+  if (spare_r >= 0) fcntl(spare_r, F_SETFD, 0);  // a spare reads its environment here
   if (cpus != nullptr) sched_setaffinity(0, sizeof *cpus, cpus);
   execvpe(argv[0], argv, envp);
   const std::string msg = absl::StrCat(failure, std::strerror(errno), "\n");
@@ -115,51 +117,144 @@ absl::StatusOr<std::unique_ptr<PosixProcesses>> PosixProcesses::Create(
 }
 
 PosixProcesses::~PosixProcesses() {
+  for (auto& [lr, sp] : spares_) DiscardSpare(&sp);
   CloseOutputs();
   close(signal_fd_);
   close(wake_fd_);
 }
 
-absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
-  int out_pipe[2], err_pipe[2], hb_pipe[2];
-  if (spec.stdout_pty ? !OpenPty(out_pipe) : pipe2(out_pipe, O_CLOEXEC) != 0) {
+absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
+    const std::vector<std::string>& argv_in, std::map<std::string, std::string> env,
+    const std::vector<int>& cpu_list, bool pty, bool spare) {
+  int out_pipe[2], err_pipe[2], hb_pipe[2], spare_pipe[2] = {-1, -1};
+  if (pty ? !OpenPty(out_pipe) : pipe2(out_pipe, O_CLOEXEC) != 0) {
     return absl::InternalError(std::strerror(errno));
   }
   if (pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
   if (pipe2(hb_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return absl::InternalError(std::strerror(errno));
-  std::map<std::string, std::string> env = spec.env;
+  if (spare && pipe2(spare_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
   env[contract::kHeartbeatFd] = std::to_string(hb_pipe[1]);
+  if (spare) env[contract::kSpareFd] = std::to_string(spare_pipe[0]);
   std::vector<std::string> env_strings = MergedEnvironment(env);
   std::vector<char*> envp, argv;
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
-  for (const std::string& s : spec.argv) argv.push_back(const_cast<char*>(s.c_str()));
+  for (const std::string& s : argv_in) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  for (int c : spec.cpus) CPU_SET(c, &cpus);
-  const std::string failure = absl::StrCat("dlrun: cannot execute '", spec.argv[0], "': ");
+  for (int c : cpu_list) CPU_SET(c, &cpus);
+  const std::string failure = absl::StrCat("dlrun: cannot execute '", argv_in[0], "': ");
 
   const pid_t agent_pid = getpid();
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
-    ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], spec.cpus.empty() ? nullptr : &cpus,
-              argv.data(), envp.data(), failure);
+    ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], spare_pipe[0],
+              cpu_list.empty() ? nullptr : &cpus, argv.data(), envp.data(), failure);
   }
   setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
   close(out_pipe[1]);
   close(err_pipe[1]);
   close(hb_pipe[1]);
+  if (spare) close(spare_pipe[0]);
+  Started st;
+  st.pid = pid;
+  st.out_fd = out_pipe[0];
+  st.err_fd = err_pipe[0];
+  st.heartbeat_fd = hb_pipe[0];
+  st.heartbeat_child_fd = hb_pipe[1];
+  st.spare_fd = spare_pipe[1];
+  return st;
+}
+
+void PosixProcesses::DiscardSpare(Spare* s) {
+  kill(-s->proc.pid, SIGKILL);
+  for (int* fd : {&s->proc.out_fd, &s->proc.err_fd, &s->proc.heartbeat_fd, &s->proc.spare_fd}) {
+    CloseFd(fd);
+  }
+}
+
+std::optional<PosixProcesses::Started> PosixProcesses::Promote(const SpawnSpec& spec) {
+  auto it = spares_.find(spec.local_rank);
+  if (it == spares_.end()) return std::nullopt;
+  Spare sp = std::move(it->second);
+  spares_.erase(it);
+  if (sp.argv != spec.spare_argv || sp.cpus != spec.cpus || sp.pty != spec.stdout_pty ||
+      kill(sp.proc.pid, 0) != 0) {
+    DiscardSpare(&sp);
+    return std::nullopt;
+  }
+  // The worker's whole environment, as a cold start would have it, on the spare's pipe.
+  std::map<std::string, std::string> env = spec.env;
+  env[contract::kHeartbeatFd] = std::to_string(sp.proc.heartbeat_child_fd);
+  std::string block;
+  for (const std::string& kv : MergedEnvironment(env)) {
+    block += kv;
+    block.push_back('\0');
+  }
+  size_t done = 0;
+  const SteadyTime deadline = SystemClock().Now() + Millis(2000);
+  fcntl(sp.proc.spare_fd, F_SETFL, fcntl(sp.proc.spare_fd, F_GETFL) | O_NONBLOCK);
+  while (done < block.size()) {
+    const ssize_t n = write(sp.proc.spare_fd, block.data() + done, block.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    const auto left = std::chrono::duration_cast<Millis>(deadline - SystemClock().Now()).count();
+    pollfd p{sp.proc.spare_fd, POLLOUT, 0};
+    if (n < 0 && errno == EAGAIN && left > 0 && poll(&p, 1, static_cast<int>(left)) > 0) continue;
+    DiscardSpare(&sp);  // dead or stuck: start cold
+    return std::nullopt;
+  }
+  CloseFd(&sp.proc.spare_fd);
+  return sp.proc;
+}
+
+void PosixProcesses::StartDueSpares() {
+  const SteadyTime now = SystemClock().Now();
+  for (auto it = pending_spares_.begin(); it != pending_spares_.end();) {
+    if (it->second.due > now) {
+      ++it;
+      continue;
+    }
+    const SpawnSpec& spec = it->second.spec;
+    auto st = Start(spec.spare_argv, spec.env, spec.cpus, spec.stdout_pty, /*spare=*/true);
+    if (st.ok()) {
+      Spare sp;
+      sp.proc = *st;
+      sp.argv = spec.spare_argv;
+      sp.cpus = spec.cpus;
+      sp.pty = spec.stdout_pty;
+      if (auto old = spares_.find(spec.local_rank); old != spares_.end()) DiscardSpare(&old->second);
+      spares_[spec.local_rank] = std::move(sp);
+    }
+    it = pending_spares_.erase(it);
+  }
+}
+
+absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
+  std::optional<Started> st;
+  if (!spec.spare_argv.empty()) st = Promote(spec);
+  if (!st) {
+    auto cold = Start(spec.argv, spec.env, spec.cpus, spec.stdout_pty, /*spare=*/false);
+    if (!cold.ok()) return cold.status();
+    st = *cold;
+  }
+  if (!spec.spare_argv.empty()) {
+    pending_spares_[spec.local_rank] = {spec, SystemClock().Now() + spec.spare_after};
+  }
   Child c;
-  c.pid = pid;
-  c.out_fd = out_pipe[0];
-  c.err_fd = err_pipe[0];
-  c.heartbeat_fd = hb_pipe[0];
+  c.pid = st->pid;
+  c.out_fd = st->out_fd;
+  c.err_fd = st->err_fd;
+  c.heartbeat_fd = st->heartbeat_fd;
   c.out = OpenStream(spec.console_prefix, spec.out);
   c.err = OpenStream(spec.console_prefix, spec.err);
   children_.push_back(std::move(c));
-  return pid;
+  return st->pid;
 }
 
 void PosixProcesses::SignalGroup(pid_t pid, int sig) { kill(-pid, sig); }
@@ -185,6 +280,15 @@ void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return;
+    bool spare = false;  // a spare that died (or was discarded) is simply gone
+    for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+      if (it->second.proc.pid != pid) continue;
+      DiscardSpare(&it->second);
+      spares_.erase(it);
+      spare = true;
+      break;
+    }
+    if (spare) continue;
     ProcEvent e;
     e.kind = ProcEvent::Kind::kExited;
     e.pid = pid;
@@ -209,9 +313,12 @@ void PosixProcesses::ReadSignals(std::vector<ProcEvent>* events) {
 std::vector<ProcEvent> PosixProcesses::Wait(SteadyTime deadline) {
   std::vector<ProcEvent> events;
   while (events.empty()) {
+    StartDueSpares();
+    SteadyTime wake_at = deadline;
+    for (const auto& [lr, p] : pending_spares_) wake_at = std::min(wake_at, p.due);
     int timeout = -1;
-    if (deadline != SteadyTime::max()) {
-      const auto left = std::chrono::duration_cast<Millis>(deadline - SystemClock().Now());
+    if (wake_at != SteadyTime::max()) {
+      const auto left = std::chrono::duration_cast<Millis>(wake_at - SystemClock().Now());
       timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
     }
     // [0] signals, [1] wake-ups, then per child: stdout, stderr, heartbeat.
@@ -223,6 +330,7 @@ std::vector<ProcEvent> PosixProcesses::Wait(SteadyTime deadline) {
     }
     const int r = poll(fds.data(), fds.size(), timeout);
     if (r < 0 && errno == EINTR) continue;
+    if (r == 0 && SystemClock().Now() < deadline) continue;  // a spare is due
     if (r <= 0) return events;  // the deadline passed
     for (size_t i = 0; i < children_.size(); ++i) {
       Child& c = children_[i];

@@ -3,7 +3,9 @@
 // (SIGCHLD and the handled ones) through a signalfd, wake-ups through an eventfd.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "launcher/agent/output.h"
@@ -33,7 +35,32 @@ class PosixProcesses final : public Processes {
     int out_fd = -1, err_fd = -1, heartbeat_fd = -1;
     std::unique_ptr<LineStream> out, err;
   };
+  // A started process and the agent's ends of its pipes.
+  struct Started {
+    pid_t pid = -1;
+    int out_fd = -1, err_fd = -1, heartbeat_fd = -1;
+    int heartbeat_child_fd = -1;  // the heartbeat pipe's fd number in the process
+    int spare_fd = -1;            // a spare: the write end of its environment pipe
+  };
+  // A warm spare waiting for promotion, and what it must match to be promoted.
+  struct Spare {
+    Started proc;
+    std::vector<std::string> argv;
+    std::vector<int> cpus;
+    bool pty = false;
+  };
+  struct PendingSpare {
+    SpawnSpec spec;
+    SteadyTime due;
+  };
   PosixProcesses(int signal_fd, int wake_fd) : signal_fd_(signal_fd), wake_fd_(wake_fd) {}
+  absl::StatusOr<Started> Start(const std::vector<std::string>& argv,
+                                std::map<std::string, std::string> env,
+                                const std::vector<int>& cpus, bool pty, bool spare);
+  // Promotes the spare for spec.local_rank if it matches and is alive; else discards it.
+  std::optional<Started> Promote(const SpawnSpec& spec);
+  void StartDueSpares();
+  void DiscardSpare(Spare* s);
   void Drain(int* fd, LineStream* s);
   void ReadSignals(std::vector<ProcEvent>* events);
   void Reap(std::vector<ProcEvent>* events);
@@ -41,6 +68,8 @@ class PosixProcesses final : public Processes {
   int signal_fd_;
   int wake_fd_;
   std::vector<Child> children_;
+  std::map<int, Spare> spares_;                 // by local rank
+  std::map<int, PendingSpare> pending_spares_;  // by local rank
 };
 
 }  // namespace dlrun::launcher

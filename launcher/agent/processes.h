@@ -30,6 +30,12 @@ struct SpawnSpec {
   std::string console_prefix;              // "[rank N]: "
   bool stdout_pty = false;  // stdout on a pseudo-terminal (line-buffered, progress bars live)
   StreamRoute out, err;
+  // Warm spares (docs/RECOVERY.md): when not empty, a spare for this local rank is started
+  // `spare_after` after the worker (argv: this, env: the worker's plus contract::kSpareFd), and
+  // the next Spawn of this local rank promotes it instead of starting a process: it gets the
+  // new environment on its pipe. Without a live spare Spawn starts the worker cold.
+  std::vector<std::string> spare_argv;
+  Millis spare_after{2000};
 };
 
 struct ProcEvent {
@@ -52,7 +58,7 @@ class Processes {
   // Thread-safe: the next Wait() returns a kWake event.
   virtual void Wake() = 0;
   // After the group is gone: drains what is left of the workers' output (bounded) and closes
-  // their streams and log files.
+  // their streams and log files. Warm spares stay.
   virtual void CloseOutputs() = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -13,7 +14,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/contract.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
@@ -61,6 +64,74 @@ std::vector<std::string> WorkerArgv(const LaunchOptions& o, const std::string& p
   }
   argv.insert(argv.end(), o.command.begin(), o.command.end());
   return argv;
+}
+
+namespace {
+
+// The warm spare's bootstrap: import torch (the slow part of a Python worker's start), wait for
+// the worker's environment on contract::kSpareFd, replace the environment with it, then run the
+// script (sys.path[0] its directory, as `python SCRIPT` does) or the module (as `python -m`).
+constexpr char kSpareBootstrap[] = R"py(import os, sys
+fd = int(os.environ.pop("{SPARE_FD}"))
+try:
+    import torch, torch.distributed, torch.nn.parallel
+except Exception:
+    pass
+data = bytearray()
+while True:
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+        break
+    data += chunk
+os.close(fd)
+if not data:
+    sys.exit(0)
+os.environ.clear()
+for kv in bytes(data).split(b"\0"):
+    key, eq, value = kv.partition(b"=")
+    if key and eq:
+        os.environb[key] = value
+del data, chunk
+import runpy
+args = sys.argv[1:]
+if args[0] == "-m":
+    sys.argv = args[1:]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = args
+    sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+    runpy.run_path(args[0], run_name="__main__")
+)py";
+
+bool IsPythonInterpreter(const std::string& path) {
+  absl::string_view base(path);
+  base.remove_prefix(path.rfind('/') + 1);  // npos + 1 == 0: no '/'
+  if (!absl::ConsumePrefix(&base, "python")) return false;
+  return base.find_first_not_of("0123456789.") == std::string::npos;
+}
+
+}  // namespace
+
+std::vector<std::string> WarmSpareArgv(const std::vector<std::string>& argv) {
+  if (argv.size() < 2 || !IsPythonInterpreter(argv[0])) return {};
+  // Interpreter flags without a value, kept as they are; anything else before the script (-c,
+  // -X opt, -W arg, a combined flag) means no spare.
+  static const std::set<std::string> kFlags = {"-u", "-O", "-OO", "-B", "-E", "-s",
+                                                          "-S", "-I", "-q", "-b", "-bb", "-d",
+                                                          "-v", "-P"};
+  size_t i = 1;
+  while (i < argv.size() && kFlags.count(argv[i]) > 0) ++i;
+  if (i >= argv.size()) return {};
+  const bool module = argv[i] == "-m";
+  if (module ? i + 1 >= argv.size() || argv[i + 1].empty() || argv[i + 1][0] == '-'
+             : argv[i].empty() || argv[i][0] == '-') {
+    return {};
+  }
+  std::vector<std::string> out(argv.begin(), argv.begin() + static_cast<long>(i));
+  out.push_back("-c");
+  out.push_back(absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd}}));
+  out.insert(out.end(), argv.begin() + static_cast<long>(i), argv.end());
+  return out;
 }
 
 int OmpThreads(bool user_set, int ncpus, int nproc) {

@@ -125,6 +125,12 @@ absl::Status SetNumaBinding(O& o, const std::string& v) {
   return absl::OkStatus();
 }
 
+absl::Status SetSpareWorkers(O& o, const std::string& v) {
+  if (v != "auto" && v != "off") return BadValue("spare-workers", v, "auto or off");
+  o.spare_workers = v;
+  return absl::OkStatus();
+}
+
 absl::Status SetSignals(O& o, const std::string& v) {
   auto s = cli::ParseSignalList("signals-to-handle", v);
   if (!s.ok()) return s.status();
@@ -191,6 +197,9 @@ std::vector<Flag> Flags() {
        "torchrun's LogsSpecs plug-in: accepted, no effect (dlrun's layout is torchrun's default)"},
       {"event-log-handler", "", true, StrField(&O::event_log_handler),
        "torchrun's event log handler: accepted, no effect"},
+      {"spare-workers", "", true, SetSpareWorkers,
+       "auto (default): a Python worker that fails is replaced by a warm spare that has already "
+       "imported torch; off: always a cold start"},
       {"worker-exit-code", "", false, BoolField(&O::worker_exit_code),
        "exit with the failing worker's own code (128+N for a signal) instead of torchrun's 1"},
   };

@@ -13,6 +13,9 @@ namespace dlrun::launcher {
 
 struct SlurmJobOptions {
   int nodes = 1;
+  // --min-nodes: the job goes on with at least this many nodes after losing some (elastic
+  // `--nnodes MIN:N`, no kill on a node failure or a failed agent); 0: every node is needed.
+  int min_nodes = 0;
   int gpus_per_node = 0;
   int nproc_per_node = 0;  // 0: one per GPU, or 1 without GPUs
   int cpus_per_task = 0;   // 0: 8 per GPU (the low end of 8-24 per GPU), or 1 per worker

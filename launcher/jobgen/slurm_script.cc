@@ -47,6 +47,9 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
   };
   return {
       {"nodes", "", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (sbatch -N; default 1)"},
+      {"min-nodes", "", true, cli::IntField<O>("min-nodes", &O::min_nodes, 1, 100000),
+       "elastic: carry on with at least this many nodes when others are lost, the first "
+       "(rendezvous) node included (default: all --nodes)"},
       {"gpus-per-node", "", true, cli::IntField<O>("gpus-per-node", &O::gpus_per_node, 0, 64),
        "GPUs per node (default 0: CPU workers)"},
       {"nproc-per-node", "", true, cli::IntField<O>("nproc-per-node", &O::nproc_per_node, 1, 1024),
@@ -91,6 +94,11 @@ absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& a
   auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun slurm"}, SlurmFlags(), args, o);
   if (!parsed.ok()) return parsed.status();
   o.command = std::move(parsed->program);
+  if (o.min_nodes > o.nodes) {
+    return cli::BadValue("min-nodes", absl::StrCat(o.min_nodes),
+                         absl::StrCat("at most --nodes (", o.nodes, ")"));
+  }
+  if (o.min_nodes == o.nodes) o.min_nodes = 0;  // not elastic
   if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus_per_node);
   if (o.cpus_per_task == 0) {
     o.cpus_per_task = o.gpus_per_node > 0 ? 8 * o.gpus_per_node : o.nproc_per_node;
@@ -120,6 +128,10 @@ std::string SbatchLines(const SlurmJobOptions& o) {
   line(absl::StrCat("--job-name=", o.job_name), "");
   line(absl::StrCat("--nodes=", o.nodes), "one dlrun agent per node");
   line("--ntasks-per-node=1", "dlrun starts the workers itself");
+  if (o.min_nodes > 0) {
+    line("--no-kill", absl::StrCat("keep the job when a node fails: >= ", o.min_nodes,
+                                   " node(s) carry on"));
+  }
   std::string cpu_note = absl::StrCat("for ", o.nproc_per_node, " worker(s) and data loading");
   if (o.gpus_per_node > 0) {
     const int per_gpu = o.cpus_per_task / o.gpus_per_node;
@@ -228,6 +240,23 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
              {"{{PREEMPT_BLOCK}}", preempt},
              {"{{TLS_BLOCK}}", tls},
              {"{{DLRUN}}", ShellQuote(o.dlrun_path)},
+             {"{{SRUN_NOTE}}",
+              o.min_nodes > 0
+                  ? absl::StrCat(
+                        "Elastic (--min-nodes ", o.min_nodes,
+                        "): a lost node or agent must not end\n# the step, so no "
+                        "--kill-on-bad-exit, and --no-kill keeps it through a node failure. The\n"
+                        "# survivors re-form the job, taking over the rendezvous if its node was "
+                        "lost\n# (docs/FAILOVER.md). srun's exit status is then that of the lost "
+                        "agent, even when\n# the others finished the training.")
+                  : "--kill-on-bad-exit ends the step on every node if one agent fails for\n"
+                    "# good (after its restarts), instead of leaving the others waiting at the "
+                    "rendezvous."},
+             {"{{SRUN_OPTIONS}}", o.min_nodes > 0 ? "--kill-on-bad-exit=0 --no-kill"
+                                                  : "--kill-on-bad-exit=1"},
+             {"{{NNODES}}", o.min_nodes > 0
+                                ? absl::StrCat("\"", o.min_nodes, ":$SLURM_JOB_NUM_NODES\"")
+                                : std::string("\"$SLURM_JOB_NUM_NODES\"")},
              {"{{DLRUN_EXTRA}}", extra},
              {"{{TOKEN_VAR}}", contract::kRdzvToken},
              {"{{PROGRAM}}", JoinCommand(o.command)}});

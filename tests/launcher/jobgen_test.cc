@@ -106,6 +106,27 @@ TEST(SlurmScript, TlsBlockOnlyWithTls) {
   EXPECT_NE(s.find("tls_dir='/shared/my certs'/"), std::string::npos) << s;
 }
 
+TEST(SlurmScript, ElasticJobSurvivesANode) {
+  auto o = ParseSlurmArgs({"--nodes", "4", "--min-nodes", "2", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  const std::string s = RenderSlurmScript(*o, Template());
+  EXPECT_EQ(s.find("{{"), std::string::npos) << s;
+  EXPECT_TRUE(Has(SbatchLines(s), "--no-kill")) << s;
+  EXPECT_NE(s.find("srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill \\"), std::string::npos)
+      << s;
+  EXPECT_NE(s.find("--nnodes \"2:$SLURM_JOB_NUM_NODES\" \\"), std::string::npos) << s;
+  // Not elastic: every node is needed and a failed agent ends the step.
+  for (auto args : {std::vector<std::string>{"--nodes", "2", "prog"},
+                    std::vector<std::string>{"--nodes", "2", "--min-nodes", "2", "prog"}}) {
+    o = ParseSlurmArgs(args);
+    ASSERT_TRUE(o.ok()) << o.status();
+    const std::string f = RenderSlurmScript(*o, Template());
+    EXPECT_FALSE(Has(SbatchLines(f), "--no-kill")) << f;
+    EXPECT_NE(f.find("srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\"), std::string::npos) << f;
+    EXPECT_NE(f.find("--nnodes \"$SLURM_JOB_NUM_NODES\" \\"), std::string::npos) << f;
+  }
+}
+
 TEST(SlurmScript, BadInputIsNamed) {
   auto msg = [](std::vector<std::string> args) {
     auto o = ParseSlurmArgs(args);
@@ -120,6 +141,11 @@ TEST(SlurmScript, BadInputIsNamed) {
   EXPECT_NE(msg({"--sbatch-option", "mail", "p"}).find("one sbatch option"), std::string::npos);
   EXPECT_NE(msg({"--nodes", "2"}).find("missing the program to run"), std::string::npos);
   EXPECT_NE(msg({"--bogus", "p"}).find("unknown flag '--bogus' for dlrun slurm"), std::string::npos);
+  EXPECT_NE(msg({"--nodes", "2", "--min-nodes", "3", "p"})
+                .find("invalid value '3' for --min-nodes: expected at most --nodes (2)"),
+            std::string::npos);
+  EXPECT_NE(msg({"--min-nodes", "0", "p"}).find("invalid value '0' for --min-nodes"),
+            std::string::npos);
   EXPECT_NE(msg({"--tls-dir", "", "p"}).find("invalid value '' for --tls-dir"), std::string::npos);
   EXPECT_NE(msg({"--nproc-per-node", "4", "--cpus-per-task", "2", "p"}).find("at least one CPU per worker"),
             std::string::npos);

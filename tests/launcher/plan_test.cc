@@ -102,6 +102,40 @@ TEST(Plan, PythonProgramsRunUnderTheInterpreter) {
   EXPECT_EQ(WorkerArgv(o, "python3"), o.command);
 }
 
+TEST(Plan, WarmSparesOnlyForPythonScriptsAndModules) {
+  auto spare = WarmSpareArgv({"/usr/bin/python3", "-u", "train.py", "--lr", "1"});
+  ASSERT_EQ(spare.size(), 7u);
+  EXPECT_EQ(spare[0], "/usr/bin/python3");
+  EXPECT_EQ(spare[1], "-u");
+  EXPECT_EQ(spare[2], "-c");
+  EXPECT_NE(spare[3].find("DLRUN_SPARE_FD"), std::string::npos);
+  EXPECT_NE(spare[3].find("import torch"), std::string::npos);
+  EXPECT_EQ(std::vector<std::string>(spare.begin() + 4, spare.end()),
+            (std::vector<std::string>{"train.py", "--lr", "1"}));
+  spare = WarmSpareArgv({"python3.11", "-u", "-O", "-m", "pkg.train", "x"});
+  ASSERT_EQ(spare.size(), 8u);  // the flags stay before -c
+  EXPECT_EQ(spare[2], "-O");
+  EXPECT_EQ(spare[3], "-c");
+  EXPECT_EQ(std::vector<std::string>(spare.begin() + 5, spare.end()),
+            (std::vector<std::string>{"-m", "pkg.train", "x"}));
+  EXPECT_EQ(WarmSpareArgv({"python", "t.py"}).size(), 4u);
+  // No spare: not an interpreter, a flag with a value or an unknown one, -c, nothing to run.
+  for (const auto& argv : std::vector<std::vector<std::string>>{
+           {"./train_unet", "--max-steps", "3"},
+           {"pythonic", "t.py"},
+           {"/usr/bin/python3-config", "t.py"},
+           {"python3", "-c", "print(1)"},
+           {"python3", "-X", "dev", "t.py"},
+           {"python3", "-W", "ignore", "t.py"},
+           {"python3", "-uB", "t.py"},
+           {"python3", "-u"},
+           {"python3", "-m"},
+           {"python3", "-m", "-x"},
+           {"python3"}}) {
+    EXPECT_TRUE(WarmSpareArgv(argv).empty()) << argv[0] << " " << (argv.size() > 1 ? argv[1] : "");
+  }
+}
+
 TEST(Plan, ThreadsSignalsRunDirAndStaticAssignment) {
   EXPECT_EQ(OmpThreads(false, 8, 3), 2);
   EXPECT_EQ(OmpThreads(false, 2, 4), 1);

@@ -1,5 +1,6 @@
 // dlrun --standalone as a user runs it: real processes, real environment, real exit codes.
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -97,6 +98,75 @@ TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
                   "-c", "exit 3"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("  exitcode  : 3 (pid: "), std::string::npos) << r.output;
+}
+
+// Warm spares (docs/RECOVERY.md): a failed Python worker is replaced by the spare the agent
+// started beside it, which gets the new attempt's environment and runs the script as __main__
+// with the same arguments; with --spare-workers off the restart is a cold start.
+constexpr char kSpareProbe[] = R"py(import os, subprocess, sys, time
+out = sys.argv[1]
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+cmdline = open("/proc/self/cmdline", "rb").read().split(b"\0")
+with open(f"{out}/attempt{attempt}", "w") as f:
+    f.write(f"pid={os.getpid()}\n")
+    f.write(f"name={__name__}\n")
+    f.write(f"argv={' '.join(sys.argv[1:])}\n")
+    f.write(f"spare_fd={os.environ.get('DLRUN_SPARE_FD', 'unset')}\n")
+    f.write(f"heartbeat_fd={'DLRUN_HEARTBEAT_FD' in os.environ}\n")
+    f.write(f"path0={sys.path[0]}\n")
+    f.write(f"warm={b'-c' in cmdline}\n")
+if attempt == "0":
+    if sys.argv[2] == "wait-for-spare":
+        # Fail only once the agent has started a spare beside this worker (bounded wait).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = subprocess.run(["pgrep", "-P", str(os.getppid()), "-f", "DLRUN_SPARE_FD"],
+                                   capture_output=True, text=True).stdout.split()
+            if found:
+                open(f"{out}/spare", "w").write(found[0])
+                break
+            time.sleep(0.05)
+    sys.exit(1)
+print("hello from attempt", attempt, flush=True)
+)py";
+
+std::map<std::string, std::string> ReadKeyValues(const std::string& path) {
+  return ParseEnvDump(ReadFile(path));
+}
+
+TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
+  const std::string dir = MakeTempDir();
+  const std::string prog = dir + "/probe.py";
+  { std::ofstream(prog) << kSpareProbe; }
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts",
+                             "1", prog, dir, "wait-for-spare"},
+                            {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto first = ReadKeyValues(dir + "/attempt0");
+  auto second = ReadKeyValues(dir + "/attempt1");
+  EXPECT_EQ(first["warm"], "False");
+  EXPECT_EQ(second["warm"], "True") << r.output;
+  EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
+  EXPECT_EQ(second["name"], "__main__");
+  EXPECT_EQ(second["argv"], dir + " wait-for-spare");
+  EXPECT_EQ(second["spare_fd"], "unset");
+  EXPECT_EQ(second["heartbeat_fd"], "True");
+  EXPECT_EQ(second["path0"], dir);
+  EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
+}
+
+TEST(DlrunStandalone, SpareWorkersOffRestartsCold) {
+  const std::string dir = MakeTempDir();
+  const std::string prog = dir + "/probe.py";
+  { std::ofstream(prog) << kSpareProbe; }
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "off", "--max-restarts",
+                             "1", prog, dir, "fail-at-once"},
+                            {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadKeyValues(dir + "/attempt1")["warm"], "False");
+  r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "always", "/bin/true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "dlrun: invalid value 'always' for --spare-workers: expected auto or off\n");
 }
 
 TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {

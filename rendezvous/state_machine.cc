@@ -279,6 +279,8 @@ absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_i
     return absl::InvalidArgumentError(
         absl::StrCat("round ", round, " is in the future (current round is ", round_, ")"));
   }
+  // Heard from, even if it is still stopping its workers: a joining round keeps waiting for it.
+  if (it != member_index_.end()) members_[it->second].last_seen = now;
   r.action = Action::kRestart;  // a newer round is open or running: stop workers and re-join
   r.reason = restart_reason_.empty() ? "a new round is open" : restart_reason_;
   return r;
@@ -341,6 +343,18 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
       Fail(msg, out);
       return;
     }
+    // A member of the last round that has neither re-joined nor been heard from for the
+    // liveness limit is lost (e.g. its node died and its workers' peers reported the failure
+    // first): stop expecting it, so the survivors' round closes without the last call.
+    const Duration limit = config_.liveness_limit();
+    for (auto it = expected_.begin(); it != expected_.end();) {
+      const Member* m = joining_index_.count(*it) ? nullptr : FindMember(*it);
+      if (m != nullptr && now - m->last_seen > limit) {
+        it = expected_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     MaybeClose(now, out);
     return;
   }
@@ -376,8 +390,13 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
 
 std::optional<TimePoint> StateMachine::NextDeadline() const {
   if (phase_ == Phase::kJoining) {
-    if (min_reached_at_) return *min_reached_at_ + config_.last_call;
-    return round_opened_at_ + config_.join_timeout;
+    TimePoint next = min_reached_at_ ? *min_reached_at_ + config_.last_call
+                                     : round_opened_at_ + config_.join_timeout;
+    for (const std::string& id : expected_) {  // when an absent member counts as lost
+      const Member* m = joining_index_.count(id) ? nullptr : FindMember(id);
+      if (m != nullptr) next = std::min(next, m->last_seen + config_.liveness_limit() + Duration(1));
+    }
+    return next;
   }
   if (phase_ != Phase::kRunning || members_.empty()) return std::nullopt;
   TimePoint oldest = TimePoint::max();

@@ -213,6 +213,40 @@ TEST_F(Fixture, FailureReportOpensNewRoundWithSameRestartCountEverywhere) {
   EXPECT_NE(hb->reason.find("no restarts left"), std::string::npos);
 }
 
+// A node dies and its workers' peers report the failure before the liveness limit: the new
+// round expects the dead node too. Once it has been silent for the limit it is no longer
+// expected, so the survivors' round closes then, not at the 30-s last call. A member that
+// heartbeats while it stops its workers is still waited for.
+TEST_F(Fixture, AMemberSilentForTheLimitIsNoLongerExpectedByAJoiningRound) {
+  Make({.min_nodes = 1, .max_nodes = 3, .last_call = seconds(30), .heartbeat_interval = seconds(1),
+        .heartbeat_misses = 5, .max_restarts = 3});
+  Join("a");
+  Join("b");
+  Join("c");
+  ASSERT_EQ(results_.size(), 3u);
+  ASSERT_TRUE(Fail("a", 1).ok());  // c died at the same moment; a's report comes first
+  Join("a");
+  for (int i = 0; i < 3; ++i) {
+    Advance(std::chrono::milliseconds(1000));
+    auto hb = sm_->Heartbeat("b", 1, now_);  // b is alive, still stopping its workers
+    ASSERT_TRUE(hb.ok());
+    EXPECT_EQ(hb->action, Action::kRestart);
+  }
+  EXPECT_EQ(results_.count("a"), 0u) << "the round waits for b and c";
+  Join("b");
+  EXPECT_EQ(results_.count("b"), 0u) << "c is still expected";
+  auto deadline = sm_->NextDeadline();
+  ASSERT_TRUE(deadline.has_value());
+  EXPECT_LE(*deadline - now_, seconds(3)) << "c's limit, not the last call";
+  Advance(std::chrono::milliseconds(2100));  // c silent 5.1 s
+  ASSERT_EQ(results_.count("a"), 1u);
+  ASSERT_TRUE(results_["a"].ok()) << results_["a"].status();
+  EXPECT_EQ(results_["a"]->round, 2u);
+  EXPECT_EQ(results_["a"]->num_nodes, 2);
+  EXPECT_EQ(results_["b"]->num_nodes, 2);
+  EXPECT_EQ(results_["c"]->round, 1u);  // c's last assignment
+}
+
 TEST_F(Fixture, ForgedNodeCannotTriggerARestart) {
   Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 5});
   Join("a");

@@ -88,7 +88,8 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
   if (!gpus.ok()) return gpus.status();
   a->gpus = *gpus;
   a->argv = WorkerArgv(o, env(contract::kPythonExec).value_or("python3"));
-  if (o.spare_workers == "auto") a->spare_argv = WarmSpareArgv(a->argv);
+  if (o.spare_workers != "off") a->spare_argv = WarmSpareArgv(a->argv);
+  if (o.spare_workers == "on" && a->spare_argv.empty()) a->spare_argv = a->argv;
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     a->extra_env[contract::kPythonUnbuffered] = "1";
   }

@@ -126,7 +126,9 @@ absl::Status SetNumaBinding(O& o, const std::string& v) {
 }
 
 absl::Status SetSpareWorkers(O& o, const std::string& v) {
-  if (v != "auto" && v != "off") return BadValue("spare-workers", v, "auto or off");
+  if (v != "auto" && v != "on" && v != "off") {
+    return BadValue("spare-workers", v, "auto, on or off");
+  }
   o.spare_workers = v;
   return absl::OkStatus();
 }
@@ -199,7 +201,8 @@ std::vector<Flag> Flags() {
        "torchrun's event log handler: accepted, no effect"},
       {"spare-workers", "", true, SetSpareWorkers,
        "auto (default): a Python worker that fails is replaced by a warm spare that has already "
-       "imported torch; off: always a cold start"},
+       "imported torch; on: also other programs, started ahead and held in "
+       "dlrun::worker::init() (they must read no rank variable before it); off: cold starts"},
       {"worker-exit-code", "", false, BoolField(&O::worker_exit_code),
        "exit with the failing worker's own code (128+N for a signal) instead of torchrun's 1"},
   };

@@ -57,8 +57,8 @@ struct LaunchOptions {
   std::string start_method = "spawn";
   std::string logs_specs, event_log_handler;
   bool worker_exit_code = false;  // exit with the root cause's code instead of torchrun's 1
-  // Warm spares for Python workers (docs/RECOVERY.md): "auto" (default: for Python programs) or
-  // "off".
+  // Warm spares (docs/RECOVERY.md): "auto" (default: for Python programs), "on" (also any
+  // other program, which waits in dlrun::worker::init()) or "off".
   std::string spare_workers = "auto";
   std::vector<std::string> command;  // PROGRAM ARGS...
   std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*

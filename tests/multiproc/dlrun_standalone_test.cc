@@ -166,7 +166,7 @@ TEST(DlrunStandalone, SpareWorkersOffRestartsCold) {
   EXPECT_EQ(ReadKeyValues(dir + "/attempt1")["warm"], "False");
   r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "always", "/bin/true"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.output, "dlrun: invalid value 'always' for --spare-workers: expected auto or off\n");
+  EXPECT_EQ(r.output, "dlrun: invalid value 'always' for --spare-workers: expected auto, on or off\n");
 }
 
 TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {

@@ -1,6 +1,11 @@
 // Two ranks under dlrun train the U-Net with real Gloo allreduce; their parameters must agree
 // bit for bit, and must not agree when gradient sync is switched off (the negative control).
+#include <signal.h>
+
 #include <cmath>
+#include <set>
+#include <sstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
@@ -80,6 +85,68 @@ TEST(TrainUnet, TrainsOnAGeneratedHdf5FileAndTheLossFalls) {
   auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
   EXPECT_LT(m["final_loss"].get<double>(), m["first_loss"].get<double>()) << m.dump();
   EXPECT_EQ(m["param_digests"][0], m["param_digests"][1]);
+}
+
+// The worker pids of the `n`-th rank table (0-based) the agent printed.
+std::vector<int> TablePids(const std::string& out, int n) {
+  size_t at = 0;
+  for (int i = 0; i <= n; ++i) {
+    at = out.find("local_rank  rank  pid\n", at);
+    if (at == std::string::npos) return {};
+    at += 22;
+  }
+  std::vector<int> pids;
+  std::istringstream in(out.substr(at));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    int lr = 0, rank = 0, pid = 0;
+    std::string rest;
+    if (!(f >> lr >> rank >> pid) || (f >> rest)) break;
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+std::set<int> Children(int pid) {
+  std::set<int> out;
+  std::istringstream in(ReadFile("/proc/" + std::to_string(pid) + "/task/" +
+                                 std::to_string(pid) + "/children"));
+  for (int c = 0; in >> c;) out.insert(c);
+  return out;
+}
+
+// `--spare-workers on`: a C++ worker built on dlrun::worker is started ahead as a spare and held
+// in init(); after a worker is killed, the restarted ranks are those spares, and they resume
+// from the checkpoint and finish.
+TEST(TrainUnet, ACppWorkerKilledIsReplacedByItsSpareHeldInInit) {
+  const std::string dir = MakeTempDir();
+  Started s = StartCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+       "--spare-workers", "on", TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4",
+       "--data-size", "64", "--max-steps", "60", "--checkpoint-dir", dir + "/ckpt",
+       "--checkpoint-every", "5", "--metrics-json", dir + "/m.json"},
+      {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_TRUE(ReadUntil(s, "step 5/60", 1, std::chrono::seconds(120))) << s.output;
+  const std::vector<int> workers = TablePids(s.output, 0);
+  ASSERT_EQ(workers.size(), 2u) << s.output;
+  // The spares: the agent's other two children (started 2 s after the workers).
+  std::set<int> spares;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (spares.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    spares = Children(s.pid);
+    for (int w : workers) spares.erase(w);
+    if (spares.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(spares.size(), 2u) << s.output;
+  ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+  ASSERT_TRUE(ReadUntil(s, "resumed from step", 1, std::chrono::seconds(120))) << s.output;
+  const std::vector<int> restarted = TablePids(s.output, 1);
+  EXPECT_EQ(std::set<int>(restarted.begin(), restarted.end()), spares) << s.output;
+  ASSERT_EQ(FinishCommand(s, std::chrono::seconds(240)), 0) << s.output;
+  auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
+  EXPECT_EQ(m["steps"], 60);
+  EXPECT_GE(m["start_step"].get<int>(), 5);
 }
 
 TEST(TrainUnet, ResumesAfterAForcedRestartAtTheRightStepAndLr) {

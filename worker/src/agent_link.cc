@@ -36,6 +36,39 @@ void heartbeat() {
   }
 }
 
+bool awaitPromotion() {
+  const char* v = std::getenv(contract::kSpareFd);
+  int fd = -1;
+  if (v == nullptr || !absl::SimpleAtoi(v, &fd) || fd < 0) return false;
+  std::string block;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0) {
+      block.append(buf, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  close(fd);
+  if (block.empty()) std::_Exit(0);  // not needed (the agent went away or discarded this spare)
+  clearenv();
+  size_t start = 0;
+  while (start < block.size()) {
+    size_t end = block.find('\0', start);
+    if (end == std::string::npos) end = block.size();
+    const std::string kv = block.substr(start, end - start);
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos && eq > 0) {
+      setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    }
+    start = end + 1;
+  }
+  return true;
+}
+
 void recordError(const std::string& message) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == '\0') return;

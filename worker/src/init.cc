@@ -11,6 +11,7 @@
 #include "common/contract.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "dlrun/agent_link.h"
 #include "dlrun/worker.h"
 #include "fnv1a.h"
 
@@ -24,6 +25,7 @@ bool IsLoopback(const std::string& addr) {
 }  // namespace
 
 Context init(const InitOptions& options) {
+  awaitPromotion();  // a warm spare waits here for the attempt it will run (docs/RECOVERY.md)
   if (options.keep_freed_memory) keepFreedMemory();
   auto parsed = ParseDistEnv(ProcessEnvironment());
   if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));

@@ -9,6 +9,14 @@ namespace dlrun::worker {
 // Cheap and non-blocking; call it once per training step. A no-op outside dlrun.
 void heartbeat();
 
+// Warm spares (docs/RECOVERY.md): when this process was started as a spare
+// (contract::kSpareFd is set), blocks until the agent promotes it, then replaces the whole
+// environment with the one the agent sent (RANK, WORLD_SIZE, MASTER_ADDR, ... of the new
+// attempt) and returns true. A spare that is not needed gets end of file and exits 0 here.
+// Returns false at once in an ordinary worker. init() calls it first, so a program that reads
+// no rank variable before init() can run as a spare (`dlrun --spare-workers on`).
+bool awaitPromotion();
+
 // Writes the torchelastic error file ($TORCHELASTIC_ERROR_FILE) with `message`, so dlrun (or
 // torchrun) names it as the root cause. A no-op when the variable is unset.
 void recordError(const std::string& message);

@@ -1,4 +1,9 @@
 // The train_unet program: the SC22 tutorial's U-Net trainer on LibTorch + dlrun::worker.
+#include <time.h>
+#include <unistd.h>
+
+#include <iterator>
+#include <sstream>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -8,6 +13,8 @@
 #include <optional>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "dlrun/agent_link.h"
 #include "dlrun/checkpoint.h"
@@ -69,11 +76,32 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+// Seconds since this process started (its exec, before LibTorch was loaded), from
+// /proc/self/stat's start time in clock ticks since boot; -1 if unknown.
+double SecondsSinceProcessStart() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(paren + 2));
+  std::string f;
+  for (int i = 3; i < 22 && fields >> f; ++i) {
+  }
+  unsigned long long start_ticks = 0;
+  if (!(fields >> start_ticks)) return -1;
+  timespec now{};
+  clock_gettime(CLOCK_BOOTTIME, &now);
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9 -
+         static_cast<double>(start_ticks) / ticks;
+}
+
 // One training run: set up (model, optimiser, schedule, checkpoint resume, DDP, data), then the
 // step loop with its per-epoch reports, or benchy's throughput trials.
 class Trainer {
  public:
-  explicit Trainer(TrainArgs a) : a_(std::move(a)), ctx_(dlrun::worker::init()) {}
+  explicit Trainer(TrainArgs a)
+      : a_(std::move(a)), ctx_(dlrun::worker::init()), init_done_s_(SecondsSinceProcessStart()) {}
   int Run();
 
  private:
@@ -97,6 +125,7 @@ class Trainer {
 
   TrainArgs a_;
   dlrun::worker::Context ctx_;
+  double init_done_s_ = -1;  // process start -> init() done (a spare: start -> promoted and done)
   int rank_ = 0, world_ = 1;
   int64_t global_batch_ = 1, steps_per_epoch_ = 1, val_steps_ = 0, nparams_ = 0;
   torch::Device device_{torch::kCPU};
@@ -179,13 +208,19 @@ void Trainer::BuildSchedule() {
 void Trainer::Resume() {
   if (!a_.checkpoint_dir.empty()) {
     ckpt_.emplace(dlrun::worker::CheckpointOptions{a_.checkpoint_dir, 3, {}});
+    const auto load_start = Clock::now();
     auto resumed = ckpt_->resumeLatest(*model_, *opt_, [&](const std::string& w) {
       std::fprintf(stderr, "train_unet: warning: %s\n", w.c_str());
     });
     if (!resumed.ok()) throw std::runtime_error(std::string(resumed.status().message()));
     if (resumed->has_value()) {
       start_step_ = (*resumed)->step;
-      if (rank_ == 0) std::printf("resumed from step %ld\n", start_step_);
+      if (rank_ == 0) {
+        // The restart's phases inside the worker (bench/recovery reads them).
+        std::printf("resumed from step %ld (process start to init() done %.3f s, checkpoint "
+                    "load %.3f s)\n",
+                    start_step_, init_done_s_, Seconds(load_start));
+      }
     }
   }
   dlrun::worker::DDPOptions ddp_opts;

@@ -70,7 +70,7 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   return spec;
 }
 
-absl::Status Agent::SpawnGroup() {
+absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   workers_.clear();
   for (int lr = 0; lr < options_.nproc; ++lr) {
     auto pid = processes_.Spawn(MakeSpawnSpec(lr));
@@ -87,7 +87,18 @@ absl::Status Agent::SpawnGroup() {
   const Assignment& a = current_;
   std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
                                    a.num_nodes, ", world size ", a.world_size, ", master ",
-                                   a.master_addr, ":", a.master_port, "\n  local_rank  rank  pid");
+                                   a.master_addr, ":", a.master_port);
+  if (fault_seen_at_ && stopped_at_) {
+    auto ms = [](SteadyTime from, SteadyTime to) {
+      return std::chrono::duration_cast<Millis>(to - from).count();
+    };
+    absl::StrAppend(&table, " (after the fault: stop ", ms(*fault_seen_at_, *stopped_at_),
+                    " ms, rendezvous ", ms(*stopped_at_, assigned_at), " ms, spawn ",
+                    ms(assigned_at, clock_.Now()), " ms)");
+  }
+  fault_seen_at_.reset();
+  stopped_at_.reset();
+  absl::StrAppend(&table, "\n  local_rank  rank  pid");
   for (const Worker& w : workers_) {
     absl::StrAppend(&table, "\n  ", absl::StrFormat("%-10d  %-4d  %d", w.local_rank,
                                                     a.rank_offset + w.local_rank, w.pid));
@@ -231,6 +242,7 @@ void Agent::StopGroup(int first_signal) {
   }
   processes_.CloseOutputs();
   stopping_ = false;
+  if (fault_seen_at_) stopped_at_ = clock_.Now();
 }
 
 int Agent::AfterSuccess() {
@@ -330,12 +342,13 @@ int Agent::Run() {
       return 1;
     }
     current_ = *next;
-    if (absl::Status s = SpawnGroup(); !s.ok()) {
+    if (absl::Status s = SpawnGroup(clock_.Now()); !s.ok()) {
       spdlog::error("{}", std::string(s.message()));
       StopGroup(SIGKILL);
       return 1;
     }
     const Watch w = WatchGroup();
+    if (w.outcome != Watch::Outcome::kSucceeded) fault_seen_at_ = clock_.Now();
     int rc = -1;
     switch (w.outcome) {
       case Watch::Outcome::kSucceeded:

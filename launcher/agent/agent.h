@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,7 +87,8 @@ class Agent {
     int signal = 0;      // kSignalled
   };
 
-  absl::Status SpawnGroup();
+  // `assigned_at`: when the assignment arrived (for the restart's timing line).
+  absl::Status SpawnGroup(SteadyTime assigned_at);
   SpawnSpec MakeSpawnSpec(int local_rank) const;
   Watch WatchGroup();
   // Returns the first forwarded (job-stopping) signal among `events`, else 0.
@@ -111,6 +113,9 @@ class Agent {
   Clock& clock_;
   Assignment current_;
   int attempt_ = 0;
+  // A restart's phases (bench/recovery reads them from the rank table's header): when the agent
+  // saw the fault, and when the rest of the group was stopped.
+  std::optional<SteadyTime> fault_seen_at_, stopped_at_;
   std::vector<Worker> workers_;
   bool stopping_ = false;
   bool woken_ = false;

@@ -101,7 +101,9 @@ double SecondsSinceProcessStart() {
 class Trainer {
  public:
   explicit Trainer(TrainArgs a)
-      : a_(std::move(a)), ctx_(dlrun::worker::init()), init_done_s_(SecondsSinceProcessStart()) {}
+      : a_(std::move(a)), ctx_(dlrun::worker::init()) {
+    init_done_s_ = ctx_.promoted_at ? Seconds(*ctx_.promoted_at) : SecondsSinceProcessStart();
+  }
   int Run();
 
  private:
@@ -125,7 +127,7 @@ class Trainer {
 
   TrainArgs a_;
   dlrun::worker::Context ctx_;
-  double init_done_s_ = -1;  // process start -> init() done (a spare: start -> promoted and done)
+  double init_done_s_ = -1;  // process start (a spare: its promotion) -> init() done
   int rank_ = 0, world_ = 1;
   int64_t global_batch_ = 1, steps_per_epoch_ = 1, val_steps_ = 0, nparams_ = 0;
   torch::Device device_{torch::kCPU};
@@ -217,9 +219,9 @@ void Trainer::Resume() {
       start_step_ = (*resumed)->step;
       if (rank_ == 0) {
         // The restart's phases inside the worker (bench/recovery reads them).
-        std::printf("resumed from step %ld (process start to init() done %.3f s, checkpoint "
-                    "load %.3f s)\n",
-                    start_step_, init_done_s_, Seconds(load_start));
+        std::printf("resumed from step %ld (%s to init() done %.3f s, checkpoint load %.3f s)\n",
+                    start_step_, ctx_.promoted_at ? "promotion" : "process start", init_done_s_,
+                    Seconds(load_start));
       }
     }
   }

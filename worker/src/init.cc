@@ -6,7 +6,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <stdexcept>
+#include <thread>
 
 #include "common/contract.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +24,37 @@
 namespace dlrun::worker {
 namespace {
 
+// Waits until something listens on addr:port (or the deadline passes), trying every 10 ms.
+// LibTorch's TCPStore client sleeps a whole second after a refused connection; after a restart
+// the other ranks are often ready a few ms before rank 0's store listens, so without this wait
+// they lost that second (bench/recovery: "promotion to init() done 1.01 s" instead of 0.02 s).
+void AwaitListener(const std::string& addr, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool refused = false;
+    for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+      const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+      if (fd < 0) continue;
+      const int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+      const int err = errno;
+      close(fd);
+      if (rc == 0) {
+        freeaddrinfo(res);
+        return;
+      }
+      refused = refused || err == ECONNREFUSED;
+    }
+    // Anything but "refused" (unreachable, timed out) is left to TCPStore and its error message.
+    if (!refused || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  freeaddrinfo(res);
+}
+
 bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
@@ -25,12 +62,15 @@ bool IsLoopback(const std::string& addr) {
 }  // namespace
 
 Context init(const InitOptions& options) {
-  awaitPromotion();  // a warm spare waits here for the attempt it will run (docs/RECOVERY.md)
+  // A warm spare waits here for the attempt it will run (docs/RECOVERY.md).
+  std::optional<std::chrono::steady_clock::time_point> promoted_at;
+  if (awaitPromotion()) promoted_at = std::chrono::steady_clock::now();
   if (options.keep_freed_memory) keepFreedMemory();
   auto parsed = ParseDistEnv(ProcessEnvironment());
   if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));
   Context ctx;
   ctx.env = *parsed;
+  ctx.promoted_at = promoted_at;
   const DistEnv& e = ctx.env;
 
   std::chrono::milliseconds timeout = options.timeout;
@@ -65,6 +105,7 @@ Context init(const InitOptions& options) {
   so.numWorkers = e.world_size;
   so.waitWorkers = false;
   so.timeout = timeout;
+  if (e.rank != 0) AwaitListener(e.master_addr, e.master_port, timeout);
   try {
     ctx.store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
   } catch (const std::exception& ex) {

@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ struct Context {
   DistEnv env;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  // A warm spare: when the agent promoted it (awaitPromotion() returned); unset otherwise.
+  std::optional<std::chrono::steady_clock::time_point> promoted_at;
   int rank() const { return env.rank; }
   int worldSize() const { return env.world_size; }
 };

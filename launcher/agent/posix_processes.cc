@@ -66,6 +66,7 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
   sigset_t empty;
   sigemptyset(&empty);
   sigprocmask(SIG_SETMASK, &empty, nullptr);
+  signal(SIGPIPE, SIG_DFL);  // the agent ignores it; an ignored signal would survive exec
   dup2(out_w, STDOUT_FILENO);
   dup2(err_w, STDERR_FILENO);
   fcntl(hb_w, F_SETFD, 0);  // the heartbeat pipe survives exec
@@ -105,6 +106,9 @@ void BlockAgentSignals(const std::vector<int>& handled) {
 absl::StatusOr<std::unique_ptr<PosixProcesses>> PosixProcesses::Create(
     const std::vector<int>& handled) {
   BlockAgentSignals(handled);
+  // A write to a pipe whose reader is gone (a spare that died just before its promotion, a
+  // console pipe closed by `| head`) must fail with EPIPE, not kill the agent and its job.
+  signal(SIGPIPE, SIG_IGN);
   sigset_t mask = SignalSet(handled);
   const int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   if (sfd < 0) return absl::InternalError(absl::StrCat("signalfd: ", std::strerror(errno)));
@@ -180,8 +184,11 @@ std::optional<PosixProcesses::Started> PosixProcesses::Promote(const SpawnSpec& 
   if (it == spares_.end()) return std::nullopt;
   Spare sp = std::move(it->second);
   spares_.erase(it);
+  int status = 0;
+  // waitpid: a spare that has exited (even if not reaped yet) cannot be promoted. Reaping it
+  // here is fine: the agent never tracks a spare's exit.
   if (sp.argv != spec.spare_argv || sp.cpus != spec.cpus || sp.pty != spec.stdout_pty ||
-      kill(sp.proc.pid, 0) != 0) {
+      waitpid(sp.proc.pid, &status, WNOHANG) != 0) {
     DiscardSpare(&sp);
     return std::nullopt;
   }

@@ -2,6 +2,7 @@
 #include "launcher/agent/posix_processes.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -71,6 +72,77 @@ TEST(PosixProcesses, WakeFromAnotherThreadEndsAWaitWithoutDeadline) {
   t.join();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, ProcEvent::Kind::kWake);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher
+
+namespace dlrun::launcher {
+namespace {
+
+// Calls Wait (which starts spares that are due) until `path` exists; deadline 30 s.
+bool WaitForFile(Processes& p, const std::string& path) {
+  const SteadyTime deadline = SystemClock().Now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(path)) {
+    if (SystemClock().Now() >= deadline) return false;
+    p.Wait(SystemClock().Now() + Millis(20));
+  }
+  return true;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// Warm spares (docs/RECOVERY.md): the next Spawn of a local rank promotes its spare, which gets
+// the new environment on DLRUN_SPARE_FD; a spare that died meanwhile means a cold start, and
+// the agent survives writing to its closed pipe.
+TEST(PosixProcesses, ASpareIsPromotedWithTheNewEnvironmentAndADeadOneMeansAColdStart) {
+  auto procs = PosixProcesses::Create({});
+  ASSERT_TRUE(procs.ok());
+  char dir[] = "/tmp/dlrun-spare-XXXXXX";
+  const std::string d = mkdtemp(dir);
+  SpawnSpec spec;
+  spec.argv = {"sh", "-c", "exit 0"};
+  // The spare: says it is up, reads its environment (NUL-separated) to a file, then reports.
+  spec.spare_argv = {"bash", "-c",
+                     "echo $$ > " + d + "/up.$$.tmp && mv " + d + "/up.$$.tmp " + d +
+                         "/up; tr '\\0' '\\n' <&$DLRUN_SPARE_FD > " + d +
+                         "/env.$$; [ -s " + d + "/env.$$ ] || exit 0; exit 5"};
+  spec.spare_after = Millis(0);
+  spec.env = {{"MY_VAR", "first"}};
+  auto cold = (*procs)->Spawn(spec);
+  ASSERT_TRUE(cold.ok());
+  int beats = 0;
+  EXPECT_EQ(WaitExit(**procs, *cold, &beats).exit_code, 0);
+  ASSERT_TRUE(WaitForFile(**procs, d + "/up"));
+  const int spare = std::stoi(Slurp(d + "/up"));
+  std::filesystem::remove(d + "/up");
+
+  spec.env = {{"MY_VAR", "second"}};
+  auto promoted = (*procs)->Spawn(spec);
+  ASSERT_TRUE(promoted.ok());
+  EXPECT_EQ(*promoted, spare);
+  EXPECT_EQ(WaitExit(**procs, *promoted, &beats).exit_code, 5);
+  const std::string env = Slurp(d + "/env." + std::to_string(spare));
+  EXPECT_NE(env.find("\nMY_VAR=second\n"), std::string::npos) << env;
+  EXPECT_NE(env.find("DLRUN_HEARTBEAT_FD="), std::string::npos) << env;
+  EXPECT_EQ(env.find("DLRUN_SPARE_FD="), std::string::npos) << env;
+
+  // The next spare dies before it is needed: the Spawn after it starts the worker cold.
+  ASSERT_TRUE(WaitForFile(**procs, d + "/up"));
+  const int doomed = std::stoi(Slurp(d + "/up"));
+  ASSERT_EQ(kill(doomed, SIGKILL), 0);
+  siginfo_t info{};  // until it is a zombie (WNOWAIT: still there for the agent to reap)
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(doomed), &info, WEXITED | WNOWAIT), 0);
+  spec.env = {{"MY_VAR", "third"}};
+  auto again = (*procs)->Spawn(spec);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(*again, doomed);
+  EXPECT_EQ(WaitExit(**procs, *again, &beats).exit_code, 0);  // the cold command, not a spare
+  (*procs)->CloseOutputs();
+  std::filesystem::remove_all(d);
 }
 
 }  // namespace

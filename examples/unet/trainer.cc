@@ -359,7 +359,9 @@ void Trainer::Step(int64_t step) {
     std::fprintf(stderr, "train_unet: --fail-at-step %ld: exiting as asked\n", step);
     std::exit(1);
   }
+  const auto step_start = Clock::now();
   auto [x, y] = NextBatch();
+  const double data_s = Seconds(step_start);
   lr_ = dlrun::worker::LearningRate(sched_, step - 1);
   dlrun::worker::SetLearningRate(*opt_, lr_);
   opt_->zero_grad();
@@ -384,6 +386,14 @@ void Trainer::Step(int64_t step) {
        torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
   if (world_ > 1) ctx_.pg->allreduce(l)->wait();
   const double mean_loss = l[0][0].item<double>() / world_;
+  // The step record for dlrun's telemetry (docs/TELEMETRY.md); it is also the heartbeat.
+  dlrun::worker::StepReport report;
+  report.step = step;
+  report.samples = x.size(0);
+  report.step_s = Seconds(step_start);
+  report.data_s = data_s;
+  report.loss = mean_loss;
+  dlrun::worker::reportStep(report);
   AfterStep(step, mean_loss, l[0][1].item<float>() > 0);
 }
 
@@ -474,6 +484,7 @@ int Trainer::Finish() {
   nlohmann::json j;
   j["world_size"] = world_;
   j["steps"] = a_.max_steps;
+  j["local_batch_size"] = a_.local_batch_size;
   j["samples_per_sec"] = sps;
   j["start_step"] = start_step_;
   j["final_lr"] = lr_;

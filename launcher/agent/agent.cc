@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -15,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
@@ -145,6 +149,28 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         break;
       case ProcEvent::Kind::kWake:
         woken_ = true;
+        break;
+      case ProcEvent::Kind::kStep:
+        for (const Worker& w : workers_) {
+          if (w.pid != e.pid) continue;
+          RankSteps& r = rank_steps_[current_.rank_offset + w.local_rank];
+          ++r.steps;
+          r.samples += e.step.samples;
+          r.step_s += e.step.step_s;
+          if (e.step.data_s) {
+            r.data_s += *e.step.data_s;
+            r.has_data = true;
+          }
+          if (e.step.loss) r.loss = e.step.loss;
+          if (r.step_times.size() < kMaxStepTimes) {
+            r.step_times.push_back(e.step.step_s);
+          } else {
+            r.step_times[static_cast<size_t>(r.steps - 1) % kMaxStepTimes] = e.step.step_s;
+          }
+        }
+        break;
+      case ProcEvent::Kind::kBadRecord:
+        ++bad_records_;
         break;
     }
   }
@@ -328,6 +354,78 @@ absl::StatusOr<Assignment> Agent::NextAssignment(int* signal) {
 }
 
 int Agent::Run() {
+  const double start = clock_.WallSeconds();
+  const int rc = RunAttempts();
+  Report(rc, clock_.WallSeconds() - start);
+  return rc;
+}
+
+namespace {
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)))];
+}
+
+}  // namespace
+
+// This node's end-of-job report: printed when any worker sent step records, and written as
+// JSON with --report-json (docs/TELEMETRY.md; the job-wide report across nodes is not built).
+void Agent::Report(int rc, double wall_s) const {
+  nlohmann::json j;
+  j["wall_s"] = wall_s;
+  j["exit_code"] = rc;
+  j["restarts"] = current_.restart_count;
+  j["bad_records"] = bad_records_;
+  double samples_per_sec = 0;
+  nlohmann::json ranks = nlohmann::json::object();
+  for (const auto& [rank, r] : rank_steps_) {
+    nlohmann::json x;
+    x["steps"] = r.steps;
+    x["samples"] = r.samples;
+    x["step_time_p50_s"] = Percentile(r.step_times, 0.5);
+    x["step_time_p95_s"] = Percentile(r.step_times, 0.95);
+    x["samples_per_sec"] = r.step_s > 0 ? static_cast<double>(r.samples) / r.step_s : 0.0;
+    x["data_wait_fraction"] =
+        r.has_data && r.step_s > 0 ? nlohmann::json(r.data_s / r.step_s) : nlohmann::json();
+    x["cpu_utilization"] = nlohmann::json();  // sampling not built yet
+    x["loss"] = r.loss ? nlohmann::json(*r.loss) : nlohmann::json();
+    samples_per_sec += x["samples_per_sec"].get<double>();
+    ranks[std::to_string(rank)] = x;
+  }
+  j["samples_per_sec"] = samples_per_sec;
+  j["ranks"] = ranks;
+  j["stragglers"] = nlohmann::json::array();  // detection not built yet
+  if (!rank_steps_.empty()) {
+    std::string lines = absl::StrFormat(
+        "job report (this node): %.1f s wall, %d restart(s), %.2f samples/s over %d rank(s)",
+        wall_s, current_.restart_count, samples_per_sec, static_cast<int>(rank_steps_.size()));
+    for (const auto& [rank, r] : rank_steps_) {
+      absl::StrAppend(&lines, absl::StrFormat("\n  rank %d: %d steps, step time p50 %.3f s, p95 "
+                                              "%.3f s",
+                                              rank, r.steps, Percentile(r.step_times, 0.5),
+                                              Percentile(r.step_times, 0.95)));
+      if (r.has_data && r.step_s > 0) {
+        absl::StrAppend(&lines, absl::StrFormat(", waiting for data %.0f%%",
+                                                100.0 * r.data_s / r.step_s));
+      }
+    }
+    if (bad_records_ > 0) absl::StrAppend(&lines, "\n  malformed step records dropped: ", bad_records_);
+    spdlog::info("{}", lines);
+  }
+  if (!options_.report_json.empty()) {
+    const std::string tmp = options_.report_json + ".tmp";
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    out.close();
+    if (!out || std::rename(tmp.c_str(), options_.report_json.c_str()) != 0) {
+      spdlog::error("cannot write the report to {}: {}", options_.report_json, std::strerror(errno));
+    }
+  }
+}
+
+int Agent::RunAttempts() {
   for (;; ++attempt_) {
     exits_.clear();
     int sig = 0;

@@ -57,6 +57,8 @@ struct AgentOptions {
   // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
   bool exit_with_worker_code = false;
   std::string program_name = "worker";  // named in the failure block
+  // --report-json: this node's end-of-job report (docs/TELEMETRY.md) as JSON; empty: none.
+  std::string report_json;
   std::string hostname;
 };
 
@@ -72,7 +74,20 @@ class Agent {
   // forwarded signal N.
   int Run();
 
+  // What this node's workers reported in step records (docs/TELEMETRY.md), per global rank.
+  struct RankSteps {
+    int64_t steps = 0, samples = 0;
+    double step_s = 0, data_s = 0;
+    bool has_data = false;
+    std::optional<double> loss;
+    std::vector<double> step_times;  // the last kMaxStepTimes (a ring), for the percentiles
+  };
+  static constexpr size_t kMaxStepTimes = 10000;  // 80 KB per rank
+  const std::map<int, RankSteps>& rank_steps() const { return rank_steps_; }
+
  private:
+  int RunAttempts();
+  void Report(int rc, double wall_s) const;
   struct Worker {
     int local_rank = 0;
     pid_t pid = -1;
@@ -120,6 +135,9 @@ class Agent {
   bool stopping_ = false;
   bool woken_ = false;
   std::vector<WorkerExit> exits_;
+  std::map<int, RankSteps> rank_steps_;
+  int64_t bad_records_ = 0;
+  int restarts_seen_ = 0;
 };
 
 }  // namespace dlrun::launcher

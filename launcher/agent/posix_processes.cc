@@ -312,7 +312,7 @@ void PosixProcesses::ReadSignals(std::vector<ProcEvent>* events) {
   signalfd_siginfo si;
   while (read(signal_fd_, &si, sizeof si) == sizeof si) {
     const int sig = static_cast<int>(si.ssi_signo);
-    if (sig != SIGCHLD) events->push_back({ProcEvent::Kind::kSignal, -1, 0, sig});
+    if (sig != SIGCHLD) events->push_back({ProcEvent::Kind::kSignal, -1, 0, sig, {}});
   }
   Reap(events);  // SIGCHLDs coalesce: always reap everything that has exited
 }
@@ -344,16 +344,27 @@ std::vector<ProcEvent> PosixProcesses::Wait(SteadyTime deadline) {
       if (fds[2 + 3 * i].revents) Drain(&c.out_fd, c.out.get());
       if (fds[3 + 3 * i].revents) Drain(&c.err_fd, c.err.get());
       if (fds[4 + 3 * i].revents) {
-        char buf[256];
+        char buf[4096];
         const ssize_t n = read(c.heartbeat_fd, buf, sizeof buf);
-        if (n > 0) events.push_back({ProcEvent::Kind::kHeartbeat, c.pid, 0, 0});
+        if (n > 0) {
+          events.push_back({ProcEvent::Kind::kHeartbeat, c.pid, 0, 0, {}});
+          std::vector<StepRecord> steps;
+          const int64_t bad_before = c.records.bad();
+          c.records.Feed(buf, static_cast<size_t>(n), &steps);
+          for (const StepRecord& r : steps) {
+            events.push_back({ProcEvent::Kind::kStep, c.pid, 0, 0, r});
+          }
+          for (int64_t b = bad_before; b < c.records.bad(); ++b) {
+            events.push_back({ProcEvent::Kind::kBadRecord, c.pid, 0, 0, {}});
+          }
+        }
         if (n == 0) CloseFd(&c.heartbeat_fd);
       }
     }
     if (fds[1].revents & POLLIN) {
       uint64_t v = 0;
       (void)!read(wake_fd_, &v, sizeof v);
-      events.push_back({ProcEvent::Kind::kWake, -1, 0, 0});
+      events.push_back({ProcEvent::Kind::kWake, -1, 0, 0, {}});
     }
     if (fds[0].revents & POLLIN) ReadSignals(&events);
     if (events.empty() && SystemClock().Now() >= deadline) return events;

@@ -34,6 +34,7 @@ class PosixProcesses final : public Processes {
     pid_t pid = -1;
     int out_fd = -1, err_fd = -1, heartbeat_fd = -1;
     std::unique_ptr<LineStream> out, err;
+    StepRecordReader records;
   };
   // A started process and the agent's ends of its pipes.
   struct Started {

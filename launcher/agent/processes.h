@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/agent/clock.h"
+#include "launcher/agent/step_record.h"
 
 namespace dlrun::launcher {
 
@@ -39,11 +40,12 @@ struct SpawnSpec {
 };
 
 struct ProcEvent {
-  enum class Kind { kExited, kHeartbeat, kSignal, kWake };
+  enum class Kind { kExited, kHeartbeat, kSignal, kWake, kStep, kBadRecord };
   Kind kind = Kind::kWake;
-  pid_t pid = -1;     // kExited, kHeartbeat
+  pid_t pid = -1;     // kExited, kHeartbeat, kStep, kBadRecord
   int exit_code = 0;  // kExited, when signal == 0
   int signal = 0;     // kExited: the signal that ended it; kSignal: the signal the agent got
+  StepRecord step;    // kStep: what the worker reported (step_record.h)
 };
 
 class Processes {

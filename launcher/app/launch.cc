@@ -125,6 +125,7 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   if (absl::Status s = ApplyEnvironmentRules(o, nproc, cpus, env, &a); !s.ok()) return s;
   a.stdout_pty = isatty(STDOUT_FILENO) == 1;
   a.exit_with_worker_code = o.worker_exit_code;
+  a.report_json = o.report_json;
   a.program_name = o.command[0];
   a.hostname = HostName();
   NoteIgnoredFlags(o);

@@ -199,6 +199,9 @@ std::vector<Flag> Flags() {
        "torchrun's LogsSpecs plug-in: accepted, no effect (dlrun's layout is torchrun's default)"},
       {"event-log-handler", "", true, StrField(&O::event_log_handler),
        "torchrun's event log handler: accepted, no effect"},
+      {"report-json", "", true, StrField(&O::report_json),
+       "write this node's end-of-job report (step times, samples/s, data wait per rank, from "
+       "the workers' step records) to this file as JSON"},
       {"spare-workers", "", true, SetSpareWorkers,
        "auto (default): a Python worker that fails is replaced by a warm spare that has already "
        "imported torch; on: also other programs, started ahead and held in "

@@ -57,6 +57,7 @@ struct LaunchOptions {
   std::string start_method = "spawn";
   std::string logs_specs, event_log_handler;
   bool worker_exit_code = false;  // exit with the root cause's code instead of torchrun's 1
+  std::string report_json;        // --report-json: this node's end-of-job report as JSON
   // Warm spares (docs/RECOVERY.md): "auto" (default: for Python programs), "on" (also any
   // other program, which waits in dlrun::worker::init()) or "off".
   std::string spare_workers = "auto";

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "multiproc/subprocess.h"
 
 namespace dlrun::testing {
@@ -167,6 +168,51 @@ TEST(DlrunStandalone, SpareWorkersOffRestartsCold) {
   r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "always", "/bin/true"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.output, "dlrun: invalid value 'always' for --spare-workers: expected auto, on or off\n");
+}
+
+// Step records (docs/TELEMETRY.md): a Python worker reports through python/dlrun_report.py,
+// a shell worker writes records by hand (one malformed); --report-json has each rank's figures.
+TEST(DlrunStandalone, StepRecordsFromAnyLanguageMakeTheReport) {
+  const std::string dir = MakeTempDir();
+  const std::string prog = dir + "/steps.py";
+  {
+    std::ofstream(prog) << "import os, dlrun_report\n"
+                           "rank = int(os.environ['RANK'])\n"
+                           "for step in range(1, 5):\n"
+                           "    dlrun_report.report_step(step, samples=8, step_s=0.1 * (rank + 1),\n"
+                           "                             data_s=0.01 * (rank + 1), loss=1.0 / step)\n";
+  }
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--report-json",
+                             dir + "/report.json", prog},
+                            {{"PYTHON_EXEC", "/usr/bin/python3"},
+                             {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("job report (this node):"), std::string::npos) << r.output;
+  auto j = nlohmann::json::parse(ReadFile(dir + "/report.json"));
+  EXPECT_EQ(j["restarts"], 0);
+  EXPECT_EQ(j["bad_records"], 0);
+  ASSERT_EQ(j["ranks"].size(), 2u) << j.dump();
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& x = j["ranks"][std::to_string(rank)];
+    EXPECT_EQ(x["steps"], 4);
+    EXPECT_EQ(x["samples"], 32);
+    EXPECT_NEAR(x["step_time_p50_s"].get<double>(), 0.1 * (rank + 1), 1e-9);
+    EXPECT_NEAR(x["data_wait_fraction"].get<double>(), 0.1, 1e-9);
+    EXPECT_NEAR(x["samples_per_sec"].get<double>(), 80.0 / (rank + 1), 1e-6);
+    EXPECT_NEAR(x["loss"].get<double>(), 0.25, 1e-9);
+  }
+  EXPECT_NEAR(j["samples_per_sec"].get<double>(), 80.0 + 40.0, 1e-6);
+  EXPECT_TRUE(j["stragglers"].is_array());
+
+  // By hand, from bash (dash takes only one-digit fds): two good records, one malformed (counted, dropped), heartbeats.
+  r = RunCommand({DLRUN_BIN, "--standalone", "--report-json", dir + "/sh.json", "bash", "-c",
+                  "printf 'hS 1 2 0.5\\nS 2 2 x\\nhhS 3 2 0.25 loss=3\\n' >&$DLRUN_HEARTBEAT_FD"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  j = nlohmann::json::parse(ReadFile(dir + "/sh.json"));
+  EXPECT_EQ(j["bad_records"], 1);
+  EXPECT_EQ(j["ranks"]["0"]["steps"], 2);
+  EXPECT_TRUE(j["ranks"]["0"]["data_wait_fraction"].is_null());
+  EXPECT_NE(r.output.find("malformed step records dropped: 1"), std::string::npos) << r.output;
 }
 
 TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {

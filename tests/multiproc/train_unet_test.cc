@@ -149,6 +149,31 @@ TEST(TrainUnet, ACppWorkerKilledIsReplacedByItsSpareHeldInInit) {
   EXPECT_GE(m["start_step"].get<int>(), 5);
 }
 
+// train_unet's step records: the report agrees with the trainer's own counts.
+TEST(TrainUnet, TheReportAgreesWithTheTrainersOwnCounts) {
+  const std::string dir = MakeTempDir();
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--report-json", dir + "/report.json",
+       TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4", "--max-steps", "5",
+       "--metrics-json", dir + "/m.json"},
+      {{"OMP_NUM_THREADS", "1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
+  auto j = nlohmann::json::parse(ReadFile(dir + "/report.json"));
+  ASSERT_EQ(j["ranks"].size(), 2u) << j.dump();
+  for (const char* rank : {"0", "1"}) {
+    const auto& x = j["ranks"][rank];
+    EXPECT_EQ(x["steps"], m["steps"]);
+    EXPECT_EQ(x["samples"].get<int64_t>(), m["steps"].get<int64_t>() * m["local_batch_size"].get<int64_t>())
+        << m.dump();
+    EXPECT_GT(x["step_time_p50_s"].get<double>(), 0);
+    EXPECT_LE(x["step_time_p50_s"].get<double>(), x["step_time_p95_s"].get<double>());
+    EXPECT_GE(x["data_wait_fraction"].get<double>(), 0);
+    EXPECT_LT(x["data_wait_fraction"].get<double>(), 1);
+  }
+  EXPECT_NEAR(j["ranks"]["0"]["loss"].get<double>(), m["final_loss"].get<double>(), 1e-5);
+}
+
 TEST(TrainUnet, ResumesAfterAForcedRestartAtTheRightStepAndLr) {
   const std::string dir = MakeTempDir();
   // Checkpoints every 2 steps; the last rank dies at step 3 of the first attempt; dlrun

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -22,7 +24,9 @@ extern char** environ;
 
 namespace dlrun::worker {
 
-void heartbeat() {
+namespace {
+
+int HeartbeatFd() {
   static const int fd = [] {
     const char* v = std::getenv(contract::kHeartbeatFd);
     int fd = -1;
@@ -30,6 +34,34 @@ void heartbeat() {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
   }();
+  return fd;
+}
+
+}  // namespace
+
+void reportStep(const StepReport& r) {
+  const int fd = HeartbeatFd();
+  if (fd < 0) return;
+  // "S <step> <samples> <step_s> [data_s=] [compute_s=] [sync_s=] [loss=]\n" (step_record.h).
+  char line[256];
+  int n = std::snprintf(line, sizeof line, "S %lld %lld %.6f", r.step, r.samples,
+                        r.step_s < 0 ? 0.0 : r.step_s);
+  auto add = [&](const char* key, double v) {
+    if (n > 0 && n < static_cast<int>(sizeof line) - 40) {
+      n += std::snprintf(line + n, sizeof line - static_cast<size_t>(n), " %s=%.6g", key, v);
+    }
+  };
+  if (r.data_s >= 0) add("data_s", r.data_s);
+  if (r.compute_s >= 0) add("compute_s", r.compute_s);
+  if (r.sync_s >= 0) add("sync_s", r.sync_s);
+  if (std::isfinite(r.loss)) add("loss", r.loss);
+  if (n <= 0 || n >= static_cast<int>(sizeof line) - 1) return;
+  line[n++] = '\n';
+  (void)!write(fd, line, static_cast<size_t>(n));  // one write: atomic on a pipe (< PIPE_BUF)
+}
+
+void heartbeat() {
+  const int fd = HeartbeatFd();
   if (fd >= 0) {
     const char beat = 'h';
     (void)!write(fd, &beat, 1);  // a full pipe means the agent has beats enough: drop it

@@ -62,12 +62,12 @@ class FakeProcesses final : public Processes {
   explicit FakeProcesses(FakeClock& clock) : clock_(clock) {}
 
   // --- scheduling, relative to now ---
-  void ExitAfter(pid_t pid, milliseconds d, int code) { At(d, {ProcEvent::Kind::kExited, pid, code, 0}); }
-  void KilledAfter(pid_t pid, milliseconds d, int sig) { At(d, {ProcEvent::Kind::kExited, pid, 0, sig}); }
+  void ExitAfter(pid_t pid, milliseconds d, int code) { At(d, {ProcEvent::Kind::kExited, pid, code, 0, {}}); }
+  void KilledAfter(pid_t pid, milliseconds d, int sig) { At(d, {ProcEvent::Kind::kExited, pid, 0, sig, {}}); }
   void HeartbeatsEvery(pid_t pid, milliseconds every, milliseconds until) {
-    for (milliseconds t = every; t <= until; t += every) At(t, {ProcEvent::Kind::kHeartbeat, pid, 0, 0});
+    for (milliseconds t = every; t <= until; t += every) At(t, {ProcEvent::Kind::kHeartbeat, pid, 0, 0, {}});
   }
-  void SignalAfter(milliseconds d, int sig) { At(d, {ProcEvent::Kind::kSignal, -1, 0, sig}); }
+  void SignalAfter(milliseconds d, int sig) { At(d, {ProcEvent::Kind::kSignal, -1, 0, sig, {}}); }
 
   // --- what happened ---
   std::vector<Proc> procs;  // every worker ever spawned, in order
@@ -99,13 +99,13 @@ class FakeProcesses final : public Processes {
     if (p == nullptr || p->exited || p->unkillable) return;
     if (sig == SIGKILL) {
       Cancel(pid);
-      At(milliseconds(0), {ProcEvent::Kind::kExited, pid, 0, SIGKILL});
+      At(milliseconds(0), {ProcEvent::Kind::kExited, pid, 0, SIGKILL, {}});
     } else if (sig == SIGTERM && !p->ignores_sigterm) {
       Cancel(pid);
-      At(milliseconds(10), {ProcEvent::Kind::kExited, pid, 0, SIGTERM});
+      At(milliseconds(10), {ProcEvent::Kind::kExited, pid, 0, SIGTERM, {}});
     } else if (sig == SIGINT || sig == SIGHUP || sig == SIGQUIT) {
       Cancel(pid);
-      At(milliseconds(10), {ProcEvent::Kind::kExited, pid, 0, sig});
+      At(milliseconds(10), {ProcEvent::Kind::kExited, pid, 0, sig, {}});
     }
   }
   std::vector<ProcEvent> Wait(SteadyTime deadline) override {
@@ -142,7 +142,7 @@ class FakeProcesses final : public Processes {
     }
     return out;
   }
-  void Wake() override { At(milliseconds(0), {ProcEvent::Kind::kWake, -1, 0, 0}); }
+  void Wake() override { At(milliseconds(0), {ProcEvent::Kind::kWake, -1, 0, 0, {}}); }
   void CloseOutputs() override { ++close_outputs_calls; }
 
  private:

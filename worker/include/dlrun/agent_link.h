@@ -1,6 +1,7 @@
 // What a worker tells its agent. No LibTorch here.
 #pragma once
 
+#include <limits>
 #include <string>
 
 namespace dlrun::worker {
@@ -8,6 +9,21 @@ namespace dlrun::worker {
 // Tells the dlrun agent this worker is making progress (its --hang-timeout clock restarts).
 // Cheap and non-blocking; call it once per training step. A no-op outside dlrun.
 void heartbeat();
+
+// One training step, for dlrun's telemetry (docs/TELEMETRY.md). Negative values are left out.
+struct StepReport {
+  long long step = 0;
+  long long samples = 0;  // samples this rank processed in the step
+  double step_s = 0;      // the step's wall time
+  double data_s = -1;     // of which waiting for data
+  double compute_s = -1;  // forward + backward before the gradient sync
+  double sync_s = -1;     // waiting inside the gradient sync
+  double loss = std::numeric_limits<double>::quiet_NaN();  // NaN: not reported
+};
+
+// Sends `r` to the dlrun agent as one step record on the heartbeat pipe (it also counts as a
+// heartbeat). Cheap and non-blocking; a no-op outside dlrun.
+void reportStep(const StepReport& r);
 
 // Warm spares (docs/RECOVERY.md): when this process was started as a spare
 // (contract::kSpareFd is set), blocks until the agent promotes it, then replaces the whole

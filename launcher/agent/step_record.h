@@ -1,0 +1,42 @@
+// Step records (issue #17, docs/TELEMETRY.md): what a worker says about each training step on
+// its heartbeat pipe (contract::kHeartbeatFd), one text line per step:
+//   S <step> <samples> <step_s> [data_s=<s>] [compute_s=<s>] [sync_s=<s>] [loss=<x>]\n
+// At most kMaxStepRecord bytes, so one write() of it is atomic on a pipe. Bytes outside a
+// record are plain heartbeats, as before; a malformed record is counted and dropped.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dlrun::launcher {
+
+inline constexpr size_t kMaxStepRecord = 256;
+
+struct StepRecord {
+  int64_t step = 0;
+  int64_t samples = 0;
+  double step_s = 0;
+  std::optional<double> data_s, compute_s, sync_s, loss;
+};
+
+// Parses one record line (without its '\n'); nullopt if malformed.
+std::optional<StepRecord> ParseStepRecord(const std::string& line);
+
+// Splits a heartbeat pipe's byte stream into records, across reads.
+class StepRecordReader {
+ public:
+  // Appends the complete records in `data` to `out`.
+  void Feed(const char* data, size_t n, std::vector<StepRecord>* out);
+  int64_t bad() const { return bad_; }
+
+ private:
+  bool in_record_ = false;
+  bool overlong_ = false;
+  std::string line_;
+  int64_t bad_ = 0;
+};
+
+}  // namespace dlrun::launcher

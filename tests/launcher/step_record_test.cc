@@ -1,0 +1,56 @@
+// Step records on the heartbeat pipe (docs/TELEMETRY.md): the parser and the stream splitter.
+#include "launcher/agent/step_record.h"
+
+#include "gtest/gtest.h"
+
+namespace dlrun::launcher {
+namespace {
+
+TEST(StepRecord, ParsesTheRequiredFieldsAndEachOptionalOne) {
+  auto r = ParseStepRecord("S 12 4 0.25 data_s=0.01 compute_s=0.2 sync_s=0.04 loss=-1.5e-3");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->step, 12);
+  EXPECT_EQ(r->samples, 4);
+  EXPECT_DOUBLE_EQ(r->step_s, 0.25);
+  EXPECT_DOUBLE_EQ(*r->data_s, 0.01);
+  EXPECT_DOUBLE_EQ(*r->compute_s, 0.2);
+  EXPECT_DOUBLE_EQ(*r->sync_s, 0.04);
+  EXPECT_DOUBLE_EQ(*r->loss, -1.5e-3);
+  r = ParseStepRecord("S 1 0 0");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_FALSE(r->data_s.has_value());
+  EXPECT_FALSE(r->loss.has_value());
+}
+
+TEST(StepRecord, MalformedRecordsAreRefused) {
+  for (const char* bad : {"S", "S 1 2", "X 1 2 0.1", "S -1 2 0.1", "S 1 -2 0.1", "S 1 2 -0.1",
+                          "S 1 2 nan", "S 1 2 inf", "S 1 2 0.1 data_s", "S 1 2 0.1 data_s=-1",
+                          "S 1 2 0.1 speed=3", "S 1 2 0.1 loss=1 loss=2", "S 1 2 0.1 loss=nan",
+                          "S a 2 0.1", "S 1 2 0.1 a=1 b=2 c=3 d=4 e=5",
+                          "S 99999999999999999999 2 0.1"}) {
+    EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
+  }
+}
+
+TEST(StepRecordReader, SplitsRecordsAcrossReadsAmongHeartbeatBytesAndCountsBadOnes) {
+  StepRecordReader reader;
+  std::vector<StepRecord> out;
+  const std::string stream = "hhS 1 2 0.5\nhS 2 2 0.7 data_s=0.1\nS bogus\nhhS 3 2 0.9\n";
+  for (char c : stream) reader.Feed(&c, 1, &out);  // one byte per read: the worst split
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].step, 1);
+  EXPECT_EQ(out[1].step, 2);
+  EXPECT_DOUBLE_EQ(*out[1].data_s, 0.1);
+  EXPECT_EQ(out[2].step, 3);
+  EXPECT_EQ(reader.bad(), 1);
+  // An overlong line is dropped up to its newline, then records parse again.
+  const std::string longline = "S 1 2 0.1 " + std::string(1000, 'x') + "\nS 4 1 0.2\n";
+  out.clear();
+  reader.Feed(longline.data(), longline.size(), &out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].step, 4);
+  EXPECT_EQ(reader.bad(), 2);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

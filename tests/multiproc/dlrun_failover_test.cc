@@ -20,13 +20,15 @@ constexpr int kSteps = 60;
 
 // A worker that makes kSteps steps of 50 ms, resuming from DIR/ckpt (written atomically by
 // rank 0 after each step, with one line per step in DIR/steps: "STEP RESTARTS WORLD_SIZE").
+// The step line goes first: a worker stopped between the two writes then redoes a recorded
+// step, instead of checkpointing a step that no line records (seen under TSan's slowness).
 std::vector<std::string> Worker(const std::string& dir, int steps = kSteps) {
   return {"sh", "-c",
           absl::StrCat("s=0; [ -f ", dir, "/ckpt ] && s=$(cat ", dir, "/ckpt); while [ $s -lt ",
-                       steps, " ]; do s=$((s+1)); sleep 0.05; if [ $RANK = 0 ]; then echo $s > ",
-                       dir, "/ckpt.$$ && mv ", dir, "/ckpt.$$ ", dir, "/ckpt; echo $s ",
-                       "$TORCHELASTIC_RESTART_COUNT $WORLD_SIZE >> ", dir,
-                       "/steps; fi; echo step $s; done")};
+                       steps, " ]; do s=$((s+1)); sleep 0.05; if [ $RANK = 0 ]; then echo $s ",
+                       "$TORCHELASTIC_RESTART_COUNT $WORLD_SIZE >> ", dir, "/steps; echo $s > ",
+                       dir, "/ckpt.$$ && mv ", dir, "/ckpt.$$ ", dir, "/ckpt; fi; echo step $s; ",
+                       "done")};
 }
 
 std::vector<std::string> Agent(const std::string& endpoints, const std::string& nnodes,

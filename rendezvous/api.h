@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "rendezvous/client.h"
+#include "rendezvous/telemetry.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::rdzv {
@@ -26,6 +27,15 @@ class HostedRendezvous {
   // epoch makes this host step down and redirect every caller there (docs/FAILOVER.md).
   virtual void SetPeers(std::vector<std::string> endpoints) = 0;
   virtual uint64_t epoch() const = 0;
+  // The job-wide telemetry this host aggregates from every node's heartbeats.
+  virtual std::shared_ptr<JobTelemetry> telemetry() const = 0;
+};
+
+// The HTTP side of telemetry (rendezvous/metrics_http.cc): /metrics, /api/job and the live page.
+class MetricsServer {
+ public:
+  virtual ~MetricsServer() = default;
+  virtual int port() const = 0;
 };
 
 struct HostOptions {
@@ -37,6 +47,10 @@ struct HostOptions {
   uint64_t epoch = 1;        // this host's epoch (docs/FAILOVER.md)
   std::string host_node_id;  // the hosting agent's node id (empty: stand-alone)
   std::string candidates;    // the explicit candidate list, if any
+  TelemetryOptions telemetry;  // straggler factor and windows (docs/TELEMETRY.md)
+  // `dlrun rdzv-server --metrics-port`: serve /metrics, /api/job and / there (-1: off).
+  int metrics_port = -1;
+  std::string metrics_addr = "0.0.0.0";
 };
 
 class Api {
@@ -48,6 +62,9 @@ class Api {
   virtual int Serve(const HostOptions& options) = 0;
   virtual std::unique_ptr<RendezvousClient> CreateClient(const ClientOptions& options) = 0;
   virtual absl::StatusOr<std::unique_ptr<HostedRendezvous>> Host(const HostOptions& options) = 0;
+  // Serves `telemetry` over HTTP on addr:port (port 0: pick one); logs where.
+  virtual absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(
+      std::shared_ptr<JobTelemetry> telemetry, const std::string& addr, int port) = 0;
 };
 
 }  // namespace dlrun::rdzv

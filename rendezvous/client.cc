@@ -86,11 +86,13 @@ class ClientImpl final : public RendezvousClient {
     return r;
   }
 
-  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) override {
+  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
+                                           const NodeTelemetry* telemetry) override {
     v1::HeartbeatRequest req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);
     req.set_round(round);
+    if (telemetry != nullptr) ToProto(*telemetry, req.mutable_telemetry());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + o_.heartbeat_timeout);
     v1::HeartbeatResponse resp;
@@ -125,12 +127,14 @@ class ClientImpl final : public RendezvousClient {
     return FailureReply{resp.next_round(), resp.restarts_exhausted()};
   }
 
-  absl::Status Leave(const std::string& node_id, uint64_t round, bool success) override {
+  absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
+                     const NodeTelemetry* telemetry) override {
     v1::LeaveRequest req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);
     req.set_round(round);
     req.set_success(success);
+    if (telemetry != nullptr) ToProto(*telemetry, req.mutable_telemetry());
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::LeaveResponse resp;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/telemetry.h"
 #include "rendezvous/tls.h"
 #include "rendezvous/types.h"
 
@@ -29,10 +30,13 @@ class RendezvousClient {
   // Blocks until the round closes, the job fails, or `timeout` passes. A host that stepped down
   // answers with a redirect instead of an assignment.
   virtual absl::StatusOr<JoinResult> Join(const NodeInfo& node, Duration timeout) = 0;
-  virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) = 0;
+  // `telemetry` (optional) travels with the call: the node's figures (docs/TELEMETRY.md).
+  virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
+                                                   const NodeTelemetry* telemetry = nullptr) = 0;
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                                      const std::string& reason) = 0;
-  virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success) = 0;
+  virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
+                             const NodeTelemetry* telemetry = nullptr) = 0;
   // `wait` > 0: wait that long for the server to come up (a failover host starting);
   // 0: fail at once when nobody listens. Else the deadline is rpc_timeout.
   virtual absl::StatusOr<StatusSnapshot> Status(Duration wait = Duration(0)) = 0;

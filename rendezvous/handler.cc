@@ -1,5 +1,7 @@
 #include "rendezvous/handler.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace dlrun::rdzv {
@@ -33,7 +35,125 @@ absl::Status CheckString(const std::string& field, const std::string& v, size_t 
   return absl::OkStatus();
 }
 
+bool Finite(double v) { return std::isfinite(v) && v >= 0; }
+
 }  // namespace
+
+void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
+  out->set_lost_s(t.lost_s);
+  out->set_hostname(t.hostname);
+  for (const RankTelemetry& r : t.ranks) {
+    v1::RankTelemetry* x = out->add_ranks();
+    x->set_rank(static_cast<uint32_t>(r.rank));
+    x->set_local_rank(static_cast<uint32_t>(r.local_rank));
+    x->set_steps(static_cast<uint64_t>(r.steps));
+    x->set_samples(static_cast<uint64_t>(r.samples));
+    x->set_step_seconds(r.step_s);
+    x->set_data_seconds(r.data_s);
+    x->set_compute_seconds(r.compute_s);
+    x->set_sync_seconds(r.sync_s);
+    x->set_flags((r.has_data ? 1u : 0u) | (r.has_split ? 2u : 0u) | (r.loss ? 4u : 0u));
+    x->set_step_p50_s(static_cast<float>(r.step_p50_s));
+    x->set_step_p95_s(static_cast<float>(r.step_p95_s));
+    if (r.loss) x->set_loss(*r.loss);
+    x->set_cpu_utilization(r.cpu_utilization ? static_cast<float>(*r.cpu_utilization) : -1.0f);
+    x->set_cpu_s(r.cpu_s);
+    x->set_rss_bytes(static_cast<uint64_t>(r.rss_bytes));
+    x->set_rss_peak_bytes(static_cast<uint64_t>(r.rss_peak_bytes));
+    x->set_gpu_memory_bytes(r.gpu_memory_bytes);
+  }
+  for (const GpuTelemetry& g : t.gpus) {
+    v1::GpuTelemetry* x = out->add_gpus();
+    x->set_index(static_cast<uint32_t>(g.index));
+    x->set_utilization(static_cast<float>(g.utilization));
+    x->set_memory_used_bytes(static_cast<uint64_t>(g.memory_used_bytes));
+    x->set_memory_total_bytes(static_cast<uint64_t>(g.memory_total_bytes));
+  }
+}
+
+absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t) {
+  using absl::InvalidArgumentError;
+  if (static_cast<size_t>(t.ranks_size()) > kMaxTelemetryRanks) {
+    return InvalidArgumentError(absl::StrCat("telemetry has ", t.ranks_size(),
+                                             " ranks (expected at most ", kMaxTelemetryRanks, ")"));
+  }
+  if (static_cast<size_t>(t.gpus_size()) > kMaxTelemetryGpus) {
+    return InvalidArgumentError(absl::StrCat("telemetry has ", t.gpus_size(),
+                                             " GPUs (expected at most ", kMaxTelemetryGpus, ")"));
+  }
+  if (auto s = CheckString("telemetry.hostname", t.hostname(), 255, false); !s.ok()) return s;
+  if (!Finite(t.lost_s())) {
+    return InvalidArgumentError(absl::StrCat("telemetry.lost_s is ", t.lost_s(),
+                                             " (expected a finite number >= 0)"));
+  }
+  NodeTelemetry out;
+  out.lost_s = t.lost_s();
+  out.hostname = t.hostname();
+  for (const v1::RankTelemetry& x : t.ranks()) {
+    for (double v : {x.step_seconds(), x.data_seconds(), x.compute_seconds(), x.sync_seconds(), x.cpu_s(),
+                     static_cast<double>(x.step_p50_s()), static_cast<double>(x.step_p95_s())}) {
+      if (!Finite(v)) {
+        return InvalidArgumentError(absl::StrCat("telemetry of rank ", x.rank(), " has a time of ",
+                                                 v, " (expected a finite number >= 0)"));
+      }
+    }
+    if (x.rank() >= (1u << 24) || x.steps() >= (1ull << 62) || x.samples() >= (1ull << 62)) {
+      return InvalidArgumentError(absl::StrCat("telemetry rank ", x.rank(), " with ", x.steps(),
+                                               " steps and ", x.samples(),
+                                               " samples is out of range"));
+    }
+    if (!std::isfinite(x.cpu_utilization()) || x.cpu_utilization() > 4096) {
+      return InvalidArgumentError(absl::StrCat("telemetry of rank ", x.rank(),
+                                               " has a CPU utilization of ", x.cpu_utilization(),
+                                               " (expected 0 to 4096 cores, or negative: none)"));
+    }
+    RankTelemetry r;
+    r.rank = static_cast<int>(x.rank());
+    r.local_rank = static_cast<int>(x.local_rank() & 0xffffff);
+    r.steps = static_cast<int64_t>(x.steps());
+    r.samples = static_cast<int64_t>(x.samples());
+    r.step_s = x.step_seconds();
+    r.data_s = x.data_seconds();
+    r.compute_s = x.compute_seconds();
+    r.sync_s = x.sync_seconds();
+    r.has_data = (x.flags() & 1u) != 0;
+    r.has_split = (x.flags() & 2u) != 0;
+    if ((x.flags() & 4u) != 0 && std::isfinite(x.loss())) r.loss = x.loss();
+    r.step_p50_s = x.step_p50_s();
+    r.step_p95_s = x.step_p95_s();
+    if (x.cpu_utilization() >= 0) r.cpu_utilization = x.cpu_utilization();
+    r.cpu_s = x.cpu_s();
+    r.rss_bytes = static_cast<int64_t>(std::min<uint64_t>(x.rss_bytes(), 1ull << 62));
+    r.rss_peak_bytes = static_cast<int64_t>(std::min<uint64_t>(x.rss_peak_bytes(), 1ull << 62));
+    r.gpu_memory_bytes = x.gpu_memory_bytes() < 0 ? -1 : x.gpu_memory_bytes();
+    out.ranks.push_back(r);
+  }
+  for (const v1::GpuTelemetry& x : t.gpus()) {
+    if (!std::isfinite(x.utilization()) || x.utilization() < 0 || x.utilization() > 1) {
+      return InvalidArgumentError(absl::StrCat("telemetry of GPU ", x.index(),
+                                               " has a utilization of ", x.utilization(),
+                                               " (expected 0 to 1)"));
+    }
+    GpuTelemetry g;
+    g.index = static_cast<int>(x.index() & 0xffff);
+    g.utilization = x.utilization();
+    g.memory_used_bytes = static_cast<int64_t>(std::min<uint64_t>(x.memory_used_bytes(), 1ull << 62));
+    g.memory_total_bytes = static_cast<int64_t>(std::min<uint64_t>(x.memory_total_bytes(), 1ull << 62));
+    out.gpus.push_back(g);
+  }
+  return out;
+}
+
+void Handler::TakeTelemetry(const std::string& node_id, const v1::NodeTelemetry& t,
+                            const std::string& peer) {
+  if (!options_.telemetry) return;
+  auto parsed = TelemetryFromProto(t);
+  if (!parsed.ok()) {
+    (void)Refuse(parsed.status(), peer);
+    return;
+  }
+  options_.telemetry->Update(node_id, parsed->hostname, *parsed, options_.now());
+}
 
 void ToProto(const Assignment& a, v1::Assignment* out) {
   out->set_round(a.round);
@@ -239,6 +359,7 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
     r = machine_.Heartbeat(req.node_id(), req.round(), now);
   }
   if (!r.ok()) return Refuse(r.status(), peer);
+  if (req.has_telemetry()) TakeTelemetry(req.node_id(), req.telemetry(), peer);
   resp->set_epoch(options_.epoch);
   switch (r->action) {
     case Action::kContinue: resp->set_action(v1::HeartbeatResponse::CONTINUE); break;
@@ -274,6 +395,9 @@ absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::str
 absl::Status Handler::Leave(const v1::LeaveRequest& req, const std::string& peer) {
   if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
   if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
+  // Before the leave: the last node's leave ends the job, and its final figures belong in
+  // the report.
+  if (req.has_telemetry()) TakeTelemetry(req.node_id(), req.telemetry(), peer);
   Deliveries out;
   absl::Status s;
   {
@@ -330,6 +454,26 @@ std::optional<TimePoint> Handler::Tick() {
     }
     machine_.Tick(now, &out);
     next = machine_.NextDeadline();
+    if (options_.telemetry && (machine_.round() != telemetry_round_ ||
+                               machine_.restart_count() != telemetry_restarts_ ||
+                               static_cast<int>(machine_.phase()) != telemetry_phase_)) {
+      telemetry_phase_ = static_cast<int>(machine_.phase());
+      if (machine_.restart_count() > telemetry_restarts_) {
+        options_.telemetry->AddRestartCause(machine_.restart_reason());
+      }
+      telemetry_round_ = machine_.round();
+      telemetry_restarts_ = machine_.restart_count();
+      options_.telemetry->SetJob(options_.run_id, machine_.round(), machine_.world_size(),
+                                 machine_.num_members(), machine_.restart_count());
+      switch (machine_.phase()) {
+        case StateMachine::Phase::kJoining:
+          options_.telemetry->SetState(machine_.restart_count() > 0 ? "restarting" : "starting");
+          break;
+        case StateMachine::Phase::kRunning: options_.telemetry->SetState("running"); break;
+        case StateMachine::Phase::kFailed: options_.telemetry->SetState("failed"); break;
+        case StateMachine::Phase::kSucceeded: options_.telemetry->SetState("succeeded"); break;
+      }
+    }
   }
   Deliver(out);
   return next;

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "dlrun/proto/rendezvous.pb.h"
 #include "rendezvous/state_machine.h"
+#include "rendezvous/telemetry.h"
 
 namespace dlrun::rdzv {
 
@@ -35,6 +36,8 @@ struct HandlerOptions {
   // The explicit candidate list (--rdzv-endpoint a,b,...) this host was started with; a join
   // naming another list is refused with both.
   std::string candidates;
+  // Where the telemetry on heartbeats and leaves goes (docs/TELEMETRY.md); null: dropped.
+  std::shared_ptr<JobTelemetry> telemetry;
   // Called (outside the lock) for every refused request, e.g. to log it.
   std::function<void(const absl::Status&, const std::string& peer)> on_refused;
 };
@@ -76,6 +79,10 @@ class Handler {
   absl::Status CheckAuth(const v1::Auth& auth, const std::string& peer);
   absl::Status Refuse(absl::Status s, const std::string& peer);
   static void Deliver(Deliveries& d);
+  // Feeds a request's telemetry to options_.telemetry; a malformed one is refused (logged) but
+  // the heartbeat or leave it came with still counts.
+  void TakeTelemetry(const std::string& node_id, const v1::NodeTelemetry& t,
+                     const std::string& peer);
 
   HandlerOptions options_;
   // std::mutex rather than absl::Mutex: Debian's abseil is not built with ThreadSanitizer,
@@ -86,6 +93,10 @@ class Handler {
   // Guarded by mu_: when the hosting agent's own node last joined or sent a heartbeat.
   std::optional<TimePoint> host_heard_;
   std::atomic<uint64_t> next_ticket_{1};
+  // Guarded by mu_: the round and restart count last told to options_.telemetry.
+  uint64_t telemetry_round_ = 0;
+  int telemetry_restarts_ = 0;
+  int telemetry_phase_ = -1;
 };
 
 // Converts between the proto and the plain types.
@@ -93,5 +104,8 @@ void ToProto(const Assignment& a, v1::Assignment* out);
 Assignment FromProto(const v1::Assignment& a);
 // Validates a NodeIdentity; errors name the field and the expected shape.
 absl::StatusOr<NodeInfo> NodeFromProto(const v1::NodeIdentity& n);
+void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out);
+// Validates a NodeTelemetry; errors name the field and what was expected.
+absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t);
 
 }  // namespace dlrun::rdzv

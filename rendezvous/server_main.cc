@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "rendezvous/metrics_http.h"
 #include "rendezvous/server.h"
 #include "spdlog/spdlog.h"
 
@@ -17,9 +18,10 @@ namespace {
 
 // Starts a server from the launcher's options (hosted or stand-alone alike); refused requests
 // are logged as "<who> refused a request from PEER: why".
-absl::StatusOr<std::unique_ptr<RendezvousServer>> StartServer(const HostOptions& h,
-                                                              std::string who) {
+absl::StatusOr<std::unique_ptr<RendezvousServer>> StartServer(
+    const HostOptions& h, std::string who, std::shared_ptr<JobTelemetry> telemetry) {
   ServerOptions o;
+  o.handler.telemetry = std::move(telemetry);
   o.handler.config = h.config;
   o.handler.run_id = h.run_id;
   o.handler.token = h.token;
@@ -34,10 +36,28 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> StartServer(const HostOptions&
   return RendezvousServer::Start(std::move(o));
 }
 
+// The job's aggregate, whose straggler warnings go to the log.
+std::shared_ptr<JobTelemetry> MakeTelemetry(const HostOptions& h) {
+  TelemetryOptions t = h.telemetry;
+  if (!t.on_straggler) t.on_straggler = [](const std::string& line) { spdlog::warn("{}", line); };
+  return std::make_shared<JobTelemetry>(std::move(t));
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeTelemetry(std::shared_ptr<JobTelemetry> t,
+                                                              const std::string& addr, int port) {
+  auto m = StartMetricsServer(std::move(t), addr, port);
+  if (!m.ok()) return m.status();
+  spdlog::info("job telemetry on http://{}:{}/ (Prometheus: /metrics, JSON: /api/job)",
+               addr == "0.0.0.0" ? "<this host>" : addr, (*m)->port());
+  std::fflush(stdout);
+  return m;
+}
+
 }  // namespace
 
 int Serve(const HostOptions& h) {
-  auto server = StartServer(h, "refused");
+  auto telemetry = MakeTelemetry(h);
+  auto server = StartServer(h, "refused", telemetry);
   if (!server.ok()) {
     std::fprintf(stderr, "dlrun rdzv-server: %s\n", std::string(server.status().message()).c_str());
     return 2;
@@ -47,7 +67,18 @@ int Serve(const HostOptions& h) {
                (*server)->port(), h.tls.enabled() ? " (mutual TLS)" : "",
                h.config.liveness_limit().count());
   std::fflush(stdout);
+  std::unique_ptr<MetricsServer> metrics;
+  if (h.metrics_port >= 0) {
+    auto m = ServeTelemetry(telemetry, h.metrics_addr, h.metrics_port);
+    if (!m.ok()) {
+      std::fprintf(stderr, "dlrun rdzv-server: %s\n", std::string(m.status().message()).c_str());
+      return 2;
+    }
+    metrics = std::move(*m);
+  }
   (*server)->WaitForJobEnd();
+  spdlog::info("{}", FormatJobReport(telemetry->Snap(std::chrono::steady_clock::now()),
+                                     (*server)->handler().phase() == StateMachine::Phase::kSucceeded ? 0 : 1));
   const bool ok = (*server)->handler().phase() == StateMachine::Phase::kSucceeded;
   (*server)->Shutdown();
   spdlog::info("job {}", ok ? "finished successfully" : "failed");
@@ -58,8 +89,10 @@ namespace {
 
 class HostedImpl final : public HostedRendezvous {
  public:
-  HostedImpl(std::unique_ptr<RendezvousServer> s, const HostOptions& h)
-      : s_(std::move(s)), h_(h) {}
+  HostedImpl(std::unique_ptr<RendezvousServer> s, const HostOptions& h,
+             std::shared_ptr<JobTelemetry> t)
+      : s_(std::move(s)), h_(h), telemetry_(std::move(t)) {}
+  std::shared_ptr<JobTelemetry> telemetry() const override { return telemetry_; }
   ~HostedImpl() override { Shutdown(); }
   int port() const override { return s_->port(); }
   void Shutdown() override {
@@ -118,6 +151,7 @@ class HostedImpl final : public HostedRendezvous {
 
   std::unique_ptr<RendezvousServer> s_;
   const HostOptions h_;
+  std::shared_ptr<JobTelemetry> telemetry_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
@@ -132,9 +166,15 @@ class ApiImpl final : public Api {
     return RendezvousClient::Create(o);
   }
   absl::StatusOr<std::unique_ptr<HostedRendezvous>> Host(const HostOptions& h) override {
-    auto s = StartServer(h, "rendezvous refused");
+    auto telemetry = MakeTelemetry(h);
+    auto s = StartServer(h, "rendezvous refused", telemetry);
     if (!s.ok()) return s.status();
-    return std::unique_ptr<HostedRendezvous>(new HostedImpl(std::move(*s), h));
+    return std::unique_ptr<HostedRendezvous>(new HostedImpl(std::move(*s), h, telemetry));
+  }
+  absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(std::shared_ptr<JobTelemetry> t,
+                                                              const std::string& addr,
+                                                              int port) override {
+    return ServeTelemetry(std::move(t), addr, port);
   }
 };
 

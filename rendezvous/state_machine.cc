@@ -441,4 +441,10 @@ StatusSnapshot StateMachine::Snapshot() const {
   return s;
 }
 
+int StateMachine::world_size() const {
+  int n = 0;
+  for (const Member& m : members_) n += m.node.nproc;
+  return n;
+}
+
 }  // namespace dlrun::rdzv

@@ -68,6 +68,10 @@ class StateMachine {
   uint64_t round() const { return round_; }
   int restart_count() const { return restart_count_; }
   const std::string& failure_reason() const { return failure_reason_; }
+  const std::string& restart_reason() const { return restart_reason_; }
+  // The last closed round's size: its members' nproc summed, and how many members.
+  int world_size() const;
+  int num_members() const { return static_cast<int>(members_.size()); }
   StatusSnapshot Snapshot() const;
 
  private:

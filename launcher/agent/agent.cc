@@ -75,6 +75,12 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
 }
 
 absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
+  for (const Worker& w : workers_) {  // the CPU time of the attempt that ended stays counted
+    if (auto it = cpu_seen_.find(w.pid); it != cpu_seen_.end()) {
+      cpu_base_[w.rank] += it->second;
+      cpu_seen_.erase(it);
+    }
+  }
   workers_.clear();
   for (int lr = 0; lr < options_.nproc; ++lr) {
     auto pid = processes_.Spawn(MakeSpawnSpec(lr));
@@ -84,6 +90,7 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     }
     Worker w;
     w.local_rank = lr;
+    w.rank = current_.rank_offset + lr;
     w.pid = *pid;
     w.alive = true;
     workers_.push_back(w);
@@ -99,6 +106,15 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     absl::StrAppend(&table, " (after the fault: stop ", ms(*fault_seen_at_, *stopped_at_),
                     " ms, rendezvous ", ms(*stopped_at_, assigned_at), " ms, spawn ",
                     ms(assigned_at, clock_.Now()), " ms)");
+    lost_s_ += static_cast<double>(ms(*fault_seen_at_, clock_.Now())) / 1000.0;
+  }
+  if (sampler_) {
+    std::vector<pid_t> pids;
+    for (const Worker& w : workers_) pids.push_back(w.pid);
+    sampler_->Watch(std::move(pids));
+  }
+  if (options_.serve_metrics && !metrics_) {
+    if (auto t = source_->job_telemetry()) metrics_ = options_.serve_metrics(std::move(t));
   }
   fault_seen_at_.reset();
   stopped_at_.reset();
@@ -161,6 +177,11 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
             r.data_s += *e.step.data_s;
             r.has_data = true;
           }
+          if (e.step.compute_s && e.step.sync_s) {
+            r.compute_s += *e.step.compute_s;
+            r.sync_s += *e.step.sync_s;
+            r.has_split = true;
+          }
           if (e.step.loss) r.loss = e.step.loss;
           if (r.step_times.size() < kMaxStepTimes) {
             r.step_times.push_back(e.step.step_s);
@@ -209,7 +230,9 @@ Agent::Watch Agent::WatchGroup() {
                            options_.hang_timeout.count(), " ms"),
               0};
     }
-    const int forwarded = HandleEvents(processes_.Wait(std::min(next_check, next_hang)));
+    const int forwarded =
+        HandleEvents(processes_.Wait(std::min({next_check, next_hang, PublishDue()})));
+    MaybePublish();
     if (forwarded != 0) return {Outcome::kSignalled, "", forwarded};
     for (const WorkerExit& e : exits_) {
       if (e.failed()) return {Outcome::kFailed, "", 0};
@@ -274,6 +297,7 @@ void Agent::StopGroup(int first_signal) {
 int Agent::AfterSuccess() {
   processes_.CloseOutputs();
   spdlog::info("all {} worker(s) finished successfully", options_.nproc);
+  MaybePublish(/*now_anyway=*/true);  // the final figures go with the leave
   source_->OnSuccess();
   const Millis interval = source_->check_interval();
   if (interval.count() == 0) return 0;
@@ -306,6 +330,7 @@ int Agent::AfterFailure() {
     auto it = records.find(lr);
     return it == records.end() ? ErrorRecord{} : it->second;
   };
+  MaybePublish(/*now_anyway=*/true);
   const RootCause root = PickRootCause(exits_, error_of);
   const WorkerExit& first = root.exit;
   FailureReport report{options_.program_name, options_.hostname, exits_, root,
@@ -355,66 +380,127 @@ absl::StatusOr<Assignment> Agent::NextAssignment(int* signal) {
 
 int Agent::Run() {
   const double start = clock_.WallSeconds();
+  if (options_.telemetry) {
+    sampler_ = std::make_unique<Sampler>(options_.telemetry_period);
+    next_publish_ = clock_.Now() + options_.telemetry_period;
+  }
   const int rc = RunAttempts();
   Report(rc, clock_.WallSeconds() - start);
+  sampler_.reset();
   return rc;
 }
 
-namespace {
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)))];
+SteadyTime Agent::PublishDue() const {
+  return options_.telemetry ? next_publish_ : SteadyTime::max();
 }
 
-}  // namespace
+void Agent::MaybePublish(bool now_anyway) {
+  if (!options_.telemetry) return;
+  const SteadyTime now = clock_.Now();
+  if (!now_anyway && now < next_publish_) return;
+  next_publish_ = now + options_.telemetry_period;
+  source_->Publish(NodeFigures());
+}
 
-// This node's end-of-job report: printed when any worker sent step records, and written as
-// JSON with --report-json (docs/TELEMETRY.md; the job-wide report across nodes is not built).
-void Agent::Report(int rc, double wall_s) const {
-  nlohmann::json j;
-  j["wall_s"] = wall_s;
-  j["exit_code"] = rc;
-  j["restarts"] = current_.restart_count;
-  j["bad_records"] = bad_records_;
-  double samples_per_sec = 0;
-  nlohmann::json ranks = nlohmann::json::object();
-  for (const auto& [rank, r] : rank_steps_) {
-    nlohmann::json x;
-    x["steps"] = r.steps;
-    x["samples"] = r.samples;
-    x["step_time_p50_s"] = Percentile(r.step_times, 0.5);
-    x["step_time_p95_s"] = Percentile(r.step_times, 0.95);
-    x["samples_per_sec"] = r.step_s > 0 ? static_cast<double>(r.samples) / r.step_s : 0.0;
-    x["data_wait_fraction"] =
-        r.has_data && r.step_s > 0 ? nlohmann::json(r.data_s / r.step_s) : nlohmann::json();
-    x["cpu_utilization"] = nlohmann::json();  // sampling not built yet
-    x["loss"] = r.loss ? nlohmann::json(*r.loss) : nlohmann::json();
-    samples_per_sec += x["samples_per_sec"].get<double>();
-    ranks[std::to_string(rank)] = x;
+rdzv::NodeTelemetry Agent::NodeFigures() {
+  rdzv::NodeTelemetry t;
+  t.hostname = options_.hostname;
+  t.lost_s = lost_s_;
+  std::map<pid_t, ProcSample> procs;
+  if (sampler_) {
+    procs = sampler_->Latest();
+    t.gpus = sampler_->Gpus();
   }
-  j["samples_per_sec"] = samples_per_sec;
-  j["ranks"] = ranks;
-  j["stragglers"] = nlohmann::json::array();  // detection not built yet
-  if (!rank_steps_.empty()) {
-    std::string lines = absl::StrFormat(
-        "job report (this node): %.1f s wall, %d restart(s), %.2f samples/s over %d rank(s)",
-        wall_s, current_.restart_count, samples_per_sec, static_cast<int>(rank_steps_.size()));
-    for (const auto& [rank, r] : rank_steps_) {
-      absl::StrAppend(&lines, absl::StrFormat("\n  rank %d: %d steps, step time p50 %.3f s, p95 "
-                                              "%.3f s",
-                                              rank, r.steps, Percentile(r.step_times, 0.5),
-                                              Percentile(r.step_times, 0.95)));
-      if (r.has_data && r.step_s > 0) {
-        absl::StrAppend(&lines, absl::StrFormat(", waiting for data %.0f%%",
-                                                100.0 * r.data_s / r.step_s));
+  std::map<int, const Worker*> by_rank;
+  for (const Worker& w : workers_) by_rank[w.rank] = &w;
+  // Ranks with steps, and the current workers (a program that reports nothing still gets its
+  // process figures).
+  std::map<int, int> ranks;  // rank -> local rank
+  for (const auto& [rank, r] : rank_steps_) ranks[rank] = rank - current_.rank_offset;
+  for (const auto& [rank, w] : by_rank) ranks[rank] = w->local_rank;
+  for (const auto& [rank, local] : ranks) {
+    rdzv::RankTelemetry x;
+    x.rank = rank;
+    x.local_rank = local;
+    if (auto it = rank_steps_.find(rank); it != rank_steps_.end()) {
+      const RankSteps& r = it->second;
+      x.steps = r.steps;
+      x.samples = r.samples;
+      x.step_s = r.step_s;
+      x.data_s = r.data_s;
+      x.compute_s = r.compute_s;
+      x.sync_s = r.sync_s;
+      x.has_data = r.has_data;
+      x.has_split = r.has_split;
+      x.loss = r.loss;
+      std::vector<double> v = r.step_times;
+      if (!v.empty()) {
+        auto at = [&v](double p) {
+          const size_t k = static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)));
+          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+          return v[k];
+        };
+        x.step_p50_s = at(0.5);
+        x.step_p95_s = at(0.95);
       }
     }
-    if (bad_records_ > 0) absl::StrAppend(&lines, "\n  malformed step records dropped: ", bad_records_);
-    spdlog::info("{}", lines);
+    auto w = by_rank.find(rank);
+    if (w != by_rank.end()) {
+      auto p = procs.find(w->second->pid);
+      if (p != procs.end()) {
+        if (w->second->alive) x.cpu_utilization = p->second.cpu_utilization;
+        x.rss_bytes = w->second->alive ? p->second.rss_bytes : 0;
+        x.rss_peak_bytes = p->second.rss_peak_bytes;
+        x.gpu_memory_bytes = p->second.gpu_memory_bytes;
+        // A new pid for this rank: what the earlier process used is kept in the base.
+        auto& seen = cpu_seen_[w->second->pid];
+        seen = std::max(seen, p->second.cpu_s);
+      }
+      double now_cpu = 0;
+      auto seen = cpu_seen_.find(w->second->pid);
+      if (seen != cpu_seen_.end()) now_cpu = seen->second;
+      x.cpu_s = cpu_base_[rank] + now_cpu;
+    } else {
+      x.cpu_s = cpu_base_[rank];
+    }
+    t.ranks.push_back(std::move(x));
+  }
+  return t;
+}
+
+// The end-of-job report (docs/TELEMETRY.md): the job's, where this agent holds the job-wide
+// aggregate (a single-node job, or the rendezvous host), else this node's. Printed when telemetry
+// is on and any rank reported anything; written as JSON with --report-json.
+void Agent::Report(int rc, double wall_s) {
+  const SteadyTime now = clock_.Now();
+  std::shared_ptr<rdzv::JobTelemetry> job = options_.telemetry ? source_->job_telemetry() : nullptr;
+  const bool whole = job != nullptr;
+  if (!whole) {
+    job = std::make_shared<rdzv::JobTelemetry>();
+    job->SetJob("", current_.round, current_.world_size, 1, current_.restart_count);
+    job->Update("local", options_.hostname, NodeFigures(), now);
+  }
+  job->SetState(rc == 0 ? "succeeded" : "failed");
+  rdzv::JobTelemetry::Snapshot snap = job->Snap(now);
+  snap.wall_s = wall_s;
+  if (!whole) snap.restarts = current_.restart_count;
+  // Over the whole job, CPU utilisation is CPU time over wall time (not the last sample).
+  for (auto& [rank, r] : snap.ranks) {
+    if (r.cpu_s > 0 && wall_s > 0) r.cpu_utilization = r.cpu_s / wall_s;
+  }
+  bool any = false;
+  for (const auto& [rank, r] : snap.ranks) any |= r.steps > 0 || r.cpu_s > 0;
+  if (options_.telemetry && any) {
+    std::string text = rdzv::FormatJobReport(snap, rc);
+    if (!whole) text.replace(0, std::string("job report").size(), "job report (this node)");
+    if (bad_records_ > 0) absl::StrAppend(&text, "\n  malformed step records dropped: ", bad_records_);
+    spdlog::info("{}", text);
   }
   if (!options_.report_json.empty()) {
+    nlohmann::json j = nlohmann::json::parse(rdzv::SnapshotJson(snap, false));
+    j["exit_code"] = rc;
+    j["bad_records"] = bad_records_;
+    j["scope"] = whole ? "job" : "node";
     const std::string tmp = options_.report_json + ".tmp";
     std::ofstream out(tmp);
     out << j.dump(2) << "\n";

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/root_cause.h"
+#include "launcher/agent/sampler.h"
 
 namespace dlrun::launcher {
 
@@ -60,6 +62,13 @@ struct AgentOptions {
   // --report-json: this node's end-of-job report (docs/TELEMETRY.md) as JSON; empty: none.
   std::string report_json;
   std::string hostname;
+  // Telemetry (docs/TELEMETRY.md): sample the workers (sampler.h) and publish this node's
+  // figures to the membership source every telemetry_period.
+  bool telemetry = true;
+  Millis telemetry_period{1000};
+  // --metrics-port: serves the job-wide aggregate over HTTP once this agent holds it (a
+  // single-node job, or the rendezvous host); the result keeps the server alive.
+  std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> serve_metrics;
 };
 
 class Agent {
@@ -77,8 +86,8 @@ class Agent {
   // What this node's workers reported in step records (docs/TELEMETRY.md), per global rank.
   struct RankSteps {
     int64_t steps = 0, samples = 0;
-    double step_s = 0, data_s = 0;
-    bool has_data = false;
+    double step_s = 0, data_s = 0, compute_s = 0, sync_s = 0;
+    bool has_data = false, has_split = false;
     std::optional<double> loss;
     std::vector<double> step_times;  // the last kMaxStepTimes (a ring), for the percentiles
   };
@@ -87,9 +96,15 @@ class Agent {
 
  private:
   int RunAttempts();
-  void Report(int rc, double wall_s) const;
+  void Report(int rc, double wall_s);
+  // This node's figures now (cumulative), from the step records and the sampler.
+  rdzv::NodeTelemetry NodeFigures();
+  // Publishes NodeFigures() to the source when the period has passed (or `now_anyway`).
+  void MaybePublish(bool now_anyway = false);
+  SteadyTime PublishDue() const;
   struct Worker {
     int local_rank = 0;
+    int rank = 0;  // global, in its attempt
     pid_t pid = -1;
     bool alive = false;
     bool heartbeat_seen = false;
@@ -138,6 +153,12 @@ class Agent {
   std::map<int, RankSteps> rank_steps_;
   int64_t bad_records_ = 0;
   int restarts_seen_ = 0;
+  std::unique_ptr<Sampler> sampler_;
+  SteadyTime next_publish_{};
+  double lost_s_ = 0;                  // fault seen -> workers running, summed over restarts
+  std::map<int, double> cpu_base_;     // per rank: CPU seconds of its earlier processes
+  std::map<pid_t, double> cpu_seen_;   // per worker pid: its latest CPU seconds
+  std::shared_ptr<void> metrics_;      // the HTTP server, once started
 };
 
 }  // namespace dlrun::launcher

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
+#include "rendezvous/telemetry.h"
 
 namespace dlrun::launcher {
 
@@ -28,11 +29,18 @@ class MembershipSource {
   // Every local worker succeeded. The agent then keeps calling Check() until it says kFinished
   // (every node is done), kRestart (another node failed: run again) or kStop.
   virtual void OnSuccess() = 0;
+  // This node's latest telemetry (docs/TELEMETRY.md): sent with the next heartbeat and with the
+  // leave, or fed to the local aggregate of a single-node job.
+  virtual void Publish(const rdzv::NodeTelemetry& t) = 0;
+  // The job-wide aggregate when this agent holds it (single-node jobs, the rendezvous host),
+  // else null.
+  virtual std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const = 0;
 };
 
 // Fixed assignment; restarts are counted locally up to max_restarts. `pick_master_port`, when
 // set, picks a fresh port per attempt (standalone).
 std::unique_ptr<MembershipSource> MakeStaticSource(Assignment base, int max_restarts,
-                                                   std::function<int()> pick_master_port);
+                                                   std::function<int()> pick_master_port,
+                                                   rdzv::TelemetryOptions telemetry = {});
 
 }  // namespace dlrun::launcher

@@ -5,33 +5,56 @@ namespace {
 
 class StaticSource final : public MembershipSource {
  public:
-  StaticSource(Assignment base, int max_restarts, std::function<int()> pick)
-      : base_(std::move(base)), max_restarts_(max_restarts), pick_(std::move(pick)) {}
+  StaticSource(Assignment base, int max_restarts, std::function<int()> pick,
+               rdzv::TelemetryOptions telemetry)
+      : base_(std::move(base)), max_restarts_(max_restarts), pick_(std::move(pick)) {
+    // A single-node job is seen whole here; a node of a static multi-node job sees only itself.
+    if (base_.num_nodes <= 1) telemetry_ = std::make_shared<rdzv::JobTelemetry>(std::move(telemetry));
+  }
   absl::StatusOr<Assignment> Next() override {
     Assignment a = base_;
     a.restart_count = restarts_;
     a.max_restarts = max_restarts_;
     if (pick_) a.master_port = pick_();
+    if (telemetry_) {
+      telemetry_->SetJob("", static_cast<uint64_t>(restarts_ + 1), a.world_size, 1, restarts_);
+      telemetry_->SetState("running");
+    }
     return a;
   }
-  bool OnFailure(const std::string&) override { return restarts_++ < max_restarts_; }
+  bool OnFailure(const std::string& reason) override {
+    const bool again = restarts_++ < max_restarts_;
+    if (telemetry_) {
+      if (again) telemetry_->AddRestartCause(reason);
+      telemetry_->SetState(again ? "restarting" : "failed");
+    }
+    return again;
+  }
   Verdict Check(std::string*) override { return Verdict::kContinue; }
   std::chrono::milliseconds check_interval() const override { return {}; }
-  void OnSuccess() override {}
+  void OnSuccess() override {
+    if (telemetry_) telemetry_->SetState("succeeded");
+  }
+  void Publish(const rdzv::NodeTelemetry& t) override {
+    if (telemetry_) telemetry_->Update("local", t.hostname, t, std::chrono::steady_clock::now());
+  }
+  std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override { return telemetry_; }
 
  private:
   Assignment base_;
   int max_restarts_;
   std::function<int()> pick_;
   int restarts_ = 0;
+  std::shared_ptr<rdzv::JobTelemetry> telemetry_;
 };
 
 }  // namespace
 
 std::unique_ptr<MembershipSource> MakeStaticSource(Assignment base, int max_restarts,
-                                                   std::function<int()> pick_master_port) {
+                                                   std::function<int()> pick_master_port,
+                                                   rdzv::TelemetryOptions telemetry) {
   return std::make_unique<StaticSource>(std::move(base), max_restarts,
-                                        std::move(pick_master_port));
+                                        std::move(pick_master_port), std::move(telemetry));
 }
 
 }  // namespace dlrun::launcher

@@ -19,6 +19,7 @@
 #include "launcher/detect/net.h"
 #include "launcher/rdzv/failover.h"
 #include "launcher/rdzv/rdzv_config.h"
+#include "launcher/rdzv/rdzv_loader.h"
 #include "launcher/rdzv/rdzv_source.h"
 #include "spdlog/spdlog.h"
 
@@ -126,6 +127,29 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   a.stdout_pty = isatty(STDOUT_FILENO) == 1;
   a.exit_with_worker_code = o.worker_exit_code;
   a.report_json = o.report_json;
+  a.telemetry = o.telemetry;
+  if (o.telemetry_flags.metrics_port >= 0) {
+    if (!o.telemetry) {
+      return absl::InvalidArgumentError(
+          "--metrics-port needs telemetry: drop --telemetry off, or the port");
+    }
+    a.serve_metrics = [port = o.telemetry_flags.metrics_port,
+                       addr = o.telemetry_flags.metrics_addr](
+                          std::shared_ptr<rdzv::JobTelemetry> t) -> std::shared_ptr<void> {
+      auto api = LoadRendezvous();  // the HTTP side lives in the plugin, as gRPC does
+      if (!api.ok()) {
+        spdlog::error("--metrics-port: {}", std::string(api.status().message()));
+        return nullptr;
+      }
+      auto m = (*api)->ServeMetrics(std::move(t), addr, port);
+      if (!m.ok()) {
+        spdlog::error("--metrics-port: {}; the job goes on without it",
+                      std::string(m.status().message()));
+        return nullptr;
+      }
+      return std::shared_ptr<rdzv::MetricsServer>(std::move(*m));
+    };
+  }
   a.program_name = o.command[0];
   a.hostname = HostName();
   NoteIgnoredFlags(o);
@@ -152,6 +176,14 @@ absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string
   }
   if (o.log_dir.empty()) spdlog::info("worker output is kept in {} (no --log-dir given)", templ);
   return templ;
+}
+
+rdzv::TelemetryOptions TelemetryOptionsFrom(const LaunchOptions& o) {
+  rdzv::TelemetryOptions t;
+  t.straggler_factor = o.telemetry_flags.straggler_factor;
+  t.straggler_windows = o.telemetry_flags.straggler_windows;
+  t.on_straggler = [](const std::string& line) { spdlog::warn("{}", line); };
+  return t;
 }
 
 absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchOptions& o,
@@ -191,6 +223,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
   r.config.min_nodes = o.min_nodes;
   r.config.max_nodes = o.max_nodes;
   r.config.max_restarts = o.max_restarts;
+  r.telemetry = TelemetryOptionsFrom(o);
   if (absl::Status s = ApplyRdzvConf(o.rdzv_conf, &r.config, &r.is_host); !s.ok()) return s;
   return MakeRendezvousSource(std::move(r));
 }
@@ -229,7 +262,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
     }
   }
   *run_id = base.run_id;
-  return MakeStaticSource(base, o.max_restarts, pick);
+  return MakeStaticSource(base, o.max_restarts, pick, TelemetryOptionsFrom(o));
 }
 
 }  // namespace

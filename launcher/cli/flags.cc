@@ -1,5 +1,7 @@
 #include "launcher/cli/flags.h"
 
+#include <cmath>
+
 #include <signal.h>
 #include <string.h>
 
@@ -210,4 +212,13 @@ std::string Usage(const std::string& head,
 }
 
 }  // namespace internal
+absl::StatusOr<double> ParseDouble(const std::string& flag, const std::string& v, double lo,
+                                   double hi) {
+  double d = 0;
+  if (!absl::SimpleAtod(v, &d) || !std::isfinite(d) || d < lo || d > hi) {
+    return BadValue(flag, v, absl::StrCat("a number from ", lo, " to ", hi));
+  }
+  return d;
+}
+
 }  // namespace dlrun::cli

@@ -139,6 +139,61 @@ Setter<Opts> DurationField(const std::string& flag, std::chrono::milliseconds Op
     return absl::OkStatus();
   };
 }
+// A finite number in [lo, hi].
+absl::StatusOr<double> ParseDouble(const std::string& flag, const std::string& v, double lo,
+                                   double hi);
+template <typename Opts>
+Setter<Opts> DoubleField(const std::string& flag, double Opts::*field, double lo, double hi) {
+  return [=](Opts& o, const std::string& v) {
+    auto d = ParseDouble(flag, v, lo, hi);
+    if (!d.ok()) return d.status();
+    o.*field = *d;
+    return absl::OkStatus();
+  };
+}
+// The telemetry flags dlrun and `dlrun rdzv-server` share (docs/TELEMETRY.md).
+struct TelemetryFlags {
+  int metrics_port = -1;  // -1: no HTTP
+  std::string metrics_addr = "0.0.0.0";
+  double straggler_factor = 1.2;
+  int straggler_windows = 3;
+};
+template <typename Opts>
+void AddTelemetryFlags(TelemetryFlags Opts::*field, std::vector<Flag<Opts>>* flags) {
+  flags->push_back({"metrics-port", "", true,
+                    [=](Opts& o, const std::string& v) {
+                      auto n = ParseInt("metrics-port", v, 0, 65535);
+                      if (!n.ok()) return n.status();
+                      (o.*field).metrics_port = *n;
+                      return absl::OkStatus();
+                    },
+                    "serve the job's telemetry over HTTP on this port (0: any free one): "
+                    "/metrics (Prometheus), /api/job (JSON), / (a live page). Off by default"});
+  flags->push_back({"metrics-addr", "", true,
+                    [=](Opts& o, const std::string& v) {
+                      (o.*field).metrics_addr = v;
+                      return absl::OkStatus();
+                    },
+                    "address --metrics-port binds (default 0.0.0.0, every interface)"});
+  flags->push_back({"straggler-factor", "", true,
+                    [=](Opts& o, const std::string& v) {
+                      auto d = ParseDouble("straggler-factor", v, 1.01, 100);
+                      if (!d.ok()) return d.status();
+                      (o.*field).straggler_factor = *d;
+                      return absl::OkStatus();
+                    },
+                    "a rank whose compute per step stays above the job's median by this factor "
+                    "is named a straggler (default 1.2)"});
+  flags->push_back({"straggler-windows", "", true,
+                    [=](Opts& o, const std::string& v) {
+                      auto n = ParseInt("straggler-windows", v, 1, 1000);
+                      if (!n.ok()) return n.status();
+                      (o.*field).straggler_windows = *n;
+                      return absl::OkStatus();
+                    },
+                    "for this many consecutive 1-s windows (default 3)"});
+}
+
 template <typename Opts>
 Setter<Opts> NodeRangeField(const std::string& flag, NodeRange Opts::*field) {
   return [=](Opts& o, const std::string& v) {

@@ -140,7 +140,25 @@ absl::Status SetSignals(O& o, const std::string& v) {
   return absl::OkStatus();
 }
 
+absl::Status SetTelemetry(O& o, const std::string& v) {
+  if (v != "on" && v != "off") return BadValue("telemetry", v, "on or off");
+  o.telemetry = v == "on";
+  return absl::OkStatus();
+}
+
+std::vector<Flag> BaseFlags();
+
 std::vector<Flag> Flags() {
+  std::vector<Flag> f = BaseFlags();
+  f.push_back({"telemetry", "", true, SetTelemetry,
+               "on (default): sample each worker's CPU and memory (and GPUs through NVML), "
+               "aggregate step records job-wide, name stragglers, print the end-of-job report; "
+               "off: none of it"});
+  cli::AddTelemetryFlags(&O::telemetry_flags, &f);
+  return f;
+}
+
+std::vector<Flag> BaseFlags() {
   using cli::BoolField;
   using cli::DurationField;
   using cli::IntField;
@@ -200,8 +218,8 @@ std::vector<Flag> Flags() {
       {"event-log-handler", "", true, StrField(&O::event_log_handler),
        "torchrun's event log handler: accepted, no effect"},
       {"report-json", "", true, StrField(&O::report_json),
-       "write this node's end-of-job report (step times, samples/s, data wait per rank, from "
-       "the workers' step records) to this file as JSON"},
+       "write the end-of-job report (the job's on the rendezvous host or a single node, else "
+       "this node's) to this file as JSON"},
       {"spare-workers", "", true, SetSpareWorkers,
        "auto (default): a Python worker that fails is replaced by a warm spare that has already "
        "imported torch; on: also other programs, started ahead and held in "

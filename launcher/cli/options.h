@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "dlrun/dist_env.h"
+#include "launcher/cli/flags.h"
 
 namespace dlrun::launcher {
 
@@ -61,6 +62,10 @@ struct LaunchOptions {
   // Warm spares (docs/RECOVERY.md): "auto" (default: for Python programs), "on" (also any
   // other program, which waits in dlrun::worker::init()) or "off".
   std::string spare_workers = "auto";
+  // Job telemetry (docs/TELEMETRY.md): sampling, step records, stragglers, the report ("on",
+  // default) or nothing but the step records' counts ("off"); HTTP only with --metrics-port.
+  bool telemetry = true;
+  cli::TelemetryFlags telemetry_flags;
   std::vector<std::string> command;  // PROGRAM ARGS...
   std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*
 };

@@ -16,6 +16,7 @@ struct Raw {
   cli::NodeRange nnodes;
   std::string run_id = "none";
   rdzv::Config config;
+  cli::TelemetryFlags telemetry;
   bool help = false;
 };
 
@@ -40,7 +41,7 @@ std::vector<cli::Flag<Raw>> Flags() {
     };
   };
   const rdzv::Config defaults;
-  return {
+  std::vector<cli::Flag<Raw>> f = {
       {"host", "", true, StrField(&Raw::host), "address to listen on (default 127.0.0.1)"},
       {"port", "", true, IntField("port", &Raw::port, 0, 65535), "port (default 29400; 0: any)"},
       {"nnodes", "", true, cli::NodeRangeField("nnodes", &Raw::nnodes), "N or MIN:MAX nodes"},
@@ -61,6 +62,8 @@ std::vector<cli::Flag<Raw>> Flags() {
                     defaults.heartbeat_misses, ")")},
       {"help", "h", false, cli::BoolField(&Raw::help), "this text"},
   };
+  cli::AddTelemetryFlags(&Raw::telemetry, &f);
+  return f;
 }
 
 }  // namespace
@@ -83,6 +86,10 @@ absl::StatusOr<RdzvServerArgs> ParseRdzvServerArgs(const std::vector<std::string
   out.host.token = *token;
   const bool v6 = raw.host.find(':') != std::string::npos;
   out.host.listen_address = absl::StrCat(v6 ? "[" + raw.host + "]" : raw.host, ":", raw.port);
+  out.host.metrics_port = raw.telemetry.metrics_port;
+  out.host.metrics_addr = raw.telemetry.metrics_addr;
+  out.host.telemetry.straggler_factor = raw.telemetry.straggler_factor;
+  out.host.telemetry.straggler_windows = raw.telemetry.straggler_windows;
   return out;
 }
 

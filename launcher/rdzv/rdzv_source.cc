@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -48,6 +49,7 @@ rdzv::HostOptions HostFor(const RdzvSourceOptions& o, const std::string& endpoin
   h.epoch = epoch;
   h.host_node_id = NodeId(o);
   h.candidates = CandidateList(o);
+  h.telemetry = o.telemetry;
   return h;
 }
 
@@ -123,7 +125,7 @@ class RdzvSource final : public MembershipSource {
       *reason = lost_reason_;
       return Verdict::kRestart;
     }
-    auto r = client_->Heartbeat(node_.node_id, round_);
+    auto r = client_->Heartbeat(node_.node_id, round_, telemetry_ ? &*telemetry_ : nullptr);
     const auto now = SteadyClock::now();
     if (!r.ok()) {
       const auto silent = std::chrono::duration_cast<rdzv::Duration>(now - last_ok_);
@@ -157,8 +159,14 @@ class RdzvSource final : public MembershipSource {
 
   std::chrono::milliseconds check_interval() const override { return o_.config.heartbeat_interval; }
 
+  void Publish(const rdzv::NodeTelemetry& t) override { telemetry_ = t; }
+  std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override {
+    return hosted_ ? hosted_->telemetry() : nullptr;
+  }
+
   void OnSuccess() override {
-    if (auto s = client_->Leave(node_.node_id, round_, true); !s.ok()) {
+    if (auto s = client_->Leave(node_.node_id, round_, true, telemetry_ ? &*telemetry_ : nullptr);
+        !s.ok()) {
       spdlog::warn("leave: {}", std::string(s.message()));
     }
   }
@@ -298,6 +306,7 @@ class RdzvSource final : public MembershipSource {
   RdzvSourceOptions o_;
   rdzv::Api* api_;
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
+  std::optional<rdzv::NodeTelemetry> telemetry_;  // the latest, sent with each heartbeat
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::NodeInfo node_;
   uint64_t round_ = 0;

@@ -187,8 +187,9 @@ TEST(DlrunStandalone, StepRecordsFromAnyLanguageMakeTheReport) {
                             {{"PYTHON_EXEC", "/usr/bin/python3"},
                              {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("job report (this node):"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("job report: succeeded"), std::string::npos) << r.output;
   auto j = nlohmann::json::parse(ReadFile(dir + "/report.json"));
+  EXPECT_EQ(j["scope"], "job") << "a single-node job is seen whole by its agent";
   EXPECT_EQ(j["restarts"], 0);
   EXPECT_EQ(j["bad_records"], 0);
   ASSERT_EQ(j["ranks"].size(), 2u) << j.dump();

@@ -218,6 +218,9 @@ class ScriptedSource final : public MembershipSource {
     ++successes;
     waiting_for_others_ = true;
   }
+  std::vector<rdzv::NodeTelemetry> published;
+  void Publish(const rdzv::NodeTelemetry& t) override { published.push_back(t); }
+  std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override { return nullptr; }
 
  private:
   Assignment base_;

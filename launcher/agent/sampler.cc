@@ -1,0 +1,214 @@
+#include "launcher/agent/sampler.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/contract.h"
+
+namespace dlrun::launcher {
+
+std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second) {
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields resume after the
+  // last ')'. utime and stime are fields 14 and 15 (11 and 12 after the state).
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || ticks_per_second <= 0) return std::nullopt;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+  if (f.size() < 13) return std::nullopt;
+  uint64_t ut = 0, st = 0;
+  if (!absl::SimpleAtoi(f[11], &ut) || !absl::SimpleAtoi(f[12], &st)) return std::nullopt;
+  return static_cast<double>(ut + st) / static_cast<double>(ticks_per_second);
+}
+
+void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak) {
+  *rss = 0;
+  *peak = 0;
+  std::istringstream in(status);
+  std::string line;
+  while (std::getline(in, line)) {
+    int64_t* out = line.rfind("VmRSS:", 0) == 0 ? rss : line.rfind("VmHWM:", 0) == 0 ? peak : nullptr;
+    if (out == nullptr) continue;
+    std::vector<std::string> f = absl::StrSplit(line.substr(6), ' ', absl::SkipEmpty());
+    int64_t kb = 0;
+    if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) *out = kb * 1024;
+  }
+}
+
+namespace {
+
+std::string ReadSmall(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The NVML entry points used (declared here: no NVML header needed to build).
+struct NvmlMemory {
+  unsigned long long total, free, used;
+};
+struct NvmlUtilization {
+  unsigned int gpu, memory;
+};
+struct NvmlProcessInfo {  // nvmlProcessInfo_t (v2/v3 layout)
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id, compute_instance_id;
+};
+
+}  // namespace
+
+// NVML, loaded and initialised once (nvmlInit is slow on real drivers), shut down at the end.
+struct Sampler::Nvml {
+  void* lib = nullptr;
+  int (*count)(unsigned*) = nullptr;
+  int (*handle)(unsigned, void**) = nullptr;
+  int (*mem)(void*, NvmlMemory*) = nullptr;
+  int (*util)(void*, NvmlUtilization*) = nullptr;
+  int (*procs)(void*, unsigned*, NvmlProcessInfo*) = nullptr;
+  int (*shutdown)() = nullptr;
+
+  static std::unique_ptr<Nvml> Load() {
+    const char* path = std::getenv(contract::kNvmlLibrary);
+    void* lib = dlopen(path != nullptr && *path != '\0' ? path : "libnvidia-ml.so.1",
+                       RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return nullptr;
+    auto n = std::make_unique<Nvml>();
+    n->lib = lib;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
+    n->count = reinterpret_cast<int (*)(unsigned*)>(dlsym(lib, "nvmlDeviceGetCount_v2"));
+    n->handle = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
+    n->mem = reinterpret_cast<int (*)(void*, NvmlMemory*)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
+    n->util = reinterpret_cast<int (*)(void*, NvmlUtilization*)>(dlsym(lib, "nvmlDeviceGetUtilizationRates"));
+    n->procs = reinterpret_cast<int (*)(void*, unsigned*, NvmlProcessInfo*)>(
+        dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
+    n->shutdown = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlShutdown"));
+    if (!init || !n->count || !n->handle || !n->mem || !n->util || !n->shutdown || init() != 0) {
+      dlclose(lib);
+      return nullptr;
+    }
+    return n;
+  }
+  ~Nvml() {
+    shutdown();
+    dlclose(lib);
+  }
+};
+
+Sampler::Sampler(std::chrono::milliseconds period)
+    : period_(period), nvml_(Nvml::Load()), thread_([this] { Loop(); }) {}
+
+Sampler::~Sampler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Sampler::Watch(std::vector<pid_t> pids) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pids_ = std::move(pids);
+  }
+  cv_.notify_all();  // sample the new workers at once
+}
+
+std::map<pid_t, ProcSample> Sampler::Latest() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return latest_;
+}
+
+std::vector<rdzv::GpuTelemetry> Sampler::Gpus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gpus_;
+}
+
+void Sampler::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    SampleOnce();
+    lock.lock();
+    const std::vector<pid_t> seen = pids_;
+    cv_.wait_for(lock, period_, [&] { return stop_ || pids_ != seen; });
+  }
+}
+
+void Sampler::SampleOnce() {
+  std::vector<pid_t> pids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pids = pids_;
+  }
+  static const long ticks = sysconf(_SC_CLK_TCK);
+  const auto now = std::chrono::steady_clock::now();
+  std::map<pid_t, ProcSample> out;
+  for (pid_t pid : pids) {
+    const std::string dir = "/proc/" + std::to_string(pid);
+    auto cpu = ParseProcStatCpu(ReadSmall(dir + "/stat"), ticks);
+    if (!cpu) continue;  // gone
+    ProcSample s;
+    s.cpu_s = *cpu;
+    ParseProcStatus(ReadSmall(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
+    auto it = last_cpu_.find(pid);
+    if (it != last_cpu_.end()) {
+      const double dt = std::chrono::duration<double>(now - it->second.second).count();
+      if (dt > 0.05) {
+        s.cpu_utilization = std::max(0.0, (s.cpu_s - it->second.first) / dt);
+        it->second = {s.cpu_s, now};
+      } else {
+        auto prev = latest_.find(pid);
+        if (prev != latest_.end()) s.cpu_utilization = prev->second.cpu_utilization;
+      }
+    } else {
+      last_cpu_[pid] = {s.cpu_s, now};
+    }
+    out[pid] = s;
+  }
+  for (auto it = last_cpu_.begin(); it != last_cpu_.end();) {
+    it = out.count(it->first) ? std::next(it) : last_cpu_.erase(it);
+  }
+  std::vector<rdzv::GpuTelemetry> gpus;
+  if (nvml_) {
+    unsigned n = 0;
+    if (nvml_->count(&n) == 0) {
+      for (unsigned i = 0; i < n && i < rdzv::kMaxTelemetryGpus; ++i) {
+        void* d = nullptr;
+        if (nvml_->handle(i, &d) != 0) continue;
+        rdzv::GpuTelemetry g;
+        g.index = static_cast<int>(i);
+        NvmlMemory m{};
+        if (nvml_->mem(d, &m) == 0) {
+          g.memory_used_bytes = static_cast<int64_t>(m.used);
+          g.memory_total_bytes = static_cast<int64_t>(m.total);
+        }
+        NvmlUtilization u{};
+        if (nvml_->util(d, &u) == 0) g.utilization = std::min(100u, u.gpu) / 100.0;
+        gpus.push_back(g);
+        if (nvml_->procs == nullptr) continue;
+        NvmlProcessInfo infos[64];
+        unsigned count = 64;
+        if (nvml_->procs(d, &count, infos) != 0) continue;
+        for (unsigned k = 0; k < count && k < 64; ++k) {
+          auto p = out.find(static_cast<pid_t>(infos[k].pid));
+          if (p == out.end()) continue;
+          p->second.gpu_memory_bytes =
+              std::max<int64_t>(0, p->second.gpu_memory_bytes) +
+              static_cast<int64_t>(infos[k].used_gpu_memory);
+        }
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  latest_ = std::move(out);
+  gpus_ = std::move(gpus);
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,65 @@
+// The agent's sampler (issue #17, docs/TELEMETRY.md): on a thread of its own, off the
+// supervision loop, every period it reads each worker's CPU time and resident memory from /proc
+// and, when NVML can be loaded (contract::kNvmlLibrary, else libnvidia-ml.so.1), each GPU's
+// utilisation and memory and each worker's GPU memory. The loop reads the latest figures.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/telemetry.h"
+
+namespace dlrun::launcher {
+
+struct ProcSample {
+  double cpu_s = 0;                        // user + system time of the process (all threads)
+  std::optional<double> cpu_utilization;   // cores busy over the last period
+  int64_t rss_bytes = 0, rss_peak_bytes = 0;
+  int64_t gpu_memory_bytes = -1;           // -1: unknown (no NVML, or not on a GPU)
+};
+
+// /proc/<pid>/stat's utime + stime in seconds; nullopt if unreadable or malformed.
+std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second);
+// /proc/<pid>/status' VmRSS and VmHWM in bytes (0 when absent).
+void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak);
+
+class Sampler {
+ public:
+  explicit Sampler(std::chrono::milliseconds period);
+  ~Sampler();
+  Sampler(const Sampler&) = delete;
+  Sampler& operator=(const Sampler&) = delete;
+
+  // The processes to sample from now on (the current workers).
+  void Watch(std::vector<pid_t> pids);
+  std::map<pid_t, ProcSample> Latest() const;
+  std::vector<rdzv::GpuTelemetry> Gpus() const;
+
+ private:
+  struct Nvml;
+  void Loop();
+  void SampleOnce();
+
+  const std::chrono::milliseconds period_;
+  std::unique_ptr<Nvml> nvml_;  // only the sampler thread touches it after the constructor
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<pid_t> pids_;
+  std::map<pid_t, ProcSample> latest_;
+  std::vector<rdzv::GpuTelemetry> gpus_;
+  std::map<pid_t, std::pair<double, std::chrono::steady_clock::time_point>> last_cpu_;
+  std::thread thread_;
+};
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,128 @@
+// The HTTP side of job telemetry (docs/TELEMETRY.md): /metrics in Prometheus' text format
+// (prometheus-cpp's TextSerializer, no pull server), /api/job as JSON, and / the live page,
+// served by cpp-httplib on a thread of its own. Read-only; nothing secret (no token, no
+// environment) is on any of them. Lives in the rendezvous plugin, so `dlrun` itself links
+// neither library.
+#include "rendezvous/metrics_http.h"
+
+#include <httplib.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlrun::rdzv {
+
+extern const char* const kTelemetryPage;  // page.html, compiled in (rendezvous/CMakeLists.txt)
+
+std::string PrometheusText(const JobTelemetry::Snapshot& s) {
+  prometheus::Registry reg;
+  auto gauge = [&reg](const char* name, const char* help) -> prometheus::Family<prometheus::Gauge>& {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(reg);
+  };
+  auto& step = gauge("dlrun_step_time_seconds", "Median step time of the rank's recent steps");
+  auto& compute = gauge("dlrun_compute_seconds",
+                        "Mean compute (and data wait) per step before the gradient sync");
+  auto& sync = gauge("dlrun_sync_wait_seconds", "Mean wait per step inside the gradient sync");
+  auto& sps = gauge("dlrun_samples_per_second", "Samples per second of step time, per rank");
+  auto& data = gauge("dlrun_data_wait_fraction", "Fraction of step time spent waiting for data");
+  auto& cpu = gauge("dlrun_cpu_utilization", "CPU cores busy over the last sampling period");
+  auto& rss = gauge("dlrun_rss_bytes", "Resident memory of the rank's process");
+  auto& rss_peak = gauge("dlrun_rss_peak_bytes", "Peak resident memory of the rank's process");
+  auto& steps = gauge("dlrun_steps", "Steps the rank reported");
+  auto& gpu_util = gauge("dlrun_gpu_utilization", "GPU utilization over NVML's last period (0-1)");
+  auto& gpu_mem = gauge("dlrun_gpu_memory_used_bytes", "GPU memory in use");
+  auto& straggler = gauge("dlrun_straggler", "1 while the rank is named a straggler");
+  auto& loss = gauge("dlrun_loss", "The loss the rank reported last");
+  auto& restarts = prometheus::BuildCounter()
+                       .Name("dlrun_restarts_total")
+                       .Help("Restarts of the worker group")
+                       .Register(reg);
+  restarts.Add({}).Increment(s.restarts);
+  gauge("dlrun_nodes", "Nodes in the running round").Add({}).Set(s.nodes);
+  gauge("dlrun_world_size", "Ranks in the running round").Add({}).Set(s.world_size);
+  gauge("dlrun_lost_seconds", "Time lost to restarts and rendezvous").Add({}).Set(s.lost_s);
+  gauge("dlrun_samples_per_second_total", "Samples per second over all ranks")
+      .Add({})
+      .Set(s.samples_per_sec);
+  for (const auto& [rank, r] : s.ranks) {
+    const std::string rk = std::to_string(rank);
+    step.Add({{"rank", rk}, {"host", r.host}}).Set(r.step_p50_s);
+    steps.Add({{"rank", rk}}).Set(static_cast<double>(r.steps));
+    if (r.has_split && r.steps > 0) {
+      compute.Add({{"rank", rk}}).Set((r.compute_s + r.data_s) / static_cast<double>(r.steps));
+      sync.Add({{"rank", rk}}).Set(r.sync_s / static_cast<double>(r.steps));
+    }
+    if (r.step_s > 0) sps.Add({{"rank", rk}}).Set(static_cast<double>(r.samples) / r.step_s);
+    if (r.has_data && r.step_s > 0) data.Add({{"rank", rk}}).Set(r.data_s / r.step_s);
+    if (r.cpu_utilization) cpu.Add({{"rank", rk}}).Set(*r.cpu_utilization);
+    if (r.rss_bytes > 0) rss.Add({{"rank", rk}}).Set(static_cast<double>(r.rss_bytes));
+    if (r.rss_peak_bytes > 0) rss_peak.Add({{"rank", rk}}).Set(static_cast<double>(r.rss_peak_bytes));
+    if (r.loss) loss.Add({{"rank", rk}}).Set(*r.loss);
+    bool named = false;
+    for (const Straggler& st : s.stragglers) named |= st.rank == rank && st.active;
+    straggler.Add({{"rank", rk}}).Set(named ? 1 : 0);
+  }
+  for (const GpuTelemetry& g : s.gpus) {
+    const prometheus::Labels l{{"gpu", std::to_string(g.index)}, {"host", g.host}};
+    gpu_util.Add(l).Set(g.utilization);
+    gpu_mem.Add(l).Set(static_cast<double>(g.memory_used_bytes));
+  }
+  return prometheus::TextSerializer().Serialize(reg.Collect());
+}
+
+namespace {
+
+class HttpMetrics final : public MetricsServer {
+ public:
+  explicit HttpMetrics(std::shared_ptr<JobTelemetry> t) : t_(std::move(t)) {
+    srv_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(PrometheusText(t_->Snap(std::chrono::steady_clock::now())),
+                      "text/plain; version=0.0.4; charset=utf-8");
+    });
+    srv_.Get("/api/job", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_content(SnapshotJson(t_->Snap(std::chrono::steady_clock::now()), true),
+                      "application/json");
+    });
+    srv_.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(kTelemetryPage, "text/html; charset=utf-8");
+    });
+  }
+  ~HttpMetrics() override {
+    srv_.stop();
+    if (th_.joinable()) th_.join();
+  }
+
+  absl::Status Start(const std::string& addr, int port) {
+    port_ = port == 0 ? srv_.bind_to_any_port(addr) : (srv_.bind_to_port(addr, port) ? port : -1);
+    if (port_ <= 0) {
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", addr, ":", port,
+                                                 " (address in use or not local?)"));
+    }
+    th_ = std::thread([this] { srv_.listen_after_bind(); });
+    return absl::OkStatus();
+  }
+  int port() const override { return port_; }
+
+ private:
+  std::shared_ptr<JobTelemetry> t_;
+  httplib::Server srv_;
+  std::thread th_;
+  int port_ = -1;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServer(
+    std::shared_ptr<JobTelemetry> telemetry, const std::string& addr, int port) {
+  auto m = std::make_unique<HttpMetrics>(std::move(telemetry));
+  if (absl::Status s = m->Start(addr, port); !s.ok()) return s;
+  return std::unique_ptr<MetricsServer>(std::move(m));
+}
+
+}  // namespace dlrun::rdzv

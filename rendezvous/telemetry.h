@@ -1,0 +1,154 @@
+// Job telemetry (issue #17, docs/TELEMETRY.md): what every agent measures about its ranks, and
+// the job-wide aggregate kept where the job is seen whole (the rendezvous host, or the agent of
+// a single-node job). No gRPC, no protobuf, no LibTorch: the handler converts the heartbeat's
+// NodeTelemetry message to these types, and the HTTP side (rendezvous/metrics_http.cc) and the
+// end-of-job report read JobTelemetry's snapshot.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dlrun::rdzv {
+
+// One rank as its agent sees it. The counters are cumulative over the whole job (every attempt),
+// so a lost heartbeat loses nothing: the next one carries the totals.
+struct RankTelemetry {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;  // filled in by the aggregate from the node that sent it
+  int64_t steps = 0, samples = 0;
+  double step_s = 0, data_s = 0, compute_s = 0, sync_s = 0;  // sums over the steps
+  bool has_data = false, has_split = false;  // data_s / compute_s+sync_s were reported
+  double step_p50_s = 0, step_p95_s = 0;    // over the agent's last steps
+  std::optional<double> loss;
+  // From /proc, sampled by the agent: CPU cores busy over the last sampling period (1.0: one
+  // core), CPU seconds so far (this attempt's process and the ones before), resident memory.
+  std::optional<double> cpu_utilization;
+  double cpu_s = 0;
+  int64_t rss_bytes = 0, rss_peak_bytes = 0;
+  int64_t gpu_memory_bytes = -1;  // this process on its GPU, through NVML; -1: unknown
+};
+
+struct GpuTelemetry {
+  int index = 0;         // NVML index on its host
+  std::string host;      // filled in by the aggregate
+  double utilization = 0;  // 0..1 over NVML's last sample period
+  int64_t memory_used_bytes = 0, memory_total_bytes = 0;
+};
+
+// What one agent sends with each heartbeat (and its leave): bounded, about 120 bytes a rank.
+struct NodeTelemetry {
+  std::vector<RankTelemetry> ranks;
+  std::vector<GpuTelemetry> gpus;
+  double lost_s = 0;  // this node's time lost to restarts so far (fault seen -> workers running)
+  std::string hostname;
+};
+
+// Bounds the handler enforces on a NodeTelemetry message.
+inline constexpr size_t kMaxTelemetryRanks = 1024;
+inline constexpr size_t kMaxTelemetryGpus = 64;
+
+struct TelemetryOptions {
+  std::chrono::milliseconds window{1000};  // straggler windows and chart points
+  double straggler_factor = 1.2;
+  int straggler_windows = 3;  // consecutive windows above the factor before a rank is named
+  size_t history = 600;       // chart points kept (10 minutes at 1 s)
+  // Called once when a rank is first named a straggler, with the warning line.
+  std::function<void(const std::string&)> on_straggler;
+};
+
+struct Straggler {
+  int rank = 0;
+  std::string host;
+  double busy_s = 0, median_busy_s = 0;  // compute + data wait per step, in its last window
+  double sync_s = -1, median_sync_s = -1;  // waiting in the gradient sync per step (-1: n/a)
+  std::string metric;  // "compute" (the split was reported) or "cpu" (CPU utilisation)
+  std::string hint;    // CPU-bound, waiting for data, GPU idle, stalled
+  int64_t window = 0;  // the window it was named in
+  bool active = true;  // still above the factor in the latest window
+};
+
+// One chart point: the job over one window.
+struct HistoryPoint {
+  double t = 0;  // seconds since the aggregate started
+  double step_time_s = 0;      // median over ranks of their mean step time in the window
+  double step_time_max_s = 0;  // the slowest rank's
+  double samples_per_sec = 0;  // all ranks together
+  int restarts = 0;            // restart count at that time (a change is a restart marker)
+};
+
+// The job-wide view. Thread-safe: heartbeats update it, HTTP requests and the report read it.
+class JobTelemetry {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  explicit JobTelemetry(TelemetryOptions options = {});
+
+  // The latest figures from one node (replaces what it sent before; ranks it no longer has
+  // stay with their last figures). Closes the windows that `now` has passed.
+  void Update(const std::string& node_id, const std::string& hostname, const NodeTelemetry& t,
+              TimePoint now);
+  // The job's shape and its restarts (from the rendezvous or the single-node agent).
+  void SetJob(const std::string& run_id, uint64_t round, int world_size, int nodes,
+              int restarts);
+  void AddRestartCause(const std::string& cause);
+  void SetState(const std::string& state);  // "running", "restarting", "succeeded", "failed"
+
+  struct Snapshot {
+    std::string run_id, state;
+    uint64_t round = 0;
+    int world_size = 0, nodes = 0, restarts = 0;
+    std::vector<std::string> restart_causes;
+    double wall_s = 0, lost_s = 0;
+    int64_t windows = 0;
+    int64_t first_step_window = -1;  // the window the first steps were seen in
+    std::map<int, RankTelemetry> ranks;
+    std::vector<GpuTelemetry> gpus;
+    std::vector<Straggler> stragglers;  // every rank ever named; `active` says if it still is
+    std::vector<HistoryPoint> history;
+    double samples_per_sec = 0;  // over the job: samples / the slowest rank's step time sum
+  };
+  Snapshot Snap(TimePoint now) const;
+
+ private:
+  struct Window {
+    int64_t steps = 0, samples = 0;
+    double step_s = 0, busy_s = 0, sync_s = 0;  // at the window's start (cumulative)
+  };
+  void CloseWindows(TimePoint now);  // mu_ held
+  void Judge(const std::map<int, Window>& deltas);  // mu_ held
+
+  TelemetryOptions options_;
+  const TimePoint start_;
+  mutable std::mutex mu_;
+  std::string run_id_, state_ = "starting";
+  uint64_t round_ = 0;
+  int world_size_ = 0, nodes_ = 0, restarts_ = 0;
+  std::vector<std::string> causes_;
+  std::map<std::string, NodeTelemetry> nodes_seen_;  // by node id
+  std::map<int, RankTelemetry> ranks_;
+  std::map<int, Window> window_start_;  // per rank: the counters when the window opened
+  std::map<int, int> streak_;           // consecutive windows above the factor
+  std::map<int, Straggler> stragglers_;
+  std::deque<HistoryPoint> history_;
+  TimePoint next_window_;
+  int64_t windows_ = 0;
+  int64_t first_step_window_ = -1;
+};
+
+// Median of `v` (the mean of the two middle values for an even count); 0 when empty.
+double Median(std::vector<double> v);
+
+// The snapshot as JSON (`/api/job`, and with `with_history` false the end-of-job report).
+std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history);
+
+// The end-of-job report (like seff, for a training job): a few lines, with advice.
+std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code);
+
+}  // namespace dlrun::rdzv

@@ -448,13 +448,21 @@ rdzv::NodeTelemetry Agent::NodeFigures() {
     if (w != by_rank.end()) {
       auto p = procs.find(w->second->pid);
       if (p != procs.end()) {
-        if (w->second->alive) x.cpu_utilization = p->second.cpu_utilization;
-        x.rss_bytes = w->second->alive ? p->second.rss_bytes : 0;
-        x.rss_peak_bytes = p->second.rss_peak_bytes;
-        x.gpu_memory_bytes = p->second.gpu_memory_bytes;
+        ProcSample& last = proc_last_[rank];
+        const int64_t peak = std::max(last.rss_peak_bytes, p->second.rss_peak_bytes);
+        last = p->second;
+        last.rss_peak_bytes = peak;
         // A new pid for this rank: what the earlier process used is kept in the base.
         auto& seen = cpu_seen_[w->second->pid];
         seen = std::max(seen, p->second.cpu_s);
+      }
+      if (auto l = proc_last_.find(rank); l != proc_last_.end()) {
+        if (w->second->alive) {
+          x.cpu_utilization = l->second.cpu_utilization;
+          x.rss_bytes = l->second.rss_bytes;
+        }
+        x.rss_peak_bytes = l->second.rss_peak_bytes;
+        x.gpu_memory_bytes = l->second.gpu_memory_bytes;
       }
       double now_cpu = 0;
       auto seen = cpu_seen_.find(w->second->pid);

@@ -158,6 +158,7 @@ class Agent {
   double lost_s_ = 0;                  // fault seen -> workers running, summed over restarts
   std::map<int, double> cpu_base_;     // per rank: CPU seconds of its earlier processes
   std::map<pid_t, double> cpu_seen_;   // per worker pid: its latest CPU seconds
+  std::map<int, ProcSample> proc_last_;  // per rank: its process' last sample
   std::shared_ptr<void> metrics_;      // the HTTP server, once started
 };
 

@@ -33,7 +33,7 @@ void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak) {
   while (std::getline(in, line)) {
     int64_t* out = line.rfind("VmRSS:", 0) == 0 ? rss : line.rfind("VmHWM:", 0) == 0 ? peak : nullptr;
     if (out == nullptr) continue;
-    std::vector<std::string> f = absl::StrSplit(line.substr(6), ' ', absl::SkipEmpty());
+    std::vector<std::string> f = absl::StrSplit(line.substr(6), absl::ByAnyChar(" \t"), absl::SkipEmpty());
     int64_t kb = 0;
     if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) *out = kb * 1024;
   }

@@ -1,6 +1,8 @@
 /* A fake NVML (libnvidia-ml) for tests on machines without a GPU: the entry points dlrun uses,
- * answering from FAKE_NVML_GPUS="used_MiB:total_MiB:util_percent,..." (one entry per GPU).
- * dlrun loads it through DLRUN_NVML_LIBRARY. */
+ * answering from FAKE_NVML_GPUS="used_MiB:total_MiB:util_percent,..." (one entry per GPU) and,
+ * for the processes on each GPU, from the file named by FAKE_NVML_PROCS_FILE (lines
+ * "gpu_index:pid:used_MiB", read at each call, so a test can add its workers as they start).
+ * dlrun loads it through its NVML library variable (common/contract.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,4 +62,34 @@ int nvmlDeviceGetUtilizationRates(void* handle, nvmlUtilization_t* u) {
   u->gpu = util;
   u->memory = 0;
   return 0;
+}
+
+typedef struct {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+int nvmlDeviceGetComputeRunningProcesses_v3(void* handle, unsigned* count, nvmlProcessInfo_t* infos) {
+  const unsigned gpu = (unsigned)(unsigned long)handle - 1;
+  const unsigned room = *count;
+  unsigned n = 0;
+  const char* path = getenv("FAKE_NVML_PROCS_FILE");
+  FILE* f = path != NULL ? fopen(path, "r") : NULL;
+  if (f != NULL) {
+    unsigned g = 0, pid = 0;
+    unsigned long long mib = 0;
+    while (fscanf(f, "%u:%u:%llu", &g, &pid, &mib) == 3) {
+      if (g != gpu) continue;
+      if (n < room) {
+        infos[n].pid = pid;
+        infos[n].usedGpuMemory = mib << 20;
+        infos[n].gpuInstanceId = infos[n].computeInstanceId = 0xFFFFFFFFu;
+      }
+      ++n;
+    }
+    fclose(f);
+  }
+  *count = n;
+  return n <= room ? 0 : 7; /* NVML_ERROR_INSUFFICIENT_SIZE */
 }

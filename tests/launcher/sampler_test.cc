@@ -1,0 +1,122 @@
+// The agent's sampler (launcher/agent/sampler.h): /proc parsing, a busy child measured as busy
+// and an idle one as idle, and NVML through the fake library (tests/compat/fake_nvml.c).
+#include "launcher/agent/sampler.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "common/contract.h"
+
+namespace dlrun::launcher {
+namespace {
+
+TEST(Sampler, ParsesStatWithSpacesAndParenthesesInTheName) {
+  const std::string stat =
+      "4242 (my (odd) name) R 1 4242 4242 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 3 0 1000 "
+      "1000000 500 18446744073709551615";
+  auto cpu = ParseProcStatCpu(stat, 100);
+  ASSERT_TRUE(cpu.has_value());
+  EXPECT_DOUBLE_EQ(*cpu, 3.0);  // (250 + 50) ticks at 100 per second
+  EXPECT_FALSE(ParseProcStatCpu("4242 (x) R 1", 100).has_value());
+  EXPECT_FALSE(ParseProcStatCpu("garbage", 100).has_value());
+  EXPECT_FALSE(ParseProcStatCpu("", 100).has_value());
+}
+
+TEST(Sampler, ParsesStatusMemory) {
+  int64_t rss = -1, peak = -1;
+  ParseProcStatus("Name:\tpython3\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nThreads:\t4\n", &rss,
+                  &peak);
+  EXPECT_EQ(rss, 102400LL * 1024);
+  EXPECT_EQ(peak, 204800LL * 1024);
+  ParseProcStatus("Name:\tzombie\n", &rss, &peak);
+  EXPECT_EQ(rss, 0);
+  EXPECT_EQ(peak, 0);
+}
+
+pid_t Child(bool busy) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (busy) {
+      for (volatile uint64_t i = 0;; ++i) {
+      }
+    }
+    pause();
+    _exit(0);
+  }
+  return pid;
+}
+
+TEST(Sampler, ABusyWorkerIsBusyAndAnIdleOneIsIdle) {
+  const pid_t busy = Child(true), idle = Child(false);
+  Sampler s(std::chrono::milliseconds(200));
+  s.Watch({busy, idle});
+  std::map<pid_t, ProcSample> latest;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  // Wait for the event (two samples of each, so a utilisation), with a deadline.
+  while (std::chrono::steady_clock::now() < deadline) {
+    latest = s.Latest();
+    if (latest.count(busy) && latest[busy].cpu_utilization && latest[busy].cpu_s > 0.3 &&
+        latest.count(idle) && latest[idle].cpu_utilization) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(busy, SIGKILL);
+  kill(idle, SIGKILL);
+  waitpid(busy, nullptr, 0);
+  waitpid(idle, nullptr, 0);
+  ASSERT_TRUE(latest.count(busy) && latest[busy].cpu_utilization);
+  ASSERT_TRUE(latest.count(idle) && latest[idle].cpu_utilization);
+  // Two cores shared with whatever else runs: busy is well above idle, idle near zero.
+  EXPECT_GT(*latest[busy].cpu_utilization, 0.3);
+  EXPECT_LT(*latest[idle].cpu_utilization, 0.05);
+  EXPECT_GT(latest[busy].rss_bytes, 0);
+  EXPECT_GE(latest[busy].rss_peak_bytes, latest[busy].rss_bytes);
+  EXPECT_EQ(latest[busy].gpu_memory_bytes, -1) << "no NVML here";
+}
+
+TEST(Sampler, GpusAndPerProcessMemoryThroughNvml) {
+  // The fake NVML answers from FAKE_NVML_GPUS and, per process, from FAKE_NVML_PROCS_FILE.
+  const std::string procs = ::testing::TempDir() + "/nvml_procs";
+  const pid_t child = Child(false);
+  {
+    FILE* f = std::fopen(procs.c_str(), "w");
+    std::fprintf(f, "1:%d:512\n", child);
+    std::fclose(f);
+  }
+  setenv(contract::kNvmlLibrary, FAKE_NVML_LIB, 1);
+  setenv("FAKE_NVML_GPUS", "1000:16000:35,8000:16000:90", 1);
+  setenv("FAKE_NVML_PROCS_FILE", procs.c_str(), 1);
+  std::vector<rdzv::GpuTelemetry> gpus;
+  std::map<pid_t, ProcSample> latest;
+  {
+    Sampler s(std::chrono::milliseconds(100));
+    s.Watch({child});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      gpus = s.Gpus();
+      latest = s.Latest();
+      if (gpus.size() == 2 && latest.count(child) && latest[child].gpu_memory_bytes >= 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  unsetenv(contract::kNvmlLibrary);
+  unsetenv("FAKE_NVML_GPUS");
+  unsetenv("FAKE_NVML_PROCS_FILE");
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  ASSERT_EQ(gpus.size(), 2u);
+  EXPECT_DOUBLE_EQ(gpus[0].utilization, 0.35);
+  EXPECT_EQ(gpus[1].memory_used_bytes, int64_t{8000} << 20);
+  EXPECT_EQ(gpus[1].memory_total_bytes, int64_t{16000} << 20);
+  EXPECT_EQ(latest[child].gpu_memory_bytes, int64_t{512} << 20);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

@@ -1,0 +1,305 @@
+// Job telemetry's aggregate (rendezvous/telemetry.h) on a fake clock: windows, straggler
+// detection (named after K windows above the factor, never in a balanced job), the report and
+// its advice, the heartbeat message's validation, the Prometheus text, and a heartbeat through
+// the handler reaching the aggregate.
+#include "rendezvous/telemetry.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "nlohmann/json.hpp"
+#include "rendezvous/handler.h"
+#include "rendezvous/metrics_http.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+using TP = JobTelemetry::TimePoint;
+
+// Ranks that each did `steps` more steps of `compute` + `sync` seconds since the last call.
+struct FakeJob {
+  explicit FakeJob(int ranks, TelemetryOptions o = {}) : t(std::move(o)), totals(ranks) {
+    now = std::chrono::steady_clock::now();
+  }
+  // One second of steps: rank r computes compute[r] per step, and every rank's step lasts as
+  // long as the slowest one's (synchronous DDP): the others wait the difference in the sync.
+  void Second(const std::vector<double>& compute, const std::string& node = "n0") {
+    double slowest = 0;
+    for (double c : compute) slowest = std::max(slowest, c);
+    const int steps = static_cast<int>(1.0 / slowest);
+    NodeTelemetry n;
+    n.hostname = node == "n0" ? "host-a" : "host-b";
+    for (size_t r = 0; r < compute.size(); ++r) {
+      RankTelemetry& x = totals[r];
+      x.rank = static_cast<int>(r);
+      x.steps += steps;
+      x.samples += 4 * steps;
+      x.step_s += slowest * steps;
+      x.compute_s += compute[r] * steps;
+      x.sync_s += (slowest - compute[r]) * steps;
+      x.has_split = true;
+      x.step_p50_s = slowest;
+      x.cpu_utilization = 0.9;
+      n.ranks.push_back(x);
+    }
+    now += milliseconds(1000);
+    t.Update(node, n.hostname, n, now);
+  }
+  JobTelemetry t;
+  std::vector<RankTelemetry> totals;
+  TP now;
+};
+
+TEST(Telemetry, MedianOfOddAndEvenCounts) {
+  EXPECT_EQ(Median({}), 0);
+  EXPECT_EQ(Median({3, 1, 2}), 2);
+  EXPECT_EQ(Median({4, 1, 3, 2}), 2.5);
+}
+
+TEST(Telemetry, ABalancedJobNamesNobody) {
+  std::vector<std::string> warnings;
+  TelemetryOptions o;
+  o.on_straggler = [&](const std::string& w) { warnings.push_back(w); };
+  FakeJob job(8, o);
+  for (int s = 0; s < 30; ++s) {
+    std::vector<double> c(8, 0.05);
+    for (int r = 0; r < 8; ++r) c[r] += 0.005 * ((r + s) % 3);  // jitter well under 20%
+    job.Second(c);
+  }
+  const auto snap = job.t.Snap(job.now);
+  EXPECT_TRUE(snap.stragglers.empty());
+  EXPECT_TRUE(warnings.empty());
+  EXPECT_GE(snap.windows, 29);
+  EXPECT_EQ(snap.history.size(), static_cast<size_t>(snap.windows));
+}
+
+TEST(Telemetry, ASlowRankIsNamedAfterKWindowsAndClearedWhenItRecovers) {
+  std::vector<std::string> warnings;
+  TelemetryOptions o;
+  o.straggler_windows = 3;
+  o.on_straggler = [&](const std::string& w) { warnings.push_back(w); };
+  FakeJob job(4, o);
+  job.Second({0.05, 0.05, 0.05, 0.05});
+  for (int s = 0; s < 2; ++s) job.Second({0.05, 0.05, 0.08, 0.05});
+  EXPECT_TRUE(job.t.Snap(job.now).stragglers.empty()) << "two windows are not enough";
+  job.Second({0.05, 0.05, 0.08, 0.05});
+  auto snap = job.t.Snap(job.now);
+  ASSERT_EQ(snap.stragglers.size(), 1u);
+  EXPECT_EQ(snap.stragglers[0].rank, 2);
+  EXPECT_EQ(snap.stragglers[0].host, "host-a");
+  EXPECT_EQ(snap.stragglers[0].metric, "compute");
+  EXPECT_NEAR(snap.stragglers[0].busy_s, 0.08, 1e-9);
+  EXPECT_NEAR(snap.stragglers[0].median_busy_s, 0.05, 1e-9);
+  EXPECT_TRUE(snap.stragglers[0].active);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("straggler: rank 2 on host-a computes 0.080 s per step"),
+            std::string::npos)
+      << warnings[0];
+  auto j = nlohmann::json::parse(SnapshotJson(snap, false));
+  EXPECT_EQ(j["ranks"]["2"]["straggler"], true);
+  EXPECT_EQ(j["ranks"]["1"]["straggler"], false);
+  // Back to normal: no longer active, still in the report, and no second warning.
+  job.Second({0.05, 0.05, 0.05, 0.05});
+  snap = job.t.Snap(job.now);
+  ASSERT_EQ(snap.stragglers.size(), 1u);
+  EXPECT_FALSE(snap.stragglers[0].active);
+  EXPECT_EQ(warnings.size(), 1u);
+  EXPECT_NE(FormatJobReport(snap, 0).find("advice: rank 2 on host-a was a straggler"),
+            std::string::npos);
+}
+
+TEST(Telemetry, TheFactorIsConfigurable) {
+  TelemetryOptions o;
+  o.straggler_factor = 2.0;
+  FakeJob job(4, o);
+  for (int s = 0; s < 10; ++s) job.Second({0.05, 0.05, 0.08, 0.05});
+  EXPECT_TRUE(job.t.Snap(job.now).stragglers.empty()) << "x1.6 is under a factor of 2";
+}
+
+TEST(Telemetry, WithoutTheSplitACpuOutlierIsNamed) {
+  TelemetryOptions o;
+  FakeJob job(3, o);
+  for (int s = 0; s < 5; ++s) {
+    NodeTelemetry n;
+    n.hostname = "h";
+    for (int r = 0; r < 3; ++r) {
+      RankTelemetry& x = job.totals[r];
+      x.rank = r;
+      x.steps += 10;
+      x.step_s += 1;
+      x.cpu_utilization = r == 1 ? 1.0 : 0.4;
+      n.ranks.push_back(x);
+    }
+    job.now += milliseconds(1000);
+    job.t.Update("n0", "h", n, job.now);
+  }
+  auto snap = job.t.Snap(job.now);
+  ASSERT_EQ(snap.stragglers.size(), 1u);
+  EXPECT_EQ(snap.stragglers[0].rank, 1);
+  EXPECT_EQ(snap.stragglers[0].metric, "cpu");
+}
+
+TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
+  FakeJob job(2);
+  job.t.SetJob("run-1", 3, 4, 2, 1);
+  job.t.AddRestartCause("node host-b: rank 3 exited with 1");
+  NodeTelemetry b;
+  b.hostname = "host-b";
+  b.lost_s = 2.5;
+  for (int r = 2; r < 4; ++r) {
+    RankTelemetry x;
+    x.rank = r;
+    x.steps = 10;
+    x.samples = 40;
+    x.step_s = 1;
+    x.data_s = 0.5;
+    x.has_data = true;
+    x.rss_peak_bytes = 100 << 20;
+    b.ranks.push_back(x);
+  }
+  b.gpus.push_back({0, "", 0.4, int64_t{39} << 30, int64_t{40} << 30});
+  job.t.Update("n1", "host-b", b, job.now);
+  job.Second({0.05, 0.05});
+  auto snap = job.t.Snap(job.now);
+  EXPECT_EQ(snap.ranks.size(), 4u);
+  EXPECT_EQ(snap.ranks.at(3).host, "host-b");
+  EXPECT_EQ(snap.lost_s, 2.5);
+  ASSERT_EQ(snap.gpus.size(), 1u);
+  EXPECT_EQ(snap.gpus[0].host, "host-b");
+  const std::string report = FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("2.5 s lost to 1 restart(s)"), std::string::npos) << report;
+  EXPECT_NE(report.find("4 rank(s) on 2 node(s)"), std::string::npos) << report;
+  EXPECT_NE(report.find("restart 1: node host-b: rank 3 exited with 1"), std::string::npos);
+  EXPECT_NE(report.find("advice: ranks wait for data 50%"), std::string::npos) << report;
+  EXPECT_NE(report.find("advice: GPU memory is near its limit"), std::string::npos) << report;
+  auto j = nlohmann::json::parse(SnapshotJson(snap, true));
+  for (const char* k : {"wall_s", "restarts", "samples_per_sec", "ranks", "stragglers", "history"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["job"]["run_id"], "run-1");
+  EXPECT_NEAR(j["ranks"]["2"]["data_wait_fraction"].get<double>(), 0.5, 1e-9);
+  // A smaller round drops the ranks it no longer has.
+  job.t.SetJob("run-1", 4, 2, 1, 2);
+  EXPECT_EQ(job.t.Snap(job.now).ranks.size(), 2u);
+}
+
+TEST(Telemetry, PrometheusTextHasEverySeries) {
+  FakeJob job(2);
+  job.t.SetJob("r", 1, 2, 1, 0);
+  for (int s = 0; s < 4; ++s) job.Second({0.05, 0.1});
+  const std::string text = PrometheusText(job.t.Snap(job.now));
+  for (const char* series :
+       {"dlrun_step_time_seconds{host=\"host-a\",rank=\"0\"}", "dlrun_compute_seconds{rank=\"1\"}",
+        "dlrun_sync_wait_seconds{rank=\"0\"}", "dlrun_samples_per_second{rank=\"1\"}",
+        "dlrun_cpu_utilization{rank=\"0\"}", "dlrun_straggler{rank=\"1\"} 1",
+        "dlrun_straggler{rank=\"0\"} 0", "dlrun_restarts_total 0", "dlrun_nodes 1",
+        "dlrun_world_size 2", "# TYPE dlrun_restarts_total counter"}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
+  }
+}
+
+TEST(Telemetry, MalformedTelemetryIsRefusedWithTheField) {
+  v1::NodeTelemetry t;
+  auto* r = t.add_ranks();
+  r->set_step_seconds(std::numeric_limits<double>::quiet_NaN());
+  auto bad = TelemetryFromProto(t);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expected a finite number >= 0"), std::string::npos);
+  r->set_step_seconds(1);
+  r->set_cpu_utilization(1e9);
+  EXPECT_NE(TelemetryFromProto(t).status().message().find("CPU utilization"), std::string::npos);
+  r->set_cpu_utilization(-1);
+  EXPECT_TRUE(TelemetryFromProto(t).ok());
+  EXPECT_FALSE(TelemetryFromProto(t)->ranks[0].cpu_utilization.has_value());
+  t.add_gpus()->set_utilization(1.5);
+  EXPECT_NE(TelemetryFromProto(t).status().message().find("expected 0 to 1"), std::string::npos);
+  v1::NodeTelemetry many;
+  for (size_t i = 0; i <= kMaxTelemetryRanks; ++i) many.add_ranks();
+  EXPECT_NE(TelemetryFromProto(many).status().message().find("expected at most 1024"),
+            std::string::npos);
+}
+
+TEST(Telemetry, RoundTripsThroughTheProto) {
+  NodeTelemetry n;
+  n.hostname = "h";
+  n.lost_s = 1.5;
+  RankTelemetry x;
+  x.rank = 7;
+  x.steps = 3;
+  x.data_s = 0.25;
+  x.has_data = true;
+  x.loss = 0.5;
+  x.cpu_utilization = 0.75;
+  x.rss_peak_bytes = 1 << 20;
+  n.ranks.push_back(x);
+  v1::NodeTelemetry p;
+  ToProto(n, &p);
+  auto back = TelemetryFromProto(p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->hostname, "h");
+  ASSERT_EQ(back->ranks.size(), 1u);
+  EXPECT_EQ(back->ranks[0].rank, 7);
+  EXPECT_EQ(back->ranks[0].data_s, 0.25);
+  EXPECT_TRUE(back->ranks[0].has_data);
+  EXPECT_FALSE(back->ranks[0].has_split);
+  EXPECT_EQ(back->ranks[0].loss, 0.5);
+  EXPECT_FLOAT_EQ(static_cast<float>(*back->ranks[0].cpu_utilization), 0.75f);
+  EXPECT_EQ(back->ranks[0].rss_peak_bytes, 1 << 20);
+  EXPECT_EQ(back->ranks[0].gpu_memory_bytes, -1);
+}
+
+TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHeartbeats) {
+  HandlerOptions o;
+  o.run_id = "r";
+  o.token = "t";
+  o.telemetry = std::make_shared<JobTelemetry>();
+  std::vector<std::string> refused;
+  o.on_refused = [&](const absl::Status& s, const std::string&) {
+    refused.emplace_back(s.message());
+  };
+  Handler h(o);
+  v1::JoinRequest j;
+  j.mutable_auth()->set_protocol_version(kProtocolVersion);
+  j.mutable_auth()->set_run_id("r");
+  j.mutable_auth()->set_token("t");
+  j.mutable_node()->set_node_id("a");
+  j.mutable_node()->set_hostname("host-a");
+  j.mutable_node()->set_address("10.0.0.1");
+  j.mutable_node()->set_nproc(1);
+  j.mutable_node()->set_slurm_node_id(-1);
+  bool joined = false;
+  h.Join(j, "p", h.NewTicket(), [&](const absl::Status& s, const v1::JoinResponse&) {
+    joined = s.ok();
+  });
+  ASSERT_TRUE(joined);
+  h.Tick();
+  v1::HeartbeatRequest hb;
+  *hb.mutable_auth() = j.auth();
+  hb.set_node_id("a");
+  hb.set_round(1);
+  hb.mutable_telemetry()->set_hostname("host-a");
+  auto* r = hb.mutable_telemetry()->add_ranks();
+  r->set_steps(5);
+  r->set_step_seconds(0.5);
+  v1::HeartbeatResponse resp;
+  ASSERT_TRUE(h.Heartbeat(hb, "p", &resp).ok());
+  auto snap = o.telemetry->Snap(std::chrono::steady_clock::now());
+  ASSERT_EQ(snap.ranks.size(), 1u);
+  EXPECT_EQ(snap.ranks.at(0).steps, 5);
+  EXPECT_EQ(snap.ranks.at(0).host, "host-a");
+  EXPECT_EQ(snap.world_size, 1);
+  EXPECT_EQ(snap.state, "running");
+  r->set_step_seconds(-1);
+  ASSERT_TRUE(h.Heartbeat(hb, "p", &resp).ok()) << "bad telemetry does not make a node dead";
+  EXPECT_EQ(resp.action(), v1::HeartbeatResponse::CONTINUE);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("has a time of -1"), std::string::npos) << refused[0];
+  EXPECT_EQ(o.telemetry->Snap(std::chrono::steady_clock::now()).ranks.at(0).step_s, 0.5)
+      << "the bad figures were dropped";
+}
+
+}  // namespace
+}  // namespace dlrun::rdzv

@@ -392,6 +392,11 @@ void Trainer::Step(int64_t step) {
   report.samples = x.size(0);
   report.step_s = Seconds(step_start);
   report.data_s = data_s;
+  if (a_.grad_sync && world_ > 1) {
+    const auto timing = ddp_->lastStepTiming();
+    report.compute_s = timing.compute_s;
+    report.sync_s = timing.sync_s;
+  }
   report.loss = mean_loss;
   dlrun::worker::reportStep(report);
   AfterStep(step, mean_loss, l[0][1].item<float>() > 0);

@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -95,6 +96,11 @@ struct DistributedDataParallel::Impl {
   std::vector<torch::Tensor> buffers;
   std::mutex mu;  // hooks of different parameters may run on different autograd threads
   bool no_sync = false;
+  // The step's split for telemetry (guarded by mu): when forward began (after the buffer
+  // broadcast), how long that broadcast waited, and the last reduced step's figures.
+  std::chrono::steady_clock::time_point forward_at{};
+  double broadcast_s = 0;
+  DistributedDataParallel::StepTiming last_timing;
   bool callback_queued = false;
   size_t next_launch = 0;
   bool rebuilt = false;             // buckets re-packed in ready order (after the first step)
@@ -359,6 +365,7 @@ struct DistributedDataParallel::Impl {
   }
 
   void Finalize() {
+    const auto backward_done = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu);
     std::vector<std::string> missing;
     for (Slot& s : slots) {
@@ -405,6 +412,13 @@ struct DistributedDataParallel::Impl {
       } else {
         g.copy_(s.view);
       }
+    }
+    if (forward_at != std::chrono::steady_clock::time_point{}) {
+      const auto synced = std::chrono::steady_clock::now();
+      last_timing.compute_s = std::chrono::duration<double>(backward_done - forward_at).count();
+      last_timing.sync_s =
+          broadcast_s + std::chrono::duration<double>(synced - backward_done).count();
+      forward_at = {};
     }
     if (!rebuilt) {
       if (options.rebuild_buckets_in_ready_order) RebuildInReadyOrder();
@@ -485,10 +499,20 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 void DistributedDataParallel::prepareForward() {
   Impl& m = *impl_;
   m.EnsureHooks();
+  const auto start = std::chrono::steady_clock::now();
   if (m.options.broadcast_buffers && m.pg->getSize() > 1 && !m.buffers.empty()) {
     torch::NoGradGuard no_grad;
     c10d::broadcast_coalesced(m.pg, m.buffers, 250 * 1024 * 1024, 0);
   }
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.forward_at = now;
+  m.broadcast_s = std::chrono::duration<double>(now - start).count();
+}
+
+DistributedDataParallel::StepTiming DistributedDataParallel::lastStepTiming() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->last_timing;
 }
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* d) : d_(d) {

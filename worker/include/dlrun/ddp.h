@@ -89,6 +89,17 @@ class DistributedDataParallel {
   };
   NoSyncGuard noSync() { return NoSyncGuard(this); }
 
+  // The last reduced step, for dlrun's telemetry (dlrun::worker::StepReport): compute_s from
+  // the start of forward (after the buffer broadcast) to the end of backward, sync_s the time
+  // waiting in the buffer broadcast and for the gradient buckets after backward. In synchronous
+  // DDP the slowest rank has the longest compute and the shortest sync wait. -1 before the
+  // first reduced step.
+  struct StepTiming {
+    double compute_s = -1;
+    double sync_s = -1;
+  };
+  StepTiming lastStepTiming() const;
+
   // The current buckets, in launch order (after the first step: the observed ready order).
   const std::vector<BucketInfo>& buckets() const;
   std::string bucketReport() const;  // one line for logs

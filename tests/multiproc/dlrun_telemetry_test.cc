@@ -1,0 +1,131 @@
+// Job telemetry end to end (docs/TELEMETRY.md): a rank slowed from outside by SIGSTOP/SIGCONT
+// pulses is named a straggler within 10 windows, a balanced run names nobody, and GPU figures
+// come through NVML (the fake library: no GPU here).
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "multiproc/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace dlrun::testing {
+namespace {
+
+constexpr auto kDeadline = std::chrono::seconds(120);
+
+std::map<std::string, std::string> PythonEnv() {
+  return {{"PYTHON_EXEC", "/usr/bin/python3"},
+          {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"},
+          {"OMP_NUM_THREADS", "1"}};
+}
+
+// Runs the probe with 4 ranks for `seconds`; with `pulse_rank` >= 0 that rank is stopped and
+// continued (60 ms each) from this test until the job ends. Returns the report.
+nlohmann::json RunProbe(int pulse_rank, std::string* output) {
+  const std::string dir = MakeTempDir();
+  Started s = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "4", "--report-json",
+                            dir + "/report.json", std::string(SOURCE_DIR) +
+                            "/tests/python/straggler_probe.py", "12", "0.04"},
+                           PythonEnv());
+  EXPECT_TRUE(ReadUntil(s, "ready ", 4, kDeadline)) << s.output;
+  int pid = -1;
+  for (absl::string_view line : absl::StrSplit(s.output, '\n')) {
+    const std::string prefix = "[rank " + std::to_string(pulse_rank) + "]: ready ";
+    if (absl::StartsWith(line, prefix)) {
+      EXPECT_TRUE(absl::SimpleAtoi(line.substr(prefix.size()), &pid));
+    }
+  }
+  std::atomic<bool> done{false};
+  std::thread pulses;
+  if (pulse_rank >= 0) {
+    EXPECT_GT(pid, 0) << s.output;
+    pulses = std::thread([&] {
+      while (!done) {  // a duty cycle on the rank, not a wait for state
+        kill(pid, SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::milliseconds(60));
+        kill(pid, SIGCONT);
+        std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      }
+    });
+  }
+  const int rc = FinishCommand(s, kDeadline);
+  done = true;
+  if (pulses.joinable()) pulses.join();
+  if (pid > 0) kill(pid, SIGCONT);
+  *output = s.output;
+  EXPECT_EQ(rc, 0) << s.output;
+  return nlohmann::json::parse(ReadFile(dir + "/report.json"));
+}
+
+TEST(DlrunTelemetry, ARankSlowedFromOutsideIsNamedWithinTenWindows) {
+  std::string out;
+  const nlohmann::json j = RunProbe(2, &out);
+  ASSERT_EQ(j["stragglers"].size(), 1u) << j.dump(2) << out;
+  const auto& st = j["stragglers"][0];
+  EXPECT_EQ(st["rank"], 2);
+  EXPECT_EQ(st["metric"], "compute");
+  EXPECT_GT(st["value"].get<double>(), 1.2 * st["median"].get<double>());
+  const int64_t first = j["job"]["first_step_window"].get<int64_t>();
+  ASSERT_GE(first, 0);
+  EXPECT_LE(st["window"].get<int64_t>() - first, 10) << j.dump(2);
+  EXPECT_NE(out.find("straggler: rank 2 on "), std::string::npos) << out;
+  EXPECT_NE(out.find("advice: rank 2 on "), std::string::npos) << out;
+  // The report's figures agree with what the ranks reported: everyone stepped alike.
+  const int64_t steps = j["ranks"]["0"]["steps"].get<int64_t>();
+  EXPECT_GT(steps, 20);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(j["ranks"][std::to_string(r)]["steps"], steps);
+  EXPECT_GT(j["ranks"]["2"]["compute_s_per_step"].get<double>(),
+            j["ranks"]["0"]["compute_s_per_step"].get<double>());
+  EXPECT_LT(j["ranks"]["2"]["sync_wait_s_per_step"].get<double>(),
+            j["ranks"]["0"]["sync_wait_s_per_step"].get<double>());
+}
+
+TEST(DlrunTelemetry, ABalancedRunNamesNobody) {
+  std::string out;
+  const nlohmann::json j = RunProbe(-1, &out);
+  EXPECT_TRUE(j["stragglers"].empty()) << j.dump(2);
+  EXPECT_EQ(out.find("straggler:"), std::string::npos) << out;
+  EXPECT_GT(j["job"]["windows"].get<int64_t>() - j["job"]["first_step_window"].get<int64_t>(), 8)
+      << "long enough to have named one";
+  for (int r = 0; r < 4; ++r) {
+    const auto& x = j["ranks"][std::to_string(r)];
+    EXPECT_FALSE(x["cpu_utilization"].is_null()) << "sampled from /proc";
+    EXPECT_GT(x["rss_peak_bytes"].get<int64_t>(), 10 << 20) << "python with torch";
+  }
+}
+
+TEST(DlrunTelemetry, GpuFiguresComeThroughNvml) {
+  const std::string dir = MakeTempDir();
+  const std::string procs = dir + "/procs";
+  { std::ofstream(procs) << ""; }
+  // Each worker puts itself on GPU 0 with 3000 MiB (the fake reads the file at each call), then
+  // stays until the agent has sampled it.
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--report-json", dir + "/r.json", "bash",
+       "-c",
+       "echo \"0:$$:3000\" >> " + procs +
+           "; for i in 1 2 3; do printf 'S %d 1 0.5\\n' $i >&$DLRUN_HEARTBEAT_FD; done; sleep 2.5"},
+      {{"DLRUN_NVML_LIBRARY", FAKE_NVML_LIB},
+       {"FAKE_NVML_GPUS", "15000:16000:40,1000:16000:80"},
+       {"FAKE_NVML_PROCS_FILE", procs}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(ReadFile(dir + "/r.json"));
+  ASSERT_EQ(j["gpus"].size(), 2u) << j.dump(2);
+  EXPECT_NEAR(j["gpus"][0]["utilization"].get<double>(), 0.4, 1e-6);
+  EXPECT_EQ(j["gpus"][1]["memory_used_bytes"], int64_t{1000} << 20);
+  EXPECT_EQ(j["ranks"]["0"]["gpu_memory_bytes"], int64_t{3000} << 20);
+  EXPECT_EQ(j["ranks"]["1"]["gpu_memory_bytes"], int64_t{3000} << 20);
+  EXPECT_NE(r.output.find("GPU utilization: mean 60%, min 40% over 2 GPU(s)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("advice: GPU memory is near its limit"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace dlrun::testing

@@ -3,7 +3,9 @@
 // can be read; the same is done for a bare gRPC "floor" server (a unary call held until all N
 // have arrived), measured in the same run.
 //
-//   build/bin/rdzv_bench --agents 4096 [--nproc 8] [--channels 16] [--json]
+//   build/bin/rdzv_bench --agents 4096 [--nproc 8] [--channels 16] [--json] [--telemetry]
+// --telemetry: the server keeps the job's telemetry aggregate (docs/TELEMETRY.md) and the
+// heartbeat waves carry each node's NodeTelemetry.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -34,6 +36,7 @@ struct Flags {
   int nproc = 8;
   int channels = 16;
   bool json = false;
+  bool telemetry = false;  // --telemetry: the server aggregates; heartbeats carry NodeTelemetry
   std::string serve;  // internal: "rdzv" or "floor" in the child
 };
 
@@ -79,6 +82,7 @@ int Serve(const Flags& f) {
     o.handler.config.heartbeat_interval = std::chrono::minutes(10);
     o.handler.run_id = "bench";
     o.handler.token = "bench-token";
+    if (f.telemetry) o.handler.telemetry = std::make_shared<dlrun::rdzv::JobTelemetry>();
     auto s = dlrun::rdzv::RendezvousServer::Start(std::move(o));
     if (!s.ok()) {
       std::fprintf(stderr, "rdzv_bench: %s\n", std::string(s.status().message()).c_str());
@@ -106,7 +110,8 @@ Child Spawn(const char* self, const Flags& f, const std::string& mode) {
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     std::string agents = std::to_string(f.agents);
-    execl(self, self, "--serve", mode.c_str(), "--agents", agents.c_str(), nullptr);
+    execl(self, self, "--serve", mode.c_str(), "--agents", agents.c_str(),
+          f.telemetry ? "--telemetry" : "--json", nullptr);
     _exit(127);
   }
   close(fds[1]);
@@ -199,6 +204,75 @@ RoundResult JoinAll(int port, const Flags& f, int round_tag) {
   return res;
 }
 
+// One heartbeat from every agent (round 2), all in flight at once over `channels` channels;
+// with `telemetry`, each carries its node's NodeTelemetry for nproc ranks (what agents send
+// every second). Returns the time first send -> last reply, or -1 if any failed.
+double HeartbeatAll(int port, const Flags& f, bool telemetry) {
+  std::vector<std::unique_ptr<Rendezvous::Stub>> stubs;
+  for (int c = 0; c < f.channels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", c + 9000);
+    stubs.push_back(Rendezvous::NewStub(grpc::CreateCustomChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args)));
+  }
+  struct Call {
+    grpc::ClientContext ctx;
+    dlrun::rdzv::v1::HeartbeatRequest req;
+    dlrun::rdzv::v1::HeartbeatResponse resp;
+  };
+  std::vector<std::unique_ptr<Call>> calls(f.agents);
+  for (int i = 0; i < f.agents; ++i) {
+    calls[i] = std::make_unique<Call>();
+    auto& r = calls[i]->req;
+    r.mutable_auth()->set_protocol_version(dlrun::rdzv::kProtocolVersion);
+    r.mutable_auth()->set_run_id("bench");
+    r.mutable_auth()->set_token("bench-token");
+    char id[32];
+    std::snprintf(id, sizeof id, "node%06d", i);
+    r.set_node_id(id);
+    r.set_round(2);
+    if (telemetry) {
+      dlrun::rdzv::NodeTelemetry t;
+      t.hostname = id;
+      for (int k = 0; k < f.nproc; ++k) {
+        dlrun::rdzv::RankTelemetry x;
+        x.rank = i * f.nproc + k;
+        x.local_rank = k;
+        x.steps = 1000;
+        x.samples = 4000;
+        x.step_s = x.compute_s = 500;
+        x.has_split = true;
+        x.step_p50_s = x.step_p95_s = 0.5;
+        x.cpu_utilization = 0.95;
+        x.cpu_s = 480;
+        x.rss_bytes = x.rss_peak_bytes = int64_t{3} << 30;
+        t.ranks.push_back(x);
+      }
+      dlrun::rdzv::ToProto(t, r.mutable_telemetry());
+    }
+    calls[i]->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int remaining = f.agents, errors = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t_last;
+  for (int i = 0; i < f.agents; ++i) {
+    stubs[i % f.channels]->async()->Heartbeat(
+        &calls[i]->ctx, &calls[i]->req, &calls[i]->resp, [&](grpc::Status s) {
+          std::lock_guard<std::mutex> l(mu);
+          if (!s.ok()) ++errors;
+          if (--remaining == 0) {
+            t_last = std::chrono::steady_clock::now();
+            cv.notify_all();
+          }
+        });
+  }
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return remaining == 0; });
+  return errors ? -1 : std::chrono::duration<double>(t_last - t0).count();
+}
+
 bool ReportFailure(int port) {
   auto stub = Rendezvous::NewStub(
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
@@ -245,10 +319,11 @@ int main(int argc, char** argv) {
     else if (a == "--nproc") f.nproc = std::atoi(next().c_str());
     else if (a == "--channels") f.channels = std::atoi(next().c_str());
     else if (a == "--json") f.json = true;
+    else if (a == "--telemetry") f.telemetry = true;
     else if (a == "--serve") f.serve = next();
     else {
       std::fprintf(stderr, "rdzv_bench: unknown flag '%s' (expected --agents N, --nproc N, "
-                   "--channels N, --json)\n", a.c_str());
+                   "--channels N, --json, --telemetry)\n", a.c_str());
       return 2;
     }
   }
@@ -269,6 +344,12 @@ int main(int argc, char** argv) {
   const bool reported = ReportFailure(srv.port);
   RoundResult r2 = JoinAll(srv.port, f, 2);
   const bool ok2 = r2.errors == 0 && Consistent(r2, f, 2);
+  // Three heartbeat waves (a second's worth each in a real job), with telemetry when asked.
+  double hb = 0;
+  for (int w = 0; w < 3 && hb >= 0; ++w) {
+    const double t = HeartbeatAll(srv.port, f, f.telemetry);
+    hb = t < 0 ? -1 : std::max(hb, t);
+  }
   const double rss = PeakRssMb(srv.pid);
   Kill(srv);
 
@@ -276,15 +357,17 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"agents\": %d, \"nproc\": %d, \"channels\": %d, \"rendezvous_s\": %.4f, "
         "\"rerendezvous_s\": %.4f, \"floor_s\": %.4f, \"ratio_to_floor\": %.2f, "
-        "\"server_rss_mb\": %.1f, \"ok\": %s}\n",
+        "\"heartbeat_wave_s\": %.4f, \"telemetry\": %s, \"server_rss_mb\": %.1f, \"ok\": %s}\n",
         f.agents, f.nproc, f.channels, r1.seconds, r2.seconds, fl.seconds, r1.seconds / fl.seconds,
-        rss, ok1 && ok2 && reported ? "true" : "false");
+        hb, f.telemetry ? "true" : "false", rss, ok1 && ok2 && reported && hb >= 0 ? "true" : "false");
   } else {
     std::printf("agents          %d (nproc %d, %d channels)\n", f.agents, f.nproc, f.channels);
     std::printf("rendezvous_s    %.4f\n", r1.seconds);
     std::printf("rerendezvous_s  %.4f (after one failure report)\n", r2.seconds);
     std::printf("floor_s         %.4f (bare gRPC: unary call held until all arrive)\n", fl.seconds);
     std::printf("ratio_to_floor  %.2f\n", r1.seconds / fl.seconds);
+    std::printf("heartbeat_wave_s %.4f (slowest of 3 waves of one heartbeat per agent%s)\n", hb,
+                f.telemetry ? ", each with telemetry" : "");
     std::printf("server_rss_mb   %.1f (peak)\n", rss);
     std::printf("assignments     %s\n", ok1 && ok2 && reported ? "consistent" : "WRONG");
   }
@@ -292,5 +375,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzv_bench: %d + %d joins failed: %s%s\n", r1.errors, r2.errors,
                  r1.first_error.c_str(), r2.first_error.c_str());
   }
-  return ok1 && ok2 && reported ? 0 : 1;
+  if (hb < 0) std::fprintf(stderr, "rdzv_bench: heartbeats failed\n");
+  return ok1 && ok2 && reported && hb >= 0 ? 0 : 1;
 }

@@ -24,8 +24,10 @@ JobTelemetry::JobTelemetry(TelemetryOptions options)
 void JobTelemetry::Update(const std::string& node_id, const std::string& hostname,
                           const NodeTelemetry& t, TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
-  NodeTelemetry& n = nodes_seen_[node_id];
-  n = t;
+  NodeTelemetry& n = nodes_seen_[node_id];  // its GPUs and lost time (ranks are kept below)
+  n.hostname = hostname;
+  n.lost_s = t.lost_s;
+  n.gpus = t.gpus;
   for (GpuTelemetry& g : n.gpus) g.host = hostname;
   for (const RankTelemetry& r : t.ranks) {
     RankTelemetry& mine = ranks_[r.rank];

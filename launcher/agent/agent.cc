@@ -1,6 +1,7 @@
 #include "launcher/agent/agent.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -509,6 +510,10 @@ void Agent::Report(int rc, double wall_s) {
     j["exit_code"] = rc;
     j["bad_records"] = bad_records_;
     j["scope"] = whole ? "job" : "node";
+    rusage self{};
+    getrusage(RUSAGE_SELF, &self);  // the agent's own CPU time (threads included, workers not)
+    j["agent_cpu_s"] = static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +
+                       1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
     const std::string tmp = options_.report_json + ".tmp";
     std::ofstream out(tmp);
     out << j.dump(2) << "\n";

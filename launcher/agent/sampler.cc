@@ -101,7 +101,7 @@ struct Sampler::Nvml {
 };
 
 Sampler::Sampler(std::chrono::milliseconds period)
-    : period_(period), nvml_(Nvml::Load()), thread_([this] { Loop(); }) {}
+    : period_(period), thread_([this] { Loop(); }) {}
 
 Sampler::~Sampler() {
   {
@@ -131,6 +131,7 @@ std::vector<rdzv::GpuTelemetry> Sampler::Gpus() const {
 }
 
 void Sampler::Loop() {
+  nvml_ = Nvml::Load();  // here, not in the constructor: dlopen and nvmlInit cost the launch
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();

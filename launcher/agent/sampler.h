@@ -51,7 +51,7 @@ class Sampler {
   void SampleOnce();
 
   const std::chrono::milliseconds period_;
-  std::unique_ptr<Nvml> nvml_;  // only the sampler thread touches it after the constructor
+  std::unique_ptr<Nvml> nvml_;  // only the sampler thread touches it
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -84,14 +84,21 @@ int SlurmMain(const std::vector<std::string>& args) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("cannot write the job script to '", path, "': ", std::strerror(errno))));
   }
+  const std::string page =
+      o->metrics_port > 0
+          ? absl::StrCat("dlrun: when it runs, point a browser at http://<its first node>:",
+                         o->metrics_port, "/ (the job's output prints the address)\n")
+          : "";
   if (!o->submit) {
-    std::fprintf(stderr, "dlrun: wrote %s (submit with: sbatch %s)\n", path.c_str(), path.c_str());
+    std::fprintf(stderr, "dlrun: wrote %s (submit with: sbatch %s)\n%s", path.c_str(),
+                 path.c_str(), page.c_str());
     return 0;
   }
   auto id = Submit(path);
   if (!id.ok()) return Fail(id.status());
   std::printf("%s\n", id->c_str());
-  std::fprintf(stderr, "dlrun: submitted %s as job %s\n", path.c_str(), id->c_str());
+  std::fprintf(stderr, "dlrun: submitted %s as job %s\n%s", path.c_str(), id->c_str(),
+               page.c_str());
   return 0;
 }
 

@@ -31,6 +31,7 @@ struct SlurmJobOptions {
   std::string tls_dir;  // where (every node must see it); empty: $HOME/.dlrun/tls
   int max_restarts = 3;
   std::chrono::milliseconds hang_timeout{0};
+  int metrics_port = 0;  // > 0: the job's telemetry page and /metrics on the first node
   std::string log_dir;
   std::string dlrun_path = "dlrun";
   std::string script_path;  // -o FILE; empty: stdout (or dlrun-<job-name>.sbatch with --submit)

@@ -80,6 +80,9 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
        "worker-group restarts before the job fails (default 3)"},
       {"hang-timeout", "", true, cli::DurationField<O>("hang-timeout", &O::hang_timeout, true), "restart workers silent for this many seconds (default off)"},
       {"log-dir", "", true, WordField<O>("log-dir", &O::log_dir), "per-rank log directory"},
+      {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
+       "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
+       "node; the job's output says where to point a browser"},
       {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path), "path of dlrun on the nodes"},
       {"output-script", "o", true, cli::StrField<O>(&O::script_path),
        "write the script here (-o; default: stdout)"},
@@ -219,6 +222,7 @@ std::string ExtraFlags(const SlurmJobOptions& o) {
     absl::StrAppend(&extra, "    --hang-timeout ", o.hang_timeout.count() / 1000.0, " \\\n");
   }
   if (!o.log_dir.empty()) absl::StrAppend(&extra, "    --log-dir ", o.log_dir, "/$SLURM_JOB_ID \\\n");
+  if (o.metrics_port > 0) absl::StrAppend(&extra, "    --metrics-port ", o.metrics_port, " \\\n");
   return extra;
 }
 
@@ -258,6 +262,11 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
                                 ? absl::StrCat("\"", o.min_nodes, ":$SLURM_JOB_NUM_NODES\"")
                                 : std::string("\"$SLURM_JOB_NUM_NODES\"")},
              {"{{DLRUN_EXTRA}}", extra},
+             {"{{METRICS_NOTE}}",
+              o.metrics_port > 0
+                  ? absl::StrCat("echo \"dlrun: the job's live page: http://${head_addr:-$head_node}:",
+                                 o.metrics_port, "/ (Prometheus: /metrics, JSON: /api/job)\"\n")
+                  : ""},
              {"{{TOKEN_VAR}}", contract::kRdzvToken},
              {"{{PROGRAM}}", JoinCommand(o.command)}});
 }

@@ -80,6 +80,31 @@ TEST(LaunchOptions, BadValuesNameTheFlagAndTheAcceptedValues) {
   EXPECT_NE(std::string(r.status().message()).find("--node-rank"), std::string::npos);
 }
 
+TEST(LaunchOptions, TelemetryFlags) {
+  auto o = Parse({"p"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->telemetry);
+  EXPECT_EQ(o->telemetry_flags.metrics_port, -1) << "HTTP is off unless asked";
+  EXPECT_EQ(o->telemetry_flags.straggler_factor, 1.2);
+  EXPECT_EQ(o->telemetry_flags.straggler_windows, 3);
+  o = Parse({"--metrics-port", "0", "--metrics-addr", "127.0.0.1", "--straggler-factor", "1.5",
+             "--straggler-windows=5", "--telemetry", "off", "p"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->telemetry);
+  EXPECT_EQ(o->telemetry_flags.metrics_port, 0);
+  EXPECT_EQ(o->telemetry_flags.metrics_addr, "127.0.0.1");
+  EXPECT_EQ(o->telemetry_flags.straggler_factor, 1.5);
+  EXPECT_EQ(o->telemetry_flags.straggler_windows, 5);
+  EXPECT_EQ(Parse({"--straggler-factor", "0.9", "p"}).status().message(),
+            "invalid value '0.9' for --straggler-factor: expected a number from 1.01 to 100");
+  EXPECT_EQ(Parse({"--straggler-factor", "nan", "p"}).status().message(),
+            "invalid value 'nan' for --straggler-factor: expected a number from 1.01 to 100");
+  EXPECT_EQ(Parse({"--telemetry", "maybe", "p"}).status().message(),
+            "invalid value 'maybe' for --telemetry: expected on or off");
+  EXPECT_EQ(Parse({"--metrics-port", "65536", "p"}).status().message(),
+            "invalid value '65536' for --metrics-port: expected an integer from 0 to 65535");
+}
+
 TEST(LaunchOptions, ShortFlags) {
   auto o = Parse({"-r", "3", "-t1", "-m", "pkg.mod"});
   ASSERT_TRUE(o.ok()) << o.status();

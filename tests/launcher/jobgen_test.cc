@@ -127,6 +127,24 @@ TEST(SlurmScript, ElasticJobSurvivesANode) {
   }
 }
 
+TEST(SlurmScript, MetricsPortServesThePageAndTheOutputSaysWhere) {
+  auto o = ParseSlurmArgs({"--nodes", "2", "--metrics-port", "9400", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  const std::string s = RenderSlurmScript(*o, Template());
+  EXPECT_EQ(s.find("{{"), std::string::npos) << s;
+  EXPECT_NE(s.find("    --metrics-port 9400 \\\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("echo \"dlrun: the job's live page: http://${head_addr:-$head_node}:9400/"),
+            std::string::npos)
+      << s;
+  o = ParseSlurmArgs({"--nodes", "2", "prog"});
+  ASSERT_TRUE(o.ok());
+  const std::string plain = RenderSlurmScript(*o, Template());
+  EXPECT_EQ(plain.find("metrics-port"), std::string::npos) << "off unless asked";
+  EXPECT_EQ(plain.find("live page"), std::string::npos);
+  EXPECT_EQ(ParseSlurmArgs({"--metrics-port", "http", "prog"}).status().message(),
+            "invalid value 'http' for --metrics-port: expected an integer from 1 to 65535");
+}
+
 TEST(SlurmScript, BadInputIsNamed) {
   auto msg = [](std::vector<std::string> args) {
     auto o = ParseSlurmArgs(args);

@@ -298,7 +298,7 @@ void Agent::StopGroup(int first_signal) {
 int Agent::AfterSuccess() {
   processes_.CloseOutputs();
   spdlog::info("all {} worker(s) finished successfully", options_.nproc);
-  MaybePublish(/*now_anyway=*/true);  // the final figures go with the leave
+  MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);  // the final figures go with the leave
   source_->OnSuccess();
   const Millis interval = source_->check_interval();
   if (interval.count() == 0) return 0;
@@ -381,10 +381,9 @@ absl::StatusOr<Assignment> Agent::NextAssignment(int* signal) {
 
 int Agent::Run() {
   const double start = clock_.WallSeconds();
-  if (options_.telemetry) {
-    sampler_ = std::make_unique<Sampler>(options_.telemetry_period);
-    next_publish_ = clock_.Now() + options_.telemetry_period;
-  }
+  // The sampler starts with the first publication, a period in: a job shorter than that
+  // (a launch benchmark, a failed start) pays nothing for it.
+  if (options_.telemetry) next_publish_ = clock_.Now() + options_.telemetry_period;
   const int rc = RunAttempts();
   Report(rc, clock_.WallSeconds() - start);
   sampler_.reset();
@@ -395,15 +394,23 @@ SteadyTime Agent::PublishDue() const {
   return options_.telemetry ? next_publish_ : SteadyTime::max();
 }
 
-void Agent::MaybePublish(bool now_anyway) {
+void Agent::MaybePublish(bool now_anyway, bool all_steps) {
   if (!options_.telemetry) return;
   const SteadyTime now = clock_.Now();
   if (!now_anyway && now < next_publish_) return;
   next_publish_ = now + options_.telemetry_period;
-  source_->Publish(NodeFigures());
+  if (!sampler_ && !now_anyway) {
+    sampler_ = std::make_unique<Sampler>(options_.telemetry_period);
+    std::vector<pid_t> pids;
+    for (const Worker& w : workers_) {
+      if (w.alive) pids.push_back(w.pid);
+    }
+    sampler_->Watch(std::move(pids));
+  }
+  source_->Publish(NodeFigures(all_steps));
 }
 
-rdzv::NodeTelemetry Agent::NodeFigures() {
+rdzv::NodeTelemetry Agent::NodeFigures(bool all_steps) {
   rdzv::NodeTelemetry t;
   t.hostname = options_.hostname;
   t.lost_s = lost_s_;
@@ -434,7 +441,18 @@ rdzv::NodeTelemetry Agent::NodeFigures() {
       x.has_data = r.has_data;
       x.has_split = r.has_split;
       x.loss = r.loss;
-      std::vector<double> v = r.step_times;
+      // Periodic figures use the latest steps only (cheap on the restart path); the report
+      // uses every step the ring holds.
+      const size_t n = all_steps ? r.step_times.size() : std::min<size_t>(r.step_times.size(), 1024);
+      std::vector<double> v;
+      v.reserve(n);
+      if (r.step_times.size() < kMaxStepTimes || all_steps) {
+        v.assign(r.step_times.end() - static_cast<std::ptrdiff_t>(n), r.step_times.end());
+      }
+      if (v.size() != n) {  // a full ring: the latest n end at the write position
+        const size_t end = static_cast<size_t>(r.steps) % kMaxStepTimes;
+        for (size_t k = 0; k < n; ++k) v.push_back(r.step_times[(end + kMaxStepTimes - n + k) % kMaxStepTimes]);
+      }
       if (!v.empty()) {
         auto at = [&v](double p) {
           const size_t k = static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)));
@@ -487,7 +505,7 @@ void Agent::Report(int rc, double wall_s) {
   if (!whole) {
     job = std::make_shared<rdzv::JobTelemetry>();
     job->SetJob("", current_.round, current_.world_size, 1, current_.restart_count);
-    job->Update("local", options_.hostname, NodeFigures(), now);
+    job->Update("local", options_.hostname, NodeFigures(/*all_steps=*/true), now);
   }
   job->SetState(rc == 0 ? "succeeded" : "failed");
   rdzv::JobTelemetry::Snapshot snap = job->Snap(now);

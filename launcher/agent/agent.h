@@ -98,9 +98,9 @@ class Agent {
   int RunAttempts();
   void Report(int rc, double wall_s);
   // This node's figures now (cumulative), from the step records and the sampler.
-  rdzv::NodeTelemetry NodeFigures();
+  rdzv::NodeTelemetry NodeFigures(bool all_steps);
   // Publishes NodeFigures() to the source when the period has passed (or `now_anyway`).
-  void MaybePublish(bool now_anyway = false);
+  void MaybePublish(bool now_anyway = false, bool all_steps = false);
   SteadyTime PublishDue() const;
   struct Worker {
     int local_rank = 0;

@@ -1,5 +1,5 @@
 // libFuzzer: the rendezvous handler fed parsed protos, half of them with valid credentials so
-// that they reach the state machine. Records: [type byte][len byte][len bytes of proto].
+// that they reach the state machine (and the telemetry they carry reaches the aggregate). Records: [type byte][len byte][len bytes of proto].
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,6 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.token = "tok";
   r::TimePoint now = r::TimePoint() + std::chrono::hours(1);
   o.now = [&now] { return now; };
+  o.telemetry = std::make_shared<r::JobTelemetry>();  // heartbeats' and leaves' telemetry too
   r::Handler h(std::move(o));
   auto fix_auth = [](dlrun::rdzv::v1::Auth* a, uint8_t type) {
     if (type & 0x80) {

@@ -129,3 +129,63 @@ TEST(DlrunTelemetry, GpuFiguresComeThroughNvml) {
 
 }  // namespace
 }  // namespace dlrun::testing
+
+namespace dlrun::testing {
+namespace {
+
+// `dlrun rdzv-server --metrics-port`: the stand-alone server aggregates and serves the job's
+// telemetry, and prints the job's report when it ends.
+TEST(DlrunTelemetry, RdzvServerServesTheJobsMetricsAndReport) {
+  const std::string dir = MakeTempDir();
+  const int port = FreeTcpPort();
+  const std::map<std::string, std::string> env = {{"DLRUN_RDZV_TOKEN", "server-token"}};
+  Started server = StartCommand({DLRUN_BIN, "rdzv-server", "--host", "127.0.0.1", "--port",
+                                 std::to_string(port), "--nnodes", "2", "--run-id", "srv",
+                                 "--metrics-port", "0", "--metrics-addr", "127.0.0.1"},
+                                env);
+  ASSERT_TRUE(ReadUntil(server, "job telemetry on http://127.0.0.1:", 1, kDeadline))
+      << server.output;
+  int metrics_port = 0;
+  {
+    const size_t at = server.output.find("job telemetry on http://127.0.0.1:");
+    const std::string rest = server.output.substr(at + 34);
+    ASSERT_TRUE(absl::SimpleAtoi(rest.substr(0, rest.find('/')), &metrics_port)) << rest;
+  }
+  // Two agents (not hosting), 2 workers each, stepping until the stop file exists.
+  const std::string stop = dir + "/stop";
+  const std::string worker =
+      "i=0; while [ ! -e " + stop +
+      " ]; do i=$((i+1)); printf 'S %d 2 0.05 loss=1\\n' $i >&$DLRUN_HEARTBEAT_FD; sleep 0.05; done";
+  std::vector<Started> agents;
+  for (int n = 0; n < 2; ++n) {
+    agents.push_back(StartCommand(
+        {DLRUN_BIN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", "127.0.0.1:" + std::to_string(port), "--rdzv-id", "srv",
+         "--rdzv-conf", "is_host=false", "bash", "-c", worker},
+        env));
+  }
+  // Wait for the event: every rank's series at /metrics (fetched with python's urllib).
+  const std::string fetch =
+      "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("
+      "'http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics', timeout=5).read().decode())";
+  std::string metrics;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    metrics = RunCommand({"/usr/bin/python3", "-c", fetch}).output;
+    if (metrics.find("dlrun_steps{rank=\"3\"}") != std::string::npos &&
+        metrics.find("dlrun_world_size 4") != std::string::npos) {
+      break;
+    }
+  }
+  { std::ofstream(stop) << ""; }
+  for (Started& a : agents) EXPECT_EQ(FinishCommand(a, kDeadline), 0) << a.output;
+  EXPECT_EQ(FinishCommand(server, kDeadline), 0) << server.output;
+  EXPECT_NE(metrics.find("dlrun_steps{rank=\"3\"}"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("dlrun_world_size 4"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("dlrun_nodes 2"), std::string::npos) << metrics;
+  EXPECT_NE(server.output.find("job report: succeeded"), std::string::npos) << server.output;
+  EXPECT_NE(server.output.find("4 rank(s) on 2 node(s)"), std::string::npos) << server.output;
+}
+
+}  // namespace
+}  // namespace dlrun::testing

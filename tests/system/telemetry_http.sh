@@ -70,9 +70,16 @@ EOF
 prometheus --config.file=prometheus.yml --storage.tsdb.path="$work/tsdb" \
   --web.listen-address="127.0.0.1:$pport" >prometheus.log 2>&1 &
 pids+=($!)
-query() {  # query EXPR: the number of series Prometheus returns now (0 when it is not ready)
-  curl -sf "http://127.0.0.1:$pport/api/v1/query" --data-urlencode "query=$1" 2>/dev/null |
-    python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))' 2>/dev/null || echo 0
+# prom EXPR: the result of Prometheus' query API for EXPR as JSON ([] when it is not ready).
+prom() {
+  python3 - "http://127.0.0.1:$pport/api/v1/query" "$1" <<'EOF' 2>/dev/null || echo "[]"
+import json, sys, urllib.parse, urllib.request
+url = sys.argv[1] + "?" + urllib.parse.urlencode({"query": sys.argv[2]})
+print(json.dumps(json.load(urllib.request.urlopen(url, timeout=5))["data"]["result"]))
+EOF
+}
+query() {  # query EXPR: how many series Prometheus returns now
+  prom "$1" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'
 }
 deadline=$((SECONDS + 60))
 until [[ $(query 'dlrun_step_time_seconds') == 4 && $(query 'dlrun_cpu_utilization') == 4 ]]; do
@@ -87,8 +94,8 @@ for expr in 'dlrun_world_size == 4' 'dlrun_nodes == 2' 'dlrun_samples_per_second
   got=$(query "$expr")
   [[ $got == "$want" ]] || fail "Prometheus: '$expr' gave $got series, expected $want"
 done
-hosts=$(curl -sf "http://127.0.0.1:$pport/api/v1/query" --data-urlencode 'query=dlrun_step_time_seconds' |
-        python3 -c 'import json,sys; print(sorted(r["metric"]["rank"] for r in json.load(sys.stdin)["data"]["result"]))')
+hosts=$(prom 'dlrun_step_time_seconds' |
+        python3 -c 'import json,sys; print(sorted(r["metric"]["rank"] for r in json.load(sys.stdin)))')
 [[ $hosts == "['0', '1', '2', '3']" ]] || fail "ranks in Prometheus: $hosts"
 
 # The page, rendered by Chromium twice: a row per rank, and the step counts move.

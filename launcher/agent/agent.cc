@@ -399,7 +399,7 @@ void Agent::MaybePublish(bool now_anyway, bool all_steps) {
   const SteadyTime now = clock_.Now();
   if (!now_anyway && now < next_publish_) return;
   next_publish_ = now + options_.telemetry_period;
-  if (!sampler_ && !now_anyway) {
+  if (!sampler_ && !now_anyway && options_.sample_processes) {
     sampler_ = std::make_unique<Sampler>(options_.telemetry_period);
     std::vector<pid_t> pids;
     for (const Worker& w : workers_) {

@@ -66,6 +66,7 @@ struct AgentOptions {
   // figures to the membership source every telemetry_period.
   bool telemetry = true;
   Millis telemetry_period{1000};
+  bool sample_processes = true;  // the /proc + NVML sampler (in-process tests with fake pids: off)
   // --metrics-port: serves the job-wide aggregate over HTTP once this agent holds it (a
   // single-node job, or the rendezvous host); the result keeps the server alive.
   std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> serve_metrics;

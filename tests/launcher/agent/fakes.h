@@ -67,6 +67,13 @@ class FakeProcesses final : public Processes {
   void HeartbeatsEvery(pid_t pid, milliseconds every, milliseconds until) {
     for (milliseconds t = every; t <= until; t += every) At(t, {ProcEvent::Kind::kHeartbeat, pid, 0, 0, {}});
   }
+  // A step record (docs/TELEMETRY.md) every `every` until `until`, numbered from 1.
+  void StepsEvery(pid_t pid, milliseconds every, milliseconds until, StepRecord step) {
+    for (milliseconds t = every; t <= until; t += every) {
+      ++step.step;
+      At(t, {ProcEvent::Kind::kStep, pid, 0, 0, step});
+    }
+  }
   void SignalAfter(milliseconds d, int sig) { At(d, {ProcEvent::Kind::kSignal, -1, 0, sig, {}}); }
 
   // --- what happened ---
@@ -219,7 +226,11 @@ class ScriptedSource final : public MembershipSource {
     waiting_for_others_ = true;
   }
   std::vector<rdzv::NodeTelemetry> published;
-  void Publish(const rdzv::NodeTelemetry& t) override { published.push_back(t); }
+  std::vector<int> successes_at_publish;  // OnSuccess() calls so far, at each Publish
+  void Publish(const rdzv::NodeTelemetry& t) override {
+    published.push_back(t);
+    successes_at_publish.push_back(successes);
+  }
   std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override { return nullptr; }
 
  private:

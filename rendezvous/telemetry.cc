@@ -28,7 +28,17 @@ void JobTelemetry::Update(const std::string& node_id, const std::string& hostnam
   n.hostname = hostname;
   n.lost_s = t.lost_s;
   n.gpus = t.gpus;
-  for (GpuTelemetry& g : n.gpus) g.host = hostname;
+  bool stepping = false;
+  for (const RankTelemetry& r : t.ranks) stepping |= r.steps > 0;
+  for (GpuTelemetry& g : n.gpus) {
+    g.host = hostname;
+    GpuAcc& acc = gpu_acc_[{hostname, g.index}];
+    acc.peak = std::max(acc.peak, g.memory_used_bytes);
+    if (stepping) {  // start-up (GPUs idle while the program imports and loads) is left out
+      acc.sum += g.utilization;
+      ++acc.n;
+    }
+  }
   for (const RankTelemetry& r : t.ranks) {
     RankTelemetry& mine = ranks_[r.rank];
     mine = r;
@@ -234,7 +244,14 @@ JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
   s.ranks = ranks_;
   for (const auto& [id, n] : nodes_seen_) {
     s.lost_s = std::max(s.lost_s, n.lost_s);
-    s.gpus.insert(s.gpus.end(), n.gpus.begin(), n.gpus.end());
+    for (GpuTelemetry g : n.gpus) {
+      auto acc = gpu_acc_.find({g.host, g.index});
+      if (acc != gpu_acc_.end()) {
+        if (acc->second.n > 0) g.mean_utilization = acc->second.sum / static_cast<double>(acc->second.n);
+        g.peak_memory_used_bytes = acc->second.peak;
+      }
+      s.gpus.push_back(g);
+    }
   }
   for (const auto& [rank, st] : stragglers_) s.stragglers.push_back(st);
   s.history.assign(history_.begin(), history_.end());
@@ -302,7 +319,9 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
     gpus.push_back({{"host", g.host},
                     {"gpu", g.index},
                     {"utilization", g.utilization},
+                    {"mean_utilization", OrNull(g.mean_utilization)},
                     {"memory_used_bytes", g.memory_used_bytes},
+                    {"peak_memory_used_bytes", g.peak_memory_used_bytes},
                     {"memory_total_bytes", g.memory_total_bytes}});
   }
   j["gpus"] = gpus;
@@ -385,19 +404,23 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
                                           "(%.1f CPU-s over %.1f rank-s)",
                                           100 * cpu_sum / wall_cpu, cpu_sum, wall_cpu));
   }
+  // Each GPU's utilisation averaged over the job's stepping time (the last sample when none
+  // was taken while stepping); the report gives their mean and the least-used GPU's.
   double gpu_min = 2, gpu_sum = 0, gpu_mem_peak = 0, gpu_mem_total = 0;
   for (const GpuTelemetry& g : s.gpus) {
-    gpu_min = std::min(gpu_min, g.utilization);
-    gpu_sum += g.utilization;
-    if (g.memory_used_bytes > gpu_mem_peak) {
-      gpu_mem_peak = static_cast<double>(g.memory_used_bytes);
+    const double u = g.mean_utilization.value_or(g.utilization);
+    gpu_min = std::min(gpu_min, u);
+    gpu_sum += u;
+    const double peak = static_cast<double>(std::max(g.peak_memory_used_bytes, g.memory_used_bytes));
+    if (peak > gpu_mem_peak) {
+      gpu_mem_peak = peak;
       gpu_mem_total = static_cast<double>(g.memory_total_bytes);
     }
   }
   const double gpu_mean = s.gpus.empty() ? -1 : gpu_sum / static_cast<double>(s.gpus.size());
   if (!s.gpus.empty()) {
     absl::StrAppend(&out, absl::StrFormat("\n  GPU utilization: mean %.0f%%, min %.0f%% over %d "
-                                          "GPU(s); memory %.1f of %.1f GiB",
+                                          "GPU(s); peak memory %.1f of %.1f GiB",
                                           100 * gpu_mean, 100 * gpu_min,
                                           static_cast<int>(s.gpus.size()), gpu_mem_peak / 1073741824.0,
                                           gpu_mem_total / 1073741824.0));

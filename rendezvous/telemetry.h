@@ -41,6 +41,9 @@ struct GpuTelemetry {
   std::string host;      // filled in by the aggregate
   double utilization = 0;  // 0..1 over NVML's last sample period
   int64_t memory_used_bytes = 0, memory_total_bytes = 0;
+  // Filled in by the aggregate: over the updates while the job was stepping.
+  std::optional<double> mean_utilization;
+  int64_t peak_memory_used_bytes = 0;
 };
 
 // What one agent sends with each heartbeat (and its leave): bounded, about 120 bytes a rank.
@@ -136,6 +139,11 @@ class JobTelemetry {
   std::map<int, Window> window_start_;  // per rank: the counters when the window opened
   std::map<int, int> streak_;           // consecutive windows above the factor
   std::map<int, Straggler> stragglers_;
+  struct GpuAcc {
+    double sum = 0;
+    int64_t n = 0, peak = 0;
+  };
+  std::map<std::pair<std::string, int>, GpuAcc> gpu_acc_;  // by (host, index)
   std::deque<HistoryPoint> history_;
   TimePoint next_window_;
   int64_t windows_ = 0;

@@ -160,7 +160,17 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
     x.rss_peak_bytes = 100 << 20;
     b.ranks.push_back(x);
   }
-  b.gpus.push_back({0, "", 0.4, int64_t{39} << 30, int64_t{40} << 30});
+  // Before the first step the GPU idles (start-up): that sample is left out of its mean.
+  NodeTelemetry idle;
+  idle.hostname = "host-b";
+  idle.ranks.push_back({});
+  idle.ranks[0].rank = 2;
+  idle.gpus.push_back({0, "", 0.0, int64_t{1} << 30, int64_t{40} << 30, {}, 0});
+  job.t.Update("n1", "host-b", idle, job.now);
+  b.gpus.push_back({0, "", 0.4, int64_t{39} << 30, int64_t{40} << 30, {}, 0});
+  job.t.Update("n1", "host-b", b, job.now);
+  b.gpus[0].utilization = 0.6;
+  b.gpus[0].memory_used_bytes = int64_t{20} << 30;
   job.t.Update("n1", "host-b", b, job.now);
   job.Second({0.05, 0.05});
   auto snap = job.t.Snap(job.now);
@@ -169,12 +179,17 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   EXPECT_EQ(snap.lost_s, 2.5);
   ASSERT_EQ(snap.gpus.size(), 1u);
   EXPECT_EQ(snap.gpus[0].host, "host-b");
+  EXPECT_NEAR(*snap.gpus[0].mean_utilization, 0.5, 1e-9) << "over the stepping samples";
+  EXPECT_EQ(snap.gpus[0].peak_memory_used_bytes, int64_t{39} << 30);
   const std::string report = FormatJobReport(snap, 0);
   EXPECT_NE(report.find("2.5 s lost to 1 restart(s)"), std::string::npos) << report;
   EXPECT_NE(report.find("4 rank(s) on 2 node(s)"), std::string::npos) << report;
   EXPECT_NE(report.find("restart 1: node host-b: rank 3 exited with 1"), std::string::npos);
   EXPECT_NE(report.find("advice: ranks wait for data 50%"), std::string::npos) << report;
   EXPECT_NE(report.find("advice: GPU memory is near its limit"), std::string::npos) << report;
+  EXPECT_NE(report.find("GPU utilization: mean 50%, min 50% over 1 GPU(s); peak memory 39.0 of 40.0 GiB"),
+            std::string::npos)
+      << report;
   auto j = nlohmann::json::parse(SnapshotJson(snap, true));
   for (const char* k : {"wall_s", "restarts", "samples_per_sec", "ranks", "stragglers", "history"}) {
     EXPECT_TRUE(j.contains(k)) << k;

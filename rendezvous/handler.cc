@@ -42,6 +42,7 @@ bool Finite(double v) { return std::isfinite(v) && v >= 0; }
 void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
   out->set_lost_s(t.lost_s);
   out->set_hostname(t.hostname);
+  out->set_memory_limit_bytes(static_cast<uint64_t>(std::max<int64_t>(0, t.memory_limit_bytes)));
   for (const RankTelemetry& r : t.ranks) {
     v1::RankTelemetry* x = out->add_ranks();
     x->set_rank(static_cast<uint32_t>(r.rank));
@@ -89,6 +90,7 @@ absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t) {
   NodeTelemetry out;
   out.lost_s = t.lost_s();
   out.hostname = t.hostname();
+  out.memory_limit_bytes = static_cast<int64_t>(std::min<uint64_t>(t.memory_limit_bytes(), 1ull << 62));
   for (const v1::RankTelemetry& x : t.ranks()) {
     for (double v : {x.step_seconds(), x.data_seconds(), x.compute_seconds(), x.sync_seconds(), x.cpu_s(),
                      static_cast<double>(x.step_p50_s()), static_cast<double>(x.step_p95_s())}) {

@@ -27,6 +27,7 @@ void JobTelemetry::Update(const std::string& node_id, const std::string& hostnam
   NodeTelemetry& n = nodes_seen_[node_id];  // its GPUs and lost time (ranks are kept below)
   n.hostname = hostname;
   n.lost_s = t.lost_s;
+  n.memory_limit_bytes = t.memory_limit_bytes;
   n.gpus = t.gpus;
   bool stepping = false;
   for (const RankTelemetry& r : t.ranks) stepping |= r.steps > 0;
@@ -254,6 +255,15 @@ JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
     }
   }
   for (const auto& [rank, st] : stragglers_) s.stragglers.push_back(st);
+  std::map<std::string, Snapshot::NodeMemory> mem;
+  for (const auto& [id, n] : nodes_seen_) {
+    if (n.memory_limit_bytes > 0) mem[n.hostname] = {n.hostname, 0, n.memory_limit_bytes};
+  }
+  for (const auto& [rank, r] : ranks_) {
+    auto it = mem.find(r.host);
+    if (it != mem.end()) it->second.peak_rss_bytes += r.rss_peak_bytes;
+  }
+  for (auto& [host, m] : mem) s.node_memory.push_back(m);
   s.history.assign(history_.begin(), history_.end());
   for (const auto& [rank, r] : ranks_) {
     if (r.step_s > 0) s.samples_per_sec += static_cast<double>(r.samples) / r.step_s;
@@ -325,6 +335,12 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
                     {"memory_total_bytes", g.memory_total_bytes}});
   }
   j["gpus"] = gpus;
+  json nodes = json::array();
+  for (const auto& m : s.node_memory) {
+    nodes.push_back({{"host", m.host}, {"peak_rss_bytes", m.peak_rss_bytes},
+                     {"memory_limit_bytes", m.limit_bytes}});
+  }
+  j["node_memory"] = nodes;
   json stragglers = json::array();
   for (const Straggler& st : s.stragglers) {
     stragglers.push_back({{"rank", st.rank},
@@ -437,6 +453,14 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
   if (gpu_mem_total > 0 && gpu_mem_peak > 0.9 * gpu_mem_total) {
     advice.push_back("GPU memory is near its limit: mixed precision (--amp), gradient "
                      "accumulation or activation checkpointing");
+  }
+  for (const auto& m : s.node_memory) {
+    if (m.limit_bytes > 0 && m.peak_rss_bytes > 0.9 * static_cast<double>(m.limit_bytes)) {
+      advice.push_back(absl::StrFormat(
+          "the ranks on %s peaked at %.1f GiB of its %.1f GiB memory limit: smaller batches or "
+          "crops, fewer data workers, mixed precision or activation checkpointing",
+          m.host, m.peak_rss_bytes / 1073741824.0, m.limit_bytes / 1073741824.0));
+    }
   }
   for (const Straggler& st : s.stragglers) {
     advice.push_back(absl::StrFormat("rank %d on %s was a straggler (%s): %s", st.rank, st.host,

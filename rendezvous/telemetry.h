@@ -52,6 +52,7 @@ struct NodeTelemetry {
   std::vector<GpuTelemetry> gpus;
   double lost_s = 0;  // this node's time lost to restarts so far (fault seen -> workers running)
   std::string hostname;
+  int64_t memory_limit_bytes = 0;  // what the node's workers may use (cgroup limit or RAM); 0: ?
 };
 
 // Bounds the handler enforces on a NodeTelemetry message.
@@ -113,6 +114,12 @@ class JobTelemetry {
     int64_t first_step_window = -1;  // the window the first steps were seen in
     std::map<int, RankTelemetry> ranks;
     std::vector<GpuTelemetry> gpus;
+    struct NodeMemory {
+      std::string host;
+      int64_t peak_rss_bytes = 0;  // its ranks' peaks summed
+      int64_t limit_bytes = 0;
+    };
+    std::vector<NodeMemory> node_memory;
     std::vector<Straggler> stragglers;  // every rank ever named; `active` says if it still is
     std::vector<HistoryPoint> history;
     double samples_per_sec = 0;  // over the job: samples / the slowest rank's step time sum

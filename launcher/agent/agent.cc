@@ -414,6 +414,10 @@ rdzv::NodeTelemetry Agent::NodeFigures(bool all_steps) {
   rdzv::NodeTelemetry t;
   t.hostname = options_.hostname;
   t.lost_s = lost_s_;
+  if (options_.sample_processes) {
+    static const int64_t limit = MemoryLimitBytes();  // read once
+    t.memory_limit_bytes = limit;
+  }
   std::map<pid_t, ProcSample> procs;
   if (sampler_) {
     procs = sampler_->Latest();

@@ -48,6 +48,45 @@ std::string ReadSmall(const std::string& path) {
   return ss.str();
 }
 
+}  // namespace
+
+int64_t MemoryLimitBytes(const std::string& proc_cgroup, const std::string& meminfo,
+                         const std::function<std::string(const std::string&)>& read) {
+  int64_t total = 0;
+  std::istringstream in(meminfo);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemTotal:", 0) != 0) continue;
+    std::vector<std::string> f = absl::StrSplit(line.substr(9), absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    int64_t kb = 0;
+    if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) total = kb * 1024;
+  }
+  // cgroup v2: "0::/path"; the limit is the tightest memory.max from there up to the root.
+  std::string path;
+  std::istringstream cg(proc_cgroup);
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  int64_t limit = total;
+  while (!path.empty()) {
+    std::string v = read("/sys/fs/cgroup" + path + "/memory.max");
+    while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+    int64_t bytes = 0;
+    if (absl::SimpleAtoi(v, &bytes) && bytes > 0) limit = limit > 0 ? std::min(limit, bytes) : bytes;
+    if (path == "/") break;
+    const size_t slash = path.rfind('/');
+    path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  return limit;
+}
+
+int64_t MemoryLimitBytes() {
+  return MemoryLimitBytes(ReadSmall("/proc/self/cgroup"), ReadSmall("/proc/meminfo"),
+                          [](const std::string& p) { return ReadSmall(p); });
+}
+
+namespace {
+
 // The NVML entry points used (declared here: no NVML header needed to build).
 struct NvmlMemory {
   unsigned long long total, free, used;

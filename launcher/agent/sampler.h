@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,12 @@ struct ProcSample {
 std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second);
 // /proc/<pid>/status' VmRSS and VmHWM in bytes (0 when absent).
 void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak);
+// What this process' workers may use: the cgroup v2 memory.max of the agent's cgroup (a Slurm
+// job's or a container's limit) when set, else MemTotal. `proc_cgroup` is /proc/self/cgroup,
+// `read` reads a file (empty when absent). 0 when neither is known.
+int64_t MemoryLimitBytes(const std::string& proc_cgroup, const std::string& meminfo,
+                         const std::function<std::string(const std::string&)>& read);
+int64_t MemoryLimitBytes();  // from this machine
 
 class Sampler {
  public:

@@ -120,3 +120,26 @@ TEST(Sampler, GpusAndPerProcessMemoryThroughNvml) {
 
 }  // namespace
 }  // namespace dlrun::launcher
+
+namespace dlrun::launcher {
+namespace {
+
+TEST(Sampler, TheMemoryLimitIsTheTightestCgroupLimitElseTheMachinesMemory) {
+  const std::string meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\n";
+  std::map<std::string, std::string> files = {
+      {"/sys/fs/cgroup/slurm/uid_0/job_7/memory.max", "8589934592\n"},
+      {"/sys/fs/cgroup/slurm/uid_0/memory.max", "max\n"},
+      {"/sys/fs/cgroup/slurm/memory.max", "17179869184\n"}};
+  auto read = [&](const std::string& p) {
+    auto it = files.find(p);
+    return it == files.end() ? std::string() : it->second;
+  };
+  EXPECT_EQ(MemoryLimitBytes("0::/slurm/uid_0/job_7\n", meminfo, read), int64_t{8} << 30);
+  EXPECT_EQ(MemoryLimitBytes("0::/user.slice\n", meminfo, read), int64_t{24000000} * 1024)
+      << "no limit set: the machine's memory";
+  EXPECT_EQ(MemoryLimitBytes("", "", read), 0);
+  EXPECT_GT(MemoryLimitBytes(), 0) << "this machine";
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

@@ -149,6 +149,7 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   NodeTelemetry b;
   b.hostname = "host-b";
   b.lost_s = 2.5;
+  b.memory_limit_bytes = int64_t{200} << 20;  // its two ranks peak at 2 x 100 MiB
   for (int r = 2; r < 4; ++r) {
     RankTelemetry x;
     x.rank = r;
@@ -187,6 +188,9 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   EXPECT_NE(report.find("restart 1: node host-b: rank 3 exited with 1"), std::string::npos);
   EXPECT_NE(report.find("advice: ranks wait for data 50%"), std::string::npos) << report;
   EXPECT_NE(report.find("advice: GPU memory is near its limit"), std::string::npos) << report;
+  EXPECT_NE(report.find("advice: the ranks on host-b peaked at 0.2 GiB of its 0.2 GiB memory limit"),
+            std::string::npos)
+      << report;
   EXPECT_NE(report.find("GPU utilization: mean 50%, min 50% over 1 GPU(s); peak memory 39.0 of 40.0 GiB"),
             std::string::npos)
       << report;

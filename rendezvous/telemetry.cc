@@ -273,6 +273,25 @@ JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
 
 namespace {
 
+// The slowest rank: in synchronous DDP every step lasts as long as the slowest rank's, so with
+// the split it is the one with the most work before the sync; else the longest median step.
+// `what` says which figure it is.
+int SlowestRank(const std::map<int, RankTelemetry>& ranks, double* figure, std::string* what) {
+  bool split = true;
+  for (const auto& [rank, r] : ranks) split &= r.has_split && r.steps > 0;
+  int best = -1;
+  *figure = -1;
+  for (const auto& [rank, r] : ranks) {
+    const double v = split ? (r.compute_s + r.data_s) / static_cast<double>(r.steps) : r.step_p50_s;
+    if (v > *figure) {
+      *figure = v;
+      best = rank;
+    }
+  }
+  *what = split ? "compute and data wait per step before the sync" : "step time p50";
+  return best;
+}
+
 nlohmann::json OrNull(const std::optional<double>& v) {
   return v ? nlohmann::json(*v) : nlohmann::json();
 }
@@ -316,13 +335,11 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
     bool straggler = false;
     for (const Straggler& st : s.stragglers) straggler |= st.rank == rank && st.active;
     x["straggler"] = straggler;
-    if (r.step_p50_s > slowest) {
-      slowest = r.step_p50_s;
-      slowest_rank = rank;
-    }
     ranks[std::to_string(rank)] = x;
   }
   j["ranks"] = ranks;
+  std::string slowest_what;
+  slowest_rank = SlowestRank(s.ranks, &slowest, &slowest_what);
   j["slowest_rank"] = slowest_rank >= 0 ? json(slowest_rank) : json();
   json gpus = json::array();
   for (const GpuTelemetry& g : s.gpus) {
@@ -400,10 +417,6 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
       absl::StrAppend(&line, absl::StrFormat(", peak RSS %.0f MiB", r.rss_peak_bytes / 1048576.0));
     }
     absl::StrAppend(&out, line);
-    if (r.step_p50_s > slowest) {
-      slowest = r.step_p50_s;
-      slowest_rank = rank;
-    }
     if (r.cpu_s > 0) {
       cpu_sum += r.cpu_s;
       ++cpu_n;
@@ -411,9 +424,11 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
     peak_rss = std::max(peak_rss, static_cast<double>(r.rss_peak_bytes));
   }
   wall_cpu = s.wall_s * cpu_n;
+  std::string slowest_what;
+  slowest_rank = SlowestRank(s.ranks, &slowest, &slowest_what);
   if (slowest_rank >= 0 && s.ranks.size() > 1) {
-    absl::StrAppend(&out, absl::StrFormat("\n  slowest rank: %d (step time p50 %.3f s)",
-                                          slowest_rank, slowest));
+    absl::StrAppend(&out, absl::StrFormat("\n  slowest rank: %d (%s %.3f s)", slowest_rank,
+                                          slowest_what, slowest));
   }
   if (wall_cpu > 0) {
     absl::StrAppend(&out, absl::StrFormat("\n  CPU efficiency: %.0f%% of one core per rank "

@@ -107,8 +107,12 @@ TEST(Telemetry, ASlowRankIsNamedAfterKWindowsAndClearedWhenItRecovers) {
   ASSERT_EQ(snap.stragglers.size(), 1u);
   EXPECT_FALSE(snap.stragglers[0].active);
   EXPECT_EQ(warnings.size(), 1u);
-  EXPECT_NE(FormatJobReport(snap, 0).find("advice: rank 2 on host-a was a straggler"),
-            std::string::npos);
+  const std::string report = FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("advice: rank 2 on host-a was a straggler"), std::string::npos);
+  EXPECT_NE(report.find("slowest rank: 2 (compute and data wait per step before the sync"),
+            std::string::npos)
+      << "every step time is alike in synchronous DDP: the split names it\n" << report;
+  EXPECT_EQ(nlohmann::json::parse(SnapshotJson(snap, false))["slowest_rank"], 2);
 }
 
 TEST(Telemetry, TheFactorIsConfigurable) {

@@ -26,13 +26,15 @@ std::map<std::string, std::string> PythonEnv() {
           {"OMP_NUM_THREADS", "1"}};
 }
 
-// Runs the probe with 4 ranks for `seconds`; with `pulse_rank` >= 0 that rank is stopped and
-// continued (60 ms each) from this test until the job ends. Returns the report.
+// Runs the probe with 4 ranks for 12 s, 80 ms of "compute" a step (long against scheduling
+// jitter on a loaded machine, so a balanced run stays balanced); with `pulse_rank` >= 0 that
+// rank is stopped and continued (60 ms each) from this test until the job ends. Returns the
+// report.
 nlohmann::json RunProbe(int pulse_rank, std::string* output) {
   const std::string dir = MakeTempDir();
   Started s = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "4", "--report-json",
                             dir + "/report.json", std::string(SOURCE_DIR) +
-                            "/tests/python/straggler_probe.py", "12", "0.04"},
+                            "/tests/python/straggler_probe.py", "12", "0.08"},
                            PythonEnv());
   EXPECT_TRUE(ReadUntil(s, "ready ", 4, kDeadline)) << s.output;
   int pid = -1;

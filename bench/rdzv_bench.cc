@@ -146,15 +146,33 @@ struct RoundResult {
   std::vector<JoinResponse> responses;
 };
 
-// Sends all joins asynchronously over `channels` channels; times first send -> last reply.
-RoundResult JoinAll(int port, const Flags& f, int round_tag) {
+// `channels` stubs on distinct connections (the tag keeps each wave's connections apart).
+std::vector<std::unique_ptr<Rendezvous::Stub>> Stubs(int port, int channels, int tag) {
   std::vector<std::unique_ptr<Rendezvous::Stub>> stubs;
-  for (int c = 0; c < f.channels; ++c) {
+  for (int c = 0; c < channels; ++c) {
     grpc::ChannelArguments args;
-    args.SetInt("grpc.channel_id", c + round_tag * 1000);  // distinct connections
+    args.SetInt("grpc.channel_id", c + tag * 1000);
     stubs.push_back(Rendezvous::NewStub(grpc::CreateCustomChannel(
         "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args)));
   }
+  return stubs;
+}
+
+void FillAuth(dlrun::rdzv::v1::Auth* a) {
+  a->set_protocol_version(dlrun::rdzv::kProtocolVersion);
+  a->set_run_id("bench");
+  a->set_token("bench-token");
+}
+
+std::string NodeId(int i) {
+  char id[32];
+  std::snprintf(id, sizeof id, "node%06d", i);
+  return id;
+}
+
+// Sends all joins asynchronously over `channels` channels; times first send -> last reply.
+RoundResult JoinAll(int port, const Flags& f, int round_tag) {
+  auto stubs = Stubs(port, f.channels, round_tag);
   struct Call {
     grpc::ClientContext ctx;
     JoinRequest req;
@@ -164,11 +182,8 @@ RoundResult JoinAll(int port, const Flags& f, int round_tag) {
   for (int i = 0; i < f.agents; ++i) {
     calls[i] = std::make_unique<Call>();
     auto& r = calls[i]->req;
-    r.mutable_auth()->set_protocol_version(dlrun::rdzv::kProtocolVersion);
-    r.mutable_auth()->set_run_id("bench");
-    r.mutable_auth()->set_token("bench-token");
-    char id[32];
-    std::snprintf(id, sizeof id, "node%06d", i);
+    FillAuth(r.mutable_auth());
+    const std::string id = NodeId(i);
     r.mutable_node()->set_node_id(id);
     r.mutable_node()->set_hostname(id);
     r.mutable_node()->set_address("127.0.0.1");
@@ -208,13 +223,7 @@ RoundResult JoinAll(int port, const Flags& f, int round_tag) {
 // with `telemetry`, each carries its node's NodeTelemetry for nproc ranks (what agents send
 // every second). Returns the time first send -> last reply, or -1 if any failed.
 double HeartbeatAll(int port, const Flags& f, bool telemetry) {
-  std::vector<std::unique_ptr<Rendezvous::Stub>> stubs;
-  for (int c = 0; c < f.channels; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt("grpc.channel_id", c + 9000);
-    stubs.push_back(Rendezvous::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args)));
-  }
+  auto stubs = Stubs(port, f.channels, 9);
   struct Call {
     grpc::ClientContext ctx;
     dlrun::rdzv::v1::HeartbeatRequest req;
@@ -224,11 +233,8 @@ double HeartbeatAll(int port, const Flags& f, bool telemetry) {
   for (int i = 0; i < f.agents; ++i) {
     calls[i] = std::make_unique<Call>();
     auto& r = calls[i]->req;
-    r.mutable_auth()->set_protocol_version(dlrun::rdzv::kProtocolVersion);
-    r.mutable_auth()->set_run_id("bench");
-    r.mutable_auth()->set_token("bench-token");
-    char id[32];
-    std::snprintf(id, sizeof id, "node%06d", i);
+    FillAuth(r.mutable_auth());
+    const std::string id = NodeId(i);
     r.set_node_id(id);
     r.set_round(2);
     if (telemetry) {
@@ -277,10 +283,8 @@ bool ReportFailure(int port) {
   auto stub = Rendezvous::NewStub(
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   dlrun::rdzv::v1::FailureReport req;
-  req.mutable_auth()->set_protocol_version(dlrun::rdzv::kProtocolVersion);
-  req.mutable_auth()->set_run_id("bench");
-  req.mutable_auth()->set_token("bench-token");
-  req.set_node_id("node000007");
+  FillAuth(req.mutable_auth());
+  req.set_node_id(NodeId(7));
   req.set_round(1);
   req.set_reason("bench: simulated worker failure");
   grpc::ClientContext ctx;

@@ -99,7 +99,7 @@ class Agent {
   int RunAttempts();
   void Report(int rc, double wall_s);
   // This node's figures now (cumulative), from the step records and the sampler.
-  rdzv::NodeTelemetry NodeFigures(bool all_steps);
+  rdzv::NodeTelemetry NodeFigures(bool all_steps);  // agent_telemetry.cc, as the two below
   // Publishes NodeFigures() to the source when the period has passed (or `now_anyway`).
   void MaybePublish(bool now_anyway = false, bool all_steps = false);
   SteadyTime PublishDue() const;
@@ -111,6 +111,9 @@ class Agent {
     bool heartbeat_seen = false;
     SteadyTime last_heartbeat;
   };
+  // A current worker's sampled CPU, memory and GPU memory into `x` (kept across its samples).
+  void AddProcessFigures(const Worker& w, const std::map<pid_t, ProcSample>& procs,
+                         rdzv::RankTelemetry* x);
   // How one attempt's supervision ended.
   struct Watch {
     enum class Outcome { kSucceeded, kFailed, kHung, kSignalled, kRestart, kStop } outcome;

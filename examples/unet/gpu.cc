@@ -1,7 +1,13 @@
 #include "unet/gpu.h"
 
 #include <ATen/autocast_mode.h>
+#ifdef DLRUN_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
+#include <unordered_map>
 #include <stdexcept>
 
 namespace dlrun::examples {
@@ -12,8 +18,18 @@ torch::Device PickDevice(const std::string& want, int local_rank) {
   }
   const bool cuda = torch::cuda::is_available();
   if (want == "cuda" && !cuda) {
+#ifdef DLRUN_WITH_CUDA
     throw std::runtime_error(
-        "--device cuda: no GPU is usable (this LibTorch has no CUDA, or none is visible)");
+        "--device cuda: no GPU is usable (none is visible to this process; "
+        "CUDA_VISIBLE_DEVICES='" +
+        std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES")
+                                                        : "(unset)") +
+        "'): use --device cpu");
+#else
+    throw std::runtime_error(
+        "--device cuda: no GPU is usable (this LibTorch has no CUDA: build dlrun against a CUDA "
+        "build of torch)");
+#endif
   }
   if (want == "cpu" || !cuda) return torch::Device(torch::kCPU);
   const int n = static_cast<int>(torch::cuda::device_count());
@@ -39,14 +55,38 @@ void ToChannelsLast(const std::vector<torch::Tensor>& params) {
 
 AutocastScope::AutocastScope(bool enabled) : enabled_(enabled) {
   if (!enabled_) return;
-  previous_ = at::autocast::is_enabled();
-  at::autocast::set_enabled(true);
+  previous_ = at::autocast::is_autocast_enabled(at::kCUDA);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);  // float16, as torch.autocast("cuda")
 }
 
 AutocastScope::~AutocastScope() {
   if (!enabled_) return;
-  at::autocast::set_enabled(previous_);
+  at::autocast::set_autocast_enabled(at::kCUDA, previous_);
   if (!previous_) at::autocast::clear_cache();
+}
+
+torch::Tensor ToDeviceAsync(const torch::Tensor& t, const torch::Device& device) {
+  if (!device.is_cuda()) return t;
+#ifdef DLRUN_WITH_CUDA
+  // The copy runs on a side stream from pinned memory, so it overlaps the compute queued on
+  // the current stream; the current stream waits for it with an event (not the host), and the
+  // tensor is marked as used there so its memory is not reused while the compute reads it.
+  const c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream();
+  const c10::cuda::CUDAStream copy = c10::cuda::getStreamFromPool(false, device.index());
+  torch::Tensor out;
+  {
+    const c10::cuda::CUDAStreamGuard on_copy(copy);
+    out = t.pin_memory().to(device, /*non_blocking=*/true);
+  }
+  at::cuda::CUDAEvent copied;
+  copied.record(copy);
+  copied.block(compute);
+  out.record_stream(compute);
+  return out;
+#else
+  return t.to(device);
+#endif
 }
 
 GradScaler::GradScaler(bool enabled, double init_scale, int64_t growth_interval)
@@ -59,14 +99,23 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
 bool GradScaler::unscale(const std::vector<torch::Tensor>& params) {
   if (!enabled_) return true;
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> bad;
+  // PyTorch's own kernel (as torch.amp.GradScaler.unscale_): one fused pass per device that
+  // multiplies every gradient by 1/scale and sets found_inf when any is inf or NaN, on the
+  // gradients' device (CPU or CUDA); one host sync for the verdict.
+  std::unordered_map<torch::Device, std::vector<torch::Tensor>> by_device;
   for (const auto& p : params) {
-    torch::Tensor g = p.grad();
-    if (!g.defined()) continue;
-    bad.push_back(torch::logical_not(torch::isfinite(g)).any());
-    g.mul_(1.0 / scale_);
+    const torch::Tensor& g = p.grad();
+    if (g.defined()) by_device[g.device()].push_back(g);
   }
-  return bad.empty() || !torch::stack(bad).any().item<bool>();
+  bool finite = true;
+  for (auto& [device, grads] : by_device) {
+    auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+    torch::Tensor found_inf = torch::zeros({1}, opts);
+    torch::Tensor inv_scale = torch::full({1}, 1.0 / scale_, opts);
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+    finite = finite && found_inf.item<float>() == 0.0f;
+  }
+  return finite;
 }
 
 void GradScaler::update(bool finite) {

@@ -1,7 +1,8 @@
 // The U-Net trainer's GPU path: device choice, cuDNN/TF32 settings, channels-last, and mixed
-// precision (autocast + dynamic loss scaling). Everything compiles against a CPU-only LibTorch
-// (Debian's) and is chosen at run time; the parts that need a GPU have never run here (no GPU
-// on the development and CI machines). GradScaler's logic is tested on the CPU.
+// precision (autocast + dynamic loss scaling). With a CUDA LibTorch (DLRUN_WITH_CUDA) the CUDA
+// parts (stream copies) are compiled in every build; a CPU-only LibTorch compiles the rest, and
+// the choice is made at run time. No GPU on the development and CI machines: GradScaler and
+// channels-last are tested on the CPU, scripts/gpu-check runs the rest on a GPU.
 #pragma once
 
 #include <torch/torch.h>
@@ -22,6 +23,10 @@ void ConfigureBackends(const torch::Device& device);
 // Parameters of rank >= 5 (Conv3d / ConvTranspose3d weights) to channels-last-3d, in place:
 // the parameter objects stay the same, so optimizers and DDP keep working.
 void ToChannelsLast(const std::vector<torch::Tensor>& params);
+
+// `t` on `device`: on CUDA copied from pinned memory on a side stream that the current stream
+// waits for (no host sync); elsewhere `t` itself.
+torch::Tensor ToDeviceAsync(const torch::Tensor& t, const torch::Device& device);
 
 // Autocast (float16 on CUDA) for the scope's forward pass and loss, when enabled.
 class AutocastScope {

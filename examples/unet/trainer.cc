@@ -271,7 +271,7 @@ void Trainer::PrintHeader() {
 }
 
 torch::Tensor Trainer::ToDevice(torch::Tensor t) const {
-  if (device_.is_cuda()) t = t.pin_memory().to(device_, /*non_blocking=*/true);
+  t = dlrun::examples::ToDeviceAsync(t, device_);
   return channels_last_ ? t.contiguous(torch::MemoryFormat::ChannelsLast3d) : t;
 }
 

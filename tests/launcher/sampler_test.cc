@@ -43,8 +43,8 @@ pid_t Child(bool busy) {
   const pid_t pid = fork();
   if (pid == 0) {
     if (busy) {
-      for (volatile uint64_t i = 0;; ++i) {
-      }
+      volatile uint64_t spins = 0;
+      for (;;) spins = spins + 1;
     }
     pause();
     _exit(0);

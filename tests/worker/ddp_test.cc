@@ -3,9 +3,9 @@
 #include <filesystem>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "dlrun/ddp.h"
+#include "dlrun/worker.h"
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "unet/unet.h"
@@ -14,10 +14,7 @@ namespace dlrun::worker {
 namespace {
 
 c10::intrusive_ptr<c10d::ProcessGroup> SoloGroup() {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto opts = c10d::ProcessGroupGloo::Options::create();
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, 0, 1, opts);
+  return makeGlooGroup(c10::make_intrusive<c10d::HashStore>(), 0, 1, "127.0.0.1");
 }
 
 // Expected counts from PyTorch 1.13's own dist._compute_bucket_assignment_by_size on the same

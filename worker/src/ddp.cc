@@ -72,7 +72,9 @@ struct DistributedDataParallel::Impl {
   struct Slot {
     std::string name;
     torch::Tensor param;
-    std::shared_ptr<torch::autograd::Node> accumulator;  // kept alive: it owns our hook
+    // Kept alive: it owns our hook. (LibTorch 2.x: an intrusive_ptr; 1.13: a shared_ptr.)
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()))
+        accumulator;
     size_t bucket = 0;
     int64_t offset = 0;
     torch::Tensor view;  // this parameter's part of the bucket, shaped like the parameter

@@ -1,7 +1,17 @@
+// The process-group headers expose their backends only with these defined (LibTorch's own build
+// and its CMake target define them); Gloo is in every LibTorch, NCCL where it has CUDA.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO
+#endif
+#if defined(DLRUN_WITH_CUDA) && !defined(USE_C10D_NCCL)
+#define USE_C10D_NCCL
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
-#ifdef USE_C10D_NCCL
+#ifdef DLRUN_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -55,11 +65,66 @@ void AwaitListener(const std::string& addr, int port, std::chrono::milliseconds 
   freeaddrinfo(res);
 }
 
+// LibTorch 2.x: a ProcessGroup holds one Backend per device type. Collectives on CPU tensors
+// go to Gloo; with NCCL, CUDA tensors go to NCCL and CPU tensors (a CPU barrier, a digest's
+// allgather) still find Gloo.
+c10::intrusive_ptr<c10d::ProcessGroup> MakeProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> nccl) {
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  if (nccl) {
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  } else {
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  }
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  return pg;
+}
+
 bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
 }  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size, const std::string& address,
+                                                    std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  opts->timeout = timeout;
+  opts->devices.push_back(address.empty()
+                              ? c10d::ProcessGroupGloo::createDefaultDevice()
+                              : c10d::ProcessGroupGloo::createDeviceForHostname(address));
+  return MakeProcessGroup(store, rank, size,
+                          c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts),
+                          nullptr);
+}
+
+std::string ResolveBackend(const std::string& requested) {
+  if (requested != "auto" && requested != "gloo" && requested != "nccl") {
+    throw std::runtime_error(absl::StrCat("unknown backend '", requested,
+                                          "': expected auto, gloo or nccl"));
+  }
+#ifdef DLRUN_WITH_CUDA
+  const bool have_gpu = torch::cuda::is_available();
+  if (requested == "auto") return have_gpu ? "nccl" : "gloo";
+  if (requested == "nccl" && !have_gpu) {
+    throw std::runtime_error(absl::StrCat(
+        "backend 'nccl' needs a GPU, and none is visible to this process (CUDA_VISIBLE_DEVICES='",
+        std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "(unset)",
+        "', ", torch::cuda::device_count(), " device(s)): use gloo, or run where a GPU is"));
+  }
+#else
+  if (requested == "auto") return "gloo";
+  if (requested == "nccl") {
+    throw std::runtime_error(
+        "backend 'nccl' is not available: this LibTorch build has no CUDA (a CPU-only torch); use "
+        "gloo, or build dlrun against a CUDA build of torch");
+  }
+#endif
+  return requested;
+}
 
 Context init(const InitOptions& options) {
   // A warm spare waits here for the attempt it will run (docs/RECOVERY.md).
@@ -82,23 +147,7 @@ Context init(const InitOptions& options) {
     }
     timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
-  std::string backend = options.backend;
-#ifdef USE_C10D_NCCL
-  if (backend == "auto") backend = torch::cuda::is_available() ? "nccl" : "gloo";
-#else
-  if (backend == "auto") backend = "gloo";  // Debian's LibTorch is CPU-only
-#endif
-  if (backend != "gloo" && backend != "nccl") {
-    throw std::runtime_error(absl::StrCat("unknown backend '", backend,
-                                          "': expected auto, gloo or nccl"));
-  }
-#ifndef USE_C10D_NCCL
-  if (backend == "nccl") {
-    throw std::runtime_error(
-        "backend 'nccl' is not available in this LibTorch build (it has no CUDA): use gloo");
-  }
-#endif
-
+  const std::string backend = ResolveBackend(options.backend);
   c10d::TCPStoreOptions so;
   so.port = static_cast<uint16_t>(e.master_port);
   so.isServer = e.rank == 0;
@@ -116,19 +165,6 @@ Context init(const InitOptions& options) {
         e.master_addr, ":", e.master_port, " within ", timeout.count() / 1000.0,
         " s (MASTER_ADDR/MASTER_PORT): ", what));
   }
-#ifdef USE_C10D_NCCL
-  if (backend == "nccl") {
-    // One GPU per process: the device of LOCAL_RANK (dlrun also narrows CUDA_VISIBLE_DEVICES).
-    const int ndev = static_cast<int>(torch::cuda::device_count());
-    c10::cuda::set_device(static_cast<c10::DeviceIndex>(ndev == 1 ? 0 : e.local_rank % ndev));
-    auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
-    nccl_opts->timeout = timeout;
-    ctx.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(ctx.store, e.rank, e.world_size,
-                                                         nccl_opts);
-    return ctx;
-  }
-#endif
-
   auto gloo_opts = c10d::ProcessGroupGloo::Options::create();
   gloo_opts->timeout = timeout;
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
@@ -142,7 +178,28 @@ Context init(const InitOptions& options) {
   } else {
     gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
-  ctx.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(ctx.store, e.rank, e.world_size, gloo_opts);
+  // Gloo and NCCL each get their own view of the store (as torch.distributed does), so that
+  // their keys cannot collide.
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("gloo", ctx.store), e.rank, e.world_size, gloo_opts);
+  c10::intrusive_ptr<c10d::Backend> nccl;
+#ifdef DLRUN_WITH_CUDA
+  if (backend == "nccl") {
+    // One GPU per process: the device of LOCAL_RANK (or the one visible device when dlrun
+    // narrows CUDA_VISIBLE_DEVICES).
+    const int ndev = static_cast<int>(torch::cuda::device_count());
+    const auto dev = static_cast<c10::DeviceIndex>(ndev == 1 ? 0 : e.local_rank % ndev);
+    c10::cuda::set_device(dev);
+    auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+    nccl_opts->timeout = timeout;
+    auto pg_nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        c10::make_intrusive<c10d::PrefixStore>("nccl", ctx.store), e.rank, e.world_size,
+        nccl_opts);
+    pg_nccl->setBoundDeviceId(c10::Device(c10::DeviceType::CUDA, dev));
+    nccl = pg_nccl;
+  }
+#endif
+  ctx.pg = MakeProcessGroup(ctx.store, e.rank, e.world_size, gloo, nccl);
   return ctx;
 }
 

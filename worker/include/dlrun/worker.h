@@ -42,6 +42,18 @@ struct Context {
 // with a one-line message (naming the variable, or the master address and port) on failure.
 Context init(const InitOptions& options = {});
 
+// A Gloo process group over `store` for a trainer that makes its own store (or a one-rank group
+// over a c10d::HashStore in a test), bound to `address` ("" = the host's default interface).
+// init() makes its groups the same way; Gloo's headers stay inside the library.
+c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& address,
+    std::chrono::milliseconds timeout = std::chrono::minutes(5));
+
+// "auto" -> "nccl" where LibTorch has CUDA and a GPU is visible, else "gloo". Throws a one-line
+// std::runtime_error for an unknown name, or "nccl" without CUDA or without a GPU, before any
+// process group is made (init() calls it first).
+std::string ResolveBackend(const std::string& requested);
+
 // A 64-bit digest of the exact bytes of `tensors` (for checking ranks agree bit for bit).
 uint64_t digest(const std::vector<torch::Tensor>& tensors);
 

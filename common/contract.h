@@ -25,6 +25,8 @@ inline constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
 inline constexpr char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
 inline constexpr char kRunId[] = "TORCHELASTIC_RUN_ID";
 inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+// torchrun 2.x: the --signals-to-handle list, as given (default SIGTERM,SIGINT,SIGHUP,SIGQUIT).
+inline constexpr char kSignalsToHandle[] = "TORCHELASTIC_SIGNALS_TO_HANDLE";
 // JSON written by a failing worker ({"message": {"message": ..., "extraInfo": {"timestamp"}}}),
 // read by the agent to name the root cause. Path: RUN_DIR/attempt_K/LOCAL_RANK/error.json.
 inline constexpr char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
@@ -37,6 +38,15 @@ bool Agent::IsPassthrough(int sig) const {
   return std::find(p.begin(), p.end(), sig) != p.end();
 }
 
+std::string Agent::ConsolePrefix(int rank, int local_rank) const {
+  if (options_.console_prefix_template.empty()) return absl::StrCat("[rank ", rank, "]: ");
+  return absl::StrReplaceAll(options_.console_prefix_template,
+                             {{"${role_name}", current_.role},
+                              {"${local_rank}", absl::StrCat(local_rank)},
+                              {"${rank}", absl::StrCat(rank)},
+                              {"${hostname}", options_.hostname}});
+}
+
 SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   SpawnSpec spec;
   spec.local_rank = lr;
@@ -53,7 +63,11 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
     spec.env[contract::kCudaVisibleDevices] = options_.gpus[lr];
   }
   if (lr < static_cast<int>(options_.worker_cpus.size())) spec.cpus = options_.worker_cpus[lr];
-  spec.console_prefix = absl::StrCat("[rank ", current_.rank_offset + lr, "]: ");
+  // (insert_or_assign: GCC 12 warns falsely about "= \"0\"" here, -Wrestrict.)
+  if (options_.virtual_local_rank) {
+    spec.env.insert_or_assign(contract::kLocalRank, std::string(1, '0'));
+  }
+  spec.console_prefix = ConsolePrefix(current_.rank_offset + lr, lr);
   const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
   const auto& shown_ranks = options_.console_ranks;
   const bool shown = shown_ranks.empty() ||

@@ -41,6 +41,10 @@ struct AgentOptions {
   // torchrun's 0-3 (1 stdout, 2 stderr, 3 both): redirected streams leave the console.
   // console_ranks (--local-ranks-filter): only these local ranks reach the console.
   std::string log_dir;
+  // --log-line-prefix-template: ${role_name}, ${local_rank}, ${rank}, ${hostname}; empty:
+  // "[rank N]: ".
+  std::string console_prefix_template;
+  bool virtual_local_rank = false;  // LOCAL_RANK=0 in every worker (torchrun 2.x)
   std::vector<int> redirects;      // per local rank; empty = 0
   std::vector<int> console_ranks;  // empty = all
   // Hang detection: a worker that has sent at least one heartbeat (dlrun::worker::heartbeat()
@@ -96,6 +100,8 @@ class Agent {
   const std::map<int, RankSteps>& rank_steps() const { return rank_steps_; }
 
  private:
+  // The console prefix of a worker's lines: "[rank N]: " or --log-line-prefix-template's.
+  std::string ConsolePrefix(int rank, int local_rank) const;
   int RunAttempts();
   void Report(int rc, double wall_s);
   // This node's figures now (cumulative), from the step records and the sampler.

@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +73,9 @@ void NoteIgnoredFlags(const LaunchOptions& o) {
   if (o.given.count("event-log-handler")) {
     spdlog::info("--event-log-handler {}: no effect", o.event_log_handler);
   }
+  for (const char* f : {"duplicate-stdout-filters", "duplicate-stderr-filters"}) {
+    if (o.given.count(f)) spdlog::info("--{}: no effect (grep the --log-dir files)", f);
+  }
   if (o.given.count("monitor-interval")) {
     spdlog::info("--monitor-interval: no effect (dlrun sees worker exits at once)");
   }
@@ -85,12 +89,15 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
   gpu.visible_devices = env(contract::kCudaVisibleDevices);
   if (o.gpus == "least-loaded") gpu.loads = QueryGpuLoads();
   gpu.device_count = CountGpus();
-  auto gpus = ResolveGpus(o.gpus, nproc, gpu);
+  // torchrun 2.x's --virtual-local-rank: every worker sees its own GPU as device 0.
+  auto gpus = ResolveGpus(o.virtual_local_rank && o.gpus == "inherit" ? "per-worker" : o.gpus,
+                          nproc, gpu);
   if (!gpus.ok()) return gpus.status();
   a->gpus = *gpus;
   a->argv = WorkerArgv(o, env(contract::kPythonExec).value_or("python3"));
   if (o.spare_workers != "off") a->spare_argv = WarmSpareArgv(a->argv);
   if (o.spare_workers == "on" && a->spare_argv.empty()) a->spare_argv = a->argv;
+  a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     a->extra_env[contract::kPythonUnbuffered] = "1";
   }
@@ -117,6 +124,8 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   SplitSignals(o.signals_to_handle, &a);
   a.grace = o.grace_period;
   a.hang_timeout = o.hang_timeout;
+  a.console_prefix_template = o.log_line_prefix_template;
+  a.virtual_local_rank = o.virtual_local_rank;
   a.redirects = StdSpecPerRank(o.redirects, nproc);
   if (!o.local_ranks_filter.empty()) {
     auto ranks = ParseRankList(o.local_ranks_filter, nproc);
@@ -269,10 +278,18 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
 
 int LaunchMain(std::vector<std::string> args, bool env_only) {
   const EnvLookup env = ProcessEnv();
-  if (env_only) args.push_back("true");  // `dlrun env [options]` needs no program
+  // `dlrun env [options]` and `dlrun --print-completion SHELL` need no program.
+  const bool completion = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--print-completion", 0) == 0 || a.rfind("--print_completion", 0) == 0;
+  });
+  if (env_only || completion) args.push_back("true");
   auto parsed = ParseLaunchOptions(args, env);
   if (!parsed.ok()) return Fail(parsed.status());
   LaunchOptions o = *std::move(parsed);
+  if (!o.print_completion.empty()) {
+    std::fputs(CompletionScript(o.print_completion).c_str(), stdout);
+    return 0;
+  }
   auto detected = DetectEnvironment(env, &o);
   if (!detected.ok()) return Fail(detected.status());
   if (env_only) {

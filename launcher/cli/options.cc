@@ -137,6 +137,13 @@ absl::Status SetSignals(O& o, const std::string& v) {
   auto s = cli::ParseSignalList("signals-to-handle", v);
   if (!s.ok()) return s.status();
   o.signals_to_handle = *s;
+  o.signals_to_handle_text = v;
+  return absl::OkStatus();
+}
+
+absl::Status SetPrintCompletion(O& o, const std::string& v) {
+  if (v != "bash" && v != "zsh" && v != "tcsh") return BadValue("print-completion", v, "bash, zsh or tcsh");
+  o.print_completion = v;
   return absl::OkStatus();
 }
 
@@ -203,6 +210,19 @@ std::vector<Flag> BaseFlags() {
        "restart workers whose dlrun::worker heartbeats stop this long (0: off)"},
       {"grace-period", "", true, DurationField("grace-period", &O::grace_period, true),
        "seconds between SIGTERM and SIGKILL when stopping workers (default 30)"},
+      {"shutdown-timeout", "", true, DurationField("shutdown-timeout", &O::grace_period, true),
+       "torchrun 2.x's name for --grace-period"},
+      {"log-line-prefix-template", "", true, StrField(&O::log_line_prefix_template),
+       "console prefix of worker lines with ${role_name}, ${local_rank}, ${rank}, ${hostname} "
+       "(default '[rank ${rank}]: ')"},
+      {"virtual-local-rank", "", false, BoolField(&O::virtual_local_rank),
+       "LOCAL_RANK=0 in every worker, each seeing only its own GPU (implies --gpus per-worker)"},
+      {"duplicate-stdout-filters", "", true, StrField(&O::duplicate_stdout_filters),
+       "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
+      {"duplicate-stderr-filters", "", true, StrField(&O::duplicate_stderr_filters),
+       "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
+      {"print-completion", "", true, SetPrintCompletion,
+       "print a shell completion script (bash, zsh or tcsh) for dlrun's flags and exit"},
       {"gpus", "", true, SetGpus,
        "inherit (default: CUDA_VISIBLE_DEVICES as set), per-worker (local rank i sees only the "
        "i-th visible GPU, as device 0), least-loaded (NVML picks), or device ids 0,1,..."},
@@ -230,6 +250,21 @@ std::vector<Flag> BaseFlags() {
 }
 
 }  // namespace
+
+std::string CompletionScript(const std::string& shell) {
+  std::string words;
+  for (const Flag& f : Flags()) {
+    absl::StrAppend(&words, words.empty() ? "" : " ", "--", f.name);
+    if (!f.short_name.empty()) absl::StrAppend(&words, " -", f.short_name);
+  }
+  absl::StrAppend(&words, " env slurm runai rdzv-server");
+  if (shell == "tcsh") return absl::StrCat("complete dlrun 'p/*/(", words, ")/'\n");
+  std::string script = absl::StrCat(
+      "_dlrun() { COMPREPLY=($(compgen -W \"", words,
+      "\" -- \"${COMP_WORDS[COMP_CWORD]}\")); }\ncomplete -o default -F _dlrun dlrun\n");
+  if (shell == "zsh") script = "autoload -U +X bashcompinit && bashcompinit\n" + script;
+  return script;
+}
 
 absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, int num_cpus) {
   if (value == "cpu") return num_cpus;

@@ -46,6 +46,7 @@ struct LaunchOptions {
   bool master_port_given = false;
   std::string local_addr;
   std::vector<int> signals_to_handle;  // parsed --signals-to-handle (default TERM,INT,HUP,QUIT)
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given
   std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL when stopping workers
   std::chrono::milliseconds hang_timeout{0};      // 0: off
   // CUDA_VISIBLE_DEVICES: inherit (default, as torchrun: left as the scheduler set it),
@@ -57,6 +58,13 @@ struct LaunchOptions {
   // torchrun flags that have no effect here (a one-line note says so when given).
   std::string start_method = "spawn";
   std::string logs_specs, event_log_handler;
+  std::string duplicate_stdout_filters, duplicate_stderr_filters;
+  // torchrun 2.x: the console prefix of each worker line, with ${role_name}, ${local_rank},
+  // ${rank} and ${hostname} (default: dlrun's "[rank N]: ").
+  std::string log_line_prefix_template;
+  // torchrun 2.x: LOCAL_RANK is 0 in every worker and each sees only its own GPU (as device 0).
+  bool virtual_local_rank = false;
+  std::string print_completion;  // bash | zsh | tcsh: print a completion script and exit
   bool worker_exit_code = false;  // exit with the root cause's code instead of torchrun's 1
   std::string report_json;        // --report-json: this node's end-of-job report as JSON
   // Warm spares (docs/RECOVERY.md): "auto" (default: for Python programs), "on" (also any
@@ -77,6 +85,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
                                                  const EnvLookup& env);
 
 // Resolves --nproc-per-node (auto|gpu|cpu|N) to a count, given the machine's GPUs and CPUs.
+// --print-completion: a completion script for `shell` (bash, zsh or tcsh) listing dlrun's flags.
+std::string CompletionScript(const std::string& shell);
+
 absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, int num_cpus);
 
 std::string UsageText();

@@ -1,14 +1,18 @@
 // dlrun against torchrun itself: the same small real programs under both, and what each sees and
-// does. torchrun is Debian's python3-torch (1.13), started through bench/torchrun_py311.py (its
-// Python 3.11 fix); torchrun 2.x's newer flags come from its run.py (shared/design/REFERENCE.md).
+// does. torchrun is `python -m torch.distributed.run` of the project's torch (2.15, from
+// scripts/install-deps); its flags are read from its own --help.
 #include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
@@ -17,7 +21,7 @@ namespace dlrun::testing {
 namespace {
 
 constexpr auto kDeadline = std::chrono::seconds(120);
-const std::string kPython = "/usr/bin/python3";
+const std::string kPython = TEST_PYTHON;
 const std::string kCompat = std::string(SOURCE_DIR) + "/tests/compat/";
 
 bool HaveTorch() {
@@ -27,7 +31,7 @@ bool HaveTorch() {
 }
 
 std::vector<std::string> Torchrun(std::vector<std::string> args) {
-  std::vector<std::string> cmd = {kPython, std::string(SOURCE_DIR) + "/bench/torchrun_py311.py"};
+  std::vector<std::string> cmd = {kPython, "-m", "torch.distributed.run"};
   cmd.insert(cmd.end(), args.begin(), args.end());
   return cmd;
 }
@@ -56,34 +60,71 @@ std::vector<nlohmann::json> Probe(const std::vector<std::string>& launcher_and_f
 }
 
 #define REQUIRE_TORCH() \
-  if (!HaveTorch()) GTEST_SKIP() << "Debian's python3-torch is needed (scripts/install-deps)"
+  if (!HaveTorch()) GTEST_SKIP() << "torch is needed: " << kPython << " (scripts/install-deps)"
+
+// The environment a launcher started with: this test's own plus the overrides it passes.
+std::map<std::string, std::string> LauncherInput(const std::map<std::string, std::string>& env) {
+  std::map<std::string, std::string> in;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) in[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) in[k] = v;
+  return in;
+}
+
+// The variables a launcher set or changed in a worker's environment.
+std::map<std::string, std::string> SetByLauncher(const nlohmann::json& worker_env,
+                                                 const std::map<std::string, std::string>& in) {
+  std::map<std::string, std::string> set;
+  for (const auto& [k, v] : worker_env.items()) {
+    auto it = in.find(k);
+    if (k != "_" && (it == in.end() || it->second != v.get<std::string>())) {
+      set[k] = v.get<std::string>();
+    }
+  }
+  return set;
+}
+
+// The README's torchrun compatibility section (where differences are listed with their reason).
+std::string ReadmeCompatSection() {
+  const std::string readme = ReadFile(std::string(SOURCE_DIR) + "/README.md");
+  const size_t start = readme.find("### torchrun compatibility");
+  const size_t end = readme.find("\n### ", start + 1);
+  return start == std::string::npos ? "" : readme.substr(start, end - start);
+}
 
 TEST(Compat, EveryRankSeesWhatTorchrunGivesItOnANodeWithFourGpus) {
   REQUIRE_TORCH();
   const std::map<std::string, std::string> env = {{"CUDA_VISIBLE_DEVICES", "0,1,2,3"}};
   auto theirs = Probe(Torchrun({"--standalone", "--nproc_per_node", "4"}), env);
   auto ours = Probe(Dlrun({"--standalone", "--nproc-per-node", "4"}), env);
+  auto in = LauncherInput(env);
+  in["PYTHON_EXEC"] = kPython;
+  const std::string differs = ReadmeCompatSection();
+  ASSERT_FALSE(differs.empty()) << "README.md has no '### torchrun compatibility' section";
   for (int rank = 0; rank < 4; ++rank) {
-    nlohmann::json a = ours[rank], b = theirs[rank];
+    const nlohmann::json &a = ours[rank], &b = theirs[rank];
     ASSERT_FALSE(a.is_null() || b.is_null()) << "rank " << rank;
     // The standard line torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) finds its device.
     EXPECT_TRUE(a["set_device_local_rank_ok"].get<bool>()) << a.dump();
-    EXPECT_EQ(a["CUDA_VISIBLE_DEVICES"], "0,1,2,3");
+    EXPECT_EQ(a["env"]["CUDA_VISIBLE_DEVICES"], "0,1,2,3");
     EXPECT_TRUE(a["unbuffered"].get<bool>());
-    // What differs by design: the store's address and port and the run id (each launcher picks
-    // its own), the error file's path, and the agent store (torchrun 1.13's c10d rendezvous
-    // keeps a store in the agent; dlrun's workers make theirs). OMP_NUM_THREADS: torchrun says
-    // 1, dlrun CPUs / workers (the same on this 2-CPU machine; never more than the CPUs).
-    for (const char* k : {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                          "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE",
-                          "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS"}) {
-      if (!b[k].is_null()) {
-        EXPECT_FALSE(a[k].is_null()) << k << " is set by torchrun only";
+    // Every variable torchrun sets, dlrun sets to the same value, or the README's compatibility
+    // section names it (`NAME`) with the reason it differs.
+    const auto mine = SetByLauncher(a["env"], in);
+    const auto torchruns = SetByLauncher(b["env"], in);
+    EXPECT_GE(torchruns.size(), 15u) << "torchrun set too few variables to compare: " << b.dump();
+    for (const auto& [k, v] : torchruns) {
+      auto it = mine.find(k);
+      ASSERT_NE(it, mine.end()) << k << "=" << v << " is set by torchrun, not by dlrun";
+      if (it->second != v) {
+        EXPECT_NE(differs.find("`" + k + "`"), std::string::npos)
+            << k << ": torchrun '" << v << "', dlrun '" << it->second
+            << "', and README.md's torchrun compatibility section does not name it";
       }
-      a.erase(k);
-      b.erase(k);
     }
-    EXPECT_EQ(a, b) << "dlrun: " << a.dump() << "\ntorchrun: " << b.dump();
   }
 }
 
@@ -93,14 +134,14 @@ TEST(Compat, OptInsNarrowEachWorkerToOneGpuAndLeastLoadedAsksNvml) {
                           {{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}});
   for (int rank = 0; rank < 4; ++rank) {
     // The documented consequence: each worker sees one device, index 0.
-    EXPECT_EQ(per_worker[rank]["CUDA_VISIBLE_DEVICES"], std::to_string(4 + rank));
+    EXPECT_EQ(per_worker[rank]["env"]["CUDA_VISIBLE_DEVICES"], std::to_string(4 + rank));
   }
   // A fake NVML: GPU 2 and 0 are the idle ones.
   auto least = Probe(Dlrun({"--standalone", "--nproc-per-node", "4", "--gpus", "least-loaded"}),
                      {{"DLRUN_NVML_LIBRARY", FAKE_NVML_LIB},
                       {"FAKE_NVML_GPUS", "100:1000:0,900:1000:90,0:1000:0,500:1000:50,800:1000:80"}});
   std::set<std::string> picked;
-  for (const auto& r : least) picked.insert(r["CUDA_VISIBLE_DEVICES"].get<std::string>());
+  for (const auto& r : least) picked.insert(r["env"]["CUDA_VISIBLE_DEVICES"].get<std::string>());
   EXPECT_EQ(picked, (std::set<std::string>{"0", "2", "3", "4"}));
 }
 
@@ -179,6 +220,56 @@ TEST(Compat, OnATerminalACProgramsLinesAndProgressBarsShowLive) {
   // A tqdm-style bar: each '\r' redraw shows at once, prefixed, no newline needed.
   ShowsWhileRunning(OnATerminal(Dlrun({"--standalone", kCompat + "output_probe.py", "bar"})),
                     "\r[rank 0]: progress 20%|##", {{"PYTHON_EXEC", kPython}});
+}
+
+// Every option line of torchrun's own --help ("  --nproc-per-node NPROC_PER_NODE, --nproc_per_node
+// NPROC_PER_NODE", "  -m, --module", "  --start-method {spawn,fork,forkserver}, ..."): each
+// spelling with a value it takes when it takes one.
+TEST(Compat, EveryFlagInTorchrunsOwnHelpIsAcceptedInEachSpelling) {
+  REQUIRE_TORCH();
+  ProcResult help = RunCommand({kPython, "-m", "torch.distributed.run", "--help"},
+                               {{"COLUMNS", "400"}}, std::chrono::seconds(60));
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  const std::map<std::string, std::string> samples = {
+      {"nnodes", "1"}, {"nproc-per-node", "2"}, {"rdzv-backend", "static"},
+      {"rdzv-endpoint", "localhost:29500"}, {"rdzv-id", "job"}, {"rdzv-conf", "join_timeout=60"},
+      {"max-restarts", "3"}, {"monitor-interval", "5"}, {"event-log-handler", "null"},
+      {"role", "trainer"}, {"log-dir", "/tmp"}, {"redirects", "3"}, {"r", "3"}, {"tee", "3"},
+      {"t", "3"}, {"log-line-prefix-template", "[${rank}]"}, {"local-ranks-filter", "0"},
+      {"duplicate-stdout-filters", "a,b"}, {"duplicate-stderr-filters", "a,b"},
+      {"node-rank", "0"}, {"master-addr", "127.0.0.1"}, {"master-port", "29500"},
+      {"local-addr", "127.0.0.1"}, {"logs-specs", "default"},
+      {"signals-to-handle", "SIGTERM,SIGINT"}, {"shutdown-timeout", "10"}};
+  std::istringstream lines(help.output.substr(help.output.find("options:")));
+  std::string line;
+  int checked = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("  -", 0) != 0) continue;  // option lines start with two spaces and a dash
+    // Up to the help text (two or more spaces), then split the spellings at ", ".
+    std::string spec = line.substr(2, line.find("  ", 2) - 2);
+    for (absl::string_view item : absl::StrSplit(spec, ", ")) {
+      std::vector<std::string> words = absl::StrSplit(item, ' ');
+      const std::string flag = words[0];
+      if (flag == "-h" || flag == "--help") continue;
+      std::string name = flag.substr(flag.find_first_not_of('-'));
+      std::replace(name.begin(), name.end(), '_', '-');
+      std::vector<std::string> cmd = {DLRUN_BIN, "env", flag};
+      if (words.size() > 1) {  // takes a value: a choice {a,b} or a METAVAR
+        if (words[1][0] == '{') {
+          cmd.push_back(words[1].substr(1, words[1].find_first_of(",}") - 1));
+        } else {
+          auto it = samples.find(name);
+          ASSERT_NE(it, samples.end()) << "torchrun has a flag this test has no value for: "
+                                       << flag << " (add one to `samples`)";
+          cmd.push_back(it->second);
+        }
+      }
+      ProcResult r = RunCommand(cmd, {}, std::chrono::seconds(30));
+      EXPECT_EQ(r.exit_code, 0) << absl::StrJoin(cmd, " ") << ": " << r.output;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 50) << "too few flags read from torchrun --help:\n" << help.output;
 }
 
 TEST(Compat, EveryTorchrunFlagIsAccepted) {

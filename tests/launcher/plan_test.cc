@@ -103,9 +103,9 @@ TEST(Plan, PythonProgramsRunUnderTheInterpreter) {
 }
 
 TEST(Plan, WarmSparesOnlyForPythonScriptsAndModules) {
-  auto spare = WarmSpareArgv({"/usr/bin/python3", "-u", "train.py", "--lr", "1"});
+  auto spare = WarmSpareArgv({TEST_PYTHON, "-u", "train.py", "--lr", "1"});
   ASSERT_EQ(spare.size(), 7u);
-  EXPECT_EQ(spare[0], "/usr/bin/python3");
+  EXPECT_EQ(spare[0], TEST_PYTHON);
   EXPECT_EQ(spare[1], "-u");
   EXPECT_EQ(spare[2], "-c");
   EXPECT_NE(spare[3].find("DLRUN_SPARE_FD"), std::string::npos);

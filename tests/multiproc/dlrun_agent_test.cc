@@ -181,13 +181,13 @@ nlohmann::json RunDdpCheck(const std::vector<std::string>& launcher) {
 }
 
 TEST(DlrunAgent, TorchDistributedProgramSeesWhatTorchrunGivesIt) {
-  if (!std::filesystem::exists("/usr/bin/python3") ||
-      RunCommand({"/usr/bin/python3", "-c", "import torch.distributed"}).exit_code != 0) {
+  if (!std::filesystem::exists(TEST_PYTHON) ||
+      RunCommand({TEST_PYTHON, "-c", "import torch.distributed"}).exit_code != 0) {
     GTEST_SKIP() << "Debian's python3-torch is not installed (scripts/install-deps installs it)";
   }
   nlohmann::json ours = RunDdpCheck({DLRUN_BIN, "--standalone", "--nproc-per-node", "2",
-                                     "/usr/bin/python3"});
-  nlohmann::json theirs = RunDdpCheck({"/usr/bin/python3", std::string(SOURCE_DIR) +
+                                     TEST_PYTHON});
+  nlohmann::json theirs = RunDdpCheck({TEST_PYTHON, std::string(SOURCE_DIR) +
                                        "/bench/torchrun_py311.py", "--standalone",
                                        "--nproc_per_node", "2"});
   ASSERT_EQ(ours.size(), 2u);

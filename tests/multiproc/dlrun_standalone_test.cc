@@ -141,7 +141,7 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   { std::ofstream(prog) << kSpareProbe; }
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts",
                              "1", prog, dir, "wait-for-spare"},
-                            {{"PYTHON_EXEC", "/usr/bin/python3"}});
+                            {{"PYTHON_EXEC", TEST_PYTHON}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto first = ReadKeyValues(dir + "/attempt0");
   auto second = ReadKeyValues(dir + "/attempt1");
@@ -162,7 +162,7 @@ TEST(DlrunStandalone, SpareWorkersOffRestartsCold) {
   { std::ofstream(prog) << kSpareProbe; }
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "off", "--max-restarts",
                              "1", prog, dir, "fail-at-once"},
-                            {{"PYTHON_EXEC", "/usr/bin/python3"}});
+                            {{"PYTHON_EXEC", TEST_PYTHON}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(ReadKeyValues(dir + "/attempt1")["warm"], "False");
   r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "always", "/bin/true"});
@@ -184,7 +184,7 @@ TEST(DlrunStandalone, StepRecordsFromAnyLanguageMakeTheReport) {
   }
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--report-json",
                              dir + "/report.json", prog},
-                            {{"PYTHON_EXEC", "/usr/bin/python3"},
+                            {{"PYTHON_EXEC", TEST_PYTHON},
                              {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("job report: succeeded"), std::string::npos) << r.output;

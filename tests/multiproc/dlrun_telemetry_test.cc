@@ -21,7 +21,7 @@ namespace {
 constexpr auto kDeadline = std::chrono::seconds(120);
 
 std::map<std::string, std::string> PythonEnv() {
-  return {{"PYTHON_EXEC", "/usr/bin/python3"},
+  return {{"PYTHON_EXEC", TEST_PYTHON},
           {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"},
           {"OMP_NUM_THREADS", "1"}};
 }
@@ -173,7 +173,7 @@ TEST(DlrunTelemetry, RdzvServerServesTheJobsMetricsAndReport) {
   std::string metrics;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline) {
-    metrics = RunCommand({"/usr/bin/python3", "-c", fetch}).output;
+    metrics = RunCommand({TEST_PYTHON, "-c", fetch}).output;
     if (metrics.find("dlrun_steps{rank=\"3\"}") != std::string::npos &&
         metrics.find("dlrun_world_size 4") != std::string::npos) {
       break;

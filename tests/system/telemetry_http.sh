@@ -43,7 +43,7 @@ while not os.path.exists(os.environ["STOP_FILE"]):
 EOF
 rdzv_port=$(free_port)
 export DLRUN_RDZV_TOKEN="telemetry-$$" PYTHONPATH="$SOURCE_DIR/python" STOP_FILE="$work/stop"
-export PYTHON_EXEC=/usr/bin/python3 OMP_NUM_THREADS=1
+export PYTHON_EXEC=${TEST_PYTHON:-/usr/bin/python3} OMP_NUM_THREADS=1
 node=(--nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$rdzv_port"
       --rdzv-id "telemetry-$$" --spare-workers off)
 "$DLRUN" "${node[@]}" --metrics-port 0 --metrics-addr 127.0.0.1 --report-json report.json \

@@ -149,6 +149,8 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
   app.add_option("--device", a.device, "auto (CUDA when available), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_flag("!--no-amp", a.amp, "no mixed precision on CUDA (autocast + loss scaling)");
+  app.add_option("--inject-inf-step", a.inject_inf_step,
+                 "make the loss inf at this step (checks that the loss scaler skips it)");
   app.add_flag("--channels-last{1},--no-channels-last{0}", a.channels_last,
                "channels-last 3D tensors (default: on CUDA only)");
   app.add_flag("--benchy", a.benchy,

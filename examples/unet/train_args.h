@@ -43,6 +43,7 @@ struct TrainArgs {
   std::string tensorboard_dir;
   std::string device = "auto";  // auto | cpu | cuda
   bool amp = true;               // mixed precision, on CUDA only
+  int64_t inject_inf_step = 0;   // > 0: an inf in the loss at this step (scripts/gpu-check)
   int channels_last = -1;        // -1: on CUDA only
 };
 

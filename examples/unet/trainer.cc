@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <cstdio>
 #include <fstream>
@@ -375,10 +376,16 @@ void Trainer::Step(int64_t step) {
       loss = Loss(a_.grad_sync ? ddp_->forward<torch::Tensor>(model_, x) : model_->forward(x), y,
                   a_.lambda_rho);
     }
+    // --inject-inf-step: an overflow on purpose (every gradient becomes inf or NaN).
+    if (step == a_.inject_inf_step) loss = loss * std::numeric_limits<float>::infinity();
     scaler_->scale(loss).backward();  // with sync: averaged over ranks when this returns
   }
   const bool finite = scaler_->unscale(params_);
   if (finite) opt_->step();  // an overflow under AMP skips the step on every rank alike
+  if (!finite && rank_ == 0) {
+    std::printf("step %ld: non-finite gradients, step skipped%s\n", step,
+                scaler_->enabled() ? " by the loss scaler" : "");
+  }
   scaler_->update(finite);
   dlrun::worker::heartbeat();
   std::vector<torch::Tensor> l{torch::stack(

@@ -17,8 +17,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> SoloGroup() {
   return makeGlooGroup(c10::make_intrusive<c10d::HashStore>(), 0, 1, "127.0.0.1");
 }
 
-// Expected counts from PyTorch 1.13's own dist._compute_bucket_assignment_by_size on the same
-// U-Net (Python, Debian's python3-torch), caps [1 MiB, bucket_cap_mb]:
+// Expected counts from PyTorch 2.15's own dist._compute_bucket_assignment_by_size on the same
+// U-Net (bench/unet_ddp.py's, parameters in reverse registration order), caps [1 MiB,
+// bucket_cap_mb] (1.13 gave the same). 2.x's DDP starts with one bucket (when
+// find_unused_parameters is off) and re-packs with these caps in ready order after the first
+// backward, which for this U-Net is reverse registration order: dlrun's first layout is 2.x's
+// layout from the second step on.
 //   width 64: cap 1 -> 11 buckets, 25 -> 8, 100 -> 5;  width 16: 8, 3, 2.
 TEST(DdpBuckets, UNetBucketCountsMatchPyTorch) {
   auto pg = SoloGroup();

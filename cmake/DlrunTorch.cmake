@@ -55,6 +55,9 @@ else()
   endforeach()
 endif()
 set(_torch_from "Torch_DIR/CMAKE_PREFIX_PATH")
+if(_torch_dir AND DLRUN_TORCH_FROM_PYTHON AND _torch_dir STREQUAL DLRUN_TORCH_FROM_PYTHON_DIR)
+  set(_torch_from "${DLRUN_TORCH_FROM_PYTHON}")  # found through the Python at the first configure
+endif()
 # 3: the project's Python.
 if(NOT _torch_dir)
   if(NOT DLRUN_PYTHON_EXE)
@@ -71,6 +74,8 @@ if(NOT _torch_dir)
   endif()
   set(_torch_dir "${_py_prefix}/Torch")
   set(_torch_from "${DLRUN_PYTHON_EXE}")
+  set(DLRUN_TORCH_FROM_PYTHON "${DLRUN_PYTHON_EXE}" CACHE INTERNAL "")
+  set(DLRUN_TORCH_FROM_PYTHON_DIR "${_torch_dir}" CACHE INTERNAL "")
 endif()
 if(NOT EXISTS "${_torch_dir}/TorchConfig.cmake")
   dlrun_fail("no TorchConfig.cmake in '${_torch_dir}': point Torch_DIR at a LibTorch's share/cmake/Torch")
@@ -139,25 +144,10 @@ endif()
 set(Torch_DIR "${_torch_dir}" CACHE PATH "LibTorch's share/cmake/Torch" FORCE)
 find_package(Torch CONFIG REQUIRED PATHS "${_torch_dir}" NO_DEFAULT_PATH)
 
-# PyPI's torch loads the CUDA runtime, NVRTC and NCCL it was built with from nvidia-* wheels beside
-# it. Link those too (not the toolkit's, whose libcudart.so.13 would be loaded first and serve
-# libtorch_cuda.so as well), and let the linker find libtorch_cuda.so's NCCL there.
-if(DLRUN_TORCH_CUDA)
-  file(GLOB _wheel_cudart "${_torch_prefix}/../nvidia/*/lib/libcudart.so.*")
-  file(GLOB _wheel_nvrtc "${_torch_prefix}/../nvidia/*/lib/libnvrtc.so.*")
-  file(GLOB _wheel_libdirs LIST_DIRECTORIES true "${_torch_prefix}/../nvidia/*/lib")
-  if(_wheel_cudart AND TARGET CUDA::cudart)
-    list(GET _wheel_cudart 0 _wheel_cudart)
-    set_target_properties(CUDA::cudart PROPERTIES IMPORTED_LOCATION "${_wheel_cudart}")
-  endif()
-  if(_wheel_nvrtc)
-    list(GET _wheel_nvrtc 0 _wheel_nvrtc)
-    list(TRANSFORM TORCH_LIBRARIES REPLACE ".*/libnvrtc\\.so$" "${_wheel_nvrtc}")
-  endif()
-  foreach(d IN LISTS _wheel_libdirs)
-    add_link_options("LINKER:-rpath-link,${d}")
-  endforeach()
-endif()
+# PyPI's torch: link the CUDA runtime, NVRTC and NCCL of its nvidia-* wheels (DlrunTorchWheel.cmake).
+include(${CMAKE_CURRENT_LIST_DIR}/DlrunTorchWheel.cmake)
+dlrun_torch_wheel_fixes("${_torch_prefix}")
+add_link_options(${DLRUN_TORCH_LINK_OPTIONS})
 
 # Gloo's headers: ProcessGroupGloo.hpp includes <gloo/...>. PyPI's wheel ships none; the zip
 # may. Only worker/src/init.cc includes it.

@@ -17,8 +17,10 @@ set_property(CACHE DLRUN_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(DLRUN_PYTHON "" CACHE FILEPATH
   "A Python with torch >= ${DLRUN_TORCH_MIN} (default: $DLRUN_PYTHON, else .venv/bin/python3)")
 
+# One line on stderr (FATAL_ERROR's text is re-wrapped at 80 columns), then the stop.
 function(dlrun_fail msg)
-  message(FATAL_ERROR "dlrun: ${msg}")
+  message(NOTICE "dlrun: ${msg}")
+  message(FATAL_ERROR "dlrun: configuration stopped (the line above names the problem and the fix)")
 endfunction()
 
 # The Python of the tests (torchrun, the Python workers) and, in case 3, of LibTorch.

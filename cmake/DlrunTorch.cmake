@@ -14,23 +14,11 @@ set(DLRUN_TORCH_TESTED 2.15.0)  # the version the README's set-up installs and C
 set(DLRUN_CUDA AUTO CACHE STRING
   "The GPU path (NCCL, CUDA streams): AUTO (when LibTorch has CUDA), ON (required) or OFF")
 set_property(CACHE DLRUN_CUDA PROPERTY STRINGS AUTO ON OFF)
-set(DLRUN_PYTHON "" CACHE FILEPATH
-  "A Python with torch >= ${DLRUN_TORCH_MIN} (default: $DLRUN_PYTHON, else .venv/bin/python3)")
-
 # One line on stderr (FATAL_ERROR's text is re-wrapped at 80 columns), then the stop.
 function(dlrun_fail msg)
   message(NOTICE "dlrun: ${msg}")
   message(FATAL_ERROR "dlrun: configuration stopped (the line above names the problem and the fix)")
 endfunction()
-
-# The Python of the tests (torchrun, the Python workers) and, in case 3, of LibTorch.
-set(DLRUN_PYTHON_EXE "${DLRUN_PYTHON}")
-if(NOT DLRUN_PYTHON_EXE AND DEFINED ENV{DLRUN_PYTHON})
-  set(DLRUN_PYTHON_EXE "$ENV{DLRUN_PYTHON}")
-endif()
-if(NOT DLRUN_PYTHON_EXE AND EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python3")
-  set(DLRUN_PYTHON_EXE "${PROJECT_SOURCE_DIR}/.venv/bin/python3")
-endif()
 
 # 1 and 2: a TorchConfig.cmake the user pointed at.
 set(_prefixes ${CMAKE_PREFIX_PATH})

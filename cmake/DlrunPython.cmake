@@ -4,7 +4,7 @@
 set(DLRUN_PYTHON "" CACHE FILEPATH
   "A Python with torch >= 2.4 (default: $DLRUN_PYTHON, else .venv/bin/python3)")
 
-# The Python of the tests (torchrun, the Python workers) and, in case 3, of LibTorch.
+# DLRUN_PYTHON (cache), else $DLRUN_PYTHON, else .venv/bin/python3 (scripts/install-deps).
 set(DLRUN_PYTHON_EXE "${DLRUN_PYTHON}")
 if(NOT DLRUN_PYTHON_EXE AND DEFINED ENV{DLRUN_PYTHON})
   set(DLRUN_PYTHON_EXE "$ENV{DLRUN_PYTHON}")

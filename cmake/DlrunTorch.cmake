@@ -5,9 +5,9 @@
 #   2. a Torch under CMAKE_PREFIX_PATH (cache or environment);
 #   3. the project's Python: DLRUN_PYTHON (cache or environment), else .venv/bin/python3 made by
 #      scripts/install-deps, asked for torch.utils.cmake_prefix_path.
-# Sets DLRUN_PYTHON_EXE (the Python of the tests and benchmarks, may be empty), DLRUN_TORCH_CUDA
-# (ON when this LibTorch has CUDA and the GPU path is built), DLRUN_NCCL_INCLUDE_DIR and
-# DLRUN_GLOO_INCLUDE_DIR. Every problem is one FATAL_ERROR line that names the fix.
+# Reads DLRUN_PYTHON_EXE (cmake/DlrunPython.cmake). Sets DLRUN_TORCH_CUDA (ON when this LibTorch
+# has CUDA and the GPU path is built), DLRUN_NCCL_INCLUDE_DIR and DLRUN_GLOO_INCLUDE_DIR. Every
+# problem is one line that names the fix (dlrun_fail), then the configure stops.
 
 set(DLRUN_TORCH_MIN 2.4)        # scripts/install-torch checks the same minimum
 set(DLRUN_TORCH_TESTED 2.15.0)  # the version the README's set-up installs and CI runs

@@ -7,8 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <unordered_map>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace dlrun::examples {
 
@@ -19,12 +19,11 @@ torch::Device PickDevice(const std::string& want, int local_rank) {
   const bool cuda = torch::cuda::is_available();
   if (want == "cuda" && !cuda) {
 #ifdef DLRUN_WITH_CUDA
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     throw std::runtime_error(
         "--device cuda: no GPU is usable (none is visible to this process; "
         "CUDA_VISIBLE_DEVICES='" +
-        std::string(std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES")
-                                                        : "(unset)") +
-        "'): use --device cpu");
+        std::string(visible ? visible : "(unset)") + "'): use --device cpu");
 #else
     throw std::runtime_error(
         "--device cuda: no GPU is usable (this LibTorch has no CUDA: build dlrun against a CUDA "

@@ -82,22 +82,65 @@ c10::intrusive_ptr<c10d::ProcessGroup> MakeProcessGroup(
   return pg;
 }
 
+// Gloo over its own view of the store (as torch.distributed does), so that its keys cannot
+// collide with another backend's.
+c10::intrusive_ptr<c10d::Backend> GlooBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                                              int rank, int size,
+                                              std::shared_ptr<::gloo::transport::Device> device,
+                                              std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  opts->timeout = timeout;
+  opts->devices.push_back(std::move(device));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("gloo", store), rank, size, opts);
+}
+
 bool IsLoopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
+
+// The interface Gloo binds: GLOO_SOCKET_IFNAME, else loopback for a loopback master, else the
+// address that routes to the master (right with several interfaces, and where the host name
+// resolves to loopback: containers, pods, network namespaces), else the host's default.
+std::shared_ptr<::gloo::transport::Device> GlooDeviceFor(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (IsLoopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (const std::string local = localAddressFor(master_addr); !local.empty()) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(local);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+#ifdef DLRUN_WITH_CUDA
+// NCCL on one GPU per process: the device of LOCAL_RANK (or the one visible device when dlrun
+// narrows CUDA_VISIBLE_DEVICES), over its own view of the store.
+c10::intrusive_ptr<c10d::Backend> NcclBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                                              const DistEnv& e, std::chrono::milliseconds timeout) {
+  const int ndev = static_cast<int>(torch::cuda::device_count());
+  const auto dev = static_cast<c10::DeviceIndex>(ndev == 1 ? 0 : e.local_rank % ndev);
+  c10::cuda::set_device(dev);
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+      c10::make_intrusive<c10d::PrefixStore>("nccl", store), e.rank, e.world_size, opts);
+  nccl->setBoundDeviceId(c10::Device(c10::DeviceType::CUDA, dev));
+  return nccl;
+}
+#endif
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size, const std::string& address,
                                                     std::chrono::milliseconds timeout) {
-  auto opts = c10d::ProcessGroupGloo::Options::create();
-  opts->timeout = timeout;
-  opts->devices.push_back(address.empty()
-                              ? c10d::ProcessGroupGloo::createDefaultDevice()
-                              : c10d::ProcessGroupGloo::createDeviceForHostname(address));
   return MakeProcessGroup(store, rank, size,
-                          c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts),
+                          GlooBackend(store, rank, size,
+                                      address.empty()
+                                          ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                          : c10d::ProcessGroupGloo::createDeviceForHostname(address),
+                                      timeout),
                           nullptr);
 }
 
@@ -110,10 +153,11 @@ std::string ResolveBackend(const std::string& requested) {
   const bool have_gpu = torch::cuda::is_available();
   if (requested == "auto") return have_gpu ? "nccl" : "gloo";
   if (requested == "nccl" && !have_gpu) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     throw std::runtime_error(absl::StrCat(
         "backend 'nccl' needs a GPU, and none is visible to this process (CUDA_VISIBLE_DEVICES='",
-        std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "(unset)",
-        "', ", torch::cuda::device_count(), " device(s)): use gloo, or run where a GPU is"));
+        visible ? visible : "(unset)", "', ", torch::cuda::device_count(),
+        " device(s)): use gloo, or run where a GPU is"));
   }
 #else
   if (requested == "auto") return "gloo";
@@ -165,39 +209,10 @@ Context init(const InitOptions& options) {
         e.master_addr, ":", e.master_port, " within ", timeout.count() / 1000.0,
         " s (MASTER_ADDR/MASTER_PORT): ", what));
   }
-  auto gloo_opts = c10d::ProcessGroupGloo::Options::create();
-  gloo_opts->timeout = timeout;
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-  } else if (IsLoopback(e.master_addr)) {
-    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  } else if (const std::string local = localAddressFor(e.master_addr); !local.empty()) {
-    // The address that routes to the master: right with several interfaces, and where the
-    // host name resolves to loopback (containers, pods, network namespaces).
-    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
-  } else {
-    gloo_opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  }
-  // Gloo and NCCL each get their own view of the store (as torch.distributed does), so that
-  // their keys cannot collide.
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      c10::make_intrusive<c10d::PrefixStore>("gloo", ctx.store), e.rank, e.world_size, gloo_opts);
+  auto gloo = GlooBackend(ctx.store, e.rank, e.world_size, GlooDeviceFor(e.master_addr), timeout);
   c10::intrusive_ptr<c10d::Backend> nccl;
 #ifdef DLRUN_WITH_CUDA
-  if (backend == "nccl") {
-    // One GPU per process: the device of LOCAL_RANK (or the one visible device when dlrun
-    // narrows CUDA_VISIBLE_DEVICES).
-    const int ndev = static_cast<int>(torch::cuda::device_count());
-    const auto dev = static_cast<c10::DeviceIndex>(ndev == 1 ? 0 : e.local_rank % ndev);
-    c10::cuda::set_device(dev);
-    auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
-    nccl_opts->timeout = timeout;
-    auto pg_nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-        c10::make_intrusive<c10d::PrefixStore>("nccl", ctx.store), e.rank, e.world_size,
-        nccl_opts);
-    pg_nccl->setBoundDeviceId(c10::Device(c10::DeviceType::CUDA, dev));
-    nccl = pg_nccl;
-  }
+  if (backend == "nccl") nccl = NcclBackend(ctx.store, e, timeout);
 #endif
   ctx.pg = MakeProcessGroup(ctx.store, e.rank, e.world_size, gloo, nccl);
   return ctx;

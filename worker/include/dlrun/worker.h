@@ -44,7 +44,7 @@ Context init(const InitOptions& options = {});
 
 // A Gloo process group over `store` for a trainer that makes its own store (or a one-rank group
 // over a c10d::HashStore in a test), bound to `address` ("" = the host's default interface).
-// init() makes its groups the same way; Gloo's headers stay inside the library.
+// init() makes its Gloo backend the same way; Gloo's headers stay inside the library.
 c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& address,
     std::chrono::milliseconds timeout = std::chrono::minutes(5));

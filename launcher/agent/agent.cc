@@ -56,17 +56,13 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(err).parent_path(), ec);
   std::filesystem::remove(err, ec);  // a stale file must not be taken for this attempt's
-  spec.env = BuildWorkerEnv(current_, lr, err, options_.omp_threads);
+  spec.env = BuildWorkerEnv(current_, lr, err, options_.omp_threads, options_.virtual_local_rank);
   for (const auto& [k, v] : options_.extra_env) spec.env[k] = v;
   for (const std::string& k : options_.keep_inherited) spec.env.erase(k);
   if (lr < static_cast<int>(options_.gpus.size())) {
     spec.env[contract::kCudaVisibleDevices] = options_.gpus[lr];
   }
   if (lr < static_cast<int>(options_.worker_cpus.size())) spec.cpus = options_.worker_cpus[lr];
-  // (insert_or_assign: GCC 12 warns falsely about "= \"0\"" here, -Wrestrict.)
-  if (options_.virtual_local_rank) {
-    spec.env.insert_or_assign(contract::kLocalRank, std::string(1, '0'));
-  }
   spec.console_prefix = ConsolePrefix(current_.rank_offset + lr, lr);
   const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
   const auto& shown_ranks = options_.console_ranks;

@@ -5,12 +5,13 @@
 namespace dlrun::launcher {
 
 std::map<std::string, std::string> BuildWorkerEnv(const Assignment& a, int local_rank,
-                                                  const std::string& error_file, int omp_threads) {
+                                                  const std::string& error_file, int omp_threads,
+                                                  bool virtual_local_rank) {
   namespace c = contract;
   const std::string rank = std::to_string(a.rank_offset + local_rank);
   std::map<std::string, std::string> env = {
       {c::kRank, rank},
-      {c::kLocalRank, std::to_string(local_rank)},
+      {c::kLocalRank, std::to_string(virtual_local_rank ? 0 : local_rank)},
       {c::kGroupRank, std::to_string(a.node_rank)},
       {c::kRoleRank, rank},
       {c::kRoleName, a.role},

@@ -45,5 +45,15 @@ TEST(WorkerEnv, OmpThreadsLeftAloneWhenZero) {
   EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "0");
 }
 
+TEST(WorkerEnv, VirtualLocalRankIsZeroForEveryWorkerAndTheRankStays) {
+  Assignment a;
+  a.rank_offset = 4;
+  a.world_size = 8;
+  auto env = BuildWorkerEnv(a, 3, "", 0, /*virtual_local_rank=*/true);
+  EXPECT_EQ(env["LOCAL_RANK"], "0");
+  EXPECT_EQ(env["RANK"], "7");
+  EXPECT_EQ(BuildWorkerEnv(a, 3, "", 0)["LOCAL_RANK"], "3");
+}
+
 }  // namespace
 }  // namespace dlrun::launcher

@@ -27,6 +27,30 @@ TEST(AgentRestarts, FailedGroupRestartsUntilMaxRestartsThenExitsWithTheWorkersCo
   }
 }
 
+TEST(AgentOutput, ConsolePrefixFollowsTheTemplateAndVirtualLocalRanksAreZero) {
+  Harness h(2);
+  h.options.hostname = "node7";
+  h.options.console_prefix_template = "${hostname}:${role_name}:${rank}/${local_rank}| ";
+  h.options.virtual_local_rank = true;
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.ExitAfter(p.pid, seconds(1), 0);
+  };
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/0), 0);
+  ASSERT_EQ(h.procs.procs.size(), 2u);
+  for (const auto& p : h.procs.procs) {
+    const std::string lr = std::to_string(p.spec.local_rank);
+    EXPECT_EQ(p.spec.console_prefix, "node7:default:" + lr + "/" + lr + "| ");
+    EXPECT_EQ(p.spec.env.at("LOCAL_RANK"), "0");
+    EXPECT_EQ(p.spec.env.at("RANK"), lr);
+  }
+  Harness plain(1);  // no template: dlrun's own prefix
+  plain.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.ExitAfter(p.pid, seconds(1), 0);
+  };
+  EXPECT_EQ(plain.RunStatic(0), 0);
+  EXPECT_EQ(plain.procs.procs.at(0).spec.console_prefix, "[rank 0]: ");
+}
+
 TEST(AgentRestarts, AGroupThatSucceedsAfterARestartEndsTheJobWithZero) {
   Harness h(2);
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {

@@ -137,6 +137,8 @@ TEST(PosixProcesses, ASpareIsPromotedWithTheNewEnvironmentAndADeadOneMeansAColdS
   siginfo_t info{};  // until it is a zombie (WNOWAIT: still there for the agent to reap)
   ASSERT_EQ(waitid(P_PID, static_cast<id_t>(doomed), &info, WEXITED | WNOWAIT), 0);
   spec.env = {{"MY_VAR", "third"}};
+  // No further spare within the test: one started now would write into `d` while it is removed.
+  spec.spare_after = std::chrono::hours(1);
   auto again = (*procs)->Spawn(spec);
   ASSERT_TRUE(again.ok());
   EXPECT_NE(*again, doomed);

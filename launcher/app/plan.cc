@@ -69,7 +69,8 @@ std::vector<std::string> WorkerArgv(const LaunchOptions& o, const std::string& p
 namespace {
 
 // The warm spare's bootstrap: import torch (the slow part of a Python worker's start), wait for
-// the worker's environment on contract::kSpareFd, replace the environment with it, then run the
+// the worker's environment on contract::kSpareFd, replace the environment with it, make a rank
+// other than 0 wait for rank 0's store port before its TCPStore client connects, then run the
 // script (sys.path[0] its directory, as `python SCRIPT` does) or the module (as `python -m`).
 constexpr char kSpareBootstrap[] = R"py(import os, sys
 fd = int(os.environ.pop("{SPARE_FD}"))
@@ -92,6 +93,26 @@ for kv in bytes(data).split(b"\0"):
     if key and eq:
         os.environb[key] = value
 del data, chunk
+# Ranks other than 0 meet rank 0's TCPStore. Promoted together, one may get there before rank 0
+# has bound it, and TCPStore's client then backs off for up to a second: wait for the port first.
+try:
+    from torch.distributed import rendezvous as _rdzv
+    def _dlrun_store_wait(create):
+        def wait_then_create(hostname, port, rank, world_size, timeout, *args, **kwargs):
+            if rank != 0:
+                import socket, time
+                end = time.monotonic() + min(timeout.total_seconds(), 60.0)
+                while time.monotonic() < end:
+                    try:
+                        socket.create_connection((hostname, port), timeout=1.0).close()
+                        break
+                    except OSError:
+                        time.sleep(0.005)
+            return create(hostname, port, rank, world_size, timeout, *args, **kwargs)
+        return wait_then_create
+    _rdzv._create_c10d_store = _dlrun_store_wait(_rdzv._create_c10d_store)
+except Exception:
+    pass
 import runpy
 args = sys.argv[1:]
 if args[0] == "-m":

@@ -1,64 +1,143 @@
-// A small custom trainer embedding dlrun::worker: what a team's own C++ training program looks
-// like. Linear regression on a synthetic dataset, with DDP, the distributed sampler, the SC22 LR
-// schedule and elastic-restart checkpoints.
-//   dlrun --nproc-per-node 2 custom_trainer [CHECKPOINT_DIR]
+// A small custom trainer embedding dlrun::worker, as a LibTorch user would write one: a CNN with
+// BatchNorm on a synthetic dataset through torch::data's loader, DDP, LR warm-up and decay,
+// EMA weights kept in the checkpoint beside the model, and a resume that goes on mid-epoch at
+// the right sample. At the end every rank checks that all ranks hold the same parameters.
+//   dlrun --nproc-per-node 2 custom_trainer CHECKPOINT_DIR [--steps N] [--checkpoint-every K]
+//                                           [--die-at-step S]
+// --die-at-step S: rank 1 SIGKILLs itself after step S in the first attempt (a fault for the
+// kill-and-resume test; dlrun --max-restarts 1 restarts the group, which resumes).
+#include <signal.h>
+
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
 #include "dlrun/checkpoint.h"
+#include "dlrun/data_sampler.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
-#include "dlrun/sampler.h"
 #include "dlrun/worker.h"
 
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  torch::nn::Conv1d conv{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Linear head{nullptr};
+  NetImpl() {
+    conv = register_module("conv", torch::nn::Conv1d(torch::nn::Conv1dOptions(1, 4, 3).padding(1)));
+    bn = register_module("bn", torch::nn::BatchNorm1d(4));
+    head = register_module("head", torch::nn::Linear(4 * 16, 1));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(bn(conv(x.unsqueeze(1))));
+    return head(x.flatten(1));
+  }
+};
+TORCH_MODULE(Net);
+
+// y = x . w_true + noise: 256 samples of 16 features, the same on every rank.
+struct Regression : torch::data::datasets::Dataset<Regression> {
+  torch::Tensor x, y;
+  Regression() {
+    torch::manual_seed(1);
+    x = torch::randn({256, 16});
+    y = x.matmul(torch::randn({16, 1})) + 0.01 * torch::randn({256, 1});
+  }
+  torch::data::Example<> get(size_t i) override { return {x[i], y[i]}; }
+  torch::optional<size_t> size() const override { return 256; }
+};
+
+int64_t Flag(int argc, char** argv, const char* name, int64_t fallback) {
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return std::stoll(argv[i + 1]);
+  }
+  return fallback;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) try {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: custom_trainer CHECKPOINT_DIR [--steps N] [--checkpoint-every K] "
+                         "[--die-at-step S]\n");
+    return 2;
+  }
+  const int64_t total_steps = Flag(argc, argv, "--steps", 40);
+  const int64_t every = Flag(argc, argv, "--checkpoint-every", 5);
+  const int64_t die_at = Flag(argc, argv, "--die-at-step", -1);
+  constexpr int64_t kBatch = 16;
+
   auto ctx = dlrun::worker::init();  // dlrun, torchrun, mpirun or srun environment
   torch::manual_seed(0);
-  auto model = torch::nn::Linear(16, 1);
-  dlrun::worker::DistributedDataParallel ddp(model.ptr(), ctx.pg);
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  Net model;
+  dlrun::worker::DistributedDataParallel ddp(model, ctx.pg, {.bucket_cap_mb = 1});
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<torch::Tensor> ema;  // an exponential moving average of the parameters
+  for (const auto& p : model->parameters()) ema.push_back(p.detach().clone());
 
-  // The data: y = x . w_true, 256 samples, the same on every rank (each visits its share).
-  torch::manual_seed(1);
-  const auto x = torch::randn({256, 16});
-  const auto y = x.matmul(torch::randn({16, 1}));
-  dlrun::worker::DistributedSampler sampler(
+  dlrun::worker::DataLoaderSampler sampler(
       {.dataset_size = 256, .rank = ctx.rank(), .world_size = ctx.worldSize(), .seed = 3});
-  dlrun::worker::LrSchedule lr{.start_lr = 0.05, .end_lr = 0.001, .tot_steps = 80,
-                               .warmup_steps = 5, .global_batch_size = 16L * ctx.worldSize(),
-                               .base_batch_size = 16, .scaling = "sqrt"};
+  auto loader = torch::data::make_data_loader(
+      Regression().map(torch::data::transforms::Stack<>()), sampler,
+      torch::data::DataLoaderOptions(kBatch));
+  dlrun::worker::LrSchedule lr{.start_lr = 0.05, .end_lr = 0.001, .tot_steps = total_steps,
+                               .warmup_steps = 5};
+  dlrun::worker::Validate(lr);
 
-  dlrun::worker::CheckpointManager ckpt({.dir = argc > 1 ? argv[1] : ""});
-  int64_t step = 0;
-  if (argc > 1) {
-    auto resumed = ckpt.resumeLatest(*model, opt, [](const std::string& w) {
-      std::fprintf(stderr, "warning: %s\n", w.c_str());
-    });
-    if (resumed.ok() && resumed->has_value()) step = (*resumed)->step;
+  dlrun::worker::CheckpointManager ckpt({.dir = argv[1]});
+  int64_t step = 0, epoch = 0;
+  if (auto resumed = ckpt.resumeLatest(*model, opt)) {
+    step = resumed->step;
+    epoch = resumed->epoch;
+    sampler.setStart(resumed->epoch_position);  // mid-epoch: on from the next unseen sample
+    for (size_t i = 0; i < ema.size(); ++i) {
+      ema[i].copy_(resumed->tensors.at("ema." + std::to_string(i)));
+    }
+    if (ctx.rank() == 0) {
+      std::printf("resumed at step %ld, epoch %ld, sample %ld of this rank's share\n", step, epoch,
+                  resumed->epoch_position);
+    }
   }
   double loss_value = 0;
-  for (int64_t epoch = step / 8; step < 80; ++epoch) {
+  for (; step < total_steps; ++epoch) {
     sampler.setEpoch(epoch);
-    const auto idx = torch::tensor(sampler.indices());
-    for (int64_t b = 0; b + 16 <= idx.size(0) && step < 80; b += 16, ++step) {
-      const auto batch = idx.narrow(0, b, 16);
+    for (auto& batch : *loader) {
       dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step));
       opt.zero_grad();
-      auto loss = torch::mse_loss(ddp.forward<torch::Tensor>(model, x.index_select(0, batch)),
-                                  y.index_select(0, batch));
+      auto loss = torch::mse_loss(ddp(batch.data), batch.target);
       loss.backward();
       opt.step();
-      loss_value = loss.item<double>();
-    }
-    if (argc > 1 && ctx.rank() == 0) {
-      if (auto s = ckpt.save(*model, opt, {.step = step, .epoch = epoch}); !s.ok()) {
-        std::fprintf(stderr, "checkpoint: %s\n", std::string(s.message()).c_str());
+      {
+        torch::NoGradGuard no_grad;
+        const auto params = model->parameters();
+        for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
       }
+      loss_value = ctx.allReduce(torch::tensor({loss.item<double>()})).item<double>() /
+                   ctx.worldSize();
+      ++step;
+      if (step % every == 0 && ctx.rank() == 0) {
+        dlrun::worker::TrainingState st{.step = step, .epoch = epoch,
+                                        .epoch_position = sampler.position()};
+        for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
+        st.values["loss"] = loss_value;
+        ckpt.save(*model, opt, st);
+      }
+      if (step == die_at && ctx.rank() == 1 && ctx.env.restart_count == 0) raise(SIGKILL);
+      if (step == total_steps) break;
     }
   }
-  std::printf("custom_trainer rank %d: %ld steps, final loss %.6f\n", ctx.rank(), step, loss_value);
-  return loss_value < 0.05 ? 0 : 1;
+  // Every rank must hold the same parameters. (BatchNorm's running statistics are rank 0's at
+  // the start of each forward and each rank's own after it, as in PyTorch's DDP.)
+  const uint64_t digest = dlrun::worker::digest(model->parameters());
+  const bool agree = ctx.ranksAgree(digest);
+  std::printf("custom_trainer rank %d: %ld steps, final loss %.6f, parameters %016lx, %s\n",
+              ctx.rank(), step, loss_value, static_cast<unsigned long>(digest),
+              agree ? "the same on every rank" : "DIFFERENT between ranks");
+  return agree && loss_value < 0.5 ? 0 : 1;
 } catch (const std::exception& e) {
   dlrun::worker::recordError(e.what());
   std::fprintf(stderr, "custom_trainer: %s\n", e.what());

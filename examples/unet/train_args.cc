@@ -138,7 +138,7 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
       ->check(CLI::IsMember({"none", "linear", "sqrt"}));
   app.add_option("--base-batch-size", a.base_batch_size, "batch the --lr is for (0: global)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
-  app.add_option("--lr-warmup-steps", a.lr_warmup_steps, "linear LR warm-up when scaled")
+  app.add_option("--lr-warmup-steps", a.lr_warmup_steps, "linear LR warm-up over the first N steps (0: none)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--end-lr", a.end_lr, "LR at the end of the cosine decay")
       ->check(CLI::NonNegativeNumber);

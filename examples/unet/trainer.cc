@@ -141,7 +141,7 @@ class Trainer {
   dlrun::worker::LrSchedule sched_;
   std::optional<dlrun::worker::CheckpointManager> ckpt_;
   int64_t start_step_ = 0;
-  std::unique_ptr<dlrun::worker::DistributedDataParallel> ddp_;
+  std::unique_ptr<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>> ddp_;
   std::unique_ptr<SyntheticData> synthetic_, synthetic_val_;
   std::unique_ptr<dlrun::examples::Prefetcher> loader_, loader_val_;
   std::unique_ptr<dlrun::examples::EventWriter> tb_;
@@ -199,8 +199,11 @@ void Trainer::BuildSchedule() {
   sched_.global_batch_size = global_batch_;
   sched_.base_batch_size = a_.base_batch_size > 0 ? a_.base_batch_size : global_batch_;
   sched_.scaling = a_.lr_scaling;
-  if (absl::Status s = dlrun::worker::Validate(sched_); !s.ok()) {
-    throw std::runtime_error(std::string(s.message()));
+  dlrun::worker::Validate(sched_);
+  if (rank_ == 0) {
+    for (const std::string& note : dlrun::worker::IneffectiveSettings(sched_)) {
+      std::fprintf(stderr, "train_unet: note: %s\n", note.c_str());
+    }
   }
   lr_ = a_.lr;
 }
@@ -210,14 +213,13 @@ void Trainer::BuildSchedule() {
 // from rank 0's resumed parameters.
 void Trainer::Resume() {
   if (!a_.checkpoint_dir.empty()) {
-    ckpt_.emplace(dlrun::worker::CheckpointOptions{a_.checkpoint_dir, 3, {}});
+    ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
     const auto load_start = Clock::now();
     auto resumed = ckpt_->resumeLatest(*model_, *opt_, [&](const std::string& w) {
       std::fprintf(stderr, "train_unet: warning: %s\n", w.c_str());
     });
-    if (!resumed.ok()) throw std::runtime_error(std::string(resumed.status().message()));
-    if (resumed->has_value()) {
-      start_step_ = (*resumed)->step;
+    if (resumed.has_value()) {
+      start_step_ = resumed->step;
       if (rank_ == 0) {
         // The restart's phases inside the worker (bench/recovery reads them).
         std::printf("resumed from step %ld (%s to init() done %.3f s, checkpoint load %.3f s)\n",
@@ -230,7 +232,7 @@ void Trainer::Resume() {
   ddp_opts.bucket_cap_mb = a_.bucket_cap_mb;
   ddp_opts.broadcast_buffers = a_.broadcast_buffers;
   ddp_opts.fp16_compression = a_.fp16_grad_compression;
-  ddp_ = std::make_unique<dlrun::worker::DistributedDataParallel>(model_.ptr(), ctx_.pg, ddp_opts);
+  ddp_ = std::make_unique<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>>(model_, ctx_.pg, ddp_opts);
   std::signal(SIGUSR1, OnSigusr1);
 }
 
@@ -303,10 +305,11 @@ double Trainer::Validate() {
 
 void Trainer::Save(int64_t step) {
   if (!ckpt_ || rank_ != 0) return;
-  if (absl::Status s = ckpt_->save(*model_, *opt_, {step, 0, 0}); !s.ok()) {
-    std::fprintf(stderr, "train_unet: checkpoint failed: %s\n", std::string(s.message()).c_str());
-  } else {
+  try {
+    ckpt_->save(*model_, *opt_, {.step = step});
     std::printf("checkpoint saved at step %ld\n", step);
+  } catch (const std::runtime_error& e) {
+    std::fprintf(stderr, "train_unet: checkpoint failed: %s\n", e.what());
   }
 }
 
@@ -316,7 +319,7 @@ void Trainer::TrainStep(const torch::Tensor& x, const torch::Tensor& y) {
   torch::Tensor loss;
   {
     dlrun::examples::AutocastScope autocast(scaler_->enabled());
-    loss = Loss(ddp_->forward<torch::Tensor>(model_, x), y, a_.lambda_rho);
+    loss = Loss((*ddp_)(x), y, a_.lambda_rho);
   }
   scaler_->scale(loss).backward();
   const bool finite = scaler_->unscale(params_);
@@ -369,11 +372,11 @@ void Trainer::Step(int64_t step) {
   torch::Tensor loss;
   {
     // Without sync (benchmarks): the same step, gradients stay local.
-    std::optional<dlrun::worker::DistributedDataParallel::NoSyncGuard> local_only;
+    std::optional<dlrun::worker::DistributedDataParallelBase::NoSyncGuard> local_only;
     if (!a_.grad_sync) local_only.emplace(ddp_.get());
     {
       dlrun::examples::AutocastScope autocast(scaler_->enabled());
-      loss = Loss(a_.grad_sync ? ddp_->forward<torch::Tensor>(model_, x) : model_->forward(x), y,
+      loss = Loss(a_.grad_sync ? (*ddp_)(x) : model_->forward(x), y,
                   a_.lambda_rho);
     }
     // --inject-inf-step: an overflow on purpose (every gradient becomes inf or NaN).

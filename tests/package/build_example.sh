@@ -13,11 +13,27 @@ cmake -S "$src/examples/custom_trainer" -B "$tmp/ct" -G Ninja -DCMAKE_BUILD_TYPE
   -DCMAKE_PREFIX_PATH="$tmp/prefix" -DTorch_DIR="$torch_dir" -DTORCH_CUDA_ARCH_LIST="8.0;9.0" \
   >"$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; exit 1; }
 ninja -C "$tmp/ct" >"$tmp/build.log" 2>&1 || { tail -30 "$tmp/build.log"; exit 1; }
+# The exported targets name no library of the build machine by its path (LibTorch comes from
+# the consumer's own find_package(Torch) through dlrun::torch).
+if grep -nE '(/[^";]*)?lib(c10|torch[a-z_]*)\.so' "$tmp/prefix"/lib*/cmake/dlrun/dlrunTargets*.cmake; then
+  echo "FAIL: the installed targets hard-code LibTorch's library paths"; exit 1
+fi
 export OMP_NUM_THREADS=1
-out=$("$tmp/prefix/bin/dlrun" --nproc-per-node 2 "$tmp/ct/custom_trainer" "$tmp/ckpt" 2>&1)
-echo "$out" | grep -q "rank 0: 80 steps" || { echo "$out"; echo "FAIL: no 80-step run"; exit 1; }
-ls "$tmp/ckpt"/ckpt-000000000080.dlrun >/dev/null
-# A second run resumes from the step-80 checkpoint instead of training again.
-out=$("$tmp/prefix/bin/dlrun" --nproc-per-node 2 "$tmp/ct/custom_trainer" "$tmp/ckpt" 2>&1)
-echo "$out" | grep -q "rank 1: 80 steps" || { echo "$out"; echo "FAIL: no resume"; exit 1; }
-echo "package ok: find_package(dlrun) build, 2-rank run, resume from checkpoint"
+dlrun=$tmp/prefix/bin/dlrun trainer=$tmp/ct/custom_trainer
+# An uninterrupted run: 40 steps, every rank ends with the same parameters.
+out=$("$dlrun" --nproc-per-node 2 "$trainer" "$tmp/ckpt-a" 2>&1) || { echo "$out"; exit 1; }
+clean=$(echo "$out" | sed -n 's/.*rank 0: 40 steps, .*parameters \([0-9a-f]*\), the same on every rank$/\1/p')
+[ -n "$clean" ] || { echo "$out"; echo "FAIL: no 40-step run with agreeing ranks"; exit 1; }
+ls "$tmp/ckpt-a"/ckpt-000000000040.dlrun >/dev/null
+# Killed: rank 1 SIGKILLs itself after step 13; dlrun restarts the group, which resumes from the
+# step-10 checkpoint in the middle of epoch 1 (8 steps of 16 samples per epoch and rank) with
+# the EMA weights, and ends bit for bit where the uninterrupted run did, on every rank.
+out=$("$dlrun" --nproc-per-node 2 --max-restarts 1 "$trainer" "$tmp/ckpt-b" --die-at-step 13 2>&1) ||
+  { echo "$out"; exit 1; }
+echo "$out" | grep -q "resumed at step 10, epoch 1, sample 32 of this rank's share" ||
+  { echo "$out"; echo "FAIL: no mid-epoch resume"; exit 1; }
+for r in 0 1; do
+  echo "$out" | grep -q "rank $r: 40 steps, .*parameters $clean, the same on every rank" ||
+    { echo "$out"; echo "FAIL: rank $r does not end with the uninterrupted run's parameters $clean"; exit 1; }
+done
+echo "package ok: find_package(dlrun) build, 2-rank run, kill at step 13, mid-epoch resume from step 10, parameters $clean on every rank as without the kill"

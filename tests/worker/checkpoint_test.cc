@@ -11,6 +11,7 @@
 #include <set>
 
 #include "dlrun/checkpoint.h"
+#include "checkpoint_testing.h"
 #include "dlrun/lr_schedule.h"
 #include "dlrun/sampler.h"
 #include "gtest/gtest.h"
@@ -30,18 +31,17 @@ TEST(Checkpoint, RoundTripKeepsLastKAndRestoresRng) {
   Tiny a;
   torch::optim::Adam opt(a.parameters(), 0.1);
   for (int64_t step : {10, 20, 30}) {
-    ASSERT_TRUE(m.save(a, opt, {.step = step, .epoch = step / 10, .sampler_epoch = 7}).ok());
+    m.save(a, opt, {.step = step, .epoch = step / 10, .sampler_epoch = 7});
   }
   EXPECT_EQ(m.list().size(), 2u);  // keep_last = 2
   const torch::Tensor expected_next = torch::rand({3});  // RNG draws after the last save...
   Tiny b;
   torch::optim::Adam opt_b(b.parameters(), 0.1);
   auto st = m.resumeLatest(b, opt_b, [](const std::string& w) { ADD_FAILURE() << w; });
-  ASSERT_TRUE(st.ok());
-  ASSERT_TRUE(st->has_value());
-  EXPECT_EQ((*st)->step, 30);
-  EXPECT_EQ((*st)->epoch, 3);
-  EXPECT_EQ((*st)->sampler_epoch, 7);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->step, 30);
+  EXPECT_EQ(st->epoch, 3);
+  EXPECT_EQ(st->sampler_epoch, 7);
   EXPECT_TRUE(torch::equal(a.l->weight, b.l->weight));
   EXPECT_TRUE(torch::equal(torch::rand({3}), expected_next));  // ...are drawn again on resume
 }
@@ -51,8 +51,8 @@ TEST(Checkpoint, FlippedByteIsDetectedAndTheOlderOneLoaded) {
   CheckpointManager m({.dir = dir, .keep_last = 3});
   Tiny a;
   torch::optim::SGD opt(a.parameters(), 0.1);
-  ASSERT_TRUE(m.save(a, opt, {.step = 1}).ok());
-  ASSERT_TRUE(m.save(a, opt, {.step = 2}).ok());
+  m.save(a, opt, {.step = 1});
+  m.save(a, opt, {.step = 2});
   const std::string newest = m.list()[0];
   {
     std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
@@ -65,9 +65,8 @@ TEST(Checkpoint, FlippedByteIsDetectedAndTheOlderOneLoaded) {
   }
   std::vector<std::string> warnings;
   auto st = m.resumeLatest(a, opt, [&](const std::string& w) { warnings.push_back(w); });
-  ASSERT_TRUE(st.ok());
-  ASSERT_TRUE(st->has_value());
-  EXPECT_EQ((*st)->step, 1);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->step, 1);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("checksum mismatch"), std::string::npos) << warnings[0];
   EXPECT_NE(warnings[0].find(newest), std::string::npos);
@@ -75,8 +74,7 @@ TEST(Checkpoint, FlippedByteIsDetectedAndTheOlderOneLoaded) {
   std::filesystem::resize_file(m.list()[1], 30);
   warnings.clear();
   st = m.resumeLatest(a, opt, [&](const std::string& w) { warnings.push_back(w); });
-  ASSERT_TRUE(st.ok());
-  EXPECT_FALSE(st->has_value());
+  EXPECT_FALSE(st.has_value());
   EXPECT_EQ(warnings.size(), 2u);
 }
 
@@ -85,16 +83,16 @@ TEST(Checkpoint, KillDuringWriteLeavesThePreviousOneLoadable) {
   {
     Tiny a;
     torch::optim::SGD opt(a.parameters(), 0.1);
-    ASSERT_TRUE(CheckpointManager({.dir = dir}).save(a, opt, {.step = 5}).ok());
+    CheckpointManager({.dir = dir}).save(a, opt, {.step = 5});
   }
   pid_t pid = fork();
   if (pid == 0) {
     // A writer SIGKILLed after the first chunk of its temporary file is on disk.
-    CheckpointManager killed({.dir = dir, .keep_last = 3,
-                              .on_write_progress = [](size_t) { raise(SIGKILL); }});
+    testing_only::SetCheckpointWriteHook([](size_t) { raise(SIGKILL); });
+    CheckpointManager killed({.dir = dir, .keep_last = 3});
     Tiny a;
     torch::optim::SGD opt(a.parameters(), 0.1);
-    (void)killed.save(a, opt, {.step = 6});
+    killed.save(a, opt, {.step = 6});
     _exit(0);  // not reached
   }
   int status = 0;
@@ -105,13 +103,79 @@ TEST(Checkpoint, KillDuringWriteLeavesThePreviousOneLoadable) {
   Tiny b;
   torch::optim::SGD opt(b.parameters(), 0.1);
   auto st = m.resumeLatest(b, opt);
-  ASSERT_TRUE(st.ok());
-  ASSERT_TRUE(st->has_value());
-  EXPECT_EQ((*st)->step, 5);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->step, 5);
   // The next save clears the dead writer's temporary file.
-  ASSERT_TRUE(m.save(b, opt, {.step = 7}).ok());
+  m.save(b, opt, {.step = 7});
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     EXPECT_EQ(e.path().filename().string().rfind(".tmp-", 0), std::string::npos) << e.path();
+  }
+}
+
+// Extra state: named tensors and values, and the position in the epoch, come back as saved; the
+// model is loaded in place (same tensors, same gradient accumulators), as load_state_dict does.
+TEST(Checkpoint, ExtraTensorsValuesAndThePositionInTheEpochComeBackAndTheModelIsLoadedInPlace) {
+  const std::string dir = testing::MakeTempDir();
+  CheckpointManager m({.dir = dir});
+  Tiny a;
+  torch::optim::SGD opt(a.parameters(), 0.1);
+  TrainingState st{.step = 12, .epoch = 2, .epoch_position = 40};
+  st.tensors["ema.l.weight"] = a.l->weight.detach().clone() * 0.5;
+  st.tensors["rng.data"] = torch::randint(0, 255, {16}, torch::kUInt8);
+  st.values["best_loss"] = 0.25;
+  st.values["phase"] = std::string("warmup");
+  st.values["seen"] = int64_t{123456789012};
+  m.save(a, opt, st);
+
+  Tiny b;
+  torch::optim::SGD opt_b(b.parameters(), 0.1);
+  const torch::Tensor weight_before = b.l->weight;
+  const auto accumulator = torch::autograd::impl::grad_accumulator(b.l->weight);
+  auto got = m.resumeLatest(b, opt_b);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->epoch_position, 40);
+  ASSERT_EQ(got->tensors.size(), 2u);
+  EXPECT_TRUE(torch::equal(got->tensors.at("ema.l.weight"), st.tensors["ema.l.weight"]));
+  EXPECT_TRUE(torch::equal(got->tensors.at("rng.data"), st.tensors["rng.data"]));
+  ASSERT_EQ(got->values.size(), 3u);
+  EXPECT_EQ(got->values.at("best_loss").toDouble(), 0.25);
+  EXPECT_EQ(got->values.at("phase").toStringRef(), "warmup");
+  EXPECT_EQ(got->values.at("seen").toInt(), 123456789012);
+  EXPECT_TRUE(torch::equal(b.l->weight, a.l->weight));
+  EXPECT_TRUE(b.l->weight.is_same(weight_before));
+  EXPECT_EQ(torch::autograd::impl::try_get_grad_accumulator(b.l->weight), accumulator);
+}
+
+// A checkpoint of another model is skipped with a warning naming the parameter and both shapes,
+// and leaves the model untouched; a save into a directory that cannot be made throws one line.
+TEST(Checkpoint, AnotherModelsCheckpointIsSkippedUntouchedAndASaveErrorThrowsOneLine) {
+  const std::string dir = testing::MakeTempDir();
+  CheckpointManager m({.dir = dir});
+  struct Other : torch::nn::Module {
+    torch::nn::Linear l{nullptr};
+    Other() { l = register_module("l", torch::nn::Linear(4, 5)); }
+  } other;
+  torch::optim::SGD opt_o(other.parameters(), 0.1);
+  m.save(other, opt_o, {.step = 1});
+  Tiny b;
+  torch::optim::SGD opt_b(b.parameters(), 0.1);
+  const torch::Tensor before = b.l->weight.clone();
+  std::vector<std::string> warnings;
+  EXPECT_FALSE(m.resumeLatest(b, opt_b, [&](const std::string& w) { warnings.push_back(w); }));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("l.weight has shape [5, 4] in the checkpoint, [3, 4] in the model"),
+            std::string::npos)
+      << warnings[0];
+  EXPECT_TRUE(torch::equal(b.l->weight, before));
+
+  CheckpointManager bad({.dir = "/proc/no-such-dir/ckpt"});
+  try {
+    bad.save(b, opt_b, {.step = 2});
+    ADD_FAILURE() << "no exception";
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("/proc/no-such-dir/ckpt"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }
 

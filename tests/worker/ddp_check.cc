@@ -79,7 +79,7 @@ int Run(const std::string& mode) {
   opts.broadcast_buffers = mode != "buffers-off";
   opts.find_unused_parameters = mode == "unused-ok";
   opts.fp16_compression = mode == "fp16";
-  DistributedDataParallel ddp(model.ptr(), ctx.pg, opts);
+  DistributedDataParallel ddp(model, ctx.pg, opts);
   if (mode == "reload") {
     // Loading a checkpoint after wrapping (as a resuming trainer may) replaces the parameters'
     // gradient accumulators; the reducer must still see every gradient.
@@ -138,9 +138,12 @@ int Run(const std::string& mode) {
         return Fail("unexpected error: " + what.substr(0, what.find('\n')));
       }
       if (mode == "unused-error") return Fail("an unused parameter was not reported");
-    } else {
-      ddp.prepareForward();
+    } else if (mode == "reload") {
+      // After a load by set_() (new gradient accumulators), model->forward() directly, without
+      // the wrapper: the gradients must still be averaged.
       torch::mse_loss(model->forward(mine(0, x)), mine(0, y)).backward();
+    } else {
+      torch::mse_loss(ddp(mine(0, x)), mine(0, y)).backward();
     }
     opt->step();
 

@@ -2,17 +2,25 @@
 
 #include <map>
 
+#include <stdexcept>
+
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 
 namespace dlrun::worker {
 namespace {
 
+// ParseDistEnv throws std::invalid_argument; as a StatusOr here to compare messages.
 absl::StatusOr<DistEnv> Parse(std::map<std::string, std::string> vars) {
-  return ParseDistEnv([vars](std::string_view n) -> std::optional<std::string> {
-    auto it = vars.find(std::string(n));
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  });
+  try {
+    return ParseDistEnv([vars](std::string_view n) -> std::optional<std::string> {
+      auto it = vars.find(std::string(n));
+      if (it == vars.end()) return std::nullopt;
+      return it->second;
+    });
+  } catch (const std::invalid_argument& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
 }
 
 TEST(DistEnv, NoLauncherMeansSingleProcess) {

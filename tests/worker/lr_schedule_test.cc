@@ -28,22 +28,46 @@ TEST(LrSchedule, ClosedFormAtWarmupStartEndAndDecayEnd) {
   s.base_batch_size = 64;
   s.global_batch_size = 512;
   s.scaling = "sqrt";
-  ASSERT_TRUE(Validate(s).ok());
+  Validate(s);
+  EXPECT_TRUE(IneffectiveSettings(s).empty());
   const double init = 1e-3 * std::sqrt(8.0);
   EXPECT_DOUBLE_EQ(InitialLearningRate(s), init);
-  EXPECT_DOUBLE_EQ(LearningRate(s, 0), 0.0);                 // warm-up starts at 0
-  EXPECT_DOUBLE_EQ(LearningRate(s, 50), 0.5 * init);          // linear
+  EXPECT_DOUBLE_EQ(LearningRate(s, 0), init / 100);          // the first step trains
+  EXPECT_DOUBLE_EQ(LearningRate(s, 49), 0.5 * init);          // linear
+  EXPECT_DOUBLE_EQ(LearningRate(s, 99), init);                // the last warm-up step
   EXPECT_DOUBLE_EQ(LearningRate(s, 100),                      // warm-up end: cosine from here
                    1e-5 + 0.5 * (init - 1e-5) * (1 + std::cos(M_PI * 100 / 1000)));
   EXPECT_NEAR(LearningRate(s, 1000), 1e-5, 1e-15);             // decay end: end_lr
   s.scaling = "linear";
   EXPECT_DOUBLE_EQ(InitialLearningRate(s), 8e-3);
-  s.scaling = "none";  // no scaling: no warm-up, cosine from start_lr at step 0
-  EXPECT_DOUBLE_EQ(LearningRate(s, 0), 1e-3);
+  s.scaling = "none";  // warm-up on its own, without scaling
+  EXPECT_DOUBLE_EQ(LearningRate(s, 0), 1e-3 / 100);
+  EXPECT_DOUBLE_EQ(LearningRate(s, 99), 1e-3);
   EXPECT_NEAR(LearningRate(s, 500), 1e-5 + 0.5 * (1e-3 - 1e-5), 1e-15);
+  s.warmup_steps = 0;  // no warm-up: cosine from start_lr at step 0
+  EXPECT_DOUBLE_EQ(LearningRate(s, 0), 1e-3);
   s.scaling = "cubic";
-  auto v = Validate(s);
-  EXPECT_EQ(std::string(v.message()), "invalid lr schedule scaling 'cubic': expected none, linear or sqrt");
+  try {
+    Validate(s);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "invalid lr schedule scaling 'cubic': expected none, linear or sqrt");
+  }
+}
+
+TEST(LrSchedule, SettingsWithoutEffectAreNamed) {
+  LrSchedule s{.start_lr = 1e-3, .tot_steps = 100, .warmup_steps = 100, .global_batch_size = 64,
+               .base_batch_size = 64, .scaling = "sqrt"};
+  const std::vector<std::string> notes = IneffectiveSettings(s);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0], "lr schedule: scaling 'sqrt' has no effect: the global batch size equals "
+                      "the base batch size (64)");
+  EXPECT_EQ(notes[1], "lr schedule: warmup_steps 100 >= tot_steps 100: the whole run is warm-up, "
+                      "the cosine decay never starts");
+  s = {.start_lr = 1e-3, .tot_steps = 100, .global_batch_size = 256, .base_batch_size = 64,
+       .scaling = "linear"};
+  ASSERT_EQ(IneffectiveSettings(s).size(), 1u);
+  EXPECT_EQ(IneffectiveSettings(s)[0], "lr schedule: the LR is scaled up 4x without a warm-up (warmup_steps 0)");
 }
 
 TEST(LrSchedule, SetsEveryParameterGroupOfAnyOptimizer) {

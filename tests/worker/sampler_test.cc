@@ -10,7 +10,13 @@
 #include <fstream>
 #include <set>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <thread>
+
 #include "dlrun/checkpoint.h"
+#include "dlrun/data_sampler.h"
+#include "dlrun/worker.h"
 #include "dlrun/lr_schedule.h"
 #include "dlrun/sampler.h"
 #include "gtest/gtest.h"
@@ -38,6 +44,70 @@ TEST(Sampler, PartitionsPadsAndShufflesPerEpoch) {
   EXPECT_EQ(d.indices(), (std::vector<int64_t>{2, 5, 8}));
   EXPECT_THROW(DistributedSampler({.dataset_size = 10, .rank = 3, .world_size = 3}),
                std::invalid_argument);
+}
+
+// The torch::data sampler hands out exactly DistributedSampler's indices through LibTorch's own
+// data loader, and setStart() makes the next pass begin mid-epoch where position() left off.
+TEST(DataLoaderSampler, TheLoaderSeesTheSamplersIndicesAndAResumeStartsMidEpoch) {
+  struct Ids : torch::data::datasets::Dataset<Ids, int64_t> {
+    int64_t get(size_t i) override { return static_cast<int64_t>(i); }
+    torch::optional<size_t> size() const override { return 10; }
+  };
+  const SamplerOptions o{.dataset_size = 10, .rank = 1, .world_size = 2, .seed = 5};
+  DataLoaderSampler sampler(o);
+  auto loader = torch::data::make_data_loader(Ids(), sampler, torch::data::DataLoaderOptions(2));
+  DistributedSampler reference(o);
+  for (int64_t epoch : {0, 1}) {
+    sampler.setEpoch(epoch);
+    reference.setEpoch(epoch);
+    std::vector<int64_t> got;
+    for (const std::vector<int64_t>& batch : *loader) got.insert(got.end(), batch.begin(), batch.end());
+    EXPECT_EQ(got, reference.indices()) << "epoch " << epoch;
+    EXPECT_EQ(sampler.position(), 5);
+  }
+  // Two batches of epoch 1 done, then a restart: the new pass gives the rest of epoch 1.
+  sampler.setEpoch(1);
+  sampler.setStart(4);
+  std::vector<int64_t> rest;
+  for (const std::vector<int64_t>& batch : *loader) rest.insert(rest.end(), batch.begin(), batch.end());
+  const std::vector<int64_t> epoch1 = reference.indices();
+  EXPECT_EQ(rest, std::vector<int64_t>(epoch1.begin() + 4, epoch1.end()));
+}
+
+// The context's small collectives between two ranks (two threads, Gloo over one HashStore).
+TEST(ContextCollectives, AllReduceGatherBroadcastBarrierAndRanksAgree) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> failures(2);
+  auto rank_main = [&](int rank) {
+    Context ctx;
+    ctx.env.rank = rank;
+    ctx.env.world_size = 2;
+    ctx.store = store;
+    ctx.pg = makeGlooGroup(store, rank, 2, "127.0.0.1", std::chrono::seconds(30));
+    std::string& f = failures[rank];
+    if (ctx.allReduce(torch::tensor({rank + 1.0})).item<double>() != 3.0) f += "allReduce; ";
+    if (ctx.allReduce(torch::tensor({rank + 1.0}), c10d::ReduceOp::MAX).item<double>() != 2.0) {
+      f += "allReduce MAX; ";
+    }
+    auto all = ctx.allGather(torch::tensor({10 * rank, 10 * rank + 1}));
+    if (all.size() != 2 || !torch::equal(all[1], torch::tensor({10, 11}))) f += "allGather; ";
+    if (ctx.broadcast(torch::tensor({rank == 1 ? 7 : 0}), 1).item<int64_t>() != 7) f += "broadcast; ";
+    ctx.barrier();
+    if (!ctx.ranksAgree(0x1234567890abcdefULL)) f += "ranksAgree(same); ";
+    if (ctx.ranksAgree(rank == 0 ? 1 : 2)) f += "ranksAgree(different); ";
+    if (ctx.ranksDiffering(rank == 0 ? 1 : 2) != std::vector<int>{1}) f += "ranksDiffering; ";
+    try {
+      ctx.broadcast(torch::tensor({0}), 2);
+      f += "broadcast from rank 2 accepted; ";
+    } catch (const std::invalid_argument& e) {
+      if (std::string(e.what()) != "broadcast: root 2 is not a rank of this 2-rank group") f += e.what();
+    }
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  EXPECT_EQ(failures[0], "");
+  EXPECT_EQ(failures[1], "");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "dlrun/checkpoint.h"
+#include "checkpoint_testing.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,13 +38,47 @@ uint64_t GetU64(const char* p) {
   return v;
 }
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+std::runtime_error Errno(const std::string& what, const std::string& path) {
+  return std::runtime_error(absl::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(errno)));
+}
+
+std::function<void(size_t)>& WriteHook() {
+  static std::function<void(size_t)> hook;
+  return hook;
+}
+
+// Copies the archive's values into the module's own parameters and buffers (recursively), as
+// load_state_dict does: the tensors keep their identity, gradient accumulators and hooks.
+// With apply false, only reads and checks.
+void LoadInPlace(torch::nn::Module& m, torch::serialize::InputArchive& a, const std::string& prefix,
+                 bool apply) {
+  auto copy_into = [&](const std::string& key, torch::Tensor& dst, bool is_buffer) {
+    if (!dst.defined()) return;
+    torch::Tensor src;  // undefined: read() assigns instead of set_()
+    a.read(key, src, is_buffer);
+    if (src.sizes() != dst.sizes()) {
+      throw std::runtime_error(absl::StrCat(prefix, key, " has shape ", c10::str(src.sizes()),
+                                            " in the checkpoint, ", c10::str(dst.sizes()),
+                                            " in the model"));
+    }
+    if (apply) dst.copy_(src);
+  };
+  for (auto& p : m.named_parameters(/*recurse=*/false)) copy_into(p.key(), p.value(), false);
+  for (auto& b : m.named_buffers(/*recurse=*/false)) copy_into(b.key(), b.value(), true);
+  for (auto& c : m.named_children()) {
+    torch::serialize::InputArchive child;
+    a.read(c.key(), child);
+    LoadInPlace(*c.value(), child, absl::StrCat(prefix, c.key(), "."), apply);
+  }
 }
 
 std::string FileName(int64_t step) { return absl::StrFormat("ckpt-%012d.dlrun", step); }
 
 }  // namespace
+
+namespace testing_only {
+void SetCheckpointWriteHook(std::function<void(size_t)> hook) { WriteHook() = std::move(hook); }
+}  // namespace testing_only
 
 CheckpointManager::CheckpointManager(CheckpointOptions options) : o_(std::move(options)) {}
 
@@ -60,12 +96,13 @@ std::vector<std::string> CheckpointManager::list() const {
   return out;
 }
 
-absl::Status CheckpointManager::save(const torch::nn::Module& model,
-                                     const torch::optim::Optimizer& optimizer,
-                                     const TrainingState& state) {
+void CheckpointManager::save(const torch::nn::Module& model,
+                             const torch::optim::Optimizer& optimizer,
+                             const TrainingState& state) {
+  if (o_.dir.empty()) throw std::runtime_error("checkpoint: CheckpointOptions::dir is empty");
   std::error_code ec;
   std::filesystem::create_directories(o_.dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", o_.dir, ": ", ec.message()));
+  if (ec) throw std::runtime_error(absl::StrCat("checkpoint: cannot create ", o_.dir, ": ", ec.message()));
 
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optim_archive;
@@ -76,6 +113,12 @@ absl::Status CheckpointManager::save(const torch::nn::Module& model,
   archive.write("step", torch::tensor({state.step}));
   archive.write("epoch", torch::tensor({state.epoch}));
   archive.write("sampler_epoch", torch::tensor({state.sampler_epoch}));
+  archive.write("epoch_position", torch::tensor({state.epoch_position}));
+  torch::serialize::OutputArchive tensors_archive, values_archive;
+  for (const auto& [name, t] : state.tensors) tensors_archive.write(name, t);
+  for (const auto& [name, v] : state.values) values_archive.write(name, v);
+  archive.write("tensors", tensors_archive);
+  archive.write("values", values_archive);
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -92,7 +135,7 @@ absl::Status CheckpointManager::save(const torch::nn::Module& model,
   const std::string final_path = absl::StrCat(o_.dir, "/", FileName(state.step));
   const std::string tmp = absl::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", tmp);
+  if (fd < 0) throw Errno("cannot create", tmp);
   size_t written = 0;
   auto write_all = [&](const char* p, size_t n) {
     while (n > 0) {
@@ -103,22 +146,22 @@ absl::Status CheckpointManager::save(const torch::nn::Module& model,
       p += w;
       n -= static_cast<size_t>(w);
       written += static_cast<size_t>(w);
-      if (o_.on_write_progress) o_.on_write_progress(written);
+      if (WriteHook()) WriteHook()(written);
     }
     return true;
   };
   if (!write_all(header.data(), header.size()) || !write_all(payload.data(), payload.size()) ||
       fsync(fd) != 0) {
-    absl::Status s = Errno("cannot write", tmp);
+    std::runtime_error e = Errno("cannot write", tmp);
     close(fd);
     unlink(tmp.c_str());
-    return s;
+    throw e;
   }
   close(fd);
   if (rename(tmp.c_str(), final_path.c_str()) != 0) {
-    absl::Status s = Errno("cannot rename to", final_path);
+    std::runtime_error e = Errno("cannot rename to", final_path);
     unlink(tmp.c_str());
-    return s;
+    throw e;
   }
   // The rename is durable only once the directory is synced.
   if (int dfd = open(o_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
@@ -136,12 +179,18 @@ absl::Status CheckpointManager::save(const torch::nn::Module& model,
       std::filesystem::remove(e.path(), ec);
     }
   }
-  return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
+std::optional<TrainingState> CheckpointManager::resumeLatest(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-    const std::function<void(const std::string&)>& warn) {
+    const std::function<void(const std::string&)>& warn_to) {
+  const auto warn = [&](const std::string& w) {
+    if (warn_to) {
+      warn_to(w);
+    } else {
+      std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
+    }
+  };
   for (const std::string& path : list()) {
     std::ifstream in(path, std::ios::binary);
     std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -155,7 +204,7 @@ absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
       problem = "checksum mismatch (the file is damaged)";
     }
     if (!problem.empty()) {
-      if (warn) warn(absl::StrCat("checkpoint ", path, " skipped: ", problem));
+      warn(absl::StrCat("checkpoint ", path, " skipped: ", problem));
       continue;
     }
     TrainingState st;
@@ -168,8 +217,14 @@ absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
       torch::serialize::InputArchive model_archive, optim_archive;
       archive.read("model", model_archive);
       archive.read("optimizer", optim_archive);
-      model.load(model_archive);
+      // Every parameter and buffer is read and its shape checked before anything changes, so
+      // a checkpoint of another model leaves the model as it was.
+      LoadInPlace(model, model_archive, "", /*apply=*/false);
       optimizer.load(optim_archive);
+      {
+        torch::NoGradGuard no_grad;
+        LoadInPlace(model, model_archive, "", /*apply=*/true);
+      }
       auto read_int = [&](const char* key) {
         torch::Tensor v;  // a fresh tensor: read() into a defined one would set_() it
         archive.read(key, v);
@@ -178,6 +233,23 @@ absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
       st.step = read_int("step");
       st.epoch = read_int("epoch");
       st.sampler_epoch = read_int("sampler_epoch");
+      torch::Tensor position;
+      if (archive.try_read("epoch_position", position)) st.epoch_position = position.item<int64_t>();
+      torch::serialize::InputArchive tensors_archive, values_archive;
+      if (archive.try_read("tensors", tensors_archive)) {
+        for (const std::string& key : tensors_archive.keys()) {
+          torch::Tensor t;
+          tensors_archive.read(key, t);
+          st.tensors[key] = t;
+        }
+      }
+      if (archive.try_read("values", values_archive)) {
+        for (const std::string& key : values_archive.keys()) {
+          c10::IValue v;
+          values_archive.read(key, v);
+          st.values[key] = v;
+        }
+      }
       torch::Tensor t;
       archive.read("rng", t);
       t = t.to(torch::kCPU);
@@ -186,15 +258,13 @@ absl::StatusOr<std::optional<TrainingState>> CheckpointManager::resumeLatest(
       gen.set_state(t);
     } catch (const std::exception& e) {
       std::string what = e.what();
-      if (warn) {
-        warn(absl::StrCat("checkpoint ", path, " skipped: it does not match this model (",
-                          what.substr(0, what.find('\n')), ")"));
-      }
+      warn(absl::StrCat("checkpoint ", path, " skipped: it does not match this model (",
+                        what.substr(0, what.find('\n')), ")"));
       continue;
     }
-    return std::optional<TrainingState>(st);
+    return st;
   }
-  return std::optional<TrainingState>();
+  return std::nullopt;
 }
 
 }  // namespace dlrun::worker

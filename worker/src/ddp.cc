@@ -4,7 +4,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/torch.h>
@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "shm_allreduce.h"
 
@@ -49,6 +50,13 @@ std::vector<std::vector<size_t>> CutBuckets(const std::vector<int64_t>& sizes_by
   return buckets;
 }
 
+// 512 B, 1.5 KiB, 24.0 MiB: a small bucket is never shown as 0.
+std::string HumanBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  if (bytes < 1024 * 1024) return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024 * 1024));
+}
+
 }  // namespace
 
 std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
@@ -68,13 +76,10 @@ std::vector<std::vector<size_t>> AssignBucketsInReadyOrder(const std::vector<int
   return CutBuckets(sizes_bytes, ready_order, first_cap_bytes, cap_bytes);
 }
 
-struct DistributedDataParallel::Impl {
+struct DistributedDataParallelBase::Impl {
   struct Slot {
     std::string name;
     torch::Tensor param;
-    // Kept alive: it owns our hook. (LibTorch 2.x: an intrusive_ptr; 1.13: a shared_ptr.)
-    decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()))
-        accumulator;
     size_t bucket = 0;
     int64_t offset = 0;
     torch::Tensor view;  // this parameter's part of the bucket, shaped like the parameter
@@ -102,7 +107,7 @@ struct DistributedDataParallel::Impl {
   // broadcast), how long that broadcast waited, and the last reduced step's figures.
   std::chrono::steady_clock::time_point forward_at{};
   double broadcast_s = 0;
-  DistributedDataParallel::StepTiming last_timing;
+  DistributedDataParallelBase::StepTiming last_timing;
   bool callback_queued = false;
   size_t next_launch = 0;
   bool rebuilt = false;             // buckets re-packed in ready order (after the first step)
@@ -120,6 +125,7 @@ struct DistributedDataParallel::Impl {
   bool comm_stop = false;
 
   ~Impl() {
+    Unhook();
     if (comm_thread.joinable()) {
       {
         std::lock_guard<std::mutex> lock(comm_mu);
@@ -229,26 +235,35 @@ struct DistributedDataParallel::Impl {
   }
   static int64_t CapBytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }
 
-  // Installs the readiness hook on the parameter's gradient accumulator. Loading a checkpoint
-  // into a parameter (InputArchive's set_ under NoGradGuard) gives it a new accumulator, so
-  // prepareForward() re-checks and re-hooks.
+  // The readiness hook sits on the parameter itself (autograd's post-accumulate-grad hook, kept
+  // in the tensor's autograd metadata), not on its gradient accumulator: loading a checkpoint
+  // with set_() (InputArchive, torch::load) gives a parameter a new accumulator, and a hook on
+  // the old one would silently stop firing, so that a trainer calling model->forward() directly
+  // would stop averaging. A hook the user had installed is kept and runs first.
+  struct ReadyHook : torch::autograd::PostAccumulateGradHook {
+    ReadyHook(std::weak_ptr<Impl> impl, size_t slot,
+              std::unique_ptr<torch::autograd::PostAccumulateGradHook> previous)
+        : impl(std::move(impl)), slot(slot), previous(std::move(previous)) {}
+    void operator()(const torch::autograd::Variable& tensor) override {
+      if (previous) (*previous)(tensor);
+      if (auto m = impl.lock()) m->OnGradReady(slot);
+    }
+    std::weak_ptr<Impl> impl;
+    size_t slot;
+    std::unique_ptr<torch::autograd::PostAccumulateGradHook> previous;
+  };
+
   void Hook(size_t i) {
-    Slot& s = slots[i];
-    s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
-    std::weak_ptr<Impl> weak = self;
-    s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs,
-                  const torch::autograd::variable_list&) {
-          if (auto impl = weak.lock()) impl->OnGradReady(i);
-          return outputs;
-        }));
+    auto& installed = torch::autograd::impl::post_acc_grad_hooks(slots[i].param);
+    installed = std::make_unique<ReadyHook>(self, i, std::move(installed));
   }
 
-  void EnsureHooks() {
-    for (size_t i = 0; i < slots.size(); ++i) {
-      if (torch::autograd::impl::try_get_grad_accumulator(slots[i].param) != slots[i].accumulator) {
-        Hook(i);
-      }
+  // Gives each parameter back the hook it had before (when ours is still the outermost).
+  void Unhook() {
+    for (Slot& s : slots) {
+      auto& installed = torch::autograd::impl::post_acc_grad_hooks(s.param);
+      auto* ours = dynamic_cast<ReadyHook*>(installed.get());
+      if (ours != nullptr && ours->impl.expired()) installed = std::move(ours->previous);
     }
   }
 
@@ -432,9 +447,9 @@ struct DistributedDataParallel::Impl {
   }
 };
 
-DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                                                 c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                                                 DDPOptions options)
+DistributedDataParallelBase::DistributedDataParallelBase(
+    std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+    DDPOptions options)
     : module_(std::move(module)), impl_(std::make_shared<Impl>()) {
   Impl& m = *impl_;
   m.self = impl_;
@@ -496,11 +511,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   m.SetUpSharedMemory();
 }
 
-DistributedDataParallel::~DistributedDataParallel() = default;
+DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
-void DistributedDataParallel::prepareForward() {
+void DistributedDataParallelBase::prepareForward() {
   Impl& m = *impl_;
-  m.EnsureHooks();
   const auto start = std::chrono::steady_clock::now();
   if (m.options.broadcast_buffers && m.pg->getSize() > 1 && !m.buffers.empty()) {
     torch::NoGradGuard no_grad;
@@ -512,25 +526,25 @@ void DistributedDataParallel::prepareForward() {
   m.broadcast_s = std::chrono::duration<double>(now - start).count();
 }
 
-DistributedDataParallel::StepTiming DistributedDataParallel::lastStepTiming() const {
+DistributedDataParallelBase::StepTiming DistributedDataParallelBase::lastStepTiming() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->last_timing;
 }
 
-DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* d) : d_(d) {
+DistributedDataParallelBase::NoSyncGuard::NoSyncGuard(DistributedDataParallelBase* d) : d_(d) {
   std::lock_guard<std::mutex> lock(d_->impl_->mu);
   previous_ = d_->impl_->no_sync;
   d_->impl_->no_sync = true;
 }
 
-DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+DistributedDataParallelBase::NoSyncGuard::~NoSyncGuard() {
   std::lock_guard<std::mutex> lock(d_->impl_->mu);
   d_->impl_->no_sync = previous_;
 }
 
-const std::vector<BucketInfo>& DistributedDataParallel::buckets() const { return impl_->info; }
+const std::vector<BucketInfo>& DistributedDataParallelBase::buckets() const { return impl_->info; }
 
-std::string DistributedDataParallel::bucketReport() const {
+std::string DistributedDataParallelBase::bucketReport() const {
   std::string backend = "process group";
   try {
     backend = impl_->pg->getBackendName();  // "gloo", "nccl"; not every process group has one
@@ -539,11 +553,11 @@ std::string DistributedDataParallel::bucketReport() const {
   std::vector<std::string> sizes;
   int64_t total = 0;
   for (const BucketInfo& b : impl_->info) {
-    sizes.push_back(absl::StrCat(b.bytes / 1024, " KiB/", b.parameters.size(), "p"));
+    sizes.push_back(absl::StrCat(HumanBytes(b.bytes), "/", b.parameters.size(), "p"));
     total += b.bytes;
   }
-  return absl::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", total / (1024 * 1024),
-                      " MiB of gradients, in ready order: ", absl::StrJoin(sizes, ", "),
+  return absl::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", HumanBytes(total),
+                      " of gradients, in ready order: ", absl::StrJoin(sizes, ", "),
                       "; allreduce: ", impl_->shm ? "shared memory (all ranks on this host)" : backend,
                       impl_->options.fp16_compression ? ", fp16-compressed" : "");
 }

@@ -1,5 +1,9 @@
 #include "dlrun/dist_env.h"
 
+#include "absl/status/statusor.h"
+
+#include <stdexcept>
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -54,7 +58,9 @@ EnvLookup ProcessEnvironment() {
   };
 }
 
-absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env) {
+namespace {
+
+absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
   DistEnv d;
   std::string rank_var, size_var, local_var, local_size_var;
   if (env(contract::kRank) || env(contract::kWorldSize)) {
@@ -131,6 +137,14 @@ absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env) {
       ReadInt(env, contract::kMasterPort, 1, 65535, d.world_size > 1 && d.source == "torchrun",
               &d.master_port));
   return d;
+}
+
+}  // namespace
+
+DistEnv ParseDistEnv(const EnvLookup& env) {
+  absl::StatusOr<DistEnv> d = Parse(env);
+  if (!d.ok()) throw std::invalid_argument(std::string(d.status().message()));
+  return *d;
 }
 
 std::string localAddressFor(const std::string& host) {

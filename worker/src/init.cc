@@ -175,10 +175,12 @@ Context init(const InitOptions& options) {
   std::optional<std::chrono::steady_clock::time_point> promoted_at;
   if (awaitPromotion()) promoted_at = std::chrono::steady_clock::now();
   if (options.keep_freed_memory) keepFreedMemory();
-  auto parsed = ParseDistEnv(ProcessEnvironment());
-  if (!parsed.ok()) throw std::runtime_error(std::string(parsed.status().message()));
   Context ctx;
-  ctx.env = *parsed;
+  try {
+    ctx.env = ParseDistEnv(ProcessEnvironment());
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());  // init() reports its errors as runtime_error
+  }
   ctx.promoted_at = promoted_at;
   const DistEnv& e = ctx.env;
 
@@ -217,6 +219,49 @@ Context init(const InitOptions& options) {
   ctx.pg = MakeProcessGroup(ctx.store, e.rank, e.world_size, gloo, nccl);
   return ctx;
 }
+
+torch::Tensor Context::allReduce(torch::Tensor t, c10d::ReduceOp op) const {
+  std::vector<torch::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = op;
+  pg->allreduce(v, o)->wait();
+  return t;
+}
+
+std::vector<torch::Tensor> Context::allGather(const torch::Tensor& t) const {
+  std::vector<torch::Tensor> in{t.contiguous()};
+  std::vector<std::vector<torch::Tensor>> out(1);
+  for (int r = 0; r < pg->getSize(); ++r) out[0].push_back(torch::empty_like(in[0]));
+  pg->allgather(out, in)->wait();
+  return out[0];
+}
+
+torch::Tensor Context::broadcast(torch::Tensor t, int root) const {
+  if (root < 0 || root >= pg->getSize()) {
+    throw std::invalid_argument(absl::StrCat("broadcast: root ", root, " is not a rank of this ",
+                                             pg->getSize(), "-rank group"));
+  }
+  std::vector<torch::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  pg->broadcast(v, o)->wait();
+  return t;
+}
+
+void Context::barrier() const { pg->barrier()->wait(); }
+
+std::vector<int> Context::ranksDiffering(uint64_t value) const {
+  // The 64 bits as an int64 (Gloo has no uint64 allgather).
+  const auto all = allGather(torch::tensor({static_cast<int64_t>(value)}, torch::kLong));
+  std::vector<int> differ;
+  const int64_t first = all[0].item<int64_t>();
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r].item<int64_t>() != first) differ.push_back(static_cast<int>(r));
+  }
+  return differ;
+}
+
+bool Context::ranksAgree(uint64_t value) const { return ranksDiffering(value).empty(); }
 
 uint64_t digest(const std::vector<torch::Tensor>& tensors) {
   uint64_t h = detail::kFnv1aOffset;

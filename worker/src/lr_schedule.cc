@@ -3,28 +3,51 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 
 namespace dlrun::worker {
 
-absl::Status Validate(const LrSchedule& s) {
+void Validate(const LrSchedule& s) {
   auto bad = [](const std::string& field, const std::string& v, const std::string& expected) {
-    return absl::InvalidArgumentError(
+    throw std::invalid_argument(
         absl::StrCat("invalid lr schedule ", field, " '", v, "': expected ", expected));
   };
   if (s.scaling != "none" && s.scaling != "linear" && s.scaling != "sqrt") {
-    return bad("scaling", s.scaling, "none, linear or sqrt");
+    bad("scaling", s.scaling, "none, linear or sqrt");
   }
-  if (!(s.start_lr > 0)) return bad("start_lr", absl::StrCat(s.start_lr), "> 0");
-  if (!(s.end_lr >= 0)) return bad("end_lr", absl::StrCat(s.end_lr), ">= 0");
-  if (s.tot_steps < 1) return bad("tot_steps", absl::StrCat(s.tot_steps), ">= 1");
-  if (s.warmup_steps < 0) return bad("warmup_steps", absl::StrCat(s.warmup_steps), ">= 0");
-  if (s.base_batch_size < 1) return bad("base_batch_size", absl::StrCat(s.base_batch_size), ">= 1");
+  if (!(s.start_lr > 0)) bad("start_lr", absl::StrCat(s.start_lr), "> 0");
+  if (!(s.end_lr >= 0)) bad("end_lr", absl::StrCat(s.end_lr), ">= 0");
+  if (s.tot_steps < 1) bad("tot_steps", absl::StrCat(s.tot_steps), ">= 1");
+  if (s.warmup_steps < 0) bad("warmup_steps", absl::StrCat(s.warmup_steps), ">= 0");
+  if (s.base_batch_size < 1) bad("base_batch_size", absl::StrCat(s.base_batch_size), ">= 1");
   if (s.global_batch_size < 1) {
-    return bad("global_batch_size", absl::StrCat(s.global_batch_size), ">= 1");
+    bad("global_batch_size", absl::StrCat(s.global_batch_size), ">= 1");
   }
-  return absl::OkStatus();
+}
+
+std::vector<std::string> IneffectiveSettings(const LrSchedule& s) {
+  std::vector<std::string> notes;
+  if (s.scaling != "none" && s.global_batch_size == s.base_batch_size) {
+    notes.push_back(absl::StrCat("lr schedule: scaling '", s.scaling,
+                                 "' has no effect: the global batch size equals the base batch size (",
+                                 s.base_batch_size, ")"));
+  }
+  if (s.scaling != "none" && s.global_batch_size > s.base_batch_size && s.warmup_steps == 0) {
+    notes.push_back(absl::StrCat("lr schedule: the LR is scaled up ", InitialLearningRate(s) / s.start_lr,
+                                 "x without a warm-up (warmup_steps 0)"));
+  }
+  if (s.warmup_steps >= s.tot_steps) {
+    notes.push_back(absl::StrCat("lr schedule: warmup_steps ", s.warmup_steps,
+                                 " >= tot_steps ", s.tot_steps,
+                                 ": the whole run is warm-up, the cosine decay never starts"));
+  }
+  if (s.end_lr >= InitialLearningRate(s)) {
+    notes.push_back(absl::StrCat("lr schedule: end_lr ", s.end_lr, " >= the initial LR ",
+                                 InitialLearningRate(s), ": the LR does not decay"));
+  }
+  return notes;
 }
 
 double InitialLearningRate(const LrSchedule& s) {
@@ -36,10 +59,7 @@ double InitialLearningRate(const LrSchedule& s) {
 
 double LearningRate(const LrSchedule& s, int64_t step) {
   const double init = InitialLearningRate(s);
-  const bool scaled = s.global_batch_size > s.base_batch_size && s.scaling != "none";
-  if (scaled && step < s.warmup_steps) {
-    return static_cast<double>(step) / s.warmup_steps * init;
-  }
+  if (step < s.warmup_steps) return static_cast<double>(step + 1) / s.warmup_steps * init;
   return s.end_lr +
          0.5 * (init - s.end_lr) * (1 + std::cos(M_PI * static_cast<double>(step) / s.tot_steps));
 }

@@ -26,7 +26,7 @@ struct StepReport {
 void reportStep(const StepReport& r);
 
 // Warm spares (docs/RECOVERY.md): when this process was started as a spare
-// (contract::kSpareFd is set), blocks until the agent promotes it, then replaces the whole
+// (DLRUN_SPARE_FD is set), blocks until the agent promotes it, then replaces the whole
 // environment with the one the agent sent (RANK, WORLD_SIZE, MASTER_ADDR, ... of the new
 // attempt) and returns true. A spare that is not needed gets end of file and exits 0 here.
 // Returns false at once in an ordinary worker. init() calls it first, so a program that reads
@@ -42,12 +42,12 @@ void recordError(const std::string& message);
 // same large activation and im2col buffers every step; by default each of them is a fresh
 // mmap whose pages the kernel must fault in and zero again (on the U-Net at width 16 that was
 // ~30% of a CPU step). The process keeps its peak heap instead. Called by init() unless
-// InitOptions::keep_freed_memory is false, the switch contract::kKeepFreedMemory is "0" (common/contract.h), or the user set any
-// MALLOC_*_ tunable (theirs wins). Returns whether it changed anything.
+// InitOptions::keep_freed_memory is false, DLRUN_KEEP_FREED_MEMORY=0 is in the environment, or
+// the user set any MALLOC_*_ tunable (theirs wins). Returns whether it changed anything.
 bool keepFreedMemory();
 
 // Preemption under Slurm: true when the job script asked for a requeue after a signal
-// checkpoint (`dlrun slurm --preemptible` exports contract::kRequeueOnSignal) and this is a
+// checkpoint (`dlrun slurm --preemptible` exports DLRUN_REQUEUE_ON_SIGNAL=1) and this is a
 // Slurm job.
 bool requeueOnSignalRequested();
 

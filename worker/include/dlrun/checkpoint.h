@@ -1,21 +1,34 @@
-// Checkpoints for elastic restarts: model + optimizer + step + epoch + RNG + sampler epoch,
-// written atomically (temp file, fsync, rename, fsync of the directory) with a checksum, the
-// newest `keep_last` kept. resumeLatest() loads the newest checkpoint that verifies and skips a
-// damaged one with a warning: a damaged file is never loaded.
+// Checkpoints for elastic restarts: model + optimizer + step + epoch + position in the epoch +
+// the CPU RNG + whatever named tensors and values the trainer adds, written atomically (temp
+// file, fsync, rename, fsync of the directory) with a checksum, the newest `keep_last` kept.
+// resumeLatest() loads the newest checkpoint that verifies and skips a damaged one with a
+// warning: a damaged file is never loaded.
+//
+//   dlrun::worker::CheckpointManager ckpt({.dir = "ckpt"});
+//   dlrun::worker::TrainingState st{.step = step, .epoch = epoch, .epoch_position = b};
+//   st.tensors["ema.weight"] = ema_weight;           // extra state: tensors ...
+//   st.values["best_loss"] = best_loss;              // ... and values (any c10::IValue)
+//   if (ctx.rank() == 0) ckpt.save(*model, opt, st); // throws std::runtime_error on failure
+//   if (auto resumed = ckpt.resumeLatest(*model, opt)) step = resumed->step;
+//
+// The model is loaded in place (each parameter and buffer copied into the tensor it already
+// has), as PyTorch's load_state_dict does, so a DistributedDataParallel wrapping it and an
+// optimizer holding its parameters stay valid.
 //
 // File layout: "DLRUNCK1" | payload length (u64 LE) | FNV-1a 64 of the payload (u64 LE) |
 // payload (a torch::serialize archive).
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include "absl/status/statusor.h"
 
 namespace dlrun::worker {
 
@@ -23,24 +36,34 @@ struct TrainingState {
   int64_t step = 0;
   int64_t epoch = 0;
   int64_t sampler_epoch = 0;
+  // How far into `epoch` training got, in the trainer's own unit (e.g. this rank's samples,
+  // DataLoaderSampler::position()): a resume goes on from there (DataLoaderSampler::setStart,
+  // or the index loop's start) instead of the epoch's first sample.
+  int64_t epoch_position = 0;
+  // Anything else the trainer keeps: EMA weights, a second model's parameters, another RNG's
+  // state (named tensors), counters and settings (ints, doubles, strings: any c10::IValue).
+  std::map<std::string, torch::Tensor> tensors{};
+  std::map<std::string, c10::IValue> values{};
 };
 
 struct CheckpointOptions {
   std::string dir;
   int keep_last = 3;
-  // Fault injection for tests: called after each chunk of the temporary file is written.
-  std::function<void(size_t bytes_written)> on_write_progress;
 };
 
 class CheckpointManager {
  public:
   explicit CheckpointManager(CheckpointOptions options);
   // Writes checkpoint `state.step` (call it on one rank, e.g. rank 0). Also saves the CPU RNG.
-  absl::Status save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                    const TrainingState& state);
-  // Loads the newest valid checkpoint into model and optimizer (and restores the CPU RNG).
-  // nullopt when there is none; damaged files are reported through `warn` and skipped.
-  absl::StatusOr<std::optional<TrainingState>> resumeLatest(
+  // Throws std::runtime_error naming the file and the system's error when it cannot write;
+  // the previous checkpoints are then untouched.
+  void save(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+            const TrainingState& state);
+  // Loads the newest valid checkpoint into model and optimizer in place (and restores the CPU
+  // RNG), and returns its state with the extra tensors and values. nullopt when there is none;
+  // damaged files, or files of another model, are reported through `warn` (default: stderr)
+  // and skipped.
+  std::optional<TrainingState> resumeLatest(
       torch::nn::Module& model, torch::optim::Optimizer& optimizer,
       const std::function<void(const std::string&)>& warn = {});
   // Checkpoint files, newest first.

@@ -1,10 +1,19 @@
 // dlrun::worker::DistributedDataParallel: PyTorch's DDP for LibTorch trainers.
 //
 //   dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);   // broadcasts rank 0's state
-//   auto out = ddp.forward<torch::Tensor>(x);   // or: ddp.prepareForward(); model->forward(x)
-//   loss.backward();                            // buckets are allreduced while backward runs;
-//   optimizer.step();                           // grads are averaged when backward returns
-//   { auto guard = ddp.noSync(); ... backward(); }   // accumulate locally, no communication
+//   torch::Tensor loss = torch::mse_loss(ddp(x), y);  // ddp(x): model->forward(x), same type
+//   loss.backward();                    // buckets are allreduced while backward runs;
+//   optimizer.step();                   // grads are averaged when backward returns
+//   {
+//     auto guard = ddp.noSync();        // accumulate locally, no communication
+//     torch::mse_loss(ddp(x), y).backward();
+//   }
+//
+// `model` is a module holder (`Net model;` for TORCH_MODULE(Net)) or a std::shared_ptr to the
+// module. Calling model->forward(x) directly also averages the gradients, as does any forward:
+// the reduction hangs off each parameter (its post-accumulate-grad hook), so it survives
+// loading a checkpoint into the model, in place or by set_() as torch::load does. Only the
+// buffer broadcast (broadcast_buffers) needs ddp(x), ddp.forward(x) or ddp.prepareForward().
 //
 // Gradients are packed into buckets in reverse registration order (the order backward usually
 // produces them), re-packed once in the observed order after the first step; each bucket's allreduce starts as soon as its last gradient is ready, buckets start in
@@ -35,7 +44,7 @@ struct DDPOptions {
   bool gradient_as_bucket_view = true;
   // When every rank of the process group runs on this machine (LOCAL_WORLD_SIZE ==
   // WORLD_SIZE) and the gradients are float32 or float64 on the CPU, buckets are summed through shared
-  // memory on a communication thread instead of Gloo's TCP allreduce. the switch contract::kDdpShm ("0") in the
+  // memory on a communication thread instead of Gloo's TCP allreduce. DLRUN_DDP_SHM=0 in the
   // environment turns it off as well.
   bool shared_memory_allreduce = true;
   // After the first reduced backward, re-pack the buckets in the order the gradients actually
@@ -55,36 +64,31 @@ struct BucketInfo {
   int64_t bytes = 0;
 };
 
-class DistributedDataParallel {
+// What DistributedDataParallel<Model> does apart from calling the model (and what code that
+// takes any wrapped model can hold a reference to).
+class DistributedDataParallelBase {
  public:
-  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
-                          c10::intrusive_ptr<c10d::ProcessGroup> pg, DDPOptions options = {});
-  ~DistributedDataParallel();
-  DistributedDataParallel(const DistributedDataParallel&) = delete;
-  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                              c10::intrusive_ptr<c10d::ProcessGroup> pg, DDPOptions options = {});
+  ~DistributedDataParallelBase();
+  DistributedDataParallelBase(const DistributedDataParallelBase&) = delete;
+  DistributedDataParallelBase& operator=(const DistributedDataParallelBase&) = delete;
 
-  // Call before each forward (forward() below does it): broadcasts buffers when asked and
-  // re-attaches the reducer's hooks if parameters were reloaded (a checkpoint load gives them
-  // new gradient accumulators).
+  // Before a forward (ddp(x) does it): rank 0's buffers to every rank when broadcast_buffers is
+  // set, and the start of the step's compute time for lastStepTiming().
   void prepareForward();
-
-  template <typename Result, typename M, typename... Args>
-  Result forward(M& module, Args&&... args) {
-    prepareForward();
-    return module->forward(std::forward<Args>(args)...);
-  }
 
   // While the guard lives, backward accumulates gradients locally without communicating; the
   // first backward after it reduces the accumulated sum.
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DistributedDataParallel* d);
+    explicit NoSyncGuard(DistributedDataParallelBase* d);
     ~NoSyncGuard();
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
 
    private:
-    DistributedDataParallel* d_;
+    DistributedDataParallelBase* d_;
     bool previous_;
   };
   NoSyncGuard noSync() { return NoSyncGuard(this); }
@@ -110,6 +114,47 @@ class DistributedDataParallel {
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<Impl> impl_;
 };
+
+// The wrapper a trainer holds: DistributedDataParallel ddp(model, pg) deduces Model from
+// `model` (a module holder such as `Net`, or std::shared_ptr<NetImpl>).
+template <typename Model>
+class DistributedDataParallel : public DistributedDataParallelBase {
+ public:
+  DistributedDataParallel(Model model, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                          DDPOptions options = {})
+      : DistributedDataParallelBase(ModulePtr(model), std::move(pg), options),
+        model_(std::move(model)) {}
+
+  // The model's forward, after prepareForward(); the result is whatever the model returns.
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    prepareForward();
+    return model_->forward(std::forward<Args>(args)...);
+  }
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  Model& model() { return model_; }
+
+ private:
+  template <typename M>
+  static std::shared_ptr<torch::nn::Module> ModulePtr(const M& m) {
+    if constexpr (requires { m.ptr(); }) {
+      return m.ptr();  // a torch::nn::ModuleHolder
+    } else {
+      return m;  // a std::shared_ptr to a module
+    }
+  }
+  Model model_;
+};
+
+template <typename Model>
+DistributedDataParallel(Model, c10::intrusive_ptr<c10d::ProcessGroup>)
+    -> DistributedDataParallel<Model>;
+template <typename Model>
+DistributedDataParallel(Model, c10::intrusive_ptr<c10d::ProcessGroup>, DDPOptions)
+    -> DistributedDataParallel<Model>;
 
 // The bucket assignment alone (PyTorch's compute_bucket_assignment_by_size followed by DDP's
 // reversal): indices into `sizes_bytes` per bucket, buckets in the order gradients are ready.

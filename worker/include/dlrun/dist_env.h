@@ -8,7 +8,6 @@
 #include <string>
 #include <string_view>
 
-#include "absl/status/statusor.h"
 
 namespace dlrun::worker {
 
@@ -28,10 +27,10 @@ struct DistEnv {
   std::string source;  // "torchrun" (dlrun or torchrun), "openmpi", "slurm" or "single"
 };
 
-// Fails with a one-line message naming the variable and the bad value when the environment is
-// incomplete or inconsistent (e.g. RANK >= WORLD_SIZE). A process with no launcher variables at
-// all is a single-process job (world size 1).
-absl::StatusOr<DistEnv> ParseDistEnv(const EnvLookup& env);
+// Throws std::invalid_argument with a one-line message naming the variable and the bad value
+// when the environment is incomplete or inconsistent (e.g. RANK >= WORLD_SIZE). A process with
+// no launcher variables at all is a single-process job (world size 1).
+DistEnv ParseDistEnv(const EnvLookup& env);
 
 // The local IPv4 address this host uses to reach `host` (a name or address), or "" when it
 // cannot be resolved or routed. No packet is sent.

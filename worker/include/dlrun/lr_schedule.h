@@ -1,12 +1,20 @@
 // The SC22 tutorial's learning-rate schedule (utils/__init__.py lr_schedule): large-batch
 // scaling of the base LR (none / linear / sqrt of global_batch / base_batch), a linear warm-up
-// over warmup_steps when the LR was scaled up, then cosine decay to end_lr over tot_steps.
+// over the first warmup_steps, then cosine decay to end_lr over tot_steps.
+//
+//   dlrun::worker::LrSchedule lr{.start_lr = 1e-3, .tot_steps = 1000, .warmup_steps = 100};
+//   dlrun::worker::Validate(lr);  // throws std::invalid_argument naming the bad field
+//   for (const std::string& note : dlrun::worker::IneffectiveSettings(lr)) std::puts(note.c_str());
+//   dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step));
+//
+// Two departures from the tutorial's function, which users of it tripped over: warm-up applies
+// whenever warmup_steps > 0 (the tutorial skipped it without a word unless the LR was scaled
+// up), and its first step already trains, at init_lr / warmup_steps (the tutorial's was LR 0).
 #pragma once
 
 #include <cstdint>
 #include <string>
-
-#include "absl/status/statusor.h"
+#include <vector>
 
 namespace torch::optim {
 class Optimizer;
@@ -24,11 +32,15 @@ struct LrSchedule {
   std::string scaling = "none";  // none | linear | sqrt
 };
 
-// Checks the fields; errors name the bad value and what was expected.
-absl::Status Validate(const LrSchedule& s);
+// Throws std::invalid_argument, one line naming the field, its value and what was expected.
+void Validate(const LrSchedule& s);
+// Settings that are valid but change nothing (scaling with equal batch sizes, a warm-up as long
+// as the whole run, ...), one line each, for the trainer to print at start.
+std::vector<std::string> IneffectiveSettings(const LrSchedule& s);
 // The scaled initial LR (start_lr x 1, x B/b or x sqrt(B/b)).
 double InitialLearningRate(const LrSchedule& s);
-// The LR at step `step` (0-based).
+// The LR at step `step` (0-based): init_lr x (step + 1) / warmup_steps during warm-up, then
+// end_lr + (init_lr - end_lr) x (1 + cos(pi x step / tot_steps)) / 2.
 double LearningRate(const LrSchedule& s, int64_t step);
 // Sets `lr` on every parameter group of any torch::optim optimizer.
 void SetLearningRate(torch::optim::Optimizer& opt, double lr);

@@ -2,7 +2,12 @@
 // DistributedDataParallel in dlrun/ddp.h).
 //
 //   auto ctx = dlrun::worker::init();          // reads RANK, WORLD_SIZE, MASTER_ADDR, ...
-//   dlrun::worker::DistributedDataParallel ddp(model.ptr(), ctx.pg);
+//   dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
+//   auto loss_sum = ctx.allReduce(torch::tensor({loss_value}));     // small collectives
+//   if (!ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) std::abort();
+//
+// Errors are exceptions with one-line messages (std::runtime_error; std::invalid_argument for
+// bad settings), here and in every header of the library.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -36,6 +41,22 @@ struct Context {
   std::optional<std::chrono::steady_clock::time_point> promoted_at;
   int rank() const { return env.rank; }
   int worldSize() const { return env.world_size; }
+
+  // Small collectives over `pg`, for a trainer's bookkeeping (losses, counts, flags, checks);
+  // every rank must make the same calls in the same order. They block until done. CPU tensors
+  // go through Gloo, CUDA tensors through NCCL when init() made it.
+  // Sums (or `op`: c10d::ReduceOp::MAX, MIN, PRODUCT, AVG on NCCL) `t` in place and returns it.
+  torch::Tensor allReduce(torch::Tensor t, c10d::ReduceOp op = c10d::ReduceOp::SUM) const;
+  // Every rank's `t` (same shape and type everywhere), indexed by rank.
+  std::vector<torch::Tensor> allGather(const torch::Tensor& t) const;
+  // Rank `root`'s `t` into every rank's `t` (in place); returns it.
+  torch::Tensor broadcast(torch::Tensor t, int root = 0) const;
+  void barrier() const;
+  // True on every rank when every rank passed the same value, e.g.
+  // ctx.ranksAgree(dlrun::worker::digest(model->parameters())); ranksDiffering() names them.
+  bool ranksAgree(uint64_t value) const;
+  // The ranks whose value differs from rank 0's (empty when all agree).
+  std::vector<int> ranksDiffering(uint64_t value) const;
 };
 
 // Creates the c10d TCPStore (hosted by rank 0) and the process group. Throws std::runtime_error

@@ -1,0 +1,116 @@
+// Every code sample of the installed headers (worker/include/dlrun) and of README.md's ```cpp
+// blocks, verbatim, inside enough context to compile. tests/docs/check_doc_samples.py checks
+// that each sample's lines appear here in order, and the build compiles and links this file
+// against dlrun::worker, so no sample can drift from the API. Not run (init() needs a job).
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "dlrun/checkpoint.h"
+#include "dlrun/data_sampler.h"
+#include "dlrun/ddp.h"
+#include "dlrun/lr_schedule.h"
+#include "dlrun/worker.h"
+
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  torch::nn::Linear l{nullptr};
+  NetImpl() { l = register_module("l", torch::nn::Linear(4, 1)); }
+  torch::Tensor forward(torch::Tensor x) { return l(x); }
+};
+TORCH_MODULE(Net);
+
+struct Data : torch::data::datasets::Dataset<Data> {
+  torch::data::Example<> get(size_t) override { return {torch::zeros({4}), torch::zeros({1})}; }
+  torch::optional<size_t> size() const override { return 8; }
+};
+
+// worker.h
+void WorkerSample(Net model, double loss_value) {
+  auto ctx = dlrun::worker::init();          // reads RANK, WORLD_SIZE, MASTER_ADDR, ...
+  dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
+  auto loss_sum = ctx.allReduce(torch::tensor({loss_value}));     // small collectives
+  if (!ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) std::abort();
+  (void)loss_sum;
+}
+
+// ddp.h
+void DdpSample(const dlrun::worker::Context& ctx, Net model, torch::optim::Optimizer& optimizer,
+               torch::Tensor x, torch::Tensor y) {
+  dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);   // broadcasts rank 0's state
+  torch::Tensor loss = torch::mse_loss(ddp(x), y);  // ddp(x): model->forward(x), same type
+  loss.backward();                    // buckets are allreduced while backward runs;
+  optimizer.step();                   // grads are averaged when backward returns
+  {
+    auto guard = ddp.noSync();        // accumulate locally, no communication
+    torch::mse_loss(ddp(x), y).backward();
+  }
+}
+
+// checkpoint.h
+void CheckpointSample(const dlrun::worker::Context& ctx, Net model, torch::optim::Optimizer& opt,
+                      int64_t step, int64_t epoch, int64_t b, torch::Tensor ema_weight,
+                      double best_loss) {
+  dlrun::worker::CheckpointManager ckpt({.dir = "ckpt"});
+  dlrun::worker::TrainingState st{.step = step, .epoch = epoch, .epoch_position = b};
+  st.tensors["ema.weight"] = ema_weight;           // extra state: tensors ...
+  st.values["best_loss"] = best_loss;              // ... and values (any c10::IValue)
+  if (ctx.rank() == 0) ckpt.save(*model, opt, st); // throws std::runtime_error on failure
+  if (auto resumed = ckpt.resumeLatest(*model, opt)) step = resumed->step;
+}
+
+// data_sampler.h
+void DataSamplerSample(const dlrun::worker::Context& ctx, Net model, Data data, int64_t n,
+                       size_t batch, int64_t epoch, const dlrun::worker::TrainingState* resumed) {
+  dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
+  auto dataset = data.map(torch::data::transforms::Stack<>());
+  int64_t position = 0;
+  dlrun::worker::DataLoaderSampler sampler({.dataset_size = n, .rank = ctx.rank(),
+                                            .world_size = ctx.worldSize(), .seed = 3});
+  auto loader = torch::data::make_data_loader(dataset, sampler,
+                                              torch::data::DataLoaderOptions(batch));
+  sampler.setEpoch(epoch);                 // before each pass over the loader
+  sampler.setStart(resumed->epoch_position);  // once, to go on mid-epoch after a resume
+  for (auto& batch : *loader) {
+    torch::mse_loss(ddp(batch.data), batch.target).backward();
+    position = sampler.position();   // this rank's samples of the epoch so far
+  }
+  (void)position;
+}
+
+// lr_schedule.h
+void LrSample(torch::optim::Optimizer& opt, int64_t step) {
+  dlrun::worker::LrSchedule lr{.start_lr = 1e-3, .tot_steps = 1000, .warmup_steps = 100};
+  dlrun::worker::Validate(lr);  // throws std::invalid_argument naming the bad field
+  for (const std::string& note : dlrun::worker::IneffectiveSettings(lr)) std::puts(note.c_str());
+  dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step));
+}
+
+// README.md, "Embedding dlrun::worker" (its #include lines are at the top of this file)
+void ReadmeSample(Net model, torch::optim::Optimizer& optimizer, torch::Tensor x, torch::Tensor y) {
+auto ctx = dlrun::worker::init();   // env of dlrun, torchrun, mpirun or srun -> TCPStore + Gloo
+dlrun::worker::DistributedDataParallel ddp(model, ctx.pg, {.bucket_cap_mb = 25});
+auto loss = torch::mse_loss(ddp(x), y);  // model->forward(x); broadcasts buffers when asked
+loss.backward();                         // returns with gradients averaged
+optimizer.step();
+}
+
+}  // namespace
+
+int main(int argc, char**) {
+  if (argc > 1) {  // never: referenced so that every sample is compiled and linked
+    Net model;
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    auto ctx = dlrun::worker::init();
+    WorkerSample(model, 0);
+    DdpSample(ctx, model, opt, torch::zeros({2, 4}), torch::zeros({2, 1}));
+    CheckpointSample(ctx, model, opt, 0, 0, 0, torch::zeros({1}), 0);
+    DataSamplerSample(ctx, model, Data(), 8, 2, 0, nullptr);
+    LrSample(opt, 0);
+    ReadmeSample(model, opt, torch::zeros({2, 4}), torch::zeros({2, 1}));
+  }
+  return 0;
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks that every code sample is compiled: each usage sample in the leading comment of an
-installed header (worker/include/dlrun/*.h: consecutive lines starting with "//   ") and each
+"""Checks that every code sample is compiled: each usage sample in the comments of an
+installed header (worker/include/dlrun/*.h: consecutive comment lines starting with "//   ",
+anywhere in the file) and each
 ```cpp block of README.md must appear, line for line (leading and trailing blanks ignored), in
 tests/docs/doc_samples.cc, which the build compiles against dlrun::worker.
   check_doc_samples.py SOURCE_DIR"""
@@ -13,8 +14,7 @@ def header_samples(path):
     samples, current = [], []
     with open(path) as f:
         for line in f:
-            if not line.startswith("//"):
-                break  # the leading comment ends
+            line = line.strip()
             if line.startswith("//   "):
                 current.append(line[2:].strip())
             elif current:

@@ -7,11 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dlrun/checkpoint.h"
 #include "dlrun/data_sampler.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
+#include "dlrun/sync_batch_norm.h"
 #include "dlrun/worker.h"
 
 namespace {
@@ -49,6 +52,49 @@ void DdpSample(const dlrun::worker::Context& ctx, Net model, torch::optim::Optim
     torch::mse_loss(ddp(x), y).backward();
   }
 }
+
+// ddp.h, communication hooks
+struct CountingAllreduce : c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+  using CppCommHookInterface::CppCommHookInterface;
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    ++calls;
+    return dlrun::worker::comm_hooks::Allreduce(state_)->runHook(bucket);
+  }
+  int calls = 0;
+};
+void CommHookSample(const dlrun::worker::Context& ctx, Net model) {
+  dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
+  ddp.registerCommHook(std::make_unique<CountingAllreduce>(ctx.pg));
+}
+
+// ddp.h, join()
+void JoinSample(
+    const dlrun::worker::Context& ctx, Net model, torch::optim::Optimizer& optimizer,
+    const std::vector<std::pair<torch::Tensor, torch::Tensor>>& my_uneven_share) {
+  dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
+  {
+    auto joined = ddp.join();
+    for (auto& [x, y] : my_uneven_share) {  // ranks may hold different numbers of batches
+      optimizer.zero_grad();
+      torch::mse_loss(ddp(x), y).backward();
+      optimizer.step();
+    }
+  }  // returns once every rank is done
+}
+
+// sync_batch_norm.h
+namespace sync_bn_sample {
+struct NetImpl : torch::nn::Module {
+  explicit NetImpl(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    conv = register_module("conv", torch::nn::Conv2d(3, 16, 3));
+    bn = register_module("bn", dlrun::worker::SyncBatchNorm(16, pg));  // not BatchNorm2d(16)
+  }
+  torch::Tensor forward(torch::Tensor x) { return torch::relu(bn(conv(x))); }
+  torch::nn::Conv2d conv{nullptr};
+  dlrun::worker::SyncBatchNorm bn{nullptr};
+};
+TORCH_MODULE(Net);
+}  // namespace sync_bn_sample
 
 // checkpoint.h
 void CheckpointSample(const dlrun::worker::Context& ctx, Net model, torch::optim::Optimizer& opt,
@@ -111,6 +157,10 @@ int main(int argc, char**) {
     DataSamplerSample(ctx, model, Data(), 8, 2, 0, nullptr);
     LrSample(opt, 0);
     ReadmeSample(model, opt, torch::zeros({2, 4}), torch::zeros({2, 1}));
+    CommHookSample(ctx, model);
+    JoinSample(ctx, model, opt, {});
+    sync_bn_sample::Net sync_bn_net(ctx.pg);
+    sync_bn_net(torch::zeros({2, 3, 8, 8}));
   }
   return 0;
 }

@@ -1,14 +1,20 @@
 // ddp_check: run under `dlrun --nproc-per-node 2`; checks dlrun::worker::DistributedDataParallel
 // against a single-process reference computed on every rank. Exit 0 and "ddp_check ok" on
 // success, 1 with the reason otherwise.
-//   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok|reload|reorder|fp16
+//   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok|reload|reorder|fp16|
+//                    hook|syncbn
+// The twin modes train what tests/worker/ddp_twin.py trains with PyTorch's Python DDP and write
+// each rank's final parameters (float64, registration order) to DIR/cc-rank<RANK>.bin:
+//   ddp_check --mode twin-fp16|twin-bf16|twin-static|twin-join --out DIR
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "dlrun/ddp.h"
+#include "dlrun/sync_batch_norm.h"
 #include "dlrun/worker.h"
 
 namespace {
@@ -59,7 +65,165 @@ int Fail(const std::string& why) {
   return 1;
 }
 
+// ddp_twin.py's Net and training, step for step.
+struct TwinNetImpl : nn::Module {
+  nn::Linear a{nullptr}, b{nullptr}, c{nullptr}, unused{nullptr};
+  explicit TwinNetImpl(bool with_unused) {
+    a = register_module("a", nn::Linear(8, 32));
+    b = register_module("b", nn::Linear(32, 32));
+    c = register_module("c", nn::Linear(32, 4));
+    if (with_unused) unused = register_module("unused", nn::Linear(32, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return c(torch::tanh(b(torch::tanh(a(x)))));
+  }
+};
+TORCH_MODULE(TwinNet);
+
+int RunTwin(const std::string& mode, const std::string& out_dir) {
+  auto ctx = dlrun::worker::init();
+  const int rank = ctx.rank(), world = ctx.worldSize();
+  constexpr int kSteps = 5, kLocal = 4;
+  torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
+  TwinNet model(mode == "twin-static");
+  torch::manual_seed(7);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.copy_(torch::randn(p.sizes()) * 0.3);
+  }
+  DDPOptions opts;
+  opts.static_graph = mode == "twin-static";
+  DistributedDataParallel ddp(model, ctx.pg, opts);
+  if (mode == "twin-fp16") ddp.registerCommHook(dlrun::worker::comm_hooks::Fp16Compress(ctx.pg));
+  if (mode == "twin-bf16") ddp.registerCommHook(dlrun::worker::comm_hooks::Bf16Compress(ctx.pg));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  const bool join = mode == "twin-join";
+  const int steps = join ? kSteps + 2 * rank : kSteps;
+  const int most = join ? kSteps + 2 * (world - 1) : kSteps;
+  torch::manual_seed(100);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
+  for (int i = 0; i < most; ++i) {
+    auto x = torch::randn({world * kLocal, 8});
+    auto y = torch::randn({world * kLocal, 4});
+    data.emplace_back(x, y);
+  }
+  const auto train = [&] {
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      auto x = data[i].first.narrow(0, rank * kLocal, kLocal);
+      auto y = data[i].second.narrow(0, rank * kLocal, kLocal);
+      torch::mse_loss(ddp(x), y).backward();
+      opt.step();
+    }
+  };
+  if (join) {
+    auto joined = ddp.join();
+    train();
+  } else {
+    train();
+  }
+  std::vector<torch::Tensor> flat;
+  for (auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+  torch::Tensor all = torch::cat(flat).to(torch::kDouble).contiguous();
+  std::ofstream f(out_dir + "/cc-rank" + std::to_string(rank) + ".bin", std::ios::binary);
+  f.write(static_cast<const char*>(all.data_ptr()), all.numel() * sizeof(double));
+  if (!f) return Fail("cannot write to " + out_dir);
+  std::printf("ddp_check ok: %s, rank %d, %d steps; %s\n", mode.c_str(), rank, steps,
+              ddp.bucketReport().c_str());
+  return 0;
+}
+
+// A hook sees every bucket once per step, in order, with its parameters; what it returns
+// becomes the gradients.
+struct CountingAllreduce
+    : c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+  using CppCommHookInterface::CppCommHookInterface;
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    if (bucket.getIndex() != next) {
+      throw std::runtime_error("bucket " + std::to_string(bucket.getIndex()) + " came when " +
+                               std::to_string(next) + " was due");
+    }
+    next = bucket.isLast() ? 0 : next + 1;
+    steps += bucket.isLast() ? 1 : 0;
+    params += bucket.getParameters().size();
+    if (bucket.getGradients().size() != bucket.getParameters().size()) {
+      throw std::runtime_error("getGradients() and getParameters() differ in length");
+    }
+    return dlrun::worker::comm_hooks::Allreduce(state_)->runHook(bucket);
+  }
+  size_t next = 0, steps = 0, params = 0;
+};
+
+// The model of the syncbn mode: BatchNorm between a and b; `sync` picks SyncBatchNorm.
+struct BnNetImpl : nn::Module {
+  nn::Linear a{nullptr}, b{nullptr};
+  nn::BatchNorm1d bn{nullptr};
+  dlrun::worker::SyncBatchNorm sbn{nullptr};
+  BnNetImpl(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    a = register_module("a", nn::Linear(8, 16));
+    if (pg) {
+      sbn = register_module("bn", dlrun::worker::SyncBatchNorm(16, pg));
+    } else {
+      bn = register_module("bn", nn::BatchNorm1d(16));
+    }
+    b = register_module("b", nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = a(x);
+    x = sbn ? sbn(x) : bn(x);
+    return b(torch::tanh(x));
+  }
+};
+TORCH_MODULE(BnNet);
+
+// SyncBatchNorm over two ranks' halves is BatchNorm over the whole batch in one process:
+// outputs, gradients (so trained parameters) and running statistics.
+int RunSyncBatchNorm() {
+  auto ctx = dlrun::worker::init();
+  const int rank = ctx.rank(), world = ctx.worldSize();
+  torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
+  constexpr int kLocal = 3;  // small per-rank batches: what SyncBatchNorm is for
+  torch::manual_seed(3);
+  BnNet model(ctx.pg);
+  torch::manual_seed(3);
+  BnNet reference(c10::intrusive_ptr<c10d::ProcessGroup>{});  // plain BatchNorm1d
+  DistributedDataParallel ddp(model, ctx.pg);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam ref_opt(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::manual_seed(100);
+  for (int step = 0; step < 6; ++step) {
+    auto x = torch::randn({world * kLocal, 8}) * 2 + 1;
+    auto y = torch::randn({world * kLocal, 4});
+    opt.zero_grad();
+    auto out = ddp(x.narrow(0, rank * kLocal, kLocal));
+    torch::mse_loss(out, y.narrow(0, rank * kLocal, kLocal)).backward();
+    opt.step();
+    ref_opt.zero_grad();
+    auto ref_out = reference->forward(x);
+    torch::mse_loss(ref_out, y).backward();
+    ref_opt.step();
+    const double d = (out - ref_out.narrow(0, rank * kLocal, kLocal)).abs().max().item<double>();
+    if (!(d <= 1e-9)) return Fail("syncbn: step " + std::to_string(step) + " output differs by " + std::to_string(d));
+  }
+  std::vector<torch::Tensor> p = model->parameters(), q = reference->parameters();
+  p.push_back(model->sbn->running_mean);
+  p.push_back(model->sbn->running_var);
+  q.push_back(reference->bn->running_mean);
+  q.push_back(reference->bn->running_var);
+  const double diff = MaxRelDiff(p, q);
+  if (!(diff <= 1e-6)) return Fail("syncbn: max relative difference " + std::to_string(diff));
+  model->eval();
+  reference->eval();
+  auto probe = torch::randn({5, 8});
+  const double eval_diff = (model->forward(probe) - reference->forward(probe)).abs().max().item<double>();
+  if (!(eval_diff <= 1e-9)) return Fail("syncbn: eval output differs by " + std::to_string(eval_diff));
+  std::printf("ddp_check ok: syncbn, %d ranks of %d samples, max relative difference %.3g "
+              "(parameters and running statistics)\n", world, kLocal, diff);
+  return 0;
+}
+
 int Run(const std::string& mode) {
+  if (mode == "syncbn") return RunSyncBatchNorm();
   auto ctx = dlrun::worker::init();
   const int rank = ctx.rank(), world = ctx.worldSize();
   torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
@@ -80,6 +244,12 @@ int Run(const std::string& mode) {
   opts.find_unused_parameters = mode == "unused-ok";
   opts.fp16_compression = mode == "fp16";
   DistributedDataParallel ddp(model, ctx.pg, opts);
+  CountingAllreduce* counting = nullptr;
+  if (mode == "hook") {
+    auto hook = std::make_unique<CountingAllreduce>(ctx.pg);
+    counting = hook.get();
+    ddp.registerCommHook(std::move(hook));
+  }
   if (mode == "reload") {
     // Loading a checkpoint after wrapping (as a resuming trainer may) replaces the parameters'
     // gradient accumulators; the reducer must still see every gradient.
@@ -218,6 +388,14 @@ int Run(const std::string& mode) {
   }
   const double diff = MaxRelDiff(p, q);
   if (!(diff <= 1e-6)) return Fail(mode + ": max relative difference " + std::to_string(diff));
+  if (counting != nullptr) {
+    const size_t params = kSteps * model->parameters().size();
+    if (counting->steps != kSteps || counting->params != params) {
+      return Fail("hook: saw " + std::to_string(counting->steps) + " steps and " +
+                  std::to_string(counting->params) + " parameters' gradients, expected " +
+                  std::to_string(kSteps) + " and " + std::to_string(params));
+    }
+  }
   std::printf("ddp_check ok: %s, %d ranks, %d steps, max relative difference %.3g\n", mode.c_str(),
               world, kSteps, diff);
   return 0;
@@ -226,11 +404,13 @@ int Run(const std::string& mode) {
 }  // namespace
 
 int DdpCheckMain(int argc, char** argv) {
-  std::string mode = "adam";
+  std::string mode = "adam", out = ".";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--mode") == 0) mode = argv[i + 1];
+    if (std::strcmp(argv[i], "--out") == 0) out = argv[i + 1];
   }
   try {
+    if (mode.rfind("twin-", 0) == 0) return RunTwin(mode, out);
     return Run(mode);
   } catch (const std::exception& e) {
     std::string what = e.what();

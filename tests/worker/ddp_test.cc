@@ -1,6 +1,9 @@
 // DDP pieces in one process: bucket layout against PyTorch's, and the two-rank checks run
 // under dlrun (ddp_check).
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -105,7 +108,61 @@ TEST(DdpTwoRanks, SharedMemoryAndGlooBothMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
                          ::testing::Values("adam", "nosync", "buffers-on", "buffers-off",
                                            "unused-error", "unused-ok", "reload",
-                                           "reorder", "fp16"));
+                                           "reorder", "fp16", "hook", "syncbn"));
+
+std::vector<double> ReadDoubles(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<double> v;
+  double d = 0;
+  while (in.read(reinterpret_cast<char*>(&d), sizeof d)) v.push_back(d);
+  return v;
+}
+
+// PyTorch's own DistributedDataParallel (tests/worker/ddp_twin.py, Python, torch 2.15) and
+// dlrun's (ddp_check's twin modes) train the same model from the same values on the same data,
+// two ranks each under dlrun: every rank ends with the same parameters, to 1e-6 of the largest.
+// fp16/bf16: PyTorch's compression hooks against comm_hooks::Fp16Compress/Bf16Compress;
+// static: static_graph with a parameter forward never uses; join: rank r has 5 + 2r batches.
+class DdpTwin : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DdpTwin, EndsWhereThePythonDdpOfPyTorchEnds) {
+  if (testing::RunCommand({TEST_PYTHON, "-c", "import torch.distributed"}, {},
+                          std::chrono::seconds(60)).exit_code != 0) {
+    GTEST_SKIP() << "torch is needed: " << TEST_PYTHON << " (scripts/install-deps)";
+  }
+  const std::string dir = testing::MakeTempDir();
+  const std::map<std::string, std::string> env = {
+      {"OMP_NUM_THREADS", "1"}, {"PYTHON_EXEC", TEST_PYTHON}};
+  testing::ProcResult cc = testing::RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", DDP_CHECK_BIN, "--mode",
+       "twin-" + GetParam(), "--out", dir}, env, std::chrono::seconds(120));
+  ASSERT_EQ(cc.exit_code, 0) << cc.output;
+  testing::ProcResult py = testing::RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", DDP_TWIN_PY, "--mode", GetParam(),
+       "--out", dir}, env, std::chrono::seconds(180));
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  std::vector<std::vector<double>> ours;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string r = std::to_string(rank);
+    const std::vector<double> c = ReadDoubles(dir + "/cc-rank" + r + ".bin");
+    const std::vector<double> p = ReadDoubles(dir + "/py-rank" + r + ".bin");
+    ASSERT_FALSE(c.empty()) << cc.output;
+    ASSERT_EQ(c.size(), p.size()) << "rank " << rank << ": parameter counts differ";
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      worst = std::max(worst, std::abs(c[i] - p[i]));
+      scale = std::max(scale, std::abs(p[i]));
+    }
+    EXPECT_LE(worst, 1e-6 * scale) << GetParam() << ", rank " << rank << "\n" << cc.output;
+    ours.push_back(c);
+  }
+  // Every rank ends with the same parameters (join: the last rank to finish's, broadcast).
+  EXPECT_EQ(ours[0], ours[1]) << cc.output;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Features, DdpTwin,
+                         ::testing::Values("fp16", "bf16", "static", "join"));
 
 }  // namespace
 }  // namespace dlrun::worker

@@ -9,12 +9,15 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/torch.h>
 
+#include <ATen/core/ivalue.h>
+
 #include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -57,7 +60,44 @@ std::string HumanBytes(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024 * 1024));
 }
 
+// PyTorch's default_hooks: allreduce_hook (no cast) and the two compressions. Each divides by
+// the world size before the sum, as PyTorch does (so a float16 sum of means cannot overflow
+// where the mean does not), and hands back the bucket's own buffer holding the mean.
+class CastAllreduceHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  CastAllreduceHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::optional<c10::ScalarType> wire)
+      : CppCommHookInterface(std::move(pg)), wire_(wire) {}
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    torch::Tensor buffer = bucket.getBufferRef();
+    torch::Tensor sent = wire_ ? buffer.to(*wire_) : buffer;
+    sent.div_(state_->getSize());
+    std::vector<torch::Tensor> t{sent};
+    auto done = state_->allreduce(t)->getFuture();
+    return done->then(
+        [buffer, sent](c10::ivalue::Future&) -> c10::IValue {
+          if (!sent.is_same(buffer)) buffer.copy_(sent);
+          return buffer;
+        },
+        c10::TensorType::get());
+  }
+
+ private:
+  std::optional<c10::ScalarType> wire_;
+};
+
 }  // namespace
+
+namespace comm_hooks {
+std::unique_ptr<c10d::CommHookInterface> Allreduce(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  return std::make_unique<CastAllreduceHook>(std::move(pg), std::nullopt);
+}
+std::unique_ptr<c10d::CommHookInterface> Fp16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  return std::make_unique<CastAllreduceHook>(std::move(pg), torch::kHalf);
+}
+std::unique_ptr<c10d::CommHookInterface> Bf16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  return std::make_unique<CastAllreduceHook>(std::move(pg), torch::kBFloat16);
+}
+}  // namespace comm_hooks
 
 std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
                                                int64_t first_cap_bytes, int64_t cap_bytes) {
@@ -84,13 +124,15 @@ struct DistributedDataParallelBase::Impl {
     int64_t offset = 0;
     torch::Tensor view;  // this parameter's part of the bucket, shaped like the parameter
     bool ready = false;
+    int fired = 0;     // static_graph: gradient accumulations seen in this step
+    int expected = 0;  // static_graph: accumulations per step, recorded in the first step
   };
   struct Bucket {
     torch::Tensor flat;
-    torch::Tensor compressed;  // fp16_compression: what goes on the wire
     std::vector<size_t> slots;
     size_t pending = 0;
-    c10::intrusive_ptr<c10d::Work> work;
+    c10::intrusive_ptr<c10d::Work> work;                // the built-in allreduce
+    c10::intrusive_ptr<c10::ivalue::Future> hook_done;  // a communication hook's
     bool launched = false;
   };
 
@@ -112,6 +154,9 @@ struct DistributedDataParallelBase::Impl {
   size_t next_launch = 0;
   bool rebuilt = false;             // buckets re-packed in ready order (after the first step)
   std::vector<size_t> ready_order;  // slots as their gradients arrived, until then
+  std::unique_ptr<c10d::CommHookInterface> hook;  // replaces the allreduce when set
+  bool graph_recorded = false;  // static_graph: the first step's record is in the slots
+  bool join_active = false;     // inside a JoinGuard
 
   // The shared-memory path: a communication thread sums launched buckets in launch order (the
   // same order on every rank), so reduction still overlaps the rest of backward.
@@ -172,7 +217,6 @@ struct DistributedDataParallelBase::Impl {
       int64_t numel = 0;
       for (size_t i : layout[b]) numel += slots[i].param.numel();
       bucket.flat = torch::zeros({numel}, slots[layout[b][0]].param.options());
-      if (options.fp16_compression) bucket.compressed = torch::empty_like(bucket.flat, torch::kHalf);
       int64_t off = 0;
       for (size_t i : layout[b]) {
         Slot& s = slots[i];
@@ -268,10 +312,14 @@ struct DistributedDataParallelBase::Impl {
   }
 
   void StartIteration() {
-    for (Slot& s : slots) s.ready = false;
+    for (Slot& s : slots) {
+      s.ready = false;
+      s.fired = 0;
+    }
     for (Bucket& b : buckets) {
       b.pending = b.slots.size();
       b.work.reset();
+      b.hook_done.reset();
       b.launched = false;
     }
     next_launch = 0;
@@ -290,6 +338,22 @@ struct DistributedDataParallelBase::Impl {
     }
   }
 
+  // What a communication hook sees of bucket idx (PyTorch's GradBucket).
+  c10d::GradBucket MakeGradBucket(size_t idx) {
+    const Bucket& b = buckets[idx];
+    std::vector<size_t> offsets, lengths;
+    std::vector<c10::IntArrayRef> sizes;
+    std::vector<torch::Tensor> params;
+    for (size_t i : b.slots) {
+      offsets.push_back(static_cast<size_t>(slots[i].offset));
+      lengths.push_back(static_cast<size_t>(slots[i].param.numel()));
+      sizes.push_back(slots[i].param.sizes());
+      params.push_back(slots[i].param);
+    }
+    return c10d::GradBucket(idx, buckets.size(), b.flat, std::move(offsets), std::move(lengths),
+                            std::move(sizes), std::move(params), std::nullopt);
+  }
+
   void LaunchReady() {
     // Collectives must be issued in the same order on every rank: launch bucket k only after
     // buckets 0..k-1.
@@ -297,21 +361,17 @@ struct DistributedDataParallelBase::Impl {
       const size_t idx = next_launch++;
       Bucket& b = buckets[idx];
       b.launched = true;
+      if (hook) {
+        c10d::GradBucket grad_bucket = MakeGradBucket(idx);
+        b.hook_done = hook->runHook(grad_bucket);
+        continue;
+      }
       if (shm) {
         {
           std::lock_guard<std::mutex> lock(comm_mu);
           comm_queue.push_back(idx);
         }
         comm_cv.notify_all();
-        continue;
-      }
-      if (b.compressed.defined()) {
-        // Averaged before the cast (a sum of world float16 values may overflow where the mean
-        // does not). The gradients are complete, so scaling them in place is safe.
-        b.flat.mul_(1.0 / pg->getSize());
-        b.compressed.copy_(b.flat);
-        std::vector<torch::Tensor> t{b.compressed};
-        b.work = pg->allreduce(t);
         continue;
       }
       std::vector<torch::Tensor> t{b.flat};
@@ -323,15 +383,36 @@ struct DistributedDataParallelBase::Impl {
     std::lock_guard<std::mutex> lock(mu);
     if (no_sync) return;
     Slot& s = slots[i];
-    if (s.ready) return;
     if (!callback_queued) {
       callback_queued = true;
       torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+      if (graph_recorded) {
+        // static_graph: the parameters the first step found unused are ready from the start.
+        for (Slot& u : slots) {
+          if (u.expected == 0) MarkReady(u);
+        }
+        LaunchReady();
+      }
     }
-    s.ready = true;
+    if (options.static_graph) {
+      if (s.fired++ == 0 && !rebuilt) ready_order.push_back(i);
+      // The first step reduces after backward (it is still counting); later ones as soon as
+      // every accumulation the first step saw has arrived.
+      if (!graph_recorded || s.fired < s.expected || s.ready) return;
+      MarkReady(s);
+      LaunchReady();
+      return;
+    }
+    if (s.ready) return;
     if (!rebuilt) ready_order.push_back(i);
+    MarkReady(s);
+    LaunchReady();
+  }
+
+  void MarkReady(Slot& s) {
+    s.ready = true;
     Gather(s);
-    if (--buckets[s.bucket].pending == 0) LaunchReady();
+    --buckets[s.bucket].pending;
   }
 
   // Collective (every rank decides the same): the shared-memory path when the whole group is on
@@ -339,7 +420,7 @@ struct DistributedDataParallelBase::Impl {
   void SetUpSharedMemory() {
     const int world = pg->getSize();
     if (world < 2) return;
-    bool want = options.shared_memory_allreduce && !options.fp16_compression;
+    bool want = options.shared_memory_allreduce && !hook;
     if (const char* v = std::getenv(contract::kDdpShm); v != nullptr && std::string(v) == "0") {
       want = false;
     }
@@ -385,17 +466,18 @@ struct DistributedDataParallelBase::Impl {
     const auto backward_done = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu);
     std::vector<std::string> missing;
+    const bool recording = options.static_graph && !graph_recorded;
     for (Slot& s : slots) {
+      if (recording) s.expected = s.fired;
       if (s.ready) continue;
-      if (!options.find_unused_parameters) {
+      if (!options.find_unused_parameters && !recording) {
         missing.push_back(s.name);
         continue;
       }
-      s.ready = true;
-      if (!rebuilt) ready_order.push_back(static_cast<size_t>(&s - slots.data()));
-      Gather(s);  // no gradient this time: contributes zeros (or what was accumulated)
-      --buckets[s.bucket].pending;
+      if (!rebuilt && s.fired == 0) ready_order.push_back(static_cast<size_t>(&s - slots.data()));
+      MarkReady(s);  // no gradient this time: contributes zeros (or what was accumulated)
     }
+    if (recording) graph_recorded = true;
     if (!missing.empty()) {
       if (missing.size() > 8) {
         missing.resize(8);
@@ -407,20 +489,39 @@ struct DistributedDataParallelBase::Impl {
           "find_unused_parameters = true if parts of the model are unused"));
     }
     LaunchReady();
+    AwaitBuckets();
+    if (forward_at != std::chrono::steady_clock::time_point{}) {
+      const auto synced = std::chrono::steady_clock::now();
+      last_timing.compute_s = std::chrono::duration<double>(backward_done - forward_at).count();
+      last_timing.sync_s =
+          broadcast_s + std::chrono::duration<double>(synced - backward_done).count();
+      forward_at = {};
+    }
+    EndStep();
+  }
+
+  // Waits for every launched bucket and leaves the mean in it.
+  void AwaitBuckets() {
     const double scale = 1.0 / pg->getSize();
-    if (shm) {
+    if (shm && !hook) {
       std::unique_lock<std::mutex> lock(comm_mu);
       comm_cv.wait(lock, [&] { return comm_done == buckets.size(); });
       if (!comm_status.ok()) throw std::runtime_error(std::string(comm_status.message()));
     }
     for (Bucket& b : buckets) {
-      if (b.work) b.work->wait();
-      if (b.compressed.defined()) {
-        b.flat.copy_(b.compressed);  // already the mean
-      } else {
-        b.flat.mul_(scale);
+      if (b.hook_done) {
+        b.hook_done->wait();
+        const torch::Tensor mean = hook->parseHookResult(b.hook_done->value());  // throws its error
+        if (!mean.is_same(b.flat)) b.flat.copy_(mean.view_as(b.flat));
+        continue;
       }
+      if (b.work) b.work->wait();
+      b.flat.mul_(scale);
     }
+  }
+
+  // The reduced gradients into .grad, the one-time rebuild, and the next step's bookkeeping.
+  void EndStep() {
     torch::NoGradGuard no_grad;
     for (Slot& s : slots) {
       torch::Tensor g = s.param.grad();
@@ -430,13 +531,6 @@ struct DistributedDataParallelBase::Impl {
         g.copy_(s.view);
       }
     }
-    if (forward_at != std::chrono::steady_clock::time_point{}) {
-      const auto synced = std::chrono::steady_clock::now();
-      last_timing.compute_s = std::chrono::duration<double>(backward_done - forward_at).count();
-      last_timing.sync_s =
-          broadcast_s + std::chrono::duration<double>(synced - backward_done).count();
-      forward_at = {};
-    }
     if (!rebuilt) {
       if (options.rebuild_buckets_in_ready_order) RebuildInReadyOrder();
       rebuilt = true;
@@ -444,6 +538,64 @@ struct DistributedDataParallelBase::Impl {
     }
     StartIteration();
     heartbeat();  // one reduced backward = one step of progress for the agent's hang check
+  }
+
+  // join(): a small int64 tensor where the process group's collectives want it.
+  torch::Tensor Flag(int64_t v) const {
+    return torch::full({1}, v, torch::TensorOptions().dtype(torch::kLong).device(
+                                   slots.empty() ? torch::Device(torch::kCPU) : slots[0].param.device()));
+  }
+
+  // The root of the buffer broadcast: 0, or inside join() the highest rank still training
+  // (a rank that ran out of data passes -1), as PyTorch's _find_common_rank.
+  int BufferRoot(bool training) {
+    if (!join_active && training) return 0;
+    std::vector<torch::Tensor> t{Flag(training ? pg->getRank() : -1)};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    pg->allreduce(t, max)->wait();
+    return static_cast<int>(t[0].item<int64_t>());
+  }
+
+  // join(), on a rank out of data: answers the collectives of each step the others still run.
+  void ShadowUntilAllJoined() {
+    const int world = pg->getSize();
+    if (world < 2) return;
+    bool last_to_finish = true;
+    for (;;) {
+      std::vector<torch::Tensor> still{Flag(0)};
+      pg->allreduce(still)->wait();
+      if (still[0].item<int64_t>() == 0) break;
+      last_to_finish = false;
+      if (options.broadcast_buffers && !buffers.empty()) {
+        torch::NoGradGuard no_grad;
+        c10d::broadcast_coalesced(pg, buffers, 250 * 1024 * 1024, BufferRoot(false));
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (!rebuilt && ready_order.size() != slots.size()) {
+        ready_order.clear();  // rank 0's order wins the rebuild; any complete one will do here
+        for (size_t i = 0; i < slots.size(); ++i) ready_order.push_back(i);
+      }
+      for (Slot& s : slots) {
+        s.ready = true;
+        s.view.zero_();
+      }
+      for (Bucket& b : buckets) b.pending = 0;
+      LaunchReady();
+      AwaitBuckets();
+      EndStep();
+    }
+    // Every rank ends with the model of the highest rank among the last to finish (PyTorch's
+    // _sync_final_model): the ranks that ran out early stopped stepping.
+    std::vector<torch::Tensor> root{Flag(last_to_finish ? pg->getRank() : -1)};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    pg->allreduce(root, max)->wait();
+    std::vector<torch::Tensor> state;
+    for (const Slot& s : slots) state.push_back(s.param);
+    if (options.broadcast_buffers) state.insert(state.end(), buffers.begin(), buffers.end());
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024, static_cast<int>(root[0].item<int64_t>()));
   }
 };
 
@@ -507,8 +659,36 @@ DistributedDataParallelBase::DistributedDataParallelBase(
     }
     m.Hook(i);
   }
+  if (options.fp16_compression) m.hook = comm_hooks::Fp16Compress(m.pg);
   m.StartIteration();
   m.SetUpSharedMemory();
+}
+
+void DistributedDataParallelBase::registerCommHook(std::unique_ptr<c10d::CommHookInterface> hook) {
+  if (!hook) throw std::invalid_argument("registerCommHook: the hook is null");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->hook && !impl_->options.fp16_compression) {
+    throw std::logic_error("registerCommHook: a communication hook is already registered");
+  }
+  impl_->hook = std::move(hook);
+}
+
+DistributedDataParallelBase::JoinGuard::JoinGuard(DistributedDataParallelBase* d) : d_(d) {
+  std::lock_guard<std::mutex> lock(d_->impl_->mu);
+  if (d_->impl_->join_active) throw std::logic_error("join(): this DDP is already joined");
+  d_->impl_->join_active = true;
+}
+
+DistributedDataParallelBase::JoinGuard::~JoinGuard() noexcept(false) {
+  Impl& m = *d_->impl_;
+  // Unwinding from an error: the other ranks fail on their own (their collectives time out or
+  // see this process gone); answering them here could hang this one.
+  if (std::uncaught_exceptions() > 0) {
+    m.join_active = false;
+    return;
+  }
+  m.ShadowUntilAllJoined();
+  m.join_active = false;
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
@@ -516,9 +696,18 @@ DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 void DistributedDataParallelBase::prepareForward() {
   Impl& m = *impl_;
   const auto start = std::chrono::steady_clock::now();
+  if (m.join_active && m.no_sync) {
+    // A joined rank answers one buffer broadcast and one reduced backward per forward.
+    throw std::logic_error("DistributedDataParallel: noSync() inside join() is not supported");
+  }
+  if (m.join_active && m.pg->getSize() > 1) {
+    // join(): "still training", matched by the flag a joined rank sends each round.
+    std::vector<torch::Tensor> still{m.Flag(1)};
+    m.pg->allreduce(still)->wait();
+  }
   if (m.options.broadcast_buffers && m.pg->getSize() > 1 && !m.buffers.empty()) {
     torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(m.pg, m.buffers, 250 * 1024 * 1024, 0);
+    c10d::broadcast_coalesced(m.pg, m.buffers, 250 * 1024 * 1024, m.BufferRoot(true));
   }
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(m.mu);
@@ -558,8 +747,11 @@ std::string DistributedDataParallelBase::bucketReport() const {
   }
   return absl::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", HumanBytes(total),
                       " of gradients, in ready order: ", absl::StrJoin(sizes, ", "),
-                      "; allreduce: ", impl_->shm ? "shared memory (all ranks on this host)" : backend,
-                      impl_->options.fp16_compression ? ", fp16-compressed" : "");
+                      "; allreduce: ",
+                      impl_->shm && !impl_->hook ? "shared memory (all ranks on this host)" : backend,
+                      impl_->options.fp16_compression ? ", fp16-compressed"
+                      : impl_->hook                   ? ", through a communication hook"
+                                                      : "");
 }
 
 }  // namespace dlrun::worker

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/nn/module.h>
 
 #include <memory>
@@ -51,12 +52,46 @@ struct DDPOptions {
   // became ready on rank 0 (PyTorch's _rebuild_buckets), once, so each bucket can start as
   // early as the model allows even when registration order differs from use order.
   bool rebuild_buckets_in_ready_order = true;
-  // PyTorch's fp16_compress_hook: each bucket is divided by the world size, allreduced as
-  // float16 (half the bytes on the wire) and copied back into the gradients. float16's range
-  // and 11-bit precision apply. For jobs across hosts: it goes through the process group (Gloo
-  // or NCCL), so it also turns the shared-memory path off.
+  // Registers comm_hooks::Fp16Compress (PyTorch's fp16_compress_hook): each bucket is cast to
+  // float16, divided by the world size, allreduced (half the bytes on the wire) and copied back
+  // into the gradients. float16's range and 11-bit precision apply. For jobs across hosts: it
+  // goes through the process group (Gloo or NCCL), so it also turns the shared-memory path off.
   bool fp16_compression = false;
+  // PyTorch's static_graph: every step uses the same parameters the same number of times. The
+  // first step reduces everything after backward and records which parameters got no gradient
+  // and how many times each gradient was accumulated. Later steps count on that record:
+  // unused parameters need no find_unused_parameters (they count as ready, reduced as zeros),
+  // and a bucket starts once each of its gradients has arrived as many times as recorded.
+  bool static_graph = false;
 };
+
+// Communication hooks: what replaces a bucket's allreduce (PyTorch's register_comm_hook, with
+// its C++ interface: c10d::CommHookInterface and c10d::GradBucket from
+// <torch/csrc/distributed/c10d/comm.hpp>). runHook(bucket) starts the communication of one
+// bucket (bucket.getBuffer(): this rank's gradients, flat; getGradients(), getParameters(),
+// getIndex(), isLast()) and returns a future; parseHookResult(future's value) must give the
+// bucket's gradients averaged over the ranks, which DDP copies into the parameters' .grad.
+// Buckets are handed over in the same order on every rank. A hook derived from
+// c10d::CppCommHookInterface<State> keeps its state (an error-feedback residual, PowerSGD's
+// matrices) between steps:
+//
+//   struct CountingAllreduce : c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+//     using CppCommHookInterface::CppCommHookInterface;
+//     c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+//       ++calls;
+//       return dlrun::worker::comm_hooks::Allreduce(state_)->runHook(bucket);
+//     }
+//     int calls = 0;
+//   };
+//
+//   ddp.registerCommHook(std::make_unique<CountingAllreduce>(ctx.pg));
+namespace comm_hooks {
+// PyTorch's allreduce_hook: divide by the world size, allreduce (sum).
+std::unique_ptr<c10d::CommHookInterface> Allreduce(c10::intrusive_ptr<c10d::ProcessGroup> pg);
+// PyTorch's fp16_compress_hook and bf16_compress_hook: cast, divide, allreduce, cast back.
+std::unique_ptr<c10d::CommHookInterface> Fp16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg);
+std::unique_ptr<c10d::CommHookInterface> Bf16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg);
+}  // namespace comm_hooks
 
 struct BucketInfo {
   std::vector<std::string> parameters;  // names, in bucket order
@@ -103,6 +138,39 @@ class DistributedDataParallelBase {
     double sync_s = -1;
   };
   StepTiming lastStepTiming() const;
+
+  // Replaces the allreduce of every bucket with `hook` (see comm_hooks above). Call it once, on
+  // every rank, before the first backward; the shared-memory path is then not used.
+  void registerCommHook(std::unique_ptr<c10d::CommHookInterface> hook);
+
+  // PyTorch's join() for uneven inputs: while the guard lives, ranks may run different numbers
+  // of steps. Each forward tells the others this rank is still training; when the guard ends on
+  // a rank that ran out of data, the rank keeps answering the others' collectives (the buffer
+  // broadcast from the highest still-training rank, and every bucket's allreduce with zero
+  // gradients) until every rank has ended its guard. Gradients are divided by the whole world
+  // size, as PyTorch does by default (divide_by_initial_world_size). Then every rank takes the
+  // parameters (and buffers) of the highest rank among the last to finish, as PyTorch does.
+  // Use ddp(x) or prepareForward() for every forward inside the guard, and no noSync().
+  //
+  //   {
+  //     auto joined = ddp.join();
+  //     for (auto& [x, y] : my_uneven_share) {  // ranks may hold different numbers of batches
+  //       optimizer.zero_grad();
+  //       torch::mse_loss(ddp(x), y).backward();
+  //       optimizer.step();
+  //     }
+  //   }  // returns once every rank is done
+  class JoinGuard {
+   public:
+    explicit JoinGuard(DistributedDataParallelBase* d);
+    ~JoinGuard() noexcept(false);
+    JoinGuard(const JoinGuard&) = delete;
+    JoinGuard& operator=(const JoinGuard&) = delete;
+
+   private:
+    DistributedDataParallelBase* d_;
+  };
+  JoinGuard join() { return JoinGuard(this); }
 
   // The current buckets, in launch order (after the first step: the observed ready order).
   const std::vector<BucketInfo>& buckets() const;

@@ -1,4 +1,4 @@
-// Job telemetry (issue #17, docs/TELEMETRY.md): what every agent measures about its ranks, and
+// Job telemetry (docs/TELEMETRY.md): what every agent measures about its ranks, and
 // the job-wide aggregate kept where the job is seen whole (the rendezvous host, or the agent of
 // a single-node job). No gRPC, no protobuf, no LibTorch: the handler converts the heartbeat's
 // NodeTelemetry message to these types, and the HTTP side (rendezvous/metrics_http.cc) and the

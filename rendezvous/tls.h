@@ -1,4 +1,4 @@
-// Optional TLS for the rendezvous (issue #8), configured like the token: by environment
+// Optional TLS for the rendezvous, configured like the token: by environment
 // variables naming PEM files, never by command-line arguments.
 //   contract::kRdzvTlsCa    the CA that signed the job's certificates
 //   contract::kRdzvTlsCert  this node's certificate (chain)

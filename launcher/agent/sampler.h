@@ -1,4 +1,4 @@
-// The agent's sampler (issue #17, docs/TELEMETRY.md): on a thread of its own, off the
+// The agent's sampler (docs/TELEMETRY.md): on a thread of its own, off the
 // supervision loop, every period it reads each worker's CPU time and resident memory from /proc
 // and, when NVML can be loaded (contract::kNvmlLibrary, else libnvidia-ml.so.1), each GPU's
 // utilisation and memory and each worker's GPU memory. The loop reads the latest figures.

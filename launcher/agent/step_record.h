@@ -1,4 +1,4 @@
-// Step records (issue #17, docs/TELEMETRY.md): what a worker says about each training step on
+// Step records (docs/TELEMETRY.md): what a worker says about each training step on
 // its heartbeat pipe (contract::kHeartbeatFd), one text line per step:
 //   S <step> <samples> <step_s> [data_s=<s>] [compute_s=<s>] [sync_s=<s>] [loss=<x>]\n
 // At most kMaxStepRecord bytes, so one write() of it is atomic on a pipe. Bytes outside a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #16: an elastic 2-node job (`dlrun slurm --nodes 2 --min-nodes 1`) whose agent hosting
+# an elastic 2-node job (`dlrun slurm --nodes 2 --min-nodes 1`) whose agent hosting
 # the rendezvous is SIGKILLed mid-training. The other node's agent takes over the rendezvous
 # (epoch 2), restarts its workers alone and finishes every planned step from the newest
 # checkpoint; Slurm keeps the job (no --kill-on-bad-exit, --no-kill).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #16: a network partition heals into one job. Two agents in two network namespaces (a
+# a network partition heals into one job. Two agents in two network namespaces (a
 # veth pair, their own addresses), elastic 1:2, with the candidate list "A:port,B:port". The
 # host A's link goes down for longer than the liveness limit: B takes over the rendezvous with
 # epoch 2 and trains alone, and A (still hosting epoch 1) trains alone too. When the link comes

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #17: the job's telemetry over HTTP, checked with real clients. A 2-node job (two agents
+# the job's telemetry over HTTP, checked with real clients. A 2-node job (two agents
 # on this machine, 2 ranks each, the first hosting the rendezvous with --metrics-port 0):
 #   - a real Prometheus (Debian's package) scrapes /metrics, and its query API returns the
 #     series of every rank;

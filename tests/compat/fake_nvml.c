@@ -2,6 +2,8 @@
  * answering from FAKE_NVML_GPUS="used_MiB:total_MiB:util_percent,..." (one entry per GPU) and,
  * for the processes on each GPU, from the file named by FAKE_NVML_PROCS_FILE (lines
  * "gpu_index:pid:used_MiB", read at each call, so a test can add its workers as they start).
+ * With FAKE_NVML_SEEN_FILE set, each call appends the pids it reported, one per line, so a
+ * worker can wait until the agent has sampled it. 
  * dlrun loads it through its NVML library variable (common/contract.h). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,12 +78,15 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void* handle, unsigned* count, nvmlP
   unsigned n = 0;
   const char* path = getenv("FAKE_NVML_PROCS_FILE");
   FILE* f = path != NULL ? fopen(path, "r") : NULL;
+  const char* seen_path = getenv("FAKE_NVML_SEEN_FILE");
+  FILE* seen = seen_path != NULL ? fopen(seen_path, "a") : NULL;
   if (f != NULL) {
     unsigned g = 0, pid = 0;
     unsigned long long mib = 0;
     while (fscanf(f, "%u:%u:%llu", &g, &pid, &mib) == 3) {
       if (g != gpu) continue;
       if (n < room) {
+        if (seen != NULL) fprintf(seen, "%u\n", pid);
         infos[n].pid = pid;
         infos[n].usedGpuMemory = mib << 20;
         infos[n].gpuInstanceId = infos[n].computeInstanceId = 0xFFFFFFFFu;
@@ -90,6 +95,7 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void* handle, unsigned* count, nvmlP
     }
     fclose(f);
   }
+  if (seen != NULL) fclose(seen);
   *count = n;
   return n <= room ? 0 : 7; /* NVML_ERROR_INSUFFICIENT_SIZE */
 }

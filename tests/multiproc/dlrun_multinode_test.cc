@@ -142,7 +142,7 @@ TEST(DlrunMultiNode, WorkerFailureRestartsBothNodesWithTheSameRestartCount) {
 }
 
 TEST(DlrunMultiNode, ASlowStopDoesNotGetALiveNodeDeclaredDead) {
-  // On the first attempt rank 3 fails while rank 2 (same node) ignores SIGTERM, so that node's
+  // On the first attempt rank 3 fails once rank 2 (same node) ignores SIGTERM, so that node's
   // agent spends the whole 2 s grace period stopping it: 4x the heartbeat limit (0.1 s x 5). The
   // agent must keep heartbeating meanwhile; both nodes then restart and the job succeeds.
   const std::string dir = MakeTempDir();
@@ -150,8 +150,10 @@ TEST(DlrunMultiNode, ASlowStopDoesNotGetALiveNodeDeclaredDead) {
       {"sh", "-c",
        "echo $TORCHELASTIC_RESTART_COUNT >> " + dir +
            "/attempts.$RANK; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
-           "if [ $RANK = 3 ]; then sleep 0.5; exit 5; fi; "
-           "if [ $RANK = 2 ]; then trap '' TERM; sleep 30; fi; fi; exit 0"},
+           "if [ $RANK = 3 ]; then for i in $(seq 2000); do [ -e " + dir + "/trapped ] && break; "
+           "sleep 0.01; done; exit 5; fi; "
+           "if [ $RANK = 2 ]; then trap '' TERM; touch " + dir + "/trapped; sleep 30; fi; fi; "
+           "exit 0"},
       "", /*max_restarts=*/1, {"--grace-period", "2"});
   EXPECT_EQ(r.rc[0], 0) << r.out[0] << r.out[1];
   EXPECT_EQ(r.rc[1], 0) << r.out[1] << r.out[0];

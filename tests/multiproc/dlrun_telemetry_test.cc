@@ -108,15 +108,19 @@ TEST(DlrunTelemetry, GpuFiguresComeThroughNvml) {
   const std::string procs = dir + "/procs";
   { std::ofstream(procs) << ""; }
   // Each worker puts itself on GPU 0 with 3000 MiB (the fake reads the file at each call), then
-  // stays until the agent has sampled it.
+  // stays until the agent has sampled it twice (so one sample is complete; 20 s at most).
+  const std::string seen = dir + "/seen";
   ProcResult r = RunCommand(
       {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--report-json", dir + "/r.json", "bash",
        "-c",
        "echo \"0:$$:3000\" >> " + procs +
-           "; for i in 1 2 3; do printf 'S %d 1 0.5\\n' $i >&$DLRUN_HEARTBEAT_FD; done; sleep 2.5"},
+           "; for i in 1 2 3; do printf 'S %d 1 0.5\\n' $i >&$DLRUN_HEARTBEAT_FD; done; "
+           "for i in $(seq 2000); do [ \"$(grep -c \"^$$\\$\" " + seen +
+           " 2>/dev/null)\" -ge 2 ] && break; sleep 0.01; done"},
       {{"DLRUN_NVML_LIBRARY", FAKE_NVML_LIB},
        {"FAKE_NVML_GPUS", "15000:16000:40,1000:16000:80"},
-       {"FAKE_NVML_PROCS_FILE", procs}});
+       {"FAKE_NVML_PROCS_FILE", procs},
+       {"FAKE_NVML_SEEN_FILE", seen}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(ReadFile(dir + "/r.json"));
   ASSERT_EQ(j["gpus"].size(), 2u) << j.dump(2);

@@ -110,13 +110,21 @@ TEST_F(HandlerTest, MalformedNodeIdentityIsRejectedNamingTheField) {
 TEST_F(HandlerTest, GarbageBytesDoNotParseIntoAJoin) {
   // What a client sending garbage gets through: protobuf either rejects the bytes or yields a
   // message whose fields fail validation. Either way nothing joins.
+  // The inputs cover both outcomes (the counts below), so neither branch goes unchecked.
   const std::string garbage[] = {std::string("\xff\xff\xff\xff\x0f", 5), "hello world",
-                                 std::string(1000, '\x0a')};
+                                 std::string(1000, '\x0a'), std::string("\x08\x96\x01", 3)};
+  int rejected_by_protobuf = 0, rejected_by_validation = 0;
   for (const std::string& g : garbage) {
     v1::JoinRequest r;
-    if (!r.ParseFromString(g)) continue;
-    EXPECT_FALSE(JoinNow(r).ok());
+    if (!r.ParseFromString(g)) {
+      ++rejected_by_protobuf;
+      continue;
+    }
+    EXPECT_FALSE(JoinNow(r).ok()) << r.ShortDebugString();
+    ++rejected_by_validation;
   }
+  EXPECT_GT(rejected_by_protobuf, 0);
+  EXPECT_GT(rejected_by_validation, 0);
   ExpectStateUnchanged();
 }
 

@@ -10,7 +10,7 @@ namespace {
 
 using std::chrono::seconds;
 
-class Fixture : public ::testing::Test {
+class StateMachineTest : public ::testing::Test {
  protected:
   void Make(Config c) {
     config_ = c;
@@ -65,7 +65,13 @@ class Fixture : public ::testing::Test {
   uint64_t ticket_ = 0;
 };
 
-TEST_F(Fixture, ClosesAtOnceWhenMaxNodesJoined) {
+// Suites by behaviour, on one fixture.
+using RoundClosing = StateMachineTest;    // when a round closes, or does not
+using RankAssignment = StateMachineTest;  // who gets which ranks
+using RestartRounds = StateMachineTest;   // failures, scale-up and the end of the job
+using NodeLiveness = StateMachineTest;    // silent members
+
+TEST_F(RoundClosing, ClosesAtOnceWhenMaxNodesJoined) {
   Make({.min_nodes = 1, .max_nodes = 3});
   Join("a");
   Join("b");
@@ -82,7 +88,7 @@ TEST_F(Fixture, ClosesAtOnceWhenMaxNodesJoined) {
   }
 }
 
-TEST_F(Fixture, ClosesAtLastCallOnceMinNodesJoined) {
+TEST_F(RoundClosing, ClosesAtLastCallOnceMinNodesJoined) {
   Make({.min_nodes = 2, .max_nodes = 4, .last_call = seconds(30)});
   Join("a");
   Advance(seconds(100));  // below min: the last call does not start
@@ -97,7 +103,7 @@ TEST_F(Fixture, ClosesAtLastCallOnceMinNodesJoined) {
   EXPECT_EQ(results_["c"]->num_nodes, 3);
 }
 
-TEST_F(Fixture, JoinTimeoutFailsWithCountsAndExpectedHosts) {
+TEST_F(RoundClosing, JoinTimeoutFailsWithCountsAndExpectedHosts) {
   Make({.min_nodes = 3, .max_nodes = 3, .join_timeout = seconds(600),
         .expected_hosts = {"node1", "node2", "node3"}});
   Join("a");
@@ -114,7 +120,7 @@ TEST_F(Fixture, JoinTimeoutFailsWithCountsAndExpectedHosts) {
   EXPECT_FALSE(sm_->Join(Node("late"), 99, now_, [](auto) {}, &out).ok());
 }
 
-TEST_F(Fixture, RanksAreDeterministicPrefixSumsWithHeterogeneousNproc) {
+TEST_F(RankAssignment, RanksAreDeterministicPrefixSumsWithHeterogeneousNproc) {
   Make({.min_nodes = 3, .max_nodes = 3});
   Join("c", 1);
   Join("a", 4);
@@ -133,7 +139,7 @@ TEST_F(Fixture, RanksAreDeterministicPrefixSumsWithHeterogeneousNproc) {
   EXPECT_EQ(results_["a"]->local_world_size, 4);
 }
 
-TEST_F(Fixture, SlurmNodeIdsDecideRanksWhenAllKnowThem) {
+TEST_F(RankAssignment, SlurmNodeIdsDecideRanksWhenAllKnowThem) {
   Make({.min_nodes = 2, .max_nodes = 2});
   Join("a", 2, 1);
   Join("z", 2, 0);
@@ -144,7 +150,7 @@ TEST_F(Fixture, SlurmNodeIdsDecideRanksWhenAllKnowThem) {
 
 // Without a Slurm order the hosting agent is node 0 (the chaos runner and users reading the
 // host's log rely on it), and "host:pid" ids order by the pid as a number, not as text.
-TEST_F(Fixture, HostingAgentIsNodeZeroAndPidsCompareAsNumbers) {
+TEST_F(RankAssignment, HostingAgentIsNodeZeroAndPidsCompareAsNumbers) {
   Make({.min_nodes = 3, .max_nodes = 3, .first_node_id = "n:99999"});
   Join("n:100001");
   Join("n:99999");
@@ -155,7 +161,7 @@ TEST_F(Fixture, HostingAgentIsNodeZeroAndPidsCompareAsNumbers) {
   EXPECT_EQ(results_["n:100001"]->node_rank, 2);
 }
 
-TEST_F(Fixture, NumericPidsOrderWithoutAHost) {
+TEST_F(RankAssignment, NumericPidsOrderWithoutAHost) {
   Make({.min_nodes = 3, .max_nodes = 3});
   Join("n:1001");
   Join("n:987");
@@ -165,7 +171,7 @@ TEST_F(Fixture, NumericPidsOrderWithoutAHost) {
   EXPECT_EQ(results_["n:1001"]->node_rank, 2);
 }
 
-TEST_F(Fixture, SlurmOrderBeatsTheHostingAgent) {
+TEST_F(RankAssignment, SlurmOrderBeatsTheHostingAgent) {
   Make({.min_nodes = 2, .max_nodes = 2, .first_node_id = "a"});
   Join("a", 2, 1);
   Join("z", 2, 0);
@@ -173,7 +179,7 @@ TEST_F(Fixture, SlurmOrderBeatsTheHostingAgent) {
   EXPECT_EQ(results_["a"]->node_rank, 1);
 }
 
-TEST_F(Fixture, FailureReportOpensNewRoundWithSameRestartCountEverywhere) {
+TEST_F(RestartRounds, FailureReportOpensNewRoundWithSameRestartCountEverywhere) {
   Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 2});
   Join("a");
   Join("b");
@@ -217,7 +223,7 @@ TEST_F(Fixture, FailureReportOpensNewRoundWithSameRestartCountEverywhere) {
 // round expects the dead node too. Once it has been silent for the limit it is no longer
 // expected, so the survivors' round closes then, not at the 30-s last call. A member that
 // heartbeats while it stops its workers is still waited for.
-TEST_F(Fixture, AMemberSilentForTheLimitIsNoLongerExpectedByAJoiningRound) {
+TEST_F(NodeLiveness, AMemberSilentForTheLimitIsNoLongerExpectedByAJoiningRound) {
   Make({.min_nodes = 1, .max_nodes = 3, .last_call = seconds(30), .heartbeat_interval = seconds(1),
         .heartbeat_misses = 5, .max_restarts = 3});
   Join("a");
@@ -247,7 +253,7 @@ TEST_F(Fixture, AMemberSilentForTheLimitIsNoLongerExpectedByAJoiningRound) {
   EXPECT_EQ(results_["c"]->round, 1u);  // c's last assignment
 }
 
-TEST_F(Fixture, ForgedNodeCannotTriggerARestart) {
+TEST_F(RestartRounds, ForgedNodeCannotTriggerARestart) {
   Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 5});
   Join("a");
   Join("b");
@@ -262,7 +268,7 @@ TEST_F(Fixture, ForgedNodeCannotTriggerARestart) {
   EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
 }
 
-TEST_F(Fixture, HeartbeatLossWithEnoughSurvivorsStartsNewRound) {
+TEST_F(NodeLiveness, HeartbeatLossWithEnoughSurvivorsStartsNewRound) {
   Make({.min_nodes = 2, .max_nodes = 3, .heartbeat_interval = seconds(5),
         .heartbeat_misses = 3, .max_restarts = 3});
   Join("a");
@@ -286,7 +292,7 @@ TEST_F(Fixture, HeartbeatLossWithEnoughSurvivorsStartsNewRound) {
   EXPECT_EQ(results_["b"]->restart_count, 1);
 }
 
-TEST_F(Fixture, HeartbeatLossBelowMinFailsTheJob) {
+TEST_F(NodeLiveness, HeartbeatLossBelowMinFailsTheJob) {
   Make({.min_nodes = 2, .max_nodes = 2, .heartbeat_interval = seconds(1),
         .heartbeat_misses = 2, .max_restarts = 3});
   Join("a");
@@ -303,7 +309,7 @@ TEST_F(Fixture, HeartbeatLossBelowMinFailsTheJob) {
   EXPECT_EQ(hb->action, Action::kStop);
 }
 
-TEST_F(Fixture, ScaleUpRestartsIntoALargerRoundWithoutUsingARestart) {
+TEST_F(RestartRounds, ScaleUpRestartsIntoALargerRoundWithoutUsingARestart) {
   Make({.min_nodes = 2, .max_nodes = 3, .max_restarts = 0});
   Join("a");
   Join("b");
@@ -324,7 +330,7 @@ TEST_F(Fixture, ScaleUpRestartsIntoALargerRoundWithoutUsingARestart) {
   EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
 }
 
-TEST_F(Fixture, JoinBeyondMaxWaitsForTheNextRound) {
+TEST_F(RoundClosing, JoinBeyondMaxWaitsForTheNextRound) {
   Make({.min_nodes = 1, .max_nodes = 1, .max_restarts = 1});
   Join("a");
   Join("b");  // full: held
@@ -335,7 +341,7 @@ TEST_F(Fixture, JoinBeyondMaxWaitsForTheNextRound) {
   EXPECT_EQ(results_["b"]->round, 2u);
 }
 
-TEST_F(Fixture, CancelledJoinIsForgotten) {
+TEST_F(RoundClosing, CancelledJoinIsForgotten) {
   Make({.min_nodes = 2, .max_nodes = 2});
   Join("a");
   EXPECT_TRUE(sm_->CancelJoin("a", ticket_));
@@ -345,7 +351,7 @@ TEST_F(Fixture, CancelledJoinIsForgotten) {
   EXPECT_EQ(sm_->Snapshot().joined, 1);
 }
 
-TEST_F(Fixture, AllNodesLeavingSuccessfullyEndsTheJob) {
+TEST_F(RestartRounds, AllNodesLeavingSuccessfullyEndsTheJob) {
   Make({.min_nodes = 2, .max_nodes = 2});
   Join("a");
   Join("b");

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/defaults.h"
+
 namespace dlrun {
 
 struct Assignment {
@@ -17,7 +19,7 @@ struct Assignment {
   int world_size = 1;
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
+  int master_port = defaults::kMasterPort;
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id = "none";

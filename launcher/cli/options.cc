@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/defaults.h"
 #include "launcher/cli/flags.h"
 
 namespace dlrun::launcher {
@@ -201,7 +202,7 @@ std::vector<Flag> BaseFlags() {
        "rank of this node (static rendezvous)"},
       {"master-addr", "", true, StrField(&O::master_addr), "address of node rank 0 (static)"},
       {"master-port", "", true, SetMasterPort,
-       "port of the c10d store on node rank 0 (static; default 29500)"},
+       absl::StrCat("port of the c10d store on node rank 0 (static; default ", defaults::kMasterPort, ")")},
       {"local-addr", "", true, StrField(&O::local_addr), "address of this node"},
       {"signals-to-handle", "", true, SetSignals,
        "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "

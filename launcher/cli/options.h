@@ -11,6 +11,7 @@
 #include <chrono>
 
 #include "absl/status/statusor.h"
+#include "common/defaults.h"
 #include "dlrun/dist_env.h"
 #include "launcher/cli/flags.h"
 
@@ -42,7 +43,7 @@ struct LaunchOptions {
   std::string local_ranks_filter;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
+  int master_port = defaults::kMasterPort;
   bool master_port_given = false;
   std::string local_addr;
   std::vector<int> signals_to_handle;  // parsed --signals-to-handle (default TERM,INT,HUP,QUIT)

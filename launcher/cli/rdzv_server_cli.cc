@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
+#include "common/defaults.h"
 #include "launcher/cli/flags.h"
 #include "launcher/rdzv/rdzv_config.h"
 
@@ -12,7 +13,7 @@ namespace {
 
 struct Raw {
   std::string host = "127.0.0.1";
-  int port = 29400;
+  int port = defaults::kRdzvPort;
   cli::NodeRange nnodes;
   std::string run_id = "none";
   rdzv::Config config;
@@ -43,7 +44,7 @@ std::vector<cli::Flag<Raw>> Flags() {
   const rdzv::Config defaults;
   std::vector<cli::Flag<Raw>> f = {
       {"host", "", true, StrField(&Raw::host), "address to listen on (default 127.0.0.1)"},
-      {"port", "", true, IntField("port", &Raw::port, 0, 65535), "port (default 29400; 0: any)"},
+      {"port", "", true, IntField("port", &Raw::port, 0, 65535), absl::StrCat("port (default ", defaults::kRdzvPort, "; 0: any)")},
       {"nnodes", "", true, cli::NodeRangeField("nnodes", &Raw::nnodes), "N or MIN:MAX nodes"},
       {"run-id", "", true, StrField(&Raw::run_id), "the job's run id (--rdzv-id of the agents)"},
       {"max-restarts", "", true, config_int("max-restarts", &rdzv::Config::max_restarts, 0),

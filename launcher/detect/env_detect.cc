@@ -5,12 +5,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
+#include "common/defaults.h"
 #include "launcher/detect/hostlist.h"
 
 namespace dlrun::launcher {
 namespace {
-
-constexpr const char* kDefaultRdzvPort = "29400";
 
 class Reader {
  public:
@@ -70,7 +69,7 @@ absl::Status FillMasterPort(Reader& r, LaunchOptions* o, Detection* d) {
 
 // contract::kRdzvPort (the rendezvous port when dlrun derives the endpoint), default 29400.
 absl::StatusOr<std::string> RdzvPort(Reader& r) {
-  const std::string v = r.Get(contract::kRdzvPort).value_or(kDefaultRdzvPort);
+  const std::string v = r.Get(contract::kRdzvPort).value_or(std::to_string(defaults::kRdzvPort));
   int p = 0;
   if (!absl::SimpleAtoi(v, &p) || p < 1 || p > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("environment variable ", contract::kRdzvPort, "='", v,

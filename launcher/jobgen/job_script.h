@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/defaults.h"
 #include "launcher/jobgen/shell.h"  // ShellQuote
 
 namespace dlrun::launcher {
@@ -56,7 +57,7 @@ struct RunaiJobOptions {
   int nproc_per_node = 0;  // 0: one per GPU, or 1 without GPUs
   std::string cpu;         // per pod, as Kubernetes quantities ("8", "500m"); empty: unset
   std::string memory;
-  int rdzv_port = 29400;
+  int rdzv_port = defaults::kRdzvPort;
   int max_restarts = 3;
   bool large_shm = false;
   bool legacy_cli = false;

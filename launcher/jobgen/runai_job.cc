@@ -1,5 +1,6 @@
 // `dlrun runai`: the Run:ai submission command and a PyTorchJob manifest.
 #include "common/contract.h"
+#include "common/defaults.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/jobgen/job_script.h"
@@ -55,7 +56,7 @@ std::vector<cli::Flag<RunaiJobOptions>> RunaiFlags() {
       {"cpu", "", true, quantity("cpu", &O::cpu), "CPU request per pod"},
       {"memory", "", true, quantity("memory", &O::memory), "memory request per pod"},
       {"rdzv-port", "", true, cli::IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
-       "rendezvous port on the master pod (default 29400)"},
+       absl::StrCat("rendezvous port on the master pod (default ", defaults::kRdzvPort, ")")},
       {"max-restarts", "", true, cli::IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
        "worker-group restarts before the job fails (default 3)"},
       {"large-shm", "", false, cli::BoolField<O>(&O::large_shm), "a large /dev/shm (data loaders)"},

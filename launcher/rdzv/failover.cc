@@ -6,12 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/defaults.h"
 
 namespace dlrun::launcher {
 
 std::pair<std::string, std::string> SplitEndpoint(const std::string& ep) {
   const size_t c = ep.rfind(':');
-  if (c == std::string::npos || ep.find(']', c) != std::string::npos) return {ep, "29400"};
+  if (c == std::string::npos || ep.find(']', c) != std::string::npos) return {ep, std::to_string(defaults::kRdzvPort)};
   return {ep.substr(0, c), ep.substr(c + 1)};
 }
 

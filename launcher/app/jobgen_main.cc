@@ -1,5 +1,8 @@
 // `dlrun slurm`, `dlrun runai` and `dlrun rdzv-server`: the subcommands that do not launch.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -7,6 +10,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/contract.h"
 #include "launcher/app/commands.h"
 #include "launcher/cli/rdzv_server_cli.h"
 #include "launcher/jobgen/job_script.h"
@@ -33,17 +37,21 @@ std::string SelfPath() {
   return ec ? std::string("dlrun") : p.string();
 }
 
-bool WriteFile(const std::string& path, const std::string& text, bool executable) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) return false;
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) return false;
-  if (executable) {
-    std::filesystem::permissions(
-        path, std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
-        std::filesystem::perm_options::add);
+// Writes `text` to `path` with exactly `mode` (also when the file already existed).
+bool WriteFile(const std::string& path, const std::string& text, mode_t mode) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return false;
+  bool ok = ::fchmod(fd, mode) == 0;
+  for (size_t done = 0; ok && done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    done += ok ? static_cast<size_t>(n) : 0;
   }
-  return true;
+  const int write_errno = errno;
+  if (::close(fd) != 0) return false;
+  errno = write_errno;
+  return ok;
 }
 
 // `sbatch --parsable PATH`: the job id, or an error naming the script.
@@ -80,7 +88,7 @@ int SlurmMain(const std::vector<std::string>& args) {
     std::fputs(script.c_str(), stdout);
     return 0;
   }
-  if (!WriteFile(path, script, true)) {
+  if (!WriteFile(path, script, 0755)) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("cannot write the job script to '", path, "': ", std::strerror(errno))));
   }
@@ -110,8 +118,19 @@ int RunaiMain(const std::vector<std::string>& args) {
   auto o = ParseRunaiArgs(args);
   if (!o.ok()) return Fail(o.status());
   std::fputs(RenderRunaiCommand(*o).c_str(), stdout);
+  const std::string token_prefix = absl::StrCat(contract::kRdzvToken, "=");
+  bool token = false;
+  for (const std::string& e : o->env) token = token || e.rfind(token_prefix, 0) == 0;
+  if (!token) {
+    std::fprintf(stderr,
+                 "dlrun: warning: the runai command sets no rendezvous token, so any pod that "
+                 "reaches the rendezvous port can join the job; add -e %s<secret> (the manifest "
+                 "of -o FILE has one in its Secret)\n",
+                 token_prefix.c_str());
+  }
   if (!o->manifest_path.empty()) {
-    if (!WriteFile(o->manifest_path, RenderRunaiManifest(*o), false)) {
+    // 0600: the manifest holds the job's token in its Secret.
+    if (!WriteFile(o->manifest_path, RenderRunaiManifest(*o), 0600)) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "cannot write the manifest to '", o->manifest_path, "': ", std::strerror(errno))));
     }

@@ -236,5 +236,31 @@ TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {
   EXPECT_NE(r.output.find("cannot execute '/nonexistent/program'"), std::string::npos);
 }
 
+// `dlrun runai -o FILE`: the manifest holds the job's token in a Secret, so only its owner may
+// read it (also when FILE existed, world-readable); the printed command has no token unless the
+// user passes one, and says so.
+TEST(DlrunRunai, TheManifestIsTheOwnersAloneAndAMissingTokenIsWarnedAbout) {
+  namespace fs = std::filesystem;
+  const std::string dir = MakeTempDir();
+  const std::string manifest = dir + "/manifest.yaml";
+  { std::ofstream(manifest) << "an older manifest\n"; }
+  fs::permissions(manifest, fs::perms(0644), fs::perm_options::replace);
+  const auto runai = [&](std::vector<std::string> extra) {
+    std::vector<std::string> cmd = {DLRUN_BIN, "runai", "--name", "job", "-p", "team", "-i",
+                                    "registry.local/dlrun:test", "-o", manifest};
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    for (const char* a : {"--", "python3", "train.py"}) cmd.push_back(a);
+    return RunCommand(cmd);
+  };
+  ProcResult r = runai({});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(fs::status(manifest).permissions() & fs::perms::all, fs::perms(0600));
+  EXPECT_NE(r.output.find("sets no rendezvous token"), std::string::npos) << r.output;
+  r = runai({"-e", "DLRUN_RDZV_TOKEN=s3cret"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("sets no rendezvous token"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dlrun::testing

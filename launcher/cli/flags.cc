@@ -1,5 +1,6 @@
 #include "launcher/cli/flags.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 
@@ -125,6 +127,56 @@ const ErasedFlag* Find(const std::vector<ErasedFlag>& flags, const std::string& 
   return nullptr;
 }
 
+// Edit distance (insertions, deletions, substitutions), for "did you mean".
+size_t Distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A long flag not spelled out: its unambiguous prefix (as argparse, and so torchrun, accepts),
+// else an error that names the candidates or the nearest flag.
+absl::StatusOr<const ErasedFlag*> FindLong(const ParseSpec& spec,
+                                           const std::vector<ErasedFlag>& flags,
+                                           const std::string& name, const std::string& arg) {
+  if (const ErasedFlag* f = Find(flags, name); f != nullptr) return f;
+  std::vector<const ErasedFlag*> prefixed;
+  for (const ErasedFlag& f : flags) {
+    if (f.name.size() > 1 && f.name.rfind(name, 0) == 0) prefixed.push_back(&f);
+  }
+  if (prefixed.size() == 1 && !name.empty()) return prefixed[0];
+  const std::string see = absl::StrCat(" (see ", spec.command, " --help)");
+  if (prefixed.size() > 1 && !name.empty()) {
+    std::vector<std::string> names;
+    for (const ErasedFlag* f : prefixed) names.push_back("--" + f->name);
+    return absl::InvalidArgumentError(absl::StrCat("ambiguous flag '", arg, "' for ", spec.command,
+                                                   ": it could be ", absl::StrJoin(names, ", "),
+                                                   see));
+  }
+  const ErasedFlag* nearest = nullptr;
+  size_t best = std::max<size_t>(2, name.size() / 4) + 1;
+  for (const ErasedFlag& f : flags) {
+    if (f.name.size() <= 1) continue;
+    const size_t d = Distance(name, f.name);
+    if (d < best) {
+      best = d;
+      nearest = &f;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown flag '", arg, "' for ", spec.command,
+      nearest != nullptr ? absl::StrCat(": did you mean --", nearest->name, "?") : "", see));
+}
+
 absl::Status PetFallbacks(const std::vector<ErasedFlag>& flags, const EnvLookup& env,
                           Parsed* out) {
   for (const ErasedFlag& f : flags) {
@@ -169,6 +221,11 @@ absl::StatusOr<Parsed> Parse(const ParseSpec& spec, const std::vector<ErasedFlag
     std::optional<std::string> value;
     SplitArg(a, &name, &value);
     const ErasedFlag* f = Find(flags, name);
+    if (f == nullptr && a[1] == '-') {
+      absl::StatusOr<const ErasedFlag*> found = FindLong(spec, flags, name, a);
+      if (!found.ok()) return found.status();
+      f = *found;
+    }
     if (f == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag '", a, "' for ", spec.command,
                                                      " (see ", spec.command, " --help)"));

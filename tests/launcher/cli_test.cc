@@ -27,6 +27,28 @@ TEST(LaunchOptions, BothSpellingsAndEqualsForm) {
   }
 }
 
+// As argparse (so torchrun): an unambiguous prefix of a long flag is the flag; an ambiguous one
+// names the candidates; a misspelt one gets the nearest flag suggested.
+TEST(LaunchOptions, PrefixesOfLongFlagsAndSuggestions) {
+  auto o = Parse({"--nproc_per", "2", "--max-re=3", "p"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->nproc_per_node, "2");
+  EXPECT_EQ(o->max_restarts, 3);
+  auto r = Parse({"--rdzv", "x", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("ambiguous flag '--rdzv' for dlrun: it could be "),
+            std::string::npos) << r.status();
+  EXPECT_NE(std::string(r.status().message()).find("--rdzv-endpoint"), std::string::npos);
+  r = Parse({"--nprocs-per-node", "2", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("did you mean --nproc-per-node?"),
+            std::string::npos) << r.status();
+  r = Parse({"--frobnicate", "p"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(std::string(r.status().message()).find("did you mean"), std::string::npos)
+      << r.status();
+}
+
 TEST(LaunchOptions, ProgramArgumentsAreNotParsed) {
   auto o = Parse({"--standalone", "prog", "--nproc-per-node", "9", "--bogus"});
   ASSERT_TRUE(o.ok()) << o.status();

@@ -262,5 +262,11 @@ TEST(DlrunRunai, TheManifestIsTheOwnersAloneAndAMissingTokenIsWarnedAbout) {
   fs::remove_all(dir);
 }
 
+TEST(DlrunCli, VersionPrintsTheProjectVersionAndExitsZero) {
+  ProcResult r = RunCommand({DLRUN_BIN, "--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("dlrun 0.", 0), 0u) << r.output;
+}
+
 }  // namespace
 }  // namespace dlrun::testing

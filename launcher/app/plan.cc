@@ -68,14 +68,18 @@ std::vector<std::string> WorkerArgv(const LaunchOptions& o, const std::string& p
 
 namespace {
 
-// The warm spare's bootstrap: import torch (the slow part of a Python worker's start), wait for
-// the worker's environment on contract::kSpareFd, replace the environment with it, make a rank
+// The warm spare's bootstrap: import torch (the slow part of a Python worker's start) and
+// torch._dynamo (PyTorch 2.x's DistributedDataParallel imports it, with sympy and ~900 modules,
+// when the first one is built: ~1 s that a promoted spare would otherwise spend after the
+// fault), wait for the worker's environment on contract::kSpareFd, replace the environment with
+// it, make a rank
 // other than 0 wait for rank 0's store port before its TCPStore client connects, then run the
 // script (sys.path[0] its directory, as `python SCRIPT` does) or the module (as `python -m`).
 constexpr char kSpareBootstrap[] = R"py(import os, sys
 fd = int(os.environ.pop("{SPARE_FD}"))
 try:
     import torch, torch.distributed, torch.nn.parallel
+    import torch._dynamo
 except Exception:
     pass
 data = bytearray()

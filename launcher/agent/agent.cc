@@ -340,21 +340,27 @@ int Agent::AfterFailure() {
   MaybePublish(/*now_anyway=*/true);
   const RootCause root = PickRootCause(exits_, error_of);
   const WorkerExit& first = root.exit;
+  const std::string what = first.signal != 0
+                               ? absl::StrCat("rank ", first.global_rank, " got SIG",
+                                              sigabbrev_np(first.signal))
+                               : absl::StrCat("rank ", first.global_rank, " exited with ",
+                                              first.exit_code);
+  // An attempt that is followed by a restart is one line; the failure block and "job failed"
+  // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
+  if (source_->OnFailure(what)) {
+    spdlog::warn("rank {} (local rank {}, pid {}): {}; restarting {} of {}", first.global_rank,
+                 first.local_rank, first.pid, root.message.substr(0, root.message.find('\n')),
+                 current_.restart_count + 1,
+                 current_.max_restarts);
+    return -1;
+  }
   FailureReport report{options_.program_name, options_.hostname, exits_, root,
                        [this](int lr) { return ErrorFile(lr); }, error_of};
   std::fflush(stdout);
   std::fputs(FormatFailureReport(report).c_str(), stderr);
   spdlog::error("job failed. Root cause (first failure): rank {} (local rank {}, pid {}): {}",
                 first.global_rank, first.local_rank, first.pid, root.message);
-  const std::string what = first.signal != 0
-                               ? absl::StrCat("rank ", first.global_rank, " got SIG",
-                                              sigabbrev_np(first.signal))
-                               : absl::StrCat("rank ", first.global_rank, " exited with ",
-                                              first.exit_code);
-  if (!source_->OnFailure(what)) return options_.exit_with_worker_code ? first.code() : 1;
-  spdlog::warn("restarting worker group (restart {} of {})", current_.restart_count + 1,
-               current_.max_restarts);
-  return -1;
+  return options_.exit_with_worker_code ? first.code() : 1;
 }
 
 absl::StatusOr<Assignment> Agent::NextAssignment(int* signal) {

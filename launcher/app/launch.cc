@@ -296,6 +296,14 @@ int LaunchMain(std::vector<std::string> args, bool env_only) {
     std::fputs(FormatDetection(*detected, o).c_str(), stdout);
     return 0;
   }
+  // A program that cannot start fails here, once, not as a worker exit restarted --max-restarts
+  // times.
+  if (absl::Status s = CheckProgram(WorkerArgv(o, env(contract::kPythonExec).value_or("python3")),
+                                    RunsPython(o) && !o.module ? o.command[0] : "",
+                                    env("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
+      !s.ok()) {
+    return Fail(s);
+  }
   const std::vector<int> cpus = AllowedCpus();
   auto nproc = ResolveNprocPerNode(o.nproc_per_node, CountGpus(), static_cast<int>(cpus.size()));
   if (!nproc.ok()) return Fail(nproc.status());

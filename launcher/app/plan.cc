@@ -1,12 +1,18 @@
 #include "launcher/app/plan.h"
 
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -17,6 +23,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
+#include "launcher/detect/env_detect.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
@@ -123,9 +130,21 @@ if args[0] == "-m":
     sys.argv = args[1:]
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 else:
-    sys.argv = args
-    sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
-    runpy.run_path(args[0], run_name="__main__")
+    # As `python SCRIPT` (3.9+): __file__ absolute, sys.argv[0] as given, sys.path[0] the
+    # script's directory, run in the real __main__ module (so pickling its classes works).
+    def _dlrun_run_script(script):
+        path = os.path.abspath(script)
+        sys.argv = args
+        sys.path[0] = os.path.dirname(path)
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+        g = sys.modules["__main__"].__dict__
+        builtins = g["__builtins__"]
+        g.clear()
+        g.update(__name__="__main__", __file__=path, __cached__=None, __doc__=None,
+                 __loader__=None, __package__=None, __spec__=None, __builtins__=builtins)
+        exec(code, g)
+    _dlrun_run_script(args[0])
 )py";
 
 bool IsPythonInterpreter(const std::string& path) {
@@ -250,6 +269,47 @@ std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& r
   return absl::StrCat(tmpdir.empty() ? "/tmp" : tmpdir, "/dlrun-", uid, "/", run_id, "-", pid);
 }
 
+absl::Status CheckProgram(const std::vector<std::string>& argv, const std::string& script,
+                          const std::string& path) {
+  auto refuse = [](const std::string& what, const std::string& name, int err) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot run ", what, " '", name, "': ", std::strerror(err)));
+  };
+  const std::string& program = argv.at(0);
+  if (program.find('/') != std::string::npos) {
+    if (access(program.c_str(), X_OK) != 0) return refuse("program", program, errno);
+  } else {
+    int err = ENOENT;  // as execvp: EACCES if a match was found but none could be run
+    bool found = false;
+    for (absl::string_view dir : absl::StrSplit(path, ':')) {
+      const std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
+      if (access(candidate.c_str(), F_OK) != 0) continue;
+      struct stat st {};
+      if (access(candidate.c_str(), X_OK) == 0 && stat(candidate.c_str(), &st) == 0 &&
+          S_ISREG(st.st_mode)) {
+        found = true;
+        break;
+      }
+      err = EACCES;
+    }
+    if (!found) {
+      if (err == ENOENT) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot run program '", program, "': not found in PATH"));
+      }
+      return refuse("program", program, err);
+    }
+  }
+  if (!script.empty()) {
+    struct stat st {};
+    if (access(script.c_str(), R_OK) != 0) return refuse("script", script, errno);
+    if (stat(script.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      return refuse("script", script, EISDIR);
+    }
+  }
+  return absl::OkStatus();
+}
+
 Assignment StaticAssignment(const LaunchOptions& o, int nproc) {
   Assignment a;
   a.node_rank = o.node_rank;
@@ -258,22 +318,7 @@ Assignment StaticAssignment(const LaunchOptions& o, int nproc) {
   a.world_size = o.max_nodes * nproc;
   a.rank_offset = o.node_rank * nproc;
   a.role = o.role;
-  a.master_addr = o.master_addr;
-  a.master_port = o.master_port;
-  if (!o.standalone && !o.rdzv_endpoint.empty()) {  // torchrun's static backend: HOST[:PORT]
-    const size_t colon = o.rdzv_endpoint.rfind(':');
-    int port = 0;
-    if (colon != std::string::npos && o.rdzv_endpoint.find(']', colon) == std::string::npos &&
-        absl::SimpleAtoi(o.rdzv_endpoint.substr(colon + 1), &port)) {
-      a.master_addr = o.rdzv_endpoint.substr(0, colon);
-      a.master_port = port;
-    } else {
-      a.master_addr = o.rdzv_endpoint;
-    }
-    if (a.master_addr.size() > 2 && a.master_addr.front() == '[' && a.master_addr.back() == ']') {
-      a.master_addr = a.master_addr.substr(1, a.master_addr.size() - 2);
-    }
-  }
+  std::tie(a.master_addr, a.master_port) = StaticMaster(o);
   a.run_id = o.rdzv_id;
   a.max_restarts = o.max_restarts;
   return a;

@@ -193,9 +193,11 @@ std::vector<Flag> BaseFlags() {
       {"run-path", "", false, BoolField(&O::run_path), "accepted; same as default"},
       {"log-dir", "", true, StrField(&O::log_dir), "directory for per-rank logs"},
       {"redirects", "r", true, StdField("redirects", &O::redirects),
-       "redirect worker streams to --log-dir files"},
+       "redirect worker streams to --log-dir files: 0 none, 1 stdout, 2 stderr, 3 both; "
+       "LOCAL_RANK:N,... per rank (e.g. 0:3,1:1)"},
       {"tee", "t", true, StdField("tee", &O::tee),
-       "tee worker streams to --log-dir files and the console"},
+       "tee worker streams to --log-dir files and the console: 0 none, 1 stdout, 2 stderr, "
+       "3 both; LOCAL_RANK:N,... per rank"},
       {"local-ranks-filter", "", true, StrField(&O::local_ranks_filter),
        "only show output of these local ranks (e.g. 0,1)"},
       {"node-rank", "", true, IntField("node-rank", &O::node_rank, 0, kMax),

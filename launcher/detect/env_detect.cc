@@ -295,6 +295,26 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
   return d;
 }
 
+std::pair<std::string, int> StaticMaster(const LaunchOptions& o) {
+  std::string addr = o.master_addr;
+  int port = o.master_port;
+  if (!o.standalone && !o.rdzv_endpoint.empty()) {  // torchrun's static backend: HOST[:PORT]
+    const size_t colon = o.rdzv_endpoint.rfind(':');
+    int p = 0;
+    if (colon != std::string::npos && o.rdzv_endpoint.find(']', colon) == std::string::npos &&
+        absl::SimpleAtoi(o.rdzv_endpoint.substr(colon + 1), &p)) {
+      addr = o.rdzv_endpoint.substr(0, colon);
+      port = p;
+    } else {
+      addr = o.rdzv_endpoint;
+    }
+    if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']') {
+      addr = addr.substr(1, addr.size() - 2);
+    }
+  }
+  return {addr, port};
+}
+
 std::string FormatDetection(const Detection& d, const LaunchOptions& o) {
   std::string s = absl::StrCat("detected   ", d.source, "\nwhy        ", d.reason, "\n");
   if (!d.evidence.empty()) {
@@ -313,7 +333,9 @@ std::string FormatDetection(const Detection& d, const LaunchOptions& o) {
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "rendezvous",
                                       o.standalone ? "standalone (local, free port)"
                                                    : o.rdzv_backend == "static"
-                                                         ? absl::StrCat("static: node rank ", o.node_rank, ", master ", o.master_addr, ":", o.master_port)
+                                                         ? absl::StrCat("static: node rank ", o.node_rank, ", master ",
+                                                                StaticMaster(o).first, ":",
+                                                                StaticMaster(o).second)
                                                          : absl::StrCat("grpc at ", o.rdzv_endpoint)));
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "run id", o.rdzv_id));
   return s;

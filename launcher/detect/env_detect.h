@@ -31,4 +31,8 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
 // `dlrun env`: prints what was detected and why, as a table.
 std::string FormatDetection(const Detection& d, const LaunchOptions& o);
 
+// Where the static backend's workers meet: --master-addr/--master-port, or, as torchrun,
+// --rdzv-endpoint HOST[:PORT] when one is given.
+std::pair<std::string, int> StaticMaster(const LaunchOptions& o);
+
 }  // namespace dlrun::launcher

@@ -207,5 +207,15 @@ TEST(LaunchOptions, GpuAndCpuDefaultsFollowTorchrun) {
   EXPECT_EQ(Parse({"--numa-binding", "exclusive", "p"})->cpu_affinity, "block");
 }
 
+TEST(LaunchOptions, HelpListsTheValuesOfRedirectsAndTee) {
+  const std::string help = UsageText();
+  for (const char* flag : {"--redirects", "--tee"}) {
+    const size_t at = help.find(flag);
+    ASSERT_NE(at, std::string::npos) << help;
+    const std::string entry = help.substr(at, help.find("\n  -", at + 1) - at);
+    EXPECT_NE(entry.find("0 none, 1 stdout, 2 stderr, 3 both"), std::string::npos) << entry;
+  }
+}
+
 }  // namespace
 }  // namespace dlrun::launcher

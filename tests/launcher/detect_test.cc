@@ -248,5 +248,16 @@ TEST(EnvDetect, TorchrunStyleStatic) {
   EXPECT_NE(table.find("static: node rank 1, master 10.1.1.1:1234"), std::string::npos) << table;
 }
 
+TEST(EnvDetect, TheTableNamesTheMasterTheLaunchUses) {
+  // `dlrun env --nnodes 2 --rdzv-backend static --rdzv-endpoint 10.1.2.3:29400 --node-rank 1`:
+  // the static backend's workers meet at the endpoint, as the launch itself does.
+  auto r = Detect({}, {"--nnodes", "2", "--rdzv-backend", "static", "--rdzv-endpoint",
+                       "10.1.2.3:29400", "--node-rank", "1", "p"});
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  const std::string table = FormatDetection(*r.d, r.o);
+  EXPECT_NE(table.find("static: node rank 1, master 10.1.2.3:29400"), std::string::npos) << table;
+  EXPECT_EQ(StaticMaster(r.o), (std::pair<std::string, int>{"10.1.2.3", 29400}));
+}
+
 }  // namespace
 }  // namespace dlrun::launcher

@@ -51,6 +51,27 @@ TEST(PosixProcesses, ExitCodeOutputHeartbeatsAndEnvironment) {
   std::filesystem::remove_all(d);
 }
 
+// dlrun checks the program before the first spawn; one that goes away later still ends as a
+// worker exit 127 with the reason on its stderr (as a shell's "command not found").
+TEST(PosixProcesses, AProgramThatCannotBeExecutedExits127WithTheReason) {
+  auto procs = PosixProcesses::Create({});
+  ASSERT_TRUE(procs.ok()) << procs.status();
+  char dir[] = "/tmp/dlrun-posix-XXXXXX";
+  const std::string d = mkdtemp(dir);
+  SpawnSpec spec;
+  spec.argv = {d + "/gone"};
+  spec.err.log_path = d + "/err.log";
+  auto pid = (*procs)->Spawn(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  int heartbeats = 0;
+  EXPECT_EQ(WaitExit(**procs, *pid, &heartbeats).exit_code, 127);
+  (*procs)->CloseOutputs();
+  std::ifstream err(d + "/err.log");
+  std::string r((std::istreambuf_iterator<char>(err)), {});
+  EXPECT_EQ(r, "dlrun: cannot execute '" + d + "/gone': No such file or directory\n");
+  std::filesystem::remove_all(d);
+}
+
 TEST(PosixProcesses, SignalGroupReachesTheWorkerAndItsChildren) {
   auto procs = PosixProcesses::Create({});
   ASSERT_TRUE(procs.ok());

@@ -95,10 +95,30 @@ TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
       {DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1", "sh", "-c", script});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(ReadFile(dir + "/attempts.0"), "0\n1\n");
+  // The failed attempt is one line; nothing announces the job's end until it ends.
+  EXPECT_NE(r.output.find("exit code 1; restarting 1 of 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("job failed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
   r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "0", "sh",
                   "-c", "exit 3"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("  exitcode  : 3 (pid: "), std::string::npos) << r.output;
+}
+
+// A program that cannot start is one line and exit 2 before any worker starts, with the reason.
+TEST(DlrunStandalone, AProgramThatCannotStartIsOneLineBeforeAnyWorker) {
+  const std::string dir = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--max-restarts", "3", dir + "/nosuch.py"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "dlrun: cannot run script '" + dir + "/nosuch.py': No such file or directory\n");
+  r = RunCommand({DLRUN_BIN, "--no-python", "dlrun-no-such-program"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "dlrun: cannot run program 'dlrun-no-such-program': not found in PATH\n");
+  const std::string plain = dir + "/not-executable.sh";
+  { std::ofstream(plain) << "echo hi\n"; }
+  r = RunCommand({DLRUN_BIN, "--no-python", plain});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "dlrun: cannot run program '" + plain + "': Permission denied\n");
 }
 
 // Warm spares (docs/RECOVERY.md): a failed Python worker is replaced by the spare the agent
@@ -115,6 +135,8 @@ with open(f"{out}/attempt{attempt}", "w") as f:
     f.write(f"spare_fd={os.environ.get('DLRUN_SPARE_FD', 'unset')}\n")
     f.write(f"heartbeat_fd={'DLRUN_HEARTBEAT_FD' in os.environ}\n")
     f.write(f"path0={sys.path[0]}\n")
+    f.write(f"file={__file__}\n")
+    f.write(f"argv0={sys.argv[0]}\n")
     f.write(f"warm={b'-c' in cmdline}\n")
 if attempt == "0":
     if sys.argv[2] == "wait-for-spare":
@@ -139,12 +161,20 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   const std::string dir = MakeTempDir();
   const std::string prog = dir + "/probe.py";
   { std::ofstream(prog) << kSpareProbe; }
-  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts",
-                             "1", prog, dir, "wait-for-spare"},
+  // Started as `dlrun probe.py` from the script's directory, as most users do.
+  ProcResult r = RunCommand({"sh", "-c",
+                             std::string("cd \"$0\" && exec \"$@\""), dir, DLRUN_BIN,
+                             "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+                             "probe.py", dir, "wait-for-spare"},
                             {{"PYTHON_EXEC", TEST_PYTHON}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto first = ReadKeyValues(dir + "/attempt0");
   auto second = ReadKeyValues(dir + "/attempt1");
+  // The restarted worker sees what `python probe.py` showed the first one.
+  EXPECT_EQ(first["file"], std::filesystem::canonical(prog).string());
+  EXPECT_EQ(second["file"], std::filesystem::canonical(prog).string());
+  EXPECT_EQ(first["argv0"], "probe.py");
+  EXPECT_EQ(second["argv0"], "probe.py");
   EXPECT_EQ(first["warm"], "False");
   EXPECT_EQ(second["warm"], "True") << r.output;
   EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
@@ -231,9 +261,8 @@ TEST(DlrunStandalone, BadFlagIsAOneLineErrorAndExitCode2) {
             "dlrun: rendezvous TLS is half configured (DLRUN_RDZV_TLS_CA, DLRUN_RDZV_TLS_KEY "
             "unset): expected DLRUN_RDZV_TLS_CA, _CERT and _KEY all set (mutual TLS) or none\n");
   r = RunCommand({DLRUN_BIN, "--standalone", "/nonexistent/program"});
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("  exitcode  : 127 (pid: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("cannot execute '/nonexistent/program'"), std::string::npos);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "dlrun: cannot run program '/nonexistent/program': No such file or directory\n");
 }
 
 // `dlrun runai -o FILE`: the manifest holds the job's token in a Secret, so only its owner may

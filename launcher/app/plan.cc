@@ -75,20 +75,30 @@ std::vector<std::string> WorkerArgv(const LaunchOptions& o, const std::string& p
 
 namespace {
 
-// The warm spare's bootstrap: import torch (the slow part of a Python worker's start) and
-// torch._dynamo (PyTorch 2.x's DistributedDataParallel imports it, with sympy and ~900 modules,
-// when the first one is built: ~1 s that a promoted spare would otherwise spend after the
-// fault), wait for the worker's environment on contract::kSpareFd, replace the environment with
-// it, make a rank
-// other than 0 wait for rank 0's store port before its TCPStore client connects, then run the
-// script (sys.path[0] its directory, as `python SCRIPT` does) or the module (as `python -m`).
-constexpr char kSpareBootstrap[] = R"py(import os, sys
+// The warm spare's bootstrap. A thread at idle priority imports torch (the slow part of a
+// Python worker's start) and torch._dynamo (PyTorch 2.x's DistributedDataParallel imports it,
+// with sympy and ~900 modules, when the first one is built: ~1 s that a promoted spare would
+// otherwise spend after the fault), so the spare takes no CPU from the workers it stands beside.
+// The main thread waits for the worker's environment on contract::kSpareFd, then for the
+// imports, replaces the environment, makes a rank other than 0 wait for rank 0's store port
+// before its TCPStore client connects, and runs the script as `python SCRIPT` does (or the
+// module, as `python -m`).
+constexpr char kSpareBootstrap[] = R"py(import os, sys, threading
 fd = int(os.environ.pop("{SPARE_FD}"))
-try:
-    import torch, torch.distributed, torch.nn.parallel
-    import torch._dynamo
-except Exception:
-    pass
+def _dlrun_warm():
+    # At idle priority (this thread only): the imports take CPU-seconds that the running
+    # workers, often pinned to the same cores, would otherwise lose while they train.
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except Exception:
+        pass
+    try:
+        import torch, torch.distributed, torch.nn.parallel
+        import torch._dynamo
+    except Exception:
+        pass
+_dlrun_warming = threading.Thread(target=_dlrun_warm, name="dlrun-warm", daemon=True)
+_dlrun_warming.start()
 data = bytearray()
 while True:
     chunk = os.read(fd, 1 << 16)
@@ -97,7 +107,9 @@ while True:
     data += chunk
 os.close(fd)
 if not data:
-    sys.exit(0)
+    os._exit(0)
+_dlrun_warming.join()
+del _dlrun_warming, _dlrun_warm
 os.environ.clear()
 for kv in bytes(data).split(b"\0"):
     key, eq, value = kv.partition(b"=")

@@ -1,4 +1,6 @@
 // dlrun --standalone as a user runs it: real processes, real environment, real exit codes.
+#include <sched.h>
+
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -184,6 +186,29 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   EXPECT_EQ(second["heartbeat_fd"], "True");
   EXPECT_EQ(second["path0"], dir);
   EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
+}
+
+// The spare's imports run at idle priority, so they take no CPU from the workers it stands
+// beside (bench/RESULTS.md: 2 Python ranks on 2 cores lost a third of their samples/s to them).
+// A stand-in torch package records the policy of the thread that imports it.
+TEST(DlrunStandalone, AWarmSpareImportsTorchAtIdlePriority) {
+  const std::string dir = MakeTempDir();
+  const std::string prog = dir + "/probe.py";
+  { std::ofstream(prog) << kSpareProbe; }
+  std::filesystem::create_directories(dir + "/fake/torch");
+  {
+    std::ofstream(dir + "/fake/torch/__init__.py")
+        << "import os\nopen(os.environ['PROBE_OUT'] + '/policy', 'w')"
+           ".write(str(os.sched_getscheduler(0)))\n";
+  }
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts",
+                             "1", prog, dir, "wait-for-spare"},
+                            {{"PYTHON_EXEC", TEST_PYTHON},
+                             {"PYTHONPATH", dir + "/fake"},
+                             {"PROBE_OUT", dir}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(ReadKeyValues(dir + "/attempt1")["warm"], "True") << r.output;
+  EXPECT_EQ(ReadFile(dir + "/policy"), std::to_string(SCHED_IDLE));
 }
 
 TEST(DlrunStandalone, SpareWorkersOffRestartsCold) {

@@ -37,6 +37,9 @@ inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING"
 inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 inline constexpr char kPythonExec[] = "PYTHON_EXEC";            // torchrun: the interpreter
 inline constexpr char kPythonUnbuffered[] = "PYTHONUNBUFFERED";  // set for Python workers
+// dlrun appends the directory of its Python helper (dlrun_report.py) to the workers' search
+// path: after the user's entries, so a copy of their own wins.
+inline constexpr char kPythonPath[] = "PYTHONPATH";
 
 // --- dlrun's additions, agent -> worker -------------------------------------------------------
 // A pipe's write end, inherited by the worker: any byte written is a heartbeat (the agent's

@@ -24,8 +24,7 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& endpoint, const 
     if (channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
       absl::StrAppend(&msg, tls ? " (cannot connect: is it up, and does it use this job's TLS "
                                   "CA and certificates?)"
-                                : " (cannot connect: is it up, and without TLS? "
-                                  "the ", contract::kRdzvTlsCa, " variables turn TLS on)");
+                                : " (cannot connect: is it up, and is the port open?)");
     }
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);

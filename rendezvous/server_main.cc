@@ -1,5 +1,7 @@
 #include "rendezvous/api.h"
 
+#include <unistd.h>
+
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -47,8 +49,15 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> ServeTelemetry(std::shared_ptr<Jo
                                                               const std::string& addr, int port) {
   auto m = StartMetricsServer(std::move(t), addr, port);
   if (!m.ok()) return m.status();
-  spdlog::info("job telemetry on http://{}:{}/ (Prometheus: /metrics, JSON: /api/job)",
-               addr == "0.0.0.0" ? "<this host>" : addr, (*m)->port());
+  // Listening on every address: name this host, as a browser elsewhere would reach it.
+  std::string host = addr;
+  if (addr == "0.0.0.0" || addr == "::" || addr.empty()) {
+    char name[256] = {0};
+    host = gethostname(name, sizeof name - 1) == 0 && name[0] != 0 ? name : "localhost";
+  }
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  spdlog::info("job telemetry on http://{}:{}/ (Prometheus: /metrics, JSON: /api/job)", host,
+               (*m)->port());
   std::fflush(stdout);
   return m;
 }

@@ -133,7 +133,9 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
 namespace {
 
 std::string RankLine(int rank, const RankTelemetry& r) {
-  std::string line = absl::StrFormat("\n  rank %d (%s): %d steps, step time p50 %.3f s, p95 %.3f s",
+  std::string line =
+      r.steps == 0 ? absl::StrFormat("\n  rank %d (%s): no step records", rank, r.host)
+                   : absl::StrFormat("\n  rank %d (%s): %d steps, step time p50 %.3f s, p95 %.3f s",
                                      rank, r.host, r.steps, r.step_p50_s, r.step_p95_s);
   if (r.has_data && r.step_s > 0) {
     absl::StrAppend(&line, absl::StrFormat(", data wait %.0f%%", 100 * r.data_s / r.step_s));
@@ -214,12 +216,28 @@ std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummar
 }  // namespace
 
 std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
+  int64_t steps = 0, samples = 0;
+  for (const auto& [rank, r] : s.ranks) {
+    steps += r.steps;
+    samples += r.samples;
+  }
   std::string out = absl::StrFormat(
       "job report: %s after %.1f s wall (%.1f s lost to %d restart(s) and rendezvous), %d "
-      "rank(s) on %d node(s), %.2f samples/s",
+      "rank(s) on %d node(s), ",
       exit_code == 0 ? "succeeded" : absl::StrCat("failed (exit ", exit_code, ")"), s.wall_s,
-      s.lost_s, s.restarts, static_cast<int>(s.ranks.size()), std::max(1, s.nodes),
-      s.samples_per_sec);
+      s.lost_s, s.restarts, static_cast<int>(s.ranks.size()), std::max(1, s.nodes));
+  if (steps == 0) {
+    absl::StrAppend(&out, "no step records (Python: dlrun_report.report_step, C++: "
+                          "dlrun::worker; docs/TELEMETRY.md)");
+  } else {
+    // Two rates: the ranks' own step times leave out start-up, data set-up and anything
+    // between the steps that a program does not time; the wall clock includes them.
+    absl::StrAppend(&out, absl::StrFormat("%.2f samples/s over the ranks' step times (%.2f "
+                                          "over the wall clock)",
+                                          s.samples_per_sec,
+                                          s.wall_s > 0 ? static_cast<double>(samples) / s.wall_s
+                                                       : 0.0));
+  }
   for (size_t i = 0; i < s.restart_causes.size() && i < 5; ++i) {
     absl::StrAppend(&out, "\n  restart ", i + 1, ": ", s.restart_causes[i]);
   }

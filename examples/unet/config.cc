@@ -96,6 +96,10 @@ absl::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string&
                                             "' (--yaml-config): expected a YAML file"));
   };
   std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("config file '", path, "' (--yaml-config) not found"));
+  }
   if (std::filesystem::is_directory(path, ec)) return unreadable();
   std::ifstream in(path, std::ios::binary);
   if (!in) return unreadable();
@@ -107,6 +111,17 @@ absl::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string&
   }
   if (in.bad()) return unreadable();
   return ParseConfig(text, name, path);
+}
+
+std::string DefaultConfigFile(const std::string& exe) {
+  const size_t slash = exe.rfind('/');
+  if (slash != std::string::npos) {
+    const std::filesystem::path p = std::filesystem::path(exe.substr(0, slash)) / ".." / "share" /
+                                    "dlrun" / "unet" / "UNet.yaml";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(p, ec)) return p.lexically_normal().string();
+  }
+  return "examples/unet/config/UNet.yaml";
 }
 
 }  // namespace dlrun::examples

@@ -26,4 +26,9 @@ absl::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string
 
 inline constexpr int kMaxConfigDepth = 32;
 
+// Where `--config NAME` looks when no --yaml-config is given, from any working directory: for
+// the program at `exe`, EXE_DIR/../share/dlrun/unet/UNet.yaml (the build tree and an install
+// both have it), else examples/unet/config/UNet.yaml under the working directory.
+std::string DefaultConfigFile(const std::string& exe);
+
 }  // namespace dlrun::examples

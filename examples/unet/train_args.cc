@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -166,7 +167,10 @@ int ParseTrainArgs(int argc, char** argv, TrainArgs* a) {
   AddModelFlags(app, *a);
   AddDataFlags(app, *a);
   AddRunFlags(app, *a);
-  std::string yaml_config = "examples/unet/config/UNet.yaml", config;
+  std::error_code ec;
+  std::string yaml_config =
+      DefaultConfigFile(std::filesystem::read_symlink("/proc/self/exe", ec).string());
+  std::string config;
   app.add_option("--yaml-config", yaml_config, "YAML file of named configurations");
   app.add_option("--config", config, "configuration to use (e.g. short, bs64_opt, cpu_tiny)");
   CLI11_PARSE(app, argc, argv);

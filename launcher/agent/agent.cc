@@ -278,7 +278,16 @@ bool Agent::WaitForGroup(SteadyTime deadline) {
 void Agent::StopGroup(int first_signal) {
   stopping_ = true;
   for (const Worker& w : workers_) {
-    if (w.alive) processes_.SignalGroup(w.pid, first_signal);
+    if (!w.alive) continue;
+    int sig = first_signal;
+    // A forwarded SIGINT that the worker ignores (inherited from a shell's `dlrun ... &`) would
+    // only wait out the grace period: SIGTERM instead, which asks the same.
+    if (sig != SIGTERM && sig != SIGKILL && processes_.Ignores(w.pid, sig)) {
+      spdlog::info("local rank {} (pid {}) ignores SIG{}: sending SIGTERM instead", w.local_rank,
+                   w.pid, sigabbrev_np(sig));
+      sig = SIGTERM;
+    }
+    processes_.SignalGroup(w.pid, sig);
   }
   WaitForGroup(clock_.Now() + options_.grace);
   for (const Worker& w : workers_) {
@@ -435,13 +444,16 @@ int Agent::RunAttempts() {
       case Watch::Outcome::kHung:
         spdlog::error("{}: stopping the worker group", w.reason);
         StopGroup(SIGTERM);
+        MaybePublish(/*now_anyway=*/true);
         if (!source_->OnFailure(w.reason)) return kHangExitCode;
         spdlog::warn("restarting worker group after a hang");
         break;
       case Watch::Outcome::kSignalled:
         spdlog::warn("received SIG{}: forwarding to workers and stopping", sigabbrev_np(w.signal));
         StopGroup(w.signal);
-        source_->OnFailure(absl::StrCat("agent received SIG", sigabbrev_np(w.signal)));
+        // The steps done since the last period's publication belong in the report too.
+        MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);
+        source_->OnStop(absl::StrCat("agent received SIG", sigabbrev_np(w.signal)));
         return 128 + w.signal;
       case Watch::Outcome::kRestart:
         spdlog::warn("the rendezvous opened a new round ({}): restarting workers", w.reason);

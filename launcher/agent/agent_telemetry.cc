@@ -148,7 +148,7 @@ void Agent::Report(int rc, double wall_s) {
   const bool whole = job != nullptr;
   if (!whole) {
     job = std::make_shared<rdzv::JobTelemetry>();
-    job->SetJob("", current_.round, current_.world_size, 1, current_.restart_count);
+    job->SetJob(current_.run_id, current_.round, current_.world_size, 1, current_.restart_count);
     job->Update("local", options_.hostname, NodeFigures(/*all_steps=*/true), now);
   }
   job->SetState(rc == 0 ? "succeeded" : "failed");
@@ -182,6 +182,8 @@ void Agent::Report(int rc, double wall_s) {
     out.close();
     if (!out || std::rename(tmp.c_str(), options_.report_json.c_str()) != 0) {
       spdlog::error("cannot write the report to {}: {}", options_.report_json, std::strerror(errno));
+    } else {
+      spdlog::info("report written to {}", options_.report_json);
     }
   }
 }

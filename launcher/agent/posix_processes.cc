@@ -14,8 +14,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 
@@ -265,6 +270,18 @@ absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
 }
 
 void PosixProcesses::SignalGroup(pid_t pid, int sig) { kill(-pid, sig); }
+
+bool PosixProcesses::Ignores(pid_t pid, int sig) const {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigIgn:", 0) != 0) continue;
+    uint64_t mask = 0;
+    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask)) return false;
+    return sig >= 1 && sig <= 64 && (mask >> (sig - 1) & 1) != 0;
+  }
+  return false;
+}
 
 void PosixProcesses::Wake() {
   const uint64_t one = 1;

@@ -54,6 +54,9 @@ class Processes {
   // Starts a worker in its own process group (pid == pgid).
   virtual absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) = 0;
   virtual void SignalGroup(pid_t pid, int sig) = 0;
+  // Whether the worker `pid` ignores `sig` (e.g. SIGINT inherited as ignored from a shell's
+  // `dlrun ... &`): the agent then stops it with SIGTERM instead of waiting out the grace period.
+  virtual bool Ignores(pid_t pid, int sig) const { return false; }
   // Blocks until at least one event or `deadline` (time_point::max(): no deadline). An empty
   // result means the deadline passed.
   virtual std::vector<ProcEvent> Wait(SteadyTime deadline) = 0;

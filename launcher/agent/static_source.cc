@@ -17,10 +17,14 @@ class StaticSource final : public MembershipSource {
     a.max_restarts = max_restarts_;
     if (pick_) a.master_port = pick_();
     if (telemetry_) {
-      telemetry_->SetJob("", static_cast<uint64_t>(restarts_ + 1), a.world_size, 1, restarts_);
+      telemetry_->SetJob(a.run_id, static_cast<uint64_t>(restarts_ + 1), a.world_size, 1,
+                         restarts_);
       telemetry_->SetState("running");
     }
     return a;
+  }
+  void OnStop(const std::string& reason) override {
+    if (telemetry_) telemetry_->SetState("stopped");
   }
   bool OnFailure(const std::string& reason) override {
     const bool again = restarts_++ < max_restarts_;

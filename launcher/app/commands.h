@@ -21,5 +21,7 @@ int RdzvServerMain(const std::vector<std::string>& args);
 
 // Prints "dlrun: MESSAGE" on stderr and returns 2.
 int Fail(const absl::Status& s);
+// The same line, for what is not a usage error (a rendezvous host that does not resolve): exit 1.
+int FailRun(const absl::Status& s);
 
 }  // namespace dlrun::launcher

@@ -160,4 +160,9 @@ int Fail(const absl::Status& s) {
   return 2;
 }
 
+int FailRun(const absl::Status& s) {
+  Fail(s);
+  return 1;
+}
+
 }  // namespace dlrun::launcher

@@ -101,6 +101,13 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     a->extra_env[contract::kPythonUnbuffered] = "1";
   }
+  std::error_code ec;
+  const std::string helper =
+      PythonHelperDir(std::filesystem::read_symlink("/proc/self/exe", ec).string());
+  if (!helper.empty()) {
+    const std::string path = env(contract::kPythonPath).value_or("");
+    a->extra_env[contract::kPythonPath] = path.empty() ? helper : absl::StrCat(path, ":", helper);
+  }
   a->omp_threads = OmpThreads(env(contract::kOmpNumThreads).has_value(),
                               static_cast<int>(cpus.size()), nproc);
   if (a->omp_threads > 0) {
@@ -319,6 +326,17 @@ int LaunchMain(std::vector<std::string> args, bool env_only) {
   auto processes = PosixProcesses::Create(handled);
   if (!processes.ok()) return Fail(processes.status());
 
+  // A rendezvous host whose name does not resolve would be retried for the whole join timeout,
+  // silently: one line and exit 1 instead (not a usage error: DNS may be what is wrong).
+  if (!o.standalone && o.rdzv_backend != "static" && !o.rdzv_endpoint.empty()) {
+    auto endpoints = ParseEndpointList(o.rdzv_endpoint);
+    if (endpoints.ok()) {
+      if (absl::Status s = ResolveHost(SplitEndpoint(endpoints->front()).first); !s.ok()) {
+        return FailRun(absl::NotFoundError(absl::StrCat(
+            "the rendezvous endpoint ", endpoints->front(), ": ", s.message())));
+      }
+    }
+  }
   std::string run_id;
   auto source = MakeSource(o, *detected, *nproc, env, &run_id);
   if (!source.ok()) return Fail(source.status());
@@ -333,11 +351,20 @@ int LaunchMain(std::vector<std::string> args, bool env_only) {
     Agent agent(std::move(a), std::move(*source), **processes, SystemClock());
     rc = agent.Run();
   }
-  if (rc == 0 && !keep_run_dir) {
+  if (keep_run_dir) spdlog::info("worker logs are in {}", run_dir);
+  // The scratch directory holds only the workers' error files: kept when a failed job left any.
+  if (!keep_run_dir) {
     std::error_code ec;
-    std::filesystem::remove_all(run_dir, ec);
-  } else if (rc != 0) {
-    spdlog::info("worker error files are kept in {}", run_dir);
+    bool any = false;
+    for (auto it = std::filesystem::recursive_directory_iterator(run_dir, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->is_regular_file(ec) && it->path().filename() == contract::kErrorFileName) any = true;
+    }
+    if (rc != 0 && any) {
+      spdlog::info("worker error files are kept in {}", run_dir);
+    } else {
+      std::filesystem::remove_all(run_dir, ec);
+    }
   }
   return rc;
 }

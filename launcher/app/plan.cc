@@ -281,6 +281,16 @@ std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& r
   return absl::StrCat(tmpdir.empty() ? "/tmp" : tmpdir, "/dlrun-", uid, "/", run_id, "-", pid);
 }
 
+std::string PythonHelperDir(const std::string& exe) {
+  const size_t slash = exe.rfind('/');
+  if (slash == std::string::npos) return "";
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::weakly_canonical(
+      std::filesystem::path(exe.substr(0, slash)) / ".." / "share" / "dlrun" / "python", ec);
+  if (ec || !std::filesystem::exists(dir / "dlrun_report.py", ec)) return "";
+  return dir.string();
+}
+
 absl::Status CheckProgram(const std::vector<std::string>& argv, const std::string& script,
                           const std::string& path) {
   auto refuse = [](const std::string& what, const std::string& name, int err) {

@@ -79,6 +79,10 @@ std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run
 // --rdzv-endpoint HOST[:PORT], when given, is the store's address instead of --master-addr/port.
 Assignment StaticAssignment(const LaunchOptions& o, int nproc);
 
+// The directory of dlrun's Python helper (dlrun_report.py) for the dlrun at `exe`:
+// EXE_DIR/../share/dlrun/python, installed and in the build tree alike; empty when it is not there.
+std::string PythonHelperDir(const std::string& exe);
+
 // Before any worker starts: the worker program (argv[0], searched in `path` as execvp does)
 // exists and may be executed, and the Python script, when there is one, may be read. The error
 // names the program and the reason (not found, permission denied).

@@ -8,6 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
 namespace dlrun::launcher {
 
 PortReservation::~PortReservation() {
@@ -49,6 +54,19 @@ PortReservation ReservePort(const std::string& addr) {
   r.fd_ = fd;
   r.port_ = port;
   return r;
+}
+
+absl::Status ResolveHost(const std::string& host) {
+  std::string h = host;
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(h.c_str(), nullptr, &hints, &res);
+  if (res != nullptr) freeaddrinfo(res);
+  if (rc == 0) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("cannot resolve '", h, "': ",
+                                          rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc)));
 }
 
 bool CanBind(const std::string& host, const std::string& port) {

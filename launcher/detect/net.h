@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
+
 namespace dlrun::launcher {
 
 // A port held for a worker's store: bound with SO_REUSEADDR but not listening, so the store
@@ -26,6 +28,10 @@ PortReservation ReservePort(const std::string& addr);
 
 // Whether this host can listen on host:port (it is one of our addresses and the port is free).
 bool CanBind(const std::string& host, const std::string& port);
+
+// Whether `host` (a name or an address, IPv6 in brackets or not) resolves; the error names the
+// host and the resolver's reason.
+absl::Status ResolveHost(const std::string& host);
 
 // The local address used to reach `host` (no packet is sent), or "" if unknown.
 std::string LocalAddressFor(const std::string& host);

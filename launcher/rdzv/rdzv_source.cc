@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,9 @@ namespace dlrun::launcher {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
+
+// How often a join that is held says what it waits for.
+constexpr std::chrono::seconds kProgressEvery{15};
 
 int64_t Ms(rdzv::Duration d) { return d.count(); }
 
@@ -195,7 +199,7 @@ class RdzvSource final : public MembershipSource {
   absl::StatusOr<Assignment> JoinCurrent(const rdzv::ResumeInfo& resume) {
     node_.resume = resume;
     for (int hops = 0;; ++hops) {
-      auto r = client_->Join(node_, o_.config.join_timeout);
+      auto r = JoinWithProgress();
       if (!r.ok()) return r.status();
       Adopt(r->epoch);
       if (r->redirect.empty()) return Accept(*std::move(r));
@@ -207,6 +211,30 @@ class RdzvSource final : public MembershipSource {
                    client_->endpoint(), r->redirect, r->epoch);
       SwitchTo(r->redirect);
     }
+  }
+
+  // The join is held until the round closes: meanwhile, a line every kProgressEvery says what
+  // it waits for, from the host's Status (joined of min_nodes) or why that is not known.
+  absl::StatusOr<rdzv::JoinResult> JoinWithProgress() {
+    auto joined = std::async(std::launch::async,
+                             [this] { return client_->Join(node_, o_.config.join_timeout); });
+    const SteadyClock::time_point start = SteadyClock::now();
+    while (joined.wait_for(kProgressEvery) == std::future_status::timeout) {
+      const double waited = std::chrono::duration<double>(SteadyClock::now() - start).count();
+      auto st = client_->Status();
+      if (!st.ok()) {
+        spdlog::info("waiting for the rendezvous at {} ({:.0f} s): {}", client_->endpoint(),
+                     waited, std::string(st.status().message()));
+      } else if (st->joined < o_.config.min_nodes) {
+        spdlog::info("waiting for {} more node(s) at {}, {} of {} joined ({:.0f} s)",
+                     o_.config.min_nodes - st->joined, client_->endpoint(), st->joined,
+                     o_.config.min_nodes, waited);
+      } else {
+        spdlog::info("waiting for the round at {} to close ({} joined, {}; {:.0f} s)",
+                     client_->endpoint(), st->joined, st->phase, waited);
+      }
+    }
+    return joined.get();
   }
 
   absl::StatusOr<Assignment> Accept(rdzv::JoinResult r) {

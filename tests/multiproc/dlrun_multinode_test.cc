@@ -1,5 +1,8 @@
 // Two dlrun agents on this machine meet at the gRPC rendezvous (one hosts it in-process),
 // as two nodes would: ranks, restarts after a worker failure, and DDP training across them.
+#include <signal.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -51,6 +54,33 @@ void ExpectEveryRankRanRestart1(const std::string& dir) {
     const std::string attempts = ReadFile(dir + "/attempts." + std::to_string(rank));
     EXPECT_NE(attempts.find("1\n"), std::string::npos) << "rank " << rank << ": " << attempts;
   }
+}
+
+// A rendezvous that cannot be reached says so: a host name that does not resolve is one line
+// and exit 1 at once; a join held for a missing node says every 15 s what it waits for.
+TEST(DlrunMultiNode, AnUnresolvableEndpointFailsAtOnceAndAWaitingJoinSaysWhatItWaitsFor) {
+  const auto start = std::chrono::steady_clock::now();
+  ProcResult r = RunCommand({DLRUN_BIN, "--nnodes", "2", "--rdzv-backend", "c10d",
+                             "--rdzv-endpoint", "nosuchhost.invalid:29400", "--rdzv-id", "x",
+                             "/bin/true"},
+                            {{"DLRUN_RDZV_TOKEN", "test-token-123"}});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.rfind("dlrun: the rendezvous endpoint nosuchhost.invalid:29400: cannot "
+                           "resolve 'nosuchhost.invalid': ", 0),
+            0u)
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+
+  const std::string endpoint = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  Started alone = StartCommand({DLRUN_BIN, "--nnodes", "2", "--rdzv-backend", "c10d",
+                                "--rdzv-endpoint", endpoint, "--rdzv-id", "x", "/bin/true"},
+                               {{"DLRUN_RDZV_TOKEN", "test-token-123"}});
+  EXPECT_TRUE(ReadUntil(alone, "waiting for 1 more node(s) at " + endpoint + ", 1 of 2 joined (",
+                        1, std::chrono::seconds(60)))
+      << alone.output;
+  kill(alone.pid, SIGTERM);
+  EXPECT_NE(FinishCommand(alone, kDeadline), 0);
 }
 
 TEST(DlrunMultiNode, TwoAgentsTimesTwoWorkersGetRanks0To3ExactlyOnce) {

@@ -1,5 +1,6 @@
 // dlrun --standalone as a user runs it: real processes, real environment, real exit codes.
 #include <sched.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <fstream>
@@ -88,6 +89,37 @@ TEST(DlrunStandalone, SignalDeathIsReportedAndPropagated) {
   EXPECT_EQ(r.exit_code, 128 + 11) << r.output;
 }
 
+// Ctrl-C stops the job; the report counts no restart for it (restarts remained).
+TEST(DlrunStandalone, AStopBySigintIsNotAReportedRestart) {
+  Started s = StartCommand({DLRUN_BIN, "--standalone", "--max-restarts", "3", "bash", "-c",
+                            "printf 'S 1 1 0.1\\n' >&$DLRUN_HEARTBEAT_FD; echo stepped; "
+                            "exec sleep 60"});
+  ASSERT_TRUE(ReadUntil(s, "stepped", 1, std::chrono::seconds(60))) << s.output;
+  kill(s.pid, SIGINT);
+  EXPECT_EQ(FinishCommand(s, std::chrono::seconds(60)), 128 + SIGINT) << s.output;
+  // The steps done before the signal are in the report; no restart is.
+  EXPECT_NE(s.output.find("0 restart(s)"), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find("rank 0 (" ), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find("1 steps"), std::string::npos) << s.output;
+  EXPECT_EQ(s.output.find("restart 1:"), std::string::npos) << s.output;
+}
+
+// Started with SIGINT ignored (a script's `dlrun ... &`), the workers inherit the ignore; a
+// SIGINT to dlrun still stops them at once (SIGTERM to a worker that ignores SIGINT), not after
+// the 30-s grace period.
+TEST(DlrunStandalone, SigintStopsWorkersThatInheritedItAsIgnored) {
+  Started s = StartCommand({"sh", "-c", "trap '' INT; exec \"$0\" \"$@\"", DLRUN_BIN,
+                            "--standalone", "--grace-period", "30", "bash", "-c",
+                            "echo started; exec sleep 60"});
+  ASSERT_TRUE(ReadUntil(s, "started", 1, std::chrono::seconds(60))) << s.output;
+  const auto start = std::chrono::steady_clock::now();
+  kill(s.pid, SIGINT);
+  EXPECT_EQ(FinishCommand(s, std::chrono::seconds(60)), 128 + SIGINT) << s.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << s.output;
+  EXPECT_NE(s.output.find("ignores SIGINT: sending SIGTERM instead"), std::string::npos)
+      << s.output;
+}
+
 TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
   const std::string dir = MakeTempDir();
   // Fails on the first attempt, succeeds on the second.
@@ -105,6 +137,8 @@ TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
                   "-c", "exit 3"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("  exitcode  : 3 (pid: "), std::string::npos) << r.output;
+  // A shell worker writes no error file: there is no directory of them to point at.
+  EXPECT_EQ(r.output.find("error files are kept"), std::string::npos) << r.output;
 }
 
 // A program that cannot start is one line and exit 2 before any worker starts, with the reason.
@@ -237,14 +271,17 @@ TEST(DlrunStandalone, StepRecordsFromAnyLanguageMakeTheReport) {
                            "    dlrun_report.report_step(step, samples=8, step_s=0.1 * (rank + 1),\n"
                            "                             data_s=0.01 * (rank + 1), loss=1.0 / step)\n";
   }
+  // The helper is on the workers' path with no set-up (build/share/dlrun/python).
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--report-json",
                              dir + "/report.json", prog},
-                            {{"PYTHON_EXEC", TEST_PYTHON},
-                             {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"}});
+                            {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", ""}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("job report: succeeded"), std::string::npos) << r.output;
   auto j = nlohmann::json::parse(ReadFile(dir + "/report.json"));
   EXPECT_EQ(j["scope"], "job") << "a single-node job is seen whole by its agent";
+  EXPECT_EQ(j["job"]["run_id"].get<std::string>().rfind("dlrun-", 0), 0u) << j.dump();
+  EXPECT_NE(r.output.find("report written to " + dir + "/report.json"), std::string::npos)
+      << r.output;
   EXPECT_EQ(j["restarts"], 0);
   EXPECT_EQ(j["bad_records"], 0);
   ASSERT_EQ(j["ranks"].size(), 2u) << j.dump();
@@ -258,6 +295,19 @@ TEST(DlrunStandalone, StepRecordsFromAnyLanguageMakeTheReport) {
     EXPECT_NEAR(x["loss"].get<double>(), 0.25, 1e-9);
   }
   EXPECT_NEAR(j["samples_per_sec"].get<double>(), 80.0 + 40.0, 1e-6);
+  // The report says what samples/s is computed over.
+  EXPECT_NE(r.output.find("120.00 samples/s over the ranks' step times ("), std::string::npos)
+      << r.output;
+  // A user's own PYTHONPATH comes first.
+  r = RunCommand({DLRUN_BIN, "--standalone", TEST_PYTHON, "-c",
+                  "import os, dlrun_report; print(os.environ['PYTHONPATH'])"},
+                 {{"PYTHONPATH", "/mine"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::filesystem::path helper =
+      std::filesystem::path(DLRUN_BIN).parent_path().parent_path() / "share/dlrun/python";
+  EXPECT_NE(r.output.find("/mine:" + std::filesystem::canonical(helper).string()),
+            std::string::npos)
+      << r.output;
   EXPECT_TRUE(j["stragglers"].is_array());
 
   // By hand, from bash (dash takes only one-digit fds): two good records, one malformed (counted, dropped), heartbeats.

@@ -1,6 +1,8 @@
 // Job telemetry end to end (docs/TELEMETRY.md): a rank slowed from outside by SIGSTOP/SIGCONT
 // pulses is named a straggler within 10 windows, a balanced run names nobody, and GPU figures
 // come through NVML (the fake library: no GPU here).
+#include <unistd.h>
+
 #include <signal.h>
 
 #include <gtest/gtest.h>
@@ -191,6 +193,17 @@ TEST(DlrunTelemetry, RdzvServerServesTheJobsMetricsAndReport) {
   EXPECT_NE(metrics.find("dlrun_nodes 2"), std::string::npos) << metrics;
   EXPECT_NE(server.output.find("job report: succeeded"), std::string::npos) << server.output;
   EXPECT_NE(server.output.find("4 rank(s) on 2 node(s)"), std::string::npos) << server.output;
+}
+
+// Served on every address (the default --metrics-addr), the line names this host, as a browser
+// on another machine would reach it.
+TEST(DlrunTelemetry, TheMetricsLineNamesThisHost) {
+  char name[256] = {0};
+  ASSERT_EQ(gethostname(name, sizeof name - 1), 0);
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--metrics-port", "0", "/bin/true"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(std::string("job telemetry on http://") + name + ":"), std::string::npos)
+      << r.output;
 }
 
 }  // namespace

@@ -324,5 +324,28 @@ TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHea
       << "the bad figures were dropped";
 }
 
+TEST(JobReport, SaysWhatSamplesPerSecondIsOverAndWhenThereAreNoStepRecords) {
+  JobTelemetry::Snapshot s;
+  s.wall_s = 10;
+  s.ranks[0].host = "h";
+  s.ranks[1].host = "h";
+  std::string report = FormatJobReport(s, 0);
+  EXPECT_NE(report.find("2 rank(s) on 1 node(s), no step records (Python: dlrun_report"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("rank 1 (h): no step records"), std::string::npos) << report;
+  EXPECT_EQ(report.find("samples/s"), std::string::npos) << report;
+  // 2 ranks x 40 samples in 2 s of their own step time each; the job took 10 s of wall clock.
+  for (int rank : {0, 1}) {
+    s.ranks[rank].steps = 4;
+    s.ranks[rank].samples = 40;
+    s.ranks[rank].step_s = 2;
+  }
+  s.samples_per_sec = 40.0;
+  report = FormatJobReport(s, 0);
+  EXPECT_NE(report.find("40.00 samples/s over the ranks' step times (8.00 over the wall clock)"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("rank 1 (h): 4 steps"), std::string::npos) << report;
+}
+
 }  // namespace
 }  // namespace dlrun::rdzv

@@ -2,6 +2,12 @@
 // that must give one-line errors rather than a crash or a hang.
 #include "unet/config.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
@@ -60,10 +66,24 @@ TEST(UnetConfig, AMissingFileIsNotFound) {
   auto cfg = LoadConfig("/nonexistent/UNet.yaml", "short");
   ASSERT_FALSE(cfg.ok());
   EXPECT_EQ(cfg.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(absl::StrContains(cfg.status().message(), "'/nonexistent/UNet.yaml'"));
+  EXPECT_EQ(cfg.status().message(), "config file '/nonexistent/UNet.yaml' (--yaml-config) not found");
   cfg = LoadConfig("/", "short");  // a directory
   ASSERT_FALSE(cfg.ok());
   EXPECT_EQ(cfg.status().code(), absl::StatusCode::kNotFound);
+}
+
+// `--config NAME` from any directory: the copy next to the program's bin/ directory.
+TEST(UnetConfig, TheDefaultFileIsFoundNextToTheProgram) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("dlrun-config-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir / "bin");
+  EXPECT_EQ(DefaultConfigFile((dir / "bin" / "train_unet").string()),
+            "examples/unet/config/UNet.yaml");
+  std::filesystem::create_directories(dir / "share" / "dlrun" / "unet");
+  { std::ofstream(dir / "share" / "dlrun" / "unet" / "UNet.yaml") << "short: {}\n"; }
+  EXPECT_EQ(DefaultConfigFile((dir / "bin" / "train_unet").string()),
+            (dir / "share" / "dlrun" / "unet" / "UNet.yaml").string());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

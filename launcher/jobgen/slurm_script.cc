@@ -256,8 +256,12 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
                   : "--kill-on-bad-exit ends the step on every node if one agent fails for\n"
                     "# good (after its restarts), instead of leaving the others waiting at the "
                     "rendezvous."},
-             {"{{SRUN_OPTIONS}}", o.min_nodes > 0 ? "--kill-on-bad-exit=0 --no-kill"
-                                                  : "--kill-on-bad-exit=1"},
+             // Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch: without it
+             // a cluster that binds tasks gives the agent and all its workers one core.
+             {"{{SRUN_OPTIONS}}",
+              absl::StrCat("--cpus-per-task=\"${SLURM_CPUS_PER_TASK:-", o.cpus_per_task, "}\" ",
+                           o.min_nodes > 0 ? "--kill-on-bad-exit=0 --no-kill"
+                                           : "--kill-on-bad-exit=1")},
              {"{{NNODES}}", o.min_nodes > 0
                                 ? absl::StrCat("\"", o.min_nodes, ":$SLURM_JOB_NUM_NODES\"")
                                 : std::string("\"$SLURM_JOB_NUM_NODES\"")},

@@ -112,7 +112,9 @@ TEST(SlurmScript, ElasticJobSurvivesANode) {
   const std::string s = RenderSlurmScript(*o, Template());
   EXPECT_EQ(s.find("{{"), std::string::npos) << s;
   EXPECT_TRUE(Has(SbatchLines(s), "--no-kill")) << s;
-  EXPECT_NE(s.find("srun --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill \\"), std::string::npos)
+  EXPECT_NE(s.find("srun --ntasks-per-node=1 --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\" "
+                   "--kill-on-bad-exit=0 --no-kill \\"),
+            std::string::npos)
       << s;
   EXPECT_NE(s.find("--nnodes \"2:$SLURM_JOB_NUM_NODES\" \\"), std::string::npos) << s;
   // Not elastic: every node is needed and a failed agent ends the step.
@@ -122,7 +124,10 @@ TEST(SlurmScript, ElasticJobSurvivesANode) {
     ASSERT_TRUE(o.ok()) << o.status();
     const std::string f = RenderSlurmScript(*o, Template());
     EXPECT_FALSE(Has(SbatchLines(f), "--no-kill")) << f;
-    EXPECT_NE(f.find("srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\"), std::string::npos) << f;
+    EXPECT_NE(f.find("srun --ntasks-per-node=1 --cpus-per-task=\"${SLURM_CPUS_PER_TASK:-1}\" "
+                     "--kill-on-bad-exit=1 \\"),
+              std::string::npos)
+        << f;
     EXPECT_NE(f.find("--nnodes \"$SLURM_JOB_NUM_NODES\" \\"), std::string::npos) << f;
   }
 }

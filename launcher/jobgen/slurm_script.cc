@@ -46,7 +46,7 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
     return absl::OkStatus();
   };
   return {
-      {"nodes", "", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (sbatch -N; default 1)"},
+      {"nodes", "N", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (as sbatch -N; default 1)"},
       {"min-nodes", "", true, cli::IntField<O>("min-nodes", &O::min_nodes, 1, 100000),
        "elastic: carry on with at least this many nodes when others are lost, the first "
        "(rendezvous) node included (default: all --nodes)"},
@@ -56,11 +56,11 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
        "workers per node (default: one per GPU, 1 without GPUs)"},
       {"cpus-per-task", "", true, cli::IntField<O>("cpus-per-task", &O::cpus_per_task, 1, 100000),
        "CPUs for each node's agent and its workers (default 8 per GPU; 1 per worker on CPU)"},
-      {"time", "", true, time, "time limit (default 01:00:00)"},
-      {"job-name", "", true, WordField<O>("job-name", &O::job_name), "job name (default dlrun)"},
-      {"partition", "", true, WordField<O>("partition", &O::partition), "partition (sbatch -p)"},
-      {"account", "", true, WordField<O>("account", &O::account), "account (sbatch -A)"},
-      {"constraint", "", true, WordField<O>("constraint", &O::constraint), "node features (sbatch -C)"},
+      {"time", "t", true, time, "time limit (default 01:00:00)"},
+      {"job-name", "J", true, WordField<O>("job-name", &O::job_name), "job name (default dlrun)"},
+      {"partition", "p", true, WordField<O>("partition", &O::partition), "partition (sbatch -p)"},
+      {"account", "A", true, WordField<O>("account", &O::account), "account (sbatch -A)"},
+      {"constraint", "C", true, WordField<O>("constraint", &O::constraint), "node features (sbatch -C)"},
       {"qos", "", true, WordField<O>("qos", &O::qos), "quality of service"},
       {"mem", "", true, WordField<O>("mem", &O::mem), "memory per node, e.g. 64G"},
       {"output", "", true, WordField<O>("output", &O::output), "output file pattern (default dlrun-%j.out)"},

@@ -87,13 +87,8 @@ std::map<std::string, std::string> SetByLauncher(const nlohmann::json& worker_en
   return set;
 }
 
-// The README's torchrun compatibility section (where differences are listed with their reason).
-std::string ReadmeCompatSection() {
-  const std::string readme = ReadFile(std::string(SOURCE_DIR) + "/README.md");
-  const size_t start = readme.find("### torchrun compatibility");
-  const size_t end = readme.find("\n### ", start + 1);
-  return start == std::string::npos ? "" : readme.substr(start, end - start);
-}
+// docs/COMPAT.md, where differences from torchrun are listed with their reason.
+std::string CompatDoc() { return ReadFile(std::string(SOURCE_DIR) + "/docs/COMPAT.md"); }
 
 TEST(Compat, EveryRankSeesWhatTorchrunGivesItOnANodeWithFourGpus) {
   REQUIRE_TORCH();
@@ -102,8 +97,8 @@ TEST(Compat, EveryRankSeesWhatTorchrunGivesItOnANodeWithFourGpus) {
   auto ours = Probe(Dlrun({"--standalone", "--nproc-per-node", "4"}), env);
   auto in = LauncherInput(env);
   in["PYTHON_EXEC"] = kPython;
-  const std::string differs = ReadmeCompatSection();
-  ASSERT_FALSE(differs.empty()) << "README.md has no '### torchrun compatibility' section";
+  const std::string differs = CompatDoc();
+  ASSERT_NE(differs.find("# torchrun compatibility"), std::string::npos) << "docs/COMPAT.md";
   for (int rank = 0; rank < 4; ++rank) {
     const nlohmann::json &a = ours[rank], &b = theirs[rank];
     ASSERT_FALSE(a.is_null() || b.is_null()) << "rank " << rank;
@@ -111,8 +106,8 @@ TEST(Compat, EveryRankSeesWhatTorchrunGivesItOnANodeWithFourGpus) {
     EXPECT_TRUE(a["set_device_local_rank_ok"].get<bool>()) << a.dump();
     EXPECT_EQ(a["env"]["CUDA_VISIBLE_DEVICES"], "0,1,2,3");
     EXPECT_TRUE(a["unbuffered"].get<bool>());
-    // Every variable torchrun sets, dlrun sets to the same value, or the README's compatibility
-    // section names it (`NAME`) with the reason it differs.
+    // Every variable torchrun sets, dlrun sets to the same value, or docs/COMPAT.md names it
+    // (`NAME`) with the reason it differs.
     const auto mine = SetByLauncher(a["env"], in);
     const auto torchruns = SetByLauncher(b["env"], in);
     EXPECT_GE(torchruns.size(), 15u) << "torchrun set too few variables to compare: " << b.dump();
@@ -122,7 +117,7 @@ TEST(Compat, EveryRankSeesWhatTorchrunGivesItOnANodeWithFourGpus) {
       if (it->second != v) {
         EXPECT_NE(differs.find("`" + k + "`"), std::string::npos)
             << k << ": torchrun '" << v << "', dlrun '" << it->second
-            << "', and README.md's torchrun compatibility section does not name it";
+            << "', and docs/COMPAT.md does not name it";
       }
     }
   }

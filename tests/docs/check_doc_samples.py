@@ -2,7 +2,7 @@
 """Checks that every code sample is compiled: each usage sample in the comments of an
 installed header (worker/include/dlrun/*.h: consecutive comment lines starting with "//   ",
 anywhere in the file) and each
-```cpp block of README.md must appear, line for line (leading and trailing blanks ignored), in
+```cpp block of README.md and docs/*.md must appear, line for line (leading and trailing blanks ignored), in
 tests/docs/doc_samples.cc, which the build compiles against dlrun::worker.
   check_doc_samples.py SOURCE_DIR"""
 import glob
@@ -44,7 +44,8 @@ def main():
     with open(os.path.join(root, "tests/docs/doc_samples.cc")) as f:
         compiled = [l.strip() for l in f if l.strip()]
     sources = [(h, header_samples(h)) for h in sorted(glob.glob(os.path.join(root, "worker/include/dlrun/*.h")))]
-    sources.append((os.path.join(root, "README.md"), readme_samples(os.path.join(root, "README.md"))))
+    for doc in [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs/*.md"))):
+        sources.append((doc, readme_samples(doc)))
     failures, count = 0, 0
     for path, samples in sources:
         for sample in samples:

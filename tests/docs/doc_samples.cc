@@ -1,6 +1,6 @@
-// Every code sample of the installed headers (worker/include/dlrun) and of README.md's ```cpp
-// blocks, verbatim, inside enough context to compile. tests/docs/check_doc_samples.py checks
-// that each sample's lines appear here in order, and the build compiles and links this file
+// Every code sample of the installed headers (worker/include/dlrun) and of the ```cpp blocks of
+// README.md and docs/*.md, verbatim, inside enough context to compile.
+// tests/docs/check_doc_samples.py checks that each sample's lines appear here in order, and the build compiles and links this file
 // against dlrun::worker, so no sample can drift from the API. Not run (init() needs a job).
 #include <torch/torch.h>
 
@@ -135,7 +135,7 @@ void LrSample(torch::optim::Optimizer& opt, int64_t step) {
   dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step));
 }
 
-// README.md, "Embedding dlrun::worker" (its #include lines are at the top of this file)
+// docs/EMBEDDING.md (its #include lines are at the top of this file)
 void ReadmeSample(Net model, torch::optim::Optimizer& optimizer, torch::Tensor x, torch::Tensor y) {
 auto ctx = dlrun::worker::init();   // env of dlrun, torchrun, mpirun or srun -> TCPStore + Gloo
 dlrun::worker::DistributedDataParallel ddp(model, ctx.pg, {.bucket_cap_mb = 25});

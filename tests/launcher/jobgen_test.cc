@@ -106,6 +106,19 @@ TEST(SlurmScript, TlsBlockOnlyWithTls) {
   EXPECT_NE(s.find("tls_dir='/shared/my certs'/"), std::string::npos) << s;
 }
 
+// sbatch's own short options mean the same here.
+TEST(SlurmScript, SbatchShortOptionsAreAccepted) {
+  auto o = ParseSlurmArgs({"-N", "4", "-t", "02:00:00", "-J", "unet", "-p", "gpu", "-A", "proj",
+                           "-C", "a100", "prog"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->nodes, 4);
+  EXPECT_EQ(o->time, "02:00:00");
+  EXPECT_EQ(o->job_name, "unet");
+  EXPECT_EQ(o->partition, "gpu");
+  EXPECT_EQ(o->account, "proj");
+  EXPECT_EQ(o->constraint, "a100");
+}
+
 TEST(SlurmScript, ElasticJobSurvivesANode) {
   auto o = ParseSlurmArgs({"--nodes", "4", "--min-nodes", "2", "prog"});
   ASSERT_TRUE(o.ok()) << o.status();

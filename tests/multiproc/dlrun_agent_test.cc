@@ -195,7 +195,7 @@ TEST(DlrunAgent, TorchDistributedProgramSeesWhatTorchrunGivesIt) {
     nlohmann::json a = ours[rank], b = theirs[rank];
     EXPECT_EQ(a["allreduce"], 3.0);  // gloo allreduce over both ranks really happened
     // torchrun --standalone says "localhost", dlrun the address itself, and torchrun 2.x's agent
-    // hosts the store (README.md's torchrun compatibility table); all else is equal.
+    // hosts the store (docs/COMPAT.md); all else is equal.
     for (const char* k : {"MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE"}) {
       a.erase(k);
       b.erase(k);

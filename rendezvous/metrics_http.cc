@@ -5,6 +5,10 @@
 // neither library.
 #include "rendezvous/metrics_http.h"
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <httplib.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -104,7 +108,17 @@ class HttpMetrics final : public MetricsServer {
       return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", addr, ":", port,
                                                  " (address in use or not local?)"));
     }
-    th_ = std::thread([this] { srv_.listen_after_bind(); });
+    th_ = std::thread([this] {
+      srv_.listen_after_bind();
+      listen_returned_ = true;
+    });
+    // httplib's stop() does nothing until the listening thread has marked the server running:
+    // a stop before that (a job that ends at once) left the thread in accept() and the
+    // destructor's join() waiting forever. Wait for it here, bounded.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!srv_.is_running() && !listen_returned_ && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
     return absl::OkStatus();
   }
   int port() const override { return port_; }
@@ -113,6 +127,7 @@ class HttpMetrics final : public MetricsServer {
   std::shared_ptr<JobTelemetry> t_;
   httplib::Server srv_;
   std::thread th_;
+  std::atomic<bool> listen_returned_{false};
   int port_ = -1;
 };
 

@@ -5,7 +5,6 @@
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
-#include "common/contract.h"
 #include "dlrun/proto/rendezvous.grpc.pb.h"
 #include "rendezvous/handler.h"
 

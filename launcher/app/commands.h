@@ -19,6 +19,9 @@ int RunaiMain(const std::vector<std::string>& args);
 // `dlrun rdzv-server [options]`.
 int RdzvServerMain(const std::vector<std::string>& args);
 
+// This executable's path (/proc/self/exe), or "dlrun" if it cannot be read.
+std::string SelfPath();
+
 // Prints "dlrun: MESSAGE" on stderr and returns 2.
 int Fail(const absl::Status& s);
 // The same line, for what is not a usage error (a rendezvous host that does not resolve): exit 1.

@@ -21,6 +21,12 @@ namespace dlrun::launcher {
 
 extern const char* const kSlurmTemplate;  // job_templates/dlrun.sbatch, compiled in
 
+std::string SelfPath() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("dlrun") : p.string();
+}
+
 namespace {
 
 bool WantsHelp(const std::vector<std::string>& args) {
@@ -29,12 +35,6 @@ bool WantsHelp(const std::vector<std::string>& args) {
     if (a == "-h" || a == "--help") return true;
   }
   return false;
-}
-
-std::string SelfPath() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("dlrun") : p.string();
 }
 
 // Writes `text` to `path` with exactly `mode` (also when the file already existed).

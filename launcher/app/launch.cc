@@ -101,9 +101,7 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     a->extra_env[contract::kPythonUnbuffered] = "1";
   }
-  std::error_code ec;
-  const std::string helper =
-      PythonHelperDir(std::filesystem::read_symlink("/proc/self/exe", ec).string());
+  const std::string helper = PythonHelperDir(SelfPath());
   if (!helper.empty()) {
     const std::string path = env(contract::kPythonPath).value_or("");
     a->extra_env[contract::kPythonPath] = path.empty() ? helper : absl::StrCat(path, ":", helper);

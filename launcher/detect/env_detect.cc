@@ -7,6 +7,7 @@
 #include "common/contract.h"
 #include "common/defaults.h"
 #include "launcher/detect/hostlist.h"
+#include "launcher/detect/net.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -308,9 +309,7 @@ std::pair<std::string, int> StaticMaster(const LaunchOptions& o) {
     } else {
       addr = o.rdzv_endpoint;
     }
-    if (addr.size() > 2 && addr.front() == '[' && addr.back() == ']') {
-      addr = addr.substr(1, addr.size() - 2);
-    }
+    addr = Unbracketed(addr);
   }
   return {addr, port};
 }
@@ -328,14 +327,14 @@ std::string FormatDetection(const Detection& d, const LaunchOptions& o) {
     }
   }
   absl::StrAppend(&s, "\nresult\n");
+  const std::pair<std::string, int> master = StaticMaster(o);
   absl::StrAppend(&s, absl::StrFormat("  %-16s %d:%d\n", "nnodes", o.min_nodes, o.max_nodes));
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "nproc-per-node", o.nproc_per_node));
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "rendezvous",
                                       o.standalone ? "standalone (local, free port)"
                                                    : o.rdzv_backend == "static"
                                                          ? absl::StrCat("static: node rank ", o.node_rank, ", master ",
-                                                                StaticMaster(o).first, ":",
-                                                                StaticMaster(o).second)
+                                                                master.first, ":", master.second)
                                                          : absl::StrCat("grpc at ", o.rdzv_endpoint)));
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "run id", o.rdzv_id));
   return s;

@@ -56,9 +56,15 @@ PortReservation ReservePort(const std::string& addr) {
   return r;
 }
 
+std::string Unbracketed(const std::string& host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
 absl::Status ResolveHost(const std::string& host) {
-  std::string h = host;
-  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  const std::string h = Unbracketed(host);
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;

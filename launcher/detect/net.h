@@ -29,6 +29,9 @@ PortReservation ReservePort(const std::string& addr);
 // Whether this host can listen on host:port (it is one of our addresses and the port is free).
 bool CanBind(const std::string& host, const std::string& port);
 
+// `host` without the brackets of an IPv6 literal ("[::1]" -> "::1"); anything else as it is.
+std::string Unbracketed(const std::string& host);
+
 // Whether `host` (a name or an address, IPv6 in brackets or not) resolves; the error names the
 // host and the resolver's reason.
 absl::Status ResolveHost(const std::string& host);

@@ -279,6 +279,41 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
   return MakeStaticSource(base, o.max_restarts, pick, TelemetryOptionsFrom(o));
 }
 
+// A rendezvous host whose name does not resolve would be retried for the whole join timeout,
+// silently: the first --rdzv-endpoint entry's host must resolve.
+absl::Status ResolveRendezvousHost(const LaunchOptions& o) {
+  if (o.standalone || o.rdzv_backend == "static" || o.rdzv_endpoint.empty()) {
+    return absl::OkStatus();
+  }
+  auto endpoints = ParseEndpointList(o.rdzv_endpoint);
+  if (!endpoints.ok()) return absl::OkStatus();  // MakeSource names the bad entry
+  if (absl::Status s = ResolveHost(SplitEndpoint(endpoints->front()).first); !s.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat("the rendezvous endpoint ", endpoints->front(), ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// After the run: a kept log directory is named; the scratch directory holds only the workers'
+// error files and is kept (and named) only when a failed job left any.
+void FinishRunDir(const std::string& run_dir, bool keep, int rc) {
+  if (keep) {
+    spdlog::info("worker logs are in {}", run_dir);
+    return;
+  }
+  std::error_code ec;
+  bool any = false;
+  for (auto it = std::filesystem::recursive_directory_iterator(run_dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().filename() == contract::kErrorFileName) any = true;
+  }
+  if (rc != 0 && any) {
+    spdlog::info("worker error files are kept in {}", run_dir);
+  } else {
+    std::filesystem::remove_all(run_dir, ec);
+  }
+}
+
 }  // namespace
 
 int LaunchMain(std::vector<std::string> args, bool env_only) {
@@ -324,17 +359,8 @@ int LaunchMain(std::vector<std::string> args, bool env_only) {
   auto processes = PosixProcesses::Create(handled);
   if (!processes.ok()) return Fail(processes.status());
 
-  // A rendezvous host whose name does not resolve would be retried for the whole join timeout,
-  // silently: one line and exit 1 instead (not a usage error: DNS may be what is wrong).
-  if (!o.standalone && o.rdzv_backend != "static" && !o.rdzv_endpoint.empty()) {
-    auto endpoints = ParseEndpointList(o.rdzv_endpoint);
-    if (endpoints.ok()) {
-      if (absl::Status s = ResolveHost(SplitEndpoint(endpoints->front()).first); !s.ok()) {
-        return FailRun(absl::NotFoundError(absl::StrCat(
-            "the rendezvous endpoint ", endpoints->front(), ": ", s.message())));
-      }
-    }
-  }
+  // Not a usage error: DNS may be what is wrong, so exit 1.
+  if (absl::Status s = ResolveRendezvousHost(o); !s.ok()) return FailRun(s);
   std::string run_id;
   auto source = MakeSource(o, *detected, *nproc, env, &run_id);
   if (!source.ok()) return Fail(source.status());
@@ -349,21 +375,7 @@ int LaunchMain(std::vector<std::string> args, bool env_only) {
     Agent agent(std::move(a), std::move(*source), **processes, SystemClock());
     rc = agent.Run();
   }
-  if (keep_run_dir) spdlog::info("worker logs are in {}", run_dir);
-  // The scratch directory holds only the workers' error files: kept when a failed job left any.
-  if (!keep_run_dir) {
-    std::error_code ec;
-    bool any = false;
-    for (auto it = std::filesystem::recursive_directory_iterator(run_dir, ec);
-         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-      if (it->is_regular_file(ec) && it->path().filename() == contract::kErrorFileName) any = true;
-    }
-    if (rc != 0 && any) {
-      spdlog::info("worker error files are kept in {}", run_dir);
-    } else {
-      std::filesystem::remove_all(run_dir, ec);
-    }
-  }
+  FinishRunDir(run_dir, keep_run_dir, rc);
   return rc;
 }
 

@@ -9,9 +9,26 @@
 
 One text line per step on the pipe dlrun passes in DLRUN_HEARTBEAT_FD; outside dlrun (the
 variable unset) every call does nothing. Standard library only; never raises and never blocks.
+
+Preemption (`dlrun slurm --preemptible`: Slurm sends SIGUSR1 before the time limit, dlrun passes
+it to every worker):
+
+    preemption = dlrun_report.Preemption()      # before the loop: catches SIGUSR1
+    for step in range(start, steps):
+        ...
+        if preemption.requested():              # every rank gets the same answer
+            save_checkpoint(step)               # rank 0 writes it
+            preemption.checkpointed(step)       # rank 0: `scontrol requeue` the Slurm job
+            break
+
+The requeued job runs again from the start of its script and the program resumes from its
+checkpoint. Without the hook SIGUSR1 ends a Python worker and dlrun restarts the group.
 """
 import math
 import os
+import signal
+import subprocess
+import sys
 
 _fd = None
 
@@ -53,3 +70,57 @@ def heartbeat():
             os.write(fd, b"h")
         except OSError:
             pass
+
+
+class Preemption:
+    """Catches SIGUSR1 (the preemption warning dlrun passes on) and says when to checkpoint.
+
+    requested(): whether any rank got the signal. With torch.distributed initialized and more
+    than one rank it is one small all-reduce, so call it at the same point of every rank's step;
+    pass sync=False for this rank's own flag only.
+    checkpointed(step): call on every rank once the checkpoint of `step` is on disk. On rank 0 of
+    a job whose script asked for it (DLRUN_REQUEUE_ON_SIGNAL=1 and SLURM_JOB_ID, as
+    `dlrun slurm --preemptible` writes), it runs `scontrol requeue $SLURM_JOB_ID` and returns
+    True; Slurm then ends this run and starts the job again.
+    """
+
+    def __init__(self, signum=signal.SIGUSR1):
+        self._flag = False
+        self._signum = signum
+        signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self._flag = True
+
+    def requested(self, sync=True):
+        if not sync:
+            return self._flag
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized() \
+                or dist.get_world_size() < 2:
+            return self._flag
+        import torch
+        device = "cpu"
+        if dist.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        flag = torch.tensor([1.0 if self._flag else 0.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def checkpointed(self, step):
+        self._flag = False
+        if os.environ.get("RANK", "0") != "0" or os.environ.get("DLRUN_REQUEUE_ON_SIGNAL") != "1":
+            return False
+        job = os.environ.get("SLURM_JOB_ID", "")
+        if not job:
+            return False
+        try:
+            subprocess.run(["scontrol", "requeue", job], check=True, timeout=60,
+                           stdout=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as e:
+            print("dlrun_report: scontrol requeue %s failed: %s" % (job, e), file=sys.stderr,
+                  flush=True)
+            return False
+        print("requeued Slurm job %s after the checkpoint at step %d" % (job, int(step)),
+              flush=True)
+        return True

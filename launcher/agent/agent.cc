@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
 #include "spdlog/spdlog.h"
@@ -36,6 +37,23 @@ std::string Agent::ErrorFile(int local_rank) const {
 bool Agent::IsPassthrough(int sig) const {
   const auto& p = options_.passthrough_signals;
   return std::find(p.begin(), p.end(), sig) != p.end();
+}
+
+void Agent::PassOn(int sig) {
+  std::vector<std::string> unhandled;
+  for (const Worker& w : workers_) {
+    if (!w.alive) continue;
+    if (processes_.Disposition(w.pid, sig) == Processes::SignalAction::kDefault) {
+      unhandled.push_back(absl::StrCat(current_.rank_offset + w.local_rank));
+    }
+    processes_.SignalGroup(w.pid, sig);
+  }
+  if (unhandled.empty()) return;
+  spdlog::warn(
+      "rank(s) {} have no handler for SIG{} and will exit on it (a worker failure); to "
+      "checkpoint first (preemption), a Python program uses dlrun_report.Preemption() and a C++ "
+      "one catches the signal (docs/USAGE.md, Preemption)",
+      absl::StrJoin(unhandled, ","), sigabbrev_np(sig));
 }
 
 std::string Agent::ConsolePrefix(int rank, int local_rank) const {
@@ -163,9 +181,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
       case ProcEvent::Kind::kSignal:
         if (IsPassthrough(e.signal)) {
           spdlog::info("forwarding SIG{} to the workers", sigabbrev_np(e.signal));
-          for (const Worker& w : workers_) {
-            if (w.alive) processes_.SignalGroup(w.pid, e.signal);
-          }
+          PassOn(e.signal);
         } else if (forwarded == 0) {
           forwarded = e.signal;
         }
@@ -282,7 +298,7 @@ void Agent::StopGroup(int first_signal) {
     int sig = first_signal;
     // A forwarded SIGINT that the worker ignores (inherited from a shell's `dlrun ... &`) would
     // only wait out the grace period: SIGTERM instead, which asks the same.
-    if (sig != SIGTERM && sig != SIGKILL && processes_.Ignores(w.pid, sig)) {
+    if (sig != SIGTERM && sig != SIGKILL && processes_.Disposition(w.pid, sig) == Processes::SignalAction::kIgnored) {
       spdlog::info("local rank {} (pid {}) ignores SIG{}: sending SIGTERM instead", w.local_rank,
                    w.pid, sigabbrev_np(sig));
       sig = SIGTERM;

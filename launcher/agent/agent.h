@@ -146,6 +146,9 @@ class Agent {
   std::string ErrorFile(int local_rank) const;
   absl::StatusOr<Assignment> NextAssignment(int* signal);
   bool IsPassthrough(int sig) const;
+  // Passes `sig` (SIGUSR1, SIGUSR2: the job goes on) to every live worker, and warns when the
+  // kernel says a worker has no handler for it, so that it will exit instead.
+  void PassOn(int sig);
 
   AgentOptions options_;
   std::unique_ptr<MembershipSource> source_;

@@ -271,16 +271,23 @@ absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
 
 void PosixProcesses::SignalGroup(pid_t pid, int sig) { kill(-pid, sig); }
 
-bool PosixProcesses::Ignores(pid_t pid, int sig) const {
+Processes::SignalAction PosixProcesses::Disposition(pid_t pid, int sig) const {
+  if (sig < 1 || sig > 64) return SignalAction::kUnknown;
   std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
   std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("SigIgn:", 0) != 0) continue;
+  int found = 0;
+  SignalAction action = SignalAction::kDefault;
+  while (found < 2 && std::getline(status, line)) {
+    const bool ign = line.rfind("SigIgn:", 0) == 0, cgt = line.rfind("SigCgt:", 0) == 0;
+    if (!ign && !cgt) continue;
+    ++found;
     uint64_t mask = 0;
-    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask)) return false;
-    return sig >= 1 && sig <= 64 && (mask >> (sig - 1) & 1) != 0;
+    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask)) {
+      return SignalAction::kUnknown;
+    }
+    if ((mask >> (sig - 1) & 1) != 0) action = ign ? SignalAction::kIgnored : SignalAction::kCaught;
   }
-  return false;
+  return found == 2 ? action : SignalAction::kUnknown;
 }
 
 void PosixProcesses::Wake() {

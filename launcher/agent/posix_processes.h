@@ -25,7 +25,7 @@ class PosixProcesses final : public Processes {
 
   absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) override;
   void SignalGroup(pid_t pid, int sig) override;
-  bool Ignores(pid_t pid, int sig) const override;
+  SignalAction Disposition(pid_t pid, int sig) const override;
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
   void Wake() override;
   void CloseOutputs() override;

@@ -54,9 +54,11 @@ class Processes {
   // Starts a worker in its own process group (pid == pgid).
   virtual absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) = 0;
   virtual void SignalGroup(pid_t pid, int sig) = 0;
-  // Whether the worker `pid` ignores `sig` (e.g. SIGINT inherited as ignored from a shell's
-  // `dlrun ... &`): the agent then stops it with SIGTERM instead of waiting out the grace period.
-  virtual bool Ignores(pid_t pid, int sig) const { return false; }
+  // What the worker `pid` does on `sig`, as the kernel says (/proc/PID/status). The agent stops a
+  // worker that ignores SIGINT (inherited from a shell's `dlrun ... &`) with SIGTERM instead of
+  // waiting out the grace period, and warns when a passed-on SIGUSR1 meets no handler.
+  enum class SignalAction { kDefault, kIgnored, kCaught, kUnknown };
+  virtual SignalAction Disposition(pid_t pid, int sig) const { return SignalAction::kUnknown; }
   // Blocks until at least one event or `deadline` (time_point::max(): no deadline). An empty
   // result means the deadline passed.
   virtual std::vector<ProcEvent> Wait(SteadyTime deadline) = 0;

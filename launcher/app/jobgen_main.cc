@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
@@ -71,6 +73,23 @@ absl::StatusOr<std::string> Submit(const std::string& path) {
   return out.substr(0, out.find_first_of(";\n"));
 }
 
+// --preemptible for a Python script that neither uses dlrun_report.Preemption() nor catches
+// SIGUSR1: the warning would end its workers instead of a checkpoint and requeue.
+void WarnWithoutPreemptionHook(const std::vector<std::string>& command) {
+  const std::string script = PythonScriptOf(command);
+  if (script.empty()) return;
+  std::ifstream in(script);
+  if (!in) return;  // not readable here (it may be on the nodes only): cannot tell
+  const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (UsesPreemptionHook(source)) return;
+  std::fprintf(stderr,
+               "dlrun slurm: warning: --preemptible, but %s neither uses "
+               "dlrun_report.Preemption() nor catches SIGUSR1: on the warning its workers will "
+               "exit instead of checkpointing and requeueing the job (docs/USAGE.md, "
+               "Preemption)\n",
+               script.c_str());
+}
+
 }  // namespace
 
 int SlurmMain(const std::vector<std::string>& args) {
@@ -81,6 +100,7 @@ int SlurmMain(const std::vector<std::string>& args) {
   auto o = ParseSlurmArgs(args);
   if (!o.ok()) return Fail(o.status());
   if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
+  if (o->preemptible) WarnWithoutPreemptionHook(o->command);
   const std::string script = RenderSlurmScript(*o, kSlurmTemplate);
   std::string path = o->script_path;
   if (path.empty() && o->submit) path = absl::StrCat("dlrun-", o->job_name, ".sbatch");

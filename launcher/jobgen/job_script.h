@@ -48,6 +48,13 @@ absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& a
 std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl);
 std::string SlurmUsage();
 
+// --preemptible and a Python program: the script that `command` runs (`python3 [opts] x.py`,
+// or `x.py`), or "" when that cannot be told (`-m`, `-c`, not Python).
+std::string PythonScriptOf(const std::vector<std::string>& command);
+// Whether a Python source acts on the preemption warning: dlrun_report.Preemption() or its own
+// SIGUSR1 handler. Without either, SIGUSR1 ends the workers instead of a checkpoint.
+bool UsesPreemptionHook(const std::string& source);
+
 struct RunaiJobOptions {
   std::string name;
   std::string project;

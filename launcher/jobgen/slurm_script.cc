@@ -171,7 +171,8 @@ std::string PreemptBlock(const SlurmJobOptions& o) {
         "# passes it to the workers; the trainer checkpoints and, because of the variable "
         "below,\n# rank 0 runs `scontrol requeue $SLURM_JOB_ID`. The requeued job runs this "
         "script again\n# (SLURM_RESTART_COUNT counts the runs) and the trainer resumes from its "
-        "checkpoint.\nexport ", contract::kRequeueOnSignal, "=1\n");
+        "checkpoint.\n# A Python trainer does this with dlrun_report.Preemption() (requested(), "
+        "checkpointed());\n# without a SIGUSR1 handler its workers exit instead.\nexport ", contract::kRequeueOnSignal, "=1\n");
   }
   return preempt;
 }
@@ -273,6 +274,28 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
                   : ""},
              {"{{TOKEN_VAR}}", contract::kRdzvToken},
              {"{{PROGRAM}}", JoinCommand(o.command)}});
+}
+
+std::string PythonScriptOf(const std::vector<std::string>& command) {
+  if (command.empty()) return "";
+  const std::string& prog = command[0];
+  const std::string base = prog.substr(prog.find_last_of('/') + 1);
+  if (absl::EndsWith(base, ".py")) return prog;
+  if (!absl::StartsWith(base, "python")) return "";
+  for (size_t i = 1; i < command.size(); ++i) {
+    const std::string& a = command[i];
+    if (a == "-m" || a == "-c" || a == "-") return "";
+    if (a == "-X" || a == "-W" || a == "-Q") {  // options with a separate value
+      ++i;
+      continue;
+    }
+    if (a.empty() || a[0] != '-') return a;
+  }
+  return "";
+}
+
+bool UsesPreemptionHook(const std::string& source) {
+  return absl::StrContains(source, "Preemption(") || absl::StrContains(source, "SIGUSR1");
 }
 
 std::string SlurmUsage() {

@@ -82,6 +82,21 @@ TEST(SlurmScript, PreemptibleCpuJob) {
   EXPECT_NE(s.find("rdzv_port=$((20000 + SLURM_JOB_ID % 10000))"), std::string::npos);
 }
 
+// --preemptible warns at submission about a Python script without a preemption hook: which
+// file is the script, and what counts as a hook.
+TEST(SlurmScript, ThePythonScriptOfACommandAndItsPreemptionHook) {
+  EXPECT_EQ(PythonScriptOf({"python3", "-u", "-X", "dev", "train.py", "--lr", "1"}), "train.py");
+  EXPECT_EQ(PythonScriptOf({"/opt/venv/bin/python", "/jobs/train.py"}), "/jobs/train.py");
+  EXPECT_EQ(PythonScriptOf({"./train.py", "--epochs", "3"}), "./train.py");
+  EXPECT_EQ(PythonScriptOf({"python3", "-m", "trainer"}), "");
+  EXPECT_EQ(PythonScriptOf({"python3", "-c", "print(1)"}), "");
+  EXPECT_EQ(PythonScriptOf({"train_unet", "--config", "x.py"}), "");
+  EXPECT_EQ(PythonScriptOf({}), "");
+  EXPECT_TRUE(UsesPreemptionHook("p = dlrun_report.Preemption()\n"));
+  EXPECT_TRUE(UsesPreemptionHook("signal.signal(signal.SIGUSR1, on_usr1)\n"));
+  EXPECT_FALSE(UsesPreemptionHook("import dlrun_report\ndlrun_report.report_step(1, 8, 0.1)\n"));
+}
+
 TEST(SlurmScript, TlsBlockOnlyWithTls) {
   auto o = ParseSlurmArgs({"--nodes", "2", "prog"});
   ASSERT_TRUE(o.ok()) << o.status();

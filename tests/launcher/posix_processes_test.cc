@@ -85,6 +85,38 @@ TEST(PosixProcesses, SignalGroupReachesTheWorkerAndItsChildren) {
   (*procs)->CloseOutputs();  // returns: the sleeping child was in the group and died too
 }
 
+// What a worker does on a signal, as the kernel tells it: the agent stops a worker that ignores
+// SIGINT with SIGTERM, and names the ranks with no handler for a passed-on SIGUSR1.
+TEST(PosixProcesses, TheDispositionOfASignalIsReadFromTheKernel) {
+  auto procs = PosixProcesses::Create({});
+  ASSERT_TRUE(procs.ok());
+  SpawnSpec spec;
+  spec.argv = {"bash", "-c",
+               "trap '' INT; trap 'echo usr1' USR1; printf x >&$DLRUN_HEARTBEAT_FD; "
+               "while :; do sleep 0.1; done"};
+  auto pid = (*procs)->Spawn(spec);
+  ASSERT_TRUE(pid.ok());
+  // The heartbeat comes after the traps are set.
+  const SteadyTime deadline = SystemClock().Now() + std::chrono::seconds(30);
+  bool beat = false;
+  while (!beat && SystemClock().Now() < deadline) {
+    for (const ProcEvent& e : (*procs)->Wait(deadline)) {
+      beat = beat || (e.kind == ProcEvent::Kind::kHeartbeat && e.pid == *pid);
+    }
+  }
+  ASSERT_TRUE(beat);
+  using A = Processes::SignalAction;
+  EXPECT_EQ((*procs)->Disposition(*pid, SIGINT), A::kIgnored);
+  EXPECT_EQ((*procs)->Disposition(*pid, SIGUSR1), A::kCaught);
+  EXPECT_EQ((*procs)->Disposition(*pid, SIGUSR2), A::kDefault);
+  EXPECT_EQ((*procs)->Disposition(*pid, 0), A::kUnknown);
+  (*procs)->SignalGroup(*pid, SIGKILL);
+  int heartbeats = 0;
+  EXPECT_EQ(WaitExit(**procs, *pid, &heartbeats).signal, SIGKILL);
+  EXPECT_EQ((*procs)->Disposition(*pid, SIGINT), A::kUnknown) << "reaped: no /proc entry";
+  (*procs)->CloseOutputs();
+}
+
 TEST(PosixProcesses, WakeFromAnotherThreadEndsAWaitWithoutDeadline) {
   auto procs = PosixProcesses::Create({});
   ASSERT_TRUE(procs.ok());

@@ -120,6 +120,65 @@ TEST(DlrunStandalone, SigintStopsWorkersThatInheritedItAsIgnored) {
       << s.output;
 }
 
+// Preemption for Python programs: SIGUSR1 (Slurm's warning, passed on by dlrun) sets
+// dlrun_report.Preemption's flag and the loop checkpoints and ends; a program without a
+// handler dies of it, and dlrun says which ranks had none.
+TEST(DlrunStandalone, Sigusr1ReachesThePreemptionHookAndAProgramWithoutOneIsNamed) {
+  const std::string dir = MakeTempDir();
+  const std::string prog = dir + "/preempt.py";
+  std::ofstream(prog) << "import os, sys, time, dlrun_report\n"
+                         "hook = dlrun_report.Preemption() if sys.argv[1] == 'hook' else None\n"
+                         "print('ready', flush=True)\n"
+                         "for step in range(6000):\n"
+                         "    time.sleep(0.01)\n"
+                         "    if hook and hook.requested():\n"
+                         "        print('checkpoint at', step, 'requeued:', hook.checkpointed(step),\n"
+                         "              flush=True)\n"
+                         "        sys.exit(0)\n"
+                         "sys.exit(3)\n";
+  for (const std::string mode : {"hook", "none"}) {
+    Started s = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2",
+                              "--max-restarts", "0", "--signals-to-handle",
+                              "SIGTERM,SIGINT,SIGUSR1", TEST_PYTHON, prog, mode},
+                             {{"DLRUN_REQUEUE_ON_SIGNAL", "1"}});
+    ASSERT_TRUE(ReadUntil(s, "ready", 2, std::chrono::seconds(60))) << s.output;
+    kill(s.pid, SIGUSR1);
+    const int rc = FinishCommand(s, std::chrono::seconds(60));
+    if (mode == "hook") {
+      EXPECT_EQ(rc, 0) << s.output;
+      EXPECT_EQ(s.output.find("no handler"), std::string::npos) << s.output;
+      // Not a Slurm job (no SLURM_JOB_ID): nothing to requeue.
+      EXPECT_NE(s.output.find("[rank 0]: checkpoint at"), std::string::npos) << s.output;
+      EXPECT_NE(s.output.find("[rank 1]: checkpoint at"), std::string::npos) << s.output;
+      EXPECT_EQ(s.output.find("requeued: True"), std::string::npos) << s.output;
+    } else {
+      EXPECT_EQ(rc, 1) << s.output;
+      EXPECT_NE(s.output.find("rank(s) 0,1 have no handler for SIGUSR1 and will exit on it"),
+                std::string::npos)
+          << s.output;
+    }
+  }
+}
+
+// At submission: `dlrun slurm --preemptible` warns about a Python script that has no hook.
+TEST(DlrunSlurm, PreemptibleWarnsAboutAPythonScriptWithoutAPreemptionHook) {
+  const std::string dir = MakeTempDir();
+  std::ofstream(dir + "/plain.py") << "print('training')\n";
+  std::ofstream(dir + "/hooked.py") << "import dlrun_report\np = dlrun_report.Preemption()\n";
+  const std::string warning = "plain.py neither uses dlrun_report.Preemption() nor catches SIGUSR1";
+  ProcResult r = RunCommand({DLRUN_BIN, "slurm", "--preemptible", "-o", dir + "/a.sbatch", "--",
+                             "python3", "-u", dir + "/plain.py"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(warning), std::string::npos) << r.output;
+  r = RunCommand({DLRUN_BIN, "slurm", "--preemptible", "-o", dir + "/b.sbatch", "--", "python3",
+                  dir + "/hooked.py"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  r = RunCommand({DLRUN_BIN, "slurm", "-o", dir + "/c.sbatch", "--", "python3", dir + "/plain.py"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << "not preemptible: " << r.output;
+}
+
 TEST(DlrunStandalone, RestartsWithIncrementedRestartCount) {
   const std::string dir = MakeTempDir();
   // Fails on the first attempt, succeeds on the second.

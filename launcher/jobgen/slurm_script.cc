@@ -232,7 +232,9 @@ std::string ExtraFlags(const SlurmJobOptions& o) {
 std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl) {
   const std::string preempt = PreemptBlock(o), tls = TlsBlock(o), extra = ExtraFlags(o);
   return absl::StrReplaceAll(
-      tmpl, {{"{{GENERATED_BY}}", o.generated_by},
+      // A newline in an argument would end the comment, and the #SBATCH lines after a command
+      // are ignored: every line of the command line stays a comment.
+      tmpl, {{"{{GENERATED_BY}}", absl::StrReplaceAll(o.generated_by, {{"\n", "\n#   "}})},
              {"{{SBATCH_LINES}}", SbatchLines(o)},
              {"{{NPROC}}", absl::StrCat(o.nproc_per_node)},
              {"{{MAX_RESTARTS}}", absl::StrCat(o.max_restarts)},

@@ -84,6 +84,20 @@ TEST(SlurmScript, PreemptibleCpuJob) {
 
 // --preemptible warns at submission about a Python script without a preemption hook: which
 // file is the script, and what counts as a hook.
+// An argument with a newline (`sh -c` with two lines) must not end the header comment: sbatch
+// ignores every #SBATCH line after the first command.
+TEST(SlurmScript, AMultiLineArgumentKeepsTheHeaderAComment) {
+  auto o = ParseSlurmArgs({"--nodes", "2", "--", "sh", "-c", "echo one\necho two"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  const std::string s = RenderSlurmScript(*o, Template());
+  const std::string head = s.substr(0, s.find("\nset -euo pipefail"));
+  for (absl::string_view line : absl::StrSplit(head, '\n', absl::SkipEmpty())) {
+    EXPECT_TRUE(absl::StartsWith(line, "#")) << "not a comment before the commands: " << line;
+  }
+  EXPECT_TRUE(Has(SbatchLines(s), "--nodes=2"));
+  EXPECT_NE(s.find("sh -c 'echo one\necho two'"), std::string::npos) << s;  // the command: as given
+}
+
 TEST(SlurmScript, ThePythonScriptOfACommandAndItsPreemptionHook) {
   EXPECT_EQ(PythonScriptOf({"python3", "-u", "-X", "dev", "train.py", "--lr", "1"}), "train.py");
   EXPECT_EQ(PythonScriptOf({"/opt/venv/bin/python", "/jobs/train.py"}), "/jobs/train.py");

@@ -2,7 +2,10 @@
 # The cluster binds tasks to their CPUs (task/affinity, and task/cgroup's cpuset where the
 # machine allows it). A plain srun task gets one CPU; the agents of a `dlrun slurm
 # --cpus-per-task N` job, and so their workers, get N: the script's srun passes --cpus-per-task
-# on (srun no longer inherits it from sbatch since Slurm 22.05).
+# on (srun no longer reads it from sbatch's SLURM_CPUS_PER_TASK since Slurm 22.05).
+# The job runs with SLURM_EXACT=1 (srun --exact, as sites set it): a step then gets only the CPUs
+# it asks for. Without it this Slurm (22.05) gives a step every CPU of the job on the node, and a
+# script that forgot --cpus-per-task could not be told apart here.
 source "$(dirname "$0")/lib.sh"
 
 cpus=$(scontrol show node node1 | sed -n 's/.*CPUTot=\([0-9]*\).*/\1/p')
@@ -30,7 +33,7 @@ plain=$(timeout 120 srun -N 1 -n 1 --time=1 grep Cpus_allowed_list /proc/self/st
             echo "rank $RANK pid $$ $(grep Cpus_allowed_list /proc/$$/status)"' 2>/dev/null
 grep -q -- "--cpus-per-task=\"\${SLURM_CPUS_PER_TASK:-$cpus}\"" job.sbatch \
   || fail "the srun line does not pass --cpus-per-task"
-submit job.sbatch 300
+SLURM_EXACT=1 submit job.sbatch 300
 finish
 for rank in 0 1 2 3; do
   line=$(grep -o "rank $rank pid [0-9]* Cpus_allowed_list:.*" "$out" | head -n 1)

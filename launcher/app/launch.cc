@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
+#include "common/local_address.h"
 #include "launcher/agent/agent.h"
 #include "launcher/agent/posix_processes.h"
 #include "launcher/app/commands.h"

@@ -18,11 +18,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "dlrun/dist_env.h"  // EnvLookup
+#include "common/env.h"  // EnvLookup
 
 namespace dlrun::cli {
-
-using worker::EnvLookup;
 
 // "invalid value 'V' for --FLAG: expected WHAT" (InvalidArgument).
 absl::Status BadValue(const std::string& flag, const std::string& value,

@@ -12,15 +12,14 @@
 
 #include "absl/status/statusor.h"
 #include "common/defaults.h"
-#include "dlrun/dist_env.h"
+#include "common/env.h"
 #include "launcher/cli/flags.h"
 
 namespace dlrun::launcher {
 
-// Looks up an environment variable; injected so tests need not touch the real environment.
-// One definition for the launcher and the worker library (dlrun/dist_env.h).
-using worker::EnvLookup;
-inline EnvLookup ProcessEnv() { return worker::ProcessEnvironment(); }
+// Environment variables are looked up through an EnvLookup (common/env.h), so tests need not
+// touch the real environment.
+inline EnvLookup ProcessEnv() { return ProcessEnvironment(); }
 
 struct LaunchOptions {
   int min_nodes = 1;

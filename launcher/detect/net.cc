@@ -1,6 +1,5 @@
 #include "launcher/detect/net.h"
 
-#include "dlrun/dist_env.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -91,10 +90,6 @@ bool CanBind(const std::string& host, const std::string& port) {
   }
   freeaddrinfo(res);
   return ok;
-}
-
-std::string LocalAddressFor(const std::string& host) {
-  return dlrun::worker::localAddressFor(host);
 }
 
 }  // namespace dlrun::launcher

@@ -36,7 +36,5 @@ std::string Unbracketed(const std::string& host);
 // host and the resolver's reason.
 absl::Status ResolveHost(const std::string& host);
 
-// The local address used to reach `host` (no packet is sent), or "" if unknown.
-std::string LocalAddressFor(const std::string& host);
 
 }  // namespace dlrun::launcher

@@ -6,11 +6,11 @@
 #include <string>
 #include <string_view>
 
-#include "dlrun/dist_env.h"
+#include "common/env.h"
 
 namespace dlrun::testing {
 
-inline worker::EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
+inline EnvLookup FakeEnv(std::map<std::string, std::string> vars) {
   return [vars = std::move(vars)](std::string_view name) -> std::optional<std::string> {
     auto it = vars.find(std::string(name));
     if (it == vars.end()) return std::nullopt;

@@ -4,11 +4,6 @@
 
 #include <stdexcept>
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <limits>
@@ -16,6 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
+#include "common/env.h"
+#include "common/local_address.h"
 
 namespace dlrun::worker {
 namespace {
@@ -50,13 +47,7 @@ constexpr int kMax = std::numeric_limits<int>::max();
 
 }  // namespace
 
-EnvLookup ProcessEnvironment() {
-  return [](std::string_view name) -> std::optional<std::string> {
-    const char* v = std::getenv(std::string(name).c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
-  };
-}
+EnvLookup ProcessEnvironment() { return dlrun::ProcessEnvironment(); }
 
 namespace {
 
@@ -147,26 +138,6 @@ DistEnv ParseDistEnv(const EnvLookup& env) {
   return *d;
 }
 
-std::string localAddressFor(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "";
-  std::string out;
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {  // UDP: no packet sent
-    sockaddr_in sa{};
-    socklen_t len = sizeof sa;
-    char buf[INET_ADDRSTRLEN];
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0 &&
-        inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf)) {
-      out = buf;
-    }
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(res);
-  return out;
-}
+std::string localAddressFor(const std::string& host) { return LocalAddressFor(host); }
 
 }  // namespace dlrun::worker

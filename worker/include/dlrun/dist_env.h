@@ -11,6 +11,7 @@
 
 namespace dlrun::worker {
 
+// The same type as the launcher's dlrun::EnvLookup (common/env.h, not installed).
 using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
 EnvLookup ProcessEnvironment();
 

@@ -1,4 +1,4 @@
-// `dlrun slurm`, `dlrun runai` and `dlrun rdzv-server`: the subcommands that do not launch.
+// `dlrun slurm` and `dlrun runai`: the subcommands that write job scripts and manifests.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -14,20 +14,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "launcher/app/commands.h"
-#include "launcher/cli/rdzv_server_cli.h"
 #include "launcher/jobgen/job_script.h"
 #include "launcher/jobgen/shell.h"
-#include "launcher/rdzv/rdzv_loader.h"
 
 namespace dlrun::launcher {
 
 extern const char* const kSlurmTemplate;  // job_templates/dlrun.sbatch, compiled in
-
-std::string SelfPath() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("dlrun") : p.string();
-}
 
 namespace {
 
@@ -158,31 +150,6 @@ int RunaiMain(const std::vector<std::string>& args) {
                  o->manifest_path.c_str());
   }
   return 0;
-}
-
-int RdzvServerMain(const std::vector<std::string>& args) {
-  auto parsed = ParseRdzvServerArgs(args, ProcessEnv());
-  if (!parsed.ok()) return Fail(parsed.status());
-  if (parsed->help) {
-    std::fputs(RdzvServerUsage().c_str(), stdout);
-    return 0;
-  }
-  auto tls = rdzv::TlsConfigFromEnv();
-  if (!tls.ok()) return Fail(tls.status());
-  parsed->host.tls = std::move(*tls);
-  auto api = LoadRendezvous();
-  if (!api.ok()) return Fail(api.status());
-  return (*api)->Serve(parsed->host);
-}
-
-int Fail(const absl::Status& s) {
-  std::fprintf(stderr, "dlrun: %s\n", std::string(s.message()).c_str());
-  return 2;
-}
-
-int FailRun(const absl::Status& s) {
-  Fail(s);
-  return 1;
 }
 
 }  // namespace dlrun::launcher

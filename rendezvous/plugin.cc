@@ -1,3 +1,6 @@
+// libdlrun_rdzv.so, the rendezvous plugin the launcher dlopens (launcher/rdzv/rdzv_loader.cc):
+// dlrun_rdzv_api() hands it the server, the client, the failover probe and `dlrun rdzv-server`'s
+// Serve, behind the proto-free interface of rendezvous/api.h.
 #include "rendezvous/api.h"
 
 #include <unistd.h>

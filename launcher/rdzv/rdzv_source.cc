@@ -16,8 +16,6 @@
 namespace dlrun::launcher {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
-
 // How often a join that is held says what it waits for.
 constexpr std::chrono::seconds kProgressEvery{15};
 
@@ -62,8 +60,9 @@ rdzv::HostOptions HostFor(const RdzvSourceOptions& o, const std::string& endpoin
 // new epoch, and re-join it with what they know of the job.
 class RdzvSource final : public MembershipSource {
  public:
-  RdzvSource(RdzvSourceOptions o, rdzv::Api* api, std::unique_ptr<rdzv::HostedRendezvous> hosted)
-      : o_(std::move(o)), api_(api), hosted_(std::move(hosted)) {
+  RdzvSource(RdzvSourceOptions o, rdzv::Api* api, std::unique_ptr<rdzv::HostedRendezvous> hosted,
+             Clock& clock)
+      : o_(std::move(o)), api_(api), clock_(clock), hosted_(std::move(hosted)) {
     node_.node_id = NodeId(o_);
     node_.hostname = o_.hostname;
     node_.address = o_.local_addr;
@@ -130,7 +129,7 @@ class RdzvSource final : public MembershipSource {
       return Verdict::kRestart;
     }
     auto r = client_->Heartbeat(node_.node_id, round_, telemetry_ ? &*telemetry_ : nullptr);
-    const auto now = SteadyClock::now();
+    const auto now = clock_.Now();
     if (!r.ok()) {
       const auto silent = std::chrono::duration_cast<rdzv::Duration>(now - last_ok_);
       if (silent < o_.config.liveness_limit()) return Verdict::kContinue;
@@ -218,9 +217,9 @@ class RdzvSource final : public MembershipSource {
   absl::StatusOr<rdzv::JoinResult> JoinWithProgress() {
     auto joined = std::async(std::launch::async,
                              [this] { return client_->Join(node_, o_.config.join_timeout); });
-    const SteadyClock::time_point start = SteadyClock::now();
+    const SteadyTime start = clock_.Now();
     while (joined.wait_for(kProgressEvery) == std::future_status::timeout) {
-      const double waited = std::chrono::duration<double>(SteadyClock::now() - start).count();
+      const double waited = std::chrono::duration<double>(clock_.Now() - start).count();
       auto st = client_->Status();
       if (!st.ok()) {
         spdlog::info("waiting for the rendezvous at {} ({:.0f} s): {}", client_->endpoint(),
@@ -243,7 +242,7 @@ class RdzvSource final : public MembershipSource {
     restart_count_ = a.restart_count;
     num_nodes_ = a.num_nodes;
     successors_ = std::move(r.successors);
-    last_ok_ = SteadyClock::now();
+    last_ok_ = clock_.Now();
     lost_ = false;
     if (hosted_) hosted_->SetPeers(PeerEndpoints());
     a.max_restarts = o_.config.max_restarts;
@@ -333,6 +332,7 @@ class RdzvSource final : public MembershipSource {
 
   RdzvSourceOptions o_;
   rdzv::Api* api_;
+  Clock& clock_;  // the liveness limit of the host is measured on it
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
   std::optional<rdzv::NodeTelemetry> telemetry_;  // the latest, sent with each heartbeat
   std::unique_ptr<rdzv::RendezvousClient> client_;
@@ -343,7 +343,7 @@ class RdzvSource final : public MembershipSource {
   uint64_t epoch_ = 0;
   std::vector<rdzv::Successor> successors_;
   std::vector<std::string> hosts_seen_;
-  SteadyClock::time_point last_ok_ = SteadyClock::now();
+  SteadyTime last_ok_ = clock_.Now();
   bool lost_ = false;  // the host stopped answering: the next Next() fails over
   std::string lost_reason_;
   std::string redirect_;  // the host stepped down: the next Next() joins here
@@ -370,12 +370,19 @@ std::string FindServingPeer(rdzv::Api* api, const RdzvSourceOptions& o) {
 absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o) {
   auto api = LoadRendezvous();
   if (!api.ok()) return api.status();
+  return MakeRendezvousSource(std::move(o), **api, SystemClock());
+}
+
+absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o,
+                                                                       rdzv::Api& api_ref,
+                                                                       Clock& clock) {
+  rdzv::Api* const api = &api_ref;
   auto [host, port] = SplitEndpoint(o.endpoint);
   o.endpoint = absl::StrCat(host, ":", port);
   std::unique_ptr<rdzv::HostedRendezvous> hosted;
   if (o.is_host == "auto" && !CanBind(host, port)) o.is_host = "false";
   if (o.is_host == "auto") {
-    if (std::string serving = FindServingPeer(*api, o); !serving.empty()) {
+    if (std::string serving = FindServingPeer(api, o); !serving.empty()) {
       spdlog::info("the rendezvous of this job is already hosted at {}: joining it", serving);
       o.endpoint = serving;
       o.is_host = "false";
@@ -384,7 +391,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
   if (o.is_host != "false") {
     // Bind the endpoint's own address (not 0.0.0.0): if it is not ours, binding fails and this
     // agent is a client only. The first host of a job has epoch 1.
-    auto s = (*api)->Host(HostFor(o, o.endpoint, 1));
+    auto s = api->Host(HostFor(o, o.endpoint, 1));
     if (s.ok()) {
       hosted = std::move(*s);
       spdlog::info("hosting the rendezvous on {}{}", o.endpoint,
@@ -393,7 +400,8 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
       return s.status();
     }
   }
-  return std::unique_ptr<MembershipSource>(new RdzvSource(std::move(o), *api, std::move(hosted)));
+  return std::unique_ptr<MembershipSource>(
+      new RdzvSource(std::move(o), api, std::move(hosted), clock));
 }
 
 }  // namespace dlrun::launcher

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
+#include "rendezvous/api.h"
 #include "rendezvous/telemetry.h"
 #include "rendezvous/tls.h"
 #include "rendezvous/types.h"
@@ -37,7 +39,13 @@ struct RdzvSourceOptions {
   rdzv::TelemetryOptions telemetry;  // for the aggregate, when this agent hosts
 };
 
-// Starts the hosted server when this agent hosts it, and the client.
+// Starts the hosted server when this agent hosts it, and the client (the plugin's, on the
+// system clock).
 absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o);
+// The same on a given rendezvous API and clock: tests drive the host's liveness limit and
+// failover on a fake clock with a scripted client.
+absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o,
+                                                                       rdzv::Api& api,
+                                                                       Clock& clock);
 
 }  // namespace dlrun::launcher

@@ -1,0 +1,143 @@
+// The rendezvous as the agent's membership source, on a fake clock and a scripted client: when
+// a silent host counts as lost (the liveness limit), and whether the agent then stops or fails
+// over. Real gRPC and real agents: tests/multiproc/dlrun_failover_test.cc.
+#include "launcher/rdzv/rdzv_source.h"
+
+#include <deque>
+#include <memory>
+
+#include "agent/fakes.h"
+#include "gtest/gtest.h"
+#include "rendezvous/client.h"
+
+namespace dlrun::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Joins succeed at once with `join`; heartbeats answer as `heartbeat_ok` says at the time.
+struct Script {
+  rdzv::JoinResult join;
+  bool heartbeat_ok = true;
+  int heartbeats = 0;
+};
+
+class ScriptedClient final : public rdzv::RendezvousClient {
+ public:
+  ScriptedClient(Script& s, std::string endpoint) : s_(s), endpoint_(std::move(endpoint)) {}
+  absl::StatusOr<rdzv::JoinResult> Join(const rdzv::NodeInfo&, rdzv::Duration) override {
+    return s_.join;
+  }
+  absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t,
+                                                 const rdzv::NodeTelemetry*) override {
+    ++s_.heartbeats;
+    if (!s_.heartbeat_ok) return absl::UnavailableError("connection refused");
+    return rdzv::HeartbeatReply{};
+  }
+  absl::StatusOr<rdzv::FailureReply> ReportFailure(const std::string&, uint64_t,
+                                                   const std::string&) override {
+    return rdzv::FailureReply{};
+  }
+  absl::Status Leave(const std::string&, uint64_t, bool, const rdzv::NodeTelemetry*) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<rdzv::StatusSnapshot> Status(rdzv::Duration) override {
+    return absl::UnavailableError("not scripted");
+  }
+  void set_epoch(uint64_t) override {}
+  const std::string& endpoint() const override { return endpoint_; }
+
+ private:
+  Script& s_;
+  std::string endpoint_;
+};
+
+class ScriptedApi final : public rdzv::Api {
+ public:
+  explicit ScriptedApi(Script& s) : s_(s) {}
+  int Serve(const rdzv::HostOptions&) override { return 2; }
+  std::unique_ptr<rdzv::RendezvousClient> CreateClient(const rdzv::ClientOptions& o) override {
+    return std::make_unique<ScriptedClient>(s_, o.endpoint);
+  }
+  absl::StatusOr<std::unique_ptr<rdzv::HostedRendezvous>> Host(const rdzv::HostOptions&) override {
+    return absl::UnavailableError("not scripted");
+  }
+  absl::StatusOr<std::unique_ptr<rdzv::MetricsServer>> ServeMetrics(
+      std::shared_ptr<rdzv::JobTelemetry>, const std::string&, int) override {
+    return absl::UnavailableError("not scripted");
+  }
+
+ private:
+  Script& s_;
+};
+
+struct Fixture {
+  Script script;
+  ScriptedApi api{script};
+  testing::FakeClock clock;
+  RdzvSourceOptions options;
+  std::unique_ptr<MembershipSource> source;
+
+  // A 2-node round; `successor`: the other node may take over the rendezvous.
+  explicit Fixture(bool successor) {
+    options.endpoint = "10.9.9.9:29400";
+    options.hostname = "node-a";
+    options.is_host = "false";
+    options.config.heartbeat_interval = milliseconds(1000);
+    options.config.heartbeat_misses = 5;
+    script.join.assignment.round = 1;
+    script.join.assignment.num_nodes = 2;
+    script.join.assignment.world_size = 2;
+    if (successor) script.join.successors.push_back({"node-b:42", "10.9.9.10"});
+    auto s = MakeRendezvousSource(options, api, clock);
+    EXPECT_TRUE(s.ok()) << s.status();
+    source = std::move(*s);
+    auto a = source->Next();
+    EXPECT_TRUE(a.ok()) << a.status();
+  }
+  void Advance(milliseconds d) { clock.Set(clock.Now() + d); }
+};
+
+TEST(RdzvSourceLiveness, ASilentHostIsLostAtTheLivenessLimitNotBefore) {
+  Fixture f(/*successor=*/false);
+  std::string reason;
+  f.script.heartbeat_ok = false;
+  f.Advance(milliseconds(4999));
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kContinue);
+  f.Advance(milliseconds(1));
+  // No other node can host: the job stops, naming the host and how long it was silent.
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kStop);
+  EXPECT_NE(reason.find("the rendezvous host at 10.9.9.9:29400 has not answered for 5000 ms"),
+            std::string::npos)
+      << reason;
+}
+
+TEST(RdzvSourceLiveness, AnAnswerRestartsTheSilenceCount) {
+  Fixture f(/*successor=*/false);
+  std::string reason;
+  f.Advance(milliseconds(3000));
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kContinue);  // answered
+  f.script.heartbeat_ok = false;
+  f.Advance(milliseconds(4999));  // 7999 ms since the round began, 4999 since the answer
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kContinue);
+  f.Advance(milliseconds(1));
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kStop);
+  EXPECT_EQ(f.script.heartbeats, 3);
+}
+
+TEST(RdzvSourceLiveness, WithASuccessorALostHostMeansFailover) {
+  Fixture f(/*successor=*/true);
+  std::string reason;
+  f.script.heartbeat_ok = false;
+  f.Advance(milliseconds(5000));
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kRestart);
+  EXPECT_NE(reason.find("has not answered for 5000 ms"), std::string::npos) << reason;
+  EXPECT_NE(reason.find(": failing over"), std::string::npos) << reason;
+  // Until the failover (the next Next()), the verdict stays a restart without asking the host.
+  const int asked = f.script.heartbeats;
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kRestart);
+  EXPECT_EQ(f.script.heartbeats, asked);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

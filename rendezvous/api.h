@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/defaults.h"
 #include "rendezvous/client.h"
 #include "rendezvous/telemetry.h"
 #include "rendezvous/types.h"
@@ -49,8 +50,8 @@ struct HostOptions {
   std::string candidates;    // the explicit candidate list, if any
   TelemetryOptions telemetry;  // straggler factor and windows (docs/TELEMETRY.md)
   // `dlrun rdzv-server --metrics-port`: serve /metrics, /api/job and / there (-1: off).
-  int metrics_port = -1;
-  std::string metrics_addr = "0.0.0.0";
+  int metrics_port = defaults::kMetricsPortOff;
+  std::string metrics_addr = defaults::kMetricsAddr;
 };
 
 class Api {

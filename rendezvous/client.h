@@ -18,7 +18,8 @@ struct ClientOptions {
   std::string token;
   Duration rpc_timeout{std::chrono::seconds(10)};  // failure, leave, status
   // A heartbeat that takes longer counts as a miss: the agent's liveness clock keeps running
-  // while a dead host's connection times out.
+  // while a dead host's connection times out. Agents set their heartbeat interval here
+  // (launcher/rdzv/rdzv_source.cc, ClientFor).
   Duration heartbeat_timeout{std::chrono::seconds(1)};
   TlsConfig tls;  // mutual TLS when enabled (rendezvous/tls.h)
   std::string candidates;  // the explicit candidate list, sent with every join

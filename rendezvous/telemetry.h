@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
+
 namespace dlrun::rdzv {
 
 // One rank as its agent sees it. The counters are cumulative over the whole job (every attempt),
@@ -60,9 +62,9 @@ inline constexpr size_t kMaxTelemetryRanks = 1024;
 inline constexpr size_t kMaxTelemetryGpus = 64;
 
 struct TelemetryOptions {
-  std::chrono::milliseconds window{1000};  // straggler windows and chart points
-  double straggler_factor = 1.2;
-  int straggler_windows = 3;  // consecutive windows above the factor before a rank is named
+  std::chrono::milliseconds window = defaults::kTelemetryWindow;  // straggler windows, chart points
+  double straggler_factor = defaults::kStragglerFactor;
+  int straggler_windows = defaults::kStragglerWindows;  // consecutive windows above the factor
   size_t history = 600;       // chart points kept (10 minutes at 1 s)
   // Called once when a rank is first named a straggler, with the warning line.
   std::function<void(const std::string&)> on_straggler;

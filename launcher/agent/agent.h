@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
+#include "common/defaults.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
@@ -28,7 +29,7 @@ namespace dlrun::launcher {
 struct AgentOptions {
   std::vector<std::string> argv;  // what each worker runs (python prefix already applied)
   int nproc = 1;
-  Millis grace{30000};  // SIGTERM -> SIGKILL when stopping the group
+  Millis grace = defaults::kGracePeriod;  // SIGTERM -> SIGKILL when stopping the group
   // After SIGKILL, how long to wait for a worker to go (one stuck in uninterruptible I/O may
   // never): then the agent names it and goes on without it.
   Millis kill_wait{10000};

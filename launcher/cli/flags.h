@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/defaults.h"
 #include "common/env.h"  // EnvLookup
 
 namespace dlrun::cli {
@@ -151,10 +153,10 @@ Setter<Opts> DoubleField(const std::string& flag, double Opts::*field, double lo
 }
 // The telemetry flags dlrun and `dlrun rdzv-server` share (docs/TELEMETRY.md).
 struct TelemetryFlags {
-  int metrics_port = -1;  // -1: no HTTP
-  std::string metrics_addr = "0.0.0.0";
-  double straggler_factor = 1.2;
-  int straggler_windows = 3;
+  int metrics_port = defaults::kMetricsPortOff;
+  std::string metrics_addr = defaults::kMetricsAddr;
+  double straggler_factor = defaults::kStragglerFactor;
+  int straggler_windows = defaults::kStragglerWindows;
 };
 template <typename Opts>
 void AddTelemetryFlags(TelemetryFlags Opts::*field, std::vector<Flag<Opts>>* flags) {
@@ -172,7 +174,8 @@ void AddTelemetryFlags(TelemetryFlags Opts::*field, std::vector<Flag<Opts>>* fla
                       (o.*field).metrics_addr = v;
                       return absl::OkStatus();
                     },
-                    "address --metrics-port binds (default 0.0.0.0, every interface)"});
+                    absl::StrCat("address --metrics-port binds (default ", defaults::kMetricsAddr,
+                                 ", every interface)")});
   flags->push_back({"straggler-factor", "", true,
                     [=](Opts& o, const std::string& v) {
                       auto d = ParseDouble("straggler-factor", v, 1.01, 100);
@@ -180,8 +183,9 @@ void AddTelemetryFlags(TelemetryFlags Opts::*field, std::vector<Flag<Opts>>* fla
                       (o.*field).straggler_factor = *d;
                       return absl::OkStatus();
                     },
-                    "a rank whose compute per step stays above the job's median by this factor "
-                    "is named a straggler (default 1.2)"});
+                    absl::StrCat("a rank whose compute per step stays above the job's median "
+                                 "by this factor is named a straggler (default ",
+                                 defaults::kStragglerFactor, ")")});
   flags->push_back({"straggler-windows", "", true,
                     [=](Opts& o, const std::string& v) {
                       auto n = ParseInt("straggler-windows", v, 1, 1000);
@@ -189,7 +193,9 @@ void AddTelemetryFlags(TelemetryFlags Opts::*field, std::vector<Flag<Opts>>* fla
                       (o.*field).straggler_windows = *n;
                       return absl::OkStatus();
                     },
-                    "for this many consecutive 1-s windows (default 3)"});
+                    absl::StrCat("for this many consecutive ",
+                                 defaults::kTelemetryWindow.count() / 1000.0,
+                                 "-s windows (default ", defaults::kStragglerWindows, ")")});
 }
 
 template <typename Opts>

@@ -47,7 +47,7 @@ struct LaunchOptions {
   std::string local_addr;
   std::vector<int> signals_to_handle;  // parsed --signals-to-handle (default TERM,INT,HUP,QUIT)
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given
-  std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL when stopping workers
+  std::chrono::milliseconds grace_period = defaults::kGracePeriod;  // SIGTERM -> SIGKILL
   std::chrono::milliseconds hang_timeout{0};      // 0: off
   // CUDA_VISIBLE_DEVICES: inherit (default, as torchrun: left as the scheduler set it),
   // per-worker (local rank i sees only the i-th visible GPU), least-loaded (NVML picks), or ids.

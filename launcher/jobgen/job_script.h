@@ -30,7 +30,7 @@ struct SlurmJobOptions {
   int rdzv_port = 0;  // 0: 20000 + SLURM_JOB_ID % 10000, computed in the script
   bool tls = false;     // the script makes a CA and certificate for the job (mutual TLS)
   std::string tls_dir;  // where (every node must see it); empty: $HOME/.dlrun/tls
-  int max_restarts = 3;
+  int max_restarts = defaults::kJobMaxRestarts;
   std::chrono::milliseconds hang_timeout{0};
   int metrics_port = 0;  // > 0: the job's telemetry page and /metrics on the first node
   std::string log_dir;
@@ -65,7 +65,7 @@ struct RunaiJobOptions {
   std::string cpu;         // per pod, as Kubernetes quantities ("8", "500m"); empty: unset
   std::string memory;
   int rdzv_port = defaults::kRdzvPort;
-  int max_restarts = 3;
+  int max_restarts = defaults::kJobMaxRestarts;
   bool large_shm = false;
   bool legacy_cli = false;
   std::vector<std::string> env;  // K=V

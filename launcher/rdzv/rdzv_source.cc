@@ -28,10 +28,15 @@ std::string CandidateList(const RdzvSourceOptions& o) {
   return o.candidates.size() > 1 ? absl::StrJoin(o.candidates, ",") : "";
 }
 
-// A client of this job's rendezvous at `endpoint`.
+// How long an agent that starts asks a peer whether it already hosts this job.
+constexpr std::chrono::milliseconds kPeerProbeTimeout{500};
+
+// A client of this job's rendezvous at `endpoint`. A heartbeat slower than one interval counts
+// as missed (at least 100 ms, for very short test intervals).
 rdzv::ClientOptions ClientFor(const RdzvSourceOptions& o, const std::string& endpoint) {
   rdzv::ClientOptions c;
   c.endpoint = endpoint;
+  c.heartbeat_timeout = std::max(rdzv::Duration(100), o.config.heartbeat_interval);
   c.run_id = o.run_id;
   c.token = o.token;
   c.tls = o.tls;
@@ -176,9 +181,7 @@ class RdzvSource final : public MembershipSource {
 
  private:
   void SwitchTo(const std::string& endpoint) {
-    rdzv::ClientOptions c = ClientFor(o_, endpoint);
-    c.heartbeat_timeout = std::max(rdzv::Duration(100), o_.config.heartbeat_interval);
-    client_ = api_->CreateClient(c);
+    client_ = api_->CreateClient(ClientFor(o_, endpoint));
     client_->set_epoch(epoch_);
     hosts_seen_.push_back(endpoint);
   }
@@ -356,7 +359,7 @@ std::string FindServingPeer(rdzv::Api* api, const RdzvSourceOptions& o) {
   for (const std::string& peer : o.peers) {
     if (peer == o.endpoint) continue;
     rdzv::ClientOptions c = ClientFor(o, peer);
-    c.rpc_timeout = std::chrono::milliseconds(500);
+    c.rpc_timeout = kPeerProbeTimeout;
     auto st = api->CreateClient(c)->Status();
     if (st.ok() && (st->phase == "running" || st->phase == "joining")) {
       return st->redirect.empty() ? peer : st->redirect;

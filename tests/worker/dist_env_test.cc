@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "absl/status/statusor.h"
+#include "common/defaults.h"
 #include "gtest/gtest.h"
 
 namespace dlrun::worker {
@@ -21,6 +22,11 @@ absl::StatusOr<DistEnv> Parse(std::map<std::string, std::string> vars) {
   } catch (const std::invalid_argument& e) {
     return absl::InvalidArgumentError(e.what());
   }
+}
+
+// The installed header cannot include common/defaults.h: its spelling of the port must agree.
+TEST(DistEnv, TheInstalledHeadersMasterPortIsTheSharedDefault) {
+  EXPECT_EQ(dlrun::worker::DistEnv{}.master_port, dlrun::defaults::kMasterPort);
 }
 
 TEST(DistEnv, NoLauncherMeansSingleProcess) {

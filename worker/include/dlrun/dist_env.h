@@ -22,7 +22,7 @@ struct DistEnv {
   int local_world_size = 1;
   int group_rank = 0;  // node rank
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
+  int master_port = 29500;  // common/defaults.h kMasterPort (checked by dist_env_test)
   int restart_count = 0;
   std::string run_id = "none";
   std::string source;  // "torchrun" (dlrun or torchrun), "openmpi", "slurm" or "single"

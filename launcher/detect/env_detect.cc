@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
 #include "common/defaults.h"
+#include "common/scheduler_env.h"
 #include "launcher/detect/hostlist.h"
 #include "launcher/detect/net.h"
 
@@ -56,7 +57,7 @@ void FillNodes(LaunchOptions* o, Detection* d, int n) {
 
 // MASTER_PORT, when set, fills --master-port (unless given); a bad value is an error.
 absl::Status FillMasterPort(Reader& r, LaunchOptions* o, Detection* d) {
-  auto port = r.Get("MASTER_PORT");
+  auto port = r.Get(contract::kMasterPort);
   if (!port) return absl::OkStatus();
   int p = 0;
   if (!absl::SimpleAtoi(*port, &p) || p < 1 || p > 65535) {
@@ -93,29 +94,29 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
   const bool placement_given = o->given.count("rdzv-endpoint") || o->given.count("master-addr") ||
                                o->given.count("node-rank");
 
-  if (env("SLURM_JOB_ID") && env("SLURM_PROCID")) {
+  if (env(sched::kSlurmJobId) && env(sched::kSlurmProcId)) {
     d.source = "slurm";
     d.reason = "inside a Slurm step (SLURM_JOB_ID and SLURM_PROCID are set); one dlrun per node";
-    r.Get("SLURM_JOB_ID");
-    auto nodes_var = env("SLURM_STEP_NUM_NODES") ? "SLURM_STEP_NUM_NODES" : "SLURM_JOB_NUM_NODES";
+    r.Get(sched::kSlurmJobId);
+    auto nodes_var = env(sched::kSlurmStepNumNodes) ? sched::kSlurmStepNumNodes : sched::kSlurmJobNumNodes;
     auto nodes = r.Int(nodes_var, 1);
     if (!nodes.ok()) return nodes.status();
-    auto nodeid = r.Int("SLURM_NODEID", 0);
+    auto nodeid = r.Int(sched::kSlurmNodeId, 0);
     if (!nodeid.ok()) return nodeid.status();
     d.slurm_node_id = *nodeid;
-    if (auto ntasks = env("SLURM_NTASKS"); ntasks && *ntasks != absl::StrCat(*nodes)) {
-      r.Get("SLURM_NTASKS");
+    if (auto ntasks = env(sched::kSlurmNtasks); ntasks && *ntasks != absl::StrCat(*nodes)) {
+      r.Get(sched::kSlurmNtasks);
       d.reason += "; note: SLURM_NTASKS differs from the node count, dlrun wants "
                   "--ntasks-per-node=1";
     }
-    Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *env("SLURM_JOB_ID"));
+    Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *env(sched::kSlurmJobId));
     if (*nodes == 1 && !placement_given) {
       o->standalone = true;
       d.applied.emplace_back("standalone", "true (a one-node step)");
       return d;
     }
-    const std::string list_var = env("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
-                                                            : "SLURM_JOB_NODELIST";
+    const std::string list_var = env(sched::kSlurmStepNodelist) ? sched::kSlurmStepNodelist
+                                                            : sched::kSlurmJobNodelist;
     auto list = r.Get(list_var);
     if (!list) {
       return absl::FailedPreconditionError(
@@ -132,16 +133,16 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     return d;
   }
 
-  if (env("OMPI_COMM_WORLD_SIZE")) {
+  if (env(sched::kOmpiWorldSize)) {
     d.source = "openmpi";
     d.reason = "started by Open MPI's mpirun (OMPI_COMM_WORLD_* are set); one dlrun per node";
-    auto size = r.Int("OMPI_COMM_WORLD_SIZE", 1);
+    auto size = r.Int(sched::kOmpiWorldSize, 1);
     if (!size.ok()) return size.status();
-    auto rank = r.Int("OMPI_COMM_WORLD_RANK", 0);
+    auto rank = r.Int(sched::kOmpiWorldRank, 0);
     if (!rank.ok()) return rank.status();
-    auto local_size = r.Int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    auto local_size = r.Int(sched::kOmpiLocalSize, 1);
     if (!local_size.ok()) return local_size.status();
-    auto addr = r.Get("MASTER_ADDR");
+    auto addr = r.Get(contract::kMasterAddr);
     if (!addr && *local_size != *size && !o->given.count("master-addr")) {
       return absl::FailedPreconditionError(
           "under mpirun across nodes dlrun needs the address of rank 0: export MASTER_ADDR "
@@ -158,12 +159,12 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     return d;
   }
 
-  if (env("PMIX_NAMESPACE") && env("PMIX_RANK")) {
+  if (env(sched::kPmixNamespace) && env(sched::kPmixRank)) {
     d.source = "pmix";
     d.reason = "started by a PMIx launcher (PMIX_NAMESPACE and PMIX_RANK are set, no Slurm or "
                "Open MPI variables): the job's layout comes from PMIx_Get; one dlrun per node";
-    r.Get("PMIX_NAMESPACE");
-    r.Get("PMIX_RANK");
+    r.Get(sched::kPmixNamespace);
+    r.Get(sched::kPmixRank);
     auto job = pmix();
     if (!job.ok()) return job.status();
     const auto show = [&](const char* key, const std::optional<uint32_t>& v) {
@@ -171,9 +172,9 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     };
     d.evidence.emplace_back("PMIx namespace", job->nspace);
     d.evidence.emplace_back("PMIx rank", absl::StrCat(job->rank));
-    show("PMIX_JOB_SIZE", job->job_size);
-    show("PMIX_NUM_NODES", job->num_nodes);
-    show("PMIX_LOCAL_SIZE", job->local_size);
+    show(sched::kPmixJobSize, job->job_size);
+    show(sched::kPmixNumNodes, job->num_nodes);
+    show(sched::kPmixLocalSize, job->local_size);
     d.evidence.emplace_back("PMIx PMIX_NODE_LIST", job->node_list.empty() ? "(none)" : job->node_list);
     d.evidence.emplace_back("PMIx PMIX_HOSTNAME (rank 0)",
                             job->rank0_host.empty() ? "(none)" : job->rank0_host);
@@ -214,19 +215,19 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     return d;
   }
 
-  const bool kubeflow = env("PET_NNODES") || env("PET_NODE_RANK") || env("PET_RDZV_ENDPOINT") ||
-                        (env("MASTER_ADDR") && env("RANK") && env("WORLD_SIZE") &&
-                         !env("LOCAL_RANK") && env("POD_INDEX"));
+  const bool kubeflow = env(sched::kPetNnodes) || env(sched::kPetNodeRank) || env(sched::kPetRdzvEndpoint) ||
+                        (env(contract::kMasterAddr) && env("RANK") && env("WORLD_SIZE") &&
+                         !env("LOCAL_RANK") && env(sched::kPodIndex));
   if (kubeflow) {
     d.source = "kubeflow";
     d.reason = "in a Kubeflow PyTorchJob / Run:ai pod (PET_* or MASTER_ADDR + RANK as the pod "
                "index are set); one dlrun per pod";
-    for (const char* v : {"PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_RDZV_ENDPOINT",
-                          "JOB_NAME", "JOB_UUID", "POD_INDEX"}) {
+    for (const char* v : {sched::kPetNnodes, sched::kPetNodeRank, sched::kPetNprocPerNode, sched::kPetRdzvEndpoint,
+                          "JOB_NAME", sched::kJobUuid, sched::kPodIndex}) {
       r.Get(v);
     }
     // The pod's index orders the agents at the rendezvous (master pod first), like SLURM_NODEID.
-    for (const char* v : {"POD_INDEX", "PET_NODE_RANK", "RANK"}) {
+    for (const char* v : {sched::kPodIndex, sched::kPetNodeRank, "RANK"}) {
       int idx = 0;
       if (auto val = env(v); val && absl::SimpleAtoi(*val, &idx) && idx >= 0) {
         d.slurm_node_id = idx;
@@ -234,12 +235,12 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
       }
     }
     const bool rdzv_asked = o->given.count("rdzv-backend") && o->rdzv_backend != "static";
-    if (env("PET_RDZV_ENDPOINT")) {
+    if (env(sched::kPetRdzvEndpoint)) {
       // --rdzv-endpoint itself comes from PET_RDZV_ENDPOINT through the flag table.
       Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("grpc"));
     } else if (rdzv_asked && !o->given.count("rdzv-endpoint")) {
       // `dlrun runai` pods: --rdzv-backend grpc and the master pod hosts the rendezvous.
-      auto addr = r.Get("MASTER_ADDR");
+      auto addr = r.Get(contract::kMasterAddr);
       if (!addr) {
         return absl::FailedPreconditionError(
             "in a pod with --rdzv-backend grpc but MASTER_ADDR is unset: pass --rdzv-endpoint "
@@ -250,7 +251,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
       Fill(o, &d, "rdzv-endpoint", &LaunchOptions::rdzv_endpoint, absl::StrCat(*addr, ":", *port));
     } else if (!rdzv_asked) {
       // The operator's RANK is the pod index (master 0, worker i -> i+1), not a process rank.
-      auto rank_var = env("PET_NODE_RANK") ? "PET_NODE_RANK" : "RANK";
+      auto rank_var = env(sched::kPetNodeRank) ? sched::kPetNodeRank : "RANK";
       auto rank = r.Int(rank_var, 0);
       if (!rank.ok()) return rank.status();
       Fill(o, &d, "node-rank", &LaunchOptions::node_rank, *rank);
@@ -261,16 +262,16 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
         FillNodes(o, &d, *ws);
       }
       Fill(o, &d, "rdzv-backend", &LaunchOptions::rdzv_backend, std::string("static"));
-      if (auto addr = r.Get("MASTER_ADDR")) {
+      if (auto addr = r.Get(contract::kMasterAddr)) {
         Fill(o, &d, "master-addr", &LaunchOptions::master_addr, *addr);
       }
       if (absl::Status s = FillMasterPort(r, o, &d); !s.ok()) return s;
     }
-    if (auto id = env("JOB_UUID")) Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *id);
+    if (auto id = env(sched::kJobUuid)) Fill(o, &d, "rdzv-id", &LaunchOptions::rdzv_id, *id);
     return d;
   }
 
-  if (env("MASTER_ADDR") && (env("NODE_RANK") || env("GROUP_RANK")) && env("NNODES")) {
+  if (env(contract::kMasterAddr) && (env("NODE_RANK") || env("GROUP_RANK")) && env("NNODES")) {
     d.source = "torchrun-env";
     d.reason = "MASTER_ADDR, NODE_RANK and NNODES are set (a torchrun-style static setup)";
     auto nn = r.Int("NNODES", 1);
@@ -279,7 +280,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     if (!nr.ok()) return nr.status();
     FillNodes(o, &d, *nn);
     Fill(o, &d, "node-rank", &LaunchOptions::node_rank, *nr);
-    Fill(o, &d, "master-addr", &LaunchOptions::master_addr, *r.Get("MASTER_ADDR"));
+    Fill(o, &d, "master-addr", &LaunchOptions::master_addr, *r.Get(contract::kMasterAddr));
     if (absl::Status s = FillMasterPort(r, o, &d); !s.ok()) return s;
     return d;
   }

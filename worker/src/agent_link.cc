@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
+#include "common/scheduler_env.h"
 #include "nlohmann/json.hpp"
 
 extern char** environ;
@@ -102,7 +103,7 @@ bool awaitPromotion() {
 }
 
 void recordError(const std::string& message) {
-  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  const char* path = std::getenv(contract::kErrorFile);
   if (path == nullptr || *path == '\0') return;
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -135,12 +136,12 @@ bool keepFreedMemory() {
 
 bool requeueOnSignalRequested() {
   const char* want = std::getenv(contract::kRequeueOnSignal);
-  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* job = std::getenv(sched::kSlurmJobId);
   return want != nullptr && std::string(want) == "1" && job != nullptr && *job != '\0';
 }
 
 std::string requeueSlurmJob() {
-  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* job = std::getenv(sched::kSlurmJobId);
   if (job == nullptr || *job == '\0') return "SLURM_JOB_ID is unset: not a Slurm job";
   std::string id = job;
   char arg0[] = "scontrol";

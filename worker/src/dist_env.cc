@@ -13,6 +13,7 @@
 #include "common/contract.h"
 #include "common/env.h"
 #include "common/local_address.h"
+#include "common/scheduler_env.h"
 
 namespace dlrun::worker {
 namespace {
@@ -60,18 +61,18 @@ absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
     size_var = contract::kWorldSize;
     local_var = contract::kLocalRank;
     local_size_var = contract::kLocalWorldSize;
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
+  } else if (env(sched::kOmpiWorldRank)) {
     d.source = "openmpi";
-    rank_var = "OMPI_COMM_WORLD_RANK";
-    size_var = "OMPI_COMM_WORLD_SIZE";
-    local_var = "OMPI_COMM_WORLD_LOCAL_RANK";
-    local_size_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
-  } else if (env("SLURM_PROCID")) {
+    rank_var = sched::kOmpiWorldRank;
+    size_var = sched::kOmpiWorldSize;
+    local_var = sched::kOmpiLocalRank;
+    local_size_var = sched::kOmpiLocalSize;
+  } else if (env(sched::kSlurmProcId)) {
     d.source = "slurm";
-    rank_var = "SLURM_PROCID";
-    size_var = "SLURM_NTASKS";
-    local_var = "SLURM_LOCALID";
-    local_size_var = "SLURM_NTASKS_PER_NODE";
+    rank_var = sched::kSlurmProcId;
+    size_var = sched::kSlurmNtasks;
+    local_var = sched::kSlurmLocalId;
+    local_size_var = sched::kSlurmNtasksPerNode;
   } else {
     d.source = "single";
     return d;
@@ -97,11 +98,11 @@ absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
         ReadInt(env, contract::kRestartCount, 0, kMax, false, &d.restart_count));
     if (auto id = env(contract::kRunId)) d.run_id = *id;
   } else if (d.source == "openmpi") {
-    DLRUN_RETURN_IF_ERROR(ReadInt(env, "OMPI_COMM_WORLD_NODE_RANK", 0, kMax, false, &d.group_rank));
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, sched::kOmpiNodeRank, 0, kMax, false, &d.group_rank));
   } else {
-    DLRUN_RETURN_IF_ERROR(ReadInt(env, "SLURM_NODEID", 0, kMax, false, &d.group_rank));
-    DLRUN_RETURN_IF_ERROR(ReadInt(env, "SLURM_RESTART_COUNT", 0, kMax, false, &d.restart_count));
-    if (auto id = env("SLURM_JOB_ID")) d.run_id = *id;
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, sched::kSlurmNodeId, 0, kMax, false, &d.group_rank));
+    DLRUN_RETURN_IF_ERROR(ReadInt(env, sched::kSlurmRestartCount, 0, kMax, false, &d.restart_count));
+    if (auto id = env(sched::kSlurmJobId)) d.run_id = *id;
   }
 
   // The store address: always MASTER_ADDR / MASTER_PORT when set (dlrun and torchrun set them).
@@ -117,7 +118,7 @@ absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
   } else if (d.world_size > 1 && d.source == "slurm") {
     // srun alone: rank 0 runs where srun was launched from only for single-node steps; ask
     // for MASTER_ADDR explicitly when the step spans nodes.
-    auto nodes = env("SLURM_STEP_NUM_NODES");
+    auto nodes = env(sched::kSlurmStepNumNodes);
     if (nodes.has_value() && *nodes != "1") {
       return absl::FailedPreconditionError(
           "environment variable MASTER_ADDR is not set: a multi-node srun step needs the "

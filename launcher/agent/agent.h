@@ -22,7 +22,7 @@
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/root_cause.h"
-#include "launcher/agent/sampler.h"
+#include "launcher/agent/resource_sampler.h"
 
 namespace dlrun::launcher {
 
@@ -67,7 +67,7 @@ struct AgentOptions {
   // --report-json: this node's end-of-job report (docs/TELEMETRY.md) as JSON; empty: none.
   std::string report_json;
   std::string hostname;
-  // Telemetry (docs/TELEMETRY.md): sample the workers (sampler.h) and publish this node's
+  // Telemetry (docs/TELEMETRY.md): sample the workers (resource_sampler.h) and publish this node's
   // figures to the membership source every telemetry_period.
   bool telemetry = true;
   Millis telemetry_period{1000};
@@ -167,7 +167,7 @@ class Agent {
   std::map<int, RankSteps> rank_steps_;
   int64_t bad_records_ = 0;
   int restarts_seen_ = 0;
-  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<ResourceSampler> sampler_;
   SteadyTime next_publish_{};
   double lost_s_ = 0;                  // fault seen -> workers running, summed over restarts
   std::map<int, double> cpu_base_;     // per rank: CPU seconds of its earlier processes

@@ -27,7 +27,7 @@ void Agent::MaybePublish(bool now_anyway, bool all_steps) {
   if (!now_anyway && now < next_publish_) return;
   next_publish_ = now + options_.telemetry_period;
   if (!sampler_ && !now_anyway && options_.sample_processes) {
-    sampler_ = std::make_unique<Sampler>(options_.telemetry_period);
+    sampler_ = std::make_unique<ResourceSampler>(options_.telemetry_period);
     std::vector<pid_t> pids;
     for (const Worker& w : workers_) {
       if (w.alive) pids.push_back(w.pid);

@@ -1,6 +1,5 @@
-#include "launcher/agent/sampler.h"
+#include "launcher/agent/resource_sampler.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,7 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "common/contract.h"
+#include "launcher/detect/nvml.h"
 
 namespace dlrun::launcher {
 
@@ -85,64 +84,10 @@ int64_t MemoryLimitBytes() {
                           [](const std::string& p) { return ReadSmall(p); });
 }
 
-namespace {
-
-// The NVML entry points used (declared here: no NVML header needed to build).
-struct NvmlMemory {
-  unsigned long long total, free, used;
-};
-struct NvmlUtilization {
-  unsigned int gpu, memory;
-};
-struct NvmlProcessInfo {  // nvmlProcessInfo_t (v2/v3 layout)
-  unsigned int pid;
-  unsigned long long used_gpu_memory;
-  unsigned int gpu_instance_id, compute_instance_id;
-};
-
-}  // namespace
-
-// NVML, loaded and initialised once (nvmlInit is slow on real drivers), shut down at the end.
-struct Sampler::Nvml {
-  void* lib = nullptr;
-  int (*count)(unsigned*) = nullptr;
-  int (*handle)(unsigned, void**) = nullptr;
-  int (*mem)(void*, NvmlMemory*) = nullptr;
-  int (*util)(void*, NvmlUtilization*) = nullptr;
-  int (*procs)(void*, unsigned*, NvmlProcessInfo*) = nullptr;
-  int (*shutdown)() = nullptr;
-
-  static std::unique_ptr<Nvml> Load() {
-    const char* path = std::getenv(contract::kNvmlLibrary);
-    void* lib = dlopen(path != nullptr && *path != '\0' ? path : "libnvidia-ml.so.1",
-                       RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) return nullptr;
-    auto n = std::make_unique<Nvml>();
-    n->lib = lib;
-    auto init = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlInit_v2"));
-    n->count = reinterpret_cast<int (*)(unsigned*)>(dlsym(lib, "nvmlDeviceGetCount_v2"));
-    n->handle = reinterpret_cast<int (*)(unsigned, void**)>(dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"));
-    n->mem = reinterpret_cast<int (*)(void*, NvmlMemory*)>(dlsym(lib, "nvmlDeviceGetMemoryInfo"));
-    n->util = reinterpret_cast<int (*)(void*, NvmlUtilization*)>(dlsym(lib, "nvmlDeviceGetUtilizationRates"));
-    n->procs = reinterpret_cast<int (*)(void*, unsigned*, NvmlProcessInfo*)>(
-        dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
-    n->shutdown = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlShutdown"));
-    if (!init || !n->count || !n->handle || !n->mem || !n->util || !n->shutdown || init() != 0) {
-      dlclose(lib);
-      return nullptr;
-    }
-    return n;
-  }
-  ~Nvml() {
-    shutdown();
-    dlclose(lib);
-  }
-};
-
-Sampler::Sampler(std::chrono::milliseconds period)
+ResourceSampler::ResourceSampler(std::chrono::milliseconds period)
     : period_(period), thread_([this] { Loop(); }) {}
 
-Sampler::~Sampler() {
+ResourceSampler::~ResourceSampler() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -151,7 +96,7 @@ Sampler::~Sampler() {
   thread_.join();
 }
 
-void Sampler::Watch(std::vector<pid_t> pids) {
+void ResourceSampler::Watch(std::vector<pid_t> pids) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pids_ = std::move(pids);
@@ -159,17 +104,17 @@ void Sampler::Watch(std::vector<pid_t> pids) {
   cv_.notify_all();  // sample the new workers at once
 }
 
-std::map<pid_t, ProcSample> Sampler::Latest() const {
+std::map<pid_t, ProcSample> ResourceSampler::Latest() const {
   std::lock_guard<std::mutex> lock(mu_);
   return latest_;
 }
 
-std::vector<rdzv::GpuTelemetry> Sampler::Gpus() const {
+std::vector<rdzv::GpuTelemetry> ResourceSampler::Gpus() const {
   std::lock_guard<std::mutex> lock(mu_);
   return gpus_;
 }
 
-void Sampler::Loop() {
+void ResourceSampler::Loop() {
   nvml_ = Nvml::Load();  // here, not in the constructor: dlopen and nvmlInit cost the launch
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
@@ -181,7 +126,7 @@ void Sampler::Loop() {
   }
 }
 
-void Sampler::SampleOnce() {
+void ResourceSampler::SampleOnce() {
   std::vector<pid_t> pids;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,34 +161,22 @@ void Sampler::SampleOnce() {
     it = out.count(it->first) ? std::next(it) : last_cpu_.erase(it);
   }
   std::vector<rdzv::GpuTelemetry> gpus;
-  if (nvml_) {
-    unsigned n = 0;
-    if (nvml_->count(&n) == 0) {
-      for (unsigned i = 0; i < n && i < rdzv::kMaxTelemetryGpus; ++i) {
-        void* d = nullptr;
-        if (nvml_->handle(i, &d) != 0) continue;
-        rdzv::GpuTelemetry g;
-        g.index = static_cast<int>(i);
-        NvmlMemory m{};
-        if (nvml_->mem(d, &m) == 0) {
-          g.memory_used_bytes = static_cast<int64_t>(m.used);
-          g.memory_total_bytes = static_cast<int64_t>(m.total);
-        }
-        NvmlUtilization u{};
-        if (nvml_->util(d, &u) == 0) g.utilization = std::min(100u, u.gpu) / 100.0;
-        gpus.push_back(g);
-        if (nvml_->procs == nullptr) continue;
-        NvmlProcessInfo infos[64];
-        unsigned count = 64;
-        if (nvml_->procs(d, &count, infos) != 0) continue;
-        for (unsigned k = 0; k < count && k < 64; ++k) {
-          auto p = out.find(static_cast<pid_t>(infos[k].pid));
-          if (p == out.end()) continue;
-          p->second.gpu_memory_bytes =
-              std::max<int64_t>(0, p->second.gpu_memory_bytes) +
-              static_cast<int64_t>(infos[k].used_gpu_memory);
-        }
-      }
+  const auto queried = nvml_ ? nvml_->Query(rdzv::kMaxTelemetryGpus, /*with_processes=*/true)
+                             : std::nullopt;
+  for (const NvmlGpu& n : queried.value_or(std::vector<NvmlGpu>{})) {
+    rdzv::GpuTelemetry g;
+    g.index = n.index;
+    if (n.memory_used && n.memory_total) {
+      g.memory_used_bytes = static_cast<int64_t>(*n.memory_used);
+      g.memory_total_bytes = static_cast<int64_t>(*n.memory_total);
+    }
+    if (n.utilization) g.utilization = std::min(100u, *n.utilization) / 100.0;
+    gpus.push_back(g);
+    for (const auto& [pid, bytes] : n.processes) {
+      auto p = out.find(pid);
+      if (p == out.end()) continue;
+      p->second.gpu_memory_bytes =
+          std::max<int64_t>(0, p->second.gpu_memory_bytes) + static_cast<int64_t>(bytes);
     }
   }
   std::lock_guard<std::mutex> lock(mu_);

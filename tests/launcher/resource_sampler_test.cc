@@ -1,6 +1,6 @@
-// The agent's sampler (launcher/agent/sampler.h): /proc parsing, a busy child measured as busy
+// The agent's resource sampler (launcher/agent/resource_sampler.h): /proc parsing, a busy child measured as busy
 // and an idle one as idle, and NVML through the fake library (tests/compat/fake_nvml.c).
-#include "launcher/agent/sampler.h"
+#include "launcher/agent/resource_sampler.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,7 +16,7 @@
 namespace dlrun::launcher {
 namespace {
 
-TEST(Sampler, ParsesStatWithSpacesAndParenthesesInTheName) {
+TEST(ResourceSampler, ParsesStatWithSpacesAndParenthesesInTheName) {
   const std::string stat =
       "4242 (my (odd) name) R 1 4242 4242 0 -1 4194304 100 0 0 0 250 50 0 0 20 0 3 0 1000 "
       "1000000 500 18446744073709551615";
@@ -28,7 +28,7 @@ TEST(Sampler, ParsesStatWithSpacesAndParenthesesInTheName) {
   EXPECT_FALSE(ParseProcStatCpu("", 100).has_value());
 }
 
-TEST(Sampler, ParsesStatusMemory) {
+TEST(ResourceSampler, ParsesStatusMemory) {
   int64_t rss = -1, peak = -1;
   ParseProcStatus("Name:\tpython3\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nThreads:\t4\n", &rss,
                   &peak);
@@ -52,9 +52,9 @@ pid_t Child(bool busy) {
   return pid;
 }
 
-TEST(Sampler, ABusyWorkerIsBusyAndAnIdleOneIsIdle) {
+TEST(ResourceSampler, ABusyWorkerIsBusyAndAnIdleOneIsIdle) {
   const pid_t busy = Child(true), idle = Child(false);
-  Sampler s(std::chrono::milliseconds(200));
+  ResourceSampler s(std::chrono::milliseconds(200));
   s.Watch({busy, idle});
   std::map<pid_t, ProcSample> latest;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -81,7 +81,7 @@ TEST(Sampler, ABusyWorkerIsBusyAndAnIdleOneIsIdle) {
   EXPECT_EQ(latest[busy].gpu_memory_bytes, -1) << "no NVML here";
 }
 
-TEST(Sampler, GpusAndPerProcessMemoryThroughNvml) {
+TEST(ResourceSampler, GpusAndPerProcessMemoryThroughNvml) {
   // The fake NVML answers from FAKE_NVML_GPUS and, per process, from FAKE_NVML_PROCS_FILE.
   const std::string procs = ::testing::TempDir() + "/nvml_procs";
   const pid_t child = Child(false);
@@ -96,7 +96,7 @@ TEST(Sampler, GpusAndPerProcessMemoryThroughNvml) {
   std::vector<rdzv::GpuTelemetry> gpus;
   std::map<pid_t, ProcSample> latest;
   {
-    Sampler s(std::chrono::milliseconds(100));
+    ResourceSampler s(std::chrono::milliseconds(100));
     s.Watch({child});
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -124,7 +124,7 @@ TEST(Sampler, GpusAndPerProcessMemoryThroughNvml) {
 namespace dlrun::launcher {
 namespace {
 
-TEST(Sampler, TheMemoryLimitIsTheTightestCgroupLimitElseTheMachinesMemory) {
+TEST(ResourceSampler, TheMemoryLimitIsTheTightestCgroupLimitElseTheMachinesMemory) {
   const std::string meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\n";
   std::map<std::string, std::string> files = {
       {"/sys/fs/cgroup/slurm/uid_0/job_7/memory.max", "8589934592\n"},

@@ -1,6 +1,6 @@
-// The agent's sampler (docs/TELEMETRY.md): on a thread of its own, off the
+// The agent's resource sampler (docs/TELEMETRY.md): on a thread of its own, off the
 // supervision loop, every period it reads each worker's CPU time and resident memory from /proc
-// and, when NVML can be loaded (contract::kNvmlLibrary, else libnvidia-ml.so.1), each GPU's
+// and, when NVML can be loaded (launcher/detect/nvml.h), each GPU's
 // utilisation and memory and each worker's GPU memory. The loop reads the latest figures.
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "launcher/detect/nvml.h"
 #include "rendezvous/telemetry.h"
 
 namespace dlrun::launcher {
@@ -40,12 +41,12 @@ int64_t MemoryLimitBytes(const std::string& proc_cgroup, const std::string& memi
                          const std::function<std::string(const std::string&)>& read);
 int64_t MemoryLimitBytes();  // from this machine
 
-class Sampler {
+class ResourceSampler {
  public:
-  explicit Sampler(std::chrono::milliseconds period);
-  ~Sampler();
-  Sampler(const Sampler&) = delete;
-  Sampler& operator=(const Sampler&) = delete;
+  explicit ResourceSampler(std::chrono::milliseconds period);
+  ~ResourceSampler();
+  ResourceSampler(const ResourceSampler&) = delete;
+  ResourceSampler& operator=(const ResourceSampler&) = delete;
 
   // The processes to sample from now on (the current workers).
   void Watch(std::vector<pid_t> pids);
@@ -53,7 +54,6 @@ class Sampler {
   std::vector<rdzv::GpuTelemetry> Gpus() const;
 
  private:
-  struct Nvml;
   void Loop();
   void SampleOnce();
 

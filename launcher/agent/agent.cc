@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
 #include "spdlog/spdlog.h"
@@ -40,20 +39,22 @@ bool Agent::IsPassthrough(int sig) const {
 }
 
 void Agent::PassOn(int sig) {
-  std::vector<std::string> unhandled;
   for (const Worker& w : workers_) {
-    if (!w.alive) continue;
-    if (processes_.Disposition(w.pid, sig) == Processes::SignalAction::kDefault) {
-      unhandled.push_back(absl::StrCat(current_.rank_offset + w.local_rank));
-    }
-    processes_.SignalGroup(w.pid, sig);
+    if (w.alive) processes_.SignalGroup(w.pid, sig);
   }
-  if (unhandled.empty()) return;
-  spdlog::warn(
-      "rank(s) {} have no handler for SIG{} and will exit on it (a worker failure); to "
-      "checkpoint first (preemption), a Python program uses dlrun_report.Preemption() and a C++ "
-      "one catches the signal (docs/USAGE.md, Preemption)",
-      absl::StrJoin(unhandled, ","), sigabbrev_np(sig));
+}
+
+void Agent::NoteDeathByPassedOnSignal(const WorkerExit& x) {
+  if (x.signal == 0 || !IsPassthrough(x.signal)) return;
+  // Seen, not predicted: a worker's handlers read from /proc just before the signal can be
+  // gone a moment later without harm (an interpreter that is exiting resets them).
+  spdlog::warn("rank {} died of SIG{}, passed on by dlrun: it has no handler for it",
+               x.global_rank, sigabbrev_np(x.signal));
+  if (passthrough_hint_given_) return;
+  passthrough_hint_given_ = true;
+  spdlog::warn("to checkpoint on a preemption warning instead, a Python program uses "
+               "dlrun_report.Preemption() and a C++ one catches the signal (docs/USAGE.md, "
+               "Preemption)");
 }
 
 std::string Agent::ConsolePrefix(int rank, int local_rank) const {
@@ -168,6 +169,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
           x.signal = e.signal;
           x.when_s = clock_.WallSeconds();
           x.stopped = stopping_;
+          NoteDeathByPassedOnSignal(x);
           exits_.push_back(x);
         }
         break;

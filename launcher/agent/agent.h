@@ -147,9 +147,10 @@ class Agent {
   std::string ErrorFile(int local_rank) const;
   absl::StatusOr<Assignment> NextAssignment(int* signal);
   bool IsPassthrough(int sig) const;
-  // Passes `sig` (SIGUSR1, SIGUSR2: the job goes on) to every live worker, and warns when the
-  // kernel says a worker has no handler for it, so that it will exit instead.
+  // Passes `sig` (SIGUSR1, SIGUSR2: the job goes on) to every live worker.
   void PassOn(int sig);
+  // A worker killed by such a signal had no handler for it: say so, and (once) what to do.
+  void NoteDeathByPassedOnSignal(const WorkerExit& x);
 
   AgentOptions options_;
   std::unique_ptr<MembershipSource> source_;
@@ -163,6 +164,7 @@ class Agent {
   std::vector<Worker> workers_;
   bool stopping_ = false;
   bool woken_ = false;
+  bool passthrough_hint_given_ = false;  // NoteDeathByPassedOnSignal's advice, once per run
   std::vector<WorkerExit> exits_;
   std::map<int, RankSteps> rank_steps_;
   int64_t bad_records_ = 0;

@@ -122,7 +122,7 @@ TEST(DlrunStandalone, SigintStopsWorkersThatInheritedItAsIgnored) {
 
 // Preemption for Python programs: SIGUSR1 (Slurm's warning, passed on by dlrun) sets
 // dlrun_report.Preemption's flag and the loop checkpoints and ends; a program without a
-// handler dies of it, and dlrun says which ranks had none.
+// handler dies of it, and dlrun names each such rank and says what to do.
 TEST(DlrunStandalone, Sigusr1ReachesThePreemptionHookAndAProgramWithoutOneIsNamed) {
   const std::string dir = MakeTempDir();
   const std::string prog = dir + "/preempt.py";
@@ -147,15 +147,24 @@ TEST(DlrunStandalone, Sigusr1ReachesThePreemptionHookAndAProgramWithoutOneIsName
     if (mode == "hook") {
       EXPECT_EQ(rc, 0) << s.output;
       EXPECT_EQ(s.output.find("no handler"), std::string::npos) << s.output;
+      EXPECT_EQ(s.output.find("dlrun_report.Preemption()"), std::string::npos) << s.output;
       // Not a Slurm job (no SLURM_JOB_ID): nothing to requeue.
       EXPECT_NE(s.output.find("[rank 0]: checkpoint at"), std::string::npos) << s.output;
       EXPECT_NE(s.output.find("[rank 1]: checkpoint at"), std::string::npos) << s.output;
       EXPECT_EQ(s.output.find("requeued: True"), std::string::npos) << s.output;
     } else {
       EXPECT_EQ(rc, 1) << s.output;
-      EXPECT_NE(s.output.find("rank(s) 0,1 have no handler for SIGUSR1 and will exit on it"),
+      for (const std::string rank : {"0", "1"}) {
+        EXPECT_NE(s.output.find("rank " + rank +
+                                " died of SIGUSR1, passed on by dlrun: it has no handler for it"),
+                  std::string::npos)
+            << s.output;
+      }
+      const size_t hint = s.output.find("a Python program uses dlrun_report.Preemption()");
+      ASSERT_NE(hint, std::string::npos) << s.output;
+      EXPECT_EQ(s.output.find("a Python program uses dlrun_report.Preemption()", hint + 1),
                 std::string::npos)
-          << s.output;
+          << "the advice comes once: " << s.output;
     }
   }
 }

@@ -278,4 +278,15 @@ absl::StatusOr<double> ParseDouble(const std::string& flag, const std::string& v
   return d;
 }
 
+absl::Status PlainWord(const std::string& flag, const std::string& v) {
+  if (v.empty()) return BadValue(flag, v, "a non-empty value");
+  for (unsigned char c : v) {
+    if (c <= ' ' || c >= 0x7f || c == '"' || c == '\'' || c == '\\' || c == '#' || c == '`' ||
+        c == '$') {
+      return BadValue(flag, v, "a single word without spaces, quotes, '#', '$' or '\\'");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dlrun::cli

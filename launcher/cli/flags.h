@@ -208,4 +208,17 @@ Setter<Opts> NodeRangeField(const std::string& flag, NodeRange Opts::*field) {
   };
 }
 
+// A value that goes into an #SBATCH line or a YAML scalar (dlrun slurm, dlrun runai):
+// printable, no spaces, quotes, '#', '$' or backslash.
+absl::Status PlainWord(const std::string& flag, const std::string& v);
+
+template <typename Opts>
+Setter<Opts> WordField(const std::string& flag, std::string Opts::*field) {
+  return [=](Opts& o, const std::string& v) {
+    if (absl::Status s = PlainWord(flag, v); !s.ok()) return s;
+    o.*field = v;
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace dlrun::cli

@@ -2,51 +2,16 @@
 // cluster. Rendering is pure (no environment, no files) so tests check it field by field.
 #pragma once
 
-#include <chrono>
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
-#include "common/defaults.h"
+#include "launcher/cli/job_cli.h"
 #include "launcher/jobgen/shell.h"  // ShellQuote
 
 namespace dlrun::launcher {
 
-struct SlurmJobOptions {
-  int nodes = 1;
-  // --min-nodes: the job goes on with at least this many nodes after losing some (elastic
-  // `--nnodes MIN:N`, no kill on a node failure or a failed agent); 0: every node is needed.
-  int min_nodes = 0;
-  int gpus_per_node = 0;
-  int nproc_per_node = 0;  // 0: one per GPU, or 1 without GPUs
-  int cpus_per_task = 0;   // 0: 8 per GPU (the low end of 8-24 per GPU), or 1 per worker
-  std::string time = "01:00:00";
-  std::string job_name = "dlrun";
-  std::string partition, account, constraint, qos, mem;
-  std::string output = "dlrun-%j.out";
-  std::vector<std::string> sbatch_options;  // extra "--opt=value" lines, verbatim
-  bool preemptible = false;
-  int signal_seconds = 90;  // --preemptible: SIGUSR1 this long before the end
-  int rdzv_port = 0;  // 0: 20000 + SLURM_JOB_ID % 10000, computed in the script
-  bool tls = false;     // the script makes a CA and certificate for the job (mutual TLS)
-  std::string tls_dir;  // where (every node must see it); empty: $HOME/.dlrun/tls
-  int max_restarts = defaults::kJobMaxRestarts;
-  std::chrono::milliseconds hang_timeout{0};
-  int metrics_port = 0;  // > 0: the job's telemetry page and /metrics on the first node
-  std::string log_dir;
-  std::string dlrun_path = "dlrun";
-  std::string script_path;  // -o FILE; empty: stdout (or dlrun-<job-name>.sbatch with --submit)
-  bool submit = false;
-  std::vector<std::string> command;  // PROGRAM ARGS
-  std::string generated_by;          // the command line, for the script's header
-};
-
-// Parses `dlrun slurm [options] -- PROGRAM ARGS` (args after "slurm"). Errors name the flag,
-// the bad value and what was expected.
-absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args);
 // Renders the sbatch script from `tmpl` (job_templates/dlrun.sbatch).
 std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl);
-std::string SlurmUsage();
 
 // --preemptible and a Python program: the script that `command` runs (`python3 [opts] x.py`,
 // or `x.py`), or "" when that cannot be told (`-m`, `-c`, not Python).
@@ -55,32 +20,11 @@ std::string PythonScriptOf(const std::vector<std::string>& command);
 // SIGUSR1 handler. Without either, SIGUSR1 ends the workers instead of a checkpoint.
 bool UsesPreemptionHook(const std::string& source);
 
-struct RunaiJobOptions {
-  std::string name;
-  std::string project;
-  std::string image;
-  int workers = 1;  // worker pods besides the master pod: nodes = workers + 1
-  int gpus = 0;     // per pod
-  int nproc_per_node = 0;  // 0: one per GPU, or 1 without GPUs
-  std::string cpu;         // per pod, as Kubernetes quantities ("8", "500m"); empty: unset
-  std::string memory;
-  int rdzv_port = defaults::kRdzvPort;
-  int max_restarts = defaults::kJobMaxRestarts;
-  bool large_shm = false;
-  bool legacy_cli = false;
-  std::vector<std::string> env;  // K=V
-  std::string dlrun_path = "dlrun";
-  std::string manifest_path;  // -o FILE
-  std::vector<std::string> command;
-};
-
-absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args);
 // The command each pod runs (argv), the same in the CLI form and the manifest.
 std::vector<std::string> RunaiPodCommand(const RunaiJobOptions& o);
 // `runai training pytorch submit ...` (or `runai submit-dist pytorch ...` with legacy_cli).
 std::string RenderRunaiCommand(const RunaiJobOptions& o);
 // A Kubeflow PyTorchJob manifest (what Run:ai's PyTorch workloads are) for `kubectl apply`.
 std::string RenderRunaiManifest(const RunaiJobOptions& o);
-std::string RunaiUsage();
 
 }  // namespace dlrun::launcher

@@ -10,64 +10,6 @@ namespace dlrun::launcher {
 
 namespace {
 
-std::vector<cli::Flag<RunaiJobOptions>> RunaiFlags() {
-  using O = RunaiJobOptions;
-  auto env = [](O& o, const std::string& v) {
-    const auto eq = v.find('=');
-    bool ok = eq != std::string::npos && eq > 0;
-    for (size_t i = 0; ok && i < eq; ++i) {
-      ok = absl::ascii_isalnum(v[i]) || v[i] == '_';
-    }
-    if (!ok || v.find('\n') != std::string::npos) return cli::BadValue("env", v, "KEY=VALUE");
-    o.env.push_back(v);
-    return absl::OkStatus();
-  };
-  auto quantity = [](const std::string& flag, std::string O::*field) {
-    return [=](O& o, const std::string& v) {
-      bool ok = !v.empty() && absl::ascii_isdigit(v.front());
-      for (char c : v) ok = ok && (absl::ascii_isalnum(c) || c == '.');
-      if (!ok) return cli::BadValue(flag, v, "a Kubernetes quantity such as 8, 500m or 64Gi");
-      o.*field = v;
-      return absl::OkStatus();
-    };
-  };
-  auto dns = [](const std::string& flag, std::string O::*field) {
-    return [=](O& o, const std::string& v) {
-      // Kubernetes object names: lowercase letters, digits and '-', at most 63, alnum at ends.
-      bool ok = !v.empty() && v.size() <= 63 && absl::ascii_isalnum(v.front()) &&
-                absl::ascii_isalnum(v.back());
-      for (char c : v) ok = ok && ((c >= 'a' && c <= 'z') || absl::ascii_isdigit(c) || c == '-');
-      if (!ok) {
-        return cli::BadValue(flag, v, "a lowercase name of letters, digits and '-' (at most 63)");
-      }
-      o.*field = v;
-      return absl::OkStatus();
-    };
-  };
-  return {
-      {"name", "", true, dns("name", &O::name), "workload name (required)"},
-      {"project", "p", true, dns("project", &O::project), "Run:ai project (-p)"},
-      {"image", "i", true, WordField<O>("image", &O::image), "container image with dlrun (required)"},
-      {"workers", "", true, cli::IntField<O>("workers", &O::workers, 0, 100000),
-       "worker pods besides the master pod (default 1: 2 nodes)"},
-      {"gpus", "g", true, cli::IntField<O>("gpus", &O::gpus, 0, 64), "GPUs per pod (-g; default 0)"},
-      {"nproc-per-node", "", true, cli::IntField<O>("nproc-per-node", &O::nproc_per_node, 1, 1024),
-       "workers per pod (default: one per GPU, 1 without GPUs)"},
-      {"cpu", "", true, quantity("cpu", &O::cpu), "CPU request per pod"},
-      {"memory", "", true, quantity("memory", &O::memory), "memory request per pod"},
-      {"rdzv-port", "", true, cli::IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
-       absl::StrCat("rendezvous port on the master pod (default ", defaults::kRdzvPort, ")")},
-      {"max-restarts", "", true, cli::IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
-       absl::StrCat("worker-group restarts before the job fails (default ",
-                    defaults::kJobMaxRestarts, ")")},
-      {"large-shm", "", false, cli::BoolField<O>(&O::large_shm), "a large /dev/shm (data loaders)"},
-      {"legacy-cli", "", false, cli::BoolField<O>(&O::legacy_cli), "print `runai submit-dist pytorch`"},
-      {"env", "e", true, env, "KEY=VALUE for every pod (-e; repeatable)"},
-      {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path), "path of dlrun in the image"},
-      {"o", "", true, cli::StrField<O>(&O::manifest_path), "also write a PyTorchJob manifest here"},
-  };
-}
-
 std::string YamlQuote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -79,16 +21,6 @@ std::string YamlQuote(const std::string& s) {
 
 }  // namespace
 
-absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args) {
-  RunaiJobOptions o;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun runai"}, RunaiFlags(), args, o);
-  if (!parsed.ok()) return parsed.status();
-  o.command = std::move(parsed->program);
-  if (o.name.empty()) return absl::InvalidArgumentError("dlrun runai: --name NAME is required");
-  if (o.image.empty()) return absl::InvalidArgumentError("dlrun runai: --image IMAGE is required");
-  if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus);
-  return o;
-}
 
 std::vector<std::string> RunaiPodCommand(const RunaiJobOptions& o) {
   // Every pod runs the same agent. The master pod (MASTER_ADDR, set by the operator) hosts the
@@ -176,13 +108,5 @@ std::string RenderRunaiManifest(const RunaiJobOptions& o) {
   return s;
 }
 
-std::string RunaiUsage() {
-  return cli::Usage(
-      "usage: dlrun runai [options] -- PROGRAM [ARGS...]\n"
-      "Prints the Run:ai command that runs PROGRAM under dlrun in a master pod plus --workers\n"
-      "worker pods (one dlrun agent per pod); -o FILE also writes the equivalent manifest.\n\n"
-      "options:\n",
-      RunaiFlags());
-}
 
 }  // namespace dlrun::launcher

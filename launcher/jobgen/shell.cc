@@ -33,15 +33,4 @@ std::string RandomHex(int bytes) {
   return s;
 }
 
-absl::Status PlainWord(const std::string& flag, const std::string& v) {
-  if (v.empty()) return cli::BadValue(flag, v, "a non-empty value");
-  for (unsigned char c : v) {
-    if (c <= ' ' || c >= 0x7f || c == '"' || c == '\'' || c == '\\' || c == '#' || c == '`' ||
-        c == '$') {
-      return cli::BadValue(flag, v, "a single word without spaces, quotes, '#', '$' or '\\'");
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace dlrun::launcher

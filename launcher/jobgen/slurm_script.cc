@@ -16,105 +16,6 @@
 #include "absl/strings/str_replace.h"
 
 namespace dlrun::launcher {
-namespace {
-
-std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
-  using O = SlurmJobOptions;
-  auto time = [](O& o, const std::string& v) {
-    // sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-    bool ok = !v.empty() && v.size() < 16;
-    for (char c : v) ok = ok && (absl::ascii_isdigit(c) || c == ':' || c == '-');
-    if (!ok || !absl::ascii_isdigit(v.front()) || !absl::ascii_isdigit(v.back())) {
-      return cli::BadValue("time", v, "a Slurm time limit such as 30, 04:00:00 or 1-12:00:00");
-    }
-    o.time = v;
-    return absl::OkStatus();
-  };
-  auto extra = [](O& o, const std::string& v) {
-    if (!absl::StartsWith(v, "--") || v.find('\n') != std::string::npos) {
-      return cli::BadValue("sbatch-option", v, "one sbatch option such as --mail-type=END");
-    }
-    o.sbatch_options.push_back(v);
-    return absl::OkStatus();
-  };
-  auto tls_dir = [](O& o, const std::string& v) {
-    if (v.empty() || v.find_first_of("\n\r") != std::string::npos) {
-      return cli::BadValue("tls-dir", v, "a directory path that every node of the job can read");
-    }
-    o.tls_dir = v;
-    o.tls = true;
-    return absl::OkStatus();
-  };
-  return {
-      {"nodes", "N", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (as sbatch -N; default 1)"},
-      {"min-nodes", "", true, cli::IntField<O>("min-nodes", &O::min_nodes, 1, 100000),
-       "elastic: carry on with at least this many nodes when others are lost, the first "
-       "(rendezvous) node included (default: all --nodes)"},
-      {"gpus-per-node", "", true, cli::IntField<O>("gpus-per-node", &O::gpus_per_node, 0, 64),
-       "GPUs per node (default 0: CPU workers)"},
-      {"nproc-per-node", "", true, cli::IntField<O>("nproc-per-node", &O::nproc_per_node, 1, 1024),
-       "workers per node (default: one per GPU, 1 without GPUs)"},
-      {"cpus-per-task", "", true, cli::IntField<O>("cpus-per-task", &O::cpus_per_task, 1, 100000),
-       "CPUs for each node's agent and its workers (default 8 per GPU; 1 per worker on CPU)"},
-      {"time", "t", true, time, "time limit (default 01:00:00)"},
-      {"job-name", "J", true, WordField<O>("job-name", &O::job_name), "job name (default dlrun)"},
-      {"partition", "p", true, WordField<O>("partition", &O::partition), "partition (sbatch -p)"},
-      {"account", "A", true, WordField<O>("account", &O::account), "account (sbatch -A)"},
-      {"constraint", "C", true, WordField<O>("constraint", &O::constraint), "node features (sbatch -C)"},
-      {"qos", "", true, WordField<O>("qos", &O::qos), "quality of service"},
-      {"mem", "", true, WordField<O>("mem", &O::mem), "memory per node, e.g. 64G"},
-      {"output", "", true, WordField<O>("output", &O::output), "output file pattern (default dlrun-%j.out)"},
-      {"sbatch-option", "", true, extra, "one more #SBATCH line, e.g. --mail-type=END (repeatable)"},
-      {"preemptible", "", false, cli::BoolField<O>(&O::preemptible),
-       "SIGUSR1 before the end -> checkpoint, requeue, resume (--signal, --requeue)"},
-      {"signal-seconds", "", true, cli::IntField<O>("signal-seconds", &O::signal_seconds, 1, 65535),
-       "with --preemptible: seconds of warning before the end (default 90)"},
-      {"rdzv-port", "", true, cli::IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
-       "rendezvous port on the first node (default: 20000 + job id % 10000)"},
-      {"tls", "", false, cli::BoolField<O>(&O::tls),
-       "mutual TLS for the rendezvous: the script makes a CA and a certificate for this job "
-       "(openssl) and removes them when it ends"},
-      {"tls-dir", "", true, tls_dir,
-       "with --tls: a directory every node can read (default $HOME/.dlrun/tls)"},
-      {"max-restarts", "", true, cli::IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
-       absl::StrCat("worker-group restarts before the job fails (default ",
-                    defaults::kJobMaxRestarts, ")")},
-      {"hang-timeout", "", true, cli::DurationField<O>("hang-timeout", &O::hang_timeout, true), "restart workers silent for this many seconds (default off)"},
-      {"log-dir", "", true, WordField<O>("log-dir", &O::log_dir), "per-rank log directory"},
-      {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
-       "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
-       "node; the job's output says where to point a browser"},
-      {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path), "path of dlrun on the nodes"},
-      {"output-script", "o", true, cli::StrField<O>(&O::script_path),
-       "write the script here (-o; default: stdout)"},
-      {"submit", "", false, cli::BoolField<O>(&O::submit), "submit with sbatch and print the job id"},
-  };
-}
-
-}  // namespace
-
-absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args) {
-  SlurmJobOptions o;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun slurm"}, SlurmFlags(), args, o);
-  if (!parsed.ok()) return parsed.status();
-  o.command = std::move(parsed->program);
-  if (o.min_nodes > o.nodes) {
-    return cli::BadValue("min-nodes", absl::StrCat(o.min_nodes),
-                         absl::StrCat("at most --nodes (", o.nodes, ")"));
-  }
-  if (o.min_nodes == o.nodes) o.min_nodes = 0;  // not elastic
-  if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus_per_node);
-  if (o.cpus_per_task == 0) {
-    o.cpus_per_task = o.gpus_per_node > 0 ? 8 * o.gpus_per_node : o.nproc_per_node;
-  }
-  if (o.cpus_per_task < o.nproc_per_node) {
-    return cli::BadValue("cpus-per-task", absl::StrCat(o.cpus_per_task),
-                    absl::StrCat("at least one CPU per worker (--nproc-per-node ",
-                                 o.nproc_per_node, ")"));
-  }
-  o.generated_by = absl::StrCat("Generated by: dlrun slurm ", JoinCommand(args));
-  return o;
-}
 
 namespace {
 
@@ -235,7 +136,9 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
   return absl::StrReplaceAll(
       // A newline in an argument would end the comment, and the #SBATCH lines after a command
       // are ignored: every line of the command line stays a comment.
-      tmpl, {{"{{GENERATED_BY}}", absl::StrReplaceAll(o.generated_by, {{"\n", "\n#   "}})},
+      tmpl, {{"{{GENERATED_BY}}", absl::StrReplaceAll(
+                                    absl::StrCat("Generated by: dlrun slurm ", JoinCommand(o.args)),
+                                    {{"\n", "\n#   "}})},
              {"{{SBATCH_LINES}}", SbatchLines(o)},
              {"{{NPROC}}", absl::StrCat(o.nproc_per_node)},
              {"{{MAX_RESTARTS}}", absl::StrCat(o.max_restarts)},
@@ -301,13 +204,6 @@ bool UsesPreemptionHook(const std::string& source) {
   return absl::StrContains(source, "Preemption(") || absl::StrContains(source, "SIGUSR1");
 }
 
-std::string SlurmUsage() {
-  return cli::Usage(
-      "usage: dlrun slurm [options] -- PROGRAM [ARGS...]\n"
-      "Writes an sbatch script that runs `srun dlrun ... PROGRAM ARGS` with one agent per node\n"
-      "and the rendezvous on the first node; --submit also submits it.\n\noptions:\n",
-      SlurmFlags());
-}
 
 
 }  // namespace dlrun::launcher

@@ -1,0 +1,205 @@
+#include "launcher/cli/job_cli.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/cli/flags.h"
+
+namespace dlrun::launcher {
+
+using cli::WordField;
+
+namespace {
+
+std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
+  using O = SlurmJobOptions;
+  auto time = [](O& o, const std::string& v) {
+    // sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+    bool ok = !v.empty() && v.size() < 16;
+    for (char c : v) ok = ok && (absl::ascii_isdigit(c) || c == ':' || c == '-');
+    if (!ok || !absl::ascii_isdigit(v.front()) || !absl::ascii_isdigit(v.back())) {
+      return cli::BadValue("time", v, "a Slurm time limit such as 30, 04:00:00 or 1-12:00:00");
+    }
+    o.time = v;
+    return absl::OkStatus();
+  };
+  auto extra = [](O& o, const std::string& v) {
+    if (!absl::StartsWith(v, "--") || v.find('\n') != std::string::npos) {
+      return cli::BadValue("sbatch-option", v, "one sbatch option such as --mail-type=END");
+    }
+    o.sbatch_options.push_back(v);
+    return absl::OkStatus();
+  };
+  auto tls_dir = [](O& o, const std::string& v) {
+    if (v.empty() || v.find_first_of("\n\r") != std::string::npos) {
+      return cli::BadValue("tls-dir", v, "a directory path that every node of the job can read");
+    }
+    o.tls_dir = v;
+    o.tls = true;
+    return absl::OkStatus();
+  };
+  return {
+      {"nodes", "N", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (as sbatch -N; default 1)"},
+      {"min-nodes", "", true, cli::IntField<O>("min-nodes", &O::min_nodes, 1, 100000),
+       "elastic: carry on with at least this many nodes when others are lost, the first "
+       "(rendezvous) node included (default: all --nodes)"},
+      {"gpus-per-node", "", true, cli::IntField<O>("gpus-per-node", &O::gpus_per_node, 0, 64),
+       "GPUs per node (default 0: CPU workers)"},
+      {"nproc-per-node", "", true, cli::IntField<O>("nproc-per-node", &O::nproc_per_node, 1, 1024),
+       "workers per node (default: one per GPU, 1 without GPUs)"},
+      {"cpus-per-task", "", true, cli::IntField<O>("cpus-per-task", &O::cpus_per_task, 1, 100000),
+       "CPUs for each node's agent and its workers (default 8 per GPU; 1 per worker on CPU)"},
+      {"time", "t", true, time, "time limit (default 01:00:00)"},
+      {"job-name", "J", true, WordField<O>("job-name", &O::job_name), "job name (default dlrun)"},
+      {"partition", "p", true, WordField<O>("partition", &O::partition), "partition (sbatch -p)"},
+      {"account", "A", true, WordField<O>("account", &O::account), "account (sbatch -A)"},
+      {"constraint", "C", true, WordField<O>("constraint", &O::constraint), "node features (sbatch -C)"},
+      {"qos", "", true, WordField<O>("qos", &O::qos), "quality of service"},
+      {"mem", "", true, WordField<O>("mem", &O::mem), "memory per node, e.g. 64G"},
+      {"output", "", true, WordField<O>("output", &O::output), "output file pattern (default dlrun-%j.out)"},
+      {"sbatch-option", "", true, extra, "one more #SBATCH line, e.g. --mail-type=END (repeatable)"},
+      {"preemptible", "", false, cli::BoolField<O>(&O::preemptible),
+       "SIGUSR1 before the end -> checkpoint, requeue, resume (--signal, --requeue)"},
+      {"signal-seconds", "", true, cli::IntField<O>("signal-seconds", &O::signal_seconds, 1, 65535),
+       "with --preemptible: seconds of warning before the end (default 90)"},
+      {"rdzv-port", "", true, cli::IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
+       "rendezvous port on the first node (default: 20000 + job id % 10000)"},
+      {"tls", "", false, cli::BoolField<O>(&O::tls),
+       "mutual TLS for the rendezvous: the script makes a CA and a certificate for this job "
+       "(openssl) and removes them when it ends"},
+      {"tls-dir", "", true, tls_dir,
+       "with --tls: a directory every node can read (default $HOME/.dlrun/tls)"},
+      {"max-restarts", "", true, cli::IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
+       absl::StrCat("worker-group restarts before the job fails (default ",
+                    defaults::kJobMaxRestarts, ")")},
+      {"hang-timeout", "", true, cli::DurationField<O>("hang-timeout", &O::hang_timeout, true), "restart workers silent for this many seconds (default off)"},
+      {"log-dir", "", true, WordField<O>("log-dir", &O::log_dir), "per-rank log directory"},
+      {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
+       "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
+       "node; the job's output says where to point a browser"},
+      {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path), "path of dlrun on the nodes"},
+      {"output-script", "o", true, cli::StrField<O>(&O::script_path),
+       "write the script here (-o; default: stdout)"},
+      {"submit", "", false, cli::BoolField<O>(&O::submit), "submit with sbatch and print the job id"},
+  };
+}
+
+}  // namespace
+
+absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args) {
+  SlurmJobOptions o;
+  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun slurm"}, SlurmFlags(), args, o);
+  if (!parsed.ok()) return parsed.status();
+  o.command = std::move(parsed->program);
+  if (o.min_nodes > o.nodes) {
+    return cli::BadValue("min-nodes", absl::StrCat(o.min_nodes),
+                         absl::StrCat("at most --nodes (", o.nodes, ")"));
+  }
+  if (o.min_nodes == o.nodes) o.min_nodes = 0;  // not elastic
+  if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus_per_node);
+  if (o.cpus_per_task == 0) {
+    o.cpus_per_task = o.gpus_per_node > 0 ? 8 * o.gpus_per_node : o.nproc_per_node;
+  }
+  if (o.cpus_per_task < o.nproc_per_node) {
+    return cli::BadValue("cpus-per-task", absl::StrCat(o.cpus_per_task),
+                    absl::StrCat("at least one CPU per worker (--nproc-per-node ",
+                                 o.nproc_per_node, ")"));
+  }
+  o.args = args;
+  return o;
+}
+
+std::string SlurmUsage() {
+  return cli::Usage(
+      "usage: dlrun slurm [options] -- PROGRAM [ARGS...]\n"
+      "Writes an sbatch script that runs `srun dlrun ... PROGRAM ARGS` with one agent per node\n"
+      "and the rendezvous on the first node; --submit also submits it.\n\noptions:\n",
+      SlurmFlags());
+}
+
+namespace {
+
+std::vector<cli::Flag<RunaiJobOptions>> RunaiFlags() {
+  using O = RunaiJobOptions;
+  auto env = [](O& o, const std::string& v) {
+    const auto eq = v.find('=');
+    bool ok = eq != std::string::npos && eq > 0;
+    for (size_t i = 0; ok && i < eq; ++i) {
+      ok = absl::ascii_isalnum(v[i]) || v[i] == '_';
+    }
+    if (!ok || v.find('\n') != std::string::npos) return cli::BadValue("env", v, "KEY=VALUE");
+    o.env.push_back(v);
+    return absl::OkStatus();
+  };
+  auto quantity = [](const std::string& flag, std::string O::*field) {
+    return [=](O& o, const std::string& v) {
+      bool ok = !v.empty() && absl::ascii_isdigit(v.front());
+      for (char c : v) ok = ok && (absl::ascii_isalnum(c) || c == '.');
+      if (!ok) return cli::BadValue(flag, v, "a Kubernetes quantity such as 8, 500m or 64Gi");
+      o.*field = v;
+      return absl::OkStatus();
+    };
+  };
+  auto dns = [](const std::string& flag, std::string O::*field) {
+    return [=](O& o, const std::string& v) {
+      // Kubernetes object names: lowercase letters, digits and '-', at most 63, alnum at ends.
+      bool ok = !v.empty() && v.size() <= 63 && absl::ascii_isalnum(v.front()) &&
+                absl::ascii_isalnum(v.back());
+      for (char c : v) ok = ok && ((c >= 'a' && c <= 'z') || absl::ascii_isdigit(c) || c == '-');
+      if (!ok) {
+        return cli::BadValue(flag, v, "a lowercase name of letters, digits and '-' (at most 63)");
+      }
+      o.*field = v;
+      return absl::OkStatus();
+    };
+  };
+  return {
+      {"name", "", true, dns("name", &O::name), "workload name (required)"},
+      {"project", "p", true, dns("project", &O::project), "Run:ai project (-p)"},
+      {"image", "i", true, WordField<O>("image", &O::image), "container image with dlrun (required)"},
+      {"workers", "", true, cli::IntField<O>("workers", &O::workers, 0, 100000),
+       "worker pods besides the master pod (default 1: 2 nodes)"},
+      {"gpus", "g", true, cli::IntField<O>("gpus", &O::gpus, 0, 64), "GPUs per pod (-g; default 0)"},
+      {"nproc-per-node", "", true, cli::IntField<O>("nproc-per-node", &O::nproc_per_node, 1, 1024),
+       "workers per pod (default: one per GPU, 1 without GPUs)"},
+      {"cpu", "", true, quantity("cpu", &O::cpu), "CPU request per pod"},
+      {"memory", "", true, quantity("memory", &O::memory), "memory request per pod"},
+      {"rdzv-port", "", true, cli::IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
+       absl::StrCat("rendezvous port on the master pod (default ", defaults::kRdzvPort, ")")},
+      {"max-restarts", "", true, cli::IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
+       absl::StrCat("worker-group restarts before the job fails (default ",
+                    defaults::kJobMaxRestarts, ")")},
+      {"large-shm", "", false, cli::BoolField<O>(&O::large_shm), "a large /dev/shm (data loaders)"},
+      {"legacy-cli", "", false, cli::BoolField<O>(&O::legacy_cli), "print `runai submit-dist pytorch`"},
+      {"env", "e", true, env, "KEY=VALUE for every pod (-e; repeatable)"},
+      {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path), "path of dlrun in the image"},
+      {"o", "", true, cli::StrField<O>(&O::manifest_path), "also write a PyTorchJob manifest here"},
+  };
+}
+
+}  // namespace
+
+absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args) {
+  RunaiJobOptions o;
+  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun runai"}, RunaiFlags(), args, o);
+  if (!parsed.ok()) return parsed.status();
+  o.command = std::move(parsed->program);
+  if (o.name.empty()) return absl::InvalidArgumentError("dlrun runai: --name NAME is required");
+  if (o.image.empty()) return absl::InvalidArgumentError("dlrun runai: --image IMAGE is required");
+  if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus);
+  return o;
+}
+
+std::string RunaiUsage() {
+  return cli::Usage(
+      "usage: dlrun runai [options] -- PROGRAM [ARGS...]\n"
+      "Prints the Run:ai command that runs PROGRAM under dlrun in a master pod plus --workers\n"
+      "worker pods (one dlrun agent per pod); -o FILE also writes the equivalent manifest.\n\n"
+      "options:\n",
+      RunaiFlags());
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,69 @@
+// `dlrun slurm` and `dlrun runai`: their flags, parsed into the options the job generators
+// (launcher/jobgen/) render. Errors name the flag, the bad value and what was expected.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/defaults.h"
+
+namespace dlrun::launcher {
+
+struct SlurmJobOptions {
+  int nodes = 1;
+  // --min-nodes: the job goes on with at least this many nodes after losing some (elastic
+  // `--nnodes MIN:N`, no kill on a node failure or a failed agent); 0: every node is needed.
+  int min_nodes = 0;
+  int gpus_per_node = 0;
+  int nproc_per_node = 0;  // 0: one per GPU, or 1 without GPUs
+  int cpus_per_task = 0;   // 0: 8 per GPU (the low end of 8-24 per GPU), or 1 per worker
+  std::string time = "01:00:00";
+  std::string job_name = "dlrun";
+  std::string partition, account, constraint, qos, mem;
+  std::string output = "dlrun-%j.out";
+  std::vector<std::string> sbatch_options;  // extra "--opt=value" lines, verbatim
+  bool preemptible = false;
+  int signal_seconds = 90;  // --preemptible: SIGUSR1 this long before the end
+  int rdzv_port = 0;  // 0: 20000 + SLURM_JOB_ID % 10000, computed in the script
+  bool tls = false;     // the script makes a CA and certificate for the job (mutual TLS)
+  std::string tls_dir;  // where (every node must see it); empty: $HOME/.dlrun/tls
+  int max_restarts = defaults::kJobMaxRestarts;
+  std::chrono::milliseconds hang_timeout{0};
+  int metrics_port = 0;  // > 0: the job's telemetry page and /metrics on the first node
+  std::string log_dir;
+  std::string dlrun_path = "dlrun";
+  std::string script_path;  // -o FILE; empty: stdout (or dlrun-<job-name>.sbatch with --submit)
+  bool submit = false;
+  std::vector<std::string> command;  // PROGRAM ARGS
+  std::vector<std::string> args;     // as given after `slurm`, for the script's header
+};
+
+// Parses `dlrun slurm [options] -- PROGRAM ARGS` (args after "slurm").
+absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args);
+std::string SlurmUsage();
+
+struct RunaiJobOptions {
+  std::string name;
+  std::string project;
+  std::string image;
+  int workers = 1;  // worker pods besides the master pod: nodes = workers + 1
+  int gpus = 0;     // per pod
+  int nproc_per_node = 0;  // 0: one per GPU, or 1 without GPUs
+  std::string cpu;         // per pod, as Kubernetes quantities ("8", "500m"); empty: unset
+  std::string memory;
+  int rdzv_port = defaults::kRdzvPort;
+  int max_restarts = defaults::kJobMaxRestarts;
+  bool large_shm = false;
+  bool legacy_cli = false;
+  std::vector<std::string> env;  // K=V
+  std::string dlrun_path = "dlrun";
+  std::string manifest_path;  // -o FILE
+  std::vector<std::string> command;
+};
+
+absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args);
+std::string RunaiUsage();
+
+}  // namespace dlrun::launcher

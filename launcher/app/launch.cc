@@ -239,7 +239,8 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
   r.config.max_nodes = o.max_nodes;
   r.config.max_restarts = o.max_restarts;
   r.telemetry = TelemetryOptionsFrom(o);
-  if (absl::Status s = ApplyRdzvConf(o.rdzv_conf, &r.config, &r.is_host); !s.ok()) return s;
+  o.rdzv_conf.ApplyTo(&r.config);
+  r.is_host = o.rdzv_conf.is_host;
   return MakeRendezvousSource(std::move(r));
 }
 
@@ -257,11 +258,8 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
   }
   *run_id = o.rdzv_id;
   if (use_rdzv) return RendezvousSource(o, d, nproc, env);
-  // The static backend checks --rdzv-conf too (its keys set no timeouts here) and, as torchrun,
-  // takes the store's address from --rdzv-endpoint when given.
-  rdzv::Config unused;
-  std::string is_host;
-  if (absl::Status s = ApplyRdzvConf(o.rdzv_conf, &unused, &is_host); !s.ok()) return s;
+  // The static backend, as torchrun, takes the store's address from --rdzv-endpoint when given
+  // (--rdzv-conf was checked with the other flags; its keys set no timeouts here).
   Assignment base = StaticAssignment(o, nproc);
   std::function<int()> pick;
   if (o.standalone) {

@@ -181,7 +181,14 @@ std::vector<Flag> BaseFlags() {
        "static (fixed node ranks) or c10d/grpc (dlrun's gRPC rendezvous)"},
       {"rdzv-endpoint", "", true, StrField(&O::rdzv_endpoint), "HOST[:PORT] of the rendezvous"},
       {"rdzv-id", "", true, StrField(&O::rdzv_id), "run id shared by all nodes of the job"},
-      {"rdzv-conf", "", true, StrField(&O::rdzv_conf), "KEY=VALUE,... rendezvous settings"},
+      {"rdzv-conf", "", true,
+       [](O& o, const std::string& v) {
+         auto c = ParseRdzvConf(v);
+         if (!c.ok()) return c.status();
+         o.rdzv_conf = *std::move(c);
+         return absl::OkStatus();
+       },
+       "KEY=VALUE,... rendezvous settings"},
       {"max-restarts", "", true, IntField("max-restarts", &O::max_restarts, 0, kMax),
        "restarts of the worker group before the job fails (default 0)"},
       {"monitor-interval", "", true, DurationField("monitor-interval", &O::monitor_interval, true),

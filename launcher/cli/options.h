@@ -14,6 +14,7 @@
 #include "common/defaults.h"
 #include "common/env.h"
 #include "launcher/cli/flags.h"
+#include "launcher/cli/rdzv_conf.h"
 
 namespace dlrun::launcher {
 
@@ -29,7 +30,7 @@ struct LaunchOptions {
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
   std::string rdzv_id = "none";
-  std::string rdzv_conf;
+  RdzvConf rdzv_conf;  // --rdzv-conf, parsed (cli/rdzv_conf.h)
   int max_restarts = 0;
   std::chrono::milliseconds monitor_interval{100};  // torchrun's; dlrun sees exits at once
   std::string role = "default";

@@ -6,6 +6,7 @@
 #include "common/contract.h"
 #include "common/defaults.h"
 #include "launcher/cli/flags.h"
+#include "launcher/cli/rdzv_conf.h"
 #include "launcher/rdzv/rdzv_config.h"
 
 namespace dlrun::launcher {
@@ -17,6 +18,7 @@ struct Raw {
   cli::NodeRange nnodes;
   std::string run_id = "none";
   rdzv::Config config;
+  RdzvConf conf;  // --last-call, --join-timeout, --heartbeat-*: the --rdzv-conf keys' flags
   cli::TelemetryFlags telemetry;
   bool help = false;
 };
@@ -33,15 +35,6 @@ std::vector<cli::Flag<Raw>> Flags() {
       return absl::OkStatus();
     };
   };
-  auto config_secs = [](const std::string& flag, rdzv::Duration rdzv::Config::*field) {
-    return [=](Raw& r, const std::string& v) {
-      auto d = cli::ParseDuration(flag, v, /*allow_zero=*/false);
-      if (!d.ok()) return d.status();
-      r.config.*field = *d;
-      return absl::OkStatus();
-    };
-  };
-  const rdzv::Config defaults;
   std::vector<cli::Flag<Raw>> f = {
       {"host", "", true, StrField(&Raw::host), "address to listen on (default 127.0.0.1)"},
       {"port", "", true, IntField("port", &Raw::port, 0, 65535), absl::StrCat("port (default ", defaults::kRdzvPort, "; 0: any)")},
@@ -49,20 +42,12 @@ std::vector<cli::Flag<Raw>> Flags() {
       {"run-id", "", true, StrField(&Raw::run_id), "the job's run id (--rdzv-id of the agents)"},
       {"max-restarts", "", true, config_int("max-restarts", &rdzv::Config::max_restarts, 0),
        "worker-group restarts before the job fails (default 0)"},
-      {"last-call", "", true, config_secs("last-call", &rdzv::Config::last_call),
-       "seconds a round with MIN nodes stays open for more"},
-      {"join-timeout", "", true, config_secs("join-timeout", &rdzv::Config::join_timeout),
-       "seconds for MIN nodes to join"},
-      {"heartbeat-interval", "", true,
-       config_secs("heartbeat-interval", &rdzv::Config::heartbeat_interval),
-       absl::StrCat("seconds between heartbeats (default ",
-                    defaults.heartbeat_interval.count() / 1000.0, ")")},
-      {"heartbeat-misses", "", true,
-       config_int("heartbeat-misses", &rdzv::Config::heartbeat_misses, 1),
-       absl::StrCat("missed heartbeats before a node is dead (default ",
-                    defaults.heartbeat_misses, ")")},
       {"help", "h", false, cli::BoolField(&Raw::help), "this text"},
   };
+  // After --max-restarts and before --help, as the help has always listed them.
+  std::vector<cli::Flag<Raw>> conf;
+  AddRdzvConfFlags(&Raw::conf, &conf);
+  f.insert(f.end() - 1, conf.begin(), conf.end());
   cli::AddTelemetryFlags(&Raw::telemetry, &f);
   return f;
 }
@@ -79,6 +64,7 @@ absl::StatusOr<RdzvServerArgs> ParseRdzvServerArgs(const std::vector<std::string
   out.help = raw.help;
   if (raw.help) return out;
   out.host.config = raw.config;
+  raw.conf.ApplyTo(&out.host.config);
   out.host.config.min_nodes = raw.nnodes.min;
   out.host.config.max_nodes = raw.nnodes.max;
   out.host.run_id = raw.run_id;

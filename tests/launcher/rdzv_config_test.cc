@@ -6,6 +6,7 @@
 
 #include "fake_env.h"
 #include "gtest/gtest.h"
+#include "launcher/cli/rdzv_conf.h"
 #include "launcher/cli/rdzv_server_cli.h"
 #include "launcher/rdzv/rdzv_source.h"
 
@@ -14,6 +15,15 @@ namespace {
 
 EnvLookup Env(std::map<std::string, std::string> vars) {
   return dlrun::testing::FakeEnv(std::move(vars));
+}
+
+// --rdzv-conf as the options hold it: parsed, then applied to a rendezvous configuration.
+absl::Status ApplyRdzvConf(const std::string& text, rdzv::Config* c, std::string* is_host) {
+  auto conf = ParseRdzvConf(text);
+  if (!conf.ok()) return conf.status();
+  conf->ApplyTo(c);
+  *is_host = conf->is_host;
+  return absl::OkStatus();
 }
 
 TEST(RdzvConf, KeysAndErrors) {

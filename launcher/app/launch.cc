@@ -96,8 +96,8 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
   if (!gpus.ok()) return gpus.status();
   a->gpus = *gpus;
   a->argv = WorkerArgv(o, env(contract::kPythonExec).value_or("python3"));
-  if (o.spare_workers != "off") a->spare_argv = WarmSpareArgv(a->argv);
-  if (o.spare_workers == "on" && a->spare_argv.empty()) a->spare_argv = a->argv;
+  if (o.spare_workers != SpareWorkers::kOff) a->spare_argv = WarmSpareArgv(a->argv);
+  if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     a->extra_env[contract::kPythonUnbuffered] = "1";
@@ -116,7 +116,8 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
   for (const char* k : {contract::kNcclAsyncErrorHandling, contract::kNcclAsyncErrorHandlingOld}) {
     if (env(k)) a->keep_inherited.push_back(k);
   }
-  const bool by_topology = o.cpu_affinity == "node" || o.cpu_affinity == "socket";
+  const bool by_topology =
+      o.cpu_affinity == CpuAffinity::kNode || o.cpu_affinity == CpuAffinity::kSocket;
   a->worker_cpus =
       WorkerCpus(o.cpu_affinity, cpus, by_topology ? ReadCpuTopology() : CpuTopology{}, nproc);
   return absl::OkStatus();

@@ -239,11 +239,11 @@ CpuTopology ReadCpuTopology(const std::string& root) {
   return t;
 }
 
-std::vector<std::vector<int>> WorkerCpus(const std::string& mode, const std::vector<int>& allowed,
+std::vector<std::vector<int>> WorkerCpus(CpuAffinity mode, const std::vector<int>& allowed,
                                          const CpuTopology& topology, int nproc) {
   std::vector<std::vector<int>> out;
   const int ncpu = static_cast<int>(allowed.size());
-  if (mode == "block") {
+  if (mode == CpuAffinity::kBlock) {
     if (ncpu < nproc || nproc <= 0) return out;
     const int per = ncpu / nproc;
     for (int lr = 0; lr < nproc; ++lr) {
@@ -251,9 +251,9 @@ std::vector<std::vector<int>> WorkerCpus(const std::string& mode, const std::vec
     }
     return out;
   }
-  if (mode != "node" && mode != "socket") return out;
+  if (mode != CpuAffinity::kNode && mode != CpuAffinity::kSocket) return out;
   std::vector<std::vector<int>> groups;
-  for (const auto& g : mode == "node" ? topology.numa_nodes : topology.sockets) {
+  for (const auto& g : mode == CpuAffinity::kNode ? topology.numa_nodes : topology.sockets) {
     std::vector<int> mine;
     for (int c : g) {
       if (std::find(allowed.begin(), allowed.end(), c) != allowed.end()) mine.push_back(c);

@@ -60,7 +60,7 @@ std::vector<int> ParseCpuList(const std::string& list);
 // The CPUs each worker is pinned to (--cpu-affinity): none -> no pinning (empty); block -> a
 // contiguous share of `allowed` each (none when there are fewer CPUs than workers); node /
 // socket -> worker i gets the allowed CPUs of group i mod G (G = the groups with allowed CPUs).
-std::vector<std::vector<int>> WorkerCpus(const std::string& mode, const std::vector<int>& allowed,
+std::vector<std::vector<int>> WorkerCpus(CpuAffinity mode, const std::vector<int>& allowed,
                                          const CpuTopology& topology, int nproc);
 
 // Splits --signals-to-handle: SIGUSR1/SIGUSR2 carry messages (e.g. Slurm's preemption warning)

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -104,22 +105,25 @@ absl::Status SetGpus(O& o, const std::string& v) {
 }
 
 absl::Status SetCpuAffinity(O& o, const std::string& v) {
-  if (v != "none" && v != "block" && v != "node" && v != "socket") {
-    return BadValue("cpu-affinity", v, "none, block, node or socket");
-  }
-  o.cpu_affinity = v;
+  static const std::map<std::string, CpuAffinity> kModes = {{"none", CpuAffinity::kNone},
+                                                            {"block", CpuAffinity::kBlock},
+                                                            {"node", CpuAffinity::kNode},
+                                                            {"socket", CpuAffinity::kSocket}};
+  auto it = kModes.find(v);
+  if (it == kModes.end()) return BadValue("cpu-affinity", v, "none, block, node or socket");
+  o.cpu_affinity = it->second;
   return absl::OkStatus();
 }
 
 // torchrun 2.x's --numa-binding: node and socket as here; exclusive (CPUs of one's own) is
 // dlrun's block; core-complex (L3 groups) is approximated by node.
 absl::Status SetNumaBinding(O& o, const std::string& v) {
-  if (v == "node" || v == "socket") {
-    o.cpu_affinity = v;
+  if (v == "node" || v == "core-complex") {
+    o.cpu_affinity = CpuAffinity::kNode;
+  } else if (v == "socket") {
+    o.cpu_affinity = CpuAffinity::kSocket;
   } else if (v == "exclusive") {
-    o.cpu_affinity = "block";
-  } else if (v == "core-complex") {
-    o.cpu_affinity = "node";
+    o.cpu_affinity = CpuAffinity::kBlock;
   } else {
     return BadValue("numa-binding", v, "node, socket, exclusive or core-complex");
   }
@@ -130,7 +134,9 @@ absl::Status SetSpareWorkers(O& o, const std::string& v) {
   if (v != "auto" && v != "on" && v != "off") {
     return BadValue("spare-workers", v, "auto, on or off");
   }
-  o.spare_workers = v;
+  o.spare_workers = v == "auto" ? SpareWorkers::kAuto
+                    : v == "on" ? SpareWorkers::kOn
+                                : SpareWorkers::kOff;
   return absl::OkStatus();
 }
 

@@ -22,6 +22,13 @@ namespace dlrun::launcher {
 // touch the real environment.
 inline EnvLookup ProcessEnv() { return ProcessEnvironment(); }
 
+// --cpu-affinity: none (as torchrun), block (a contiguous share each), node (the NUMA nodes,
+// round robin), socket (the physical packages, round robin).
+enum class CpuAffinity { kNone, kBlock, kNode, kSocket };
+// --spare-workers (docs/RECOVERY.md): auto (for Python programs), on (also any other program,
+// which waits in dlrun::worker::init()), off.
+enum class SpareWorkers { kAuto, kOn, kOff };
+
 struct LaunchOptions {
   int min_nodes = 1;
   int max_nodes = 1;
@@ -53,9 +60,7 @@ struct LaunchOptions {
   // CUDA_VISIBLE_DEVICES: inherit (default, as torchrun: left as the scheduler set it),
   // per-worker (local rank i sees only the i-th visible GPU), least-loaded (NVML picks), or ids.
   std::string gpus = "inherit";
-  // CPU pinning: none (default, as torchrun), block (a contiguous share each), node (the NUMA
-  // nodes, round robin), socket (the physical packages, round robin). --numa-binding maps here.
-  std::string cpu_affinity = "none";
+  CpuAffinity cpu_affinity = CpuAffinity::kNone;  // CPU pinning; --numa-binding maps here too
   // torchrun flags that have no effect here (a one-line note says so when given).
   std::string start_method = "spawn";
   std::string logs_specs, event_log_handler;
@@ -68,9 +73,7 @@ struct LaunchOptions {
   std::string print_completion;  // bash | zsh | tcsh: print a completion script and exit
   bool worker_exit_code = false;  // exit with the root cause's code instead of torchrun's 1
   std::string report_json;        // --report-json: this node's end-of-job report as JSON
-  // Warm spares (docs/RECOVERY.md): "auto" (default: for Python programs), "on" (also any
-  // other program, which waits in dlrun::worker::init()) or "off".
-  std::string spare_workers = "auto";
+  SpareWorkers spare_workers = SpareWorkers::kAuto;  // warm spares
   // Job telemetry (docs/TELEMETRY.md): sampling, step records, stragglers, the report ("on",
   // default) or nothing but the step records' counts ("off"); HTTP only with --metrics-port.
   bool telemetry = true;

@@ -180,7 +180,7 @@ TEST(LaunchOptions, EveryTorchrunFlagIsAccepted) {
                   "--signals_to_handle=SIGTERM", "--run_path", "--no_python", "prog"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->start_method, "fork");
-  EXPECT_EQ(o->cpu_affinity, "node");
+  EXPECT_EQ(o->cpu_affinity, CpuAffinity::kNode);
   EXPECT_EQ(o->tee, "0:1");
   for (const char* m : {"--standalone", "-m"}) EXPECT_TRUE(Parse({m, "prog"}).ok()) << m;
   EXPECT_NE(std::string(Parse({"--start-method", "thread", "p"}).status().message())
@@ -200,11 +200,11 @@ TEST(LaunchOptions, GpuAndCpuDefaultsFollowTorchrun) {
   auto o = Parse({"prog"});
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(o->gpus, "inherit");
-  EXPECT_EQ(o->cpu_affinity, "none");
+  EXPECT_EQ(o->cpu_affinity, CpuAffinity::kNone);
   EXPECT_FALSE(o->worker_exit_code);
   EXPECT_FALSE(Parse({"--gpus", "some", "p"}).ok());
   EXPECT_FALSE(Parse({"--cpu-affinity", "all", "p"}).ok());
-  EXPECT_EQ(Parse({"--numa-binding", "exclusive", "p"})->cpu_affinity, "block");
+  EXPECT_EQ(Parse({"--numa-binding", "exclusive", "p"})->cpu_affinity, CpuAffinity::kBlock);
 }
 
 TEST(LaunchOptions, HelpListsTheValuesOfRedirectsAndTee) {

@@ -71,13 +71,13 @@ TEST(CpuAffinity, NoneByDefaultBlockNodeAndSocketOnAFakeSysfs) {
   ASSERT_EQ(t.sockets.size(), 2u);
   EXPECT_EQ(t.sockets[1], (std::vector<int>{4, 5, 6, 7}));
   const std::vector<int> allowed = {0, 1, 2, 3, 4, 5, 6};
-  EXPECT_TRUE(WorkerCpus("none", allowed, t, 2).empty());
-  EXPECT_EQ(WorkerCpus("block", allowed, t, 2),
+  EXPECT_TRUE(WorkerCpus(CpuAffinity::kNone, allowed, t, 2).empty());
+  EXPECT_EQ(WorkerCpus(CpuAffinity::kBlock, allowed, t, 2),
             (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}}));
-  EXPECT_EQ(WorkerCpus("node", allowed, t, 3),
+  EXPECT_EQ(WorkerCpus(CpuAffinity::kNode, allowed, t, 3),
             (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6}, {0, 1, 2, 3}}));
-  EXPECT_EQ(WorkerCpus("socket", allowed, t, 2)[1], (std::vector<int>{4, 5, 6}));
-  EXPECT_TRUE(WorkerCpus("node", allowed, CpuTopology{}, 2).empty());  // no sysfs: no pinning
+  EXPECT_EQ(WorkerCpus(CpuAffinity::kSocket, allowed, t, 2)[1], (std::vector<int>{4, 5, 6}));
+  EXPECT_TRUE(WorkerCpus(CpuAffinity::kNode, allowed, CpuTopology{}, 2).empty());  // no sysfs: no pinning
   EXPECT_EQ(ParseCpuList("0-2,5,7-8"), (std::vector<int>{0, 1, 2, 5, 7, 8}));
   EXPECT_TRUE(ParseCpuList("3-1").empty());
   std::filesystem::remove_all(root);

@@ -88,11 +88,14 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const std:
                                    const EnvLookup& env, AgentOptions* a) {
   GpuFacts gpu;
   gpu.visible_devices = env(contract::kCudaVisibleDevices);
-  if (o.gpus == "least-loaded") gpu.loads = QueryGpuLoads();
+  if (o.gpus.mode == GpuSpec::Mode::kLeastLoaded) gpu.loads = QueryGpuLoads();
   gpu.device_count = CountGpus();
   // torchrun 2.x's --virtual-local-rank: every worker sees its own GPU as device 0.
-  auto gpus = ResolveGpus(o.virtual_local_rank && o.gpus == "inherit" ? "per-worker" : o.gpus,
-                          nproc, gpu);
+  GpuSpec spec = o.gpus;
+  if (o.virtual_local_rank && spec.mode == GpuSpec::Mode::kInherit) {
+    spec.mode = GpuSpec::Mode::kPerWorker;
+  }
+  auto gpus = ResolveGpus(spec, nproc, gpu);
   if (!gpus.ok()) return gpus.status();
   a->gpus = *gpus;
   a->argv = WorkerArgv(o, env(contract::kPythonExec).value_or("python3"));

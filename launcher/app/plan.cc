@@ -28,18 +28,20 @@
 
 namespace dlrun::launcher {
 
-absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, int nproc,
+absl::StatusOr<std::vector<std::string>> ResolveGpus(const GpuSpec& spec, int nproc,
                                                      const GpuFacts& facts) {
+  using M = GpuSpec::Mode;
   std::vector<std::string> ids;
-  if (spec == "inherit" || spec == "none") return ids;
-  if (spec == "least-loaded" && facts.loads && static_cast<int>(facts.loads->size()) >= nproc) {
+  if (spec.mode == M::kInherit) return ids;
+  if (spec.mode == M::kLeastLoaded && facts.loads &&
+      static_cast<int>(facts.loads->size()) >= nproc) {
     for (int i : PickLeastLoaded(*facts.loads, nproc)) ids.push_back(std::to_string(i));
     spdlog::info("--gpus least-loaded: the {} least-loaded GPU(s) by memory used and "
                  "utilisation: {}",
                  nproc, absl::StrJoin(ids, ","));
     return ids;
   }
-  if (spec == "per-worker" || spec == "auto" || spec == "least-loaded") {
+  if (spec.mode == M::kPerWorker || spec.mode == M::kLeastLoaded) {
     if (facts.visible_devices.has_value()) {
       ids = absl::StrSplit(*facts.visible_devices, ',', absl::SkipEmpty());  // the scheduler's
     } else {
@@ -47,10 +49,10 @@ absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, in
     }
     if (static_cast<int>(ids.size()) < nproc) return std::vector<std::string>{};  // CPU run
   } else {
-    ids = absl::StrSplit(spec, ',', absl::SkipEmpty());
+    ids = spec.ids;
     if (static_cast<int>(ids.size()) < nproc) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "invalid value '", spec, "' for --gpus: expected at least ", nproc,
+          "invalid value '", spec.text, "' for --gpus: expected at least ", nproc,
           " device ids (one per worker), inherit, per-worker or least-loaded"));
     }
   }

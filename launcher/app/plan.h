@@ -28,7 +28,7 @@ struct GpuFacts {
 // CUDA_VISIBLE_DEVICES, else /dev/nvidiaN order), when there is one per worker (else nothing
 // changes); "least-loaded": the nproc GPUs with the least memory used and utilisation (NVML;
 // without NVML as per-worker); "0,3,...": these ids, at least one per worker.
-absl::StatusOr<std::vector<std::string>> ResolveGpus(const std::string& spec, int nproc,
+absl::StatusOr<std::vector<std::string>> ResolveGpus(const GpuSpec& spec, int nproc,
                                                      const GpuFacts& facts);
 
 // What each worker runs: torchrun runs .py files and -m modules with `python` ($PYTHON_EXEC,

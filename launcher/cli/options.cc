@@ -95,12 +95,22 @@ absl::Status SetStartMethod(O& o, const std::string& v) {
 }
 
 absl::Status SetGpus(O& o, const std::string& v) {
-  if (v.empty() || v.find_first_not_of("0123456789,") != std::string::npos) {
-    if (v != "inherit" && v != "none" && v != "per-worker" && v != "auto" && v != "least-loaded") {
-      return BadValue("gpus", v, "inherit, per-worker, least-loaded or device ids 0,1,...");
-    }
+  using M = GpuSpec::Mode;
+  GpuSpec g;
+  g.text = v;
+  if (v == "inherit" || v == "none") {
+    g.mode = M::kInherit;
+  } else if (v == "per-worker" || v == "auto") {
+    g.mode = M::kPerWorker;
+  } else if (v == "least-loaded") {
+    g.mode = M::kLeastLoaded;
+  } else if (!v.empty() && v.find_first_not_of("0123456789,") == std::string::npos) {
+    g.mode = M::kIds;
+    g.ids = absl::StrSplit(v, ',', absl::SkipEmpty());
+  } else {
+    return BadValue("gpus", v, "inherit, per-worker, least-loaded or device ids 0,1,...");
   }
-  o.gpus = v;
+  o.gpus = std::move(g);
   return absl::OkStatus();
 }
 

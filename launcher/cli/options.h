@@ -29,6 +29,15 @@ enum class CpuAffinity { kNone, kBlock, kNode, kSocket };
 // which waits in dlrun::worker::init()), off.
 enum class SpareWorkers { kAuto, kOn, kOff };
 
+// --gpus: CUDA_VISIBLE_DEVICES of each worker. inherit (default, as torchrun: as the scheduler
+// set it; "none" too), per-worker (local rank i sees only the i-th visible GPU; "auto" too),
+// least-loaded (NVML picks), or device ids.
+struct GpuSpec {
+  enum class Mode { kInherit, kPerWorker, kLeastLoaded, kIds } mode = Mode::kInherit;
+  std::vector<std::string> ids;  // kIds
+  std::string text = "inherit";  // as given, for messages
+};
+
 struct LaunchOptions {
   int min_nodes = 1;
   int max_nodes = 1;
@@ -57,9 +66,7 @@ struct LaunchOptions {
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given
   std::chrono::milliseconds grace_period = defaults::kGracePeriod;  // SIGTERM -> SIGKILL
   std::chrono::milliseconds hang_timeout{0};      // 0: off
-  // CUDA_VISIBLE_DEVICES: inherit (default, as torchrun: left as the scheduler set it),
-  // per-worker (local rank i sees only the i-th visible GPU), least-loaded (NVML picks), or ids.
-  std::string gpus = "inherit";
+  GpuSpec gpus;
   CpuAffinity cpu_affinity = CpuAffinity::kNone;  // CPU pinning; --numa-binding maps here too
   // torchrun flags that have no effect here (a one-line note says so when given).
   std::string start_method = "spawn";

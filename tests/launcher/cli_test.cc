@@ -199,7 +199,7 @@ TEST(LaunchOptions, EtcdBackendsSayWhatToUseInstead) {
 TEST(LaunchOptions, GpuAndCpuDefaultsFollowTorchrun) {
   auto o = Parse({"prog"});
   ASSERT_TRUE(o.ok());
-  EXPECT_EQ(o->gpus, "inherit");
+  EXPECT_EQ(o->gpus.mode, GpuSpec::Mode::kInherit);
   EXPECT_EQ(o->cpu_affinity, CpuAffinity::kNone);
   EXPECT_FALSE(o->worker_exit_code);
   EXPECT_FALSE(Parse({"--gpus", "some", "p"}).ok());

@@ -13,6 +13,14 @@
 namespace dlrun::launcher {
 namespace {
 
+// --gpus VALUE as the command line parses it.
+GpuSpec Gpus(const std::string& value) {
+  auto o = ParseLaunchOptions({"--gpus", value, "prog"},
+                              [](std::string_view) { return std::optional<std::string>(); });
+  EXPECT_TRUE(o.ok()) << o.status();
+  return o.ok() ? o->gpus : GpuSpec{};
+}
+
 TEST(GpuPick, LeastLoadedByMemoryAndUtilisation) {
   std::vector<GpuLoad> g = {{0, 30, 100, 50},   // 30% memory + 50% busy = 80
                             {1, 0, 100, 0},     // idle
@@ -28,26 +36,26 @@ TEST(ResolveGpus, TheDefaultLeavesCudaVisibleDevicesAsTheSchedulerSetIt) {
   f.visible_devices = "0,1,2,3";
   f.device_count = 4;
   // As torchrun: every worker inherits CUDA_VISIBLE_DEVICES, so set_device(LOCAL_RANK) works.
-  EXPECT_TRUE(ResolveGpus("inherit", 4, f)->empty());
-  EXPECT_TRUE(ResolveGpus("none", 4, f)->empty());
+  EXPECT_TRUE(ResolveGpus(Gpus("inherit"), 4, f)->empty());
+  EXPECT_TRUE(ResolveGpus(Gpus("none"), 4, f)->empty());
 }
 
 TEST(ResolveGpus, OptInsNarrowEachWorkerToOneDevice) {
   GpuFacts f;
   f.visible_devices = "3,1,2";
   f.loads = std::vector<GpuLoad>{{0, 90, 100, 90}, {1, 0, 100, 0}};
-  EXPECT_EQ(*ResolveGpus("per-worker", 2, f), (std::vector<std::string>{"3", "1"}));
-  EXPECT_EQ(*ResolveGpus("auto", 2, f), (std::vector<std::string>{"3", "1"}));
-  EXPECT_EQ(*ResolveGpus("least-loaded", 1, f), std::vector<std::string>{"1"});  // NVML
+  EXPECT_EQ(*ResolveGpus(Gpus("per-worker"), 2, f), (std::vector<std::string>{"3", "1"}));
+  EXPECT_EQ(*ResolveGpus(Gpus("auto"), 2, f), (std::vector<std::string>{"3", "1"}));
+  EXPECT_EQ(*ResolveGpus(Gpus("least-loaded"), 1, f), std::vector<std::string>{"1"});  // NVML
   f.visible_devices.reset();
   f.loads.reset();
   f.device_count = 4;
-  EXPECT_EQ(*ResolveGpus("least-loaded", 2, f), (std::vector<std::string>{"0", "1"}));  // no NVML
-  EXPECT_EQ(*ResolveGpus("per-worker", 2, f), (std::vector<std::string>{"0", "1"}));
+  EXPECT_EQ(*ResolveGpus(Gpus("least-loaded"), 2, f), (std::vector<std::string>{"0", "1"}));  // no NVML
+  EXPECT_EQ(*ResolveGpus(Gpus("per-worker"), 2, f), (std::vector<std::string>{"0", "1"}));
   f.device_count = 1;
-  EXPECT_TRUE(ResolveGpus("per-worker", 2, f)->empty());  // fewer GPUs than workers
-  EXPECT_EQ(*ResolveGpus("5,6,7", 2, f), (std::vector<std::string>{"5", "6"}));
-  EXPECT_EQ(std::string(ResolveGpus("5", 2, f).status().message()),
+  EXPECT_TRUE(ResolveGpus(Gpus("per-worker"), 2, f)->empty());  // fewer GPUs than workers
+  EXPECT_EQ(*ResolveGpus(Gpus("5,6,7"), 2, f), (std::vector<std::string>{"5", "6"}));
+  EXPECT_EQ(std::string(ResolveGpus(Gpus("5"), 2, f).status().message()),
             "invalid value '5' for --gpus: expected at least 2 device ids (one per worker), "
             "inherit, per-worker or least-loaded");
 }

@@ -136,12 +136,9 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   a.hang_timeout = o.hang_timeout;
   a.console_prefix_template = o.log_line_prefix_template;
   a.virtual_local_rank = o.virtual_local_rank;
-  a.redirects = StdSpecPerRank(o.redirects, nproc);
-  if (!o.local_ranks_filter.empty()) {
-    auto ranks = ParseRankList(o.local_ranks_filter, nproc);
-    if (!ranks.ok()) return ranks.status();
-    a.console_ranks = *ranks;
-  }
+  a.redirects = o.redirects.PerRank(nproc);
+  if (absl::Status s = CheckLocalRanks(o, nproc); !s.ok()) return s;
+  a.console_ranks = o.local_ranks_filter;
   if (absl::Status s = ApplyEnvironmentRules(o, nproc, cpus, env, &a); !s.ok()) return s;
   a.stdout_pty = isatty(STDOUT_FILENO) == 1;
   a.exit_with_worker_code = o.worker_exit_code;
@@ -181,7 +178,7 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
 absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string& run_id,
                                        const EnvLookup& env, bool* keep) {
   const std::string tmp = env("TMPDIR").value_or("/tmp");
-  const bool redirected = o.redirects != "0" || o.tee != "0";
+  const bool redirected = o.redirects.Any() || o.tee.Any();
   *keep = !o.log_dir.empty() || redirected;
   if (!*keep) return RunDir(tmp, getuid(), run_id, getpid());
   std::string base = o.log_dir;

@@ -23,11 +23,15 @@ using cli::BadValue;
 using Flag = cli::Flag<LaunchOptions>;
 using O = LaunchOptions;
 
-absl::Status CheckStd(const std::string& flag, const std::string& v) {
-  // torchrun's redirects/tee: a single 0-3 for all ranks, or "local_rank:0-3,..." per rank.
+absl::StatusOr<StdSpec> ParseStd(const std::string& flag, const std::string& v) {
   const std::string expected = "0-3 (0 none, 1 stdout, 2 stderr, 3 both) or RANK:0-3,...";
+  StdSpec spec;
   int x = 0;
-  if (absl::SimpleAtoi(v, &x)) return (x >= 0 && x <= 3) ? absl::OkStatus() : BadValue(flag, v, expected);
+  if (absl::SimpleAtoi(v, &x)) {
+    if (x < 0 || x > 3) return BadValue(flag, v, expected);
+    spec.all = x;
+    return spec;
+  }
   for (absl::string_view item : absl::StrSplit(v, ',')) {
     std::vector<std::string> kv = absl::StrSplit(item, ':');
     int r = 0;
@@ -35,16 +39,32 @@ absl::Status CheckStd(const std::string& flag, const std::string& v) {
         x < 0 || x > 3) {
       return BadValue(flag, v, expected);
     }
+    spec.by_rank[r] = x;
   }
-  return absl::OkStatus();
+  return spec;
 }
 
-cli::Setter<O> StdField(const std::string& flag, std::string O::*field) {
+cli::Setter<O> StdField(const std::string& flag, StdSpec O::*field) {
   return [=](O& o, const std::string& v) {
-    auto s = CheckStd(flag, v);
-    if (s.ok()) o.*field = v;
-    return s;
+    auto s = ParseStd(flag, v);
+    if (!s.ok()) return s.status();
+    o.*field = *std::move(s);
+    return absl::OkStatus();
   };
+}
+
+absl::Status SetLocalRanksFilter(O& o, const std::string& v) {
+  std::vector<int> ranks;
+  for (absl::string_view item : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+    int r = 0;
+    if (!absl::SimpleAtoi(item, &r) || r < 0) {
+      return BadValue("local-ranks-filter", v, "comma-separated local ranks (e.g. 0,1)");
+    }
+    ranks.push_back(r);
+  }
+  o.local_ranks_filter = std::move(ranks);
+  o.local_ranks_filter_text = v;
+  return absl::OkStatus();
 }
 
 absl::Status SetNnodes(O& o, const std::string& v) {
@@ -221,7 +241,7 @@ std::vector<Flag> BaseFlags() {
       {"tee", "t", true, StdField("tee", &O::tee),
        "tee worker streams to --log-dir files and the console: 0 none, 1 stdout, 2 stderr, "
        "3 both; LOCAL_RANK:N,... per rank"},
-      {"local-ranks-filter", "", true, StrField(&O::local_ranks_filter),
+      {"local-ranks-filter", "", true, SetLocalRanksFilter,
        "only show output of these local ranks (e.g. 0,1)"},
       {"node-rank", "", true, IntField("node-rank", &O::node_rank, 0, kMax),
        "rank of this node (static rendezvous)"},
@@ -334,35 +354,30 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   return o;
 }
 
-std::vector<int> StdSpecPerRank(const std::string& spec, int nproc) {
-  std::vector<int> out(nproc, 0);
-  int all = 0;
-  if (absl::SimpleAtoi(spec, &all)) {
-    std::fill(out.begin(), out.end(), all);
-    return out;
-  }
-  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
-    std::vector<std::string> kv = absl::StrSplit(item, ':');
-    int r = 0, v = 0;
-    if (kv.size() == 2 && absl::SimpleAtoi(kv[0], &r) && absl::SimpleAtoi(kv[1], &v) && r >= 0 &&
-        r < nproc) {
-      out[r] = v;
-    }
+std::vector<int> StdSpec::PerRank(int nproc) const {
+  std::vector<int> out(nproc, all);
+  for (const auto& [r, v] : by_rank) {
+    if (r < nproc) out[r] = v;
   }
   return out;
 }
 
-absl::StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc) {
-  std::vector<int> out;
-  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-    int r = 0;
-    if (!absl::SimpleAtoi(item, &r) || r < 0 || r >= nproc) {
-      return BadValue("local-ranks-filter", list,
-                 absl::StrCat("comma-separated local ranks in [0, ", nproc, ")"));
-    }
-    out.push_back(r);
+bool StdSpec::Any() const {
+  if (all != 0) return true;
+  for (const auto& [r, v] : by_rank) {
+    if (v != 0) return true;
   }
-  return out;
+  return false;
+}
+
+absl::Status CheckLocalRanks(const LaunchOptions& o, int nproc) {
+  for (int r : o.local_ranks_filter) {
+    if (r >= nproc) {
+      return BadValue("local-ranks-filter", o.local_ranks_filter_text,
+                      absl::StrCat("comma-separated local ranks in [0, ", nproc, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string UsageText() {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -38,6 +39,15 @@ struct GpuSpec {
   std::string text = "inherit";  // as given, for messages
 };
 
+// torchrun's --redirects/--tee: 0-3 for every local rank (0 none, 1 stdout, 2 stderr, 3 both),
+// or LOCAL_RANK:0-3,... per rank (the others 0).
+struct StdSpec {
+  int all = 0;
+  std::map<int, int> by_rank;
+  std::vector<int> PerRank(int nproc) const;  // ranks past nproc are ignored
+  bool Any() const;                           // whether any rank's streams go to files
+};
+
 struct LaunchOptions {
   int min_nodes = 1;
   int max_nodes = 1;
@@ -54,9 +64,11 @@ struct LaunchOptions {
   bool module = false;
   bool run_path = false;
   std::string log_dir;
-  std::string redirects = "0";
-  std::string tee = "0";
-  std::string local_ranks_filter;
+  StdSpec redirects, tee;
+  // --local-ranks-filter: only these local ranks' output on the console (empty: all); checked
+  // against the worker count once it is known (CheckLocalRanks).
+  std::vector<int> local_ranks_filter;
+  std::string local_ranks_filter_text;  // as given, for messages
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = defaults::kMasterPort;
@@ -104,8 +116,9 @@ absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, 
 std::string UsageText();
 
 // torchrun's per-rank stream spec ("3", or "0:1,2:3") as a value 0-3 for each local rank.
-std::vector<int> StdSpecPerRank(const std::string& spec, int nproc);
+
 // --local-ranks-filter "0,2" -> {0, 2}; errors name the bad item.
-absl::StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc);
+// --local-ranks-filter against the worker count: an error names a rank >= nproc.
+absl::Status CheckLocalRanks(const LaunchOptions& o, int nproc);
 
 }  // namespace dlrun::launcher

@@ -130,8 +130,8 @@ TEST(LaunchOptions, TelemetryFlags) {
 TEST(LaunchOptions, ShortFlags) {
   auto o = Parse({"-r", "3", "-t1", "-m", "pkg.mod"});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->redirects, "3");
-  EXPECT_EQ(o->tee, "1");
+  EXPECT_EQ(o->redirects.all, 3);
+  EXPECT_EQ(o->tee.all, 1);
   EXPECT_TRUE(o->module);
   EXPECT_EQ(o->command, std::vector<std::string>{"pkg.mod"});
 }
@@ -162,10 +162,16 @@ TEST(LaunchOptions, ResolveNprocPerNode) {
 }
 
 TEST(StdSpec, PerRankValuesAndFilter) {
-  EXPECT_EQ(StdSpecPerRank("3", 2), (std::vector<int>{3, 3}));
-  EXPECT_EQ(StdSpecPerRank("0:1,2:3", 3), (std::vector<int>{1, 0, 3}));
-  EXPECT_EQ(*ParseRankList("0,2", 3), (std::vector<int>{0, 2}));
-  EXPECT_FALSE(ParseRankList("5", 3).ok());
+  EXPECT_EQ(Parse({"-r", "3", "p"})->redirects.PerRank(2), (std::vector<int>{3, 3}));
+  EXPECT_EQ(Parse({"-r", "0:1,2:3", "p"})->redirects.PerRank(3), (std::vector<int>{1, 0, 3}));
+  EXPECT_FALSE(Parse({"-t", "0:0", "p"})->tee.Any()) << "every rank 0: nothing to a file";
+  auto f = Parse({"--local-ranks-filter", "0,2", "p"});
+  EXPECT_EQ(f->local_ranks_filter, (std::vector<int>{0, 2}));
+  EXPECT_TRUE(CheckLocalRanks(*f, 3).ok());
+  EXPECT_EQ(std::string(CheckLocalRanks(*Parse({"--local-ranks-filter", "5", "p"}), 3).message()),
+            "invalid value '5' for --local-ranks-filter: expected comma-separated local ranks in "
+            "[0, 3)");
+  EXPECT_FALSE(Parse({"--local-ranks-filter", "x", "p"}).ok());
 }
 
 TEST(LaunchOptions, EveryTorchrunFlagIsAccepted) {
@@ -181,7 +187,7 @@ TEST(LaunchOptions, EveryTorchrunFlagIsAccepted) {
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->start_method, "fork");
   EXPECT_EQ(o->cpu_affinity, CpuAffinity::kNode);
-  EXPECT_EQ(o->tee, "0:1");
+  EXPECT_EQ(o->tee.by_rank, (std::map<int, int>{{0, 1}}));
   for (const char* m : {"--standalone", "-m"}) EXPECT_TRUE(Parse({m, "prog"}).ok()) << m;
   EXPECT_NE(std::string(Parse({"--start-method", "thread", "p"}).status().message())
                 .find("expected spawn, fork or forkserver"),

@@ -24,6 +24,7 @@ inline constexpr char kOmpiWorldSize[] = "OMPI_COMM_WORLD_SIZE";
 inline constexpr char kOmpiLocalRank[] = "OMPI_COMM_WORLD_LOCAL_RANK";
 inline constexpr char kOmpiLocalSize[] = "OMPI_COMM_WORLD_LOCAL_SIZE";
 inline constexpr char kOmpiNodeRank[] = "OMPI_COMM_WORLD_NODE_RANK";
+inline constexpr char kOmpiJobId[] = "OMPI_MCA_orte_ess_jobid";
 
 // PMIx (srun --mpi=pmix, prterun, flux)
 inline constexpr char kPmixNamespace[] = "PMIX_NAMESPACE";
@@ -39,5 +40,10 @@ inline constexpr char kPetNprocPerNode[] = "PET_NPROC_PER_NODE";
 inline constexpr char kPetRdzvEndpoint[] = "PET_RDZV_ENDPOINT";
 inline constexpr char kPodIndex[] = "POD_INDEX";
 inline constexpr char kJobUuid[] = "JOB_UUID";
+inline constexpr char kJobName[] = "JOB_NAME";
+
+// A torchrun-style static setup by hand (MASTER_ADDR with these; GROUP_RANK works too)
+inline constexpr char kNodeRank[] = "NODE_RANK";
+inline constexpr char kNnodes[] = "NNODES";
 
 }  // namespace dlrun::sched

@@ -1,7 +1,8 @@
 // Where is dlrun running? Slurm (srun, also srun --mpi=pmix), Open MPI (mpirun), another PMIx
 // launcher (prterun, flux; asked through PMIx_Get), Kubeflow /
 // Run:ai pods (PET_*, MASTER_ADDR, RANK as the pod index), torchrun-style variables, or nothing
-// (standalone). Detection only fills in what the flags left unset.
+// (standalone). Each environment has its own detector (findings.h), which only reads; this
+// merges the first one's findings into the options, filling in only what the flags left unset.
 #pragma once
 
 #include <string>

@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   flush();
-  dlrun::launcher::EnvLookup env = [&](std::string_view n) -> std::optional<std::string> {
+  dlrun::EnvLookup env = [&](std::string_view n) -> std::optional<std::string> {
     auto it = vars.find(std::string(n));
     if (it == vars.end()) return std::nullopt;
     return it->second;

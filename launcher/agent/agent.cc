@@ -26,7 +26,8 @@ Agent::Agent(AgentOptions options, std::unique_ptr<MembershipSource> source,
     : options_(std::move(options)),
       source_(std::move(source)),
       processes_(processes),
-      clock_(clock) {}
+      clock_(clock),
+      telemetry_(options_.telemetry, options_.hostname, *source_, clock_) {}
 
 std::string Agent::ErrorFile(int local_rank) const {
   return absl::StrCat(options_.run_dir, "/attempt_", attempt_, "/", local_rank, "/",
@@ -101,12 +102,6 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
 }
 
 absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
-  for (const Worker& w : workers_) {  // the CPU time of the attempt that ended stays counted
-    if (auto it = cpu_seen_.find(w.pid); it != cpu_seen_.end()) {
-      cpu_base_[w.rank] += it->second;
-      cpu_seen_.erase(it);
-    }
-  }
   workers_.clear();
   for (int lr = 0; lr < options_.nproc; ++lr) {
     auto pid = processes_.Spawn(MakeSpawnSpec(lr));
@@ -125,6 +120,7 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
                                    a.num_nodes, ", world size ", a.world_size, ", master ",
                                    a.master_addr, ":", a.master_port);
+  double lost_s = 0;
   if (fault_seen_at_ && stopped_at_) {
     auto ms = [](SteadyTime from, SteadyTime to) {
       return std::chrono::duration_cast<Millis>(to - from).count();
@@ -132,16 +128,11 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     absl::StrAppend(&table, " (after the fault: stop ", ms(*fault_seen_at_, *stopped_at_),
                     " ms, rendezvous ", ms(*stopped_at_, assigned_at), " ms, spawn ",
                     ms(assigned_at, clock_.Now()), " ms)");
-    lost_s_ += static_cast<double>(ms(*fault_seen_at_, clock_.Now())) / 1000.0;
+    lost_s = static_cast<double>(ms(*fault_seen_at_, clock_.Now())) / 1000.0;
   }
-  if (sampler_) {
-    std::vector<pid_t> pids;
-    for (const Worker& w : workers_) pids.push_back(w.pid);
-    sampler_->Watch(std::move(pids));
-  }
-  if (options_.serve_metrics && !metrics_) {
-    if (auto t = source_->job_telemetry()) metrics_ = options_.serve_metrics(std::move(t));
-  }
+  std::vector<AgentTelemetry::Member> members;
+  for (const Worker& w : workers_) members.push_back({w.rank, w.local_rank, w.pid, true});
+  telemetry_.GroupStarted(std::move(members), lost_s);
   fault_seen_at_.reset();
   stopped_at_.reset();
   absl::StrAppend(&table, "\n  local_rank  rank  pid");
@@ -170,6 +161,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
           x.when_s = clock_.WallSeconds();
           x.stopped = stopping_;
           NoteDeathByPassedOnSignal(x);
+          telemetry_.Exited(e.pid);
           exits_.push_back(x);
         }
         break;
@@ -192,31 +184,10 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         woken_ = true;
         break;
       case ProcEvent::Kind::kStep:
-        for (const Worker& w : workers_) {
-          if (w.pid != e.pid) continue;
-          RankSteps& r = rank_steps_[current_.rank_offset + w.local_rank];
-          ++r.steps;
-          r.samples += e.step.samples;
-          r.step_s += e.step.step_s;
-          if (e.step.data_s) {
-            r.data_s += *e.step.data_s;
-            r.has_data = true;
-          }
-          if (e.step.compute_s && e.step.sync_s) {
-            r.compute_s += *e.step.compute_s;
-            r.sync_s += *e.step.sync_s;
-            r.has_split = true;
-          }
-          if (e.step.loss) r.loss = e.step.loss;
-          if (r.step_times.size() < kMaxStepTimes) {
-            r.step_times.push_back(e.step.step_s);
-          } else {
-            r.step_times[static_cast<size_t>(r.steps - 1) % kMaxStepTimes] = e.step.step_s;
-          }
-        }
+        telemetry_.Step(e.pid, e.step);
         break;
       case ProcEvent::Kind::kBadRecord:
-        ++bad_records_;
+        telemetry_.BadRecord();
         break;
     }
   }
@@ -256,8 +227,8 @@ Agent::Watch Agent::WatchGroup() {
               0};
     }
     const int forwarded =
-        HandleEvents(processes_.Wait(std::min({next_check, next_hang, PublishDue()})));
-    MaybePublish();
+        HandleEvents(processes_.Wait(std::min({next_check, next_hang, telemetry_.Due()})));
+    telemetry_.MaybePublish();
     if (forwarded != 0) return {Outcome::kSignalled, "", forwarded};
     for (const WorkerExit& e : exits_) {
       if (e.failed()) return {Outcome::kFailed, "", 0};
@@ -331,7 +302,8 @@ void Agent::StopGroup(int first_signal) {
 int Agent::AfterSuccess() {
   processes_.CloseOutputs();
   spdlog::info("all {} worker(s) finished successfully", options_.nproc);
-  MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);  // the final figures go with the leave
+  // The final figures go with the leave.
+  telemetry_.MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);
   source_->OnSuccess();
   const Millis interval = source_->check_interval();
   if (interval.count() == 0) return 0;
@@ -364,7 +336,7 @@ int Agent::AfterFailure() {
     auto it = records.find(lr);
     return it == records.end() ? ErrorRecord{} : it->second;
   };
-  MaybePublish(/*now_anyway=*/true);
+  telemetry_.MaybePublish(/*now_anyway=*/true);
   const RootCause root = PickRootCause(exits_, error_of);
   const WorkerExit& first = root.exit;
   const std::string what = first.signal != 0
@@ -420,12 +392,9 @@ absl::StatusOr<Assignment> Agent::NextAssignment(int* signal) {
 
 int Agent::Run() {
   const double start = clock_.WallSeconds();
-  // The sampler starts with the first publication, a period in: a job shorter than that
-  // (a launch benchmark, a failed start) pays nothing for it.
-  if (options_.telemetry) next_publish_ = clock_.Now() + options_.telemetry_period;
+  telemetry_.Start();
   const int rc = RunAttempts();
-  Report(rc, clock_.WallSeconds() - start);
-  sampler_.reset();
+  telemetry_.Finish(rc, clock_.WallSeconds() - start, current_);
   return rc;
 }
 
@@ -462,7 +431,7 @@ int Agent::RunAttempts() {
       case Watch::Outcome::kHung:
         spdlog::error("{}: stopping the worker group", w.reason);
         StopGroup(SIGTERM);
-        MaybePublish(/*now_anyway=*/true);
+        telemetry_.MaybePublish(/*now_anyway=*/true);
         if (!source_->OnFailure(w.reason)) return kHangExitCode;
         spdlog::warn("restarting worker group after a hang");
         break;
@@ -470,7 +439,7 @@ int Agent::RunAttempts() {
         spdlog::warn("received SIG{}: forwarding to workers and stopping", sigabbrev_np(w.signal));
         StopGroup(w.signal);
         // The steps done since the last period's publication belong in the report too.
-        MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);
+        telemetry_.MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);
         source_->OnStop(absl::StrCat("agent received SIG", sigabbrev_np(w.signal)));
         return 128 + w.signal;
       case Watch::Outcome::kRestart:

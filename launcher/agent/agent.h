@@ -18,11 +18,11 @@
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
 #include "common/defaults.h"
+#include "launcher/agent/agent_telemetry.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/root_cause.h"
-#include "launcher/agent/resource_sampler.h"
 
 namespace dlrun::launcher {
 
@@ -64,17 +64,8 @@ struct AgentOptions {
   // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
   bool exit_with_worker_code = false;
   std::string program_name = "worker";  // named in the failure block
-  // --report-json: this node's end-of-job report (docs/TELEMETRY.md) as JSON; empty: none.
-  std::string report_json;
   std::string hostname;
-  // Telemetry (docs/TELEMETRY.md): sample the workers (resource_sampler.h) and publish this node's
-  // figures to the membership source every telemetry_period.
-  bool telemetry = true;
-  Millis telemetry_period{1000};
-  bool sample_processes = true;  // the /proc + NVML sampler (in-process tests with fake pids: off)
-  // --metrics-port: serves the job-wide aggregate over HTTP once this agent holds it (a
-  // single-node job, or the rendezvous host); the result keeps the server alive.
-  std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> serve_metrics;
+  TelemetryOptions telemetry;  // this node's figures, the metrics server, the report
 };
 
 class Agent {
@@ -89,27 +80,10 @@ class Agent {
   // forwarded signal N.
   int Run();
 
-  // What this node's workers reported in step records (docs/TELEMETRY.md), per global rank.
-  struct RankSteps {
-    int64_t steps = 0, samples = 0;
-    double step_s = 0, data_s = 0, compute_s = 0, sync_s = 0;
-    bool has_data = false, has_split = false;
-    std::optional<double> loss;
-    std::vector<double> step_times;  // the last kMaxStepTimes (a ring), for the percentiles
-  };
-  static constexpr size_t kMaxStepTimes = 10000;  // 80 KB per rank
-  const std::map<int, RankSteps>& rank_steps() const { return rank_steps_; }
-
  private:
   // The console prefix of a worker's lines: "[rank N]: " or --log-line-prefix-template's.
   std::string ConsolePrefix(int rank, int local_rank) const;
   int RunAttempts();
-  void Report(int rc, double wall_s);
-  // This node's figures now (cumulative), from the step records and the sampler.
-  rdzv::NodeTelemetry NodeFigures(bool all_steps);  // agent_telemetry.cc, as the two below
-  // Publishes NodeFigures() to the source when the period has passed (or `now_anyway`).
-  void MaybePublish(bool now_anyway = false, bool all_steps = false);
-  SteadyTime PublishDue() const;
   struct Worker {
     int local_rank = 0;
     int rank = 0;  // global, in its attempt
@@ -118,9 +92,6 @@ class Agent {
     bool heartbeat_seen = false;
     SteadyTime last_heartbeat;
   };
-  // A current worker's sampled CPU, memory and GPU memory into `x` (kept across its samples).
-  void AddProcessFigures(const Worker& w, const std::map<pid_t, ProcSample>& procs,
-                         rdzv::RankTelemetry* x);
   // How one attempt's supervision ended.
   struct Watch {
     enum class Outcome { kSucceeded, kFailed, kHung, kSignalled, kRestart, kStop } outcome;
@@ -166,16 +137,7 @@ class Agent {
   bool woken_ = false;
   bool passthrough_hint_given_ = false;  // NoteDeathByPassedOnSignal's advice, once per run
   std::vector<WorkerExit> exits_;
-  std::map<int, RankSteps> rank_steps_;
-  int64_t bad_records_ = 0;
-  int restarts_seen_ = 0;
-  std::unique_ptr<ResourceSampler> sampler_;
-  SteadyTime next_publish_{};
-  double lost_s_ = 0;                  // fault seen -> workers running, summed over restarts
-  std::map<int, double> cpu_base_;     // per rank: CPU seconds of its earlier processes
-  std::map<pid_t, double> cpu_seen_;   // per worker pid: its latest CPU seconds
-  std::map<int, ProcSample> proc_last_;  // per rank: its process' last sample
-  std::shared_ptr<void> metrics_;      // the HTTP server, once started
+  AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };
 
 }  // namespace dlrun::launcher

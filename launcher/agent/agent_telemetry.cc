@@ -1,6 +1,7 @@
-// The agent's side of telemetry (docs/TELEMETRY.md): this node's figures from the step records
-// and the sampler, published every period through the membership source, and the end-of-job
-// report. The supervision loop (agent.cc) calls MaybePublish() between events.
+// This node's telemetry (agent_telemetry.h): step records and samples in, figures published
+// every period, the report at the end.
+#include "launcher/agent/agent_telemetry.h"
+
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -11,45 +12,105 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "launcher/agent/agent.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
 
-SteadyTime Agent::PublishDue() const {
-  return options_.telemetry ? next_publish_ : SteadyTime::max();
+AgentTelemetry::AgentTelemetry(TelemetryOptions options, std::string hostname,
+                               MembershipSource& source, Clock& clock)
+    : options_(std::move(options)), hostname_(std::move(hostname)), source_(source), clock_(clock) {}
+
+AgentTelemetry::~AgentTelemetry() = default;
+
+void AgentTelemetry::Start() {
+  if (options_.on) next_publish_ = clock_.Now() + options_.period;
 }
 
-void Agent::MaybePublish(bool now_anyway, bool all_steps) {
-  if (!options_.telemetry) return;
+void AgentTelemetry::GroupStarted(std::vector<Member> members, double lost_s) {
+  for (const Member& m : members_) {  // the CPU time of the group that ended stays counted
+    if (auto it = cpu_seen_.find(m.pid); it != cpu_seen_.end()) {
+      cpu_base_[m.rank] += it->second;
+      cpu_seen_.erase(it);
+    }
+  }
+  members_ = std::move(members);
+  if (!members_.empty()) rank_offset_ = members_.front().rank - members_.front().local_rank;
+  lost_s_ += lost_s;
+  if (sampler_) {
+    std::vector<pid_t> pids;
+    for (const Member& m : members_) pids.push_back(m.pid);
+    sampler_->Watch(std::move(pids));
+  }
+  if (options_.serve_metrics && !metrics_) {
+    if (auto t = source_.job_telemetry()) metrics_ = options_.serve_metrics(std::move(t));
+  }
+}
+
+void AgentTelemetry::Exited(pid_t pid) {
+  for (Member& m : members_) {
+    if (m.pid == pid) m.alive = false;
+  }
+}
+
+void AgentTelemetry::Step(pid_t pid, const StepRecord& step) {
+  for (const Member& m : members_) {
+    if (m.pid != pid) continue;
+    RankSteps& r = rank_steps_[m.rank];
+    ++r.steps;
+    r.samples += step.samples;
+    r.step_s += step.step_s;
+    if (step.data_s) {
+      r.data_s += *step.data_s;
+      r.has_data = true;
+    }
+    if (step.compute_s && step.sync_s) {
+      r.compute_s += *step.compute_s;
+      r.sync_s += *step.sync_s;
+      r.has_split = true;
+    }
+    if (step.loss) r.loss = step.loss;
+    if (r.step_times.size() < kMaxStepTimes) {
+      r.step_times.push_back(step.step_s);
+    } else {
+      r.step_times[static_cast<size_t>(r.steps - 1) % kMaxStepTimes] = step.step_s;
+    }
+  }
+}
+
+SteadyTime AgentTelemetry::Due() const {
+  return options_.on ? next_publish_ : SteadyTime::max();
+}
+
+void AgentTelemetry::MaybePublish(bool now_anyway, bool all_steps) {
+  if (!options_.on) return;
   const SteadyTime now = clock_.Now();
   if (!now_anyway && now < next_publish_) return;
-  next_publish_ = now + options_.telemetry_period;
+  next_publish_ = now + options_.period;
   if (!sampler_ && !now_anyway && options_.sample_processes) {
-    sampler_ = std::make_unique<ResourceSampler>(options_.telemetry_period);
+    sampler_ = std::make_unique<ResourceSampler>(options_.period);
     std::vector<pid_t> pids;
-    for (const Worker& w : workers_) {
-      if (w.alive) pids.push_back(w.pid);
+    for (const Member& m : members_) {
+      if (m.alive) pids.push_back(m.pid);
     }
     sampler_->Watch(std::move(pids));
   }
-  source_->Publish(NodeFigures(all_steps));
+  source_.Publish(Figures(all_steps));
 }
 
 namespace {
 
 // The latest `n` step times of a rank's ring (kept in step order up to kMaxStepTimes, then
 // overwritten at steps % kMaxStepTimes).
-std::vector<double> LatestStepTimes(const Agent::RankSteps& r, size_t n) {
+std::vector<double> LatestStepTimes(const AgentTelemetry::RankSteps& r, size_t n) {
   const std::vector<double>& ring = r.step_times;
   n = std::min(n, ring.size());
-  if (ring.size() < Agent::kMaxStepTimes) return {ring.end() - static_cast<std::ptrdiff_t>(n), ring.end()};
-  const size_t end = static_cast<size_t>(r.steps) % Agent::kMaxStepTimes;  // one past the latest
+  if (ring.size() < AgentTelemetry::kMaxStepTimes) return {ring.end() - static_cast<std::ptrdiff_t>(n), ring.end()};
+  const size_t end = static_cast<size_t>(r.steps) % AgentTelemetry::kMaxStepTimes;  // one past the latest
   std::vector<double> v;
   v.reserve(n);
   for (size_t k = 0; k < n; ++k) {
-    v.push_back(ring[(end + Agent::kMaxStepTimes - n + k) % Agent::kMaxStepTimes]);
+    v.push_back(ring[(end + AgentTelemetry::kMaxStepTimes - n + k) % AgentTelemetry::kMaxStepTimes]);
   }
   return v;
 }
@@ -67,8 +128,8 @@ void SetPercentiles(std::vector<double> v, rdzv::RankTelemetry* x) {
 
 }  // namespace
 
-void Agent::AddProcessFigures(const Worker& w, const std::map<pid_t, ProcSample>& procs,
-                              rdzv::RankTelemetry* x) {
+void AgentTelemetry::AddProcessFigures(const Member& w, const std::map<pid_t, ProcSample>& procs,
+                                       rdzv::RankTelemetry* x) {
   if (auto p = procs.find(w.pid); p != procs.end()) {
     ProcSample& last = proc_last_[w.rank];
     const int64_t peak = std::max(last.rss_peak_bytes, p->second.rss_peak_bytes);
@@ -90,9 +151,9 @@ void Agent::AddProcessFigures(const Worker& w, const std::map<pid_t, ProcSample>
   x->cpu_s = cpu_base_[w.rank] + (seen != cpu_seen_.end() ? seen->second : 0.0);
 }
 
-rdzv::NodeTelemetry Agent::NodeFigures(bool all_steps) {
+rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
   rdzv::NodeTelemetry t;
-  t.hostname = options_.hostname;
+  t.hostname = hostname_;
   t.lost_s = lost_s_;
   if (options_.sample_processes) {
     static const int64_t limit = MemoryLimitBytes();  // read once
@@ -103,12 +164,12 @@ rdzv::NodeTelemetry Agent::NodeFigures(bool all_steps) {
     procs = sampler_->Latest();
     t.gpus = sampler_->Gpus();
   }
-  std::map<int, const Worker*> by_rank;
-  for (const Worker& w : workers_) by_rank[w.rank] = &w;
+  std::map<int, const Member*> by_rank;
+  for (const Member& m : members_) by_rank[m.rank] = &m;
   // Ranks with steps, and the current workers (a program that reports nothing still gets its
   // process figures).
   std::map<int, int> ranks;  // rank -> local rank
-  for (const auto& [rank, r] : rank_steps_) ranks[rank] = rank - current_.rank_offset;
+  for (const auto& [rank, r] : rank_steps_) ranks[rank] = rank - rank_offset_;
   for (const auto& [rank, w] : by_rank) ranks[rank] = w->local_rank;
   for (const auto& [rank, local] : ranks) {
     rdzv::RankTelemetry x;
@@ -139,52 +200,55 @@ rdzv::NodeTelemetry Agent::NodeFigures(bool all_steps) {
   return t;
 }
 
-// The end-of-job report (docs/TELEMETRY.md): the job's, where this agent holds the job-wide
-// aggregate (a single-node job, or the rendezvous host), else this node's. Printed when telemetry
-// is on and any rank reported anything; written as JSON with --report-json.
-void Agent::Report(int rc, double wall_s) {
+// The report is the job's where this agent holds the job-wide aggregate (a single-node job, or
+// the rendezvous host), else this node's. Printed when telemetry is on and any rank reported
+// anything; written as JSON with --report-json.
+void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
   const SteadyTime now = clock_.Now();
-  std::shared_ptr<rdzv::JobTelemetry> job = options_.telemetry ? source_->job_telemetry() : nullptr;
+  std::shared_ptr<rdzv::JobTelemetry> job = options_.on ? source_.job_telemetry() : nullptr;
   const bool whole = job != nullptr;
   if (!whole) {
     job = std::make_shared<rdzv::JobTelemetry>();
-    job->SetJob(current_.run_id, current_.round, current_.world_size, 1, current_.restart_count);
-    job->Update("local", options_.hostname, NodeFigures(/*all_steps=*/true), now);
+    job->SetJob(last.run_id, last.round, last.world_size, 1, last.restart_count);
+    job->Update("local", hostname_, Figures(/*all_steps=*/true), now);
   }
   job->SetState(rc == 0 ? "succeeded" : "failed");
   rdzv::JobTelemetry::Snapshot snap = job->Snap(now);
   snap.wall_s = wall_s;
-  if (!whole) snap.restarts = current_.restart_count;
+  if (!whole) snap.restarts = last.restart_count;
   // Over the whole job, CPU utilisation is CPU time over wall time (not the last sample).
   for (auto& [rank, r] : snap.ranks) {
     if (r.cpu_s > 0 && wall_s > 0) r.cpu_utilization = r.cpu_s / wall_s;
   }
   bool any = false;
   for (const auto& [rank, r] : snap.ranks) any |= r.steps > 0 || r.cpu_s > 0;
-  if (options_.telemetry && any) {
+  if (options_.on && any) {
     std::string text = rdzv::FormatJobReport(snap, rc);
     if (!whole) text.replace(0, std::string("job report").size(), "job report (this node)");
     if (bad_records_ > 0) absl::StrAppend(&text, "\n  malformed step records dropped: ", bad_records_);
     spdlog::info("{}", text);
   }
-  if (!options_.report_json.empty()) {
-    nlohmann::json j = nlohmann::json::parse(rdzv::SnapshotJson(snap, false));
-    j["exit_code"] = rc;
-    j["bad_records"] = bad_records_;
-    j["scope"] = whole ? "job" : "node";
-    rusage self{};
-    getrusage(RUSAGE_SELF, &self);  // the agent's own CPU time (threads included, workers not)
-    j["agent_cpu_s"] = static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +
-                       1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
-    const std::string tmp = options_.report_json + ".tmp";
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    out.close();
-    if (!out || std::rename(tmp.c_str(), options_.report_json.c_str()) != 0) {
-      spdlog::error("cannot write the report to {}: {}", options_.report_json, std::strerror(errno));
-    } else {
-      spdlog::info("report written to {}", options_.report_json);
-    }
+  if (!options_.report_json.empty()) WriteJson(rdzv::SnapshotJson(snap, false), rc, whole);
+  sampler_.reset();
+}
+
+void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool whole) const {
+  nlohmann::json j = nlohmann::json::parse(snapshot_json);
+  j["exit_code"] = rc;
+  j["bad_records"] = bad_records_;
+  j["scope"] = whole ? "job" : "node";
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);  // the agent's own CPU time (threads included, workers not)
+  j["agent_cpu_s"] = static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +
+                     1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
+  const std::string tmp = options_.report_json + ".tmp";
+  std::ofstream out(tmp);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out || std::rename(tmp.c_str(), options_.report_json.c_str()) != 0) {
+    spdlog::error("cannot write the report to {}: {}", options_.report_json, std::strerror(errno));
+  } else {
+    spdlog::info("report written to {}", options_.report_json);
   }
 }
 

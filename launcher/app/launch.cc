@@ -142,16 +142,16 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   if (absl::Status s = ApplyEnvironmentRules(o, nproc, cpus, env, &a); !s.ok()) return s;
   a.stdout_pty = isatty(STDOUT_FILENO) == 1;
   a.exit_with_worker_code = o.worker_exit_code;
-  a.report_json = o.report_json;
-  a.telemetry = o.telemetry;
+  a.telemetry.report_json = o.report_json;
+  a.telemetry.on = o.telemetry;
   if (o.telemetry_flags.metrics_port >= 0) {
     if (!o.telemetry) {
       return absl::InvalidArgumentError(
           "--metrics-port needs telemetry: drop --telemetry off, or the port");
     }
-    a.serve_metrics = [port = o.telemetry_flags.metrics_port,
-                       addr = o.telemetry_flags.metrics_addr](
-                          std::shared_ptr<rdzv::JobTelemetry> t) -> std::shared_ptr<void> {
+    a.telemetry.serve_metrics = [port = o.telemetry_flags.metrics_port,
+                                 addr = o.telemetry_flags.metrics_addr](
+                                    std::shared_ptr<rdzv::JobTelemetry> t) -> std::shared_ptr<void> {
       auto api = LoadRendezvous();  // the HTTP side lives in the plugin, as gRPC does
       if (!api.ok()) {
         spdlog::error("--metrics-port: {}", std::string(api.status().message()));

@@ -25,7 +25,7 @@ struct Harness {
     options.forwarded_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
     options.passthrough_signals = {SIGUSR1, SIGUSR2};
     options.exit_with_worker_code = true;  // the tests name the worker's code (torchrun: 1)
-    options.sample_processes = false;      // fake pids: nothing to read in /proc
+    options.telemetry.sample_processes = false;  // fake pids: nothing to read in /proc
     char dir[] = "/tmp/dlrun-agent-test-XXXXXX";
     options.run_dir = mkdtemp(dir);
   }

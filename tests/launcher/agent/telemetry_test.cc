@@ -74,7 +74,7 @@ TEST(AgentTelemetry, ARestartKeepsTheCountsAndOffPublishesNothing) {
     EXPECT_EQ(s->published.back().ranks.at(0).steps, 8) << "4 steps in each of 2 attempts";
   }
   Harness h(1);
-  h.options.telemetry = false;
+  h.options.telemetry.on = false;
   auto src = std::make_unique<ScriptedSource>(Assignment{}, 0, seconds(1));
   ScriptedSource* s = src.get();
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {

@@ -1,0 +1,107 @@
+// This node's telemetry (docs/TELEMETRY.md): what the workers say in step records, what the
+// resource sampler reads of their processes, published through the membership source every
+// period; the metrics server once this node holds the job-wide aggregate; and the end-of-job
+// report. The agent (agent.h) tells it which processes run which ranks, hands it the step
+// records it reads, and asks it when the next publication is due. It reads the time only through
+// the agent's Clock, so the agent's in-process tests drive it on the fake one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/assignment.h"
+#include "launcher/agent/clock.h"
+#include "launcher/agent/membership.h"
+#include "launcher/agent/resource_sampler.h"
+#include "launcher/agent/step_record.h"
+
+namespace dlrun::launcher {
+
+struct TelemetryOptions {
+  // Off (--telemetry off): nothing is published, sampled or reported (--report-json still
+  // writes the exit code).
+  bool on = true;
+  Millis period{1000};  // between publications, and between the sampler's reads
+  bool sample_processes = true;  // the /proc + NVML sampler (in-process tests with fake pids: off)
+  // --report-json: this node's end-of-job report as JSON; empty: none.
+  std::string report_json;
+  // --metrics-port: serves the job-wide aggregate over HTTP once this node holds it (a
+  // single-node job, or the rendezvous host); the result keeps the server alive.
+  std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> serve_metrics;
+};
+
+class AgentTelemetry {
+ public:
+  // What one rank reported in its step records, summed over the run.
+  struct RankSteps {
+    int64_t steps = 0, samples = 0;
+    double step_s = 0, data_s = 0, compute_s = 0, sync_s = 0;
+    bool has_data = false, has_split = false;
+    std::optional<double> loss;
+    std::vector<double> step_times;  // the last kMaxStepTimes (a ring), for the percentiles
+  };
+  static constexpr size_t kMaxStepTimes = 10000;  // 80 KB per rank
+  // One worker of the current group.
+  struct Member {
+    int rank = 0;  // global
+    int local_rank = 0;
+    pid_t pid = -1;
+    bool alive = true;
+  };
+
+  AgentTelemetry(TelemetryOptions options, std::string hostname, MembershipSource& source,
+                 Clock& clock);
+  ~AgentTelemetry();
+
+  // The run starts. The first publication, and with it the sampler, come a period in: a job
+  // shorter than that (a launch benchmark, a failed start) pays nothing for them.
+  void Start();
+  // A new worker group runs: the earlier group's CPU time stays counted, the sampler watches the
+  // new processes, and the metrics server starts once the source holds the job's aggregate.
+  // `lost_s`: the time this restart lost (fault seen -> workers running), 0 for the first.
+  void GroupStarted(std::vector<Member> members, double lost_s);
+  void Exited(pid_t pid);
+  void Step(pid_t pid, const StepRecord& step);
+  void BadRecord() { ++bad_records_; }
+
+  // When the next publication is due (never, with telemetry off).
+  SteadyTime Due() const;
+  // Publishes this node's figures when the period has passed, or now with `now_anyway`;
+  // `all_steps`: percentiles over every step the ring holds (the final figures), else the latest.
+  void MaybePublish(bool now_anyway = false, bool all_steps = false);
+  // The job ended with `rc` after `wall_s`: prints the report (the job's where this node holds
+  // the aggregate, else this node's), writes --report-json, and stops the sampler.
+  void Finish(int rc, double wall_s, const Assignment& last);
+
+ private:
+  rdzv::NodeTelemetry Figures(bool all_steps);
+  // A current worker's sampled CPU, memory and GPU memory into `x` (kept across its samples).
+  void AddProcessFigures(const Member& m, const std::map<pid_t, ProcSample>& procs,
+                         rdzv::RankTelemetry* x);
+  void WriteJson(const std::string& snapshot_json, int rc, bool whole) const;
+
+  TelemetryOptions options_;
+  std::string hostname_;
+  MembershipSource& source_;
+  Clock& clock_;
+  std::vector<Member> members_;
+  int rank_offset_ = 0;
+  std::map<int, RankSteps> rank_steps_;
+  int64_t bad_records_ = 0;
+  std::unique_ptr<ResourceSampler> sampler_;
+  SteadyTime next_publish_{};
+  double lost_s_ = 0;                    // summed over restarts
+  std::map<int, double> cpu_base_;       // per rank: CPU seconds of its earlier processes
+  std::map<pid_t, double> cpu_seen_;     // per worker pid: its latest CPU seconds
+  std::map<int, ProcSample> proc_last_;  // per rank: its process' last sample
+  std::shared_ptr<void> metrics_;        // the HTTP server, once started
+};
+
+}  // namespace dlrun::launcher

@@ -12,9 +12,9 @@ int main(int argc, char** argv) {
   namespace dl = dlrun::launcher;
   spdlog::set_pattern("[dlrun %H:%M:%S.%e] %^%l%$: %v");
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") {
-    std::fputs(dl::UsageText().c_str(), args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  if (args.empty()) {  // -h/--help is the subcommands' (cli::Parsed::help)
+    std::fputs(dl::UsageText().c_str(), stderr);
+    return 2;
   }
   if (args[0] == "--version" || args[0] == "-V") {
     std::printf("dlrun %s (torchrun-compatible launcher)\n", DLRUN_VERSION);

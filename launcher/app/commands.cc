@@ -13,6 +13,11 @@ std::string SelfPath() {
   return ec ? std::string("dlrun") : p.string();
 }
 
+int Help(const std::string& usage) {
+  std::fputs(usage.c_str(), stdout);
+  return 0;
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "dlrun: %s\n", std::string(s.message()).c_str());
   return 2;

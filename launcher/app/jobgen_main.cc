@@ -23,14 +23,6 @@ extern const char* const kSlurmTemplate;  // job_templates/dlrun.sbatch, compile
 
 namespace {
 
-bool WantsHelp(const std::vector<std::string>& args) {
-  for (const auto& a : args) {
-    if (a == "--") return false;
-    if (a == "-h" || a == "--help") return true;
-  }
-  return false;
-}
-
 // Writes `text` to `path` with exactly `mode` (also when the file already existed).
 bool WriteFile(const std::string& path, const std::string& text, mode_t mode) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
@@ -85,12 +77,9 @@ void WarnWithoutPreemptionHook(const std::vector<std::string>& command) {
 }  // namespace
 
 int SlurmMain(const std::vector<std::string>& args) {
-  if (WantsHelp(args)) {
-    std::fputs(SlurmUsage().c_str(), stdout);
-    return 0;
-  }
   auto o = ParseSlurmArgs(args);
   if (!o.ok()) return Fail(o.status());
+  if (o->help) return Help(SlurmUsage());
   if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
   if (o->preemptible) WarnWithoutPreemptionHook(o->command);
   const std::string script = RenderSlurmScript(*o, kSlurmTemplate);
@@ -123,12 +112,9 @@ int SlurmMain(const std::vector<std::string>& args) {
 }
 
 int RunaiMain(const std::vector<std::string>& args) {
-  if (WantsHelp(args)) {
-    std::fputs(RunaiUsage().c_str(), stdout);
-    return 0;
-  }
   auto o = ParseRunaiArgs(args);
   if (!o.ok()) return Fail(o.status());
+  if (o->help) return Help(RunaiUsage());
   std::fputs(RenderRunaiCommand(*o).c_str(), stdout);
   const std::string token_prefix = absl::StrCat(contract::kRdzvToken, "=");
   bool token = false;

@@ -326,6 +326,7 @@ int LaunchMain(std::vector<std::string> args, bool env_only) {
   auto parsed = ParseLaunchOptions(args, env);
   if (!parsed.ok()) return Fail(parsed.status());
   LaunchOptions o = *std::move(parsed);
+  if (o.help) return Help(UsageText());
   if (!o.print_completion.empty()) {
     std::fputs(CompletionScript(o.print_completion).c_str(), stdout);
     return 0;

@@ -209,6 +209,10 @@ absl::StatusOr<Parsed> Parse(const ParseSpec& spec, const std::vector<ErasedFlag
       ++i;
       break;
     }
+    if (a == "-h" || a == "--help") {
+      out.help = true;
+      return out;
+    }
     if (a.size() < 2 || a[0] != '-') {
       if (!spec.wants_program) {
         return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' for ",

@@ -66,6 +66,9 @@ struct ParseSpec {
 struct Parsed {
   std::vector<std::string> program;  // PROGRAM ARGS
   std::set<std::string> given;       // canonical names set on the command line or by PET_*
+  // -h or --help came before PROGRAM: the parse stopped there, and the caller prints its
+  // usage (Usage(), which lists -h, --help) and exits 0. Flags before it were still checked.
+  bool help = false;
 };
 
 // Parses `args` (after the subcommand) into `o`. Implemented over a type-erased table.
@@ -93,6 +96,7 @@ absl::StatusOr<Parsed> ParseFlags(const ParseSpec& spec, const std::vector<Flag<
   return internal::Parse(spec, erased, args, env);
 }
 
+// `head`, then a line per flag, then "-h, --help", which every subcommand takes (Parsed::help).
 template <typename Opts>
 std::string Usage(const std::string& head, const std::vector<Flag<Opts>>& flags) {
   std::vector<std::pair<std::string, std::string>> lines;
@@ -102,6 +106,7 @@ std::string Usage(const std::string& head, const std::vector<Flag<Opts>>& flags)
     if (f.takes_value) lhs += " VALUE";
     lines.emplace_back(lhs, f.help);
   }
+  lines.emplace_back("-h, --help", "this text");
   return internal::Usage(head, lines);
 }
 

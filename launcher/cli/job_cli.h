@@ -37,6 +37,7 @@ struct SlurmJobOptions {
   std::string script_path;  // -o FILE; empty: stdout (or dlrun-<job-name>.sbatch with --submit)
   bool submit = false;
   std::vector<std::string> command;  // PROGRAM ARGS
+  bool help = false;                 // -h/--help: print SlurmUsage(), nothing else is set
   std::vector<std::string> args;     // as given after `slurm`, for the script's header
 };
 
@@ -61,6 +62,7 @@ struct RunaiJobOptions {
   std::string dlrun_path = "dlrun";
   std::string manifest_path;  // -o FILE
   std::vector<std::string> command;
+  bool help = false;  // -h/--help: print RunaiUsage(), nothing else is set
 };
 
 absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args);

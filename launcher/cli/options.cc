@@ -341,6 +341,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   cli::ParseSpec spec{"dlrun", /*wants_program=*/true, /*pet_fallback=*/true};
   auto parsed = cli::ParseFlags(spec, Flags(), args, o, &env);
   if (!parsed.ok()) return parsed.status();
+  o.help = parsed->help;
+  if (o.help) return o;
   o.command = std::move(parsed->program);
   o.given = std::move(parsed->given);
   if (o.standalone) {

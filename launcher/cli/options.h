@@ -98,6 +98,7 @@ struct LaunchOptions {
   bool telemetry = true;
   cli::TelemetryFlags telemetry_flags;
   std::vector<std::string> command;  // PROGRAM ARGS...
+  bool help = false;  // -h/--help: print UsageText(), nothing else is set
   std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*
 };
 

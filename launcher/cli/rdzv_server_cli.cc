@@ -20,7 +20,6 @@ struct Raw {
   rdzv::Config config;
   RdzvConf conf;  // --last-call, --join-timeout, --heartbeat-*: the --rdzv-conf keys' flags
   cli::TelemetryFlags telemetry;
-  bool help = false;
 };
 
 std::vector<cli::Flag<Raw>> Flags() {
@@ -42,12 +41,8 @@ std::vector<cli::Flag<Raw>> Flags() {
       {"run-id", "", true, StrField(&Raw::run_id), "the job's run id (--rdzv-id of the agents)"},
       {"max-restarts", "", true, config_int("max-restarts", &rdzv::Config::max_restarts, 0),
        "worker-group restarts before the job fails (default 0)"},
-      {"help", "h", false, cli::BoolField(&Raw::help), "this text"},
   };
-  // After --max-restarts and before --help, as the help has always listed them.
-  std::vector<cli::Flag<Raw>> conf;
-  AddRdzvConfFlags(&Raw::conf, &conf);
-  f.insert(f.end() - 1, conf.begin(), conf.end());
+  AddRdzvConfFlags(&Raw::conf, &f);
   cli::AddTelemetryFlags(&Raw::telemetry, &f);
   return f;
 }
@@ -61,8 +56,8 @@ absl::StatusOr<RdzvServerArgs> ParseRdzvServerArgs(const std::vector<std::string
                                 Flags(), args, raw);
   if (!parsed.ok()) return parsed.status();
   RdzvServerArgs out;
-  out.help = raw.help;
-  if (raw.help) return out;
+  out.help = parsed->help;
+  if (out.help) return out;
   out.host.config = raw.config;
   raw.conf.ApplyTo(&out.host.config);
   out.host.config.min_nodes = raw.nnodes.min;

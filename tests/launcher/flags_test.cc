@@ -81,5 +81,29 @@ TEST(Flags, SpellingsShortFlagsPetFallbackAndTheProgram) {
             "unexpected argument 'x' for t (see t --help)");
 }
 
+// One --help path: the parse loop stops at -h/--help before the program (the flags before it
+// still checked), and every usage text lists it; after the program it is the program's.
+TEST(Flags, HelpStopsTheParseBeforeTheProgramAndIsListedInEveryUsage) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"-h"}, {"--num-things", "3", "--help"}, {"-h", "--bogus"}}) {
+    Opts o;
+    auto p = ParseFlags(ParseSpec{"t"}, Table(), args, o);  // no program: no error either
+    ASSERT_TRUE(p.ok()) << args[0] << ": " << p.status();
+    EXPECT_TRUE(p->help) << args[0];
+  }
+  Opts o;
+  auto p = ParseFlags(ParseSpec{"t"}, Table(), {"prog", "--help"}, o);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->help);
+  EXPECT_EQ(p->program, (std::vector<std::string>{"prog", "--help"}));
+  p = ParseFlags(ParseSpec{"t"}, Table(), {"--", "--help"}, o);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->help);
+  EXPECT_EQ(Error(ParseFlags(ParseSpec{"t"}, Table(), {"--num-things", "x", "--help"}, o).status()),
+            "invalid value 'x' for --num-things: expected an integer from 0 to 9");
+  const std::string usage = Usage("usage: t\n", Table());
+  EXPECT_NE(usage.find("\n  -h, --help                  this text\n"), std::string::npos) << usage;
+}
+
 }  // namespace
 }  // namespace dlrun::cli

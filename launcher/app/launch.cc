@@ -250,7 +250,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
                                                              const Detection& d, int nproc,
                                                              const EnvLookup& env,
                                                              std::string* run_id) {
-  const bool use_rdzv = !o.standalone && o.rdzv_backend != "static";
+  const bool use_rdzv = !o.standalone && o.rdzv_backend != RdzvBackend::kStatic;
   if (!use_rdzv && !o.standalone && o.min_nodes != o.max_nodes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid value '", o.min_nodes, ":", o.max_nodes,
@@ -282,7 +282,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
 // A rendezvous host whose name does not resolve would be retried for the whole join timeout,
 // silently: the first --rdzv-endpoint entry's host must resolve.
 absl::Status ResolveRendezvousHost(const LaunchOptions& o) {
-  if (o.standalone || o.rdzv_backend == "static" || o.rdzv_endpoint.empty()) {
+  if (o.standalone || o.rdzv_backend == RdzvBackend::kStatic || o.rdzv_endpoint.empty()) {
     return absl::OkStatus();
   }
   auto endpoints = ParseEndpointList(o.rdzv_endpoint);

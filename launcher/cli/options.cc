@@ -76,11 +76,9 @@ absl::Status SetNnodes(O& o, const std::string& v) {
 }
 
 absl::Status SetNproc(O& o, const std::string& v) {
-  if (v != "auto" && v != "gpu" && v != "cpu" && v != "xpu") {
-    auto n = ResolveNprocPerNode(v, 0, 1);
-    if (!n.ok()) return n.status();
-  }
-  o.nproc_per_node = v;
+  auto n = ParseNprocPerNode(v);
+  if (!n.ok()) return n.status();
+  o.nproc_per_node = *std::move(n);
   return absl::OkStatus();
 }
 
@@ -94,7 +92,7 @@ absl::Status SetBackend(O& o, const std::string& v) {
   if (v != "static" && v != "c10d" && v != "grpc" && v != "dlrun") {
     return BadValue("rdzv-backend", v, "static, c10d, grpc or dlrun");
   }
-  o.rdzv_backend = v;
+  o.rdzv_backend = v == "static" ? RdzvBackend::kStatic : RdzvBackend::kGrpc;
   return absl::OkStatus();
 }
 
@@ -313,25 +311,46 @@ std::string CompletionScript(const std::string& shell) {
   return script;
 }
 
-absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, int num_cpus) {
-  if (value == "cpu") return num_cpus;
-  if (value == "gpu") {
-    if (num_gpus <= 0) {
-      return absl::FailedPreconditionError(
-          "--nproc-per-node gpu: no GPU found on this node (use cpu or a number)");
-    }
-    return num_gpus;
-  }
-  if (value == "auto") return num_gpus > 0 ? num_gpus : num_cpus;
-  if (value == "xpu") {
-    return absl::FailedPreconditionError(
-        "--nproc-per-node xpu: dlrun does not count Intel XPUs (use a number)");
-  }
-  int n = 0;
-  if (!absl::SimpleAtoi(value, &n) || n < 1 || n > 4096) {
+absl::StatusOr<NprocSpec> ParseNprocPerNode(const std::string& value) {
+  NprocSpec n;
+  n.text = value;
+  if (value == "auto") {
+    n.kind = NprocSpec::Kind::kAuto;
+  } else if (value == "gpu") {
+    n.kind = NprocSpec::Kind::kGpu;
+  } else if (value == "cpu") {
+    n.kind = NprocSpec::Kind::kCpu;
+  } else if (value == "xpu") {
+    n.kind = NprocSpec::Kind::kXpu;
+  } else if (!absl::SimpleAtoi(value, &n.count) || n.count < 1 || n.count > 4096) {
     return BadValue("nproc-per-node", value, "auto, gpu, cpu or an integer 1-4096");
   }
   return n;
+}
+
+absl::StatusOr<int> ResolveNprocPerNode(const NprocSpec& spec, int num_gpus, int num_cpus) {
+  switch (spec.kind) {
+    case NprocSpec::Kind::kCpu:
+      return num_cpus;
+    case NprocSpec::Kind::kGpu:
+      if (num_gpus <= 0) {
+        return absl::FailedPreconditionError(
+            "--nproc-per-node gpu: no GPU found on this node (use cpu or a number)");
+      }
+      return num_gpus;
+    case NprocSpec::Kind::kAuto:
+      return num_gpus > 0 ? num_gpus : num_cpus;
+    case NprocSpec::Kind::kXpu:
+      return absl::FailedPreconditionError(
+          "--nproc-per-node xpu: dlrun does not count Intel XPUs (use a number)");
+    case NprocSpec::Kind::kCount:
+      break;
+  }
+  return spec.count;
+}
+
+const char* RdzvBackendName(RdzvBackend b) {
+  return b == RdzvBackend::kStatic ? "static" : "grpc";
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,

@@ -26,6 +26,19 @@ inline EnvLookup ProcessEnv() { return ProcessEnvironment(); }
 // --cpu-affinity: none (as torchrun), block (a contiguous share each), node (the NUMA nodes,
 // round robin), socket (the physical packages, round robin).
 enum class CpuAffinity { kNone, kBlock, kNode, kSocket };
+// --rdzv-backend: static (torchrun's: fixed node ranks, no rendezvous), or dlrun's gRPC
+// rendezvous, which c10d, grpc and dlrun all name.
+enum class RdzvBackend { kStatic, kGrpc };
+const char* RdzvBackendName(RdzvBackend b);  // "static", "grpc"
+
+// --nproc-per-node: auto (the GPUs, else the CPUs), gpu, cpu, xpu (refused when resolved), or
+// a count.
+struct NprocSpec {
+  enum class Kind { kAuto, kGpu, kCpu, kXpu, kCount } kind = Kind::kCount;
+  int count = 1;          // kCount
+  std::string text = "1";  // as given, for messages and `dlrun env`
+};
+
 // --spare-workers (docs/RECOVERY.md): auto (for Python programs), on (also any other program,
 // which waits in dlrun::worker::init()), off.
 enum class SpareWorkers { kAuto, kOn, kOff };
@@ -51,9 +64,9 @@ struct StdSpec {
 struct LaunchOptions {
   int min_nodes = 1;
   int max_nodes = 1;
-  std::string nproc_per_node = "1";  // as given: auto | gpu | cpu | N
+  NprocSpec nproc_per_node;
   bool standalone = false;
-  std::string rdzv_backend = "static";
+  RdzvBackend rdzv_backend = RdzvBackend::kStatic;
   std::string rdzv_endpoint;
   std::string rdzv_id = "none";
   RdzvConf rdzv_conf;  // --rdzv-conf, parsed (cli/rdzv_conf.h)
@@ -108,11 +121,13 @@ struct LaunchOptions {
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
                                                  const EnvLookup& env);
 
-// Resolves --nproc-per-node (auto|gpu|cpu|N) to a count, given the machine's GPUs and CPUs.
 // --print-completion: a completion script for `shell` (bash, zsh or tcsh) listing dlrun's flags.
 std::string CompletionScript(const std::string& shell);
 
-absl::StatusOr<int> ResolveNprocPerNode(const std::string& value, int num_gpus, int num_cpus);
+// --nproc-per-node's value, parsed (the count checked: 1-4096).
+absl::StatusOr<NprocSpec> ParseNprocPerNode(const std::string& value);
+// The worker count it means, given the machine's GPUs and CPUs.
+absl::StatusOr<int> ResolveNprocPerNode(const NprocSpec& spec, int num_gpus, int num_cpus);
 
 std::string UsageText();
 

@@ -23,6 +23,8 @@ void Fill(LaunchOptions* o, Detection* d, const std::string& flag, T LaunchOptio
   o->*field = *value;
   if constexpr (std::is_same_v<T, std::string>) {
     d->applied.emplace_back(flag, *value);
+  } else if constexpr (std::is_same_v<T, RdzvBackend>) {
+    d->applied.emplace_back(flag, RdzvBackendName(*value));
   } else {
     d->applied.emplace_back(flag, absl::StrCat(*value));
   }
@@ -70,7 +72,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
   g.master_addr = o->given.count("master-addr") > 0;
   g.placement = g.rdzv_endpoint || g.master_addr || o->given.count("node-rank") > 0;
   g.nnodes = o->given.count("nnodes") > 0;
-  g.rdzv_asked = o->given.count("rdzv-backend") > 0 && o->rdzv_backend != "static";
+  g.rdzv_asked = o->given.count("rdzv-backend") > 0 && o->rdzv_backend != RdzvBackend::kStatic;
   // In this order: srun --mpi=pmix sets PMIx variables too, and Slurm's say more.
   for (const auto& detect : std::vector<std::function<absl::StatusOr<std::optional<Findings>>()>>{
            [&] { return DetectSlurm(env, g); }, [&] { return DetectOpenMpi(env, g); },
@@ -81,7 +83,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
     if (found->has_value()) return Merge(**std::move(found), o);
   }
   if (o->max_nodes == 1 && !g.placement && !o->given.count("master-port") &&
-      o->rdzv_backend == "static") {
+      o->rdzv_backend == RdzvBackend::kStatic) {
     d.source = "standalone";
     d.reason = "no cluster environment and a single node: local rendezvous on a free port";
     o->standalone = true;
@@ -125,10 +127,10 @@ std::string FormatDetection(const Detection& d, const LaunchOptions& o) {
   absl::StrAppend(&s, "\nresult\n");
   const std::pair<std::string, int> master = StaticMaster(o);
   absl::StrAppend(&s, absl::StrFormat("  %-16s %d:%d\n", "nnodes", o.min_nodes, o.max_nodes));
-  absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "nproc-per-node", o.nproc_per_node));
+  absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "nproc-per-node", o.nproc_per_node.text));
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "rendezvous",
                                       o.standalone ? "standalone (local, free port)"
-                                                   : o.rdzv_backend == "static"
+                                                   : o.rdzv_backend == RdzvBackend::kStatic
                                                          ? absl::StrCat("static: node rank ", o.node_rank, ", master ",
                                                                 master.first, ":", master.second)
                                                          : absl::StrCat("grpc at ", o.rdzv_endpoint)));

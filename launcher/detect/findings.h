@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/env.h"
+#include "launcher/cli/options.h"  // RdzvBackend
 #include "launcher/detect/pmix_query.h"
 
 namespace dlrun::launcher {
@@ -20,7 +21,8 @@ struct Findings {
   std::string reason;  // one sentence: why this source
   std::vector<std::pair<std::string, std::string>> evidence;  // variables read, in order
   // Settings, each filled in unless its flag was given.
-  std::optional<std::string> rdzv_id, rdzv_backend, rdzv_endpoint, master_addr;
+  std::optional<std::string> rdzv_id, rdzv_endpoint, master_addr;
+  std::optional<RdzvBackend> rdzv_backend;
   std::optional<int> nodes, node_rank, master_port;
   std::string standalone;  // non-empty: run standalone, and why ("a one-node step")
   // Facts for the rendezvous: this agent's place in the scheduler's order, the hosts expected.

@@ -25,7 +25,7 @@ absl::StatusOr<std::optional<Findings>> DetectOpenMpi(const EnvLookup& env, cons
   }
   f.nodes = *size;
   f.node_rank = *rank;
-  f.rdzv_backend = "static";
+  f.rdzv_backend = RdzvBackend::kStatic;
   f.master_addr = addr.value_or("127.0.0.1");
   auto port = r.Port(contract::kMasterPort);
   if (!port.ok()) return port.status();

@@ -59,7 +59,7 @@ absl::StatusOr<std::optional<Findings>> DetectPmix(const EnvLookup& env, const G
   }
   f.expected_hosts = hosts;
   f.nodes = nodes;
-  f.rdzv_backend = "grpc";
+  f.rdzv_backend = RdzvBackend::kGrpc;
   auto port = r.RdzvPort();
   if (!port.ok()) return port.status();
   if (!host0.empty()) f.rdzv_endpoint = absl::StrCat(host0, ":", *port);

@@ -35,7 +35,7 @@ absl::StatusOr<std::optional<Findings>> DetectPod(const EnvLookup& env, const Gi
   }
   if (env(sched::kPetRdzvEndpoint)) {
     // --rdzv-endpoint itself comes from PET_RDZV_ENDPOINT through the flag table.
-    f.rdzv_backend = "grpc";
+    f.rdzv_backend = RdzvBackend::kGrpc;
   } else if (g.rdzv_asked && !g.rdzv_endpoint) {
     // `dlrun runai` pods: --rdzv-backend grpc and the master pod hosts the rendezvous.
     auto addr = r.Get(contract::kMasterAddr);
@@ -58,7 +58,7 @@ absl::StatusOr<std::optional<Findings>> DetectPod(const EnvLookup& env, const Gi
       if (!ws.ok()) return ws.status();
       f.nodes = *ws;
     }
-    f.rdzv_backend = "static";
+    f.rdzv_backend = RdzvBackend::kStatic;
     if (auto addr = r.Get(contract::kMasterAddr)) f.master_addr = *addr;
     auto port = r.Port(contract::kMasterPort);
     if (!port.ok()) return port.status();

@@ -40,7 +40,7 @@ absl::StatusOr<std::optional<Findings>> DetectSlurm(const EnvLookup& env, const 
   if (!hosts.ok()) return hosts.status();
   f.expected_hosts = *hosts;
   f.nodes = *nodes;
-  f.rdzv_backend = "grpc";
+  f.rdzv_backend = RdzvBackend::kGrpc;
   auto port = r.RdzvPort();
   if (!port.ok()) return port.status();
   f.rdzv_endpoint = absl::StrCat((*hosts)[0], ":", *port);

@@ -22,7 +22,7 @@ TEST(LaunchOptions, BothSpellingsAndEqualsForm) {
         std::vector<std::string>{"--nproc_per_node", "4", "--", "train", "--lr", "1"}}) {
     auto o = Parse(args);
     ASSERT_TRUE(o.ok()) << o.status();
-    EXPECT_EQ(o->nproc_per_node, "4");
+    EXPECT_EQ(o->nproc_per_node.count, 4);
     EXPECT_EQ(o->command, (std::vector<std::string>{"train", "--lr", "1"}));
   }
 }
@@ -32,7 +32,7 @@ TEST(LaunchOptions, BothSpellingsAndEqualsForm) {
 TEST(LaunchOptions, PrefixesOfLongFlagsAndSuggestions) {
   auto o = Parse({"--nproc_per", "2", "--max-re=3", "p"});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->nproc_per_node, "2");
+  EXPECT_EQ(o->nproc_per_node.count, 2);
   EXPECT_EQ(o->max_restarts, 3);
   auto r = Parse({"--rdzv", "x", "p"});
   ASSERT_FALSE(r.ok());
@@ -53,7 +53,7 @@ TEST(LaunchOptions, ProgramArgumentsAreNotParsed) {
   auto o = Parse({"--standalone", "prog", "--nproc-per-node", "9", "--bogus"});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_TRUE(o->standalone);
-  EXPECT_EQ(o->nproc_per_node, "1");
+  EXPECT_EQ(o->nproc_per_node.count, 1);
   EXPECT_EQ(o->command.size(), 4u);
 }
 
@@ -140,25 +140,32 @@ TEST(LaunchOptions, PetEnvironmentFallbackAndPrecedence) {
   auto o = Parse({"p"}, {{"PET_NPROC_PER_NODE", "3"}, {"PET_NNODES", "1:2"},
                          {"PET_MAX_RESTARTS", "5"}, {"PET_STANDALONE", "1"}});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->nproc_per_node, "3");
+  EXPECT_EQ(o->nproc_per_node.count, 3);
   EXPECT_EQ(o->max_restarts, 5);
   EXPECT_TRUE(o->standalone);
   o = Parse({"--nproc-per-node", "2", "p"}, {{"PET_NPROC_PER_NODE", "3"}});
   ASSERT_TRUE(o.ok());
-  EXPECT_EQ(o->nproc_per_node, "2");  // the command line wins
+  EXPECT_EQ(o->nproc_per_node.count, 2);  // the command line wins
   auto r = Parse({"p"}, {{"PET_MAX_RESTARTS", "lots"}});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(std::string(r.status().message()).find("PET_MAX_RESTARTS"), std::string::npos);
 }
 
 TEST(LaunchOptions, ResolveNprocPerNode) {
-  EXPECT_EQ(*ResolveNprocPerNode("auto", 0, 8), 8);
-  EXPECT_EQ(*ResolveNprocPerNode("auto", 4, 8), 4);
-  EXPECT_EQ(*ResolveNprocPerNode("cpu", 4, 8), 8);
-  EXPECT_EQ(*ResolveNprocPerNode("gpu", 2, 8), 2);
-  EXPECT_FALSE(ResolveNprocPerNode("gpu", 0, 8).ok());
-  EXPECT_EQ(*ResolveNprocPerNode("3", 0, 1), 3);
-  EXPECT_FALSE(ResolveNprocPerNode("0", 0, 1).ok());
+  auto resolve = [](const std::string& v, int gpus, int cpus) {
+    auto spec = ParseNprocPerNode(v);
+    return spec.ok() ? ResolveNprocPerNode(*spec, gpus, cpus) : spec.status();
+  };
+  EXPECT_EQ(*resolve("auto", 0, 8), 8);
+  EXPECT_EQ(*resolve("auto", 4, 8), 4);
+  EXPECT_EQ(*resolve("cpu", 4, 8), 8);
+  EXPECT_EQ(*resolve("gpu", 2, 8), 2);
+  EXPECT_FALSE(resolve("gpu", 0, 8).ok());
+  EXPECT_FALSE(resolve("xpu", 0, 8).ok());
+  EXPECT_EQ(*resolve("3", 0, 1), 3);
+  EXPECT_EQ(std::string(resolve("0", 0, 1).status().message()),
+            "invalid value '0' for --nproc-per-node: expected auto, gpu, cpu or an integer 1-4096");
+  EXPECT_EQ(ParseNprocPerNode("auto")->text, "auto");
 }
 
 TEST(StdSpec, PerRankValuesAndFilter) {

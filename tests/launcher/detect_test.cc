@@ -44,7 +44,7 @@ TEST(EnvDetect, SlurmMultiNodeStep) {
   EXPECT_EQ(r.d->source, "slurm");
   EXPECT_EQ(r.o.min_nodes, 2);
   EXPECT_EQ(r.o.max_nodes, 2);
-  EXPECT_EQ(r.o.rdzv_backend, "grpc");
+  EXPECT_EQ(r.o.rdzv_backend, RdzvBackend::kGrpc);
   EXPECT_EQ(r.o.rdzv_endpoint, "gpu07:29400");  // first host of the step, not of the job
   EXPECT_EQ(r.o.rdzv_id, "4242");
   EXPECT_EQ(r.d->slurm_node_id, 1);
@@ -83,7 +83,7 @@ TEST(EnvDetect, OpenMpi) {
   EXPECT_EQ(r.d->source, "openmpi");
   EXPECT_EQ(r.o.node_rank, 1);
   EXPECT_EQ(r.o.max_nodes, 2);
-  EXPECT_EQ(r.o.rdzv_backend, "static");
+  EXPECT_EQ(r.o.rdzv_backend, RdzvBackend::kStatic);
   EXPECT_EQ(r.o.master_addr, "127.0.0.1");
   EXPECT_EQ(r.o.master_port, 29999);
   r = Detect({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
@@ -100,14 +100,14 @@ TEST(EnvDetect, KubeflowPodIndexIsTheNodeRank) {
   EXPECT_EQ(r.d->source, "kubeflow");
   EXPECT_EQ(r.o.node_rank, 2);
   EXPECT_EQ(r.o.max_nodes, 3);
-  EXPECT_EQ(r.o.nproc_per_node, "4");
+  EXPECT_EQ(r.o.nproc_per_node.count, 4);
   EXPECT_EQ(r.o.master_addr, "job-master-0");
   EXPECT_EQ(r.o.master_port, 23456);
   EXPECT_EQ(r.o.rdzv_id, "u-1");
   r = Detect({{"PET_RDZV_ENDPOINT", "job-master-0:29400"}, {"PET_NNODES", "1:4"},
               {"PET_RDZV_ID", "el"}});
   ASSERT_TRUE(r.d.ok()) << r.d.status();
-  EXPECT_EQ(r.o.rdzv_backend, "grpc");
+  EXPECT_EQ(r.o.rdzv_backend, RdzvBackend::kGrpc);
   EXPECT_EQ(r.o.rdzv_endpoint, "job-master-0:29400");
   EXPECT_EQ(r.o.min_nodes, 1);
   EXPECT_EQ(r.o.max_nodes, 4);
@@ -122,7 +122,7 @@ TEST(EnvDetect, RunaiPodsJoinTheMasterPodsRendezvous) {
   auto r = Detect(pod, {"--nnodes", "2", "--rdzv-backend", "grpc", "--", "p"});
   ASSERT_TRUE(r.d.ok()) << r.d.status();
   EXPECT_EQ(r.d->source, "kubeflow");
-  EXPECT_EQ(r.o.rdzv_backend, "grpc");
+  EXPECT_EQ(r.o.rdzv_backend, RdzvBackend::kGrpc);
   EXPECT_EQ(r.o.rdzv_endpoint, "train-master-0:29455");
   EXPECT_EQ(r.o.rdzv_id, "u-7");
   EXPECT_EQ(r.d->slurm_node_id, 1);  // the pod index orders the agents
@@ -159,7 +159,7 @@ TEST(EnvDetect, PmixLauncherGivesNodesOrderRunIdAndTheEndpointOnRankZerosHost) {
   EXPECT_EQ(r.d->source, "pmix");
   EXPECT_EQ(r.o.min_nodes, 2);
   EXPECT_EQ(r.o.max_nodes, 2);
-  EXPECT_EQ(r.o.rdzv_backend, "grpc");
+  EXPECT_EQ(r.o.rdzv_backend, RdzvBackend::kGrpc);
   EXPECT_EQ(r.o.rdzv_endpoint, "h1:29400");
   EXPECT_EQ(r.o.rdzv_id, "prterun-h1-77@1");
   EXPECT_EQ(r.d->slurm_node_id, 1);

@@ -395,7 +395,30 @@ int Agent::Run() {
   telemetry_.Start();
   const int rc = RunAttempts();
   telemetry_.Finish(rc, clock_.WallSeconds() - start, current_);
+  FinishRunDir(rc);
   return rc;
+}
+
+// After the run: a kept log directory is named; the scratch directory holds only the workers'
+// error files and is kept (and named) only when a failed job left any.
+void Agent::FinishRunDir(int rc) const {
+  const std::string& run_dir = options_.run_dir;
+  if (run_dir.empty()) return;
+  if (options_.keep_run_dir) {
+    spdlog::info("worker logs are in {}", run_dir);
+    return;
+  }
+  std::error_code ec;
+  bool any = false;
+  for (auto it = std::filesystem::recursive_directory_iterator(run_dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().filename() == contract::kErrorFileName) any = true;
+  }
+  if (rc != 0 && any) {
+    spdlog::info("worker error files are kept in {}", run_dir);
+  } else {
+    std::filesystem::remove_all(run_dir, ec);
+  }
 }
 
 int Agent::RunAttempts() {

@@ -36,7 +36,10 @@ struct AgentOptions {
   std::vector<int> forwarded_signals;    // stop the job: e.g. SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::vector<int> passthrough_signals;  // forwarded as-is, the job goes on: SIGUSR1, SIGUSR2
   int omp_threads = 0;                   // > 0: set OMP_NUM_THREADS for workers
-  std::string run_dir;                   // per-run scratch dir for error files
+  // The run directory (app/run_dir.h): error files, and logs when it is kept. A kept one is
+  // named at the end; a scratch one is removed, unless a failed run left error files in it.
+  std::string run_dir;
+  bool keep_run_dir = false;
   // Output: every line is prefixed "[rank N]: " on the console. With log_dir, each worker's
   // streams also go to LOG_DIR/attempt_K/LOCAL_RANK/{stdout,stderr}.log. redirects[lr] are
   // torchrun's 0-3 (1 stdout, 2 stderr, 3 both): redirected streams leave the console.
@@ -84,6 +87,7 @@ class Agent {
   // The console prefix of a worker's lines: "[rank N]: " or --log-line-prefix-template's.
   std::string ConsolePrefix(int rank, int local_rank) const;
   int RunAttempts();
+  void FinishRunDir(int rc) const;
   struct Worker {
     int local_rank = 0;
     int rank = 0;  // global, in its attempt

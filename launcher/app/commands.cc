@@ -13,8 +13,8 @@ std::string SelfPath() {
   return ec ? std::string("dlrun") : p.string();
 }
 
-int Help(const std::string& usage) {
-  std::fputs(usage.c_str(), stdout);
+int Print(const std::string& text) {
+  std::fputs(text.c_str(), stdout);
   return 0;
 }
 

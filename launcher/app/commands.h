@@ -22,8 +22,9 @@ int RdzvServerMain(const std::vector<std::string>& args);
 // This executable's path (/proc/self/exe), or "dlrun" if it cannot be read.
 std::string SelfPath();
 
-// -h/--help of any subcommand (cli::Parsed::help): `usage` on stdout, exit 0.
-int Help(const std::string& usage);
+// `text` on stdout, exit 0: -h/--help of any subcommand (cli::Parsed::help), and what `dlrun
+// env` and --print-completion print.
+int Print(const std::string& text);
 // Prints "dlrun: MESSAGE" on stderr and returns 2.
 int Fail(const absl::Status& s);
 // The same line, for what is not a usage error (a rendezvous host that does not resolve): exit 1.

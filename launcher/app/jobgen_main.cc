@@ -79,7 +79,7 @@ void WarnWithoutPreemptionHook(const std::vector<std::string>& command) {
 int SlurmMain(const std::vector<std::string>& args) {
   auto o = ParseSlurmArgs(args);
   if (!o.ok()) return Fail(o.status());
-  if (o->help) return Help(SlurmUsage());
+  if (o->help) return Print(SlurmUsage());
   if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
   if (o->preemptible) WarnWithoutPreemptionHook(o->command);
   const std::string script = RenderSlurmScript(*o, kSlurmTemplate);
@@ -114,7 +114,7 @@ int SlurmMain(const std::vector<std::string>& args) {
 int RunaiMain(const std::vector<std::string>& args) {
   auto o = ParseRunaiArgs(args);
   if (!o.ok()) return Fail(o.status());
-  if (o->help) return Help(RunaiUsage());
+  if (o->help) return Print(RunaiUsage());
   std::fputs(RenderRunaiCommand(*o).c_str(), stdout);
   const std::string token_prefix = absl::StrCat(contract::kRdzvToken, "=");
   bool token = false;

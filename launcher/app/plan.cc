@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <tuple>
 
@@ -23,6 +24,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
+#include "launcher/app/commands.h"
 #include "launcher/detect/env_detect.h"
 #include "spdlog/spdlog.h"
 
@@ -197,50 +199,6 @@ int OmpThreads(bool user_set, int ncpus, int nproc) {
   return std::max(1, ncpus / nproc);
 }
 
-std::vector<int> ParseCpuList(const std::string& list) {
-  std::vector<int> out;
-  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
-    std::vector<std::string> r = absl::StrSplit(absl::StripAsciiWhitespace(item), '-');
-    int lo = 0, hi = 0;
-    if (r.empty() || r.size() > 2 || !absl::SimpleAtoi(r[0], &lo) ||
-        !absl::SimpleAtoi(r.back(), &hi) || lo < 0 || hi < lo || hi > 1 << 20) {
-      return {};
-    }
-    for (int c = lo; c <= hi; ++c) out.push_back(c);
-  }
-  return out;
-}
-
-namespace {
-
-std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  std::string s;
-  std::getline(in, s);
-  return s;
-}
-
-}  // namespace
-
-CpuTopology ReadCpuTopology(const std::string& root) {
-  CpuTopology t;
-  for (int n = 0;; ++n) {
-    const std::string dir = absl::StrCat(root, "/devices/system/node/node", n);
-    if (!std::filesystem::exists(dir)) break;
-    t.numa_nodes.push_back(ParseCpuList(ReadSmallFile(dir + "/cpulist")));
-  }
-  std::map<int, std::vector<int>> by_package;
-  for (int c = 0;; ++c) {
-    const std::string f =
-        absl::StrCat(root, "/devices/system/cpu/cpu", c, "/topology/physical_package_id");
-    if (!std::filesystem::exists(f)) break;
-    int pkg = 0;
-    if (absl::SimpleAtoi(ReadSmallFile(f), &pkg)) by_package[pkg].push_back(c);
-  }
-  for (auto& [pkg, cpus] : by_package) t.sockets.push_back(std::move(cpus));
-  return t;
-}
-
 std::vector<std::vector<int>> WorkerCpus(CpuAffinity mode, const std::vector<int>& allowed,
                                          const CpuTopology& topology, int nproc) {
   std::vector<std::vector<int>> out;
@@ -272,15 +230,6 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a) {
     (sig == SIGUSR1 || sig == SIGUSR2 ? a->passthrough_signals : a->forwarded_signals)
         .push_back(sig);
   }
-}
-
-std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run_id,
-                              const std::string& hostname, bool multinode) {
-  return absl::StrCat(log_dir, "/", run_id, multinode ? "_" + hostname : std::string(), "_XXXXXX");
-}
-
-std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid) {
-  return absl::StrCat(tmpdir.empty() ? "/tmp" : tmpdir, "/dlrun-", uid, "/", run_id, "-", pid);
 }
 
 std::string PythonHelperDir(const std::string& exe) {
@@ -346,6 +295,151 @@ Assignment StaticAssignment(const LaunchOptions& o, int nproc) {
   a.run_id = o.rdzv_id;
   a.max_restarts = o.max_restarts;
   return a;
+}
+
+absl::StatusOr<int> ResolveNprocPerNode(const NprocSpec& spec, int num_gpus, int num_cpus) {
+  switch (spec.kind) {
+    case NprocSpec::Kind::kCpu:
+      return num_cpus;
+    case NprocSpec::Kind::kGpu:
+      if (num_gpus <= 0) {
+        return absl::FailedPreconditionError(
+            "--nproc-per-node gpu: no GPU found on this node (use cpu or a number)");
+      }
+      return num_gpus;
+    case NprocSpec::Kind::kAuto:
+      return num_gpus > 0 ? num_gpus : num_cpus;
+    case NprocSpec::Kind::kXpu:
+      return absl::FailedPreconditionError(
+          "--nproc-per-node xpu: dlrun does not count Intel XPUs (use a number)");
+    case NprocSpec::Kind::kCount:
+      break;
+  }
+  return spec.count;
+}
+
+absl::Status CheckLocalRanks(const LaunchOptions& o, int nproc) {
+  for (int r : o.local_ranks_filter) {
+    if (r >= nproc) {
+      return cli::BadValue("local-ranks-filter", o.local_ranks_filter_text,
+                           absl::StrCat("comma-separated local ranks in [0, ", nproc, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+std::string RandomRunId() {
+  std::random_device rd;
+  return absl::StrCat("dlrun-", absl::Hex(rd()), absl::Hex(rd()));
+}
+
+// torchrun flags that dlrun accepts without acting on them: one line each, when given.
+void NoteIgnoredFlags(const LaunchOptions& o) {
+  if (o.given.count("start-method")) {
+    spdlog::info("--start-method {}: no effect (dlrun starts each worker as a new process)",
+                 o.start_method);
+  }
+  if (o.given.count("logs-specs")) {
+    spdlog::info("--logs-specs {}: no effect (dlrun writes torchrun's default layout)",
+                 o.logs_specs);
+  }
+  if (o.given.count("event-log-handler")) {
+    spdlog::info("--event-log-handler {}: no effect", o.event_log_handler);
+  }
+  for (const char* f : {"duplicate-stdout-filters", "duplicate-stderr-filters"}) {
+    if (o.given.count(f)) spdlog::info("--{}: no effect (grep the --log-dir files)", f);
+  }
+  if (o.given.count("monitor-interval")) {
+    spdlog::info("--monitor-interval: no effect (dlrun sees worker exits at once)");
+  }
+}
+
+// Worker environment and process settings that follow torchrun: CUDA_VISIBLE_DEVICES, Python,
+// threads, the user's NCCL settings, CPU pinning.
+absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Machine& m,
+                                   const EnvLookup& env, AgentOptions* a) {
+  // torchrun 2.x's --virtual-local-rank: every worker sees its own GPU as device 0.
+  GpuSpec spec = o.gpus;
+  if (o.virtual_local_rank && spec.mode == GpuSpec::Mode::kInherit) {
+    spec.mode = GpuSpec::Mode::kPerWorker;
+  }
+  auto gpus = ResolveGpus(spec, nproc, m.gpus);
+  if (!gpus.ok()) return gpus.status();
+  a->gpus = *gpus;
+  a->argv = WorkerArgv(o, env(contract::kPythonExec).value_or("python3"));
+  if (o.spare_workers != SpareWorkers::kOff) a->spare_argv = WarmSpareArgv(a->argv);
+  if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
+  a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
+  if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
+    a->extra_env.insert_or_assign(contract::kPythonUnbuffered, std::string("1"));
+  }
+  const std::string helper = PythonHelperDir(SelfPath());
+  if (!helper.empty()) {
+    const std::string path = env(contract::kPythonPath).value_or("");
+    a->extra_env[contract::kPythonPath] = path.empty() ? helper : absl::StrCat(path, ":", helper);
+  }
+  a->omp_threads = OmpThreads(env(contract::kOmpNumThreads).has_value(),
+                              static_cast<int>(m.cpus.size()), nproc);
+  if (a->omp_threads > 0) {
+    spdlog::info("OMP_NUM_THREADS is unset: setting it to {} ({} CPUs / {} workers)",
+                 a->omp_threads, m.cpus.size(), nproc);
+  }
+  for (const char* k : {contract::kNcclAsyncErrorHandling, contract::kNcclAsyncErrorHandlingOld}) {
+    if (env(k)) a->keep_inherited.push_back(k);
+  }
+  a->worker_cpus = WorkerCpus(o.cpu_affinity, m.cpus, m.topology, nproc);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc,
+                                               const Machine& m, const EnvLookup& env) {
+  AgentOptions a;
+  a.nproc = nproc;
+  SplitSignals(o.signals_to_handle, &a);
+  a.grace = o.grace_period;
+  a.hang_timeout = o.hang_timeout;
+  a.console_prefix_template = o.log_line_prefix_template;
+  a.virtual_local_rank = o.virtual_local_rank;
+  a.redirects = o.redirects.PerRank(nproc);
+  if (absl::Status s = CheckLocalRanks(o, nproc); !s.ok()) return s;
+  a.console_ranks = o.local_ranks_filter;
+  if (absl::Status s = ApplyEnvironmentRules(o, nproc, m, env, &a); !s.ok()) return s;
+  a.stdout_pty = isatty(STDOUT_FILENO) == 1;
+  a.exit_with_worker_code = o.worker_exit_code;
+  a.telemetry.report_json = o.report_json;
+  a.telemetry.on = o.telemetry;
+  if (o.telemetry_flags.metrics_port >= 0 && !o.telemetry) {
+    return absl::InvalidArgumentError(
+        "--metrics-port needs telemetry: drop --telemetry off, or the port");
+  }
+  a.program_name = o.command[0];
+  a.hostname = m.hostname;
+  return a;
+}
+
+}  // namespace
+
+absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
+                                      const EnvLookup& env) {
+  if (absl::Status s = CheckProgram(WorkerArgv(o, env(contract::kPythonExec).value_or("python3")),
+                                    RunsPython(o) && !o.module ? o.command[0] : "",
+                                    env("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
+      !s.ok()) {
+    return s;
+  }
+  LaunchPlan plan;
+  auto nproc = ResolveNprocPerNode(o.nproc_per_node, m.gpus.device_count,
+                                   static_cast<int>(m.cpus.size()));
+  if (!nproc.ok()) return nproc.status();
+  plan.nproc = *nproc;
+  auto agent = BuildAgentOptions(o, plan.nproc, m, env);
+  if (!agent.ok()) return agent.status();
+  plan.agent = *std::move(agent);
+  plan.run_id = o.standalone ? RandomRunId() : o.rdzv_id;
+  NoteIgnoredFlags(o);
+  return plan;
 }
 
 }  // namespace dlrun::launcher

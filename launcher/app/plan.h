@@ -11,15 +11,26 @@
 #include "launcher/agent/agent.h"
 #include "launcher/cli/options.h"
 #include "launcher/detect/gpu_pick.h"
+#include "launcher/detect/machine.h"
 
 namespace dlrun::launcher {
 
-// What the machine says about its GPUs.
-struct GpuFacts {
-  std::optional<std::string> visible_devices;  // CUDA_VISIBLE_DEVICES as inherited
-  std::optional<std::vector<GpuLoad>> loads;   // NVML, when it loads
-  int device_count = 0;                        // /dev/nvidiaN
+// What `dlrun PROGRAM` decides before it starts anything.
+struct LaunchPlan {
+  int nproc = 1;       // workers on this node
+  std::string run_id;  // --rdzv-id, or a fresh one for a standalone job
+  AgentOptions agent;  // all but the run directory and the metrics server
 };
+// The plan for options `o` on machine `m`: the program is checked (one clear error, not a worker
+// exit restarted --max-restarts times), the worker count resolved, the flags dlrun takes without
+// acting on them named (one info line each).
+absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
+                                      const EnvLookup& env);
+
+// --nproc-per-node as a count, given the machine's GPUs and CPUs.
+absl::StatusOr<int> ResolveNprocPerNode(const NprocSpec& spec, int num_gpus, int num_cpus);
+// --local-ranks-filter against the worker count: an error names a rank >= nproc.
+absl::Status CheckLocalRanks(const LaunchOptions& o, int nproc);
 
 // The device id each worker gets in CUDA_VISIBLE_DEVICES; empty: every worker inherits it.
 // "inherit" (the default, as torchrun; also "none"): nothing changes, so LOCAL_RANK is the
@@ -48,15 +59,6 @@ std::vector<std::string> WarmSpareArgv(const std::vector<std::string>& argv);
 // torchrun), else CPUs / workers (torchrun: 1; more is faster and never oversubscribes).
 int OmpThreads(bool user_set, int ncpus, int nproc);
 
-// The machine's CPU groups, from sysfs (`root` is /sys; tests pass a fake tree).
-struct CpuTopology {
-  std::vector<std::vector<int>> numa_nodes;  // /sys/devices/system/node/nodeN/cpulist
-  std::vector<std::vector<int>> sockets;     // by .../cpuN/topology/physical_package_id
-};
-CpuTopology ReadCpuTopology(const std::string& root = "/sys");
-// A Linux CPU list ("0-3,8,10-11") as numbers; empty on a malformed list.
-std::vector<int> ParseCpuList(const std::string& list);
-
 // The CPUs each worker is pinned to (--cpu-affinity): none -> no pinning (empty); block -> a
 // contiguous share of `allowed` each (none when there are fewer CPUs than workers); node /
 // socket -> worker i gets the allowed CPUs of group i mod G (G = the groups with allowed CPUs).
@@ -66,14 +68,6 @@ std::vector<std::vector<int>> WorkerCpus(CpuAffinity mode, const std::vector<int
 // Splits --signals-to-handle: SIGUSR1/SIGUSR2 carry messages (e.g. Slurm's preemption warning)
 // and are passed on with the job running; the others stop the job.
 void SplitSignals(const std::vector<int>& handled, AgentOptions* a);
-
-// The per-run scratch directory for error files: TMPDIR/dlrun-UID/RUNID-PID.
-std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid);
-
-// The mkdtemp template of a run's log directory: torchrun's DIR/<run_id>_<random>, with the
-// host name before the random part in multi-node jobs (their nodes may share DIR).
-std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run_id,
-                              const std::string& hostname, bool multinode);
 
 // Static rendezvous (--rdzv-backend static, or standalone): the fixed assignment; as torchrun,
 // --rdzv-endpoint HOST[:PORT], when given, is the store's address instead of --master-addr/port.

@@ -12,7 +12,7 @@ namespace dlrun::launcher {
 int RdzvServerMain(const std::vector<std::string>& args) {
   auto parsed = ParseRdzvServerArgs(args, ProcessEnv());
   if (!parsed.ok()) return Fail(parsed.status());
-  if (parsed->help) return Help(RdzvServerUsage());
+  if (parsed->help) return Print(RdzvServerUsage());
   auto tls = rdzv::TlsConfigFromEnv();
   if (!tls.ok()) return Fail(tls.status());
   parsed->host.tls = std::move(*tls);

@@ -67,7 +67,7 @@ struct Parsed {
   std::vector<std::string> program;  // PROGRAM ARGS
   std::set<std::string> given;       // canonical names set on the command line or by PET_*
   // -h or --help came before PROGRAM: the parse stopped there, and the caller prints its
-  // usage (Usage(), which lists -h, --help) and exits 0. Flags before it were still checked.
+  // usage (Usage(), which lists -h, --help) and exits 0 (app/commands.h, Print). Flags before it were still checked.
   bool help = false;
 };
 

@@ -328,25 +328,13 @@ absl::StatusOr<NprocSpec> ParseNprocPerNode(const std::string& value) {
   return n;
 }
 
-absl::StatusOr<int> ResolveNprocPerNode(const NprocSpec& spec, int num_gpus, int num_cpus) {
-  switch (spec.kind) {
-    case NprocSpec::Kind::kCpu:
-      return num_cpus;
-    case NprocSpec::Kind::kGpu:
-      if (num_gpus <= 0) {
-        return absl::FailedPreconditionError(
-            "--nproc-per-node gpu: no GPU found on this node (use cpu or a number)");
-      }
-      return num_gpus;
-    case NprocSpec::Kind::kAuto:
-      return num_gpus > 0 ? num_gpus : num_cpus;
-    case NprocSpec::Kind::kXpu:
-      return absl::FailedPreconditionError(
-          "--nproc-per-node xpu: dlrun does not count Intel XPUs (use a number)");
-    case NprocSpec::Kind::kCount:
-      break;
-  }
-  return spec.count;
+absl::StatusOr<LaunchOptions> ParseLaunchCommand(std::vector<std::string> args, bool env_only,
+                                                 const EnvLookup& env) {
+  const bool completion = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--print-completion", 0) == 0 || a.rfind("--print_completion", 0) == 0;
+  });
+  if (env_only || completion) args.push_back("true");
+  return ParseLaunchOptions(args, env);
 }
 
 const char* RdzvBackendName(RdzvBackend b) {
@@ -389,16 +377,6 @@ bool StdSpec::Any() const {
     if (v != 0) return true;
   }
   return false;
-}
-
-absl::Status CheckLocalRanks(const LaunchOptions& o, int nproc) {
-  for (int r : o.local_ranks_filter) {
-    if (r >= nproc) {
-      return BadValue("local-ranks-filter", o.local_ranks_filter_text,
-                      absl::StrCat("comma-separated local ranks in [0, ", nproc, ")"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::string UsageText() {

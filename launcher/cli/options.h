@@ -120,21 +120,20 @@ struct LaunchOptions {
 // to PET_<FLAG> in the environment, as torchrun does. Errors name the flag and what it accepts.
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
                                                  const EnvLookup& env);
+// The same, for `dlrun` (env_only: `dlrun env [options]`): `dlrun env` and
+// `dlrun --print-completion SHELL` need no program.
+absl::StatusOr<LaunchOptions> ParseLaunchCommand(std::vector<std::string> args, bool env_only,
+                                                 const EnvLookup& env);
 
 // --print-completion: a completion script for `shell` (bash, zsh or tcsh) listing dlrun's flags.
 std::string CompletionScript(const std::string& shell);
 
 // --nproc-per-node's value, parsed (the count checked: 1-4096).
 absl::StatusOr<NprocSpec> ParseNprocPerNode(const std::string& value);
-// The worker count it means, given the machine's GPUs and CPUs.
-absl::StatusOr<int> ResolveNprocPerNode(const NprocSpec& spec, int num_gpus, int num_cpus);
 
 std::string UsageText();
 
 // torchrun's per-rank stream spec ("3", or "0:1,2:3") as a value 0-3 for each local rank.
 
-// --local-ranks-filter "0,2" -> {0, 2}; errors name the bad item.
-// --local-ranks-filter against the worker count: an error names a rank >= nproc.
-absl::Status CheckLocalRanks(const LaunchOptions& o, int nproc);
 
 }  // namespace dlrun::launcher

@@ -1,4 +1,5 @@
 #include "launcher/cli/options.h"
+#include "launcher/app/plan.h"  // ResolveNprocPerNode, CheckLocalRanks
 
 #include <map>
 

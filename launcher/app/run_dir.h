@@ -1,0 +1,28 @@
+// Where a run's worker error files and logs go (the agent's run directory). With --log-dir
+// (or -r/-t without it): torchrun's DIR/<run_id>_<random>/, created here and kept. Else a
+// scratch directory, which the agent removes after the run unless a failed run left error
+// files in it (AgentOptions::keep_run_dir).
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/env.h"
+#include "launcher/cli/options.h"
+
+namespace dlrun::launcher {
+
+// The run directory for `run_id`; `keep` says whether it is a kept log directory.
+absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string& run_id,
+                                       const std::string& hostname, const EnvLookup& env,
+                                       bool* keep);
+
+// The scratch directory: TMPDIR/dlrun-UID/RUNID-PID.
+std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid);
+
+// The mkdtemp template of a run's log directory: torchrun's DIR/<run_id>_<random>, with the
+// host name before the random part in multi-node jobs (their nodes may share DIR).
+std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run_id,
+                              const std::string& hostname, bool multinode);
+
+}  // namespace dlrun::launcher

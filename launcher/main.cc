@@ -16,10 +16,6 @@ int main(int argc, char** argv) {
     std::fputs(dl::UsageText().c_str(), stderr);
     return 2;
   }
-  if (args[0] == "--version" || args[0] == "-V") {
-    std::printf("dlrun %s (torchrun-compatible launcher)\n", DLRUN_VERSION);
-    return 0;
-  }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "slurm") return dl::SlurmMain(rest);
   if (args[0] == "runai") return dl::RunaiMain(rest);

@@ -11,7 +11,7 @@ namespace dlrun::launcher {
 
 // `dlrun [options] PROGRAM ARGS` (env_only: `dlrun env [options]`, which prints what was
 // detected and exits).
-int LaunchMain(std::vector<std::string> args, bool env_only);
+int LaunchMain(const std::vector<std::string>& args, bool env_only);
 // `dlrun slurm [options] -- PROGRAM ARGS`: the sbatch script (stdout or -o), or submits it.
 int SlurmMain(const std::vector<std::string>& args);
 // `dlrun runai [options] -- PROGRAM ARGS`: the runai command line; -o FILE: the manifest too.

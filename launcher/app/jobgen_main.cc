@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "launcher/app/commands.h"
+#include "launcher/cli/flags.h"
 #include "launcher/jobgen/job_script.h"
 #include "launcher/jobgen/shell.h"
 
@@ -80,6 +81,7 @@ int SlurmMain(const std::vector<std::string>& args) {
   auto o = ParseSlurmArgs(args);
   if (!o.ok()) return Fail(o.status());
   if (o->help) return Print(SlurmUsage());
+  if (o->version) return Print(cli::VersionText());
   if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
   if (o->preemptible) WarnWithoutPreemptionHook(o->command);
   const std::string script = RenderSlurmScript(*o, kSlurmTemplate);
@@ -115,6 +117,7 @@ int RunaiMain(const std::vector<std::string>& args) {
   auto o = ParseRunaiArgs(args);
   if (!o.ok()) return Fail(o.status());
   if (o->help) return Print(RunaiUsage());
+  if (o->version) return Print(cli::VersionText());
   std::fputs(RenderRunaiCommand(*o).c_str(), stdout);
   const std::string token_prefix = absl::StrCat(contract::kRdzvToken, "=");
   bool token = false;

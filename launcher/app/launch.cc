@@ -17,12 +17,13 @@
 
 namespace dlrun::launcher {
 
-int LaunchMain(std::vector<std::string> args, bool env_only) {
+int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   const EnvLookup env = ProcessEnv();
-  auto parsed = ParseLaunchCommand(std::move(args), env_only, env);
+  auto parsed = ParseLaunchOptions(args, env, env_only);
   if (!parsed.ok()) return Fail(parsed.status());
   LaunchOptions o = *std::move(parsed);
   if (o.help) return Print(UsageText());
+  if (o.version) return Print(cli::VersionText());
   if (!o.print_completion.empty()) return Print(CompletionScript(o.print_completion));
 
   auto detected = DetectEnvironment(env, &o);

@@ -13,6 +13,7 @@ int RdzvServerMain(const std::vector<std::string>& args) {
   auto parsed = ParseRdzvServerArgs(args, ProcessEnv());
   if (!parsed.ok()) return Fail(parsed.status());
   if (parsed->help) return Print(RdzvServerUsage());
+  if (parsed->version) return Print(cli::VersionText());
   auto tls = rdzv::TlsConfigFromEnv();
   if (!tls.ok()) return Fail(tls.status());
   parsed->host.tls = std::move(*tls);

@@ -213,6 +213,10 @@ absl::StatusOr<Parsed> Parse(const ParseSpec& spec, const std::vector<ErasedFlag
       out.help = true;
       return out;
     }
+    if (a == "-V" || a == "--version") {
+      out.version = true;
+      return out;
+    }
     if (a.size() < 2 || a[0] != '-') {
       if (!spec.wants_program) {
         return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "' for ",
@@ -250,7 +254,9 @@ absl::StatusOr<Parsed> Parse(const ParseSpec& spec, const std::vector<ErasedFlag
   if (spec.pet_fallback && env != nullptr) {
     if (absl::Status s = PetFallbacks(flags, *env, &out); !s.ok()) return s;
   }
-  if (spec.wants_program && out.program.empty()) {
+  bool program_needed = spec.wants_program && !spec.program_optional;
+  for (const std::string& f : spec.without_program) program_needed &= out.given.count(f) == 0;
+  if (program_needed && out.program.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("missing the program to run: usage is ",
                                                    spec.command, " [options] PROGRAM [ARGS...]"));
   }
@@ -273,6 +279,10 @@ std::string Usage(const std::string& head,
 }
 
 }  // namespace internal
+
+std::string VersionText() {
+  return absl::StrCat("dlrun ", DLRUN_VERSION, " (torchrun-compatible launcher)\n");
+}
 absl::StatusOr<double> ParseDouble(const std::string& flag, const std::string& v, double lo,
                                    double hi) {
   double d = 0;

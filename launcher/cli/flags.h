@@ -61,14 +61,21 @@ struct ParseSpec {
   std::string command;           // "dlrun", "dlrun slurm", ...: named in errors
   bool wants_program = true;     // PROGRAM ARGS follow the flags (required)
   bool pet_fallback = false;     // a flag not given falls back to PET_<FLAG> (torchrun)
+  bool program_optional = false;  // PROGRAM ARGS may follow, or not (`dlrun env`)
+  // Flags that do something else than run PROGRAM, which may then be missing
+  // (--print-completion).
+  std::set<std::string> without_program = {};
 };
 
 struct Parsed {
   std::vector<std::string> program;  // PROGRAM ARGS
   std::set<std::string> given;       // canonical names set on the command line or by PET_*
-  // -h or --help came before PROGRAM: the parse stopped there, and the caller prints its
-  // usage (Usage(), which lists -h, --help) and exits 0 (app/commands.h, Print). Flags before it were still checked.
+  // -h or --help came before PROGRAM: the parse stopped there (the flags before it were
+  // checked), and the caller prints its usage (Usage(), which lists it) and exits 0
+  // (app/commands.h, Print).
   bool help = false;
+  // -V or --version, likewise: the caller prints VersionText().
+  bool version = false;
 };
 
 // Parses `args` (after the subcommand) into `o`. Implemented over a type-erased table.
@@ -96,7 +103,11 @@ absl::StatusOr<Parsed> ParseFlags(const ParseSpec& spec, const std::vector<Flag<
   return internal::Parse(spec, erased, args, env);
 }
 
-// `head`, then a line per flag, then "-h, --help", which every subcommand takes (Parsed::help).
+// "dlrun VERSION (torchrun-compatible launcher)\n".
+std::string VersionText();
+
+// `head`, then a line per flag, then -h/--help and -V/--version, which every subcommand takes
+// (Parsed::help, Parsed::version).
 template <typename Opts>
 std::string Usage(const std::string& head, const std::vector<Flag<Opts>>& flags) {
   std::vector<std::pair<std::string, std::string>> lines;
@@ -107,6 +118,7 @@ std::string Usage(const std::string& head, const std::vector<Flag<Opts>>& flags)
     lines.emplace_back(lhs, f.help);
   }
   lines.emplace_back("-h, --help", "this text");
+  lines.emplace_back("-V, --version", "dlrun's version");
   return internal::Usage(head, lines);
 }
 

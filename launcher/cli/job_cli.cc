@@ -94,7 +94,8 @@ absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& a
   auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun slurm"}, SlurmFlags(), args, o);
   if (!parsed.ok()) return parsed.status();
   o.help = parsed->help;
-  if (o.help) return o;
+  o.version = parsed->version;
+  if (o.help || o.version) return o;
   o.command = std::move(parsed->program);
   if (o.min_nodes > o.nodes) {
     return cli::BadValue("min-nodes", absl::StrCat(o.min_nodes),
@@ -189,7 +190,8 @@ absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& a
   auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun runai"}, RunaiFlags(), args, o);
   if (!parsed.ok()) return parsed.status();
   o.help = parsed->help;
-  if (o.help) return o;
+  o.version = parsed->version;
+  if (o.help || o.version) return o;
   o.command = std::move(parsed->program);
   if (o.name.empty()) return absl::InvalidArgumentError("dlrun runai: --name NAME is required");
   if (o.image.empty()) return absl::InvalidArgumentError("dlrun runai: --image IMAGE is required");

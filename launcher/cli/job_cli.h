@@ -38,6 +38,7 @@ struct SlurmJobOptions {
   bool submit = false;
   std::vector<std::string> command;  // PROGRAM ARGS
   bool help = false;                 // -h/--help: print SlurmUsage(), nothing else is set
+  bool version = false;              // -V/--version: print cli::VersionText()
   std::vector<std::string> args;     // as given after `slurm`, for the script's header
 };
 
@@ -62,7 +63,8 @@ struct RunaiJobOptions {
   std::string dlrun_path = "dlrun";
   std::string manifest_path;  // -o FILE
   std::vector<std::string> command;
-  bool help = false;  // -h/--help: print RunaiUsage(), nothing else is set
+  bool help = false;     // -h/--help: print RunaiUsage(), nothing else is set
+  bool version = false;  // -V/--version: print cli::VersionText()
 };
 
 absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args);

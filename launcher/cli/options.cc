@@ -328,28 +328,21 @@ absl::StatusOr<NprocSpec> ParseNprocPerNode(const std::string& value) {
   return n;
 }
 
-absl::StatusOr<LaunchOptions> ParseLaunchCommand(std::vector<std::string> args, bool env_only,
-                                                 const EnvLookup& env) {
-  const bool completion = std::any_of(args.begin(), args.end(), [](const std::string& a) {
-    return a.rfind("--print-completion", 0) == 0 || a.rfind("--print_completion", 0) == 0;
-  });
-  if (env_only || completion) args.push_back("true");
-  return ParseLaunchOptions(args, env);
-}
-
 const char* RdzvBackendName(RdzvBackend b) {
   return b == RdzvBackend::kStatic ? "static" : "grpc";
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
-                                                 const EnvLookup& env) {
+                                                 const EnvLookup& env, bool env_only) {
   LaunchOptions o;
   o.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-  cli::ParseSpec spec{"dlrun", /*wants_program=*/true, /*pet_fallback=*/true};
+  cli::ParseSpec spec{env_only ? "dlrun env" : "dlrun", /*wants_program=*/true,
+                      /*pet_fallback=*/true, /*program_optional=*/env_only, {"print-completion"}};
   auto parsed = cli::ParseFlags(spec, Flags(), args, o, &env);
   if (!parsed.ok()) return parsed.status();
   o.help = parsed->help;
-  if (o.help) return o;
+  o.version = parsed->version;
+  if (o.help || o.version) return o;
   o.command = std::move(parsed->program);
   o.given = std::move(parsed->given);
   if (o.standalone) {

@@ -111,19 +111,17 @@ struct LaunchOptions {
   bool telemetry = true;
   cli::TelemetryFlags telemetry_flags;
   std::vector<std::string> command;  // PROGRAM ARGS...
-  bool help = false;  // -h/--help: print UsageText(), nothing else is set
+  bool help = false;     // -h/--help: print UsageText(), nothing else is set
+  bool version = false;  // -V/--version: print cli::VersionText(), nothing else is set
   std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*
 };
 
 // Parses `dlrun [options] PROGRAM [ARGS...]` (args excludes argv[0]). Flags are accepted with
 // '-' or '_' between words and as `--flag value` or `--flag=value`; a flag not given falls back
 // to PET_<FLAG> in the environment, as torchrun does. Errors name the flag and what it accepts.
+// env_only: `dlrun env [options]`, where PROGRAM is optional (as with --print-completion).
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
-                                                 const EnvLookup& env);
-// The same, for `dlrun` (env_only: `dlrun env [options]`): `dlrun env` and
-// `dlrun --print-completion SHELL` need no program.
-absl::StatusOr<LaunchOptions> ParseLaunchCommand(std::vector<std::string> args, bool env_only,
-                                                 const EnvLookup& env);
+                                                 const EnvLookup& env, bool env_only = false);
 
 // --print-completion: a completion script for `shell` (bash, zsh or tcsh) listing dlrun's flags.
 std::string CompletionScript(const std::string& shell);

@@ -57,7 +57,8 @@ absl::StatusOr<RdzvServerArgs> ParseRdzvServerArgs(const std::vector<std::string
   if (!parsed.ok()) return parsed.status();
   RdzvServerArgs out;
   out.help = parsed->help;
-  if (out.help) return out;
+  out.version = parsed->version;
+  if (out.help || out.version) return out;
   out.host.config = raw.config;
   raw.conf.ApplyTo(&out.host.config);
   out.host.config.min_nodes = raw.nnodes.min;

@@ -15,6 +15,7 @@ namespace dlrun::launcher {
 struct RdzvServerArgs {
   rdzv::HostOptions host;  // config, run id, token, listen address (TLS is added by the caller)
   bool help = false;
+  bool version = false;
 };
 
 // Parses the flags after `rdzv-server`; the token comes from the environment (JobToken()).

@@ -103,6 +103,24 @@ TEST(Flags, HelpStopsTheParseBeforeTheProgramAndIsListedInEveryUsage) {
             "invalid value 'x' for --num-things: expected an integer from 0 to 9");
   const std::string usage = Usage("usage: t\n", Table());
   EXPECT_NE(usage.find("\n  -h, --help                  this text\n"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("\n  -V, --version               dlrun's version\n"), std::string::npos);
+  p = ParseFlags(ParseSpec{"t"}, Table(), {"-n", "2", "--version"}, o);
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->version);
+  EXPECT_EQ(o.n, 2);
+}
+
+// PROGRAM may be missing where the spec says so, or after a flag that does something else.
+TEST(Flags, AProgramIsOptionalWhereTheSpecSaysSo) {
+  Opts o;
+  ParseSpec optional{"t env"};
+  optional.program_optional = true;
+  EXPECT_TRUE(ParseFlags(optional, Table(), {"--flag"}, o).ok());
+  ParseSpec without{"t"};
+  without.without_program = {"name"};
+  EXPECT_TRUE(ParseFlags(without, Table(), {"--name", "x"}, o).ok());
+  EXPECT_EQ(Error(ParseFlags(without, Table(), {"--flag"}, o).status()),
+            "missing the program to run: usage is t [options] PROGRAM [ARGS...]");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/assignment.h"
+#include "common/defaults.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
 #include "launcher/agent/resource_sampler.h"
@@ -28,7 +29,7 @@ struct TelemetryOptions {
   // Off (--telemetry off): nothing is published, sampled or reported (--report-json still
   // writes the exit code).
   bool on = true;
-  Millis period{1000};  // between publications, and between the sampler's reads
+  Millis period = defaults::kTelemetryWindow;  // between publications and sampler reads
   bool sample_processes = true;  // the /proc + NVML sampler (in-process tests with fake pids: off)
   // --report-json: this node's end-of-job report as JSON; empty: none.
   std::string report_json;

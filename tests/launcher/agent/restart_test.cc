@@ -1,5 +1,8 @@
 // Restart counting: a failed worker restarts the whole local group until --max-restarts is used
 // up, each group sees its restart number, and the job then ends with the worker's exit code.
+#include <filesystem>
+#include <fstream>
+
 #include "gtest/gtest.h"
 #include "agent/harness.h"
 
@@ -74,6 +77,44 @@ TEST(AgentRestarts, ErrorFilesAndLogsGoToAFreshDirectoryPerAttempt) {
   EXPECT_EQ(h.procs.procs[1].spec.env.at("TORCHELASTIC_ERROR_FILE"),
             h.options.run_dir + "/attempt_1/0/error.json");
   EXPECT_EQ(h.procs.procs[1].spec.out.log_path, h.options.log_dir + "/attempt_1/0/stdout.log");
+}
+
+// The run directory's end: a scratch one goes after a success, stays (named) after a failure
+// that left error files, and a kept one (--log-dir) always stays.
+TEST(AgentRunDir, ScratchGoesAfterASuccessAndStaysWithAFailuresErrorFiles) {
+  auto succeed = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.ExitAfter(p.pid, seconds(1), 0);
+  };
+  {
+    Harness h(1);
+    h.procs.on_spawn = succeed;
+    EXPECT_EQ(h.RunStatic(0), 0);
+    EXPECT_FALSE(std::filesystem::exists(h.options.run_dir));
+  }
+  {
+    Harness h(1);
+    h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+      std::ofstream(p.spec.env.at("TORCHELASTIC_ERROR_FILE")) << R"({"message": "boom"})";
+      f.ExitAfter(p.pid, seconds(1), 1);
+    };
+    EXPECT_EQ(h.RunStatic(0), 1);
+    EXPECT_TRUE(std::filesystem::exists(h.options.run_dir + "/attempt_0/0/error.json"));
+  }
+  {
+    Harness h(1);
+    h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+      f.ExitAfter(p.pid, seconds(1), 1);
+    };
+    EXPECT_EQ(h.RunStatic(0), 1);
+    EXPECT_FALSE(std::filesystem::exists(h.options.run_dir));  // a failure without error files
+  }
+  {
+    Harness h(1);
+    h.options.keep_run_dir = true;
+    h.procs.on_spawn = succeed;
+    EXPECT_EQ(h.RunStatic(0), 0);
+    EXPECT_TRUE(std::filesystem::exists(h.options.run_dir));
+  }
 }
 
 }  // namespace

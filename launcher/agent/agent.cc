@@ -103,6 +103,7 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
 
 absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   workers_.clear();
+  oom_kills_at_spawn_ = processes_.OomKills();
   for (int lr = 0; lr < options_.nproc; ++lr) {
     auto pid = processes_.Spawn(MakeSpawnSpec(lr));
     if (!pid.ok()) {
@@ -339,6 +340,29 @@ int Agent::AfterFailure() {
   telemetry_.MaybePublish(/*now_anyway=*/true);
   const RootCause root = PickRootCause(exits_, error_of);
   const WorkerExit& first = root.exit;
+  // What kind of failure: from what the worker left, and the memory cgroup's OOM kills.
+  const int64_t oom_kills = processes_.OomKills();
+  const bool oom_killed =
+      oom_kills >= 0 && oom_kills_at_spawn_ >= 0 && oom_kills > oom_kills_at_spawn_;
+  auto class_of = [&](const WorkerExit& e) {
+    const ErrorRecord rec = error_of(e.local_rank);
+    return ClassifyFailure(
+        e, absl::StrCat(rec.message, "\n", rec.traceback, "\n", processes_.ErrorTail(e.pid)),
+        oom_killed);
+  };
+  const Classification cls = class_of(first);
+  // Without an error file, the worker's last stderr line says more than "exit code 1".
+  std::string said = root.message;
+  if (error_of(first.local_rank).message.empty()) {
+    const std::string tail = processes_.ErrorTail(first.pid);
+    const size_t end = tail.find_last_not_of("\r\n ");
+    if (end != std::string::npos) {
+      const size_t newline = tail.find_last_of("\r\n", end);
+      const size_t begin = newline == std::string::npos ? 0 : newline + 1;
+      said = absl::StrCat(root.message, ": ", tail.substr(begin, end + 1 - begin));
+    }
+  }
+  telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said});
   const std::string what = first.signal != 0
                                ? absl::StrCat("rank ", first.global_rank, " got SIG",
                                               sigabbrev_np(first.signal))
@@ -347,18 +371,22 @@ int Agent::AfterFailure() {
   // An attempt that is followed by a restart is one line; the failure block and "job failed"
   // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
   if (source_->OnFailure(what)) {
-    spdlog::warn("rank {} (local rank {}, pid {}): {}; restarting {} of {}", first.global_rank,
-                 first.local_rank, first.pid, root.message.substr(0, root.message.find('\n')),
+    spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}",
+                 first.global_rank, first.local_rank, first.pid, FailureClassName(cls.cls),
+                 said.substr(0, said.find('\n')),
                  current_.restart_count + 1,
                  current_.max_restarts);
     return -1;
   }
   FailureReport report{options_.program_name, options_.hostname, exits_, root,
-                       [this](int lr) { return ErrorFile(lr); }, error_of};
+                       [this](int lr) { return ErrorFile(lr); }, error_of, class_of};
   std::fflush(stdout);
   std::fputs(FormatFailureReport(report).c_str(), stderr);
   spdlog::error("job failed. Root cause (first failure): rank {} (local rank {}, pid {}): {}",
                 first.global_rank, first.local_rank, first.pid, root.message);
+  if (const std::string advice = FailureAdvice(cls.cls); !advice.empty()) {
+    spdlog::warn("{}: {}", FailureClassName(cls.cls), advice);
+  }
   return options_.exit_with_worker_code ? first.code() : 1;
 }
 

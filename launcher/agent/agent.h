@@ -141,6 +141,7 @@ class Agent {
   bool woken_ = false;
   bool passthrough_hint_given_ = false;  // NoteDeathByPassedOnSignal's advice, once per run
   std::vector<WorkerExit> exits_;
+  int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };
 

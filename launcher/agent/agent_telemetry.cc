@@ -237,6 +237,11 @@ void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool wh
   j["exit_code"] = rc;
   j["bad_records"] = bad_records_;
   j["scope"] = whole ? "job" : "node";
+  j["failures"] = nlohmann::json::array();
+  for (const Failure& f : failures_) {
+    j["failures"].push_back(
+        {{"rank", f.rank}, {"host", f.host}, {"class", f.cls}, {"message", f.message}});
+  }
   rusage self{};
   getrusage(RUSAGE_SELF, &self);  // the agent's own CPU time (threads included, workers not)
   j["agent_cpu_s"] = static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +

@@ -71,6 +71,12 @@ class AgentTelemetry {
   void Exited(pid_t pid);
   void Step(pid_t pid, const StepRecord& step);
   void BadRecord() { ++bad_records_; }
+  // A failed attempt's root cause, for --report-json's "failures" (root_cause.h's class names).
+  struct Failure {
+    int rank = 0;
+    std::string host, cls, message;
+  };
+  void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
 
   // When the next publication is due (never, with telemetry off).
   SteadyTime Due() const;
@@ -96,6 +102,7 @@ class AgentTelemetry {
   int rank_offset_ = 0;
   std::map<int, RankSteps> rank_steps_;
   int64_t bad_records_ = 0;
+  std::vector<Failure> failures_;
   std::unique_ptr<ResourceSampler> sampler_;
   SteadyTime next_publish_{};
   double lost_s_ = 0;                    // summed over restarts

@@ -13,6 +13,8 @@ LineStream::~LineStream() { Finish(); }
 
 void LineStream::Feed(const char* data, size_t n) {
   if (log_ != nullptr) std::fwrite(data, 1, n, log_);
+  tail_.append(data, n);
+  if (tail_.size() > kTailBytes) tail_.erase(0, tail_.size() - kTailBytes);
   if (console_fd_ < 0) return;
   partial_.append(data, n);
   // A line ends at '\n', and also at '\r': a progress bar redrawing its line shows each state,

@@ -20,6 +20,9 @@ class LineStream {
   void Feed(const char* data, size_t n);
   // The stream ended: flush an unfinished line and close the log.
   void Finish();
+  // The last kTailBytes fed (what a failure's classification reads: root_cause.h).
+  static constexpr size_t kTailBytes = 4096;
+  const std::string& tail() const { return tail_; }
 
  private:
   void Write(const std::string& text);
@@ -30,6 +33,7 @@ class LineStream {
   std::string partial_;
   bool after_cr_ = false;   // the last line written ended with '\r'
   bool open_line_ = false;  // a redrawn line's start (and prefix) is written, its end is not
+  std::string tail_;
 };
 
 }  // namespace dlrun::launcher

@@ -17,11 +17,14 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/contract.h"
 
 extern char** environ;
@@ -416,14 +419,58 @@ void PosixProcesses::CloseOutputs() {
       if (c.err_fd >= 0) Drain(&c.err_fd, c.err.get());
     }
   }
+  error_tails_.clear();
   for (Child& c : children_) {
     CloseFd(&c.out_fd);
     CloseFd(&c.err_fd);
     CloseFd(&c.heartbeat_fd);
     c.out->Finish();
     c.err->Finish();
+    error_tails_[c.pid] = c.err->tail();
   }
   children_.clear();
+}
+
+std::string PosixProcesses::ErrorTail(pid_t pid) const {
+  auto it = error_tails_.find(pid);
+  return it == error_tails_.end() ? "" : it->second;
+}
+
+int64_t PosixProcesses::OomKills() const {
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream text;
+  text << in.rdbuf();
+  return ReadOomKills(text.str(), "/sys/fs/cgroup");
+}
+
+int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& root) {
+  // v2: "0::/PATH" -> ROOT/PATH/memory.events; v1: "N:memory:/PATH" (or a list with memory)
+  // -> ROOT/memory/PATH/memory.oom_control. Both carry a line "oom_kill N".
+  std::vector<std::string> files;
+  std::istringstream lines(proc_self_cgroup);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (controllers.empty()) {
+      files.push_back(root + path + "/memory.events");
+    } else {
+      for (absl::string_view c : absl::StrSplit(controllers, ',')) {
+        if (c == "memory") files.insert(files.begin(), root + "/memory" + path + "/memory.oom_control");
+      }
+    }
+  }
+  for (const std::string& f : files) {
+    std::ifstream in(f);
+    for (std::string key; in >> key;) {
+      int64_t n = 0;
+      if (!(in >> n)) break;
+      if (key == "oom_kill") return n;
+    }
+  }
+  return -1;
 }
 
 }  // namespace dlrun::launcher

@@ -29,6 +29,8 @@ class PosixProcesses final : public Processes {
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
   void Wake() override;
   void CloseOutputs() override;
+  std::string ErrorTail(pid_t pid) const override;
+  int64_t OomKills() const override;
 
  private:
   struct Child {
@@ -72,6 +74,12 @@ class PosixProcesses final : public Processes {
   std::vector<Child> children_;
   std::map<int, Spare> spares_;                 // by local rank
   std::map<int, PendingSpare> pending_spares_;  // by local rank
+  std::map<pid_t, std::string> error_tails_;    // of the group CloseOutputs() closed last
 };
+
+// The "oom_kill" count of the memory cgroup named in `proc_self_cgroup` (/proc/self/cgroup's
+// text) under `root` (/sys/fs/cgroup; tests pass a fake tree): v1's memory controller first,
+// else v2's unified one; -1 when neither file has it.
+int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& root);
 
 }  // namespace dlrun::launcher

@@ -67,6 +67,12 @@ class Processes {
   // After the group is gone: drains what is left of the workers' output (bounded) and closes
   // their streams and log files. Warm spares stay.
   virtual void CloseOutputs() = 0;
+  // The last bytes (LineStream::kTailBytes) a worker of the group CloseOutputs() just closed
+  // wrote to stderr; empty when unknown.
+  virtual std::string ErrorTail(pid_t pid) const { return ""; }
+  // The OOM kills the kernel counted so far in the memory cgroup the agent and its workers run
+  // in (v2 memory.events, v1 memory.oom_control); -1 when it cannot be read.
+  virtual int64_t OomKills() const { return -1; }
 };
 
 }  // namespace dlrun::launcher

@@ -1,7 +1,10 @@
 #include "launcher/agent/root_cause.h"
 
+#include <signal.h>
 #include <string.h>
 #include <time.h>
+
+#include <algorithm>
 
 #include <fstream>
 
@@ -65,6 +68,104 @@ RootCause PickRootCause(const std::vector<WorkerExit>& exits,
   return root;
 }
 
+const char* FailureClassName(FailureClass c) {
+  switch (c) {
+    case FailureClass::kExit: return "exit";
+    case FailureClass::kSignal: return "signal";
+    case FailureClass::kSegfault: return "segfault";
+    case FailureClass::kCudaOom: return "cuda_oom";
+    case FailureClass::kHostOom: return "host_oom";
+    case FailureClass::kCollectiveTimeout: return "collective_timeout";
+    case FailureClass::kPeerLost: return "peer_lost";
+  }
+  return "exit";
+}
+
+namespace {
+
+bool Has(std::string_view text, std::string_view what) {
+  return text.find(what) != std::string_view::npos;
+}
+
+// The peer a message names: "peer rank 3", "remote rank 3", "from rank 3", "to rank 3".
+std::optional<int> PeerRank(std::string_view text) {
+  for (std::string_view phrase : {"peer rank", "remote rank", "from rank", "to rank"}) {
+    for (size_t at = text.find(phrase); at != std::string_view::npos;
+         at = text.find(phrase, at + 1)) {
+      size_t d = at + phrase.size();
+      while (d < text.size() && (text[d] == ' ' || text[d] == '=' || text[d] == ':')) ++d;
+      int n = 0;
+      size_t digits = 0;
+      for (; d < text.size() && text[d] >= '0' && text[d] <= '9' && digits < 7; ++d, ++digits) {
+        n = n * 10 + (text[d] - '0');
+      }
+      if (digits > 0) return n;
+    }
+  }
+  return std::nullopt;
+}
+
+// The first of `markers` in `text`, or npos.
+size_t FindAny(std::string_view text, std::initializer_list<std::string_view> markers) {
+  size_t best = std::string_view::npos;
+  for (std::string_view m : markers) best = std::min(best, text.find(m));
+  return best;
+}
+
+}  // namespace
+
+Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool oom_killed) {
+  Classification c;
+  if (Has(text, "CUDA out of memory") || Has(text, "CUDA error: out of memory") ||
+      Has(text, "OutOfMemoryError")) {
+    c.cls = FailureClass::kCudaOom;
+    return c;
+  }
+  if (oom_killed && e.signal == SIGKILL) {
+    c.cls = FailureClass::kHostOom;
+    return c;
+  }
+  // NCCL's watchdog ("Watchdog caught collective operation timeout: WorkNCCL(...)"), Gloo's
+  // transport ("Timed out waiting 1800000ms for recv operation to complete").
+  if (FindAny(text, {"collective operation timeout", "Timed out waiting"}) !=
+      std::string_view::npos) {
+    c.cls = FailureClass::kCollectiveTimeout;
+    c.peer_rank = PeerRank(text);
+    return c;
+  }
+  // Gloo ("Connection closed by peer [addr]:port", "Connection reset by peer"), NCCL ("NCCL
+  // communicator was aborted", "remote process exited or there was a network error").
+  if (FindAny(text, {"Connection reset by peer", "Connection closed by peer",
+                     "communicator was aborted", "remote process exited"}) !=
+      std::string_view::npos) {
+    c.cls = FailureClass::kPeerLost;
+    c.peer_rank = PeerRank(text);
+    return c;
+  }
+  if (e.signal == SIGSEGV || e.signal == SIGBUS) {
+    c.cls = FailureClass::kSegfault;
+  } else if (e.signal != 0) {
+    c.cls = FailureClass::kSignal;
+  }
+  return c;
+}
+
+std::string FailureAdvice(FailureClass c) {
+  switch (c) {
+    case FailureClass::kCudaOom:
+      return "the GPU ran out of memory: try a smaller batch per GPU (with --accumulation-steps "
+             "to keep the global batch), activation checkpointing, or mixed precision (AMP)";
+    case FailureClass::kHostOom:
+      return "the kernel's OOM killer ended it: fewer workers per node, fewer data-loader "
+             "workers, or more memory for the job (Slurm: --mem)";
+    case FailureClass::kCollectiveTimeout:
+      return "a collective timed out: one rank was late or stuck (`dlrun stacks` shows where), "
+             "or the network between nodes is down";
+    default:
+      return "";
+  }
+}
+
 namespace {
 
 std::string TimeOf(double epoch_s) {
@@ -95,6 +196,11 @@ void AppendFailure(const FailureReport& r, const WorkerExit& e, int index, std::
                   "\n  exitcode  : ", e.signal != 0 ? -e.signal : e.exit_code, " (pid: ", e.pid, ")",
                   "\n  error_file: ", has_file ? r.error_file_of(e.local_rank) : "<N/A>",
                   "\n  traceback : ", traceback, "\n");
+  if (r.class_of) {
+    const Classification c = r.class_of(e);
+    absl::StrAppend(out, "  class     : ", FailureClassName(c.cls),
+                    c.peer_rank ? absl::StrCat(" (peer rank ", *c.peer_rank, ")") : "", "\n");
+  }
 }
 
 }  // namespace

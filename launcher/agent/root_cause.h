@@ -7,7 +7,9 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dlrun::launcher {
@@ -36,6 +38,30 @@ struct ErrorRecord {
 // {"message": {"message": "...", "extraInfo": {"timestamp": "<epoch s>", ...}}}.
 ErrorRecord ReadErrorRecord(const std::string& path);
 
+// What kind of failure a worker's end was; the names are the failure block's and
+// --report-json's "class" (docs/USAGE.md, Failures).
+enum class FailureClass {
+  kExit,               // exit_code != 0, nothing more specific known
+  kSignal,             // killed by a signal other than those below
+  kSegfault,           // SIGSEGV or SIGBUS
+  kCudaOom,            // "CUDA out of memory" in the error file or the last stderr bytes
+  kHostOom,            // SIGKILL while the memory cgroup's OOM-kill count went up
+  kCollectiveTimeout,  // an NCCL/Gloo collective timed out (its watchdog, or Gloo's "Timed out")
+  kPeerLost,           // a peer's connection closed or reset, or the communicator aborted
+};
+const char* FailureClassName(FailureClass c);
+
+struct Classification {
+  FailureClass cls = FailureClass::kExit;
+  std::optional<int> peer_rank;  // kCollectiveTimeout, kPeerLost: when the message names it
+};
+
+// `text`: what the worker left (its error file's message and traceback, its last stderr bytes);
+// `oom_killed`: the memory cgroup's OOM-kill count went up while its group ran.
+Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool oom_killed);
+// What to try for a class (the seeds' advice), or empty.
+std::string FailureAdvice(FailureClass c);
+
 struct RootCause {
   bool found = false;
   WorkerExit exit;
@@ -57,6 +83,8 @@ struct FailureReport {
   RootCause root;
   std::function<std::string(int local_rank)> error_file_of;
   std::function<ErrorRecord(int local_rank)> error_of;
+  // Each failure's class, printed as "class     : ..." (empty: no line).
+  std::function<Classification(const WorkerExit&)> class_of = nullptr;
 };
 std::string FormatFailureReport(const FailureReport& r);
 

@@ -19,6 +19,18 @@ std::string ReadAll(int fd) {
   return out;
 }
 
+TEST(LineStream, KeepsTheLastBytesItWasFed) {
+  LineStream s("", -1, nullptr);
+  s.Feed("early ", 6);
+  EXPECT_EQ(s.tail(), "early ");
+  const std::string big(LineStream::kTailBytes, 'x');
+  s.Feed(big.data(), big.size());
+  s.Feed("CUDA out of memory\n", 19);
+  EXPECT_EQ(s.tail().size(), LineStream::kTailBytes);
+  EXPECT_EQ(s.tail().substr(s.tail().size() - 19), "CUDA out of memory\n");
+  EXPECT_EQ(s.tail().find("early"), std::string::npos);
+}
+
 TEST(LineStream, WholeLinesWithThePrefixAndTheLastLineOnFinish) {
   int p[2];
   ASSERT_EQ(pipe2(p, O_NONBLOCK), 0);

@@ -48,7 +48,29 @@ TEST(PosixProcesses, ExitCodeOutputHeartbeatsAndEnvironment) {
   std::string o((std::istreambuf_iterator<char>(out)), {}), r((std::istreambuf_iterator<char>(err)), {});
   EXPECT_EQ(o, "out-v1\n");
   EXPECT_EQ(r, "err\n");
+  EXPECT_EQ((*procs)->ErrorTail(*pid), "err\n");  // what a failure's class is read from
   std::filesystem::remove_all(d);
+}
+
+// The memory cgroup's OOM kills: v1's memory.oom_control, else v2's memory.events, found
+// through /proc/self/cgroup; on a fake tree, then (whichever the machine has) the real one.
+TEST(PosixProcesses, TheCgroupsOomKillsAreReadForV1AndV2) {
+  char dir[] = "/tmp/dlrun-cg-XXXXXX";
+  const std::string root = mkdtemp(dir);
+  std::filesystem::create_directories(root + "/memory/slurm/job_7");
+  std::ofstream(root + "/memory/slurm/job_7/memory.oom_control")
+      << "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+  EXPECT_EQ(ReadOomKills("12:cpuset:/slurm/job_7\n4:memory:/slurm/job_7\n", root), 3);
+  std::filesystem::create_directories(root + "/user.slice/a");
+  std::ofstream(root + "/user.slice/a/memory.events")
+      << "low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\noom_group_kill 0\n";
+  EXPECT_EQ(ReadOomKills("0::/user.slice/a\n", root), 1);
+  EXPECT_EQ(ReadOomKills("0::/missing\n", root), -1);
+  EXPECT_EQ(ReadOomKills("garbage", root), -1);
+  std::filesystem::remove_all(root);
+  auto procs = PosixProcesses::Create({});
+  ASSERT_TRUE(procs.ok());
+  EXPECT_GE((*procs)->OomKills(), -1);  // this machine: a count, or -1 without a memory cgroup
 }
 
 // dlrun checks the program before the first spawn; one that goes away later still ends as a

@@ -79,12 +79,40 @@ TEST(DlrunStandalone, AFailedJobExitsOneAsTorchrunAndTheBlockHasTheWorkersCode) 
   EXPECT_EQ(RunCommand(cmd).exit_code, 7);
 }
 
+// A failure's class comes from what the worker wrote on its real stderr: a Python worker that
+// dies of a CUDA out-of-memory error (no error file) is classed cuda_oom in the restart line,
+// the failure block and --report-json, and the advice follows.
+TEST(DlrunStandalone, AFailureIsClassifiedFromTheWorkersStderr) {
+  char dir[] = "/tmp/dlrun-class-XXXXXX";
+  const std::string d = mkdtemp(dir);
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+       "--report-json", d + "/report.json", TEST_PYTHON, "-c",
+       "import sys; print('Traceback (most recent call last):', file=sys.stderr); "
+       "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB', "
+       "file=sys.stderr); sys.exit(1)"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[cuda_oom]: exit code 1: torch.OutOfMemoryError: CUDA out of memory. "
+                          "Tried to allocate 2.00 GiB; restarting 1 of 1"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  class     : cuda_oom\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cuda_oom: the GPU ran out of memory: try a smaller batch"),
+            std::string::npos) << r.output;
+  std::ifstream in(d + "/report.json");
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  size_t first = json.find("\"class\": \"cuda_oom\"");
+  ASSERT_NE(first, std::string::npos) << json;
+  EXPECT_NE(json.find("\"class\": \"cuda_oom\"", first + 1), std::string::npos) << json;
+  std::filesystem::remove_all(d);
+}
+
 TEST(DlrunStandalone, SignalDeathIsReportedAndPropagated) {
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "sh", "-c",
                              "kill -SEGV $$"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("  exitcode  : -11 (pid: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Signal 11 (SIGSEGV) received by PID"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  class     : segfault\n"), std::string::npos) << r.output;
   r = RunCommand({DLRUN_BIN, "--worker-exit-code", "--standalone", "sh", "-c", "kill -SEGV $$"});
   EXPECT_EQ(r.exit_code, 128 + 11) << r.output;
 }

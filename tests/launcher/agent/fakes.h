@@ -151,6 +151,14 @@ class FakeProcesses final : public Processes {
   }
   void Wake() override { At(milliseconds(0), {ProcEvent::Kind::kWake, -1, 0, 0, {}}); }
   void CloseOutputs() override { ++close_outputs_calls; }
+  // What a test says a worker wrote to stderr, and the cgroup's OOM-kill count.
+  std::map<pid_t, std::string> error_tails;
+  int64_t oom_kills = -1;
+  std::string ErrorTail(pid_t pid) const override {
+    auto it = error_tails.find(pid);
+    return it == error_tails.end() ? "" : it->second;
+  }
+  int64_t OomKills() const override { return oom_kills; }
 
  private:
   struct Item {

@@ -39,6 +39,39 @@ TEST(RootCause, WithoutErrorFilesTheFirstExitAndStoppedWorkersNeverCount) {
   EXPECT_FALSE(PickRootCause({exits[0]}, [](int) { return ErrorRecord{}; }).found);
 }
 
+TEST(RootCause, FailuresAreClassifiedFromWhatTheWorkerLeft) {
+  auto cls = [](int exit_code, int sig, std::string_view text, bool oom = false) {
+    WorkerExit e{0, 0, 100, exit_code, sig, 1.0, false};
+    return std::string(FailureClassName(ClassifyFailure(e, text, oom).cls));
+  };
+  EXPECT_EQ(cls(1, 0, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+            "cuda_oom");
+  EXPECT_EQ(cls(1, 0, "RuntimeError: CUDA error: out of memory"), "cuda_oom");
+  EXPECT_EQ(cls(0, SIGKILL, "", /*oom=*/true), "host_oom");
+  EXPECT_EQ(cls(0, SIGKILL, ""), "signal");  // a SIGKILL the OOM killer did not send
+  EXPECT_EQ(cls(1, 0, "", /*oom=*/true), "exit");
+  EXPECT_EQ(cls(1, 0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+                      "Timed out waiting 1800000ms for recv operation to complete"),
+            "collective_timeout");
+  EXPECT_EQ(cls(0, SIGABRT, "[Rank 1] Watchdog caught collective operation timeout: "
+                            "WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600000 milliseconds"),
+            "collective_timeout");
+  EXPECT_EQ(cls(1, 0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                      "Connection closed by peer [127.0.0.1]:40512"),
+            "peer_lost");
+  EXPECT_EQ(cls(0, SIGSEGV, ""), "segfault");
+  EXPECT_EQ(cls(0, SIGBUS, ""), "segfault");
+  EXPECT_EQ(cls(0, SIGTERM, ""), "signal");
+  EXPECT_EQ(cls(3, 0, "ValueError: bad batch"), "exit");
+  WorkerExit e{0, 0, 100, 1, 0, 1.0, false};
+  EXPECT_EQ(ClassifyFailure(e, "NCCL communicator was aborted; failure from rank 5 to peer rank 3",
+                            false).peer_rank,
+            3);
+  EXPECT_FALSE(ClassifyFailure(e, "Connection reset by peer", false).peer_rank.has_value());
+  EXPECT_NE(FailureAdvice(FailureClass::kCudaOom).find("smaller batch"), std::string::npos);
+  EXPECT_EQ(FailureAdvice(FailureClass::kExit), "");
+}
+
 TEST(RootCause, ErrorFilesAreReadInTorchelasticsFormat) {
   char dir[] = "/tmp/dlrun-rc-XXXXXX";
   const std::string d = mkdtemp(dir);
@@ -66,6 +99,34 @@ TEST(AgentRootCause, TheAgentExitsWithTheRootCausesCodeNotTheFirstExit) {
     }
   };
   EXPECT_EQ(h.RunStatic(0), 2);
+}
+
+// The failure block names each failure's class, the advice follows, and --report-json lists
+// the root cause of every failed attempt with its class.
+TEST(AgentRootCause, EachFailureIsClassifiedInTheBlockAndTheReport) {
+  Harness h(2);
+  h.options.telemetry.report_json = h.options.run_dir + "/report.json";
+  h.options.keep_run_dir = true;
+  h.procs.oom_kills = 4;
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.attempt == 0 && p.spec.local_rank == 1) {
+      f.error_tails[p.pid] = "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory.\n";
+      f.ExitAfter(p.pid, seconds(1), 1);
+    }
+    if (p.attempt == 1 && p.spec.local_rank == 0) {
+      f.oom_kills = 5;  // the kernel's OOM killer took this one
+      f.KilledAfter(p.pid, seconds(1), SIGKILL);
+    }
+  };
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 128 + SIGKILL);
+  const std::string block = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(block.find("  class     : host_oom\n"), std::string::npos) << block;
+  std::ifstream in(h.options.telemetry.report_json);
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(json.find("\"class\": \"cuda_oom\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"class\": \"host_oom\""), std::string::npos) << json;
+  EXPECT_LT(json.find("cuda_oom"), json.find("host_oom"));  // in the order they happened
 }
 
 TEST(AgentRootCause, ASignalDeathIsReportedAs128PlusTheSignal) {

@@ -106,6 +106,49 @@ TEST(DlrunStandalone, AFailureIsClassifiedFromTheWorkersStderr) {
   std::filesystem::remove_all(d);
 }
 
+// The memory cgroup this process is in (v1's memory controller, else v2), under /sys/fs/cgroup,
+// or "" when there is none to write to.
+std::string OwnMemoryCgroup() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string v2;
+  for (std::string line; std::getline(in, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string ctl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (ctl == "memory") return "/sys/fs/cgroup/memory" + path;
+    if (ctl.empty()) v2 = "/sys/fs/cgroup" + path;
+  }
+  return v2;
+}
+
+// A worker the kernel's OOM killer ends is classed host_oom: the test makes its own memory
+// cgroup with a 256 MB limit (v1 or v2), runs dlrun in it, and the worker touches 1 GB.
+TEST(DlrunStandalone, AWorkerTheOomKillerEndsIsClassedHostOom) {
+  const std::string parent = OwnMemoryCgroup();
+  const std::string cg = parent + "/dlrun-oom-" + std::to_string(getpid());
+  const bool v1 = parent.rfind("/sys/fs/cgroup/memory", 0) == 0;
+  std::error_code ec;
+  if (parent.empty() || !std::filesystem::create_directory(cg, ec)) {
+    GTEST_SKIP() << "cannot make a memory cgroup under '" << parent << "': " << ec.message();
+  }
+  std::ofstream(cg + (v1 ? "/memory.limit_in_bytes" : "/memory.max")) << (256 << 20);
+  if (!v1) std::ofstream(cg + "/memory.swap.max") << 0;
+  char dir[] = "/tmp/dlrun-oom-XXXXXX";
+  const std::string d = mkdtemp(dir);
+  ProcResult r = RunCommand(
+      {"sh", "-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"", cg, DLRUN_BIN, "--standalone",
+       "--report-json", d + "/report.json", TEST_PYTHON, "-c",
+       "b = bytearray(1 << 30)\nfor i in range(0, len(b), 4096): b[i] = 1"});
+  std::filesystem::remove(cg, ec);  // every process in it has ended
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("  class     : host_oom\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the kernel's OOM killer ended it"), std::string::npos) << r.output;
+  std::ifstream in(d + "/report.json");
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(json.find("\"class\": \"host_oom\""), std::string::npos) << json;
+  std::filesystem::remove_all(d);
+}
+
 TEST(DlrunStandalone, SignalDeathIsReportedAndPropagated) {
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "sh", "-c",
                              "kill -SEGV $$"});

@@ -114,6 +114,10 @@ class Preemption:
         job = os.environ.get("SLURM_JOB_ID", "")
         if not job:
             return False
+        # Said before the requeue: Slurm stops this run as soon as it takes the job back, and a
+        # line printed after `scontrol requeue` returns may never reach the job's output.
+        print("requeueing Slurm job %s after the checkpoint at step %d" % (job, int(step)),
+              flush=True)
         try:
             subprocess.run(["scontrol", "requeue", job], check=True, timeout=60,
                            stdout=subprocess.DEVNULL)
@@ -121,6 +125,4 @@ class Preemption:
             print("dlrun_report: scontrol requeue %s failed: %s" % (job, e), file=sys.stderr,
                   flush=True)
             return False
-        print("requeued Slurm job %s after the checkpoint at step %d" % (job, int(step)),
-              flush=True)
         return True

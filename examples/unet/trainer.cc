@@ -421,15 +421,13 @@ void Trainer::AfterStep(int64_t step, double mean_loss, bool signalled) {
   }
   if (signalled && rank_ == 0 && dlrun::worker::requeueOnSignalRequested()) {
     // Preemption (dlrun slurm --preemptible): the checkpoint is on disk, hand the job back to
-    // Slurm; the requeued run resumes from it. Slurm then stops this run.
-    const std::string err = dlrun::worker::requeueSlurmJob();
-    if (err.empty()) {
-      std::printf("requeued Slurm job %s after the checkpoint at step %ld\n",
-                  std::getenv("SLURM_JOB_ID"), step);
-    } else {
-      std::fprintf(stderr, "train_unet: %s\n", err.c_str());
-    }
+    // Slurm; the requeued run resumes from it. Slurm then stops this run at once, so the line
+    // comes first: printed after the requeue it may never reach the job's output.
+    std::printf("requeueing Slurm job %s after the checkpoint at step %ld\n",
+                std::getenv("SLURM_JOB_ID"), step);
     std::fflush(stdout);
+    const std::string err = dlrun::worker::requeueSlurmJob();
+    if (!err.empty()) std::fprintf(stderr, "train_unet: %s\n", err.c_str());
   }
   if (step == start_step_ + 1) first_loss_ = mean_loss;
   last_loss_ = mean_loss;

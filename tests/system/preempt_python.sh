@@ -13,11 +13,11 @@ grep -q "warning" submit.warn && fail "a program with the hook got a warning: $(
 submit job.sbatch 360
 wait_for_line "$out" "step 3/60" 180
 scancel -s USR1 "$jid"
-wait_for_line "$out" "requeued Slurm job $jid after the checkpoint at step" 60
+wait_for_line "$out" "requeueing Slurm job $jid after the checkpoint at step" 60
 finish
 scontrol show job "$jid" | grep -q "Restarts=1" || fail "Slurm does not count one requeue"
 
-ckpt_step=$(sed -n "s/.*requeued Slurm job $jid after the checkpoint at step \([0-9]*\).*/\1/p" "$out")
+ckpt_step=$(sed -n "s/.*requeueing Slurm job $jid after the checkpoint at step \([0-9]*\).*/\1/p" "$out")
 grep -q "dlrun: job $jid (restart 1)" "$out" || fail "the requeued run did not start"
 grep -q "resumed from step $ckpt_step" "$out" || fail "the requeued run did not resume from step $ckpt_step"
 grep -q "no handler for it" "$out" && fail "dlrun said a rank had no handler for SIGUSR1"

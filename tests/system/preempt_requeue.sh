@@ -13,11 +13,11 @@ grep -q -- "--requeue" job.sbatch || fail "no --requeue in the script"
 submit job.sbatch 360
 wait_for_line "$out" "step 3/16" 120
 scancel -s USR1 "$jid"
-wait_for_line "$out" "requeued Slurm job $jid after the checkpoint at step" 60
+wait_for_line "$out" "requeueing Slurm job $jid after the checkpoint at step" 60
 finish
 scontrol show job "$jid" | grep -q "Restarts=1" || fail "Slurm does not count one requeue"
 
-ckpt_step=$(sed -n "s/.*requeued Slurm job $jid after the checkpoint at step \([0-9]*\).*/\1/p" "$out")
+ckpt_step=$(sed -n "s/.*requeueing Slurm job $jid after the checkpoint at step \([0-9]*\).*/\1/p" "$out")
 grep -q "dlrun: job $jid (restart 1)" "$out" || fail "the requeued run did not start"
 grep -q "resumed from step $ckpt_step" "$out" || fail "the requeued run did not resume from step $ckpt_step"
 grep -q '"steps": 16' m.json || fail "metrics: the planned 16 steps"

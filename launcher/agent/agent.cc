@@ -272,7 +272,8 @@ void Agent::StopGroup(int first_signal) {
     int sig = first_signal;
     // A forwarded SIGINT that the worker ignores (inherited from a shell's `dlrun ... &`) would
     // only wait out the grace period: SIGTERM instead, which asks the same.
-    if (sig != SIGTERM && sig != SIGKILL && processes_.Disposition(w.pid, sig) == Processes::SignalAction::kIgnored) {
+    if (sig != SIGTERM && sig != SIGKILL &&
+        processes_.Disposition(w.pid, sig) == Processes::SignalAction::kIgnored) {
       spdlog::info("local rank {} (pid {}) ignores SIG{}: sending SIGTERM instead", w.local_rank,
                    w.pid, sigabbrev_np(sig));
       sig = SIGTERM;
@@ -354,12 +355,8 @@ int Agent::AfterFailure() {
   // Without an error file, the worker's last stderr line says more than "exit code 1".
   std::string said = root.message;
   if (error_of(first.local_rank).message.empty()) {
-    const std::string tail = processes_.ErrorTail(first.pid);
-    const size_t end = tail.find_last_not_of("\r\n ");
-    if (end != std::string::npos) {
-      const size_t newline = tail.find_last_of("\r\n", end);
-      const size_t begin = newline == std::string::npos ? 0 : newline + 1;
-      said = absl::StrCat(root.message, ": ", tail.substr(begin, end + 1 - begin));
+    if (const std::string last = LastLine(processes_.ErrorTail(first.pid)); !last.empty()) {
+      said = absl::StrCat(root.message, ": ", last);
     }
   }
   telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said});

@@ -19,7 +19,10 @@ namespace dlrun::launcher {
 
 AgentTelemetry::AgentTelemetry(TelemetryOptions options, std::string hostname,
                                MembershipSource& source, Clock& clock)
-    : options_(std::move(options)), hostname_(std::move(hostname)), source_(source), clock_(clock) {}
+    : options_(std::move(options)),
+      hostname_(std::move(hostname)),
+      source_(source),
+      clock_(clock) {}
 
 AgentTelemetry::~AgentTelemetry() = default;
 
@@ -103,15 +106,14 @@ namespace {
 // The latest `n` step times of a rank's ring (kept in step order up to kMaxStepTimes, then
 // overwritten at steps % kMaxStepTimes).
 std::vector<double> LatestStepTimes(const AgentTelemetry::RankSteps& r, size_t n) {
+  constexpr size_t kMax = AgentTelemetry::kMaxStepTimes;
   const std::vector<double>& ring = r.step_times;
   n = std::min(n, ring.size());
-  if (ring.size() < AgentTelemetry::kMaxStepTimes) return {ring.end() - static_cast<std::ptrdiff_t>(n), ring.end()};
-  const size_t end = static_cast<size_t>(r.steps) % AgentTelemetry::kMaxStepTimes;  // one past the latest
+  if (ring.size() < kMax) return {ring.end() - static_cast<std::ptrdiff_t>(n), ring.end()};
+  const size_t end = static_cast<size_t>(r.steps) % kMax;  // one past the latest
   std::vector<double> v;
   v.reserve(n);
-  for (size_t k = 0; k < n; ++k) {
-    v.push_back(ring[(end + AgentTelemetry::kMaxStepTimes - n + k) % AgentTelemetry::kMaxStepTimes]);
-  }
+  for (size_t k = 0; k < n; ++k) v.push_back(ring[(end + kMax - n + k) % kMax]);
   return v;
 }
 
@@ -225,7 +227,9 @@ void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
   if (options_.on && any) {
     std::string text = rdzv::FormatJobReport(snap, rc);
     if (!whole) text.replace(0, std::string("job report").size(), "job report (this node)");
-    if (bad_records_ > 0) absl::StrAppend(&text, "\n  malformed step records dropped: ", bad_records_);
+    if (bad_records_ > 0) {
+      absl::StrAppend(&text, "\n  malformed step records dropped: ", bad_records_);
+    }
     spdlog::info("{}", text);
   }
   if (!options_.report_json.empty()) WriteJson(rdzv::SnapshotJson(snap, false), rc, whole);

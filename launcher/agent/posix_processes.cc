@@ -125,7 +125,13 @@ absl::StatusOr<std::unique_ptr<PosixProcesses>> PosixProcesses::Create(
     close(sfd);
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
-  return std::unique_ptr<PosixProcesses>(new PosixProcesses(sfd, wfd));
+  auto procs = std::unique_ptr<PosixProcesses>(new PosixProcesses(sfd, wfd));
+  // Where the memory cgroup counts OOM kills: found once, read at each group's start and end.
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream cgroups;
+  cgroups << in.rdbuf();
+  procs->oom_kill_files_ = OomKillFiles(cgroups.str(), "/sys/fs/cgroup");
+  return procs;
 }
 
 PosixProcesses::~PosixProcesses() {
@@ -436,14 +442,10 @@ std::string PosixProcesses::ErrorTail(pid_t pid) const {
   return it == error_tails_.end() ? "" : it->second;
 }
 
-int64_t PosixProcesses::OomKills() const {
-  std::ifstream in("/proc/self/cgroup");
-  std::stringstream text;
-  text << in.rdbuf();
-  return ReadOomKills(text.str(), "/sys/fs/cgroup");
-}
+int64_t PosixProcesses::OomKills() const { return ReadOomKillCount(oom_kill_files_); }
 
-int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& root) {
+std::vector<std::string> OomKillFiles(const std::string& proc_self_cgroup,
+                                      const std::string& root) {
   // v2: "0::/PATH" -> ROOT/PATH/memory.events; v1: "N:memory:/PATH" (or a list with memory)
   // -> ROOT/memory/PATH/memory.oom_control. Both carry a line "oom_kill N".
   std::vector<std::string> files;
@@ -458,10 +460,16 @@ int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& roo
       files.push_back(root + path + "/memory.events");
     } else {
       for (absl::string_view c : absl::StrSplit(controllers, ',')) {
-        if (c == "memory") files.insert(files.begin(), root + "/memory" + path + "/memory.oom_control");
+        if (c == "memory") {
+          files.insert(files.begin(), root + "/memory" + path + "/memory.oom_control");
+        }
       }
     }
   }
+  return files;
+}
+
+int64_t ReadOomKillCount(const std::vector<std::string>& files) {
   for (const std::string& f : files) {
     std::ifstream in(f);
     for (std::string key; in >> key;) {
@@ -471,6 +479,10 @@ int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& roo
     }
   }
   return -1;
+}
+
+int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& root) {
+  return ReadOomKillCount(OomKillFiles(proc_self_cgroup, root));
 }
 
 }  // namespace dlrun::launcher

@@ -75,11 +75,17 @@ class PosixProcesses final : public Processes {
   std::map<int, Spare> spares_;                 // by local rank
   std::map<int, PendingSpare> pending_spares_;  // by local rank
   std::map<pid_t, std::string> error_tails_;    // of the group CloseOutputs() closed last
+  std::vector<std::string> oom_kill_files_;     // OomKillFiles() of this process' cgroups
 };
 
-// The "oom_kill" count of the memory cgroup named in `proc_self_cgroup` (/proc/self/cgroup's
-// text) under `root` (/sys/fs/cgroup; tests pass a fake tree): v1's memory controller first,
-// else v2's unified one; -1 when neither file has it.
+// The files that may count the OOM kills of the memory cgroup named in `proc_self_cgroup`
+// (/proc/self/cgroup's text) under `root` (/sys/fs/cgroup; tests pass a fake tree): v1's
+// memory.oom_control first, then v2's memory.events.
+std::vector<std::string> OomKillFiles(const std::string& proc_self_cgroup,
+                                      const std::string& root);
+// The "oom_kill" count of the first of `files` that has one; -1 when none has.
+int64_t ReadOomKillCount(const std::vector<std::string>& files);
+// Both: the count for `proc_self_cgroup` under `root`.
 int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& root);
 
 }  // namespace dlrun::launcher

@@ -83,8 +83,11 @@ const char* FailureClassName(FailureClass c) {
 
 namespace {
 
-bool Has(std::string_view text, std::string_view what) {
-  return text.find(what) != std::string_view::npos;
+// Whether `text` holds any of `markers`.
+bool HasAny(std::string_view text, std::initializer_list<std::string_view> markers) {
+  return std::any_of(markers.begin(), markers.end(), [text](std::string_view m) {
+    return text.find(m) != std::string_view::npos;
+  });
 }
 
 // The peer a message names: "peer rank 3", "remote rank 3", "from rank 3", "to rank 3".
@@ -105,19 +108,11 @@ std::optional<int> PeerRank(std::string_view text) {
   return std::nullopt;
 }
 
-// The first of `markers` in `text`, or npos.
-size_t FindAny(std::string_view text, std::initializer_list<std::string_view> markers) {
-  size_t best = std::string_view::npos;
-  for (std::string_view m : markers) best = std::min(best, text.find(m));
-  return best;
-}
-
 }  // namespace
 
 Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool oom_killed) {
   Classification c;
-  if (Has(text, "CUDA out of memory") || Has(text, "CUDA error: out of memory") ||
-      Has(text, "OutOfMemoryError")) {
+  if (HasAny(text, {"CUDA out of memory", "CUDA error: out of memory", "OutOfMemoryError"})) {
     c.cls = FailureClass::kCudaOom;
     return c;
   }
@@ -127,17 +122,15 @@ Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool 
   }
   // NCCL's watchdog ("Watchdog caught collective operation timeout: WorkNCCL(...)"), Gloo's
   // transport ("Timed out waiting 1800000ms for recv operation to complete").
-  if (FindAny(text, {"collective operation timeout", "Timed out waiting"}) !=
-      std::string_view::npos) {
+  if (HasAny(text, {"collective operation timeout", "Timed out waiting"})) {
     c.cls = FailureClass::kCollectiveTimeout;
     c.peer_rank = PeerRank(text);
     return c;
   }
   // Gloo ("Connection closed by peer [addr]:port", "Connection reset by peer"), NCCL ("NCCL
   // communicator was aborted", "remote process exited or there was a network error").
-  if (FindAny(text, {"Connection reset by peer", "Connection closed by peer",
-                     "communicator was aborted", "remote process exited"}) !=
-      std::string_view::npos) {
+  if (HasAny(text, {"Connection reset by peer", "Connection closed by peer",
+                    "communicator was aborted", "remote process exited"})) {
     c.cls = FailureClass::kPeerLost;
     c.peer_rank = PeerRank(text);
     return c;
@@ -148,6 +141,14 @@ Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool 
     c.cls = FailureClass::kSignal;
   }
   return c;
+}
+
+std::string LastLine(std::string_view text) {
+  const size_t end = text.find_last_not_of("\r\n ");
+  if (end == std::string_view::npos) return "";
+  const size_t newline = text.find_last_of("\r\n", end);
+  const size_t begin = newline == std::string_view::npos ? 0 : newline + 1;
+  return std::string(text.substr(begin, end + 1 - begin));
 }
 
 std::string FailureAdvice(FailureClass c) {

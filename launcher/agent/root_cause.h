@@ -59,6 +59,9 @@ struct Classification {
 // `text`: what the worker left (its error file's message and traceback, its last stderr bytes);
 // `oom_killed`: the memory cgroup's OOM-kill count went up while its group ran.
 Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool oom_killed);
+// The last non-blank line of a worker's stderr tail (what a failure without an error file
+// said), or empty.
+std::string LastLine(std::string_view text);
 // What to try for a class (the seeds' advice), or empty.
 std::string FailureAdvice(FailureClass c);
 

@@ -14,21 +14,6 @@
 namespace dlrun::launcher {
 namespace {
 
-// A rendezvous host whose name does not resolve would be retried for the whole join timeout,
-// silently: the first --rdzv-endpoint entry's host must resolve.
-absl::Status ResolveRendezvousHost(const LaunchOptions& o) {
-  if (o.standalone || o.rdzv_backend == RdzvBackend::kStatic || o.rdzv_endpoint.empty()) {
-    return absl::OkStatus();
-  }
-  auto endpoints = ParseEndpointList(o.rdzv_endpoint);
-  if (!endpoints.ok()) return absl::OkStatus();  // MakeSource names the bad entry
-  if (absl::Status s = ResolveHost(SplitEndpoint(endpoints->front()).first); !s.ok()) {
-    return absl::NotFoundError(
-        absl::StrCat("the rendezvous endpoint ", endpoints->front(), ": ", s.message()));
-  }
-  return absl::OkStatus();
-}
-
 rdzv::TelemetryOptions TelemetryOptionsFrom(const LaunchOptions& o) {
   rdzv::TelemetryOptions t;
   t.straggler_factor = o.telemetry_flags.straggler_factor;
@@ -48,6 +33,12 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
   RdzvSourceOptions r;
   auto endpoints = ParseEndpointList(o.rdzv_endpoint);
   if (!endpoints.ok()) return endpoints.status();
+  // A host whose name does not resolve would be retried for the whole join timeout, silently:
+  // the first entry's host must resolve.
+  if (absl::Status s = ResolveHost(SplitEndpoint(endpoints->front()).first); !s.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat("the rendezvous endpoint ", endpoints->front(), ": ", s.message()));
+  }
   r.endpoint = endpoints->front();
   if (endpoints->size() > 1) r.candidates = *endpoints;
   // The other nodes of the job's node list, where a host may already serve this job.
@@ -139,7 +130,6 @@ std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> Metric
 absl::StatusOr<Membership> MakeMembership(const LaunchOptions& o, const Detection& d,
                                           const Machine& m, const LaunchPlan& plan,
                                           const EnvLookup& env) {
-  if (absl::Status s = ResolveRendezvousHost(o); !s.ok()) return s;
   auto source = MakeSource(o, d, m, plan, env);
   if (!source.ok()) return source.status();
   return Membership{*std::move(source), MetricsServing(o)};

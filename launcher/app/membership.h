@@ -22,8 +22,9 @@ struct Membership {
   std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> serve_metrics;
 };
 
-// Errors are one line. NotFound: the rendezvous host does not resolve (checked first: it would
-// otherwise be retried, silently, for the whole join timeout); that is not a usage error.
+// Errors are one line. NotFound: the rendezvous host does not resolve (checked once the endpoint
+// list is parsed, before anything starts: it would otherwise be retried, silently, for the whole
+// join timeout); that is not a usage error.
 absl::StatusOr<Membership> MakeMembership(const LaunchOptions& o, const Detection& d,
                                           const Machine& m, const LaunchPlan& plan,
                                           const EnvLookup& env);

@@ -373,6 +373,7 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
+    // (insert_or_assign: GCC 12's -Wrestrict misfires on `= "1"` once this is inlined)
     a->extra_env.insert_or_assign(contract::kPythonUnbuffered, std::string("1"));
   }
   const std::string helper = PythonHelperDir(SelfPath());

@@ -68,6 +68,9 @@ TEST(RootCause, FailuresAreClassifiedFromWhatTheWorkerLeft) {
                             false).peer_rank,
             3);
   EXPECT_FALSE(ClassifyFailure(e, "Connection reset by peer", false).peer_rank.has_value());
+  EXPECT_EQ(LastLine("Traceback ...\r\nRuntimeError: boom\n\n  "), "RuntimeError: boom");
+  EXPECT_EQ(LastLine("one line"), "one line");
+  EXPECT_EQ(LastLine("\n \n"), "");
   EXPECT_NE(FailureAdvice(FailureClass::kCudaOom).find("smaller batch"), std::string::npos);
   EXPECT_EQ(FailureAdvice(FailureClass::kExit), "");
 }

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
+#include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
@@ -142,6 +143,13 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
                                                     a.rank_offset + w.local_rank, w.pid));
   }
   spdlog::info("{}", table);
+  if (!options_.run_dir.empty()) {  // for `dlrun stacks`
+    WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, {}};
+    for (const Worker& w : workers_) wf.workers.push_back({w.rank, w.local_rank, w.pid});
+    if (absl::Status s = WriteWorkersFile(options_.run_dir, wf); !s.ok()) {
+      spdlog::debug("{}", std::string(s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -18,6 +18,8 @@ int SlurmMain(const std::vector<std::string>& args);
 int RunaiMain(const std::vector<std::string>& args);
 // `dlrun rdzv-server [options]`.
 int RdzvServerMain(const std::vector<std::string>& args);
+// `dlrun stacks [options]`: the stacks of a running job's workers (app/stacks_main.cc).
+int StacksMain(const std::vector<std::string>& args);
 
 // This executable's path (/proc/self/exe), or "dlrun" if it cannot be read.
 std::string SelfPath();

@@ -3,7 +3,10 @@
 // (app/plan.cc), processes (agent/posix_processes.cc), membership (app/membership.cc: rdzv/ or
 // the static source), run directory (app/run_dir.cc), agent (agent/agent.cc).
 // docs/ARCHITECTURE.md follows one launch through these steps.
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 
 #include "launcher/agent/agent.h"
 #include "launcher/agent/posix_processes.h"
@@ -55,9 +58,16 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   if (!run_dir.ok()) return Fail(run_dir.status());
   a.run_dir = *run_dir;
   if (a.keep_run_dir) a.log_dir = a.run_dir;
+  // `dlrun stacks` finds the run through this machine's index (RUN_DIR/workers.json).
+  std::error_code ec;
+  std::filesystem::create_directories(a.run_dir, ec);
+  const std::string index = RunIndexDir(env("TMPDIR").value_or("/tmp"), getuid());
+  RegisterRun(index, getpid(), a.run_dir);
 
   Agent agent(std::move(a), std::move(membership->source), **processes, SystemClock());
-  return agent.Run();
+  const int rc = agent.Run();
+  UnregisterRun(index, getpid());
+  return rc;
 }
 
 }  // namespace dlrun::launcher

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/env.h"
@@ -24,5 +25,17 @@ std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& r
 // host name before the random part in multi-node jobs (their nodes may share DIR).
 std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run_id,
                               const std::string& hostname, bool multinode);
+
+// The index of the runs on this machine, for `dlrun stacks`: TMPDIR/dlrun-UID/jobs/AGENT_PID, a
+// symbolic link to the agent's run directory (whose workers.json names the workers). A link
+// whose agent is gone is ignored, and removed by the next registration.
+std::string RunIndexDir(const std::string& tmpdir, unsigned uid);
+void RegisterRun(const std::string& index_dir, int agent_pid, const std::string& run_dir);
+void UnregisterRun(const std::string& index_dir, int agent_pid);
+struct LiveRun {
+  int agent_pid = -1;
+  std::string run_dir;
+};
+std::vector<LiveRun> LiveRuns(const std::string& index_dir);
 
 }  // namespace dlrun::launcher

@@ -1,0 +1,362 @@
+// Parsing the dump tools' output, grouping ranks by stack, and the report's JSON and text
+// (stacks.h).
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "launcher/stacks/stacks.h"
+#include "nlohmann/json.hpp"
+
+namespace dlrun::launcher {
+
+using nlohmann::json;
+
+std::string StackFrame::Render() const {
+  if (line > 0) return absl::StrCat(file, ":", line, " ", function);
+  if (!file.empty()) return absl::StrCat(function, " (", file, ")");
+  return function;
+}
+
+absl::StatusOr<std::vector<StackThread>> ParsePySpyJson(const std::string& text, pid_t pid) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) return absl::InvalidArgumentError("py-spy printed no JSON thread list");
+  std::vector<StackThread> threads;
+  for (const json& t : j) {
+    if (!t.is_object()) continue;
+    StackThread th;
+    th.name = t.value("thread_name", std::string());
+    const int64_t tid = t.value("os_thread_id", int64_t{0});
+    if (th.name.empty()) th.name = absl::StrCat("TID ", tid);
+    if (t.contains("frames") && t["frames"].is_array()) {
+      for (const json& f : t["frames"]) {
+        if (!f.is_object()) continue;
+        StackFrame fr;
+        fr.function = f.value("name", std::string("??"));
+        fr.file = f.value("filename", std::string());
+        fr.line = f.value("line", 0);
+        th.frames.push_back(std::move(fr));
+      }
+    }
+    const bool main = tid == pid || th.name == "MainThread";
+    threads.insert(main ? threads.begin() : threads.end(), std::move(th));
+  }
+  return threads;
+}
+
+// eu-stack -s -m: "TID n:" then "#k 0xADDR [function] - module" and, with line information, an
+// indented "file:line:column" under it.
+std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid) {
+  std::vector<StackThread> threads;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, "TID ")) {
+      absl::ConsumeSuffix(&line, ":");
+      StackThread th;
+      th.name = absl::StrCat("TID ", line);
+      threads.push_back(std::move(th));
+      continue;
+    }
+    if (threads.empty()) continue;
+    StackThread& th = threads.back();
+    if (absl::StartsWith(line, "#")) {
+      // "#0  0x00007f.. clock_nanosleep@GLIBC_2.2.5 - /usr/lib/.../libc.so.6"
+      std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      StackFrame f;
+      f.function = "??";
+      size_t i = 2;
+      if (i < w.size() && w[i] != "-") f.function = std::string(w[i++]);
+      if (i + 1 < w.size() && w[i] == "-") {
+        f.file = std::string(w[i + 1]);
+        f.file = f.file.substr(f.file.rfind('/') + 1);
+      }
+      // drop the symbol version: clock_nanosleep@GLIBC_2.2.5
+      if (const size_t at = f.function.find('@'); at != std::string::npos && at > 0) {
+        f.function.resize(at);
+      }
+      th.frames.push_back(std::move(f));
+    } else if (absl::StartsWith(line, "    ") && !th.frames.empty()) {
+      // "    ../sysdeps/unix/sysv/linux/clock_nanosleep.c:71:10"
+      absl::string_view src = absl::StripAsciiWhitespace(line);
+      std::vector<absl::string_view> parts = absl::StrSplit(src, ':');
+      int n = 0;
+      if (parts.size() >= 2 && absl::SimpleAtoi(parts[parts.size() - 2], &n) && n > 0) {
+        // file:line:column
+        th.frames.back().file = std::string(src.substr(0, src.size() - parts.back().size() -
+                                                             parts[parts.size() - 2].size() - 2));
+        th.frames.back().line = n;
+      } else if (parts.size() >= 2 && absl::SimpleAtoi(parts.back(), &n) && n > 0) {
+        th.frames.back().file = std::string(src.substr(0, src.size() - parts.back().size() - 1));
+        th.frames.back().line = n;
+      }
+    }
+  }
+  // The main thread first (eu-stack lists it first already; a stray order is fixed here).
+  std::stable_partition(threads.begin(), threads.end(),
+                        [pid](const StackThread& t) { return t.name == absl::StrCat("TID ", pid); });
+  return threads;
+}
+
+std::string RankRanges(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+namespace {
+
+std::vector<std::string> MainFrames(const RankStack& r) {
+  std::vector<std::string> out;
+  if (r.threads.empty()) return out;
+  for (const StackFrame& f : r.threads.front().frames) out.push_back(f.Render());
+  return out;
+}
+
+}  // namespace
+
+StackReport GroupStacks(std::vector<RankStack> ranks) {
+  StackReport r;
+  std::sort(ranks.begin(), ranks.end(),
+            [](const RankStack& a, const RankStack& b) { return a.rank < b.rank; });
+  std::map<std::vector<std::string>, size_t> index;
+  for (const RankStack& s : ranks) {
+    if (!s.missing.empty()) continue;
+    std::vector<std::string> frames = MainFrames(s);
+    auto [it, added] = index.emplace(frames, r.groups.size());
+    if (added) r.groups.push_back({{}, {}, std::move(frames)});
+    StackGroup& g = r.groups[it->second];
+    g.ranks.push_back(s.rank);
+    if (std::find(g.hosts.begin(), g.hosts.end(), s.host) == g.hosts.end()) {
+      g.hosts.push_back(s.host);
+    }
+  }
+  // Ranks are sorted, so among equal sizes the group holding the lowest rank comes first.
+  std::stable_sort(r.groups.begin(), r.groups.end(), [](const StackGroup& a, const StackGroup& b) {
+    return a.ranks.size() > b.ranks.size();
+  });
+  for (size_t i = 1; i < r.groups.size(); ++i) {
+    r.suspects.insert(r.suspects.end(), r.groups[i].ranks.begin(), r.groups[i].ranks.end());
+  }
+  std::sort(r.suspects.begin(), r.suspects.end());
+  std::reverse(r.groups.begin(), r.groups.end());  // smallest first
+  r.ranks = std::move(ranks);
+  return r;
+}
+
+namespace {
+
+json FrameJson(const StackFrame& f) {
+  return json{{"function", f.function}, {"file", f.file}, {"line", f.line}};
+}
+
+json RankJson(const RankStack& s) {
+  json threads = json::array();
+  for (const StackThread& t : s.threads) {
+    json frames = json::array();
+    for (const StackFrame& f : t.frames) frames.push_back(FrameJson(f));
+    threads.push_back({{"name", t.name}, {"frames", frames}});
+  }
+  json j{{"rank", s.rank}, {"local_rank", s.local_rank}, {"host", s.host}, {"pid", s.pid},
+         {"tool", s.tool}, {"pause_ms", s.pause_ms}, {"threads", threads}};
+  if (!s.missing.empty()) j["missing"] = s.missing;
+  return j;
+}
+
+}  // namespace
+
+std::string RankStacksJson(const std::vector<RankStack>& ranks) {
+  json a = json::array();
+  for (const RankStack& s : ranks) a.push_back(RankJson(s));
+  return a.dump();
+}
+
+absl::StatusOr<std::vector<RankStack>> RankStacksFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("ranks")) j = j["ranks"];
+  if (!j.is_array()) return absl::InvalidArgumentError("expected a JSON list of rank stacks");
+  std::vector<RankStack> out;
+  for (const json& r : j) {
+    if (!r.is_object() || !r.contains("rank") || !r["rank"].is_number_integer()) {
+      return absl::InvalidArgumentError("a rank stack without an integer \"rank\"");
+    }
+    RankStack s;
+    s.rank = r["rank"].get<int>();
+    s.local_rank = r.value("local_rank", -1);
+    s.host = r.value("host", std::string());
+    s.pid = r.value("pid", -1);
+    s.tool = r.value("tool", std::string());
+    s.pause_ms = r.value("pause_ms", 0.0);
+    s.missing = r.value("missing", std::string());
+    if (r.contains("threads") && r["threads"].is_array()) {
+      for (const json& t : r["threads"]) {
+        if (!t.is_object()) continue;
+        StackThread th;
+        th.name = t.value("name", std::string());
+        if (t.contains("frames") && t["frames"].is_array()) {
+          for (const json& f : t["frames"]) {
+            if (!f.is_object()) continue;
+            th.frames.push_back({f.value("function", std::string("??")),
+                                 f.value("file", std::string()), f.value("line", 0)});
+          }
+        }
+        s.threads.push_back(std::move(th));
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string StackReportJson(const StackReport& r, int indent) {
+  json groups = json::array();
+  for (const StackGroup& g : r.groups) {
+    groups.push_back({{"ranks", g.ranks}, {"hosts", g.hosts}, {"frames", g.frames}});
+  }
+  json missing = json::array();
+  json ranks = json::array();
+  for (const RankStack& s : r.ranks) {
+    if (!s.missing.empty()) missing.push_back({{"rank", s.rank}, {"host", s.host}, {"why", s.missing}});
+    ranks.push_back(RankJson(s));
+  }
+  json j{{"groups", groups}, {"suspects", r.suspects}, {"missing", missing},
+         {"took_s", r.took_s}, {"ranks", ranks}};
+  return j.dump(indent);
+}
+
+namespace {
+// "rank 2", "ranks 0-1,3".
+std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankRanges(ranks));
+}
+}  // namespace
+
+std::string FormatStackReport(const StackReport& r) {
+  std::set<std::string> hosts;
+  for (const RankStack& s : r.ranks) hosts.insert(s.host);
+  std::string out = absl::StrFormat("stacks of %d rank(s) on %d node(s) in %.2f s\n",
+                                    r.ranks.size(), hosts.size(), r.took_s);
+  std::vector<int> read;
+  for (const StackGroup& g : r.groups) read.insert(read.end(), g.ranks.begin(), g.ranks.end());
+  if (!r.suspects.empty()) {
+    absl::StrAppend(&out, "suspects: ", Ranks(r.suspects), " (the stack differs from ",
+                    read.size() - r.suspects.size(), " other rank(s))\n");
+  } else if (r.groups.size() == 1) {
+    absl::StrAppend(&out, "no suspects: every rank read has the same stack\n");
+  }
+  for (const StackGroup& g : r.groups) {
+    absl::StrAppend(&out, "\n", Ranks(g.ranks), " (node ", absl::StrJoin(g.hosts, ", "),
+                    "):\n");
+    for (const std::string& f : g.frames) absl::StrAppend(&out, "    ", f, "\n");
+  }
+  for (const RankStack& s : r.ranks) {
+    if (s.missing.empty()) continue;
+    absl::StrAppend(&out, "\nrank ", s.rank, " (node ", s.host, ", pid ", s.pid,
+                    "): not read: ", s.missing, "\n");
+  }
+  return out;
+}
+
+namespace {
+
+bool IsLibraryFile(const std::string& file) {
+  return file.empty() || file[0] == '<' || file.find("/site-packages/") != std::string::npos ||
+         file.find("/dist-packages/") != std::string::npos ||
+         file.find("/lib/python3") != std::string::npos;
+}
+
+std::string Basename(const std::string& f) { return f.substr(f.rfind('/') + 1); }
+
+// "all_reduce at train.py:45": the program's innermost line and what it called there.
+std::string Where(const std::vector<StackFrame>& frames) {
+  if (frames.empty()) return "";
+  for (size_t i = 0; i < frames.size(); ++i) {
+    const StackFrame& f = frames[i];
+    if (f.line <= 0 || IsLibraryFile(f.file)) continue;
+    const std::string at = absl::StrCat(Basename(f.file), ":", f.line);
+    return i == 0 ? absl::StrCat(f.function, " at ", at)
+                  : absl::StrCat(frames[i - 1].function, " at ", at);
+  }
+  return frames.front().Render();
+}
+
+}  // namespace
+
+std::string WhereTheOthersWere(const StackReport& r, int rank) {
+  std::map<std::string, std::vector<int>> where;
+  for (const RankStack& s : r.ranks) {
+    if (s.rank == rank || !s.missing.empty() || s.threads.empty()) continue;
+    where[Where(s.threads.front().frames)].push_back(s.rank);
+  }
+  if (where.empty()) return "";
+  int others = 0;
+  for (const auto& [w, ranks] : where) others += static_cast<int>(ranks.size());
+  if (where.size() == 1) {
+    return absl::StrCat("the other ", others, others == 1 ? " rank was in " : " ranks were in ",
+                        where.begin()->first);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [w, ranks] : where) {
+    parts.push_back(absl::StrCat(Ranks(ranks), " in ", w));
+  }
+  return absl::StrCat("the other ", others, " ranks were in ", where.size(), " places: ",
+                      absl::StrJoin(parts, "; "));
+}
+
+absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w) {
+  json workers = json::array();
+  for (const DumpTarget& t : w.workers) {
+    workers.push_back({{"rank", t.rank}, {"local_rank", t.local_rank}, {"pid", t.pid}});
+  }
+  const json j{{"run_id", w.run_id}, {"host", w.host}, {"agent_pid", w.agent_pid},
+               {"attempt", w.attempt}, {"workers", workers}};
+  const std::string path = absl::StrCat(run_dir, "/", kWorkersFileName);
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkersFile> ReadWorkersFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("no ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("workers") || !j["workers"].is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' is not a dlrun workers file (expected {\"workers\": [...]})"));
+  }
+  WorkersFile w;
+  w.run_id = j.value("run_id", std::string());
+  w.host = j.value("host", std::string());
+  w.agent_pid = j.value("agent_pid", -1);
+  w.attempt = j.value("attempt", 0);
+  for (const json& t : j["workers"]) {
+    if (!t.is_object()) continue;
+    w.workers.push_back({t.value("rank", -1), t.value("local_rank", -1), t.value("pid", -1)});
+  }
+  return w;
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,118 @@
+// Job-wide stack dumps (docs/STACKS.md): what one rank's stack is, how a node dumps its workers
+// (py-spy for Python workers, eu-stack for native ones, all at once, bounded), and how the
+// ranks of a job are grouped by stack so the odd ones out (the suspects) stand out.
+// Used by `dlrun stacks` (app/stacks_main.cc) and by the agent's capture before kill.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dlrun::launcher {
+
+struct StackFrame {
+  std::string function;  // "??" when unknown
+  std::string file;      // source file, else the module (native frames without line info)
+  int line = 0;          // 0: unknown
+  // "file:line function", or "function (module)" without a line.
+  std::string Render() const;
+};
+
+struct StackThread {
+  std::string name;                // py-spy's thread name, or "TID n"
+  std::vector<StackFrame> frames;  // innermost first
+};
+
+// One rank's dump, or why there is none.
+struct RankStack {
+  int rank = -1;
+  int local_rank = -1;
+  std::string host;
+  pid_t pid = -1;
+  std::string tool;                  // "py-spy" or "eu-stack"
+  std::vector<StackThread> threads;  // the main thread first
+  std::string missing;               // why the stack could not be read; empty when read
+  // How long the rank was held still for its dump: py-spy reads without stopping (0); eu-stack
+  // attaches, so its whole run counts.
+  double pause_ms = 0;
+};
+
+// A worker to dump.
+struct DumpTarget {
+  int rank = -1;
+  int local_rank = -1;
+  pid_t pid = -1;
+};
+
+// The dump tools. Empty: not found (the rank is then `missing`, naming the tool).
+struct StackTools {
+  std::string py_spy;    // DLRUN_PY_SPY, else next to the worker's interpreter, else PATH
+  std::string eu_stack;  // DLRUN_EU_STACK, else PATH (Debian's elfutils)
+};
+StackTools FindStackTools();
+
+// Dumps every target at once (one tool process each) and returns within `bound`: a tool still
+// running then is killed and its rank reported missing ("timed out"). Python workers (the
+// executable is python*) through `py-spy dump --nonblocking` (every thread's Python frames, the
+// worker never stopped); the others through `eu-stack` (native frames with symbols and source
+// lines where there is debug information).
+std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const StackTools& tools,
+                                  const std::string& host, std::chrono::milliseconds bound);
+
+// Parsers of the tools' output (unit-tested on saved output).
+absl::StatusOr<std::vector<StackThread>> ParsePySpyJson(const std::string& text, pid_t pid);
+std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid);
+
+// The job's stacks, grouped: ranks whose main threads have the same frames share one group,
+// smallest groups first. The suspects are the ranks outside the largest group (its ties go to
+// the group with the lowest rank); none when every rank read has the same stack.
+struct StackGroup {
+  std::vector<int> ranks;
+  std::vector<std::string> hosts;
+  std::vector<std::string> frames;  // the main thread's, rendered, innermost first
+};
+struct StackReport {
+  std::vector<StackGroup> groups;
+  std::vector<int> suspects;
+  std::vector<RankStack> ranks;  // everything read, by rank; `missing` ones included
+  double took_s = 0;
+};
+StackReport GroupStacks(std::vector<RankStack> ranks);
+
+// {"groups": [{"ranks", "hosts", "frames"}], "suspects": [..], "missing": [{"rank", "host",
+// "why"}], "took_s", "ranks": [every rank's threads, structured]} (docs/STACKS.md).
+std::string StackReportJson(const StackReport& r, int indent = -1);
+// The "ranks" of such a JSON object (or a bare array of them): how nodes send their dumps.
+absl::StatusOr<std::vector<RankStack>> RankStacksFromJson(const std::string& text);
+std::string RankStacksJson(const std::vector<RankStack>& ranks);
+
+// For people: the suspects, then each group ("ranks 0-2,4-7 (node a, b):" and its frames),
+// then the missing ranks.
+std::string FormatStackReport(const StackReport& r);
+
+// Where the ranks other than `rank` were, in one phrase: "the other 7 ranks were in all_reduce
+// at train.py:45" (the innermost frame outside the Python library and site-packages and its
+// callee), grouped when they were in different places. Empty when nothing was read.
+std::string WhereTheOthersWere(const StackReport& r, int rank);
+
+// "0-2,4,6-7".
+std::string RankRanges(std::vector<int> ranks);
+
+// What the agent tells `dlrun stacks` about its run: RUN_DIR/workers.json, rewritten (atomically)
+// whenever a worker group starts.
+struct WorkersFile {
+  std::string run_id;
+  std::string host;
+  pid_t agent_pid = -1;
+  int attempt = 0;
+  std::vector<DumpTarget> workers;
+};
+inline constexpr char kWorkersFileName[] = "workers.json";
+absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w);
+absl::StatusOr<WorkersFile> ReadWorkersFile(const std::string& path);
+
+}  // namespace dlrun::launcher

@@ -71,4 +71,9 @@ inline constexpr char kRdzvTlsServerName[] = "DLRUN_RDZV_TLS_SERVER_NAME";
 // point it at a fake (tests/compat/fake_nvml.c).
 inline constexpr char kNvmlLibrary[] = "DLRUN_NVML_LIBRARY";
 
+// The stack dump tools of `dlrun stacks` and the capture before kill (docs/STACKS.md), when not
+// next to the worker's interpreter (py-spy) or on PATH.
+inline constexpr char kPySpy[] = "DLRUN_PY_SPY";
+inline constexpr char kEuStack[] = "DLRUN_EU_STACK";
+
 }  // namespace dlrun::contract

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -335,7 +336,50 @@ int Agent::AfterSuccess() {
   }
 }
 
+std::optional<StackReport> Agent::CaptureBeforeKill(bool telling, const std::string& why) {
+  if (!options_.dump_stacks || options_.capture_before_kill == CaptureMode::kOff) return {};
+  if (options_.capture_before_kill == CaptureMode::kAuto && !telling) return {};
+  std::vector<DumpTarget> targets;
+  for (const Worker& w : workers_) {
+    if (w.alive) targets.push_back({w.rank, w.local_rank, w.pid});
+  }
+  if (targets.empty()) return {};
+  const SteadyTime t0 = clock_.Now();
+  StackReport r = options_.dump_stacks(targets, options_.capture_bound);
+  r.took_s = std::chrono::duration<double>(clock_.Now() - t0).count();
+  std::string where = "not written (no run directory)";
+  if (!options_.run_dir.empty()) {
+    const std::string dir = absl::StrCat(options_.run_dir, "/attempt_", attempt_);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::ofstream(dir + "/" + kStacksJsonName) << StackReportJson(r, 2) << "\n";
+    std::ofstream(dir + "/stacks.txt") << FormatStackReport(r);
+    where = absl::StrCat("in ", dir, "/stacks.txt");
+  }
+  spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}",
+               targets.size(), why, r.took_s,
+               r.suspects.empty() ? std::string("no suspects")
+                                  : absl::StrCat("suspects: ranks ", RankRanges(r.suspects)),
+               where);
+  return r;
+}
+
 int Agent::AfterFailure() {
+  // Is the first failure one whose stacks tell something (--capture-before-kill auto)? Not a
+  // plain exception whose traceback is in its error file.
+  bool telling = true;
+  for (const WorkerExit& e : exits_) {
+    if (!e.failed() || e.stopped) continue;
+    if (e.signal == 0) {
+      const ErrorRecord rec = ReadErrorRecord(ErrorFile(e.local_rank));
+      const FailureClass c =
+          ClassifyFailure(e, absl::StrCat(rec.message, "\n", rec.traceback), false).cls;
+      telling = rec.traceback.empty() || c == FailureClass::kCollectiveTimeout ||
+                c == FailureClass::kPeerLost;
+    }
+    break;
+  }
+  const std::optional<StackReport> stacks = CaptureBeforeKill(telling, "a worker failed");
   StopGroup(SIGTERM);
   // Each failed worker's error file, read once for the root cause and the report.
   std::map<int, ErrorRecord> records;
@@ -367,12 +411,19 @@ int Agent::AfterFailure() {
       said = absl::StrCat(root.message, ": ", last);
     }
   }
-  telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said});
+  telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said,
+                          stacks ? StackReportJson(*stacks) : std::string()});
   const std::string what = first.signal != 0
                                ? absl::StrCat("rank ", first.global_rank, " got SIG",
                                               sigabbrev_np(first.signal))
                                : absl::StrCat("rank ", first.global_rank, " exited with ",
                                               first.exit_code);
+  if (stacks) {
+    if (const std::string others = WhereTheOthersWere(*stacks, first.global_rank);
+        !others.empty()) {
+      spdlog::warn("{}; {}", what, others);
+    }
+  }
   // An attempt that is followed by a restart is one line; the failure block and "job failed"
   // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
   if (source_->OnFailure(what)) {
@@ -445,7 +496,10 @@ void Agent::FinishRunDir(int rc) const {
   bool any = false;
   for (auto it = std::filesystem::recursive_directory_iterator(run_dir, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_regular_file(ec) && it->path().filename() == contract::kErrorFileName) any = true;
+    if (it->is_regular_file(ec) && (it->path().filename() == contract::kErrorFileName ||
+                                    it->path().filename() == kStacksJsonName)) {
+      any = true;
+    }
   }
   if (rc != 0 && any) {
     spdlog::info("worker error files are kept in {}", run_dir);
@@ -486,6 +540,7 @@ int Agent::RunAttempts() {
         break;
       case Watch::Outcome::kHung:
         spdlog::error("{}: stopping the worker group", w.reason);
+        CaptureBeforeKill(/*telling=*/true, "a hang");
         StopGroup(SIGTERM);
         telemetry_.MaybePublish(/*now_anyway=*/true);
         if (!source_->OnFailure(w.reason)) return kHangExitCode;
@@ -500,6 +555,7 @@ int Agent::RunAttempts() {
         return 128 + w.signal;
       case Watch::Outcome::kRestart:
         spdlog::warn("the rendezvous opened a new round ({}): restarting workers", w.reason);
+        CaptureBeforeKill(/*telling=*/true, "a new round: another node failed or was lost");
         StopGroup(SIGTERM);
         break;
       case Watch::Outcome::kStop:

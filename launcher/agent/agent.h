@@ -23,6 +23,7 @@
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/root_cause.h"
+#include "launcher/stacks/stacks.h"
 
 namespace dlrun::launcher {
 
@@ -69,6 +70,12 @@ struct AgentOptions {
   std::string program_name = "worker";  // named in the failure block
   std::string hostname;
   TelemetryOptions telemetry;  // this node's figures, the metrics server, the report
+  // Capture before kill (docs/STACKS.md): before a group it decided to stop, the agent dumps
+  // the workers still alive with dump_stacks (bounded by capture_bound) into the attempt's
+  // directory, and says where they were. Empty dump_stacks: never.
+  CaptureMode capture_before_kill = CaptureMode::kAuto;
+  Millis capture_bound{10000};
+  std::function<StackReport(const std::vector<DumpTarget>&, Millis)> dump_stacks;
 };
 
 class Agent {
@@ -117,6 +124,9 @@ class Agent {
   int AfterSuccess();
   int AfterFailure();
   int AliveCount() const;
+  // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
+  // whose stacks say something, for kAuto); written to the attempt's directory and logged.
+  std::optional<StackReport> CaptureBeforeKill(bool telling, const std::string& why);
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
   std::string ErrorFile(int local_rank) const;

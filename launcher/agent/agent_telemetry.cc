@@ -243,8 +243,11 @@ void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool wh
   j["scope"] = whole ? "job" : "node";
   j["failures"] = nlohmann::json::array();
   for (const Failure& f : failures_) {
-    j["failures"].push_back(
-        {{"rank", f.rank}, {"host", f.host}, {"class", f.cls}, {"message", f.message}});
+    nlohmann::json jf{{"rank", f.rank}, {"host", f.host}, {"class", f.cls}, {"message", f.message}};
+    if (!f.stacks_json.empty()) {
+      jf["stacks"] = nlohmann::json::parse(f.stacks_json, nullptr, /*allow_exceptions=*/false);
+    }
+    j["failures"].push_back(std::move(jf));
   }
   rusage self{};
   getrusage(RUSAGE_SELF, &self);  // the agent's own CPU time (threads included, workers not)

@@ -75,6 +75,7 @@ class AgentTelemetry {
   struct Failure {
     int rank = 0;
     std::string host, cls, message;
+    std::string stacks_json;  // the capture before kill (stacks.h StackReportJson), or empty
   };
   void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
 

@@ -401,6 +401,11 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   SplitSignals(o.signals_to_handle, &a);
   a.grace = o.grace_period;
   a.hang_timeout = o.hang_timeout;
+  a.capture_before_kill = o.capture_before_kill;
+  a.dump_stacks = [tools = FindStackTools(), host = m.hostname](
+                      const std::vector<DumpTarget>& targets, Millis bound) {
+    return GroupStacks(DumpStacks(targets, tools, host, bound));
+  };
   a.console_prefix_template = o.log_line_prefix_template;
   a.virtual_local_rank = o.virtual_local_rank;
   a.redirects = o.redirects.PerRank(nproc);

@@ -252,6 +252,15 @@ std::vector<Flag> BaseFlags() {
        "are passed on without stopping the job)"},
       {"hang-timeout", "", true, DurationField("hang-timeout", &O::hang_timeout, true),
        "restart workers whose dlrun::worker heartbeats stop this long (0: off)"},
+      {"capture-before-kill", "", true,
+       [](O& o, const std::string& v) {
+         auto m = ParseCaptureMode(v);
+         if (!m.ok()) return cli::BadValue("capture-before-kill", v, "auto, always or off");
+         o.capture_before_kill = *m;
+         return absl::OkStatus();
+       },
+       "dump the live workers' stacks before a failed group is stopped: auto (default: after a "
+       "hang, a crash by signal, a collective timeout or a lost peer), always, off"},
       {"grace-period", "", true, DurationField("grace-period", &O::grace_period, true),
        absl::StrCat("seconds between SIGTERM and SIGKILL when stopping workers (default ",
                     defaults::kGracePeriod.count() / 1000, ")")},

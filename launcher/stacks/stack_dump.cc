@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/contract.h"
 #include "launcher/stacks/stacks.h"
 
 extern char** environ;
@@ -131,9 +132,9 @@ std::string LastWords(const std::string& text) {
 
 StackTools FindStackTools() {
   StackTools t;
-  const char* py = std::getenv("DLRUN_PY_SPY");
+  const char* py = std::getenv(contract::kPySpy);
   t.py_spy = py && *py ? py : "";
-  const char* eu = std::getenv("DLRUN_EU_STACK");
+  const char* eu = std::getenv(contract::kEuStack);
   t.eu_stack = eu && *eu ? eu : OnPath("eu-stack");
   return t;
 }
@@ -169,15 +170,15 @@ std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const 
       if (py_spy.empty()) py_spy = OnPath("py-spy");
       if (py_spy.empty()) {
         r.missing = "a Python worker, and no py-spy next to its interpreter or on PATH "
-                    "(pip install py-spy, or set DLRUN_PY_SPY)";
+                    "(pip install py-spy, or set " + std::string(contract::kPySpy) + ")";
         continue;
       }
       argv = {py_spy, "dump", "--nonblocking", "--json", "--pid", absl::StrCat(t.pid)};
     } else {
       r.tool = "eu-stack";
       if (tools.eu_stack.empty()) {
-        r.missing = "a native worker, and no eu-stack on PATH (Debian's elfutils, or set "
-                    "DLRUN_EU_STACK)";
+        r.missing = absl::StrCat("a native worker, and no eu-stack on PATH (Debian's elfutils, or set ",
+                                 contract::kEuStack, ")");
         continue;
       }
       argv = {tools.eu_stack, "-s", "-m", "-p", absl::StrCat(t.pid)};

@@ -50,8 +50,8 @@ struct DumpTarget {
 
 // The dump tools. Empty: not found (the rank is then `missing`, naming the tool).
 struct StackTools {
-  std::string py_spy;    // DLRUN_PY_SPY, else next to the worker's interpreter, else PATH
-  std::string eu_stack;  // DLRUN_EU_STACK, else PATH (Debian's elfutils)
+  std::string py_spy;    // contract::kPySpy, else next to the worker's interpreter, else PATH
+  std::string eu_stack;  // contract::kEuStack, else PATH (Debian's elfutils)
 };
 StackTools FindStackTools();
 
@@ -99,6 +99,12 @@ std::string FormatStackReport(const StackReport& r);
 // callee), grouped when they were in different places. Empty when nothing was read.
 std::string WhereTheOthersWere(const StackReport& r, int rank);
 
+// --capture-before-kill: whether the agent dumps its live workers before it stops a failed
+// group. kAuto does where the stacks tell something (a hang, a crash by signal, a collective
+// timeout, a lost peer) and skips a plain exception whose traceback is in its error file.
+enum class CaptureMode { kAuto, kAlways, kOff };
+absl::StatusOr<CaptureMode> ParseCaptureMode(const std::string& v);
+
 // "0-2,4,6-7".
 std::string RankRanges(std::vector<int> ranks);
 
@@ -112,6 +118,8 @@ struct WorkersFile {
   std::vector<DumpTarget> workers;
 };
 inline constexpr char kWorkersFileName[] = "workers.json";
+// The capture before kill, in RUN_DIR/attempt_K/ (with stacks.txt for people).
+inline constexpr char kStacksJsonName[] = "stacks.json";
 absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w);
 absl::StatusOr<WorkersFile> ReadWorkersFile(const std::string& path);
 

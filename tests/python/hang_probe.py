@@ -1,7 +1,10 @@
 """A gloo job where one rank stops taking part: every rank all_reduces in a loop, and rank
 HANG_RANK (default 2) sleeps before its HANG_STEP-th (default 30) all_reduce, so the others wait
 in all_reduce. Prints "hang_probe: rank R waiting" once it is in place (for `dlrun stacks`
-tests), and HANG_KIND=segv makes that rank die of SIGSEGV instead of sleeping."""
+tests). HANG_KIND=segv makes that rank die of SIGSEGV instead, and the others wait on the job's
+store rather than in all_reduce (Gloo would end their all_reduce at once when the peer dies, so
+their stacks would race the capture; NCCL's would wait for its timeout)."""
+import datetime
 import os
 import signal
 import sys
@@ -18,6 +21,11 @@ def stall(rank, kind):
     time.sleep(3600)  # the stalled rank's line
 
 
+def wait_for_peer():
+    store = dist.distributed_c10d._get_default_store()
+    store.wait(["hang_probe_never_set"], datetime.timedelta(hours=1))  # the waiting ranks' line
+
+
 def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -30,6 +38,8 @@ def main():
             stall(rank, kind)
         if rank != hang_rank and step == hang_step:
             print(f"hang_probe: rank {rank} waiting", flush=True)
+            if kind == "segv":
+                wait_for_peer()
         dist.all_reduce(t)  # the waiting ranks' line
         if step > hang_step + 5:
             break

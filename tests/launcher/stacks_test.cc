@@ -1,0 +1,213 @@
+// Stack dumps (launcher/stacks/stacks.h): the tools' output parsed, ranks grouped by stack with
+// the suspects named, the JSON and text reports, the workers file; and the agent's capture
+// before kill, against the fake process table (when it dumps, what it writes, what it says).
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "launcher/stacks/stacks.h"
+#include "nlohmann/json.hpp"
+#include "agent/harness.h"
+
+namespace dlrun::launcher::testing {
+namespace {
+
+// What py-spy 0.4 prints for `dump --json`: threads in its own order, innermost frame first.
+constexpr char kPySpyJson[] = R"([
+  {"pid": 100, "thread_id": 1, "thread_name": "Thread-1", "os_thread_id": 102, "active": false,
+   "owns_gil": false, "frames": [
+     {"name": "<lambda>", "filename": "/w/sl.py", "short_filename": "sl.py", "line": 6}]},
+  {"pid": 100, "thread_id": 2, "thread_name": "MainThread", "os_thread_id": 100, "active": false,
+   "owns_gil": false, "frames": [
+     {"name": "all_reduce", "filename": "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 4181},
+     {"name": "main", "filename": "/w/train.py", "line": 45},
+     {"name": "<module>", "filename": "/w/train.py", "line": 60}]}
+])";
+
+// eu-stack -s -m: the symbol version and the column are dropped, a frame without a symbol is
+// named by its module.
+constexpr char kEuStack[] = R"(PID 200 - process
+TID 201:
+#0  0x00007f0000000001 futex_wait - /usr/lib/x86_64-linux-gnu/libc.so.6
+TID 200:
+#0  0x00007faaae0ad503 clock_nanosleep@GLIBC_2.2.5 - /usr/lib/x86_64-linux-gnu/libc.so.6
+    ../sysdeps/unix/sysv/linux/clock_nanosleep.c:71:10
+#1  0x0000562cc71934af - /usr/bin/sleep
+#2  0x0000562cc71934b0 dlrun::worker::Train(int) - /w/build/bin/train_unet
+    /w/examples/unet/trainer.cc:120
+)";
+
+TEST(Stacks, PySpysJsonIsReadWithTheMainThreadFirst) {
+  auto threads = ParsePySpyJson(kPySpyJson, 100);
+  ASSERT_TRUE(threads.ok()) << threads.status();
+  ASSERT_EQ(threads->size(), 2u);
+  EXPECT_EQ((*threads)[0].name, "MainThread");
+  ASSERT_EQ((*threads)[0].frames.size(), 3u);
+  EXPECT_EQ((*threads)[0].frames[1].Render(), "/w/train.py:45 main");
+  EXPECT_EQ((*threads)[1].frames[0].Render(), "/w/sl.py:6 <lambda>");
+  EXPECT_FALSE(ParsePySpyJson("Error: Failed to find python version", 100).ok());
+}
+
+TEST(Stacks, EuStacksOutputIsReadWithSourceLinesWhereItHasThem) {
+  auto threads = ParseEuStack(kEuStack, 200);
+  ASSERT_EQ(threads.size(), 2u);
+  EXPECT_EQ(threads[0].name, "TID 200");  // the main thread first, though listed second
+  ASSERT_EQ(threads[0].frames.size(), 3u);
+  EXPECT_EQ(threads[0].frames[0].Render(),
+            "../sysdeps/unix/sysv/linux/clock_nanosleep.c:71 clock_nanosleep");
+  EXPECT_EQ(threads[0].frames[1].Render(), "?? (sleep)");
+  EXPECT_EQ(threads[0].frames[2].Render(), "/w/examples/unet/trainer.cc:120 dlrun::worker::Train(int)");
+  EXPECT_EQ(threads[1].frames[0].Render(), "futex_wait (libc.so.6)");
+  EXPECT_TRUE(ParseEuStack("eu-stack: dwfl_linux_proc_report pid 9: No such file", 9).empty());
+}
+
+RankStack Rank(int rank, const std::string& host, std::vector<StackFrame> frames) {
+  RankStack r;
+  r.rank = rank;
+  r.host = host;
+  r.pid = 1000 + rank;
+  r.tool = "py-spy";
+  r.threads.push_back({"MainThread", std::move(frames)});
+  return r;
+}
+
+const StackFrame kAllReduce{"all_reduce",
+                            "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
+                            4181};
+const StackFrame kMain45{"main", "/w/train.py", 45};
+const StackFrame kSleep{"stall", "/w/train.py", 18};
+
+TEST(Stacks, RanksWithTheSameStackShareAGroupAndTheOddOnesAreSuspects) {
+  std::vector<RankStack> ranks;
+  for (int r : {0, 1, 3, 4, 5, 6, 7}) ranks.push_back(Rank(r, r < 4 ? "a" : "b", {kAllReduce, kMain45}));
+  ranks.push_back(Rank(2, "a", {kSleep, kMain45}));
+  RankStack gone;
+  gone.rank = 8;
+  gone.host = "b";
+  gone.missing = "exited (no such process)";
+  ranks.push_back(gone);
+  const StackReport r = GroupStacks(ranks);
+  ASSERT_EQ(r.groups.size(), 2u);
+  EXPECT_EQ(r.groups[0].ranks, std::vector<int>({2}));  // smallest first
+  EXPECT_EQ(r.groups[1].ranks, std::vector<int>({0, 1, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(r.groups[1].hosts, std::vector<std::string>({"a", "b"}));
+  EXPECT_EQ(r.suspects, std::vector<int>({2}));
+  const std::string text = FormatStackReport(r);
+  EXPECT_NE(text.find("suspects: rank 2 "), std::string::npos) << text;
+  EXPECT_NE(text.find("ranks 0-1,3-7 (node a, b):\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("    /w/train.py:18 stall\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 8 (node b, pid -1): not read: exited"), std::string::npos) << text;
+  const auto j = nlohmann::json::parse(StackReportJson(r));
+  EXPECT_EQ(j["suspects"], nlohmann::json({2}));
+  EXPECT_EQ(j["groups"][0]["frames"][0], "/w/train.py:18 stall");
+  EXPECT_EQ(j["missing"][0]["rank"], 8);
+  EXPECT_EQ(j["missing"][0]["why"], "exited (no such process)");
+  EXPECT_EQ(WhereTheOthersWere(r, 2), "the other 7 ranks were in all_reduce at train.py:45");
+}
+
+TEST(Stacks, OneStackHasNoSuspectsAndATieGoesToTheGroupWithTheLowestRank) {
+  EXPECT_TRUE(GroupStacks({Rank(0, "a", {kMain45}), Rank(1, "a", {kMain45})}).suspects.empty());
+  const StackReport tie = GroupStacks({Rank(0, "a", {kMain45}), Rank(1, "a", {kSleep})});
+  EXPECT_EQ(tie.suspects, std::vector<int>({1}));
+  EXPECT_TRUE(GroupStacks({}).groups.empty());
+}
+
+TEST(Stacks, NodesDumpsTravelAsJsonAndComeBackTheSame) {
+  std::vector<RankStack> ranks = {Rank(3, "b", {kAllReduce, kMain45})};
+  ranks[0].pause_ms = 12.5;
+  auto back = RankStacksFromJson(RankStacksJson(ranks));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ((*back)[0].host, "b");
+  EXPECT_EQ((*back)[0].pause_ms, 12.5);
+  EXPECT_EQ((*back)[0].threads[0].frames[1].Render(), "/w/train.py:45 main");
+  // A whole report's JSON is read too (its "ranks").
+  EXPECT_EQ(RankStacksFromJson(StackReportJson(GroupStacks(ranks)))->size(), 1u);
+  EXPECT_FALSE(RankStacksFromJson("[{\"rank\": \"x\"}]").ok());
+  EXPECT_FALSE(RankStacksFromJson("not json").ok());
+}
+
+TEST(Stacks, RankRangesAndTheCaptureModeAndTheWorkersFile) {
+  EXPECT_EQ(RankRanges({7, 0, 1, 2, 4, 6}), "0-2,4,6-7");
+  EXPECT_EQ(RankRanges({}), "");
+  EXPECT_EQ(*ParseCaptureMode("always"), CaptureMode::kAlways);
+  EXPECT_FALSE(ParseCaptureMode("sometimes").ok());
+  char dir[] = "/tmp/dlrun-wf-XXXXXX";
+  const std::string d = mkdtemp(dir);
+  ASSERT_TRUE(WriteWorkersFile(d, {"job", "node-a", 42, 3, {{4, 0, 100}, {5, 1, 101}}}).ok());
+  auto w = ReadWorkersFile(d + "/" + kWorkersFileName);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->run_id, "job");
+  EXPECT_EQ(w->agent_pid, 42);
+  EXPECT_EQ(w->attempt, 3);
+  ASSERT_EQ(w->workers.size(), 2u);
+  EXPECT_EQ(w->workers[1].rank, 5);
+  EXPECT_EQ(w->workers[1].pid, 101);
+  std::ofstream(d + "/bad.json") << "{\"workers\": 3}";
+  EXPECT_FALSE(ReadWorkersFile(d + "/bad.json").ok());
+  std::filesystem::remove_all(d);
+}
+
+// The agent's side: which failures it dumps before the stop, and what it keeps of the dump.
+struct Capture {
+  int calls = 0;
+  std::vector<int> ranks;  // the last call's
+};
+
+void ArmCapture(Harness& h, Capture* c) {
+  h.options.dump_stacks = [c](const std::vector<DumpTarget>& targets, Millis) {
+    ++c->calls;
+    c->ranks.clear();
+    std::vector<RankStack> out;
+    for (const DumpTarget& t : targets) {
+      c->ranks.push_back(t.rank);
+      out.push_back(Rank(t.rank, "node", {kAllReduce, kMain45}));
+    }
+    return GroupStacks(out);
+  };
+}
+
+TEST(AgentCapture, ACrashBySignalIsDumpedBeforeTheStopAndKeptInTheAttemptAndTheReport) {
+  Harness h(3);
+  Capture c;
+  ArmCapture(h, &c);
+  h.options.telemetry.report_json = h.options.run_dir + "/report.json";
+  h.options.keep_run_dir = true;
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.spec.local_rank == 1) f.KilledAfter(p.pid, seconds(1), SIGSEGV);
+  };
+  EXPECT_EQ(h.RunStatic(0), 128 + SIGSEGV);
+  EXPECT_EQ(c.calls, 1);
+  EXPECT_EQ(c.ranks, std::vector<int>({0, 2}));  // the live ones, not the dead rank
+  std::ifstream stacks(h.options.run_dir + "/attempt_0/stacks.json");
+  ASSERT_TRUE(stacks.good());
+  const auto report = nlohmann::json::parse(std::ifstream(h.options.telemetry.report_json));
+  EXPECT_EQ(report["failures"][0]["class"], "segfault");
+  EXPECT_EQ(report["failures"][0]["stacks"]["groups"][0]["ranks"], nlohmann::json({0, 2}));
+}
+
+TEST(AgentCapture, AutoSkipsAnExceptionWithItsTracebackAlwaysDoesNotAndOffNever) {
+  auto run = [](CaptureMode mode, bool traceback) {
+    Harness h(2);
+    Capture c;
+    ArmCapture(h, &c);
+    h.options.capture_before_kill = mode;
+    h.procs.on_spawn = [traceback](FakeProcesses& f, FakeProcesses::Proc& p) {
+      if (p.spec.local_rank != 1) return;
+      if (traceback) {
+        std::ofstream(p.spec.env.at("TORCHELASTIC_ERROR_FILE"))
+            << R"({"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": )"
+            << R"("Traceback (most recent call last): ...", "timestamp": "5"}}})";
+      }
+      f.ExitAfter(p.pid, seconds(1), 1);
+    };
+    h.RunStatic(0);
+    return c.calls;
+  };
+  EXPECT_EQ(run(CaptureMode::kAuto, /*traceback=*/true), 0);
+  EXPECT_EQ(run(CaptureMode::kAuto, /*traceback=*/false), 1);  // nothing says where it was
+  EXPECT_EQ(run(CaptureMode::kAlways, /*traceback=*/true), 1);
+  EXPECT_EQ(run(CaptureMode::kOff, /*traceback=*/false), 0);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher::testing

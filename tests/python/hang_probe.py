@@ -23,7 +23,8 @@ def stall(rank, kind):
 
 def wait_for_peer():
     store = dist.distributed_c10d._get_default_store()
-    store.wait(["hang_probe_never_set"], datetime.timedelta(hours=1))  # the waiting ranks' line
+    # where the others wait for a crashed rank:
+    store.wait(["hang_probe_never_set"], datetime.timedelta(hours=1))
 
 
 def main():
@@ -40,7 +41,7 @@ def main():
             print(f"hang_probe: rank {rank} waiting", flush=True)
             if kind == "segv":
                 wait_for_peer()
-        dist.all_reduce(t)  # the waiting ranks' line
+        dist.all_reduce(t)  # where the others wait for a stalled rank
         if step > hang_step + 5:
             break
     dist.destroy_process_group()

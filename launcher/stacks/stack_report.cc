@@ -68,18 +68,29 @@ std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid) {
     if (threads.empty()) continue;
     StackThread& th = threads.back();
     if (absl::StartsWith(line, "#")) {
-      // "#0  0x00007f.. clock_nanosleep@GLIBC_2.2.5 - /usr/lib/.../libc.so.6"
-      std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      StackFrame f;
-      f.function = "??";
-      size_t i = 2;
-      if (i < w.size() && w[i] != "-") f.function = std::string(w[i++]);
-      if (i + 1 < w.size() && w[i] == "-") {
-        f.file = std::string(w[i + 1]);
-        f.file = f.file.substr(f.file.rfind('/') + 1);
+      // "#0  0x00007f.. clock_nanosleep@GLIBC_2.2.5 - /usr/lib/.../libc.so.6"; a demangled
+      // C++ name has spaces, so the module is after the last " - ".
+      absl::string_view rest = line;
+      for (int word = 0; word < 2; ++word) {  // "#0", the address
+        rest = absl::StripLeadingAsciiWhitespace(rest);
+        const size_t sp = rest.find(' ');
+        rest = sp == absl::string_view::npos ? absl::string_view() : rest.substr(sp);
       }
+      rest = absl::StripAsciiWhitespace(rest);
+      StackFrame f;
+      absl::string_view function = rest;
+      if (absl::StartsWith(rest, "- ")) {
+        function = "";
+        f.file = std::string(rest.substr(2));
+      } else if (const size_t dash = rest.rfind(" - "); dash != absl::string_view::npos) {
+        function = rest.substr(0, dash);
+        f.file = std::string(rest.substr(dash + 3));
+      }
+      f.file = f.file.substr(f.file.rfind('/') + 1);
+      f.function = function.empty() ? "??" : std::string(function);
       // drop the symbol version: clock_nanosleep@GLIBC_2.2.5
-      if (const size_t at = f.function.find('@'); at != std::string::npos && at > 0) {
+      if (const size_t at = f.function.find('@'); at != std::string::npos && at > 0 &&
+          f.function.find('(') == std::string::npos) {
         f.function.resize(at);
       }
       th.frames.push_back(std::move(f));

@@ -32,7 +32,7 @@ TID 200:
 #0  0x00007faaae0ad503 clock_nanosleep@GLIBC_2.2.5 - /usr/lib/x86_64-linux-gnu/libc.so.6
     ../sysdeps/unix/sysv/linux/clock_nanosleep.c:71:10
 #1  0x0000562cc71934af - /usr/bin/sleep
-#2  0x0000562cc71934b0 dlrun::worker::Train(int) - /w/build/bin/train_unet
+#2  0x0000562cc71934b0 dlrun::worker::Train(std::vector<int, std::allocator<int> > const&) - /w/build/bin/train_unet
     /w/examples/unet/trainer.cc:120
 )";
 
@@ -55,7 +55,8 @@ TEST(Stacks, EuStacksOutputIsReadWithSourceLinesWhereItHasThem) {
   EXPECT_EQ(threads[0].frames[0].Render(),
             "../sysdeps/unix/sysv/linux/clock_nanosleep.c:71 clock_nanosleep");
   EXPECT_EQ(threads[0].frames[1].Render(), "?? (sleep)");
-  EXPECT_EQ(threads[0].frames[2].Render(), "/w/examples/unet/trainer.cc:120 dlrun::worker::Train(int)");
+  EXPECT_EQ(threads[0].frames[2].Render(), "/w/examples/unet/trainer.cc:120 dlrun::worker::Train(std::vector<int, "
+            "std::allocator<int> > const&)");
   EXPECT_EQ(threads[1].frames[0].Render(), "futex_wait (libc.so.6)");
   EXPECT_TRUE(ParseEuStack("eu-stack: dwfl_linux_proc_report pid 9: No such file", 9).empty());
 }

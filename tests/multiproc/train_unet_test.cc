@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -264,6 +265,54 @@ TEST(TrainUnet, BenchyTrialsAndTheDensityLossTerm) {
     first[i] = nlohmann::json::parse(ReadFile(m))["first_loss"].get<double>();
   }
   EXPECT_GT(first[1], first[0]);
+}
+
+// `dlrun stacks` on a C++ trainer: native frames with symbols through eu-stack, and a rank
+// stopped with SIGSTOP is read (eu-stack attaches to a stopped process) or named missing, within
+// the bound (docs/STACKS.md).
+TEST(TrainUnet, DlrunStacksReadsNativeFramesAndAStoppedRank) {
+  const std::string tmp = MakeTempDir();
+  Started job = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TRAIN_UNET_BIN,
+                              "--synthetic", "--base-channels", "4", "--max-steps", "1000000"},
+                             {{"TMPDIR", tmp}, {"OMP_NUM_THREADS", "1"}});
+  ASSERT_TRUE(ReadUntil(job, "step 3/", 1, std::chrono::seconds(120))) << job.output;
+  auto stacks = [&tmp] {
+    ProcResult r = RunCommand({DLRUN_BIN, "stacks", "--json", "--timeout", "5"}, {{"TMPDIR", tmp}},
+                              std::chrono::seconds(30));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  };
+  const nlohmann::json j = stacks();
+  ASSERT_TRUE(j.is_object());
+  int pid1 = -1;
+  for (const auto& r : j["ranks"]) {
+    EXPECT_EQ(r["tool"], "eu-stack") << r.dump();
+    if (r["rank"] == 1) pid1 = r["pid"].get<int>();
+  }
+  bool trainer_frame = false;
+  for (const auto& g : j["groups"]) {
+    for (const auto& f : g["frames"]) {
+      trainer_frame |= f.get<std::string>().find("TrainUnetMain") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(trainer_frame) << j.dump(1);
+  ASSERT_GT(pid1, 0);
+  ASSERT_EQ(kill(pid1, SIGSTOP), 0);
+  const nlohmann::json stopped = stacks();
+  kill(pid1, SIGCONT);
+  ASSERT_TRUE(stopped.is_object());
+  bool accounted = false;
+  for (const auto& g : stopped["groups"]) {
+    for (const auto& r : g["ranks"]) accounted |= r == 1;
+  }
+  for (const auto& m : stopped["missing"]) {
+    if (m["rank"] == 1) accounted = !m["why"].get<std::string>().empty();
+  }
+  EXPECT_TRUE(accounted) << stopped.dump(1);
+  EXPECT_LT(stopped["took_s"].get<double>(), 6.0);
+  kill(job.pid, SIGTERM);
+  FinishCommand(job, std::chrono::seconds(60));
+  std::filesystem::remove_all(tmp);
 }
 
 }  // namespace

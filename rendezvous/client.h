@@ -34,8 +34,9 @@ class RendezvousClient {
   // `telemetry` (optional) travels with the call: the node's figures (docs/TELEMETRY.md).
   virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
                                                    const NodeTelemetry* telemetry = nullptr) = 0;
+  // `fatal`: stop the job instead of opening a new round (a failure that repeats).
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
-                                                     const std::string& reason) = 0;
+                                                     const std::string& reason, bool fatal) = 0;
   virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
                              const NodeTelemetry* telemetry = nullptr) = 0;
   // `wait` > 0: wait that long for the server to come up (a failover host starting);

@@ -385,7 +385,8 @@ absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::str
   absl::StatusOr<FailureReply> r;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    r = machine_.ReportFailure(req.node_id(), req.round(), req.reason(), options_.now(), &out);
+    r = machine_.ReportFailure(req.node_id(), req.round(), req.reason(), options_.now(), &out,
+                               req.fatal());
   }
   Deliver(out);
   if (!r.ok()) return Refuse(r.status(), peer);

@@ -289,7 +289,8 @@ absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_i
 absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node_id,
                                                          uint64_t round,
                                                          const std::string& reason,
-                                                         TimePoint now, Deliveries* out) {
+                                                         TimePoint now, Deliveries* out,
+                                                         bool fatal) {
   const Member* m = FindMember(node_id);
   if (m == nullptr) {
     return absl::PermissionDeniedError(
@@ -297,8 +298,12 @@ absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node
   }
   FailureReply r;
   if (phase_ == Phase::kRunning && round == round_) {
-    OpenRound(now, absl::StrCat("worker failure on ", m->node.hostname, ": ", reason),
-              /*counts_as_restart=*/true, out);
+    const std::string what = absl::StrCat("worker failure on ", m->node.hostname, ": ", reason);
+    if (fatal) {
+      Fail(absl::StrCat(what, "; it repeats the last failure, so no restart"), out);
+    } else {
+      OpenRound(now, what, /*counts_as_restart=*/true, out);
+    }
   }
   // A stale round number changes nothing: that failure has already opened a newer round.
   r.next_round = round_;

@@ -43,9 +43,10 @@ class StateMachine {
 
   absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
                                            TimePoint now);
+  // `fatal`: the job fails now instead of opening a new round (a failure that repeats).
   absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                              const std::string& reason, TimePoint now,
-                                             Deliveries* out);
+                                             Deliveries* out, bool fatal = false);
   absl::Status Leave(const std::string& node_id, uint64_t round, bool success, TimePoint now,
                      Deliveries* out);
 

@@ -424,9 +424,23 @@ int Agent::AfterFailure() {
       spdlog::warn("{}; {}", what, others);
     }
   }
-  // An attempt that is followed by a restart is one line; the failure block and "job failed"
-  // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
-  if (source_->OnFailure(what)) {
+  // A failure that repeats the last one the same way would only repeat again: the job ends
+  // here instead of spending every restart on it.
+  const FailureSignature signature{cls.cls, first.global_rank,
+                                   telemetry_.LastStep(first.global_rank),
+                                   said.substr(0, said.find('\n'))};
+  const bool repeated = last_failure_ && RepeatsTheLast(*last_failure_, signature);
+  last_failure_ = signature;
+  if (repeated) {
+    spdlog::error("rank {} failed the same way twice ({}{}): not restarting, a restart would "
+                  "repeat it",
+                  first.global_rank, FailureClassName(cls.cls),
+                  signature.step >= 0 ? absl::StrCat(" at step ", signature.step)
+                                      : std::string(" before its first step"));
+    source_->OnFatalFailure(absl::StrCat(what, ", the same way as the attempt before"));
+  } else if (source_->OnFailure(what)) {
+    // An attempt that is followed by a restart is one line; the failure block and "job failed"
+    // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
     spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}",
                  first.global_rank, first.local_rank, first.pid, FailureClassName(cls.cls),
                  said.substr(0, said.find('\n')),

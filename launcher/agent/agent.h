@@ -152,6 +152,7 @@ class Agent {
   bool passthrough_hint_given_ = false;  // NoteDeathByPassedOnSignal's advice, once per run
   std::vector<WorkerExit> exits_;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
+  std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };
 

@@ -31,6 +31,7 @@ void AgentTelemetry::Start() {
 }
 
 void AgentTelemetry::GroupStarted(std::vector<Member> members, double lost_s) {
+  attempt_last_step_.clear();
   for (const Member& m : members_) {  // the CPU time of the group that ended stays counted
     if (auto it = cpu_seen_.find(m.pid); it != cpu_seen_.end()) {
       cpu_base_[m.rank] += it->second;
@@ -60,6 +61,7 @@ void AgentTelemetry::Step(pid_t pid, const StepRecord& step) {
   for (const Member& m : members_) {
     if (m.pid != pid) continue;
     RankSteps& r = rank_steps_[m.rank];
+    attempt_last_step_[m.rank] = step.step;
     ++r.steps;
     r.samples += step.samples;
     r.step_s += step.step_s;

@@ -78,6 +78,11 @@ class AgentTelemetry {
     std::string stacks_json;  // the capture before kill (stacks.h StackReportJson), or empty
   };
   void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
+  // The last step `rank` reported in the current group, or -1 before its first record.
+  int64_t LastStep(int rank) const {
+    auto it = attempt_last_step_.find(rank);
+    return it == attempt_last_step_.end() ? -1 : it->second;
+  }
 
   // When the next publication is due (never, with telemetry off).
   SteadyTime Due() const;
@@ -102,6 +107,7 @@ class AgentTelemetry {
   std::vector<Member> members_;
   int rank_offset_ = 0;
   std::map<int, RankSteps> rank_steps_;
+  std::map<int, int64_t> attempt_last_step_;  // per rank, in the current group
   int64_t bad_records_ = 0;
   std::vector<Failure> failures_;
   std::unique_ptr<ResourceSampler> sampler_;

@@ -23,6 +23,9 @@ class MembershipSource {
   virtual bool NextMayBlock() const { return check_interval().count() > 0; }
   // A local worker failed: returns true if the job goes on (a new round), false if it is over.
   virtual bool OnFailure(const std::string& reason) = 0;
+  // A local worker failed the same way as last time (Agent: "a failure that repeats"): the job
+  // ends here; the other nodes are stopped, not given a new round.
+  virtual void OnFatalFailure(const std::string& reason) { OnStop(reason); }
   // The agent itself was told to stop (SIGINT, SIGTERM): no restart follows. By default the
   // others are told as of a failure (a rendezvous opens a round without this node).
   virtual void OnStop(const std::string& reason) { OnFailure(reason); }

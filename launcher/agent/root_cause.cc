@@ -1,6 +1,7 @@
 #include "launcher/agent/root_cause.h"
 
 #include <signal.h>
+#include <cstdlib>
 #include <string.h>
 #include <time.h>
 
@@ -141,6 +142,20 @@ Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool 
     c.cls = FailureClass::kSignal;
   }
   return c;
+}
+
+bool RepeatsTheLast(const FailureSignature& last, const FailureSignature& now) {
+  if (last.cls != now.cls || last.rank != now.rank) return false;
+  const bool near = (last.step < 0 && now.step < 0) ||
+                    (last.step >= 0 && now.step >= 0 && std::abs(last.step - now.step) <= 1);
+  if (!near) return false;
+  switch (now.cls) {
+    case FailureClass::kCudaOom:
+    case FailureClass::kHostOom:
+    case FailureClass::kSegfault: return true;
+    case FailureClass::kExit: return now.step >= 0 && last.message == now.message;
+    default: return false;
+  }
 }
 
 std::string LastLine(std::string_view text) {

@@ -65,6 +65,19 @@ std::string LastLine(std::string_view text);
 // What to try for a class (the seeds' advice), or empty.
 std::string FailureAdvice(FailureClass c);
 
+// One attempt's root failure, to tell a failure that repeats from a new one.
+struct FailureSignature {
+  FailureClass cls = FailureClass::kExit;
+  int rank = -1;
+  int64_t step = -1;    // the rank's last step record in that attempt; -1: none
+  std::string message;  // what it said (the error file's message, or its last stderr line)
+};
+// Whether `now` repeats `last`, so that restarting again would only repeat it too: the same
+// class, the same rank, within one step of it (or both before any step record), for the classes
+// a restart does not change: CUDA and host OOM, segfault; and a plain exit with the same message
+// at a known step. Signals, timeouts and lost peers come from outside and never count.
+bool RepeatsTheLast(const FailureSignature& last, const FailureSignature& now);
+
 struct RootCause {
   bool found = false;
   WorkerExit exit;

@@ -26,6 +26,9 @@ class StaticSource final : public MembershipSource {
   void OnStop(const std::string& reason) override {
     if (telemetry_) telemetry_->SetState("stopped");
   }
+  void OnFatalFailure(const std::string& reason) override {
+    if (telemetry_) telemetry_->SetState("failed");
+  }
   bool OnFailure(const std::string& reason) override {
     const bool again = restarts_++ < max_restarts_;
     if (telemetry_) {

@@ -105,8 +105,10 @@ class RdzvSource final : public MembershipSource {
     return a;
   }
 
-  bool OnFailure(const std::string& reason) override {
-    auto r = client_->ReportFailure(node_.node_id, round_, reason);
+  bool OnFailure(const std::string& reason) override { return Report(reason, false); }
+  void OnFatalFailure(const std::string& reason) override { Report(reason, true); }
+  bool Report(const std::string& reason, bool fatal) {
+    auto r = client_->ReportFailure(node_.node_id, round_, reason, fatal);
     if (absl::IsPermissionDenied(r.status())) {
       // This node was dropped from the round (e.g. declared dead while it could not answer):
       // it is alive, so it joins the next round; a failed job answers the join with the reason.

@@ -35,7 +35,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
     return rdzv::HeartbeatReply{};
   }
   absl::StatusOr<rdzv::FailureReply> ReportFailure(const std::string&, uint64_t,
-                                                   const std::string&) override {
+                                                   const std::string&, bool) override {
     return rdzv::FailureReply{};
   }
   absl::Status Leave(const std::string&, uint64_t, bool, const rdzv::NodeTelemetry*) override {

@@ -127,6 +127,30 @@ TEST(DlrunFailover, BelowTheMinimumNodesAfterHostLossTheJobEndsNamingIt) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt"));
 }
 
+// A failure that repeats on one node (rank 1's CUDA OOM before any step, twice) ends the whole
+// job after the second attempt, with restarts left: the other node is told to stop, not to
+// restart.
+TEST(DlrunFailover, AFailureThatRepeatsOnOneNodeStopsEveryNode) {
+  const std::string ep = absl::StrCat("127.0.0.1:", FreeTcpPort());
+  const auto cmd = Agent(ep, "2:2", {"sh", "-c", "if [ $RANK = 1 ]; then echo 'torch."
+                                     "OutOfMemoryError: CUDA out of memory.' >&2; exit 1; fi; "
+                                     "sleep 60"});
+  Started host = StartCommand(cmd, kEnv);
+  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, kDeadline)) << host.output;
+  Started other = StartCommand(cmd, kEnv);
+  const int rc_other = FinishCommand(other, kDeadline);
+  const int rc_host = FinishCommand(host, kDeadline);
+  const std::string both = host.output + other.output;
+  EXPECT_EQ(rc_other, 1) << other.output;
+  EXPECT_EQ(rc_host, 1) << host.output;
+  EXPECT_EQ(Count(both, "rank 1 failed the same way twice (cuda_oom before its first step): "
+                        "not restarting"),
+            1u) << both;
+  EXPECT_NE(both.find("it repeats the last failure, so no restart"), std::string::npos) << both;
+  EXPECT_EQ(Count(both, "restarting 1 of 5"), 1u) << both;
+  EXPECT_EQ(Count(both, "restarting 2 of 5"), 0u) << both;
+}
+
 TEST(DlrunFailover, AnExplicitCandidateListFailsOverToTheNextEntry) {
   const std::string dir = MakeTempDir();
   const std::string ep1 = absl::StrCat("127.0.0.1:", FreeTcpPort());

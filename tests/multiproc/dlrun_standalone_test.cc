@@ -106,6 +106,22 @@ TEST(DlrunStandalone, AFailureIsClassifiedFromTheWorkersStderr) {
   std::filesystem::remove_all(d);
 }
 
+// The same CUDA OOM twice: the job ends after the second attempt, with four restarts unused.
+TEST(DlrunStandalone, ACudaOomThatRepeatsStopsAfterTwoAttemptsNotMaxRestarts) {
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "5", "sh", "-c",
+       "if [ $RANK = 1 ]; then echo 'torch.OutOfMemoryError: CUDA out of memory.' >&2; exit 1; "
+       "fi; sleep 30"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("restarting 1 of 5"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restarting 2 of 5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 failed the same way twice (cuda_oom before its first step): "
+                          "not restarting, a restart would repeat it"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cuda_oom: the GPU ran out of memory: try a smaller batch"),
+            std::string::npos) << r.output;
+}
+
 // The memory cgroup this process is in (v1's memory controller, else v2), under /sys/fs/cgroup,
 // or "" when there is none to write to.
 std::string OwnMemoryCgroup() {

@@ -219,6 +219,25 @@ TEST_F(RestartRounds, FailureReportOpensNewRoundWithSameRestartCountEverywhere) 
   EXPECT_NE(hb->reason.find("no restarts left"), std::string::npos);
 }
 
+// A failure the agent found to repeat the last one is reported fatal: the job fails at once, with
+// restarts left, and the other nodes are told to stop, not to restart.
+TEST_F(RestartRounds, AFatalFailureStopsTheJobWithRestartsLeft) {
+  Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 5});
+  Join("a");
+  Join("b");
+  Deliveries out;
+  auto r = sm_->ReportFailure("b", 1, "rank 3 exited with 1", now_, &out, /*fatal=*/true);
+  Run(out);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->restarts_exhausted);
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_EQ(sm_->restart_count(), 0);
+  auto hb = sm_->Heartbeat("a", 1, now_);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->action, Action::kStop);
+  EXPECT_NE(hb->reason.find("repeats the last failure"), std::string::npos) << hb->reason;
+}
+
 // A node dies and its workers' peers report the failure before the liveness limit: the new
 // round expects the dead node too. Once it has been silent for the limit it is no longer
 // expected, so the survivors' round closes then, not at the 30-s last call. A member that

@@ -75,6 +75,48 @@ TEST(RootCause, FailuresAreClassifiedFromWhatTheWorkerLeft) {
   EXPECT_EQ(FailureAdvice(FailureClass::kExit), "");
 }
 
+TEST(RootCause, AFailureRepeatsWhenItsClassRankAndStepAreTheLastOnes) {
+  using C = FailureClass;
+  const FailureSignature oom{C::kCudaOom, 3, 54, "CUDA out of memory"};
+  EXPECT_TRUE(RepeatsTheLast(oom, {C::kCudaOom, 3, 55, "CUDA out of memory (other sizes)"}));
+  EXPECT_FALSE(RepeatsTheLast(oom, {C::kCudaOom, 3, 57, "CUDA out of memory"}));  // got further
+  EXPECT_FALSE(RepeatsTheLast(oom, {C::kCudaOom, 2, 54, "CUDA out of memory"}));  // other rank
+  EXPECT_FALSE(RepeatsTheLast(oom, {C::kHostOom, 3, 54, ""}));                    // other class
+  EXPECT_FALSE(RepeatsTheLast(oom, {C::kCudaOom, 3, -1, ""}));  // before any step this time
+  EXPECT_TRUE(RepeatsTheLast({C::kSegfault, 0, -1, ""}, {C::kSegfault, 0, -1, ""}));
+  EXPECT_TRUE(RepeatsTheLast({C::kHostOom, 1, 9, ""}, {C::kHostOom, 1, 9, ""}));
+  // A plain exit repeats only with the same message at a known step (a torchrun-style worker
+  // that fails until RESTART_COUNT is high enough still gets its restarts).
+  EXPECT_TRUE(RepeatsTheLast({C::kExit, 1, 9, "ValueError: x"}, {C::kExit, 1, 9, "ValueError: x"}));
+  EXPECT_FALSE(RepeatsTheLast({C::kExit, 1, 9, "ValueError: x"}, {C::kExit, 1, 9, "KeyError"}));
+  EXPECT_FALSE(RepeatsTheLast({C::kExit, 1, -1, "exit code 1"}, {C::kExit, 1, -1, "exit code 1"}));
+  // From outside: never.
+  EXPECT_FALSE(RepeatsTheLast({C::kSignal, 1, 9, ""}, {C::kSignal, 1, 9, ""}));
+  EXPECT_FALSE(RepeatsTheLast({C::kCollectiveTimeout, 1, 9, ""}, {C::kCollectiveTimeout, 1, 9, ""}));
+  EXPECT_FALSE(RepeatsTheLast({C::kPeerLost, 1, 9, ""}, {C::kPeerLost, 1, 9, ""}));
+}
+
+// A CUDA OOM at the same place twice ends the job after the second attempt, not after every
+// restart it was allowed, and says why.
+TEST(AgentRootCause, AFailureThatRepeatsStopsAfterTheSecondAttempt) {
+  Harness h(2);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.spec.local_rank == 1) {
+      f.error_tails[p.pid] = "torch.OutOfMemoryError: CUDA out of memory.\n";
+      f.ExitAfter(p.pid, seconds(1), 1);
+    }
+  };
+  ::testing::internal::CaptureStdout();  // spdlog's lines
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/5), 1);
+  const std::string err = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(h.procs.groups_started(), 2) << err;
+  EXPECT_NE(err.find("rank 1 failed the same way twice (cuda_oom before its first step): not "
+                     "restarting"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("cuda_oom: the GPU ran out of memory: try a smaller batch"),
+            std::string::npos) << err;
+}
+
 TEST(RootCause, ErrorFilesAreReadInTorchelasticsFormat) {
   char dir[] = "/tmp/dlrun-rc-XXXXXX";
   const std::string d = mkdtemp(dir);

@@ -26,4 +26,8 @@ inline constexpr double kStragglerFactor = 1.2;
 inline constexpr int kStragglerWindows = 3;
 inline constexpr std::chrono::milliseconds kTelemetryWindow{1000};
 
+// Stack dumps (docs/STACKS.md): `dlrun stacks --timeout`'s default, and how long an agent's own
+// dump for a job-wide one may take.
+inline constexpr std::chrono::milliseconds kStacksBound{5000};
+
 }  // namespace dlrun::defaults

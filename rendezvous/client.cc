@@ -33,7 +33,8 @@ class ClientImpl final : public RendezvousClient {
  public:
   explicit ClientImpl(const ClientOptions& o) : o_(o) {
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    // A job-wide stacks answer holds every node's post (each at most kMaxMessageBytes).
+    args.SetMaxReceiveMessageSize(kMaxStacksResponseBytes);
     // gRPC's default reconnect backoff starts at 1 s: a failover host that comes up a moment
     // after the survivors first try it would cost them that second.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -107,7 +108,38 @@ class ClientImpl final : public RendezvousClient {
     r.reason = resp.reason();
     r.epoch = resp.epoch();
     r.redirect = resp.redirect();
+    r.stacks_request = resp.stacks_request();
     return r;
+  }
+
+  absl::StatusOr<std::vector<NodeStacksReply>> CollectStacks(Duration timeout) override {
+    v1::StacksRequest req;
+    FillAuth(req.mutable_auth());
+    req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout + o_.rpc_timeout);
+    v1::StacksResponse resp;
+    absl::Status s = Check(stub_->Stacks(&ctx, req, &resp), "stacks");
+    if (!s.ok()) return s;
+    std::vector<NodeStacksReply> out;
+    for (const v1::NodeStacks& n : resp.nodes()) {
+      out.push_back({n.node_id(), n.hostname(), n.ranks_json()});
+    }
+    for (const v1::NodeStacks& n : resp.missing()) out.push_back({n.node_id(), n.hostname(), ""});
+    return out;
+  }
+
+  absl::Status PostStacks(uint64_t request_id, const NodeStacksReply& stacks) override {
+    v1::PostStacksRequest req;
+    FillAuth(req.mutable_auth());
+    req.set_request_id(request_id);
+    req.mutable_stacks()->set_node_id(stacks.node_id);
+    req.mutable_stacks()->set_hostname(stacks.hostname);
+    req.mutable_stacks()->set_ranks_json(stacks.ranks_json);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::PostStacksResponse resp;
+    return Check(stub_->PostStacks(&ctx, req, &resp), "post stacks");
   }
 
   absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,

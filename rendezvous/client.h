@@ -37,6 +37,15 @@ class RendezvousClient {
   // `fatal`: stop the job instead of opening a new round (a failure that repeats).
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                                      const std::string& reason, bool fatal) = 0;
+  // `dlrun stacks` for the whole job (docs/STACKS.md): every member's stacks, or its name
+  // with empty ranks_json when it did not answer within `timeout`.
+  virtual absl::StatusOr<std::vector<NodeStacksReply>> CollectStacks(Duration timeout) {
+    return absl::UnimplementedError("stacks");
+  }
+  // This node's answer to HeartbeatReply::stacks_request.
+  virtual absl::Status PostStacks(uint64_t request_id, const NodeStacksReply& stacks) {
+    return absl::UnimplementedError("stacks");
+  }
   virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
                              const NodeTelemetry* telemetry = nullptr) = 0;
   // `wait` > 0: wait that long for the server to come up (a failover host starting);

@@ -371,7 +371,76 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
   }
   resp->set_current_round(r->current_round);
   resp->set_reason(r->reason);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const StacksCollection& c : stacks_) {
+      if (c.waiting.count(req.node_id())) {
+        resp->set_stacks_request(c.id);
+        break;
+      }
+    }
+  }
   return absl::OkStatus();
+}
+
+void Handler::CollectStacks(const v1::StacksRequest& req, const std::string& peer,
+                            StacksDone done) {
+  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return done(s, {});
+  if (req.timeout_ms() == 0 || req.timeout_ms() > 600000) {
+    return done(Refuse(absl::InvalidArgumentError(absl::StrCat(
+                           "timeout_ms ", req.timeout_ms(), ": expected 1 to 600000")),
+                       peer),
+                {});
+  }
+  StacksCollection c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.waiting = machine_.LiveMembers();
+    if (c.waiting.empty()) {
+      return done(absl::FailedPreconditionError("no node runs workers in this job now"), {});
+    }
+    c.id = next_stacks_id_++;
+    c.deadline = options_.now() + std::chrono::milliseconds(req.timeout_ms());
+    c.done = std::move(done);
+    stacks_.push_back(std::move(c));
+  }
+}
+
+absl::Status Handler::PostStacks(const v1::PostStacksRequest& req, const std::string& peer) {
+  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  const v1::NodeStacks& n = req.stacks();
+  if (auto s = CheckString("node_id", n.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
+  if (auto s = CheckString("hostname", n.hostname(), 256, false); !s.ok()) return Refuse(s, peer);
+  std::vector<std::pair<StacksDone, v1::StacksResponse>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (StacksCollection& c : stacks_) {
+      if (c.id != req.request_id() || !c.waiting.erase(n.node_id())) continue;
+      *c.response.add_nodes() = n;
+    }
+    finished = FinishStacks(options_.now());
+  }
+  for (auto& [done, resp] : finished) done(absl::OkStatus(), resp);
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<Handler::StacksDone, v1::StacksResponse>> Handler::FinishStacks(
+    TimePoint now) {
+  std::vector<std::pair<StacksDone, v1::StacksResponse>> out;
+  for (auto it = stacks_.begin(); it != stacks_.end();) {
+    if (!it->waiting.empty() && now < it->deadline) {
+      ++it;
+      continue;
+    }
+    for (const auto& [id, host] : it->waiting) {
+      v1::NodeStacks* m = it->response.add_missing();
+      m->set_node_id(id);
+      m->set_hostname(host);
+    }
+    out.emplace_back(std::move(it->done), std::move(it->response));
+    it = stacks_.erase(it);
+  }
+  return out;
 }
 
 absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::string& peer,
@@ -443,6 +512,7 @@ bool Handler::StepDown(const std::string& endpoint, uint64_t epoch) {
 std::optional<TimePoint> Handler::Tick() {
   Deliveries out;
   std::optional<TimePoint> next;
+  std::vector<std::pair<StacksDone, v1::StacksResponse>> stacks_done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const TimePoint now = options_.now();
@@ -457,6 +527,10 @@ std::optional<TimePoint> Handler::Tick() {
     }
     machine_.Tick(now, &out);
     next = machine_.NextDeadline();
+    stacks_done = FinishStacks(now);
+    for (const StacksCollection& c : stacks_) {
+      if (!next || c.deadline < *next) next = c.deadline;
+    }
     if (options_.telemetry && (machine_.round() != telemetry_round_ ||
                                machine_.restart_count() != telemetry_restarts_ ||
                                static_cast<int>(machine_.phase()) != telemetry_phase_)) {
@@ -479,6 +553,7 @@ std::optional<TimePoint> Handler::Tick() {
     }
   }
   Deliver(out);
+  for (auto& [done, resp] : stacks_done) done(absl::OkStatus(), resp);
   return next;
 }
 

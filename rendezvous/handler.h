@@ -5,9 +5,12 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "dlrun/proto/rendezvous.pb.h"
@@ -20,6 +23,8 @@ namespace dlrun::rdzv {
 inline constexpr uint32_t kProtocolVersion = 2;
 // Largest message the service accepts; a join is a few hundred bytes.
 inline constexpr int kMaxMessageBytes = 64 * 1024;
+// What a client accepts: a `dlrun stacks` answer gathers every node's post (docs/STACKS.md).
+inline constexpr int kMaxStacksResponseBytes = 64 * 1024 * 1024;
 
 struct HandlerOptions {
   Config config;
@@ -63,13 +68,22 @@ class Handler {
   absl::Status Status(const v1::StatusRequest& req, const std::string& peer,
                       v1::StatusResponse* resp);
 
+  // `dlrun stacks` for the whole job (docs/STACKS.md): every live member of the round is asked
+  // on its next heartbeat (HeartbeatResponse.stacks_request); `done` runs exactly once, when
+  // each has posted, or at the timeout (Tick) with the others under `missing`; at once for a
+  // refused request.
+  using StacksDone = std::function<void(const absl::Status&, const v1::StacksResponse&)>;
+  void CollectStacks(const v1::StacksRequest& req, const std::string& peer, StacksDone done);
+  absl::Status PostStacks(const v1::PostStacksRequest& req, const std::string& peer);
+
   // A host with a newer epoch serves the job at `endpoint`: from now on every join and
   // heartbeat is answered with a redirect there. Returns false (and changes nothing) unless
   // `epoch` is newer than this host's.
   bool StepDown(const std::string& endpoint, uint64_t epoch);
   uint64_t epoch() const { return options_.epoch; }
 
-  // Runs the state machine's timers; returns the next time it needs to run.
+  // Runs the state machine's timers (and ends stack collections at their timeout); returns the
+  // next time it needs to run.
   std::optional<TimePoint> Tick();
   StateMachine::Phase phase();
   bool EndAcknowledged();
@@ -97,6 +111,18 @@ class Handler {
   uint64_t telemetry_round_ = 0;
   int telemetry_restarts_ = 0;
   int telemetry_phase_ = -1;
+  // Guarded by mu_: the job-wide stack collections under way.
+  struct StacksCollection {
+    uint64_t id = 0;
+    TimePoint deadline;
+    std::map<std::string, std::string> waiting;  // node id -> host name
+    v1::StacksResponse response;
+    StacksDone done;
+  };
+  std::vector<StacksCollection> stacks_;
+  uint64_t next_stacks_id_ = 1;
+  // Ends the collections that are complete or past `now` (outside the lock: `done`).
+  std::vector<std::pair<StacksDone, v1::StacksResponse>> FinishStacks(TimePoint now);
 };
 
 // Converts between the proto and the plain types.

@@ -62,6 +62,28 @@ class Service final : public v1::Rendezvous::CallbackService {
     return r;
   }
 
+  grpc::ServerUnaryReactor* Stacks(grpc::CallbackServerContext* ctx, const v1::StacksRequest* req,
+                                   v1::StacksResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    // Finished by PostStacks or by the timer (Tick) at the timeout; the timer must learn the
+    // new deadline.
+    h_->CollectStacks(*req, ctx->peer(),
+                      [r, resp](const absl::Status& s, const v1::StacksResponse& sr) {
+                        if (s.ok()) *resp = sr;
+                        r->Finish(ToGrpc(s));
+                      });
+    on_change_();
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* PostStacks(grpc::CallbackServerContext* ctx,
+                                       const v1::PostStacksRequest* req,
+                                       v1::PostStacksResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(h_->PostStacks(*req, ctx->peer())));
+    return r;
+  }
+
   grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* ctx,
                                           const v1::FailureReport* req,
                                           v1::FailureResponse* resp) override {

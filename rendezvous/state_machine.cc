@@ -37,6 +37,14 @@ const StateMachine::Member* StateMachine::FindMember(const std::string& node_id)
   return it == member_index_.end() ? nullptr : &members_[it->second];
 }
 
+std::map<std::string, std::string> StateMachine::LiveMembers() const {
+  std::map<std::string, std::string> out;
+  for (const Member& m : members_) {
+    if (!m.left) out[m.node.node_id] = m.node.hostname;
+  }
+  return out;
+}
+
 std::string StateMachine::JoinedHosts() const {
   std::vector<std::string> hosts;
   for (const Pending& p : joining_) hosts.push_back(p.node.hostname);

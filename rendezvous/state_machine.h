@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -73,6 +74,8 @@ class StateMachine {
   // The last closed round's size: its members' nproc summed, and how many members.
   int world_size() const;
   int num_members() const { return static_cast<int>(members_.size()); }
+  // The round's members that have not left: node id -> host name.
+  std::map<std::string, std::string> LiveMembers() const;
   StatusSnapshot Snapshot() const;
 
  private:

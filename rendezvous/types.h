@@ -74,6 +74,13 @@ struct HeartbeatReply {
   std::string reason;
   uint64_t epoch = 0;
   std::string redirect;  // with kRestart: the host stepped down, re-join there
+  uint64_t stacks_request = 0;  // > 0: post this node's stacks with this id (docs/STACKS.md)
+};
+
+// One node's answer to a job-wide `dlrun stacks` (docs/STACKS.md).
+struct NodeStacksReply {
+  std::string node_id, hostname;
+  std::string ranks_json;  // empty: the node did not answer in time
 };
 
 // What a join returns: the assignment, or a redirect to a newer host.

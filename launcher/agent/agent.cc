@@ -145,7 +145,9 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   }
   spdlog::info("{}", table);
   if (!options_.run_dir.empty()) {  // for `dlrun stacks`
-    WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, {}};
+    const MembershipSource::RdzvAddress rdzv = source_->Address();
+    WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, {},
+                   rdzv.endpoint, rdzv.token};
     for (const Worker& w : workers_) wf.workers.push_back({w.rank, w.local_rank, w.pid});
     if (absl::Status s = WriteWorkersFile(options_.run_dir, wf); !s.ok()) {
       spdlog::debug("{}", std::string(s.message()));
@@ -245,7 +247,9 @@ Agent::Watch Agent::WatchGroup() {
     }
     if (clock_.Now() >= next_check) {
       std::string reason;
-      switch (source_->Check(&reason)) {
+      const MembershipSource::Verdict verdict = source_->Check(&reason);
+      AnswerStacks();
+      switch (verdict) {
         case MembershipSource::Verdict::kContinue: break;
         case MembershipSource::Verdict::kRestart: return {Outcome::kRestart, reason, 0};
         case MembershipSource::Verdict::kStop:
@@ -268,6 +272,7 @@ bool Agent::WaitForGroup(SteadyTime deadline) {
     if (clock_.Now() >= next_check) {
       std::string ignored;
       source_->Check(&ignored);
+      AnswerStacks();
       next_check = clock_.Now() + interval;
     }
   }
@@ -323,7 +328,9 @@ int Agent::AfterSuccess() {
     const int sig = HandleEvents(processes_.Wait(clock_.Now() + interval));
     if (sig != 0) return 128 + sig;
     std::string reason;
-    switch (source_->Check(&reason)) {
+    const MembershipSource::Verdict verdict = source_->Check(&reason);
+    AnswerStacks();
+    switch (verdict) {
       case MembershipSource::Verdict::kContinue: continue;
       case MembershipSource::Verdict::kFinished: return 0;
       case MembershipSource::Verdict::kStop:
@@ -362,6 +369,21 @@ std::optional<StackReport> Agent::CaptureBeforeKill(bool telling, const std::str
                                   : absl::StrCat("suspects: ranks ", RankRanges(r.suspects)),
                where);
   return r;
+}
+
+void Agent::AnswerStacks() {
+  const uint64_t id = source_->StacksWanted();
+  if (id == 0) return;
+  std::vector<DumpTarget> targets;
+  for (const Worker& w : workers_) {
+    if (w.alive) targets.push_back({w.rank, w.local_rank, w.pid});
+  }
+  std::vector<RankStack> ranks;
+  if (options_.dump_stacks && !targets.empty()) {
+    ranks = options_.dump_stacks(targets, defaults::kStacksBound).ranks;
+  }
+  // The rendezvous takes at most kMaxMessageBytes (64 KB) from a node.
+  source_->PostStacks(id, RankStacksJson(ranks, 60 * 1024));
 }
 
 int Agent::AfterFailure() {

@@ -127,6 +127,9 @@ class Agent {
   // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
   // whose stacks say something, for kAuto); written to the attempt's directory and logged.
   std::optional<StackReport> CaptureBeforeKill(bool telling, const std::string& why);
+  // A job-wide `dlrun stacks` asked for this node's (MembershipSource::StacksWanted): dumps the
+  // live workers and posts them.
+  void AnswerStacks();
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
   std::string ErrorFile(int local_rank) const;

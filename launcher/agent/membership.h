@@ -35,6 +35,16 @@ class MembershipSource {
   // Every local worker succeeded. The agent then keeps calling Check() until it says kFinished
   // (every node is done), kRestart (another node failed: run again) or kStop.
   virtual void OnSuccess() = 0;
+  // A job-wide `dlrun stacks` (docs/STACKS.md): a request id the rendezvous asked this node to
+  // answer (0: none pending); the agent dumps its workers and posts them with PostStacks.
+  virtual uint64_t StacksWanted() const { return 0; }
+  virtual void PostStacks(uint64_t id, const std::string& ranks_json) {}
+  // Where `dlrun stacks` reaches this job's rendezvous (the current host), and its secret;
+  // empty endpoint for a static job.
+  struct RdzvAddress {
+    std::string endpoint, run_id, token;
+  };
+  virtual RdzvAddress Address() const { return {}; }
   // This node's latest telemetry (docs/TELEMETRY.md): sent with the next heartbeat and with the
   // leave, or fed to the local aggregate of a single-node job.
   virtual void Publish(const rdzv::NodeTelemetry& t) = 0;

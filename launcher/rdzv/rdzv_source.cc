@@ -153,6 +153,7 @@ class RdzvSource final : public MembershipSource {
     }
     last_ok_ = now;
     Adopt(r->epoch);
+    stacks_request_ = r->stacks_request;
     *reason = r->reason;
     if (!r->redirect.empty()) {
       redirect_ = r->redirect;
@@ -168,6 +169,18 @@ class RdzvSource final : public MembershipSource {
   }
 
   std::chrono::milliseconds check_interval() const override { return o_.config.heartbeat_interval; }
+
+  uint64_t StacksWanted() const override {
+    return stacks_request_ != stacks_posted_ ? stacks_request_ : 0;
+  }
+  void PostStacks(uint64_t id, const std::string& ranks_json) override {
+    stacks_posted_ = id;
+    if (auto s = client_->PostStacks(id, {node_.node_id, o_.hostname, ranks_json}); !s.ok()) {
+      spdlog::warn("cannot post this node's stacks to the rendezvous: {}",
+                   std::string(s.message()));
+    }
+  }
+  RdzvAddress Address() const override { return {client_->endpoint(), o_.run_id, o_.token}; }
 
   void Publish(const rdzv::NodeTelemetry& t) override { telemetry_ = t; }
   std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override {
@@ -350,6 +363,8 @@ class RdzvSource final : public MembershipSource {
   std::vector<std::string> hosts_seen_;
   SteadyTime last_ok_ = clock_.Now();
   bool lost_ = false;  // the host stopped answering: the next Next() fails over
+  uint64_t stacks_request_ = 0;  // the last heartbeat's (docs/STACKS.md)
+  uint64_t stacks_posted_ = 0;
   std::string lost_reason_;
   std::string redirect_;  // the host stepped down: the next Next() joins here
   PortReservation port_;

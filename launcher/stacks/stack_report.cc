@@ -2,6 +2,7 @@
 // (stacks.h).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <map>
@@ -203,6 +204,27 @@ std::string RankStacksJson(const std::vector<RankStack>& ranks) {
   return a.dump();
 }
 
+std::string RankStacksJson(std::vector<RankStack> ranks, size_t max_bytes) {
+  std::string out = RankStacksJson(ranks);
+  if (out.size() <= max_bytes) return out;
+  for (RankStack& r : ranks) {
+    if (r.threads.size() > 1) r.threads.resize(1);
+  }
+  for (size_t frames = 64;; frames /= 2) {
+    for (RankStack& r : ranks) {
+      for (StackThread& t : r.threads) {
+        if (t.frames.size() > frames) t.frames.resize(frames);
+        for (StackFrame& f : t.frames) {
+          if (f.function.size() > 160) f.function.resize(160);
+          if (f.file.size() > 160) f.file = f.file.substr(f.file.size() - 160);
+        }
+      }
+    }
+    out = RankStacksJson(ranks);
+    if (out.size() <= max_bytes || frames == 0) return out;
+  }
+}
+
 absl::StatusOr<std::vector<RankStack>> RankStacksFromJson(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("ranks")) j = j["ranks"];
@@ -251,8 +273,12 @@ std::string StackReportJson(const StackReport& r, int indent) {
     if (!s.missing.empty()) missing.push_back({{"rank", s.rank}, {"host", s.host}, {"why", s.missing}});
     ranks.push_back(RankJson(s));
   }
+  json missing_nodes = json::array();
+  for (const auto& [host, why] : r.missing_nodes) {
+    missing_nodes.push_back({{"host", host}, {"why", why}});
+  }
   json j{{"groups", groups}, {"suspects", r.suspects}, {"missing", missing},
-         {"took_s", r.took_s}, {"ranks", ranks}};
+         {"missing_nodes", missing_nodes}, {"took_s", r.took_s}, {"ranks", ranks}};
   return j.dump(indent);
 }
 
@@ -285,6 +311,9 @@ std::string FormatStackReport(const StackReport& r) {
     if (s.missing.empty()) continue;
     absl::StrAppend(&out, "\nrank ", s.rank, " (node ", s.host, ", pid ", s.pid,
                     "): not read: ", s.missing, "\n");
+  }
+  for (const auto& [host, why] : r.missing_nodes) {
+    absl::StrAppend(&out, "\nnode ", host, ": not read: ", why, "\n");
   }
   return out;
 }
@@ -340,8 +369,12 @@ absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w) 
   for (const DumpTarget& t : w.workers) {
     workers.push_back({{"rank", t.rank}, {"local_rank", t.local_rank}, {"pid", t.pid}});
   }
-  const json j{{"run_id", w.run_id}, {"host", w.host}, {"agent_pid", w.agent_pid},
-               {"attempt", w.attempt}, {"workers", workers}};
+  json j{{"run_id", w.run_id}, {"host", w.host}, {"agent_pid", w.agent_pid},
+         {"attempt", w.attempt}, {"workers", workers}};
+  if (!w.rdzv_endpoint.empty()) {
+    j["rdzv_endpoint"] = w.rdzv_endpoint;
+    j["rdzv_token"] = w.rdzv_token;
+  }
   const std::string path = absl::StrCat(run_dir, "/", kWorkersFileName);
   const std::string tmp = absl::StrCat(path, ".tmp");
   {
@@ -349,6 +382,9 @@ absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w) 
     out << j.dump() << "\n";
     if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }
+  // The job's secret is in it: its owner's alone.
+  std::filesystem::permissions(tmp, std::filesystem::perms::owner_read |
+                                        std::filesystem::perms::owner_write);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
@@ -370,6 +406,8 @@ absl::StatusOr<WorkersFile> ReadWorkersFile(const std::string& path) {
   w.host = j.value("host", std::string());
   w.agent_pid = j.value("agent_pid", -1);
   w.attempt = j.value("attempt", 0);
+  w.rdzv_endpoint = j.value("rdzv_endpoint", std::string());
+  w.rdzv_token = j.value("rdzv_token", std::string());
   for (const json& t : j["workers"]) {
     if (!t.is_object()) continue;
     w.workers.push_back({t.value("rank", -1), t.value("local_rank", -1), t.value("pid", -1)});

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -79,6 +80,8 @@ struct StackReport {
   std::vector<StackGroup> groups;
   std::vector<int> suspects;
   std::vector<RankStack> ranks;  // everything read, by rank; `missing` ones included
+  // Nodes of a job-wide dump that did not answer: host name and why.
+  std::vector<std::pair<std::string, std::string>> missing_nodes;
   double took_s = 0;
 };
 StackReport GroupStacks(std::vector<RankStack> ranks);
@@ -89,6 +92,8 @@ std::string StackReportJson(const StackReport& r, int indent = -1);
 // The "ranks" of such a JSON object (or a bare array of them): how nodes send their dumps.
 absl::StatusOr<std::vector<RankStack>> RankStacksFromJson(const std::string& text);
 std::string RankStacksJson(const std::vector<RankStack>& ranks);
+// The same within `max_bytes`: only the main threads, their innermost frames as many as fit.
+std::string RankStacksJson(std::vector<RankStack> ranks, size_t max_bytes);
 
 // For people: the suspects, then each group ("ranks 0-2,4-7 (node a, b):" and its frames),
 // then the missing ranks.
@@ -116,6 +121,10 @@ struct WorkersFile {
   pid_t agent_pid = -1;
   int attempt = 0;
   std::vector<DumpTarget> workers;
+  // A multi-node job's rendezvous (the current host) and its secret, for a job-wide dump; the
+  // file is then readable by its owner only.
+  std::string rdzv_endpoint;
+  std::string rdzv_token;
 };
 inline constexpr char kWorkersFileName[] = "workers.json";
 // The capture before kill, in RUN_DIR/attempt_K/ (with stacks.txt for people).

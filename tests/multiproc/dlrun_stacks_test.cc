@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -113,6 +114,60 @@ TEST(DlrunStacks, ARankStoppedWithSigstopIsReadOrNamedMissingWithinTheBound) {
   }
   EXPECT_TRUE(seen) << r.output;
   EXPECT_LT(j["took_s"].get<double>(), 4.0) << r.output;
+}
+
+std::set<int> RanksIn(const json& report) {
+  std::set<int> ranks;
+  for (const json& r : report["ranks"]) ranks.insert(r["rank"].get<int>());
+  return ranks;
+}
+
+// Two agents on loopback, two ranks each, rank 2 stalled: `dlrun stacks` on either node returns
+// every node's ranks through the rendezvous, `--this-node` its own, and `--rdzv-endpoint
+// --rdzv-id` from a machine that runs none of them the whole job again.
+TEST(DlrunStacks, OneCommandReturnsEveryNodesRanksThroughTheRendezvous) {
+  const std::string tmp_a = MakeTempDir(), tmp_b = MakeTempDir(), tmp_c = MakeTempDir();
+  const std::string ep = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  const std::vector<std::string> cmd = {
+      DLRUN_BIN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+      "--rdzv-endpoint", ep, "--rdzv-id", "stacks-job", "--rdzv-conf",
+      "heartbeat_interval=0.5", TEST_PYTHON, kProbe};
+  const std::string token = "stacks-test-token";
+  Started a = StartCommand(cmd, {{"TMPDIR", tmp_a}, {"DLRUN_RDZV_TOKEN", token}});
+  ASSERT_TRUE(ReadUntil(a, "hosting the rendezvous", 1, std::chrono::seconds(60))) << a.output;
+  Started b = StartCommand(cmd, {{"TMPDIR", tmp_b}, {"DLRUN_RDZV_TOKEN", token}});
+  ASSERT_TRUE(ReadUntil(a, "hang_probe: rank", 2, std::chrono::seconds(90))) << a.output;
+  ASSERT_TRUE(ReadUntil(b, "hang_probe: rank", 2, std::chrono::seconds(90))) << b.output;
+
+  ProcResult all = RunCommand({DLRUN_BIN, "stacks", "--json"}, {{"TMPDIR", tmp_b}});
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  const json j = json::parse(all.output, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << all.output;
+  EXPECT_EQ(RanksIn(j), std::set<int>({0, 1, 2, 3})) << all.output;
+  EXPECT_EQ(j["suspects"], json({2})) << all.output;
+  EXPECT_TRUE(j["missing_nodes"].empty()) << all.output;
+
+  ProcResult own = RunCommand({DLRUN_BIN, "stacks", "--json", "--this-node"}, {{"TMPDIR", tmp_b}});
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  EXPECT_EQ(RanksIn(json::parse(own.output, nullptr, false)).size(), 2u) << own.output;
+
+  ProcResult elsewhere = RunCommand({DLRUN_BIN, "stacks", "--json", "--rdzv-endpoint", ep,
+                                     "--rdzv-id", "stacks-job"},
+                                    {{"TMPDIR", tmp_c}, {"DLRUN_RDZV_TOKEN", token}});
+  ASSERT_EQ(elsewhere.exit_code, 0) << elsewhere.output;
+  EXPECT_EQ(RanksIn(json::parse(elsewhere.output, nullptr, false)),
+            std::set<int>({0, 1, 2, 3})) << elsewhere.output;
+  // A wrong token gets nothing.
+  ProcResult wrong = RunCommand({DLRUN_BIN, "stacks", "--rdzv-endpoint", ep, "--rdzv-id",
+                                 "stacks-job"},
+                                {{"TMPDIR", tmp_c}, {"DLRUN_RDZV_TOKEN", "not-the-token"}});
+  EXPECT_EQ(wrong.exit_code, 1) << wrong.output;
+
+  kill(a.pid, SIGTERM);
+  kill(b.pid, SIGTERM);
+  FinishCommand(a, std::chrono::seconds(60));
+  FinishCommand(b, std::chrono::seconds(60));
+  for (const std::string& d : {tmp_a, tmp_b, tmp_c}) std::filesystem::remove_all(d);
 }
 
 TEST(DlrunStacks, WithNoJobRunningItIsOneLineAndExitOne) {

@@ -146,5 +146,84 @@ TEST_F(HandlerTest, GoodJoinsComplete) {
   EXPECT_NE(ra.assignment().node_rank(), rb.assignment().node_rank());
 }
 
+// A job-wide `dlrun stacks`: every member is asked on its next heartbeat; the call ends when
+// each has posted, or at the timeout with the silent ones under `missing`. A wrong token gets
+// nothing, and a post for a collection that is over changes nothing.
+TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout) {
+  absl::Status joined_a = absl::UnknownError("pending");
+  h_->Join(GoodJoin("a"), "p", h_->NewTicket(),
+           [&](const absl::Status& s, const v1::JoinResponse&) { joined_a = s; });
+  ASSERT_TRUE(JoinNow(GoodJoin("b")).ok());
+  ASSERT_TRUE(joined_a.ok());
+  const v1::Auth auth = GoodJoin("x").auth();
+  auto heartbeat = [&](const std::string& id) {
+    v1::HeartbeatRequest hb;
+    *hb.mutable_auth() = auth;
+    hb.set_node_id(id);
+    hb.set_round(1);
+    v1::HeartbeatResponse resp;
+    EXPECT_TRUE(h_->Heartbeat(hb, "p", &resp).ok());
+    return resp.stacks_request();
+  };
+  auto post = [&](uint64_t id, const std::string& node) {
+    v1::PostStacksRequest p;
+    *p.mutable_auth() = auth;
+    p.set_request_id(id);
+    p.mutable_stacks()->set_node_id(node);
+    p.mutable_stacks()->set_hostname("h" + node);
+    p.mutable_stacks()->set_ranks_json("[]");
+    return h_->PostStacks(p, "p");
+  };
+  EXPECT_EQ(heartbeat("a"), 0u);  // nothing asked yet
+
+  v1::StacksRequest req;
+  *req.mutable_auth() = auth;
+  req.set_timeout_ms(2000);
+  int calls = 0;
+  v1::StacksResponse got;
+  h_->CollectStacks(req, "p", [&](const absl::Status& s, const v1::StacksResponse& r) {
+    ++calls;
+    EXPECT_TRUE(s.ok()) << s;
+    got = r;
+  });
+  const uint64_t id = heartbeat("a");
+  ASSERT_GT(id, 0u);
+  EXPECT_EQ(heartbeat("b"), id);
+  ASSERT_TRUE(post(id, "a").ok());
+  EXPECT_EQ(heartbeat("a"), 0u);  // a has answered
+  EXPECT_EQ(calls, 0);            // b has not
+  ASSERT_TRUE(post(id, "b").ok());
+  ASSERT_EQ(calls, 1);
+  EXPECT_EQ(got.nodes_size(), 2);
+  EXPECT_EQ(got.missing_size(), 0);
+  EXPECT_TRUE(post(id, "b").ok());  // late: changes nothing
+  EXPECT_EQ(calls, 1);
+
+  // b never answers this time: at the timeout the call ends, naming it.
+  h_->CollectStacks(req, "p", [&](const absl::Status& s, const v1::StacksResponse& r) {
+    ++calls;
+    got = r;
+  });
+  const uint64_t id2 = heartbeat("a");
+  ASSERT_TRUE(post(id2, "a").ok());
+  std::optional<TimePoint> next = h_->Tick();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_LE(*next, now_ + std::chrono::milliseconds(2000));
+  EXPECT_EQ(calls, 1);
+  now_ += std::chrono::milliseconds(2001);
+  h_->Tick();
+  ASSERT_EQ(calls, 2);
+  ASSERT_EQ(got.missing_size(), 1);
+  EXPECT_EQ(got.missing(0).hostname(), "hb");
+
+  v1::StacksRequest bad = req;
+  bad.mutable_auth()->set_token("wrong-token-x");
+  absl::Status refused;
+  h_->CollectStacks(bad, "p", [&](const absl::Status& s, const v1::StacksResponse&) {
+    refused = s;
+  });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
+}
+
 }  // namespace
 }  // namespace dlrun::rdzv

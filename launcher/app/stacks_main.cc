@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "launcher/app/commands.h"
 #include "launcher/app/run_dir.h"
+#include "common/contract.h"
 #include "common/defaults.h"
 #include "common/env.h"
 #include "launcher/cli/flags.h"
@@ -42,8 +43,8 @@ std::vector<cli::Flag<StacksArgs>> Flags() {
        "the job's run id (--rdzv-id), when several jobs run on this node"},
       {"rdzv-id", "", true, cli::StrField(&StacksArgs::run_id), "the same as --run-id"},
       {"rdzv-endpoint", "", true, cli::StrField(&StacksArgs::rdzv_endpoint),
-       "HOST:PORT of a multi-node job's rendezvous, for a job that runs elsewhere (with "
-       "--rdzv-id; the token from DLRUN_RDZV_TOKEN)"},
+       absl::StrCat("HOST:PORT of a multi-node job's rendezvous, for a job that runs elsewhere "
+                    "(with --rdzv-id; the token from ", contract::kRdzvToken, ")")},
       {"this-node", "", false, cli::BoolField(&StacksArgs::this_node),
        "only this node's workers, not every node's of a multi-node job"},
       {"timeout", "", true, cli::DurationField("timeout", &StacksArgs::timeout, false),

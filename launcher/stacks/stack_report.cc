@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -22,6 +24,27 @@ namespace dlrun::launcher {
 
 using nlohmann::json;
 
+namespace {
+// Fields of JSON from outside (a tool's output, another node's post, a file) read without
+// throwing: a missing, null or mistyped field is the default.
+std::string Str(const json& j, const char* key, std::string def = "") {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : def;
+}
+template <typename T>
+T Num(const json& j, const char* key, T def) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return def;
+  if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) return def;
+    const int64_t v = it->get<int64_t>();
+    if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) return def;
+    return static_cast<T>(v);
+  }
+  return it->get<T>();
+}
+}  // namespace
+
 std::string StackFrame::Render() const {
   if (line > 0) return absl::StrCat(file, ":", line, " ", function);
   if (!file.empty()) return absl::StrCat(function, " (", file, ")");
@@ -35,16 +58,16 @@ absl::StatusOr<std::vector<StackThread>> ParsePySpyJson(const std::string& text,
   for (const json& t : j) {
     if (!t.is_object()) continue;
     StackThread th;
-    th.name = t.value("thread_name", std::string());
-    const int64_t tid = t.value("os_thread_id", int64_t{0});
+    th.name = Str(t, "thread_name");
+    const int64_t tid = Num<int64_t>(t, "os_thread_id", 0);
     if (th.name.empty()) th.name = absl::StrCat("TID ", tid);
     if (t.contains("frames") && t["frames"].is_array()) {
       for (const json& f : t["frames"]) {
         if (!f.is_object()) continue;
         StackFrame fr;
-        fr.function = f.value("name", std::string("??"));
-        fr.file = f.value("filename", std::string());
-        fr.line = f.value("line", 0);
+        fr.function = Str(f, "name", "??");
+        fr.file = Str(f, "filename");
+        fr.line = Num<int>(f, "line", 0);
         th.frames.push_back(std::move(fr));
       }
     }
@@ -231,27 +254,27 @@ absl::StatusOr<std::vector<RankStack>> RankStacksFromJson(const std::string& tex
   if (!j.is_array()) return absl::InvalidArgumentError("expected a JSON list of rank stacks");
   std::vector<RankStack> out;
   for (const json& r : j) {
-    if (!r.is_object() || !r.contains("rank") || !r["rank"].is_number_integer()) {
-      return absl::InvalidArgumentError("a rank stack without an integer \"rank\"");
+    if (!r.is_object() || Num<int>(r, "rank", -1) < 0) {
+      return absl::InvalidArgumentError("a rank stack without a \"rank\" from 0 to 2^31-1");
     }
     RankStack s;
-    s.rank = r["rank"].get<int>();
-    s.local_rank = r.value("local_rank", -1);
-    s.host = r.value("host", std::string());
-    s.pid = r.value("pid", -1);
-    s.tool = r.value("tool", std::string());
-    s.pause_ms = r.value("pause_ms", 0.0);
-    s.missing = r.value("missing", std::string());
+    s.rank = Num<int>(r, "rank", -1);
+    s.local_rank = Num<int>(r, "local_rank", -1);
+    s.host = Str(r, "host");
+    s.pid = Num<int>(r, "pid", -1);
+    s.tool = Str(r, "tool");
+    s.pause_ms = Num<double>(r, "pause_ms", 0.0);
+    s.missing = Str(r, "missing");
     if (r.contains("threads") && r["threads"].is_array()) {
       for (const json& t : r["threads"]) {
         if (!t.is_object()) continue;
         StackThread th;
-        th.name = t.value("name", std::string());
+        th.name = Str(t, "name");
         if (t.contains("frames") && t["frames"].is_array()) {
           for (const json& f : t["frames"]) {
             if (!f.is_object()) continue;
-            th.frames.push_back({f.value("function", std::string("??")),
-                                 f.value("file", std::string()), f.value("line", 0)});
+            th.frames.push_back({Str(f, "function", "??"),
+                                 Str(f, "file"), Num<int>(f, "line", 0)});
           }
         }
         s.threads.push_back(std::move(th));
@@ -402,15 +425,15 @@ absl::StatusOr<WorkersFile> ReadWorkersFile(const std::string& path) {
         absl::StrCat("'", path, "' is not a dlrun workers file (expected {\"workers\": [...]})"));
   }
   WorkersFile w;
-  w.run_id = j.value("run_id", std::string());
-  w.host = j.value("host", std::string());
-  w.agent_pid = j.value("agent_pid", -1);
-  w.attempt = j.value("attempt", 0);
-  w.rdzv_endpoint = j.value("rdzv_endpoint", std::string());
-  w.rdzv_token = j.value("rdzv_token", std::string());
+  w.run_id = Str(j, "run_id");
+  w.host = Str(j, "host");
+  w.agent_pid = Num<int>(j, "agent_pid", -1);
+  w.attempt = Num<int>(j, "attempt", 0);
+  w.rdzv_endpoint = Str(j, "rdzv_endpoint");
+  w.rdzv_token = Str(j, "rdzv_token");
   for (const json& t : j["workers"]) {
     if (!t.is_object()) continue;
-    w.workers.push_back({t.value("rank", -1), t.value("local_rank", -1), t.value("pid", -1)});
+    w.workers.push_back({Num<int>(t, "rank", -1), Num<int>(t, "local_rank", -1), Num<int>(t, "pid", -1)});
   }
   return w;
 }

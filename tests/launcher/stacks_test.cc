@@ -45,6 +45,13 @@ TEST(Stacks, PySpysJsonIsReadWithTheMainThreadFirst) {
   EXPECT_EQ((*threads)[0].frames[1].Render(), "/w/train.py:45 main");
   EXPECT_EQ((*threads)[1].frames[0].Render(), "/w/sl.py:6 <lambda>");
   EXPECT_FALSE(ParsePySpyJson("Error: Failed to find python version", 100).ok());
+  // Nulls and wrong types where strings and numbers belong are defaults, never a throw.
+  auto nulls = ParsePySpyJson(R"([{"thread_name": null, "os_thread_id": 100, "frames": [
+      {"name": null, "filename": 7, "line": "x"}, 5]}, 3, null])", 100);
+  ASSERT_TRUE(nulls.ok());
+  ASSERT_EQ(nulls->size(), 1u);
+  EXPECT_EQ((*nulls)[0].name, "TID 100");
+  EXPECT_EQ((*nulls)[0].frames[0].Render(), "??");
 }
 
 TEST(Stacks, EuStacksOutputIsReadWithSourceLinesWhereItHasThem) {
@@ -124,6 +131,12 @@ TEST(Stacks, NodesDumpsTravelAsJsonAndComeBackTheSame) {
   // A whole report's JSON is read too (its "ranks").
   EXPECT_EQ(RankStacksFromJson(StackReportJson(GroupStacks(ranks)))->size(), 1u);
   EXPECT_FALSE(RankStacksFromJson("[{\"rank\": \"x\"}]").ok());
+  EXPECT_FALSE(RankStacksFromJson("[{\"rank\": 99999999999}]").ok());
+  auto odd = RankStacksFromJson(R"([{"rank": 1, "host": null, "pid": "x", "threads": [null,
+      {"name": 3, "frames": [{"function": null, "line": 1e99}]}]}])");
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  EXPECT_EQ((*odd)[0].pid, -1);
+  EXPECT_EQ((*odd)[0].threads[0].frames[0].Render(), "??");
   EXPECT_FALSE(RankStacksFromJson("not json").ok());
 }
 
@@ -134,12 +147,20 @@ TEST(Stacks, RankRangesAndTheCaptureModeAndTheWorkersFile) {
   EXPECT_FALSE(ParseCaptureMode("sometimes").ok());
   char dir[] = "/tmp/dlrun-wf-XXXXXX";
   const std::string d = mkdtemp(dir);
-  ASSERT_TRUE(WriteWorkersFile(d, {"job", "node-a", 42, 3, {{4, 0, 100}, {5, 1, 101}}}).ok());
+  ASSERT_TRUE(WriteWorkersFile(d, {"job", "node-a", 42, 3, {{4, 0, 100}, {5, 1, 101}},
+                                   "host-a:29400", "the-token"})
+                  .ok());
+  // It holds the job's token: its owner's alone.
+  EXPECT_EQ(std::filesystem::status(d + "/" + kWorkersFileName).permissions() &
+                std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   auto w = ReadWorkersFile(d + "/" + kWorkersFileName);
   ASSERT_TRUE(w.ok()) << w.status();
   EXPECT_EQ(w->run_id, "job");
   EXPECT_EQ(w->agent_pid, 42);
   EXPECT_EQ(w->attempt, 3);
+  EXPECT_EQ(w->rdzv_endpoint, "host-a:29400");
+  EXPECT_EQ(w->rdzv_token, "the-token");
   ASSERT_EQ(w->workers.size(), 2u);
   EXPECT_EQ(w->workers[1].rank, 5);
   EXPECT_EQ(w->workers[1].pid, 101);

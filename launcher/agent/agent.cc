@@ -343,7 +343,7 @@ int Agent::AfterSuccess() {
   }
 }
 
-std::optional<StackReport> Agent::CaptureBeforeKill(bool telling, const std::string& why) {
+std::optional<Agent::Capture> Agent::CaptureBeforeKill(bool telling, const std::string& why) {
   if (!options_.dump_stacks || options_.capture_before_kill == CaptureMode::kOff) return {};
   if (options_.capture_before_kill == CaptureMode::kAuto && !telling) return {};
   std::vector<DumpTarget> targets;
@@ -352,8 +352,16 @@ std::optional<StackReport> Agent::CaptureBeforeKill(bool telling, const std::str
   }
   if (targets.empty()) return {};
   const SteadyTime t0 = clock_.Now();
-  StackReport r = options_.dump_stacks(targets, options_.capture_bound);
-  r.took_s = std::chrono::duration<double>(clock_.Now() - t0).count();
+  Capture c{options_.dump_stacks(targets, options_.capture_bound), 0, why};
+  c.took_s = std::chrono::duration<double>(clock_.Now() - t0).count();
+  return c;
+}
+
+StackReport Agent::KeepCapture(Capture c) {
+  if (options_.name_frames) options_.name_frames(&c.ranks);
+  const size_t n = c.ranks.size();
+  StackReport r = GroupStacks(std::move(c.ranks));
+  r.took_s = c.took_s;
   std::string where = "not written (no run directory)";
   if (!options_.run_dir.empty()) {
     const std::string dir = absl::StrCat(options_.run_dir, "/attempt_", attempt_);
@@ -363,8 +371,8 @@ std::optional<StackReport> Agent::CaptureBeforeKill(bool telling, const std::str
     std::ofstream(dir + "/stacks.txt") << FormatStackReport(r);
     where = absl::StrCat("in ", dir, "/stacks.txt");
   }
-  spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}",
-               targets.size(), why, r.took_s,
+  spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,
+               c.why, r.took_s,
                r.suspects.empty() ? std::string("no suspects")
                                   : absl::StrCat("suspects: ranks ", RankRanges(r.suspects)),
                where);
@@ -380,7 +388,8 @@ void Agent::AnswerStacks() {
   }
   std::vector<RankStack> ranks;
   if (options_.dump_stacks && !targets.empty()) {
-    ranks = options_.dump_stacks(targets, defaults::kStacksBound).ranks;
+    ranks = options_.dump_stacks(targets, defaults::kStacksBound);
+    if (options_.name_frames) options_.name_frames(&ranks);
   }
   // The rendezvous takes at most kMaxMessageBytes (64 KB) from a node.
   source_->PostStacks(id, RankStacksJson(ranks, 60 * 1024));
@@ -401,8 +410,10 @@ int Agent::AfterFailure() {
     }
     break;
   }
-  const std::optional<StackReport> stacks = CaptureBeforeKill(telling, "a worker failed");
+  std::optional<Capture> capture = CaptureBeforeKill(telling, "a worker failed");
   StopGroup(SIGTERM);
+  std::optional<StackReport> stacks;
+  if (capture) stacks = KeepCapture(*std::move(capture));
   // Each failed worker's error file, read once for the root cause and the report.
   std::map<int, ErrorRecord> records;
   for (const WorkerExit& e : exits_) {
@@ -566,6 +577,7 @@ int Agent::RunAttempts() {
     }
     const Watch w = WatchGroup();
     if (w.outcome != Watch::Outcome::kSucceeded) fault_seen_at_ = clock_.Now();
+    std::optional<Capture> capture;
     int rc = -1;
     switch (w.outcome) {
       case Watch::Outcome::kSucceeded:
@@ -576,8 +588,9 @@ int Agent::RunAttempts() {
         break;
       case Watch::Outcome::kHung:
         spdlog::error("{}: stopping the worker group", w.reason);
-        CaptureBeforeKill(/*telling=*/true, "a hang");
+        capture = CaptureBeforeKill(/*telling=*/true, "a hang");
         StopGroup(SIGTERM);
+        if (capture) KeepCapture(*std::move(capture));
         telemetry_.MaybePublish(/*now_anyway=*/true);
         if (!source_->OnFailure(w.reason)) return kHangExitCode;
         spdlog::warn("restarting worker group after a hang");
@@ -591,8 +604,10 @@ int Agent::RunAttempts() {
         return 128 + w.signal;
       case Watch::Outcome::kRestart:
         spdlog::warn("the rendezvous opened a new round ({}): restarting workers", w.reason);
-        CaptureBeforeKill(/*telling=*/true, "a new round: another node failed or was lost");
+        capture = CaptureBeforeKill(/*telling=*/true,
+                                    "a new round: another node failed or was lost");
         StopGroup(SIGTERM);
+        if (capture) KeepCapture(*std::move(capture));
         break;
       case Watch::Outcome::kStop:
         spdlog::error("the rendezvous stopped the job: {}", w.reason);

@@ -75,7 +75,9 @@ struct AgentOptions {
   // directory, and says where they were. Empty dump_stacks: never.
   CaptureMode capture_before_kill = CaptureMode::kAuto;
   Millis capture_bound{10000};
-  std::function<StackReport(const std::vector<DumpTarget>&, Millis)> dump_stacks;
+  // stacks.h DumpStacks without naming native frames, and SymbolizeStacks (may be empty).
+  std::function<std::vector<RankStack>(const std::vector<DumpTarget>&, Millis)> dump_stacks;
+  std::function<void(std::vector<RankStack>*)> name_frames;
 };
 
 class Agent {
@@ -125,8 +127,16 @@ class Agent {
   int AfterFailure();
   int AliveCount() const;
   // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
-  // whose stacks say something, for kAuto); written to the attempt's directory and logged.
-  std::optional<StackReport> CaptureBeforeKill(bool telling, const std::string& why);
+  // whose stacks say something, for kAuto): only the dump itself, so the stop is not delayed
+  // by naming frames. KeepCapture, after the stop, names them, writes the attempt's
+  // stacks.{json,txt} and logs the suspects.
+  struct Capture {
+    std::vector<RankStack> ranks;
+    double took_s = 0;
+    std::string why;
+  };
+  std::optional<Capture> CaptureBeforeKill(bool telling, const std::string& why);
+  StackReport KeepCapture(Capture c);
   // A job-wide `dlrun stacks` asked for this node's (MembershipSource::StacksWanted): dumps the
   // live workers and posts them.
   void AnswerStacks();

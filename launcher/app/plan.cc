@@ -402,9 +402,13 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   a.grace = o.grace_period;
   a.hang_timeout = o.hang_timeout;
   a.capture_before_kill = o.capture_before_kill;
-  a.dump_stacks = [tools = FindStackTools(), host = m.hostname](
-                      const std::vector<DumpTarget>& targets, Millis bound) {
-    return GroupStacks(DumpStacks(targets, tools, host, bound));
+  const StackTools tools = FindStackTools();
+  a.dump_stacks = [tools, host = m.hostname](const std::vector<DumpTarget>& targets,
+                                             Millis bound) {
+    return DumpStacks(targets, tools, host, bound, /*symbolize=*/false);
+  };
+  a.name_frames = [tools](std::vector<RankStack>* ranks) {
+    SymbolizeStacks(ranks, tools, defaults::kStacksBound);
   };
   a.console_prefix_template = o.log_line_prefix_template;
   a.virtual_local_rank = o.virtual_local_rank;

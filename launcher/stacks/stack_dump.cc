@@ -7,16 +7,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/contract.h"
@@ -68,21 +72,24 @@ std::string PySpyNextToInterpreter(pid_t pid) {
   return Executable(p) ? p : "";
 }
 
-struct Job {
-  RankStack* out = nullptr;
-  pid_t tool_pid = -1;
+// One tool process of a RunTools batch.
+struct ToolRun {
+  std::vector<std::string> argv;  // empty: nothing to run
+  pid_t pid = -1;
   int fd = -1;
-  std::string text;
-  bool stopped_before = false;  // the worker was stopped (SIGSTOP) before the dump
+  std::string text;  // stdout and stderr together
+  std::string spawn_error;
   std::chrono::steady_clock::time_point started;
   double ran_ms = 0;
-  int status = 0;
   bool finished = false;
 };
 
-bool Spawn(const std::vector<std::string>& argv, Job* job) {
+void Spawn(ToolRun* job) {
   int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return false;
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    job->spawn_error = std::strerror(errno);
+    return;
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
@@ -101,21 +108,74 @@ bool Spawn(const std::vector<std::string>& argv, Job* job) {
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : job->argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const int rc = posix_spawn(&job->tool_pid, args[0], &fa, &attr, args.data(), environ);
+  const int rc = posix_spawn(&job->pid, args[0], &fa, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   close(p[1]);
   if (rc != 0) {
     close(p[0]);
-    job->out->missing = absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc));
-    return false;
+    job->pid = -1;
+    job->spawn_error = absl::StrCat("cannot run ", job->argv[0], ": ", std::strerror(rc));
+    return;
   }
   job->fd = p[0];
   fcntl(job->fd, F_SETFL, O_NONBLOCK);
   job->started = std::chrono::steady_clock::now();
-  return true;
+}
+
+// Runs every job's argv at once and reads their output until each has closed its pipe or
+// `deadline` passes; the ones still running then are killed (finished stays false). Reaps them
+// all.
+void RunTools(std::vector<ToolRun>* jobs, std::chrono::steady_clock::time_point deadline) {
+  using Clock = std::chrono::steady_clock;
+  for (ToolRun& j : *jobs) {
+    if (!j.argv.empty()) Spawn(&j);
+  }
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<ToolRun*> by_fd;
+    for (ToolRun& j : *jobs) {
+      if (j.fd < 0) continue;
+      fds.push_back({j.fd, POLLIN, 0});
+      by_fd.push_back(&j);
+    }
+    if (fds.empty()) break;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) break;
+    if (poll(fds.data(), fds.size(), static_cast<int>(left)) < 0 && errno != EINTR) break;
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      ToolRun& j = *by_fd[k];
+      char buf[65536];
+      for (;;) {
+        const ssize_t n = read(j.fd, buf, sizeof buf);
+        if (n > 0) {
+          if (j.text.size() < (8u << 20)) j.text.append(buf, static_cast<size_t>(n));
+          continue;
+        }
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          close(j.fd);
+          j.fd = -1;
+          j.finished = true;
+          j.ran_ms = std::chrono::duration<double, std::milli>(Clock::now() - j.started).count();
+        }
+        break;
+      }
+    }
+  }
+  for (ToolRun& j : *jobs) {
+    if (j.pid < 0) continue;
+    if (!j.finished) {
+      kill(j.pid, SIGKILL);
+      if (j.fd >= 0) close(j.fd);
+      j.fd = -1;
+    }
+    int status = 0;
+    waitpid(j.pid, &status, 0);  // ECHILD if another thread reaped it: nothing lost
+  }
 }
 
 // The last non-empty line of a tool's output, for the reason a rank is missing.
@@ -136,15 +196,20 @@ StackTools FindStackTools() {
   t.py_spy = py && *py ? py : "";
   const char* eu = std::getenv(contract::kEuStack);
   t.eu_stack = eu && *eu ? eu : OnPath("eu-stack");
+  // elfutils' own, beside eu-stack.
+  const std::string beside =
+      std::filesystem::path(t.eu_stack).parent_path() / "eu-addr2line";
+  t.eu_addr2line = !t.eu_stack.empty() && Executable(beside) ? beside : OnPath("eu-addr2line");
   return t;
 }
 
 std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const StackTools& tools,
-                                  const std::string& host, std::chrono::milliseconds bound) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + bound;
+                                  const std::string& host, std::chrono::milliseconds bound,
+                                  bool symbolize) {
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<RankStack> out(targets.size());
-  std::vector<Job> jobs(targets.size());
+  std::vector<ToolRun> jobs(targets.size());
+  std::vector<bool> stopped_before(targets.size(), false);
   for (size_t i = 0; i < targets.size(); ++i) {
     const DumpTarget& t = targets[i];
     RankStack& r = out[i];
@@ -152,94 +217,54 @@ std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const 
     r.local_rank = t.local_rank;
     r.pid = t.pid;
     r.host = host;
-    jobs[i].out = &r;
     const char state = ProcState(t.pid);
     if (state == 0 || state == 'Z' || state == 'X') {
       r.missing = state == 0 ? "exited (no such process)" : "exited (a zombie)";
       continue;
     }
-    jobs[i].stopped_before = state == 'T' || state == 't';
+    stopped_before[i] = state == 'T' || state == 't';
     std::error_code ec;
     const std::string exe =
         std::filesystem::read_symlink(absl::StrCat("/proc/", t.pid, "/exe"), ec).filename();
-    std::vector<std::string> argv;
     if (absl::StartsWith(exe, "python")) {
       r.tool = "py-spy";
       std::string py_spy = tools.py_spy;
       if (py_spy.empty()) py_spy = PySpyNextToInterpreter(t.pid);
       if (py_spy.empty()) py_spy = OnPath("py-spy");
       if (py_spy.empty()) {
-        r.missing = "a Python worker, and no py-spy next to its interpreter or on PATH "
-                    "(pip install py-spy, or set " + std::string(contract::kPySpy) + ")";
+        r.missing = absl::StrCat("a Python worker, and no py-spy next to its interpreter or on "
+                                 "PATH (pip install py-spy, or set ", contract::kPySpy, ")");
         continue;
       }
-      argv = {py_spy, "dump", "--nonblocking", "--json", "--pid", absl::StrCat(t.pid)};
+      jobs[i].argv = {py_spy, "dump", "--nonblocking", "--json", "--pid", absl::StrCat(t.pid)};
     } else {
       r.tool = "eu-stack";
       if (tools.eu_stack.empty()) {
-        r.missing = absl::StrCat("a native worker, and no eu-stack on PATH (Debian's elfutils, or set ",
-                                 contract::kEuStack, ")");
+        r.missing = absl::StrCat("a native worker, and no eu-stack on PATH (Debian's elfutils, "
+                                 "or set ", contract::kEuStack, ")");
         continue;
       }
-      argv = {tools.eu_stack, "-s", "-m", "-p", absl::StrCat(t.pid)};
+      // Addresses only (-q) and where they are (-b: module, load address, offset): the worker
+      // is stopped just for the unwinding; the names are looked up after it runs on
+      // (SymbolizeStacks). Looking them up while attached held a train_unet rank for ~1 s.
+      jobs[i].argv = {tools.eu_stack, "-q", "-m", "-b", "-p", absl::StrCat(t.pid)};
     }
     if (state == 'D') r.missing = "in uninterruptible sleep (D state)";  // replaced if read
-    Spawn(argv, &jobs[i]);
   }
-
-  // Read every tool's output as it comes, until each has closed its pipe or the bound passes.
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<Job*> by_fd;
-    for (Job& j : jobs) {
-      if (j.fd < 0) continue;
-      fds.push_back({j.fd, POLLIN, 0});
-      by_fd.push_back(&j);
-    }
-    if (fds.empty()) break;
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) break;
-    if (poll(fds.data(), fds.size(), static_cast<int>(left)) < 0 && errno != EINTR) break;
-    for (size_t k = 0; k < fds.size(); ++k) {
-      if (fds[k].revents == 0) continue;
-      Job& j = *by_fd[k];
-      char buf[65536];
-      for (;;) {
-        const ssize_t n = read(j.fd, buf, sizeof buf);
-        if (n > 0) {
-          if (j.text.size() < (8u << 20)) j.text.append(buf, static_cast<size_t>(n));
-          continue;
-        }
-        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          close(j.fd);
-          j.fd = -1;
-          j.finished = true;
-          j.ran_ms = std::chrono::duration<double, std::milli>(Clock::now() - j.started).count();
-        }
-        break;
-      }
-    }
-  }
-  // Past the bound: the tools still running are killed, and a worker an eu-stack may have left
-  // stopped is continued (unless it was stopped before).
-  for (Job& j : jobs) {
-    if (j.tool_pid < 0) continue;
-    if (!j.finished) {
-      kill(j.tool_pid, SIGKILL);
-      if (j.fd >= 0) close(j.fd);
-      j.fd = -1;
-    }
-    int status = 0;
-    if (waitpid(j.tool_pid, &status, 0) == j.tool_pid) j.status = status;
-    if (!j.finished && j.out->tool == "eu-stack" && !j.stopped_before) kill(j.out->pid, SIGCONT);
-  }
+  RunTools(&jobs, t0 + bound);
 
   for (size_t i = 0; i < jobs.size(); ++i) {
-    Job& j = jobs[i];
+    ToolRun& j = jobs[i];
     RankStack& r = out[i];
-    if (j.tool_pid < 0) continue;
+    if (j.argv.empty()) continue;
+    if (!j.spawn_error.empty()) {
+      r.missing = j.spawn_error;
+      continue;
+    }
     if (!j.finished) {
+      // A worker an eu-stack was attached to when it was killed is continued (unless it was
+      // stopped before).
+      if (r.tool == "eu-stack" && !stopped_before[i]) kill(r.pid, SIGCONT);
       r.missing = absl::StrCat(r.missing.empty() ? "" : r.missing + ": ", r.tool,
                                " did not finish within ", bound.count(), " ms");
       r.pause_ms = r.tool == "eu-stack" ? static_cast<double>(bound.count()) : 0;
@@ -265,7 +290,56 @@ std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const 
     }
     if (!r.missing.empty() && ProcState(r.pid) == 0) r.missing = "exited during the dump";
   }
+  if (symbolize) {
+    const auto left = bound - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::steady_clock::now() - t0);
+    SymbolizeStacks(&out, tools, std::max(left, std::chrono::milliseconds(1000)));
+  }
   return out;
+}
+
+void SymbolizeStacks(std::vector<RankStack>* ranks, const StackTools& tools,
+                     std::chrono::milliseconds bound) {
+  // Every frame still without a name, by module: one eu-addr2line per module, all at once.
+  std::map<std::string, std::vector<StackFrame*>> by_module;
+  for (RankStack& r : *ranks) {
+    for (StackThread& t : r.threads) {
+      for (StackFrame& f : t.frames) {
+        if (f.function == "??" && !f.module.empty() && f.offset != 0) {
+          by_module[f.module].push_back(&f);
+        }
+      }
+    }
+  }
+  if (by_module.empty() || tools.eu_addr2line.empty()) return;
+  std::vector<ToolRun> jobs;
+  std::vector<std::vector<StackFrame*>*> frames_of;
+  for (auto& [module, frames] : by_module) {
+    ToolRun j;
+    j.argv = {tools.eu_addr2line, "-f", "-C", "-e", module};
+    for (StackFrame* f : frames) j.argv.push_back(absl::StrFormat("0x%x", f->offset));
+    jobs.push_back(std::move(j));
+    frames_of.push_back(&frames);
+  }
+  RunTools(&jobs, std::chrono::steady_clock::now() + bound);
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    if (!jobs[k].finished) continue;
+    // Two lines per address, in order: the function, then file:line ("??:0" when unknown).
+    std::vector<std::string> lines = absl::StrSplit(jobs[k].text, '\n');
+    std::vector<StackFrame*>& frames = *frames_of[k];
+    // An inlined call reads "callee inlined at file:line:col in caller": the callee is the
+    // function, as in a debugger's innermost frame.
+    for (size_t i = 0; i < frames.size() && 2 * i + 1 < lines.size(); ++i) {
+      StackFrame& f = *frames[i];
+      std::string function = lines[2 * i];
+      if (const size_t in = function.find(" inlined at "); in != std::string::npos) {
+        function.resize(in);
+      }
+      if (function != "??" && !function.empty()) f.function = function;
+      const std::string& src = lines[2 * i + 1];
+      if (src.compare(0, 2, "??") != 0) SetSourceLocation(src.substr(0, src.find(' ')), &f);
+    }
+  }
 }
 
 }  // namespace dlrun::launcher

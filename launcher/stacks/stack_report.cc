@@ -77,6 +77,24 @@ absl::StatusOr<std::vector<StackThread>> ParsePySpyJson(const std::string& text,
   return threads;
 }
 
+bool SetSourceLocation(absl::string_view src, StackFrame* f) {
+  std::vector<absl::string_view> parts = absl::StrSplit(src, ':');
+  int n = 0;
+  if (parts.size() >= 3 && absl::SimpleAtoi(parts[parts.size() - 2], &n) && n > 0) {
+    // file:line:column
+    f->file = std::string(src.substr(0, src.size() - parts.back().size() -
+                                            parts[parts.size() - 2].size() - 2));
+    f->line = n;
+    return true;
+  }
+  if (parts.size() >= 2 && absl::SimpleAtoi(parts.back(), &n) && n > 0) {
+    f->file = std::string(src.substr(0, src.size() - parts.back().size() - 1));
+    f->line = n;
+    return true;
+  }
+  return false;
+}
+
 // eu-stack -s -m: "TID n:" then "#k 0xADDR [function] - module" and, with line information, an
 // indented "file:line:column" under it.
 std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid) {
@@ -110,6 +128,7 @@ std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid) {
         function = rest.substr(0, dash);
         f.file = std::string(rest.substr(dash + 3));
       }
+      f.module = f.file;
       f.file = f.file.substr(f.file.rfind('/') + 1);
       f.function = function.empty() ? "??" : std::string(function);
       // drop the symbol version: clock_nanosleep@GLIBC_2.2.5
@@ -118,20 +137,17 @@ std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid) {
         f.function.resize(at);
       }
       th.frames.push_back(std::move(f));
+    } else if (absl::StartsWith(line, "    [") && !th.frames.empty()) {
+      // -b: "    [BUILD-ID]@0xLOAD+0xOFFSET", the offset in the module (SymbolizeStacks)
+      const size_t plus = line.rfind("+0x");
+      uint64_t offset = 0;
+      if (plus != absl::string_view::npos &&
+          absl::SimpleHexAtoi(line.substr(plus + 3), &offset)) {
+        th.frames.back().offset = offset;
+      }
     } else if (absl::StartsWith(line, "    ") && !th.frames.empty()) {
       // "    ../sysdeps/unix/sysv/linux/clock_nanosleep.c:71:10"
-      absl::string_view src = absl::StripAsciiWhitespace(line);
-      std::vector<absl::string_view> parts = absl::StrSplit(src, ':');
-      int n = 0;
-      if (parts.size() >= 2 && absl::SimpleAtoi(parts[parts.size() - 2], &n) && n > 0) {
-        // file:line:column
-        th.frames.back().file = std::string(src.substr(0, src.size() - parts.back().size() -
-                                                             parts[parts.size() - 2].size() - 2));
-        th.frames.back().line = n;
-      } else if (parts.size() >= 2 && absl::SimpleAtoi(parts.back(), &n) && n > 0) {
-        th.frames.back().file = std::string(src.substr(0, src.size() - parts.back().size() - 1));
-        th.frames.back().line = n;
-      }
+      SetSourceLocation(absl::StripAsciiWhitespace(line), &th.frames.back());
     }
   }
   // The main thread first (eu-stack lists it first already; a stray order is fixed here).
@@ -273,8 +289,11 @@ absl::StatusOr<std::vector<RankStack>> RankStacksFromJson(const std::string& tex
         if (t.contains("frames") && t["frames"].is_array()) {
           for (const json& f : t["frames"]) {
             if (!f.is_object()) continue;
-            th.frames.push_back({Str(f, "function", "??"),
-                                 Str(f, "file"), Num<int>(f, "line", 0)});
+            StackFrame fr;
+            fr.function = Str(f, "function", "??");
+            fr.file = Str(f, "file");
+            fr.line = Num<int>(f, "line", 0);
+            th.frames.push_back(std::move(fr));
           }
         }
         s.threads.push_back(std::move(th));

@@ -7,11 +7,13 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace dlrun::launcher {
 
@@ -19,6 +21,9 @@ struct StackFrame {
   std::string function;  // "??" when unknown
   std::string file;      // source file, else the module (native frames without line info)
   int line = 0;          // 0: unknown
+  // Native frames before SymbolizeStacks: the module's path and the address's offset in it.
+  std::string module;
+  uint64_t offset = 0;
   // "file:line function", or "function (module)" without a line.
   std::string Render() const;
 };
@@ -53,20 +58,30 @@ struct DumpTarget {
 struct StackTools {
   std::string py_spy;    // contract::kPySpy, else next to the worker's interpreter, else PATH
   std::string eu_stack;  // contract::kEuStack, else PATH (Debian's elfutils)
+  std::string eu_addr2line;  // beside eu-stack, else PATH
 };
 StackTools FindStackTools();
 
-// Dumps every target at once (one tool process each) and returns within `bound`: a tool still
-// running then is killed and its rank reported missing ("timed out"). Python workers (the
-// executable is python*) through `py-spy dump --nonblocking` (every thread's Python frames, the
-// worker never stopped); the others through `eu-stack` (native frames with symbols and source
-// lines where there is debug information).
+// Dumps every target at once (one tool process each) within `bound`: a tool still running then
+// is killed and its rank reported missing ("did not finish"). Python workers (the executable is
+// python*) through `py-spy dump --nonblocking` (every thread's Python frames, the worker never
+// stopped); the others through `eu-stack -q` (native frames: the worker is stopped only while
+// its threads are unwound). `symbolize`: then names the native frames (SymbolizeStacks); the
+// capture before kill does that after the group is stopped instead.
 std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const StackTools& tools,
-                                  const std::string& host, std::chrono::milliseconds bound);
+                                  const std::string& host, std::chrono::milliseconds bound,
+                                  bool symbolize = true);
+// Names the native frames of a dump (function, source file and line where there is debug
+// information) with eu-addr2line, one process per module, all at once, within `bound`. The
+// workers are not touched: only their files on disk are read.
+void SymbolizeStacks(std::vector<RankStack>* ranks, const StackTools& tools,
+                     std::chrono::milliseconds bound);
 
 // Parsers of the tools' output (unit-tested on saved output).
 absl::StatusOr<std::vector<StackThread>> ParsePySpyJson(const std::string& text, pid_t pid);
 std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid);
+// "file:line" or "file:line:column" into `f`; false (f unchanged) when it is neither ("??:0").
+bool SetSourceLocation(absl::string_view src, StackFrame* f);
 
 // The job's stacks, grouped: ranks whose main threads have the same frames share one group,
 // smallest groups first. The suspects are the ranks outside the largest group (its ties go to

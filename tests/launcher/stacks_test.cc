@@ -78,11 +78,17 @@ RankStack Rank(int rank, const std::string& host, std::vector<StackFrame> frames
   return r;
 }
 
-const StackFrame kAllReduce{"all_reduce",
-                            "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
-                            4181};
-const StackFrame kMain45{"main", "/w/train.py", 45};
-const StackFrame kSleep{"stall", "/w/train.py", 18};
+StackFrame Frame(const std::string& function, const std::string& file, int line) {
+  StackFrame f;
+  f.function = function;
+  f.file = file;
+  f.line = line;
+  return f;
+}
+const StackFrame kAllReduce = Frame(
+    "all_reduce", "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 4181);
+const StackFrame kMain45 = Frame("main", "/w/train.py", 45);
+const StackFrame kSleep = Frame("stall", "/w/train.py", 18);
 
 TEST(Stacks, RanksWithTheSameStackShareAGroupAndTheOddOnesAreSuspects) {
   std::vector<RankStack> ranks;
@@ -184,7 +190,7 @@ void ArmCapture(Harness& h, Capture* c) {
       c->ranks.push_back(t.rank);
       out.push_back(Rank(t.rank, "node", {kAllReduce, kMain45}));
     }
-    return GroupStacks(out);
+    return out;
   };
 }
 

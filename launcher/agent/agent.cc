@@ -357,26 +357,39 @@ std::optional<Agent::Capture> Agent::CaptureBeforeKill(bool telling, const std::
   return c;
 }
 
-StackReport Agent::KeepCapture(Capture c) {
-  if (options_.name_frames) options_.name_frames(&c.ranks);
-  const size_t n = c.ranks.size();
-  StackReport r = GroupStacks(std::move(c.ranks));
-  r.took_s = c.took_s;
-  std::string where = "not written (no run directory)";
-  if (!options_.run_dir.empty()) {
-    const std::string dir = absl::StrCat(options_.run_dir, "/attempt_", attempt_);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    std::ofstream(dir + "/" + kStacksJsonName) << StackReportJson(r, 2) << "\n";
-    std::ofstream(dir + "/stacks.txt") << FormatStackReport(r);
-    where = absl::StrCat("in ", dir, "/stacks.txt");
-  }
-  spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,
-               c.why, r.took_s,
-               r.suspects.empty() ? std::string("no suspects")
-                                  : absl::StrCat("suspects: ranks ", RankRanges(r.suspects)),
-               where);
-  return r;
+std::shared_future<StackReport> Agent::KeepCapture(Capture c, int failed_rank,
+                                                   std::string what) {
+  std::string dir;
+  if (!options_.run_dir.empty()) dir = absl::StrCat(options_.run_dir, "/attempt_", attempt_);
+  auto keep = [c = std::move(c), dir, name = options_.name_frames, failed_rank,
+               what = std::move(what)]() mutable {
+    if (name) name(&c.ranks);
+    const size_t n = c.ranks.size();
+    StackReport r = GroupStacks(std::move(c.ranks));
+    r.took_s = c.took_s;
+    std::string where = "not written (no run directory)";
+    if (!dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      std::ofstream(dir + "/" + kStacksJsonName) << StackReportJson(r, 2) << "\n";
+      std::ofstream(dir + "/stacks.txt") << FormatStackReport(r);
+      where = absl::StrCat("in ", dir, "/stacks.txt");
+    }
+    spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,
+                 c.why, r.took_s,
+                 r.suspects.empty() ? std::string("no suspects")
+                                    : absl::StrCat("suspects: ranks ", RankRanges(r.suspects)),
+                 where);
+    if (failed_rank >= 0) {
+      if (const std::string others = WhereTheOthersWere(r, failed_rank); !others.empty()) {
+        spdlog::warn("{}; {}", what, others);
+      }
+    }
+    return r;
+  };
+  std::shared_future<StackReport> f = std::async(std::launch::async, std::move(keep)).share();
+  captures_.push_back(f);
+  return f;
 }
 
 void Agent::AnswerStacks() {
@@ -412,8 +425,6 @@ int Agent::AfterFailure() {
   }
   std::optional<Capture> capture = CaptureBeforeKill(telling, "a worker failed");
   StopGroup(SIGTERM);
-  std::optional<StackReport> stacks;
-  if (capture) stacks = KeepCapture(*std::move(capture));
   // Each failed worker's error file, read once for the root cause and the report.
   std::map<int, ErrorRecord> records;
   for (const WorkerExit& e : exits_) {
@@ -444,19 +455,21 @@ int Agent::AfterFailure() {
       said = absl::StrCat(root.message, ": ", last);
     }
   }
-  telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said,
-                          stacks ? StackReportJson(*stacks) : std::string()});
   const std::string what = first.signal != 0
                                ? absl::StrCat("rank ", first.global_rank, " got SIG",
                                               sigabbrev_np(first.signal))
                                : absl::StrCat("rank ", first.global_rank, " exited with ",
                                               first.exit_code);
-  if (stacks) {
-    if (const std::string others = WhereTheOthersWere(*stacks, first.global_rank);
-        !others.empty()) {
-      spdlog::warn("{}; {}", what, others);
-    }
+  std::shared_future<std::string> stacks_json;
+  if (capture) {
+    std::shared_future<StackReport> kept =
+        KeepCapture(*std::move(capture), first.global_rank, what);
+    stacks_json = std::async(std::launch::deferred, [kept] {
+                    return StackReportJson(kept.get());
+                  }).share();
   }
+  telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said,
+                          stacks_json});
   // A failure that repeats the last one the same way would only repeat again: the job ends
   // here instead of spending every restart on it.
   const FailureSignature signature{cls.cls, first.global_rank,
@@ -525,6 +538,7 @@ int Agent::Run() {
   const double start = clock_.WallSeconds();
   telemetry_.Start();
   const int rc = RunAttempts();
+  for (const auto& c : captures_) c.wait();  // their files and lines before the end
   telemetry_.Finish(rc, clock_.WallSeconds() - start, current_);
   FinishRunDir(rc);
   return rc;

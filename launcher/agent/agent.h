@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <map>
 #include <optional>
 #include <memory>
@@ -136,7 +137,12 @@ class Agent {
     std::string why;
   };
   std::optional<Capture> CaptureBeforeKill(bool telling, const std::string& why);
-  StackReport KeepCapture(Capture c);
+  // After the stop, off the restart's path (naming a LibTorch worker's frames reads its
+  // libraries' symbol tables: seconds): names, groups, writes the attempt's stacks.{json,txt},
+  // logs the suspects and, for a failure of `failed_rank` (>= 0), "WHAT; the other N ranks were
+  // in F at file:line". Run() waits for every capture before the report and the run directory.
+  std::shared_future<StackReport> KeepCapture(Capture c, int failed_rank = -1,
+                                              std::string what = "");
   // A job-wide `dlrun stacks` asked for this node's (MembershipSource::StacksWanted): dumps the
   // live workers and posts them.
   void AnswerStacks();
@@ -166,6 +172,7 @@ class Agent {
   std::vector<WorkerExit> exits_;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
+  std::vector<std::shared_future<StackReport>> captures_;  // KeepCapture's, to wait for
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };
 

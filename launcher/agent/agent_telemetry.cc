@@ -246,8 +246,8 @@ void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool wh
   j["failures"] = nlohmann::json::array();
   for (const Failure& f : failures_) {
     nlohmann::json jf{{"rank", f.rank}, {"host", f.host}, {"class", f.cls}, {"message", f.message}};
-    if (!f.stacks_json.empty()) {
-      jf["stacks"] = nlohmann::json::parse(f.stacks_json, nullptr, /*allow_exceptions=*/false);
+    if (f.stacks_json.valid()) {
+      jf["stacks"] = nlohmann::json::parse(f.stacks_json.get(), nullptr, false);
     }
     j["failures"].push_back(std::move(jf));
   }

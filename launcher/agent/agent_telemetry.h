@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -75,7 +76,9 @@ class AgentTelemetry {
   struct Failure {
     int rank = 0;
     std::string host, cls, message;
-    std::string stacks_json;  // the capture before kill (stacks.h StackReportJson), or empty
+    // The capture before kill (stacks.h StackReportJson), named in the background: read when
+    // the report is written. Invalid: none.
+    std::shared_future<std::string> stacks_json;
   };
   void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
   // The last step `rank` reported in the current group, or -1 before its first record.

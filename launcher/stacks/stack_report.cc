@@ -380,6 +380,9 @@ std::string Where(const std::vector<StackFrame>& frames) {
     return i == 0 ? absl::StrCat(f.function, " at ", at)
                   : absl::StrCat(frames[i - 1].function, " at ", at);
   }
+  for (const StackFrame& f : frames) {  // else the innermost frame that has a name
+    if (f.function != "??") return f.Render();
+  }
   return frames.front().Render();
 }
 

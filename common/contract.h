@@ -66,6 +66,10 @@ inline constexpr char kRdzvTlsCa[] = "DLRUN_RDZV_TLS_CA";
 inline constexpr char kRdzvTlsCert[] = "DLRUN_RDZV_TLS_CERT";
 inline constexpr char kRdzvTlsKey[] = "DLRUN_RDZV_TLS_KEY";
 inline constexpr char kRdzvTlsServerName[] = "DLRUN_RDZV_TLS_SERVER_NAME";
+// Set by the generated Slurm script: an agent whose job succeeded prints
+// "dlrun: MARK: the job succeeded" last, and the script exits 0 when its output has it, even
+// though srun passes on a lost agent's status (job_templates/dlrun.sbatch).
+inline constexpr char kOutcomeMark[] = "DLRUN_OUTCOME_MARK";
 
 // The NVML library dlrun loads for --gpus least-loaded (default libnvidia-ml.so.1); the tests
 // point it at a fake (tests/compat/fake_nvml.c).

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/contract.h"
 #include "launcher/agent/agent.h"
 #include "launcher/agent/posix_processes.h"
 #include "launcher/app/commands.h"
@@ -67,6 +68,10 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   Agent agent(std::move(a), std::move(membership->source), **processes, SystemClock());
   const int rc = agent.Run();
   UnregisterRun(index, getpid());
+  if (const auto mark = env(contract::kOutcomeMark); rc == 0 && mark && !mark->empty()) {
+    std::printf("dlrun: %s: the job succeeded\n", mark->c_str());
+    std::fflush(stdout);
+  }
   return rc;
 }
 

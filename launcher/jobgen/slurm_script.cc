@@ -179,6 +179,7 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
                                  o.metrics_port, "/ (Prometheus: /metrics, JSON: /api/job)\"\n")
                   : ""},
              {"{{TOKEN_VAR}}", contract::kRdzvToken},
+             {"{{OUTCOME_VAR}}", contract::kOutcomeMark},
              {"{{PROGRAM}}", JoinCommand(o.command)}});
 }
 

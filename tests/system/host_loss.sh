@@ -2,7 +2,9 @@
 # an elastic 2-node job (`dlrun slurm --nodes 2 --min-nodes 1`) whose agent hosting
 # the rendezvous is SIGKILLed mid-training. The other node's agent takes over the rendezvous
 # (epoch 2), restarts its workers alone and finishes every planned step from the newest
-# checkpoint; Slurm keeps the job (no --kill-on-bad-exit, --no-kill).
+# checkpoint; Slurm keeps the job (no --kill-on-bad-exit, --no-kill). The job finished, so Slurm
+# must record it so: the script exits 0 though srun passes on the killed agent's 137
+# (JobState=COMPLETED, ExitCode=0:0), or afterok chains would take it for a failure.
 source "$(dirname "$0")/lib.sh"
 
 port=$(free_port)
@@ -28,7 +30,12 @@ echo "killed the hosting agent, pid $host_agent on $host_node"
 wait_for_line "$out" "taking over the rendezvous at .* \(epoch 2\)" 60
 rc=0
 wait "$submit_pid" || rc=$?
-echo "sbatch --wait: $rc (srun passes on the killed agent's status)"
+((rc == 0)) || fail "sbatch --wait: $rc for a job the survivor finished (expected 0)"
+grep -q "^dlrun: srun exited [1-9][0-9]* (an agent was lost), but the job finished" "$out" \
+  || fail "the script did not say why it exits 0"
+state=$(scontrol show job "$jid" | grep -o -E "JobState=[A-Z_]+|ExitCode=[0-9]+:[0-9]+" | tr '\n' ' ')
+[[ "$state" == *"JobState=COMPLETED"* && "$state" == *"ExitCode=0:0"* ]] \
+  || fail "Slurm recorded '$state' for a finished job (expected JobState=COMPLETED ExitCode=0:0)"
 
 after=$(tail -n "+$mark" "$out")
 grep -q -E "rendezvous host .* lost: joining" <<<"$after" || fail "the survivor did not fail over"
@@ -38,4 +45,4 @@ grep -q "all 2 worker(s) finished" <<<"$after" || fail "the survivor's workers d
 grep -q '"steps": 16' m.json || fail "metrics: the planned 16 steps"
 start=$(sed -n 's/.*"start_step": \([0-9]*\).*/\1/p' m.json)
 ((start >= 4)) || fail "final run started at step $start, expected >= 4"
-pass "host agent on $host_node killed; the other node took over (epoch 2), resumed at step $start, 16 steps (sbatch: $rc)"
+pass "host agent on $host_node killed; the other node took over (epoch 2), resumed at step $start, 16 steps; Slurm: $state"

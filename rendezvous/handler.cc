@@ -43,6 +43,7 @@ void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
   out->set_lost_s(t.lost_s);
   out->set_hostname(t.hostname);
   out->set_memory_limit_bytes(static_cast<uint64_t>(std::max<int64_t>(0, t.memory_limit_bytes)));
+  out->set_stacks_json(t.stacks_json);
   for (const RankTelemetry& r : t.ranks) {
     v1::RankTelemetry* x = out->add_ranks();
     x->set_rank(static_cast<uint32_t>(r.rank));
@@ -87,7 +88,13 @@ absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t) {
     return InvalidArgumentError(absl::StrCat("telemetry.lost_s is ", t.lost_s(),
                                              " (expected a finite number >= 0)"));
   }
+  if (t.stacks_json().size() > kMaxTelemetryStacksBytes) {
+    return InvalidArgumentError(absl::StrCat("telemetry.stacks_json has ", t.stacks_json().size(),
+                                             " bytes (expected at most ",
+                                             kMaxTelemetryStacksBytes, ")"));
+  }
   NodeTelemetry out;
+  out.stacks_json = t.stacks_json();
   out.lost_s = t.lost_s();
   out.hostname = t.hostname();
   out.memory_limit_bytes = static_cast<int64_t>(std::min<uint64_t>(t.memory_limit_bytes(), 1ull << 62));

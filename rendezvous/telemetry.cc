@@ -27,6 +27,9 @@ void JobTelemetry::Update(const std::string& node_id, const std::string& hostnam
   n.hostname = hostname;
   n.lost_s = t.lost_s;
   n.memory_limit_bytes = t.memory_limit_bytes;
+  // A node keeps sending its last capture: a new one is one that differs from what it sent.
+  if (!t.stacks_json.empty() && t.stacks_json != n.stacks_json) stacks_json_ = t.stacks_json;
+  n.stacks_json = t.stacks_json;
   n.gpus = t.gpus;
   bool stepping = false;
   for (const RankTelemetry& r : t.ranks) stepping |= r.steps > 0;
@@ -232,6 +235,7 @@ void JobTelemetry::Judge(const std::map<int, Window>& deltas) {
 JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
   std::lock_guard<std::mutex> lock(mu_);
   Snapshot s;
+  s.stacks_json = stacks_json_;
   s.run_id = run_id_;
   s.state = state_;
   s.round = round_;

@@ -55,11 +55,15 @@ struct NodeTelemetry {
   double lost_s = 0;  // this node's time lost to restarts so far (fault seen -> workers running)
   std::string hostname;
   int64_t memory_limit_bytes = 0;  // what the node's workers may use (cgroup limit or RAM); 0: ?
+  // The node's last capture before kill, summarised (docs/STACKS.md): JSON, at most
+  // kMaxTelemetryStacksBytes; empty: none yet. The page and /api/job show the job's latest.
+  std::string stacks_json;
 };
 
 // Bounds the handler enforces on a NodeTelemetry message.
 inline constexpr size_t kMaxTelemetryRanks = 1024;
 inline constexpr size_t kMaxTelemetryGpus = 64;
+inline constexpr size_t kMaxTelemetryStacksBytes = 16 * 1024;
 
 struct TelemetryOptions {
   std::chrono::milliseconds window = defaults::kTelemetryWindow;  // straggler windows, chart points
@@ -125,6 +129,7 @@ class JobTelemetry {
     std::vector<Straggler> stragglers;  // every rank ever named; `active` says if it still is
     std::vector<HistoryPoint> history;
     double samples_per_sec = 0;  // over the job: samples / the slowest rank's step time sum
+    std::string stacks_json;     // the latest capture before kill of any node, or empty
   };
   Snapshot Snap(TimePoint now) const;
 
@@ -144,6 +149,7 @@ class JobTelemetry {
   int world_size_ = 0, nodes_ = 0, restarts_ = 0;
   std::vector<std::string> causes_;
   std::map<std::string, NodeTelemetry> nodes_seen_;  // by node id
+  std::string stacks_json_;  // the latest capture any node sent (a node sends its own each time)
   std::map<int, RankTelemetry> ranks_;
   std::map<int, Window> window_start_;  // per rank: the counters when the window opened
   std::map<int, int> streak_;           // consecutive windows above the factor

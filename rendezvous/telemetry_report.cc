@@ -78,6 +78,8 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
   j["restarts"] = s.restarts;
   j["restart_causes"] = s.restart_causes;
   j["samples_per_sec"] = s.samples_per_sec;
+  j["stacks"] = s.stacks_json.empty() ? json()
+                                      : json::parse(s.stacks_json, nullptr, /*allow_exceptions=*/false);
   json ranks = json::object();
   for (const auto& [rank, r] : s.ranks) ranks[std::to_string(rank)] = RankJson(rank, r, s.stragglers);
   j["ranks"] = ranks;

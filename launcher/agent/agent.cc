@@ -361,8 +361,8 @@ std::shared_future<StackReport> Agent::KeepCapture(Capture c, int failed_rank,
                                                    std::string what) {
   std::string dir;
   if (!options_.run_dir.empty()) dir = absl::StrCat(options_.run_dir, "/attempt_", attempt_);
-  auto keep = [c = std::move(c), dir, name = options_.name_frames, failed_rank,
-               what = std::move(what)]() mutable {
+  auto keep = [this, c = std::move(c), dir, name = options_.name_frames, failed_rank,
+               what = std::move(what), when = clock_.WallSeconds()]() mutable {
     if (name) name(&c.ranks);
     const size_t n = c.ranks.size();
     StackReport r = GroupStacks(std::move(c.ranks));
@@ -385,6 +385,9 @@ std::shared_future<StackReport> Agent::KeepCapture(Capture c, int failed_rank,
         spdlog::warn("{}; {}", what, others);
       }
     }
+    // The live page and /api/job (through this node's next publication).
+    telemetry_.SetStacks(StackSummaryJson(r, options_.hostname, c.why, when,
+                                          rdzv::kMaxTelemetryStacksBytes));
     return r;
   };
   std::shared_future<StackReport> f = std::async(std::launch::async, std::move(keep)).share();

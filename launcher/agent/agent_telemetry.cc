@@ -159,6 +159,10 @@ rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
   rdzv::NodeTelemetry t;
   t.hostname = hostname_;
   t.lost_s = lost_s_;
+  {
+    std::lock_guard<std::mutex> lock(stacks_mu_);
+    t.stacks_json = stacks_json_;
+  }
   if (options_.sample_processes) {
     static const int64_t limit = MemoryLimitBytes();  // read once
     t.memory_limit_bytes = limit;

@@ -13,6 +13,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,6 +82,12 @@ class AgentTelemetry {
     std::shared_future<std::string> stacks_json;
   };
   void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
+  // The last capture before kill, summarised (stacks.h StackSummaryJson): sent with every
+  // publication from now on. Thread-safe (the capture is kept on a thread of its own).
+  void SetStacks(std::string summary_json) {
+    std::lock_guard<std::mutex> lock(stacks_mu_);
+    stacks_json_ = std::move(summary_json);
+  }
   // The last step `rank` reported in the current group, or -1 before its first record.
   int64_t LastStep(int rank) const {
     auto it = attempt_last_step_.find(rank);
@@ -111,6 +118,8 @@ class AgentTelemetry {
   int rank_offset_ = 0;
   std::map<int, RankSteps> rank_steps_;
   std::map<int, int64_t> attempt_last_step_;  // per rank, in the current group
+  std::mutex stacks_mu_;
+  std::string stacks_json_;  // guarded by stacks_mu_
   int64_t bad_records_ = 0;
   std::vector<Failure> failures_;
   std::unique_ptr<ResourceSampler> sampler_;

@@ -331,6 +331,32 @@ std::string Ranks(const std::vector<int>& ranks) {
 }
 }  // namespace
 
+std::string StackSummaryJson(const StackReport& r, const std::string& host, const std::string& why,
+                             double when_s, size_t max_bytes) {
+  json missing = json::array();
+  for (const RankStack& s : r.ranks) {
+    if (!s.missing.empty()) missing.push_back({{"rank", s.rank}, {"host", s.host}, {"why", s.missing.substr(0, 200)}});
+  }
+  for (size_t frames = 8;; frames /= 2) {
+    json groups = json::array();
+    for (const StackGroup& g : r.groups) {
+      json f = json::array();
+      for (size_t i = 0; i < g.frames.size() && i < frames; ++i) f.push_back(g.frames[i].substr(0, 200));
+      groups.push_back({{"ranks", g.ranks}, {"hosts", g.hosts}, {"frames", f}});
+    }
+    const json j{{"when_s", when_s}, {"host", host},       {"why", why},
+                 {"suspects", r.suspects}, {"missing", missing}, {"groups", groups}};
+    std::string out = j.dump();
+    if (out.size() <= max_bytes) return out;
+    if (frames == 0) {
+      return json{{"when_s", when_s}, {"host", host}, {"why", why}, {"suspects", r.suspects},
+                  {"truncated", true}}
+          .dump()
+          .substr(0, max_bytes);
+    }
+  }
+}
+
 std::string FormatStackReport(const StackReport& r) {
   std::set<std::string> hosts;
   for (const RankStack& s : r.ranks) hosts.insert(s.host);

@@ -110,6 +110,11 @@ std::string RankStacksJson(const std::vector<RankStack>& ranks);
 // The same within `max_bytes`: only the main threads, their innermost frames as many as fit.
 std::string RankStacksJson(std::vector<RankStack> ranks, size_t max_bytes);
 
+// A dump in a few KB, for the live page and /api/job (at most `max_bytes`): when (wall time),
+// where and why, the suspects, the missing ranks, and each group with its innermost frames.
+std::string StackSummaryJson(const StackReport& r, const std::string& host, const std::string& why,
+                             double when_s, size_t max_bytes = 16 * 1024);
+
 // For people: the suspects, then each group ("ranks 0-2,4-7 (node a, b):" and its frames),
 // then the missing ranks.
 std::string FormatStackReport(const StackReport& r);

@@ -170,6 +170,57 @@ TEST(DlrunStacks, OneCommandReturnsEveryNodesRanksThroughTheRendezvous) {
   for (const std::string& d : {tmp_a, tmp_b, tmp_c}) std::filesystem::remove_all(d);
 }
 
+// The live page's data: after a capture before kill, /api/job has its summary (where, why, the
+// groups and their frames) while the job goes on.
+TEST(DlrunStacks, TheLastCaptureIsInApiJob) {
+  const std::string tmp = MakeTempDir();
+  // Attempt 0: ranks 0 and 1 say they are in place and sleep in wait_here(); rank 2 then dies
+  // of SIGSEGV. Attempt 1: every rank sleeps until the stop file exists.
+  const std::string program = R"(
+import os, signal, sys, time
+d, rank = sys.argv[1], int(os.environ["RANK"])
+def wait_here():
+    while not os.path.exists(d + "/stop"):
+        time.sleep(0.05)
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    if rank == 2:
+        while not all(os.path.exists(f"{d}/ready.{r}") for r in (0, 1)):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    open(f"{d}/ready.{rank}", "w").close()
+wait_here()
+)";
+  { std::ofstream(tmp + "/prog.py") << program; }
+  Started job = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "3",
+                              "--max-restarts", "1", "--metrics-port", "0", "--metrics-addr",
+                              "127.0.0.1", TEST_PYTHON, tmp + "/prog.py", tmp},
+                             {{"TMPDIR", tmp}});
+  ASSERT_TRUE(ReadUntil(job, "job telemetry on http://127.0.0.1:", 1, std::chrono::seconds(60)))
+      << job.output;
+  const size_t at = job.output.find("job telemetry on http://127.0.0.1:") + 34;
+  const std::string port = job.output.substr(at, job.output.find('/', at) - at);
+  ASSERT_TRUE(ReadUntil(job, "stacks of 2 live worker(s) before the stop", 1,
+                        std::chrono::seconds(60)))
+      << job.output;
+  const std::string fetch = "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("
+                            "'http://127.0.0.1:" + port + "/api/job', timeout=5).read().decode())";
+  json stacks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (stacks.is_null() && std::chrono::steady_clock::now() < deadline) {
+    const json j = json::parse(RunCommand({TEST_PYTHON, "-c", fetch}).output, nullptr, false);
+    if (j.is_object() && j.contains("stacks")) stacks = j["stacks"];
+  }
+  { std::ofstream(tmp + "/stop") << ""; }
+  EXPECT_EQ(FinishCommand(job, std::chrono::seconds(60)), 0) << job.output;
+  ASSERT_TRUE(stacks.is_object()) << job.output;
+  EXPECT_EQ(stacks["why"], "a worker failed");
+  EXPECT_TRUE(stacks["suspects"].empty()) << stacks.dump();
+  ASSERT_EQ(stacks["groups"].size(), 1u) << stacks.dump();
+  EXPECT_EQ(stacks["groups"][0]["ranks"], json({0, 1}));
+  EXPECT_TRUE(HasFrame(stacks["groups"][0]["frames"], "wait_here")) << stacks.dump();
+  std::filesystem::remove_all(tmp);
+}
+
 TEST(DlrunStacks, WithNoJobRunningItIsOneLineAndExitOne) {
   const std::string tmp = MakeTempDir();
   ProcResult r = RunCommand({DLRUN_BIN, "stacks"}, {{"TMPDIR", tmp}});

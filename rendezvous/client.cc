@@ -38,7 +38,11 @@ class ClientImpl final : public RendezvousClient {
     // gRPC's default reconnect backoff starts at 1 s: a failover host that comes up a moment
     // after the survivors first try it would cost them that second.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    // gRPC takes this one as the least time a connection attempt gets to finish its handshake
+    // (20 s by default), not as a backoff: 100 ms made a fresh channel to a busy host fail
+    // ("timed out before receiving SETTINGS frame") under load. A refused connection still
+    // retries after the 100 ms above.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
     if (o.tls.enabled()) {

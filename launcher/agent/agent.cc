@@ -343,13 +343,18 @@ int Agent::AfterSuccess() {
   }
 }
 
-std::optional<Agent::Capture> Agent::CaptureBeforeKill(bool telling, const std::string& why) {
-  if (!options_.dump_stacks || options_.capture_before_kill == CaptureMode::kOff) return {};
-  if (options_.capture_before_kill == CaptureMode::kAuto && !telling) return {};
+std::vector<DumpTarget> Agent::LiveTargets() const {
   std::vector<DumpTarget> targets;
   for (const Worker& w : workers_) {
     if (w.alive) targets.push_back({w.rank, w.local_rank, w.pid});
   }
+  return targets;
+}
+
+std::optional<Agent::Capture> Agent::CaptureBeforeKill(bool telling, const std::string& why) {
+  if (!options_.dump_stacks || options_.capture_before_kill == CaptureMode::kOff) return {};
+  if (options_.capture_before_kill == CaptureMode::kAuto && !telling) return {};
+  const std::vector<DumpTarget> targets = LiveTargets();
   if (targets.empty()) return {};
   const SteadyTime t0 = clock_.Now();
   Capture c{options_.dump_stacks(targets, options_.capture_bound), 0, why};
@@ -396,19 +401,33 @@ std::shared_future<StackReport> Agent::KeepCapture(Capture c, int failed_rank,
 }
 
 void Agent::AnswerStacks() {
+  PostNamedStacks(std::chrono::seconds(0));
   const uint64_t id = source_->StacksWanted();
-  if (id == 0) return;
-  std::vector<DumpTarget> targets;
-  for (const Worker& w : workers_) {
-    if (w.alive) targets.push_back({w.rank, w.local_rank, w.pid});
-  }
+  if (id == 0 || answering_) return;
+  // The dump itself here (milliseconds: py-spy reads without stopping, eu-stack only unwinds);
+  // naming native frames can take seconds, during which this loop must go on heartbeating, so
+  // it runs on a thread of its own and the answer goes with a later check.
+  const std::vector<DumpTarget> targets = LiveTargets();
   std::vector<RankStack> ranks;
   if (options_.dump_stacks && !targets.empty()) {
     ranks = options_.dump_stacks(targets, defaults::kStacksBound);
-    if (options_.name_frames) options_.name_frames(&ranks);
   }
-  // The rendezvous takes at most kMaxMessageBytes (64 KB) from a node.
-  source_->PostStacks(id, RankStacksJson(ranks, 60 * 1024));
+  answering_.emplace(id, std::async(std::launch::async,
+                                    [ranks = std::move(ranks), name = options_.name_frames]() mutable {
+                                      if (name) name(&ranks);
+                                      // The rendezvous takes at most 64 KB from a node.
+                                      return RankStacksJson(std::move(ranks), 60 * 1024);
+                                    }));
+  // Python frames come named: most answers are ready at once and go now, not a check later.
+  PostNamedStacks(std::chrono::seconds(1));
+}
+
+void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
+  // From this thread: the membership source's client is this thread's.
+  if (answering_ && answering_->second.wait_for(wait) == std::future_status::ready) {
+    source_->PostStacks(answering_->first, answering_->second.get());
+    answering_.reset();
+  }
 }
 
 int Agent::AfterFailure() {

@@ -14,6 +14,7 @@
 #include <optional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -144,8 +145,11 @@ class Agent {
   std::shared_future<StackReport> KeepCapture(Capture c, int failed_rank = -1,
                                               std::string what = "");
   // A job-wide `dlrun stacks` asked for this node's (MembershipSource::StacksWanted): dumps the
-  // live workers and posts them.
+  // live workers, names their frames in the background, and posts them at a later check.
   void AnswerStacks();
+  // Posts the answer being named if it is ready within `wait`.
+  void PostNamedStacks(std::chrono::milliseconds wait);
+  std::vector<DumpTarget> LiveTargets() const;
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
   std::string ErrorFile(int local_rank) const;
@@ -173,6 +177,8 @@ class Agent {
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
   std::vector<std::shared_future<StackReport>> captures_;  // KeepCapture's, to wait for
+  // The job-wide dump being named: its request id and the JSON to post.
+  std::optional<std::pair<uint64_t, std::future<std::string>>> answering_;
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };
 

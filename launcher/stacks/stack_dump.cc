@@ -322,22 +322,47 @@ void SymbolizeStacks(std::vector<RankStack>* ranks, const StackTools& tools,
     frames_of.push_back(&frames);
   }
   RunTools(&jobs, std::chrono::steady_clock::now() + bound);
+  // A frame whose function was inlined into another: the caller, and where in it.
+  std::map<const StackFrame*, std::pair<std::string, std::string>> inlined_into;
   for (size_t k = 0; k < jobs.size(); ++k) {
     if (!jobs[k].finished) continue;
     // Two lines per address, in order: the function, then file:line ("??:0" when unknown).
     std::vector<std::string> lines = absl::StrSplit(jobs[k].text, '\n');
     std::vector<StackFrame*>& frames = *frames_of[k];
     // An inlined call reads "callee inlined at file:line:col in caller": the callee is the
-    // function, as in a debugger's innermost frame.
+    // function, as in a debugger's innermost frame, and the caller a frame of its own after it
+    // (the trainer's own function is often the caller of an inlined LibTorch one).
     for (size_t i = 0; i < frames.size() && 2 * i + 1 < lines.size(); ++i) {
       StackFrame& f = *frames[i];
       std::string function = lines[2 * i];
       if (const size_t in = function.find(" inlined at "); in != std::string::npos) {
+        const std::string rest = function.substr(in + std::strlen(" inlined at "));
+        if (const size_t caller = rest.find(" in "); caller != std::string::npos) {
+          inlined_into[&f] = {rest.substr(caller + 4), rest.substr(0, caller)};
+        }
         function.resize(in);
       }
       if (function != "??" && !function.empty()) f.function = function;
       const std::string& src = lines[2 * i + 1];
       if (src.compare(0, 2, "??") != 0) SetSourceLocation(src.substr(0, src.find(' ')), &f);
+    }
+  }
+  if (inlined_into.empty()) return;
+  for (RankStack& r : *ranks) {
+    for (StackThread& t : r.threads) {
+      std::vector<StackFrame> frames;
+      frames.reserve(t.frames.size());
+      for (const StackFrame& f : t.frames) {
+        frames.push_back(f);
+        auto it = inlined_into.find(&f);
+        if (it == inlined_into.end()) continue;
+        StackFrame caller;
+        caller.module = f.module;
+        caller.function = it->second.first;
+        SetSourceLocation(it->second.second, &caller);
+        frames.push_back(std::move(caller));
+      }
+      t.frames = std::move(frames);
     }
   }
 }

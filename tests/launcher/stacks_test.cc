@@ -1,6 +1,7 @@
 // Stack dumps (launcher/stacks/stacks.h): the tools' output parsed, ranks grouped by stack with
 // the suspects named, the JSON and text reports, the workers file; and the agent's capture
 // before kill, against the fake process table (when it dumps, what it writes, what it says).
+#include <filesystem>
 #include <fstream>
 
 #include "gtest/gtest.h"
@@ -89,6 +90,41 @@ const StackFrame kAllReduce = Frame(
     "all_reduce", "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 4181);
 const StackFrame kMain45 = Frame("main", "/w/train.py", 45);
 const StackFrame kSleep = Frame("stall", "/w/train.py", 18);
+
+// eu-addr2line names a frame whose function was inlined "callee inlined at file:line:col in
+// caller": the caller becomes a frame of its own after the callee (a train_unet rank in backward
+// showed LibTorch's at::Tensor::backward and then libc, without the trainer's function).
+TEST(Stacks, AnInlinedCallKeepsItsCallerAsAFrame) {
+  const std::string dir = ::testing::TempDir() + "/addr2line_fake";
+  std::filesystem::create_directories(dir);
+  const std::string tool = dir + "/eu-addr2line";
+  {
+    std::ofstream f(tool);
+    f << "#!/bin/sh\n"
+         "echo 'at::Tensor::backward() const inlined at /w/examples/unet/trainer.cc:120:7 in "
+         "TrainUnetMain(int, char**)'\n"
+         "echo '/t/include/ATen/core/TensorBody.h:445:3'\n"
+         "echo 'main'\n"
+         "echo '/w/examples/unet/main.cc:9'\n";
+  }
+  std::filesystem::permissions(tool, std::filesystem::perms::owner_all);
+  std::vector<RankStack> ranks(1);
+  ranks[0].threads.resize(1);
+  for (uint64_t offset : {0x10, 0x20}) {
+    StackFrame f;
+    f.function = "??";
+    f.module = "/w/build/bin/train_unet";
+    f.offset = offset;
+    ranks[0].threads[0].frames.push_back(f);
+  }
+  SymbolizeStacks(&ranks, StackTools{"", "", tool}, std::chrono::seconds(10));
+  const std::vector<StackFrame>& frames = ranks[0].threads[0].frames;
+  ASSERT_EQ(frames.size(), 3u);
+  EXPECT_EQ(frames[0].Render(),
+            "/t/include/ATen/core/TensorBody.h:445 at::Tensor::backward() const");
+  EXPECT_EQ(frames[1].Render(), "/w/examples/unet/trainer.cc:120 TrainUnetMain(int, char**)");
+  EXPECT_EQ(frames[2].Render(), "/w/examples/unet/main.cc:9 main");
+}
 
 TEST(Stacks, RanksWithTheSameStackShareAGroupAndTheOddOnesAreSuspects) {
   std::vector<RankStack> ranks;

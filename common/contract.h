@@ -80,4 +80,15 @@ inline constexpr char kNvmlLibrary[] = "DLRUN_NVML_LIBRARY";
 inline constexpr char kPySpy[] = "DLRUN_PY_SPY";
 inline constexpr char kEuStack[] = "DLRUN_EU_STACK";
 
+// PyTorch's Flight Recorder (docs/STACKS.md): dlrun sets these for its workers unless they are
+// in its own environment already; the dumps go to LOG_DIR/attempt_K/flight_recorder/rank_R.
+inline constexpr char kFrBufferSize[] = "TORCH_FR_BUFFER_SIZE";
+inline constexpr char kNcclTraceBufferSize[] = "TORCH_NCCL_TRACE_BUFFER_SIZE";  // before 2.8
+inline constexpr char kFrDumpOnTimeout[] = "TORCH_FR_DUMP_ON_TIMEOUT";
+inline constexpr char kNcclDumpOnTimeout[] = "TORCH_NCCL_DUMP_ON_TIMEOUT";
+inline constexpr char kFrDumpTempFile[] = "TORCH_FR_DUMP_TEMP_FILE";  // a prefix: + the rank
+inline constexpr char kNcclDebugInfoTempFile[] = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE";
+inline constexpr char kFrDir[] = "flight_recorder";
+inline constexpr char kFrFilePrefix[] = "rank_";
+
 }  // namespace dlrun::contract

@@ -23,6 +23,15 @@ it to every worker):
 
 The requeued job runs again from the start of its script and the program resumes from its
 checkpoint. Without the hook SIGUSR1 ends a Python worker and dlrun restarts the group.
+
+Flight Recorder (docs/STACKS.md): NCCL dumps every rank's collective history by itself when a
+collective times out, into the run's log directory (dlrun sets TORCH_FR_DUMP_TEMP_FILE). Gloo
+records the same history but never dumps it; after
+
+    dlrun_report.dump_collectives_on_failure()  # after init_process_group
+
+this rank dumps it when an exception ends the program (a Gloo timeout) or dlrun stops it, and
+dlrun's failure report says which collective the ranks disagree on.
 """
 import math
 import os
@@ -70,6 +79,52 @@ def heartbeat():
             os.write(fd, b"h")
         except OSError:
             pass
+
+
+def dump_collectives_on_failure():
+    """Dumps this rank's Flight Recorder (torch >= 2.8 records Gloo's collectives) to
+    TORCH_FR_DUMP_TEMP_FILE<rank> when an uncaught exception ends the program or SIGTERM stops
+    it (then the signal goes on as before). Returns False where there is nothing to do: no dump
+    file set (not under dlrun with a log dir), or a torch without the recorder."""
+    if not (os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or
+            os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")):
+        return False
+    try:
+        import torch.distributed as dist
+        from torch._C import _distributed_c10d as c10d
+        dump_file = c10d._dump_fr_trace_file
+    except (ImportError, AttributeError):
+        return False
+    done = []
+
+    def dump():
+        if done or not dist.is_initialized():
+            return
+        done.append(True)
+        try:
+            dump_file(dist.get_rank())
+        except Exception as e:  # the failure being reported matters more
+            print("dlrun_report: cannot dump the flight recorder: %s" % e, file=sys.stderr)
+
+    previous_hook = sys.excepthook
+
+    def on_exception(kind, value, tb):
+        dump()
+        previous_hook(kind, value, tb)
+
+    sys.excepthook = on_exception
+    previous_term = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        dump()
+        if callable(previous_term):
+            previous_term(signum, frame)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    return True
 
 
 class Preemption:

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
+#include "launcher/stacks/flight_recorder.h"
 #include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
 
@@ -94,6 +95,22 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   spec.stdout_pty = options_.stdout_pty && spec.out.console_fd >= 0;
   spec.err.console_fd = shown && !(mode & 2) ? STDERR_FILENO : -1;
   if (!options_.log_dir.empty()) {
+    // The Flight Recorder's dumps (NCCL's on a collective timeout, Gloo's through dlrun_report)
+    // in the attempt's directory, for AfterFailure; a user's own settings win.
+    const std::string fr = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/",
+                                        contract::kFrDir);
+    std::filesystem::create_directories(fr, ec);
+    auto unless_set = [&spec](std::initializer_list<const char*> names, const std::string& v) {
+      for (const char* n : names) {
+        if (std::getenv(n) != nullptr) return;
+      }
+      spec.env[*names.begin()] = v;
+    };
+    // torch >= 2.8's names only: it warns on every rank about the older TORCH_NCCL_ ones.
+    unless_set({contract::kFrBufferSize, contract::kNcclTraceBufferSize}, "2000");
+    unless_set({contract::kFrDumpOnTimeout, contract::kNcclDumpOnTimeout}, "1");
+    unless_set({contract::kFrDumpTempFile, contract::kNcclDebugInfoTempFile},
+               absl::StrCat(fr, "/", contract::kFrFilePrefix));
     const std::string dir = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/", lr);
     std::filesystem::create_directories(dir, ec);
     if (ec) spdlog::warn("cannot write logs in {}: {}", dir, ec.message());
@@ -430,6 +447,21 @@ void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
   }
 }
 
+std::string Agent::ReadFlightRecorder() const {
+  if (options_.log_dir.empty()) return "";
+  const std::string dir = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/",
+                                       contract::kFrDir);
+  std::vector<std::string> errors;
+  const std::vector<FrRank> dumps = ReadFlightRecorderDir(dir, contract::kFrFilePrefix, &errors);
+  for (const std::string& e : errors) spdlog::warn("flight recorder: cannot read {}", e);
+  std::vector<int> expected;
+  for (const Worker& w : workers_) expected.push_back(w.rank);
+  const std::optional<FrVerdict> v = FirstDisagreement(dumps, expected);
+  if (!v) return "";
+  spdlog::warn("flight recorder: {} (dumps of {} rank(s) in {})", v->text, dumps.size(), dir);
+  return FrVerdictJson(*v).dump();
+}
+
 int Agent::AfterFailure() {
   // Is the first failure one whose stacks tell something (--capture-before-kill auto)? Not a
   // plain exception whose traceback is in its error file.
@@ -491,7 +523,7 @@ int Agent::AfterFailure() {
                   }).share();
   }
   telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said,
-                          stacks_json});
+                          stacks_json, ReadFlightRecorder()});
   // A failure that repeats the last one the same way would only repeat again: the job ends
   // here instead of spending every restart on it.
   const FailureSignature signature{cls.cls, first.global_rank,

@@ -150,6 +150,9 @@ class Agent {
   // Posts the answer being named if it is ready within `wait`.
   void PostNamedStacks(std::chrono::milliseconds wait);
   std::vector<DumpTarget> LiveTargets() const;
+  // The attempt's Flight Recorder dumps (this node's ranks), where they first disagree: logged,
+  // and returned as JSON for the report ("" without dumps).
+  std::string ReadFlightRecorder() const;
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
   std::string ErrorFile(int local_rank) const;

@@ -253,6 +253,9 @@ void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool wh
     if (f.stacks_json.valid()) {
       jf["stacks"] = nlohmann::json::parse(f.stacks_json.get(), nullptr, false);
     }
+    if (!f.flight_recorder_json.empty()) {
+      jf["flight_recorder"] = nlohmann::json::parse(f.flight_recorder_json, nullptr, false);
+    }
     j["failures"].push_back(std::move(jf));
   }
   rusage self{};

@@ -80,6 +80,9 @@ class AgentTelemetry {
     // The capture before kill (stacks.h StackReportJson), named in the background: read when
     // the report is written. Invalid: none.
     std::shared_future<std::string> stacks_json;
+    // Where the ranks' Flight Recorder dumps first disagree (flight_recorder.h FrVerdictJson),
+    // or empty.
+    std::string flight_recorder_json;
   };
   void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
   // The last capture before kill, summarised (stacks.h StackSummaryJson): sent with every

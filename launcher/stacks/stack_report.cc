@@ -398,7 +398,8 @@ std::string Basename(const std::string& f) { return f.substr(f.rfind('/') + 1); 
 
 // "all_reduce at train.py:45": the program's innermost line and what it called there.
 std::string Where(const std::vector<StackFrame>& frames) {
-  if (frames.empty()) return "";
+  // py-spy finds no Python frame in an interpreter that is shutting down.
+  if (frames.empty()) return "no frames (exiting)";
   for (size_t i = 0; i < frames.size(); ++i) {
     const StackFrame& f = frames[i];
     if (f.line <= 0 || IsLibraryFile(f.file)) continue;

@@ -262,5 +262,37 @@ TEST(DlrunStacks, ACrashBySegfaultIsCapturedBeforeTheOthersAreStopped) {
   std::filesystem::remove_all(tmp);
 }
 
+// Flight Recorder with Gloo (torch 2.15 records Gloo's collectives; the dump comes through
+// dlrun_report): rank 2 sleeps before its 10th all_reduce, the others' all_reduce times out after
+// 3 s, every rank dumps into the attempt's directory, and the report names rank 2 as the one
+// that never entered all_reduce #10.
+TEST(DlrunFlightRecorder, AGlooTimeoutNamesTheRankThatNeverEnteredTheCollective) {
+  const std::string tmp = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "4", "--log-dir",
+                             tmp + "/logs", "--report-json", tmp + "/report.json", TEST_PYTHON,
+                             kProbe},
+                            {{"TMPDIR", tmp}, {"HANG_STEP", "10"}, {"COLLECTIVE_TIMEOUT", "3"},
+                             {"FLIGHT_RECORDER", "1"}},
+                            std::chrono::seconds(90));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("flight recorder: rank 2 never entered gloo:all_reduce #10 of group 0 "
+                          "(default_pg); ranks 0-1,3 did"),
+            std::string::npos) << r.output;
+  int dumps = 0;  // in LOG_DIR/RUN_ID/attempt_0/flight_recorder
+  for (const auto& e : std::filesystem::recursive_directory_iterator(tmp + "/logs")) {
+    dumps += e.path().parent_path().filename() == "flight_recorder" &&
+             e.path().filename().string().rfind("rank_", 0) == 0;
+  }
+  EXPECT_EQ(dumps, 4) << r.output;
+  std::ifstream in(tmp + "/report.json");
+  const json report = json::parse(in, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << r.output;
+  const json& fr = report["failures"][0]["flight_recorder"];
+  EXPECT_EQ(fr["never_entered"], json({2})) << report.dump();
+  EXPECT_EQ(fr["entered"], json({0, 1, 3})) << report.dump();
+  EXPECT_EQ(fr["seq"], 10) << report.dump();
+  std::filesystem::remove_all(tmp);
+}
+
 }  // namespace
 }  // namespace dlrun::testing

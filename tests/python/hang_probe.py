@@ -3,7 +3,9 @@ HANG_RANK (default 2) sleeps before its HANG_STEP-th (default 30) all_reduce, so
 in all_reduce. Prints "hang_probe: rank R waiting" once it is in place (for `dlrun stacks`
 tests). HANG_KIND=segv makes that rank die of SIGSEGV instead, and the others wait on the job's
 store rather than in all_reduce (Gloo would end their all_reduce at once when the peer dies, so
-their stacks would race the capture; NCCL's would wait for its timeout)."""
+their stacks would race the capture; NCCL's would wait for its timeout). COLLECTIVE_TIMEOUT=S
+gives the group that timeout, FLIGHT_RECORDER=1 has every rank dump its collective history
+through dlrun_report when it fails or is stopped."""
 import datetime
 import os
 import signal
@@ -28,7 +30,14 @@ def wait_for_peer():
 
 
 def main():
-    dist.init_process_group("gloo")
+    timeout = os.environ.get("COLLECTIVE_TIMEOUT")  # seconds: the others' all_reduce fails
+    if timeout:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(timeout)))
+    else:
+        dist.init_process_group("gloo")
+    if os.environ.get("FLIGHT_RECORDER"):
+        import dlrun_report
+        assert dlrun_report.dump_collectives_on_failure(), "no flight recorder dump file set"
     rank = dist.get_rank()
     hang_rank = int(os.environ.get("HANG_RANK", "2"))
     hang_step = int(os.environ.get("HANG_STEP", "30"))

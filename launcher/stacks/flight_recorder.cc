@@ -23,9 +23,9 @@ using nlohmann::json;
 
 // A dump is a few MB at most (2,000 entries); a file far larger is not one.
 constexpr size_t kMaxDumpBytes = 256u << 20;
-// Values built, copies included (a 2,000-entry dump is ~100,000): a memo reference copied over
-// and over cannot blow up memory.
-constexpr uint64_t kMaxNodes = 4'000'000;
+// Values built, copies included (a 2,000-entry dump is ~100,000; more with stack traces): a
+// memo reference copied over and over cannot blow up memory.
+constexpr uint64_t kMaxNodes = 1'000'000;
 
 // A value being built, shared between the stack and the memo (pickle's memo holds references:
 // a container is memoized empty and filled afterwards).

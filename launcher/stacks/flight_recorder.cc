@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "launcher/stacks/json_fields.h"
 #include "launcher/stacks/stacks.h"
 
 namespace dlrun::launcher {
@@ -323,19 +324,6 @@ class Unpickler {
   std::map<uint64_t, NodePtr> memo_;
 };
 
-template <typename T>
-T Field(const json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  if constexpr (std::is_same_v<T, std::string>) {
-    return it->is_string() ? it->get<std::string>() : fallback;
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return it->is_boolean() ? it->get<bool>() : fallback;
-  } else {
-    return it->is_number_integer() ? it->get<T>() : fallback;
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<json> ReadPickle(std::string_view bytes) { return Unpickler(bytes).Run(); }
@@ -370,11 +358,11 @@ absl::StatusOr<FrRank> ReadFlightRecorderDump(const std::string& path, int rank)
   for (const json& e : dump["entries"]) {
     if (!e.is_object()) continue;
     FrEntry f;
-    f.p2p = Field<bool>(e, "is_p2p", false);
+    f.p2p = Bool(e, "is_p2p", false);
     if (f.p2p) continue;
-    f.seq = Field<int64_t>(e, "collective_seq_id", 0);
-    f.op = Field<std::string>(e, "profiling_name", "?");
-    f.state = Field<std::string>(e, "state", "");
+    f.seq = Num<int64_t>(e, "collective_seq_id", 0);
+    f.op = Str(e, "profiling_name", "?");
+    f.state = Str(e, "state");
     if (auto pg = e.find("process_group"); pg != e.end() && pg->is_array() && !pg->empty()) {
       if ((*pg)[0].is_string()) f.group = (*pg)[0].get<std::string>();
       if (pg->size() > 1 && (*pg)[1].is_string()) f.group_desc = (*pg)[1].get<std::string>();

@@ -5,10 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <limits>
 #include <map>
 #include <set>
-#include <type_traits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -17,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "launcher/stacks/json_fields.h"
 #include "launcher/stacks/stacks.h"
 #include "nlohmann/json.hpp"
 
@@ -25,24 +24,6 @@ namespace dlrun::launcher {
 using nlohmann::json;
 
 namespace {
-// Fields of JSON from outside (a tool's output, another node's post, a file) read without
-// throwing: a missing, null or mistyped field is the default.
-std::string Str(const json& j, const char* key, std::string def = "") {
-  auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : def;
-}
-template <typename T>
-T Num(const json& j, const char* key, T def) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number()) return def;
-  if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return def;
-    const int64_t v = it->get<int64_t>();
-    if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) return def;
-    return static_cast<T>(v);
-  }
-  return it->get<T>();
-}
 }  // namespace
 
 std::string StackFrame::Render() const {

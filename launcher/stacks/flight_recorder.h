@@ -2,8 +2,8 @@
 // to a file per rank when a collective times out. dlrun points the dumps at the attempt's log
 // directory (agent/worker_env.cc), reads them after a failure and says where the ranks first
 // disagree: the collective some ranks entered and the others never did. No LibTorch here: the
-// dump is a Python pickle (protocol 2) of plain dicts, lists and scalars, read by the small
-// reader below; a JSON dump (torch's _dump_fr_trace_json) is read too.
+// dump is a Python pickle (protocol 2) of plain dicts, lists and scalars, read by pickle.h's
+// small reader; a JSON dump (torch's _dump_fr_trace_json) is read too.
 #pragma once
 
 #include <cstdint>
@@ -13,14 +13,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "launcher/stacks/pickle.h"
 #include "nlohmann/json.hpp"
 
 namespace dlrun::launcher {
-
-// The pickle's value as JSON: dict -> object (keys as strings), list/tuple -> array, str and
-// bytes -> string, int, float, bool, None -> null. Only what torch's pickler writes for plain
-// data (and its build_intlist-style globals); anything else is an error naming the opcode.
-absl::StatusOr<nlohmann::json> ReadPickle(std::string_view bytes);
 
 // One collective a rank entered, from its dump's "entries".
 struct FrEntry {

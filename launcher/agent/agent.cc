@@ -70,6 +70,10 @@ std::string Agent::ConsolePrefix(int rank, int local_rank) const {
                               {"${hostname}", options_.hostname}});
 }
 
+std::string Agent::AttemptLogDir() const {
+  return absl::StrCat(options_.log_dir, "/attempt_", attempt_);
+}
+
 SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   SpawnSpec spec;
   spec.local_rank = lr;
@@ -97,8 +101,7 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   if (!options_.log_dir.empty()) {
     // The Flight Recorder's dumps (NCCL's on a collective timeout, Gloo's through dlrun_report)
     // in the attempt's directory, for AfterFailure; a user's own settings win.
-    const std::string fr = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/",
-                                        contract::kFrDir);
+    const std::string fr = absl::StrCat(AttemptLogDir(), "/", contract::kFrDir);
     std::filesystem::create_directories(fr, ec);
     auto unless_set = [&spec](std::initializer_list<const char*> names, const std::string& v) {
       for (const char* n : names) {
@@ -111,7 +114,7 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
     unless_set({contract::kFrDumpOnTimeout, contract::kNcclDumpOnTimeout}, "1");
     unless_set({contract::kFrDumpTempFile, contract::kNcclDebugInfoTempFile},
                absl::StrCat(fr, "/", contract::kFrFilePrefix));
-    const std::string dir = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/", lr);
+    const std::string dir = absl::StrCat(AttemptLogDir(), "/", lr);
     std::filesystem::create_directories(dir, ec);
     if (ec) spdlog::warn("cannot write logs in {}: {}", dir, ec.message());
     spec.out.log_path = dir + "/stdout.log";
@@ -449,8 +452,7 @@ void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
 
 std::string Agent::ReadFlightRecorder() const {
   if (options_.log_dir.empty()) return "";
-  const std::string dir = absl::StrCat(options_.log_dir, "/attempt_", attempt_, "/",
-                                       contract::kFrDir);
+  const std::string dir = absl::StrCat(AttemptLogDir(), "/", contract::kFrDir);
   std::vector<std::string> errors;
   const std::vector<FrRank> dumps = ReadFlightRecorderDir(dir, contract::kFrFilePrefix, &errors);
   for (const std::string& e : errors) spdlog::warn("flight recorder: cannot read {}", e);

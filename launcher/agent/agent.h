@@ -156,6 +156,7 @@ class Agent {
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
   std::string ErrorFile(int local_rank) const;
+  std::string AttemptLogDir() const;  // LOG_DIR/attempt_K (with options_.log_dir set)
   absl::StatusOr<Assignment> NextAssignment(int* signal);
   bool IsPassthrough(int sig) const;
   // Passes `sig` (SIGUSR1, SIGUSR2: the job goes on) to every live worker.

@@ -7,6 +7,9 @@
         dlrun_report.report_step(step, samples=len(batch), step_s=time.monotonic() - t0,
                                  data_s=load_time, loss=loss.item())
 
+After loading a checkpoint, `dlrun_report.report_resume(step, load_s)` tells dlrun where this
+attempt resumed, for the time-lost-to-restarts ledger.
+
 One text line per step on the pipe dlrun passes in DLRUN_HEARTBEAT_FD; outside dlrun (the
 variable unset) every call does nothing. Standard library only; never raises and never blocks.
 
@@ -69,6 +72,22 @@ def report_step(step, samples, step_s, data_s=None, compute_s=None, sync_s=None,
         os.write(fd, (line + "\n").encode())  # one write: atomic on a pipe
     except OSError:
         pass  # a full pipe: the agent has enough to read
+
+
+def report_resume(step, load_s):
+    """Says this attempt resumed from the checkpoint of `step` (the last step it holds), and
+    that loading it took `load_s` seconds. Call it once, after loading a checkpoint: dlrun's
+    restart ledger then counts the load and the steps computed again (docs/TELEMETRY.md)."""
+    fd = _pipe()
+    if fd < 0 or int(step) < 0:
+        return
+    load_s = float(load_s)
+    if not math.isfinite(load_s) or load_s < 0:
+        load_s = 0.0
+    try:
+        os.write(fd, ("R %d %.6f\n" % (int(step), load_s)).encode())
+    except OSError:
+        pass
 
 
 def heartbeat():

@@ -44,6 +44,22 @@ void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
   out->set_hostname(t.hostname);
   out->set_memory_limit_bytes(static_cast<uint64_t>(std::max<int64_t>(0, t.memory_limit_bytes)));
   out->set_stacks_json(t.stacks_json);
+  out->set_productive_s(t.productive_s);
+  for (const RestartCost& c : t.restarts) {
+    v1::RestartCost* x = out->add_restarts();
+    x->set_restart(c.restart);
+    x->set_restarts(static_cast<uint32_t>(std::max(0, c.restarts)));
+    x->set_detection_s(c.detection_s);
+    x->set_stop_s(c.stop_s);
+    x->set_rendezvous_s(c.rendezvous_s);
+    x->set_start_s(c.start_s);
+    x->set_checkpoint_load_s(c.checkpoint_load_s);
+    x->set_recomputed_s(c.recomputed_s);
+    x->set_recomputed_steps(static_cast<uint64_t>(std::max<int64_t>(0, c.recomputed_steps)));
+    x->set_fault_step(c.fault_step);
+    x->set_resumed_step(c.resumed_step);
+    x->set_resumed(c.resumed);
+  }
   for (const RankTelemetry& r : t.ranks) {
     v1::RankTelemetry* x = out->add_ranks();
     x->set_rank(static_cast<uint32_t>(r.rank));
@@ -93,7 +109,48 @@ absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t) {
                                              " bytes (expected at most ",
                                              kMaxTelemetryStacksBytes, ")"));
   }
+  if (!Finite(t.productive_s())) {
+    return InvalidArgumentError(absl::StrCat("telemetry.productive_s is ", t.productive_s(),
+                                             " (expected a finite number >= 0)"));
+  }
+  if (static_cast<size_t>(t.restarts_size()) > kMaxRestartCosts) {
+    return InvalidArgumentError(absl::StrCat("telemetry has ", t.restarts_size(),
+                                             " restarts (expected at most ", kMaxRestartCosts,
+                                             ")"));
+  }
   NodeTelemetry out;
+  for (const v1::RestartCost& x : t.restarts()) {
+    for (double v : {x.detection_s(), x.stop_s(), x.rendezvous_s(), x.start_s(),
+                     x.checkpoint_load_s(), x.recomputed_s()}) {
+      if (!Finite(v) || v > 1e9) {
+        return InvalidArgumentError(absl::StrCat("telemetry of restart ", x.restart(),
+                                                 " has a phase of ", v,
+                                                 " s (expected a finite number, 0 to 1e9)"));
+      }
+    }
+    if (x.restart() < -1 || x.restarts() > (1u << 24) || x.recomputed_steps() >= (1ull << 62) ||
+        x.fault_step() < -1 || x.resumed_step() < -1) {
+      return InvalidArgumentError(absl::StrCat(
+          "telemetry restart ", x.restart(), " (", x.restarts(), " restarts, ",
+          x.recomputed_steps(), " steps recomputed, fault at step ", x.fault_step(),
+          ", resumed at ", x.resumed_step(), ") is out of range"));
+    }
+    RestartCost c;
+    c.restart = x.restart();
+    c.restarts = static_cast<int>(x.restarts());
+    c.detection_s = x.detection_s();
+    c.stop_s = x.stop_s();
+    c.rendezvous_s = x.rendezvous_s();
+    c.start_s = x.start_s();
+    c.checkpoint_load_s = x.checkpoint_load_s();
+    c.recomputed_s = x.recomputed_s();
+    c.recomputed_steps = static_cast<int64_t>(x.recomputed_steps());
+    c.fault_step = x.fault_step();
+    c.resumed_step = x.resumed_step();
+    c.resumed = x.resumed();
+    out.restarts.push_back(std::move(c));
+  }
+  out.productive_s = t.productive_s();
   out.stacks_json = t.stacks_json();
   out.lost_s = t.lost_s();
   out.hostname = t.hostname();

@@ -5,6 +5,7 @@
 // neither library.
 #include "rendezvous/metrics_http.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -50,6 +51,26 @@ std::string PrometheusText(const JobTelemetry::Snapshot& s) {
   gauge("dlrun_nodes", "Nodes in the running round").Add({}).Set(s.nodes);
   gauge("dlrun_world_size", "Ranks in the running round").Add({}).Set(s.world_size);
   gauge("dlrun_lost_seconds", "Time lost to restarts and rendezvous").Add({}).Set(s.lost_s);
+  // The restart ledger by phase (docs/TELEMETRY.md, "Time lost to restarts").
+  auto& phase = gauge("dlrun_restart_phase_seconds",
+                      "Time lost to restarts in each phase, summed over the restarts");
+  double ph[6] = {0, 0, 0, 0, 0, 0};
+  int64_t recomputed = 0;
+  for (const RestartCost& c : s.restart_costs) {
+    const double v[6] = {c.detection_s, c.stop_s, c.rendezvous_s, c.start_s, c.checkpoint_load_s,
+                         c.recomputed_s};
+    for (int i = 0; i < 6; ++i) ph[i] += v[i];
+    recomputed += c.recomputed_steps;
+  }
+  const char* names[6] = {"detection", "stop", "rendezvous", "start", "checkpoint_load",
+                          "recomputed"};
+  for (int i = 0; i < 6; ++i) phase.Add({{"phase", names[i]}}).Set(ph[i]);
+  gauge("dlrun_recomputed_steps", "Steps computed again after restarts")
+      .Add({})
+      .Set(static_cast<double>(recomputed));
+  gauge("dlrun_goodput_ratio", "Share of the wall time spent in steps that were kept (0-1)")
+      .Add({})
+      .Set(s.wall_s > 0 ? std::min(1.0, s.productive_s / s.wall_s) : 0.0);
   gauge("dlrun_samples_per_second_total", "Samples per second over all ranks")
       .Add({})
       .Set(s.samples_per_sec);

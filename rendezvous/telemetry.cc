@@ -26,6 +26,8 @@ void JobTelemetry::Update(const std::string& node_id, const std::string& hostnam
   NodeTelemetry& n = nodes_seen_[node_id];  // its GPUs and lost time (ranks are kept below)
   n.hostname = hostname;
   n.lost_s = t.lost_s;
+  n.restarts = t.restarts;
+  n.productive_s = t.productive_s;
   n.memory_limit_bytes = t.memory_limit_bytes;
   // A node keeps sending its last capture: a new one is one that differs from what it sent.
   if (!t.stacks_json.empty() && t.stacks_json != n.stacks_json) stacks_json_ = t.stacks_json;
@@ -58,6 +60,8 @@ void JobTelemetry::SetJob(const std::string& run_id, uint64_t round, int world_s
   round_ = round;
   world_size_ = world_size;
   nodes_ = nodes;
+  max_world_size_ = std::max(max_world_size_, world_size);
+  max_nodes_ = std::max(max_nodes_, nodes);
   restarts_ = restarts;
   // Ranks beyond the new world size belong to an earlier, larger round.
   for (auto it = ranks_.begin(); it != ranks_.end();) {
@@ -247,8 +251,27 @@ JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
   s.windows = windows_;
   s.first_step_window = first_step_window_;
   s.ranks = ranks_;
+  s.max_world_size = max_world_size_;
+  s.max_nodes = max_nodes_;
+  // Each restart as the node that lost the most to it saw it: the job resumes when its last
+  // node does.
+  std::map<int, RestartCost> costs;
+  double lost_max = 0;
   for (const auto& [id, n] : nodes_seen_) {
-    s.lost_s = std::max(s.lost_s, n.lost_s);
+    lost_max = std::max(lost_max, n.lost_s);
+    s.productive_s = std::max(s.productive_s, n.productive_s);
+    for (RestartCost c : n.restarts) {
+      c.host = n.hostname;
+      auto [it, added] = costs.try_emplace(c.restart, c);
+      if (!added && c.total_s() > it->second.total_s()) it->second = c;
+    }
+  }
+  for (auto& [k, c] : costs) {
+    s.lost_s += c.total_s();
+    s.restart_costs.push_back(std::move(c));
+  }
+  if (costs.empty()) s.lost_s = lost_max;
+  for (const auto& [id, n] : nodes_seen_) {
     for (GpuTelemetry g : n.gpus) {
       auto acc = gpu_acc_.find({g.host, g.index});
       if (acc != gpu_acc_.end()) {

@@ -48,11 +48,36 @@ struct GpuTelemetry {
   int64_t peak_memory_used_bytes = 0;
 };
 
+// What one restart cost, by phase (docs/TELEMETRY.md, "Time lost to restarts"): from the end
+// of the last step finished before the fault to the start of the first step past it. The
+// phases are consecutive, so they sum to that span.
+struct RestartCost {
+  int restart = -1;   // the restart count of the group that ran again (-1: none ran yet)
+  int restarts = 1;   // the restarts in the span (a fault during the recovery adds one)
+  std::string host;   // the node that measured it (filled in by the aggregate)
+  double detection_s = 0;  // last step's end -> the fault seen (the unfinished step, the noticing)
+  double stop_s = 0;       // stopping the workers (capture before kill included)
+  double rendezvous_s = 0;  // -> the new assignment
+  double start_s = 0;       // -> the first step begins (process start, init), less the load
+  double checkpoint_load_s = 0;
+  double recomputed_s = 0;  // steps done before the fault, computed again
+  int64_t recomputed_steps = 0;
+  int64_t fault_step = -1;    // the highest step finished before the fault
+  int64_t resumed_step = -1;  // the checkpoint's step the workers reported (-1: none)
+  bool resumed = false;       // a step past fault_step began (else the figures are so far)
+  double total_s() const {
+    return detection_s + stop_s + rendezvous_s + start_s + checkpoint_load_s + recomputed_s;
+  }
+};
+inline constexpr size_t kMaxRestartCosts = 64;  // per node; older ones are folded into one
+
 // What one agent sends with each heartbeat (and its leave): bounded, about 120 bytes a rank.
 struct NodeTelemetry {
   std::vector<RankTelemetry> ranks;
   std::vector<GpuTelemetry> gpus;
-  double lost_s = 0;  // this node's time lost to restarts so far (fault seen -> workers running)
+  double lost_s = 0;  // this node's time lost to restarts so far (the sum of `restarts`)
+  std::vector<RestartCost> restarts;  // at most kMaxRestartCosts
+  double productive_s = 0;  // time in steps that were kept (no recomputation), one rank's
   std::string hostname;
   int64_t memory_limit_bytes = 0;  // what the node's workers may use (cgroup limit or RAM); 0: ?
   // The node's last capture before kill, summarised (docs/STACKS.md): JSON, at most
@@ -116,6 +141,10 @@ class JobTelemetry {
     int world_size = 0, nodes = 0, restarts = 0;
     std::vector<std::string> restart_causes;
     double wall_s = 0, lost_s = 0;
+    // Every restart's cost (the node that lost most to each), and the time in kept steps.
+    std::vector<RestartCost> restart_costs;
+    double productive_s = 0;
+    int max_world_size = 0, max_nodes = 0;  // the largest round (the shape may have shrunk)
     int64_t windows = 0;
     int64_t first_step_window = -1;  // the window the first steps were seen in
     std::map<int, RankTelemetry> ranks;
@@ -147,6 +176,7 @@ class JobTelemetry {
   std::string run_id_, state_ = "starting";
   uint64_t round_ = 0;
   int world_size_ = 0, nodes_ = 0, restarts_ = 0;
+  int max_world_size_ = 0, max_nodes_ = 0;
   std::vector<std::string> causes_;
   std::map<std::string, NodeTelemetry> nodes_seen_;  // by node id
   std::string stacks_json_;  // the latest capture any node sent (a node sends its own each time)

@@ -1,6 +1,7 @@
 // The job-wide telemetry as JSON (`/api/job`, `--report-json`) and as the end-of-job report
 // with its advice (docs/TELEMETRY.md).
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -65,6 +66,48 @@ nlohmann::json RankJson(int rank, const RankTelemetry& r, const std::vector<Stra
   return x;
 }
 
+// The restart ledger: every restart's phases, and their sums.
+nlohmann::json LostJson(const JobTelemetry::Snapshot& s) {
+  using nlohmann::json;
+  RestartCost sum;
+  sum.restarts = 0;
+  json list = json::array();
+  for (const RestartCost& c : s.restart_costs) {
+    sum.restarts += c.restarts;
+    sum.detection_s += c.detection_s;
+    sum.stop_s += c.stop_s;
+    sum.rendezvous_s += c.rendezvous_s;
+    sum.start_s += c.start_s;
+    sum.checkpoint_load_s += c.checkpoint_load_s;
+    sum.recomputed_s += c.recomputed_s;
+    sum.recomputed_steps += c.recomputed_steps;
+    list.push_back({{"restart", c.restart},
+                    {"restarts", c.restarts},
+                    {"host", c.host},
+                    {"detection_s", c.detection_s},
+                    {"stop_s", c.stop_s},
+                    {"rendezvous_s", c.rendezvous_s},
+                    {"start_s", c.start_s},
+                    {"checkpoint_load_s", c.checkpoint_load_s},
+                    {"recomputed_s", c.recomputed_s},
+                    {"recomputed_steps", c.recomputed_steps},
+                    {"fault_step", c.fault_step >= 0 ? json(c.fault_step) : json()},
+                    {"resumed_step", c.resumed_step >= 0 ? json(c.resumed_step) : json()},
+                    {"resumed", c.resumed},
+                    {"total_s", c.total_s()}});
+  }
+  return {{"total_s", s.lost_s},
+          {"by_phase",
+           {{"detection_s", sum.detection_s},
+            {"stop_s", sum.stop_s},
+            {"rendezvous_s", sum.rendezvous_s},
+            {"start_s", sum.start_s},
+            {"checkpoint_load_s", sum.checkpoint_load_s},
+            {"recomputed_s", sum.recomputed_s}}},
+          {"recomputed_steps", sum.recomputed_steps},
+          {"restarts", list}};
+}
+
 }  // namespace
 
 std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
@@ -76,6 +119,11 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
               {"first_step_window", s.first_step_window}};
   j["wall_s"] = s.wall_s;
   j["restarts"] = s.restarts;
+  j["job"]["max_world_size"] = s.max_world_size;
+  j["job"]["max_nodes"] = s.max_nodes;
+  j["lost"] = LostJson(s);
+  j["goodput"] = s.wall_s > 0 ? json(std::min(1.0, s.productive_s / s.wall_s)) : json();
+  j["productive_s"] = s.productive_s;
   j["restart_causes"] = s.restart_causes;
   j["samples_per_sec"] = s.samples_per_sec;
   j["stacks"] = s.stacks_json.empty() ? json()
@@ -133,6 +181,39 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
 }
 
 namespace {
+
+// One line per restart: its cause and, where measured, what it cost by phase.
+std::string RestartLines(const JobTelemetry::Snapshot& s) {
+  std::map<int, const RestartCost*> cost;
+  for (const RestartCost& c : s.restart_costs) cost[c.restart] = &c;
+  std::string out;
+  const int n = std::max<int>(static_cast<int>(s.restart_causes.size()),
+                              cost.empty() ? 0 : cost.rbegin()->first);
+  for (int i = 1, shown = 0; i <= n && shown < 5; ++i) {
+    const std::string cause =
+        i <= static_cast<int>(s.restart_causes.size()) ? s.restart_causes[i - 1] : "";
+    auto it = cost.find(i);
+    if (cause.empty() && it == cost.end()) continue;
+    ++shown;
+    absl::StrAppend(&out, "\n  restart ", i, ": ", cause.empty() ? "(cause not recorded)" : cause);
+    if (it == cost.end()) continue;
+    const RestartCost& c = *it->second;
+    absl::StrAppend(&out, absl::StrFormat(
+        "; %.2f s lost (on %s): detection %.2f, stop %.2f, rendezvous %.2f, start %.2f, "
+        "checkpoint load %.2f, %d step(s) recomputed %.2f",
+        c.total_s(), c.host, c.detection_s, c.stop_s, c.rendezvous_s, c.start_s,
+        c.checkpoint_load_s, c.recomputed_steps, c.recomputed_s));
+    if (c.resumed_step >= 0) absl::StrAppend(&out, " (resumed from step ", c.resumed_step, ")");
+    if (c.restarts > 1) absl::StrAppend(&out, " over ", c.restarts, " restarts");
+    if (!c.resumed) {
+      absl::StrAppend(&out, c.fault_step >= 0
+                                ? absl::StrCat("; not yet past step ", c.fault_step, " (so far)")
+                                : std::string("; no step records: start counted up to the "
+                                              "workers' start"));
+    }
+  }
+  return out;
+}
 
 std::string RankLine(int rank, const RankTelemetry& r) {
   std::string line =
@@ -223,11 +304,17 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
     steps += r.steps;
     samples += r.samples;
   }
+  const int world = s.world_size > 0 ? s.world_size : static_cast<int>(s.ranks.size());
+  const int nodes = std::max(1, s.nodes);
+  std::string shape = absl::StrFormat("%d rank(s) on %d node(s)", world, nodes);
+  if (s.max_world_size > world || s.max_nodes > nodes) {
+    absl::StrAppend(&shape, absl::StrFormat(" (at most %d on %d)", std::max(world, s.max_world_size),
+                                            std::max(nodes, s.max_nodes)));
+  }
   std::string out = absl::StrFormat(
-      "job report: %s after %.1f s wall (%.1f s lost to %d restart(s) and rendezvous), %d "
-      "rank(s) on %d node(s), ",
+      "job report: %s after %.1f s wall (%.1f s lost to %d restart(s) and rendezvous), %s, ",
       exit_code == 0 ? "succeeded" : absl::StrCat("failed (exit ", exit_code, ")"), s.wall_s,
-      s.lost_s, s.restarts, static_cast<int>(s.ranks.size()), std::max(1, s.nodes));
+      s.lost_s, s.restarts, shape);
   if (steps == 0) {
     absl::StrAppend(&out, "no step records (Python: dlrun_report.report_step, C++: "
                           "dlrun::worker; docs/TELEMETRY.md)");
@@ -240,9 +327,16 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
                                           s.wall_s > 0 ? static_cast<double>(samples) / s.wall_s
                                                        : 0.0));
   }
-  for (size_t i = 0; i < s.restart_causes.size() && i < 5; ++i) {
-    absl::StrAppend(&out, "\n  restart ", i + 1, ": ", s.restart_causes[i]);
+  if (steps > 0 && s.wall_s > 0) {
+    absl::StrAppend(&out, absl::StrFormat("\n  goodput %.0f%%: %.1f s of the %.1f s wall in steps "
+                                          "that were kept",
+                                          100 * std::min(1.0, s.productive_s / s.wall_s),
+                                          s.productive_s, s.wall_s));
+    if (!s.restart_costs.empty()) {
+      absl::StrAppend(&out, absl::StrFormat("; %.1f s lost to restarts", s.lost_s));
+    }
   }
+  absl::StrAppend(&out, RestartLines(s));
   double cpu_sum = 0;
   int cpu_n = 0;
   for (const auto& [rank, r] : s.ranks) {

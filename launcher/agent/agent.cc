@@ -143,7 +143,6 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
                                    a.num_nodes, ", world size ", a.world_size, ", master ",
                                    a.master_addr, ":", a.master_port);
-  double lost_s = 0;
   if (fault_seen_at_ && stopped_at_) {
     auto ms = [](SteadyTime from, SteadyTime to) {
       return std::chrono::duration_cast<Millis>(to - from).count();
@@ -151,11 +150,10 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     absl::StrAppend(&table, " (after the fault: stop ", ms(*fault_seen_at_, *stopped_at_),
                     " ms, rendezvous ", ms(*stopped_at_, assigned_at), " ms, spawn ",
                     ms(assigned_at, clock_.Now()), " ms)");
-    lost_s = static_cast<double>(ms(*fault_seen_at_, clock_.Now())) / 1000.0;
   }
   std::vector<AgentTelemetry::Member> members;
   for (const Worker& w : workers_) members.push_back({w.rank, w.local_rank, w.pid, true});
-  telemetry_.GroupStarted(std::move(members), lost_s);
+  telemetry_.GroupStarted(std::move(members), current_, assigned_at);
   fault_seen_at_.reset();
   stopped_at_.reset();
   absl::StrAppend(&table, "\n  local_rank  rank  pid");
@@ -332,7 +330,10 @@ void Agent::StopGroup(int first_signal) {
   }
   processes_.CloseOutputs();
   stopping_ = false;
-  if (fault_seen_at_) stopped_at_ = clock_.Now();
+  if (fault_seen_at_) {
+    stopped_at_ = clock_.Now();
+    telemetry_.Stopped(*stopped_at_);
+  }
 }
 
 int Agent::AfterSuccess() {
@@ -646,7 +647,10 @@ int Agent::RunAttempts() {
       return 1;
     }
     const Watch w = WatchGroup();
-    if (w.outcome != Watch::Outcome::kSucceeded) fault_seen_at_ = clock_.Now();
+    if (w.outcome != Watch::Outcome::kSucceeded) {
+      fault_seen_at_ = clock_.Now();
+      telemetry_.FaultSeen(*fault_seen_at_);
+    }
     std::optional<Capture> capture;
     int rc = -1;
     switch (w.outcome) {

@@ -30,7 +30,12 @@ void AgentTelemetry::Start() {
   if (options_.on) next_publish_ = clock_.Now() + options_.period;
 }
 
-void AgentTelemetry::GroupStarted(std::vector<Member> members, double lost_s) {
+void AgentTelemetry::GroupStarted(std::vector<Member> members, const Assignment& group,
+                                  SteadyTime assigned_at) {
+  ledger_.GroupStarted(static_cast<int>(group.restart_count), assigned_at, clock_.Now());
+  world_size_ = group.world_size;
+  max_world_size_ = std::max(max_world_size_, group.world_size);
+  max_nodes_ = std::max(max_nodes_, group.num_nodes);
   attempt_last_step_.clear();
   for (const Member& m : members_) {  // the CPU time of the group that ended stays counted
     if (auto it = cpu_seen_.find(m.pid); it != cpu_seen_.end()) {
@@ -40,7 +45,6 @@ void AgentTelemetry::GroupStarted(std::vector<Member> members, double lost_s) {
   }
   members_ = std::move(members);
   if (!members_.empty()) rank_offset_ = members_.front().rank - members_.front().local_rank;
-  lost_s_ += lost_s;
   if (sampler_) {
     std::vector<pid_t> pids;
     for (const Member& m : members_) pids.push_back(m.pid);
@@ -60,6 +64,11 @@ void AgentTelemetry::Exited(pid_t pid) {
 void AgentTelemetry::Step(pid_t pid, const StepRecord& step) {
   for (const Member& m : members_) {
     if (m.pid != pid) continue;
+    if (step.kind == 'R') {  // a resume, not a step
+      ledger_.Resumed(step.step, step.step_s);
+      continue;
+    }
+    ledger_.Step(step.step, step.step_s, clock_.Now());
     RankSteps& r = rank_steps_[m.rank];
     attempt_last_step_[m.rank] = step.step;
     ++r.steps;
@@ -158,7 +167,9 @@ void AgentTelemetry::AddProcessFigures(const Member& w, const std::map<pid_t, Pr
 rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
   rdzv::NodeTelemetry t;
   t.hostname = hostname_;
-  t.lost_s = lost_s_;
+  t.restarts = ledger_.Costs();
+  t.lost_s = ledger_.lost_s();
+  t.productive_s = ledger_.productive_s();
   {
     std::lock_guard<std::mutex> lock(stacks_mu_);
     t.stacks_json = stacks_json_;
@@ -177,7 +188,10 @@ rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
   // Ranks with steps, and the current workers (a program that reports nothing still gets its
   // process figures).
   std::map<int, int> ranks;  // rank -> local rank
-  for (const auto& [rank, r] : rank_steps_) ranks[rank] = rank - rank_offset_;
+  for (const auto& [rank, r] : rank_steps_) {
+    // A rank beyond the world size ran in an earlier, larger round (as the rendezvous drops it).
+    if (world_size_ == 0 || rank < world_size_) ranks[rank] = rank - rank_offset_;
+  }
   for (const auto& [rank, w] : by_rank) ranks[rank] = w->local_rank;
   for (const auto& [rank, local] : ranks) {
     rdzv::RankTelemetry x;
@@ -224,6 +238,9 @@ void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
   rdzv::JobTelemetry::Snapshot snap = job->Snap(now);
   snap.wall_s = wall_s;
   if (!whole) snap.restarts = last.restart_count;
+  // This node saw every round it ran in; a rendezvous host that took over saw only its own.
+  snap.max_world_size = std::max(snap.max_world_size, max_world_size_);
+  snap.max_nodes = std::max(snap.max_nodes, max_nodes_);
   // Over the whole job, CPU utilisation is CPU time over wall time (not the last sample).
   for (auto& [rank, r] : snap.ranks) {
     if (r.cpu_s > 0 && wall_s > 0) r.cpu_utilization = r.cpu_s / wall_s;

@@ -23,6 +23,7 @@
 #include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
 #include "launcher/agent/resource_sampler.h"
+#include "launcher/agent/restart_ledger.h"
 #include "launcher/agent/step_record.h"
 
 namespace dlrun::launcher {
@@ -68,8 +69,12 @@ class AgentTelemetry {
   void Start();
   // A new worker group runs: the earlier group's CPU time stays counted, the sampler watches the
   // new processes, and the metrics server starts once the source holds the job's aggregate.
-  // `lost_s`: the time this restart lost (fault seen -> workers running), 0 for the first.
-  void GroupStarted(std::vector<Member> members, double lost_s);
+  // `group`: its assignment, which arrived at `assigned_at`; its workers run from now on.
+  void GroupStarted(std::vector<Member> members, const Assignment& group, SteadyTime assigned_at);
+  // The agent saw a fault (the restart ledger's span opens, restart_ledger.h), or finished
+  // stopping the workers after one.
+  void FaultSeen(SteadyTime t) { ledger_.FaultSeen(t); }
+  void Stopped(SteadyTime t) { ledger_.Stopped(t); }
   void Exited(pid_t pid);
   void Step(pid_t pid, const StepRecord& step);
   void BadRecord() { ++bad_records_; }
@@ -127,7 +132,9 @@ class AgentTelemetry {
   std::vector<Failure> failures_;
   std::unique_ptr<ResourceSampler> sampler_;
   SteadyTime next_publish_{};
-  double lost_s_ = 0;                    // summed over restarts
+  RestartLedger ledger_;
+  int world_size_ = 0;                      // the current group's
+  int max_world_size_ = 0, max_nodes_ = 0;  // over the groups this node ran
   std::map<int, double> cpu_base_;       // per rank: CPU seconds of its earlier processes
   std::map<pid_t, double> cpu_seen_;     // per worker pid: its latest CPU seconds
   std::map<int, ProcSample> proc_last_;  // per rank: its process' last sample

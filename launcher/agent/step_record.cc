@@ -16,6 +16,15 @@ bool Seconds(absl::string_view v, double* out) {
 
 std::optional<StepRecord> ParseStepRecord(const std::string& line) {
   std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (!f.empty() && f[0] == "R") {
+    StepRecord r;
+    r.kind = 'R';
+    if (f.size() != 3 || !absl::SimpleAtoi(f[1], &r.step) || r.step < 0 ||
+        !Seconds(f[2], &r.step_s)) {
+      return std::nullopt;
+    }
+    return r;
+  }
   if (f.size() < 4 || f.size() > 8 || f[0] != "S") return std::nullopt;
   StepRecord r;
   if (!absl::SimpleAtoi(f[1], &r.step) || r.step < 0 || !absl::SimpleAtoi(f[2], &r.samples) ||
@@ -45,7 +54,7 @@ void StepRecordReader::Feed(const char* data, size_t n, std::vector<StepRecord>*
   for (size_t i = 0; i < n; ++i) {
     const char c = data[i];
     if (!in_record_) {
-      if (c == 'S') {  // anything else outside a record is a heartbeat byte
+      if (c == 'S' || c == 'R') {  // anything else outside a record is a heartbeat byte
         in_record_ = true;
         overlong_ = false;
         line_.assign(1, c);

@@ -1,6 +1,8 @@
 // Step records (docs/TELEMETRY.md): what a worker says about each training step on
 // its heartbeat pipe (contract::kHeartbeatFd), one text line per step:
 //   S <step> <samples> <step_s> [data_s=<s>] [compute_s=<s>] [sync_s=<s>] [loss=<x>]\n
+// and, once after a restart, what the worker resumed from (the restart ledger, TELEMETRY.md):
+//   R <step> <load_s>\n     resumed from the checkpoint of <step>, loading it took <load_s> s
 // At most kMaxStepRecord bytes, so one write() of it is atomic on a pipe. Bytes outside a
 // record are plain heartbeats, as before; a malformed record is counted and dropped.
 #pragma once
@@ -16,6 +18,8 @@ namespace dlrun::launcher {
 inline constexpr size_t kMaxStepRecord = 256;
 
 struct StepRecord {
+  // 'S': a step; 'R': a resume (`step`: the checkpoint's step, `step_s`: the load's seconds).
+  char kind = 'S';
   int64_t step = 0;
   int64_t samples = 0;
   double step_s = 0;

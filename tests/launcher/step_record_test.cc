@@ -32,6 +32,26 @@ TEST(StepRecord, MalformedRecordsAreRefused) {
   }
 }
 
+TEST(StepRecord, AResumeRecordSaysTheCheckpointsStepAndItsLoadTime) {
+  auto r = ParseStepRecord("R 40 0.25");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->kind, 'R');
+  EXPECT_EQ(r->step, 40);
+  EXPECT_DOUBLE_EQ(r->step_s, 0.25);
+  EXPECT_EQ(ParseStepRecord("S 40 1 0.25")->kind, 'S');
+  for (const char* bad : {"R", "R 40", "R -1 0.2", "R 40 -0.2", "R 40 nan", "R 40 0.2 x=1",
+                          "R x 0.2"}) {
+    EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
+  }
+  StepRecordReader reader;
+  std::vector<StepRecord> out;
+  const std::string stream = "hR 8 1.5\nhS 9 2 0.1\n";
+  reader.Feed(stream.data(), stream.size(), &out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].kind, 'R');
+  EXPECT_EQ(out[1].kind, 'S');
+}
+
 TEST(StepRecordReader, SplitsRecordsAcrossReadsAmongHeartbeatBytesAndCountsBadOnes) {
   StepRecordReader reader;
   std::vector<StepRecord> out;

@@ -42,6 +42,13 @@ grep -q -E "rendezvous host .* lost: joining" <<<"$after" || fail "the survivor 
 grep -q -E "restart [0-9]+: node 0 of 1" <<<"$after" || fail "the survivor did not restart alone"
 grep -q -E "resumed from step (4|8|12)" <<<"$after" || fail "no resume from a checkpoint"
 grep -q "all 2 worker(s) finished" <<<"$after" || fail "the survivor's workers did not finish"
+# The restart ledger (tests/system/lost_time.sh checks its sums): the C++ trainer's checkpoint
+# manager told the agent where it resumed from.
+resumed=$(sed -n 's/.*resumed from step \([0-9]*\) (.*/\1/p' <<<"$after" | head -n 1)
+grep -q -E "^  restart 1: .*; [0-9.]+ s lost \(on .*\(resumed from step $resumed\)" <<<"$after" \
+  || fail "the report's restart 1 has no cost, or not the resume from step $resumed"
+grep -q -E "job report: succeeded .*, 2 rank\(s\) on 1 node\(s\) \(at most 4 on 2\)" <<<"$after" \
+  || fail "the report does not give the job's shape before and after the loss"
 grep -q '"steps": 16' m.json || fail "metrics: the planned 16 steps"
 start=$(sed -n 's/.*"start_step": \([0-9]*\).*/\1/p' m.json)
 ((start >= 4)) || fail "final run started at step $start, expected >= 4"

@@ -61,6 +61,17 @@ void reportStep(const StepReport& r) {
   (void)!write(fd, line, static_cast<size_t>(n));  // one write: atomic on a pipe (< PIPE_BUF)
 }
 
+void reportResume(long long step, double load_s) {
+  const int fd = HeartbeatFd();
+  if (fd < 0 || step < 0) return;
+  char line[64];
+  const int n = std::snprintf(line, sizeof line, "R %lld %.6f\n", step,
+                              std::isfinite(load_s) && load_s > 0 ? load_s : 0.0);
+  if (n > 0 && n < static_cast<int>(sizeof line)) {
+    (void)!write(fd, line, static_cast<size_t>(n));  // one write: atomic on a pipe
+  }
+}
+
 void heartbeat() {
   const int fd = HeartbeatFd();
   if (fd >= 0) {

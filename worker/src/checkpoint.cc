@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "dlrun/agent_link.h"
 #include "fnv1a.h"
 
 namespace dlrun::worker {
@@ -191,6 +193,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
       std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
     }
   };
+  const auto load_start = std::chrono::steady_clock::now();
   for (const std::string& path : list()) {
     std::ifstream in(path, std::ios::binary);
     std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -262,6 +265,9 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
                         what.substr(0, what.find('\n')), ")"));
       continue;
     }
+    // For the agent's restart ledger: what this attempt resumed from, and what it cost.
+    reportResume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                        load_start).count());
     return st;
   }
   return std::nullopt;

@@ -25,6 +25,13 @@ struct StepReport {
 // heartbeat). Cheap and non-blocking; a no-op outside dlrun.
 void reportStep(const StepReport& r);
 
+// Tells the dlrun agent that this attempt resumed from the checkpoint of `step`, and that
+// loading it took `load_s` seconds: the restart ledger (docs/TELEMETRY.md, "Time lost to
+// restarts") then counts the load, and the steps after `step` that were computed again.
+// CheckpointManager::resumeLatest() calls it; a trainer with its own checkpoints calls it once
+// after loading one. A no-op outside dlrun.
+void reportResume(long long step, double load_s);
+
 // Warm spares (docs/RECOVERY.md): when this process was started as a spare
 // (DLRUN_SPARE_FD is set), blocks until the agent promotes it, then replaces the whole
 // environment with the one the agent sent (RANK, WORLD_SIZE, MASTER_ADDR, ... of the new

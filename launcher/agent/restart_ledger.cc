@@ -1,0 +1,128 @@
+#include "launcher/agent/restart_ledger.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace dlrun::launcher {
+namespace {
+
+double Secs(SteadyTime from, SteadyTime to) {
+  return std::max(0.0, std::chrono::duration<double>(to - from).count());
+}
+
+SteadyTime Minus(SteadyTime t, double s) {
+  return t - std::chrono::duration_cast<SteadyTime::duration>(std::chrono::duration<double>(s));
+}
+
+// `a` absorbs `b` (the older ones past kMaxRestartCosts).
+void Fold(rdzv::RestartCost* a, const rdzv::RestartCost& b) {
+  a->restarts += b.restarts;
+  a->detection_s += b.detection_s;
+  a->stop_s += b.stop_s;
+  a->rendezvous_s += b.rendezvous_s;
+  a->start_s += b.start_s;
+  a->checkpoint_load_s += b.checkpoint_load_s;
+  a->recomputed_s += b.recomputed_s;
+  a->recomputed_steps += b.recomputed_steps;
+}
+
+}  // namespace
+
+void RestartLedger::FaultSeen(SteadyTime t) {
+  if (!open_) {
+    open_.emplace();
+    // No step finished in this group: the fault is all there is to go by.
+    const SteadyTime begin = last_end_ ? std::min(*last_end_, t) : t;
+    open_->cost.detection_s = Secs(begin, t);
+    open_->cost.fault_step = high_step_;
+  } else {
+    ++open_->cost.restarts;
+    CloseGroup(t);
+  }
+  open_->mark = t;
+  open_->in_group = false;
+}
+
+void RestartLedger::CloseGroup(SteadyTime t) {
+  Open& o = *open_;
+  if (!o.in_group) return;
+  // The failed group's time: its start (less its load) up to its first step, then recomputing.
+  const SteadyTime first = o.first_begin ? std::clamp(*o.first_begin, o.mark, t) : t;
+  o.cost.start_s += std::max(0.0, Secs(o.mark, first) - o.load_s);
+  o.cost.checkpoint_load_s += std::min(o.load_s, Secs(o.mark, first));
+  o.cost.recomputed_s += Secs(first, t);
+  o.in_group = false;
+}
+
+void RestartLedger::Stopped(SteadyTime t) {
+  if (!open_ || open_->in_group) return;
+  open_->cost.stop_s += Secs(open_->mark, t);
+  open_->mark = std::max(open_->mark, t);
+}
+
+void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime running) {
+  last_end_.reset();
+  counted_step_ = -1;
+  if (!open_) return;
+  Open& o = *open_;
+  o.cost.rendezvous_s += Secs(o.mark, assigned);
+  o.mark = std::max(o.mark, assigned);
+  o.cost.restart = restart;
+  o.in_group = true;
+  o.first_begin.reset();
+  o.load_s = 0;
+  o.running = running;
+}
+
+void RestartLedger::Resumed(int64_t step, double load_s) {
+  if (!open_ || !open_->in_group) return;
+  open_->cost.resumed_step = step;
+  open_->load_s = std::max(open_->load_s, load_s);  // the ranks load side by side
+}
+
+void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
+  const SteadyTime begin = Minus(now, step_s);
+  last_end_ = last_end_ ? std::max(*last_end_, now) : now;
+  const bool first_of_step = step > counted_step_;  // each local rank reports every step
+  counted_step_ = std::max(counted_step_, step);
+  high_step_ = std::max(high_step_, step);
+  if (open_ && open_->in_group) {
+    Open& o = *open_;
+    if (!o.first_begin) o.first_begin = begin;
+    if (step <= o.cost.fault_step) {
+      if (first_of_step) ++o.cost.recomputed_steps;
+      return;  // done before the fault: not productive, it is in recomputed_s
+    }
+    // Past the fault's step: the job makes progress again, the span ends where this step began.
+    CloseGroup(std::max(begin, *o.first_begin));
+    o.cost.resumed = true;
+    closed_.push_back(o.cost);
+    open_.reset();
+    if (closed_.size() > rdzv::kMaxRestartCosts) {
+      Fold(&closed_[1], closed_[0]);
+      closed_.erase(closed_.begin());
+    }
+  }
+  if (first_of_step) productive_s_ += step_s;
+}
+
+std::vector<rdzv::RestartCost> RestartLedger::Costs() const {
+  std::vector<rdzv::RestartCost> v = closed_;
+  // A fault that no group followed (yet, or ever: the job ended there) is not a restart.
+  if (open_ && (open_->in_group || open_->cost.restarts > 1)) {
+    rdzv::RestartCost c = open_->cost;
+    if (open_->in_group) {  // so far: the start of the running group, up to its workers running
+      c.start_s += Secs(open_->mark, std::max(open_->mark, open_->running));
+    }
+    v.push_back(c);
+  }
+  return v;
+}
+
+double RestartLedger::lost_s() const {
+  double sum = 0;
+  for (const rdzv::RestartCost& c : Costs()) sum += c.total_s();
+  return sum;
+}
+
+}  // namespace dlrun::launcher

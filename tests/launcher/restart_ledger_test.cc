@@ -1,0 +1,152 @@
+// The restart ledger (restart_ledger.h): each restart's phases from the agent's marks and the
+// workers' records, on made-up times.
+#include "launcher/agent/restart_ledger.h"
+
+#include <gtest/gtest.h>
+
+namespace dlrun::launcher {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct Timeline {
+  SteadyTime t0{};
+  SteadyTime at(double s) const {
+    return t0 + std::chrono::duration_cast<SteadyTime::duration>(std::chrono::duration<double>(s));
+  }
+};
+
+// Two local ranks step every 0.1 s from t=0; steps 1..8 done, a fault at 0.85.
+void EightSteps(RestartLedger& l, const Timeline& tl) {
+  l.GroupStarted(0, tl.at(0), tl.at(0));
+  for (int s = 1; s <= 8; ++s) {
+    l.Step(s, 0.1, tl.at(0.1 * s));
+    l.Step(s, 0.1, tl.at(0.1 * s + 0.001));  // the other rank, a moment later
+  }
+}
+
+TEST(RestartLedger, PhasesAreConsecutiveAndSumToLastStepEndToFirstNewStepBegin) {
+  RestartLedger l;
+  Timeline tl;
+  EightSteps(l, tl);
+  EXPECT_NEAR(l.productive_s(), 0.8, 1e-9) << "each step once, not once per rank";
+  l.FaultSeen(tl.at(0.85));
+  l.Stopped(tl.at(1.0));
+  l.GroupStarted(1, tl.at(1.2), tl.at(1.25));
+  l.Resumed(4, 0.2);  // both ranks load the step-4 checkpoint; the slower one counts
+  l.Resumed(4, 0.3);
+  // The new group's first step (5) begins at 2.0; steps 5-8 are recomputed; 9 begins at 2.4.
+  for (int s = 5; s <= 9; ++s) {
+    l.Step(s, 0.1, tl.at(2.0 + 0.1 * (s - 4)));
+    l.Step(s, 0.1, tl.at(2.0 + 0.1 * (s - 4) + 0.001));
+  }
+  const auto costs = l.Costs();
+  ASSERT_EQ(costs.size(), 1u);
+  const rdzv::RestartCost& c = costs[0];
+  EXPECT_EQ(c.restart, 1);
+  EXPECT_EQ(c.restarts, 1);
+  EXPECT_TRUE(c.resumed);
+  EXPECT_NEAR(c.detection_s, 0.049, 1e-6) << "from the last step's end (0.801)";
+  EXPECT_NEAR(c.stop_s, 0.15, 1e-6);
+  EXPECT_NEAR(c.rendezvous_s, 0.2, 1e-6);
+  EXPECT_NEAR(c.start_s, 0.5, 1e-6) << "1.2 -> 2.0, less the 0.3 s load";
+  EXPECT_NEAR(c.checkpoint_load_s, 0.3, 1e-6);
+  EXPECT_NEAR(c.recomputed_s, 0.4, 1e-6);
+  EXPECT_EQ(c.recomputed_steps, 4);
+  EXPECT_EQ(c.fault_step, 8);
+  EXPECT_EQ(c.resumed_step, 4);
+  EXPECT_NEAR(c.total_s(), 2.4 - 0.801, 1e-6);
+  EXPECT_NEAR(l.lost_s(), c.total_s(), 1e-9);
+  EXPECT_NEAR(l.productive_s(), 0.9, 1e-9) << "step 9 is new; 5-8 again are not";
+}
+
+TEST(RestartLedger, ACheckpointAtTheFaultsStepRecomputesNothing) {
+  RestartLedger l;
+  Timeline tl;
+  EightSteps(l, tl);
+  l.FaultSeen(tl.at(0.9));
+  l.Stopped(tl.at(0.9));
+  l.GroupStarted(1, tl.at(1.0), tl.at(1.0));
+  l.Resumed(8, 0.1);
+  l.Step(9, 0.1, tl.at(1.6));
+  const auto c = l.Costs().at(0);
+  EXPECT_EQ(c.recomputed_steps, 0);
+  EXPECT_NEAR(c.recomputed_s, 0, 1e-9);
+  EXPECT_NEAR(c.start_s, 0.4, 1e-6);
+  EXPECT_NEAR(c.total_s(), 1.5 - 0.801, 1e-6);
+}
+
+TEST(RestartLedger, AFaultDuringTheRecoveryExtendsTheSameSpan) {
+  RestartLedger l;
+  Timeline tl;
+  EightSteps(l, tl);
+  l.FaultSeen(tl.at(1.0));
+  l.Stopped(tl.at(1.1));
+  l.GroupStarted(1, tl.at(1.2), tl.at(1.2));
+  l.Step(5, 0.1, tl.at(2.1));  // recomputing, then it fails again
+  l.FaultSeen(tl.at(2.5));
+  l.Stopped(tl.at(2.6));
+  l.GroupStarted(2, tl.at(2.7), tl.at(2.7));
+  l.Step(9, 0.1, tl.at(3.8));  // resumed from a checkpoint at 8 this time
+  const auto costs = l.Costs();
+  ASSERT_EQ(costs.size(), 1u);
+  const rdzv::RestartCost& c = costs[0];
+  EXPECT_EQ(c.restarts, 2);
+  EXPECT_EQ(c.restart, 2);
+  EXPECT_EQ(c.recomputed_steps, 1);
+  EXPECT_NEAR(c.recomputed_s, 0.5, 1e-6) << "2.0 (step 5 began) -> 2.5 (the second fault)";
+  EXPECT_NEAR(c.stop_s, 0.2, 1e-6);
+  EXPECT_NEAR(c.rendezvous_s, 0.2, 1e-6);
+  EXPECT_NEAR(c.start_s, 0.8 + 1.0, 1e-6);
+  EXPECT_NEAR(c.total_s(), 3.7 - 0.801, 1e-6) << "one outage, end to end";
+}
+
+TEST(RestartLedger, WithoutStepRecordsTheStartRunsToTheWorkersStart) {
+  RestartLedger l;
+  Timeline tl;
+  l.GroupStarted(0, tl.at(0), tl.at(0));
+  l.FaultSeen(tl.at(5));
+  l.Stopped(tl.at(5.1));
+  l.GroupStarted(1, tl.at(5.3), tl.at(5.35));
+  const auto c = l.Costs().at(0);
+  EXPECT_FALSE(c.resumed);
+  EXPECT_EQ(c.fault_step, -1);
+  EXPECT_NEAR(c.detection_s, 0, 1e-9) << "no step: nothing to date the fault by but itself";
+  EXPECT_NEAR(c.total_s(), 0.35, 1e-6);
+  EXPECT_EQ(l.productive_s(), 0);
+}
+
+TEST(RestartLedger, AFaultThatEndsTheJobIsNoRestart) {
+  RestartLedger l;
+  Timeline tl;
+  EightSteps(l, tl);
+  l.FaultSeen(tl.at(1));
+  l.Stopped(tl.at(1.2));
+  EXPECT_TRUE(l.Costs().empty());
+  EXPECT_EQ(l.lost_s(), 0);
+}
+
+TEST(RestartLedger, OldRestartsAreFoldedNotDropped) {
+  RestartLedger l;
+  Timeline tl;
+  double t = 0;
+  int64_t step = 0;
+  l.GroupStarted(0, tl.at(t), tl.at(t));
+  const int n = static_cast<int>(rdzv::kMaxRestartCosts) + 6;
+  for (int r = 1; r <= n; ++r) {
+    l.Step(++step, 0.1, tl.at(t += 0.1));
+    l.FaultSeen(tl.at(t += 0.5));
+    t += 0.5;
+    l.GroupStarted(r, tl.at(t), tl.at(t));
+    l.Step(++step, 0.1, tl.at(t += 0.1));  // 1 s lost each time (0.1 of it in the new step)
+  }
+  const auto costs = l.Costs();
+  EXPECT_EQ(costs.size(), rdzv::kMaxRestartCosts);
+  int restarts = 0;
+  for (const auto& c : costs) restarts += c.restarts;
+  EXPECT_EQ(restarts, n);
+  EXPECT_NEAR(l.lost_s(), n * 1.0, 1e-6);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher

@@ -135,6 +135,49 @@ TEST(DlrunTelemetry, GpuFiguresComeThroughNvml) {
   EXPECT_NE(r.output.find("advice: GPU memory is near its limit"), std::string::npos) << r.output;
 }
 
+// The restart ledger (docs/TELEMETRY.md, "Time lost to restarts"): rank 1 of a 2-rank gloo job
+// exits before step 13 of its first attempt; the group resumes from the checkpoint of step 10
+// and computes steps 11 and 12 again. The report's restart has every phase, summing to its
+// total, the two steps, and the resume the program sent; goodput is kept steps over the wall.
+TEST(DlrunTelemetry, ARestartsCostIsSplitIntoPhasesWithTheStepsComputedAgain) {
+  const std::string dir = MakeTempDir();
+  auto env = PythonEnv();
+  env["CRASH_RANK"] = "1";
+  env["CRASH_STEP"] = "13";
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--max-restarts",
+                             "1", "--report-json", dir + "/r.json", TEST_PYTHON,
+                             std::string(SOURCE_DIR) + "/tests/python/lost_time_train.py", "20",
+                             "10", dir + "/ckpt", "0.05"},
+                            env);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(ReadFile(dir + "/r.json"));
+  ASSERT_EQ(j["lost"]["restarts"].size(), 1u) << j.dump(2);
+  const auto& c = j["lost"]["restarts"][0];
+  EXPECT_EQ(c["restart"], 1);
+  EXPECT_EQ(c["fault_step"], 12);
+  EXPECT_EQ(c["resumed_step"], 10);
+  EXPECT_EQ(c["recomputed_steps"], 2);
+  EXPECT_TRUE(c["resumed"].get<bool>());
+  double sum = 0;
+  for (const char* phase : {"detection_s", "stop_s", "rendezvous_s", "start_s",
+                            "checkpoint_load_s", "recomputed_s"}) {
+    EXPECT_GE(c[phase].get<double>(), 0) << phase;
+    sum += c[phase].get<double>();
+  }
+  EXPECT_NEAR(sum, c["total_s"].get<double>(), 1e-6);
+  EXPECT_GT(c["start_s"].get<double>(), 0.2) << "a Python worker's start";
+  EXPECT_GT(c["recomputed_s"].get<double>(), 0.1) << "two steps of 0.05 s and more";
+  EXPECT_NEAR(j["lost"]["total_s"].get<double>(), c["total_s"].get<double>(), 1e-9);
+  EXPECT_GT(c["total_s"].get<double>(), 0.5);
+  const double goodput = j["goodput"].get<double>();
+  EXPECT_GT(goodput, 0);
+  EXPECT_LT(goodput, 1);
+  EXPECT_NEAR(goodput * j["wall_s"].get<double>(), j["productive_s"].get<double>(), 1e-6);
+  EXPECT_GT(j["productive_s"].get<double>(), 20 * 0.05) << "20 kept steps of at least 0.05 s";
+  EXPECT_NE(r.output.find("2 step(s) recomputed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(resumed from step 10)"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace dlrun::testing
 

@@ -274,6 +274,103 @@ TEST(Telemetry, RoundTripsThroughTheProto) {
   EXPECT_EQ(back->ranks[0].gpu_memory_bytes, -1);
 }
 
+RestartCost Cost(int restart, double each, int64_t fault_step, int64_t resumed_step) {
+  RestartCost c;
+  c.restart = restart;
+  c.detection_s = c.stop_s = c.rendezvous_s = c.start_s = c.checkpoint_load_s = each;
+  c.recomputed_steps = fault_step - resumed_step;
+  c.recomputed_s = each;
+  c.fault_step = fault_step;
+  c.resumed_step = resumed_step;
+  c.resumed = true;
+  return c;
+}
+
+TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverWall) {
+  FakeJob job(2);
+  job.t.SetJob("r", 1, 4, 2, 0);
+  job.t.SetJob("r", 2, 2, 1, 2);  // a node was lost: the job's largest shape stays known
+  job.t.AddRestartCause("node host-b: rank 3 exited with 1");
+  job.t.AddRestartCause("the rendezvous host was lost");
+  NodeTelemetry a, b;
+  a.hostname = "host-a";
+  b.hostname = "host-b";
+  a.restarts = {Cost(1, 0.1, 55, 50), Cost(2, 0.5, 70, 60)};  // host-a lost more to restart 2
+  b.restarts = {Cost(1, 0.2, 55, 50)};                        // host-b more to restart 1
+  a.productive_s = 30;
+  b.productive_s = 20;
+  job.now += milliseconds(60000);  // 60 s of wall time
+  job.t.Update("n0", "host-a", a, job.now);
+  job.t.Update("n1", "host-b", b, job.now);
+  const auto snap = job.t.Snap(job.now);
+  ASSERT_EQ(snap.restart_costs.size(), 2u);
+  EXPECT_EQ(snap.restart_costs[0].host, "host-b");
+  EXPECT_EQ(snap.restart_costs[1].host, "host-a");
+  EXPECT_NEAR(snap.lost_s, 6 * 0.2 + 6 * 0.5, 1e-9);
+  EXPECT_EQ(snap.productive_s, 30);
+  EXPECT_EQ(snap.max_world_size, 4);
+  EXPECT_EQ(snap.max_nodes, 2);
+
+  const nlohmann::json j = nlohmann::json::parse(SnapshotJson(snap, false));
+  EXPECT_NEAR(j["lost"]["total_s"].get<double>(), 4.2, 1e-9);
+  EXPECT_NEAR(j["lost"]["by_phase"]["start_s"].get<double>(), 0.7, 1e-9);
+  EXPECT_EQ(j["lost"]["recomputed_steps"], 15);
+  ASSERT_EQ(j["lost"]["restarts"].size(), 2u);
+  EXPECT_EQ(j["lost"]["restarts"][1]["resumed_step"], 60);
+  EXPECT_EQ(j["lost"]["restarts"][1]["fault_step"], 70);
+  EXPECT_NEAR(j["goodput"].get<double>(), 30.0 / snap.wall_s, 1e-9);
+  EXPECT_EQ(j["job"]["max_world_size"], 4);
+
+  const std::string report = FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("2 rank(s) on 1 node(s) (at most 4 on 2)"), std::string::npos) << report;
+  EXPECT_NE(report.find("restart 1: node host-b: rank 3 exited with 1; 1.20 s lost (on host-b): "
+                        "detection 0.20, stop 0.20, rendezvous 0.20, start 0.20, checkpoint load "
+                        "0.20, 5 step(s) recomputed 0.20 (resumed from step 50)"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("restart 2: the rendezvous host was lost; 3.00 s lost (on host-a)"),
+            std::string::npos)
+      << report;
+
+  const std::string text = PrometheusText(snap);
+  for (const char* series :
+       {"dlrun_restart_phase_seconds{phase=\"detection\"} 0.7",
+        "dlrun_restart_phase_seconds{phase=\"recomputed\"} 0.7", "dlrun_recomputed_steps 15",
+        "dlrun_lost_seconds 4.2"}) {
+    EXPECT_NE(text.find(series), std::string::npos) << series << "\n" << text;
+  }
+  const size_t g = text.find("\ndlrun_goodput_ratio ");
+  ASSERT_NE(g, std::string::npos) << text;
+  EXPECT_NEAR(std::stod(text.substr(g + 21)), 0.5, 1e-3);
+}
+
+TEST(Telemetry, ARestartCostOutOfRangeIsRefusedNamingIt) {
+  NodeTelemetry n;
+  n.restarts = {Cost(1, 0.1, 5, 0)};
+  v1::NodeTelemetry p;
+  ToProto(n, &p);
+  auto back = TelemetryFromProto(p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->restarts.size(), 1u);
+  EXPECT_EQ(back->restarts[0].recomputed_steps, 5);
+  EXPECT_TRUE(back->restarts[0].resumed);
+  p.mutable_restarts(0)->set_stop_s(-1);
+  EXPECT_NE(TelemetryFromProto(p).status().message().find("restart 1 has a phase of -1"),
+            std::string::npos)
+      << TelemetryFromProto(p).status();
+  p.mutable_restarts(0)->set_stop_s(0);
+  p.mutable_restarts(0)->set_resumed_step(-7);
+  EXPECT_NE(TelemetryFromProto(p).status().message().find("resumed at -7) is out of range"),
+            std::string::npos);
+  v1::NodeTelemetry many;
+  for (size_t i = 0; i <= kMaxRestartCosts; ++i) many.add_restarts();
+  EXPECT_NE(TelemetryFromProto(many).status().message().find("restarts (expected at most 64)"),
+            std::string::npos);
+  v1::NodeTelemetry nan;
+  nan.set_productive_s(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_NE(TelemetryFromProto(nan).status().message().find("productive_s"), std::string::npos);
+}
+
 TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHeartbeats) {
   HandlerOptions o;
   o.run_id = "r";

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The restart ledger on a host loss: an elastic 2-node job (`dlrun slurm --nodes 2 --min-nodes
-# 1`) of tests/system/lost_time_train.py (gloo, a checkpoint every 10 steps, a line per step
+# 1`) of tests/python/lost_time_train.py (gloo, a checkpoint every 10 steps, a line per step
 # with its wall-clock begin and end) whose agent hosting the rendezvous is SIGKILLed a few steps
 # past the checkpoint of step 10. The survivor takes over and resumes from step 10. Its report
 # must give the restart's phases, summing to the time from the kill to the first step past the
@@ -9,7 +9,7 @@
 source "$(dirname "$0")/lib.sh"
 : "${TEST_PYTHON:?}"
 
-cp "$SOURCE_DIR/tests/system/lost_time_train.py" train.py
+cp "$SOURCE_DIR/tests/python/lost_time_train.py" train.py
 port=$(free_port)
 "$DLRUN" slurm --nodes 2 --min-nodes 1 --nproc-per-node 2 --time 10 --rdzv-port "$port" \
   -o job.sbatch -- "$TEST_PYTHON" "$work/train.py" 40 10 "$work/ckpt" 0.1 2>/dev/null

@@ -5,7 +5,8 @@ with its wall-clock begin and end, the test's own clock for the time the job los
 
     step <n> began <unix s> ended <unix s>
 
-usage: lost_time_train.py STEPS EVERY CKPT_DIR [STEP_S]"""
+usage: lost_time_train.py STEPS EVERY CKPT_DIR [STEP_S]
+CRASH_RANK=R CRASH_STEP=N: rank R exits 1 before step N, in the first attempt only."""
 import os
 import sys
 import time
@@ -29,8 +30,13 @@ if os.path.exists(path):
     if rank == 0:
         print("resumed from step %d" % start, flush=True)
 
+crash_rank, crash_step = int(os.environ.get("CRASH_RANK", "-1")), int(os.environ.get("CRASH_STEP", "0"))
+first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 x = torch.ones(1000)
 for step in range(start + 1, steps + 1):
+    if rank == crash_rank and step == crash_step and first_attempt:
+        print("rank %d: exiting before step %d as asked" % (rank, step), flush=True)
+        sys.exit(1)
     began, t0 = time.time(), time.monotonic()
     dist.all_reduce(x)
     time.sleep(step_s)

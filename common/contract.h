@@ -90,5 +90,11 @@ inline constexpr char kFrDumpTempFile[] = "TORCH_FR_DUMP_TEMP_FILE";  // a prefi
 inline constexpr char kNcclDebugInfoTempFile[] = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE";
 inline constexpr char kFrDir[] = "flight_recorder";
 inline constexpr char kFrFilePrefix[] = "rank_";
+// Python's faulthandler: a worker that crashes (SIGSEGV, SIGABRT, ...) prints its Python stack to
+// stderr, where the agent finds the faulting frame (docs/STACKS.md, "Crashes"). Set to 1 for
+// every worker unless it is in dlrun's environment already.
+inline constexpr char kPythonFaultHandler[] = "PYTHONFAULTHANDLER";
+// 0: the worker library's init() leaves fatal signals alone (no native crash trace).
+inline constexpr char kCrashTrace[] = "DLRUN_CRASH_TRACE";
 
 }  // namespace dlrun::contract

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
+#include "launcher/stacks/crash_trace.h"
 #include "launcher/stacks/flight_recorder.h"
 #include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
@@ -90,6 +92,9 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
     spec.env[contract::kCudaVisibleDevices] = options_.gpus[lr];
   }
   if (lr < static_cast<int>(options_.worker_cpus.size())) spec.cpus = options_.worker_cpus[lr];
+  if (std::getenv(contract::kPythonFaultHandler) == nullptr) {
+    spec.env.try_emplace(contract::kPythonFaultHandler, "1");  // a crash's faulting frame
+  }
   spec.console_prefix = ConsolePrefix(current_.rank_offset + lr, lr);
   const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
   const auto& shown_ranks = options_.console_ranks;
@@ -451,6 +456,31 @@ void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
   }
 }
 
+std::shared_future<std::string> Agent::NameFaultingFrame(int rank, StackThread crash,
+                                                         std::string* named) {
+  const StackFrame& top = crash.frames.front();
+  if (top.module.empty() || top.function != "??" || !options_.name_frames) {
+    *named = top.Render();
+    std::promise<std::string> ready;
+    ready.set_value(*named);
+    return ready.get_future().share();
+  }
+  // A native frame without a symbol: eu-addr2line names it, which can take seconds on a large
+  // library; the restart does not wait, the report does.
+  return std::async(std::launch::async, [rank, crash = std::move(crash),
+                                         name = options_.name_frames]() mutable {
+           std::vector<RankStack> ranks(1);
+           ranks[0].rank = rank;
+           ranks[0].tool = "eu-stack";
+           ranks[0].threads.push_back(std::move(crash));
+           name(&ranks);
+           std::string frame = ranks[0].threads[0].frames.front().Render();
+           spdlog::warn("rank {} crashed in {}", rank, frame);
+           return frame;
+         })
+      .share();
+}
+
 std::string Agent::ReadFlightRecorder() const {
   if (options_.log_dir.empty()) return "";
   const std::string dir = absl::StrCat(AttemptLogDir(), "/", contract::kFrDir);
@@ -505,18 +535,28 @@ int Agent::AfterFailure() {
         oom_killed);
   };
   const Classification cls = class_of(first);
+  // A crash: the frame it died in, from the stack it wrote on its way down (crash_trace.h).
+  std::string faulting;  // named already: Python's, or a symbol the library exported
+  std::shared_future<std::string> faulting_frame;
+  if (first.signal != 0) {
+    if (auto t = ParseCrashTrace(processes_.ErrorTail(first.pid)); t && !t->frames.empty()) {
+      faulting_frame = NameFaultingFrame(first.global_rank, *std::move(t), &faulting);
+    }
+  }
   // Without an error file, the worker's last stderr line says more than "exit code 1".
   std::string said = root.message;
-  if (error_of(first.local_rank).message.empty()) {
+  if (!faulting.empty()) {
+    said = absl::StrCat(root.message, " at ", faulting);
+  } else if (error_of(first.local_rank).message.empty() && !faulting_frame.valid()) {
     if (const std::string last = LastLine(processes_.ErrorTail(first.pid)); !last.empty()) {
       said = absl::StrCat(root.message, ": ", last);
     }
   }
-  const std::string what = first.signal != 0
-                               ? absl::StrCat("rank ", first.global_rank, " got SIG",
-                                              sigabbrev_np(first.signal))
-                               : absl::StrCat("rank ", first.global_rank, " exited with ",
-                                              first.exit_code);
+  const std::string what =
+      first.signal != 0
+          ? absl::StrCat("rank ", first.global_rank, " got SIG", sigabbrev_np(first.signal),
+                         faulting.empty() ? "" : " at ", faulting)
+          : absl::StrCat("rank ", first.global_rank, " exited with ", first.exit_code);
   std::shared_future<std::string> stacks_json;
   if (capture) {
     std::shared_future<StackReport> kept =
@@ -526,7 +566,7 @@ int Agent::AfterFailure() {
                   }).share();
   }
   telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said,
-                          stacks_json, ReadFlightRecorder()});
+                          stacks_json, ReadFlightRecorder(), faulting_frame});
   // A failure that repeats the last one the same way would only repeat again: the job ends
   // here instead of spending every restart on it.
   const FailureSignature signature{cls.cls, first.global_rank,

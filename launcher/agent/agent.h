@@ -153,6 +153,10 @@ class Agent {
   // The attempt's Flight Recorder dumps (this node's ranks), where they first disagree: logged,
   // and returned as JSON for the report ("" without dumps).
   std::string ReadFlightRecorder() const;
+  // The faulting frame of rank `rank`'s crash trace (its innermost frame): ready, and in
+  // `named`, when the trace named it; else named by options_.name_frames in the background.
+  std::shared_future<std::string> NameFaultingFrame(int rank, StackThread crash,
+                                                    std::string* named);
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
   std::string ErrorFile(int local_rank) const;

@@ -270,6 +270,7 @@ void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool wh
     if (f.stacks_json.valid()) {
       jf["stacks"] = nlohmann::json::parse(f.stacks_json.get(), nullptr, false);
     }
+    if (f.faulting_frame.valid()) jf["faulting_frame"] = f.faulting_frame.get();
     if (!f.flight_recorder_json.empty()) {
       jf["flight_recorder"] = nlohmann::json::parse(f.flight_recorder_json, nullptr, false);
     }

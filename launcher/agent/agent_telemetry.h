@@ -88,6 +88,9 @@ class AgentTelemetry {
     // Where the ranks' Flight Recorder dumps first disagree (flight_recorder.h FrVerdictJson),
     // or empty.
     std::string flight_recorder_json;
+    // A crash's faulting frame ("file:line function"), from the stack the worker wrote as it
+    // died (crash_trace.h), named in the background where it is native; invalid: none.
+    std::shared_future<std::string> faulting_frame;
   };
   void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
   // The last capture before kill, summarised (stacks.h StackSummaryJson): sent with every

@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "absl/strings/match.h"
 #include "multiproc/subprocess.h"
 
 namespace dlrun::testing {
@@ -243,7 +244,10 @@ TEST(DlrunStacks, ACrashBySegfaultIsCapturedBeforeTheOthersAreStopped) {
                              tmp + "/report.json", TEST_PYTHON, kProbe},
                             {{"TMPDIR", tmp}, {"HANG_KIND", "segv"}});
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("rank 2 got SIGSEGV; the other 3 ranks were in wait_for_peer at " +
+  // The faulting frame comes from Python's faulthandler, which dlrun turns on.
+  const std::string crash = ProbeLine("the crash's line") + " stall";
+  EXPECT_NE(r.output.find("rank 2 got SIGSEGV at "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(crash + "; the other 3 ranks were in wait_for_peer at " +
                           ProbeLine("where the others wait for a crashed rank")),
             std::string::npos) << r.output;
   std::ifstream in(tmp + "/report.json");
@@ -253,12 +257,38 @@ TEST(DlrunStacks, ACrashBySegfaultIsCapturedBeforeTheOthersAreStopped) {
   EXPECT_EQ(f["class"], "segfault");
   EXPECT_EQ(f["rank"], 2);
   EXPECT_EQ(f["stacks"]["groups"][0]["ranks"], json({0, 1, 3})) << f.dump();
+  EXPECT_TRUE(absl::EndsWith(f["faulting_frame"].get<std::string>(), "/" + crash)) << f.dump();
   // The dump is kept beside the error files, in the attempt's directory.
   bool kept = false;
   for (const auto& e : std::filesystem::recursive_directory_iterator(tmp)) {
     kept |= e.path().filename() == "stacks.txt";
   }
   EXPECT_TRUE(kept) << r.output;
+  std::filesystem::remove_all(tmp);
+}
+
+// A C++ worker of the worker library: its crash handler writes the native frames, and the
+// agent names the faulting one with eu-addr2line (the function, its file and line).
+TEST(DlrunStacks, ACxxWorkersSegfaultIsNamedAtItsFaultingFrame) {
+  const std::string tmp = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--report-json",
+                             tmp + "/report.json", CRASH_PROBE},
+                            {{"TMPDIR", tmp}});
+  if (r.output.find("crash_probe: no crash trace installed") != std::string::npos) {
+    GTEST_SKIP() << "SIGSEGV has a handler already (a sanitizer's): the library leaves it be";
+  }
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("dlrun::worker: fatal signal SIGSEGV; native frames"),
+            std::string::npos) << r.output;
+  std::ifstream in(tmp + "/report.json");
+  const json report = json::parse(in, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << r.output;
+  const json& f = report["failures"][0];
+  EXPECT_EQ(f["class"], "segfault");
+  const std::string frame = f.value("faulting_frame", "");
+  EXPECT_NE(frame.find("crash_probe.cc:"), std::string::npos) << frame << "\n" << r.output;
+  EXPECT_NE(frame.find("CrashProbeWritesThroughNull"), std::string::npos) << frame;
+  EXPECT_NE(r.output.find("rank 0 crashed in "), std::string::npos) << r.output;
   std::filesystem::remove_all(tmp);
 }
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 def stall(rank, kind):
     print(f"hang_probe: rank {rank} waiting", flush=True)
     if kind == "segv":
-        os.kill(os.getpid(), signal.SIGSEGV)
+        os.kill(os.getpid(), signal.SIGSEGV)  # the crash's line
     time.sleep(3600)  # the stalled rank's line
 
 

@@ -175,6 +175,7 @@ Context init(const InitOptions& options) {
   std::optional<std::chrono::steady_clock::time_point> promoted_at;
   if (awaitPromotion()) promoted_at = std::chrono::steady_clock::now();
   if (options.keep_freed_memory) keepFreedMemory();
+  if (options.crash_trace) installCrashTrace();
   Context ctx;
   try {
     ctx.env = ParseDistEnv(ProcessEnvironment());

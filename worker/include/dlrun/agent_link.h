@@ -32,6 +32,14 @@ void reportStep(const StepReport& r);
 // after loading one. A no-op outside dlrun.
 void reportResume(long long step, double load_s);
 
+// On a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL), writes the crashing thread's native
+// frames to stderr (module+offset and the symbol where the module exports one) before the
+// default action, so dlrun's failure report names the frame it died in (docs/STACKS.md,
+// "Crashes"). Leaves alone a signal that already has a handler. init() calls it unless
+// InitOptions::crash_trace is false or DLRUN_CRASH_TRACE=0 is in the environment (then it does
+// nothing). Returns whether it installed any handler.
+bool installCrashTrace();
+
 // Warm spares (docs/RECOVERY.md): when this process was started as a spare
 // (DLRUN_SPARE_FD is set), blocks until the agent promotes it, then replaces the whole
 // environment with the one the agent sent (RANK, WORLD_SIZE, MASTER_ADDR, ... of the new

@@ -31,6 +31,8 @@ struct InitOptions {
   std::string backend = "auto";
   // Keep freed memory in the process for the next step (keepFreedMemory() below).
   bool keep_freed_memory = true;
+  // A crash's native frames to stderr for dlrun's failure report (installCrashTrace()).
+  bool crash_trace = true;
 };
 
 struct Context {

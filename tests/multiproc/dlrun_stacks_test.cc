@@ -211,8 +211,26 @@ wait_here()
     const json j = json::parse(RunCommand({TEST_PYTHON, "-c", fetch}).output, nullptr, false);
     if (j.is_object() && j.contains("stacks")) stacks = j["stacks"];
   }
+  // The live page shows it, as a browser renders it (headless Chromium, Debian's package).
+  std::string page;
+  if (RunCommand({"sh", "-c", "command -v chromium"}).exit_code == 0) {
+    page = RunCommand({"timeout", "60", "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                       "--disable-dev-shm-usage", "--user-data-dir=" + tmp + "/chromium",
+                       "--virtual-time-budget=4000", "--dump-dom",
+                       "http://127.0.0.1:" + port + "/"})
+               .output;
+  }
   { std::ofstream(tmp + "/stop") << ""; }
   EXPECT_EQ(FinishCommand(job, std::chrono::seconds(60)), 0) << job.output;
+  if (page.empty()) {
+    ADD_FAILURE() << "chromium is missing (scripts/install-deps --system): the page is unchecked";
+  } else {
+    EXPECT_NE(page.find("<div id=\"stacks\" style=\"\">"), std::string::npos) << page;
+    EXPECT_NE(page.find("a worker failed on "), std::string::npos) << page;
+    EXPECT_NE(page.find("no suspects: every rank read had the same stack"), std::string::npos);
+    EXPECT_NE(page.find("ranks 0,1 ("), std::string::npos) << page;
+    EXPECT_NE(page.find("wait_here"), std::string::npos) << page;
+  }
   ASSERT_TRUE(stacks.is_object()) << job.output;
   EXPECT_EQ(stacks["why"], "a worker failed");
   EXPECT_TRUE(stacks["suspects"].empty()) << stacks.dump();

@@ -54,20 +54,11 @@ std::string PrometheusText(const JobTelemetry::Snapshot& s) {
   // The restart ledger by phase (docs/TELEMETRY.md, "Time lost to restarts").
   auto& phase = gauge("dlrun_restart_phase_seconds",
                       "Time lost to restarts in each phase, summed over the restarts");
-  double ph[6] = {0, 0, 0, 0, 0, 0};
-  int64_t recomputed = 0;
-  for (const RestartCost& c : s.restart_costs) {
-    const double v[6] = {c.detection_s, c.stop_s, c.rendezvous_s, c.start_s, c.checkpoint_load_s,
-                         c.recomputed_s};
-    for (int i = 0; i < 6; ++i) ph[i] += v[i];
-    recomputed += c.recomputed_steps;
-  }
-  const char* names[6] = {"detection", "stop", "rendezvous", "start", "checkpoint_load",
-                          "recomputed"};
-  for (int i = 0; i < 6; ++i) phase.Add({{"phase", names[i]}}).Set(ph[i]);
+  const RestartCost sum = SumOfRestartCosts(s.restart_costs);
+  for (const auto& [name, v] : sum.Phases()) phase.Add({{"phase", name}}).Set(v);
   gauge("dlrun_recomputed_steps", "Steps computed again after restarts")
       .Add({})
-      .Set(static_cast<double>(recomputed));
+      .Set(static_cast<double>(sum.recomputed_steps));
   gauge("dlrun_goodput_ratio", "Share of the wall time spent in steps that were kept (0-1)")
       .Add({})
       .Set(s.wall_s > 0 ? std::min(1.0, s.productive_s / s.wall_s) : 0.0);

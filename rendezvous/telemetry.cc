@@ -15,6 +15,24 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+void RestartCost::Add(const RestartCost& b) {
+  restarts += b.restarts;
+  detection_s += b.detection_s;
+  stop_s += b.stop_s;
+  rendezvous_s += b.rendezvous_s;
+  start_s += b.start_s;
+  checkpoint_load_s += b.checkpoint_load_s;
+  recomputed_s += b.recomputed_s;
+  recomputed_steps += b.recomputed_steps;
+}
+
+RestartCost SumOfRestartCosts(const std::vector<RestartCost>& costs) {
+  RestartCost sum;
+  sum.restarts = 0;
+  for (const RestartCost& c : costs) sum.Add(c);
+  return sum;
+}
+
 JobTelemetry::JobTelemetry(TelemetryOptions options)
     : options_(std::move(options)),
       start_(std::chrono::steady_clock::now()),

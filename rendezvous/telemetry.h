@@ -5,6 +5,7 @@
 // end-of-job report read JobTelemetry's snapshot.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/defaults.h"
@@ -65,10 +67,26 @@ struct RestartCost {
   int64_t fault_step = -1;    // the highest step finished before the fault
   int64_t resumed_step = -1;  // the checkpoint's step the workers reported (-1: none)
   bool resumed = false;       // a step past fault_step began (else the figures are so far)
-  double total_s() const {
-    return detection_s + stop_s + rendezvous_s + start_s + checkpoint_load_s + recomputed_s;
+  // The phases in order, with their names ("detection", ..., "recomputed"): the report's JSON
+  // keys are the name + "_s", /metrics' labels the name.
+  std::array<std::pair<const char*, double>, 6> Phases() const {
+    return {{{"detection", detection_s},
+             {"stop", stop_s},
+             {"rendezvous", rendezvous_s},
+             {"start", start_s},
+             {"checkpoint_load", checkpoint_load_s},
+             {"recomputed", recomputed_s}}};
   }
+  double total_s() const {
+    double sum = 0;
+    for (const auto& [name, s] : Phases()) sum += s;
+    return sum;
+  }
+  // Adds `b` (its restarts, phases and recomputed steps): a sum over restarts.
+  void Add(const RestartCost& b);
 };
+// The sum of `costs` (restarts counted from 0).
+RestartCost SumOfRestartCosts(const std::vector<RestartCost>& costs);
 inline constexpr size_t kMaxRestartCosts = 64;  // per node; older ones are folded into one
 
 // What one agent sends with each heartbeat (and its leave): bounded, about 120 bytes a rank.

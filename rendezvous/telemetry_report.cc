@@ -69,41 +69,27 @@ nlohmann::json RankJson(int rank, const RankTelemetry& r, const std::vector<Stra
 // The restart ledger: every restart's phases, and their sums.
 nlohmann::json LostJson(const JobTelemetry::Snapshot& s) {
   using nlohmann::json;
-  RestartCost sum;
-  sum.restarts = 0;
+  auto phases = [](const RestartCost& c) {
+    json j = json::object();
+    for (const auto& [name, v] : c.Phases()) j[std::string(name) + "_s"] = v;
+    return j;
+  };
   json list = json::array();
   for (const RestartCost& c : s.restart_costs) {
-    sum.restarts += c.restarts;
-    sum.detection_s += c.detection_s;
-    sum.stop_s += c.stop_s;
-    sum.rendezvous_s += c.rendezvous_s;
-    sum.start_s += c.start_s;
-    sum.checkpoint_load_s += c.checkpoint_load_s;
-    sum.recomputed_s += c.recomputed_s;
-    sum.recomputed_steps += c.recomputed_steps;
-    list.push_back({{"restart", c.restart},
-                    {"restarts", c.restarts},
-                    {"host", c.host},
-                    {"detection_s", c.detection_s},
-                    {"stop_s", c.stop_s},
-                    {"rendezvous_s", c.rendezvous_s},
-                    {"start_s", c.start_s},
-                    {"checkpoint_load_s", c.checkpoint_load_s},
-                    {"recomputed_s", c.recomputed_s},
-                    {"recomputed_steps", c.recomputed_steps},
-                    {"fault_step", c.fault_step >= 0 ? json(c.fault_step) : json()},
-                    {"resumed_step", c.resumed_step >= 0 ? json(c.resumed_step) : json()},
-                    {"resumed", c.resumed},
-                    {"total_s", c.total_s()}});
+    json x = phases(c);
+    x.update({{"restart", c.restart},
+              {"restarts", c.restarts},
+              {"host", c.host},
+              {"recomputed_steps", c.recomputed_steps},
+              {"fault_step", c.fault_step >= 0 ? json(c.fault_step) : json()},
+              {"resumed_step", c.resumed_step >= 0 ? json(c.resumed_step) : json()},
+              {"resumed", c.resumed},
+              {"total_s", c.total_s()}});
+    list.push_back(std::move(x));
   }
+  const RestartCost sum = SumOfRestartCosts(s.restart_costs);
   return {{"total_s", s.lost_s},
-          {"by_phase",
-           {{"detection_s", sum.detection_s},
-            {"stop_s", sum.stop_s},
-            {"rendezvous_s", sum.rendezvous_s},
-            {"start_s", sum.start_s},
-            {"checkpoint_load_s", sum.checkpoint_load_s},
-            {"recomputed_s", sum.recomputed_s}}},
+          {"by_phase", phases(sum)},
           {"recomputed_steps", sum.recomputed_steps},
           {"restarts", list}};
 }

@@ -14,18 +14,6 @@ SteadyTime Minus(SteadyTime t, double s) {
   return t - std::chrono::duration_cast<SteadyTime::duration>(std::chrono::duration<double>(s));
 }
 
-// `a` absorbs `b` (the older ones past kMaxRestartCosts).
-void Fold(rdzv::RestartCost* a, const rdzv::RestartCost& b) {
-  a->restarts += b.restarts;
-  a->detection_s += b.detection_s;
-  a->stop_s += b.stop_s;
-  a->rendezvous_s += b.rendezvous_s;
-  a->start_s += b.start_s;
-  a->checkpoint_load_s += b.checkpoint_load_s;
-  a->recomputed_s += b.recomputed_s;
-  a->recomputed_steps += b.recomputed_steps;
-}
-
 }  // namespace
 
 void RestartLedger::FaultSeen(SteadyTime t) {
@@ -99,7 +87,7 @@ void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
     closed_.push_back(o.cost);
     open_.reset();
     if (closed_.size() > rdzv::kMaxRestartCosts) {
-      Fold(&closed_[1], closed_[0]);
+      closed_[1].Add(closed_[0]);  // the oldest, folded into the next
       closed_.erase(closed_.begin());
     }
   }

@@ -127,6 +127,16 @@ class Agent {
   // The verdict after every local worker succeeded: an exit code, or -1 to run again.
   int AfterSuccess();
   int AfterFailure();
+  // Whether the first failure's stacks tell something (--capture-before-kill auto): not a plain
+  // exception whose traceback is in its error file.
+  bool FirstFailureTells() const;
+  // What the root failure says: for the log and the report (`said`), for the restart cause and
+  // "the other N ranks were in ..." (`what`), and a crash's faulting frame.
+  struct FailureWords {
+    std::string said, what;
+    std::shared_future<std::string> faulting_frame;  // invalid: no crash trace
+  };
+  FailureWords DescribeFailure(const RootCause& root, bool has_error_file);
   int AliveCount() const;
   // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
   // whose stacks say something, for kAuto): only the dump itself, so the stop is not delayed

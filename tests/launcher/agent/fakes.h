@@ -74,6 +74,10 @@ class FakeProcesses final : public Processes {
       At(t, {ProcEvent::Kind::kStep, pid, 0, 0, step});
     }
   }
+  // One record (a step or a resume) after `d`.
+  void RecordAfter(pid_t pid, milliseconds d, StepRecord r) {
+    At(d, {ProcEvent::Kind::kStep, pid, 0, 0, r});
+  }
   void SignalAfter(milliseconds d, int sig) { At(d, {ProcEvent::Kind::kSignal, -1, 0, sig, {}}); }
 
   // --- what happened ---

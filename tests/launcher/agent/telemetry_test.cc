@@ -60,6 +60,49 @@ TEST(AgentTelemetry, StepsArePublishedEachPeriodAndTheFinalFiguresBeforeTheLeave
   }
 }
 
+// The restart ledger (restart_ledger.h) as the agent feeds it: the fault, the stop, the new
+// group, the resume record and the steps after it, all on the fake clock.
+TEST(AgentTelemetry, ARestartsPhasesComeFromTheAgentsMarksAndTheWorkersRecords) {
+  Harness h(1);
+  auto src = std::make_unique<ScriptedSource>(Assignment{}, 1, seconds(1));
+  ScriptedSource* s = src.get();
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.attempt == 0) {  // steps 1-4 end at 0.5 s .. 2 s; it fails at 2.1 s
+      f.StepsEvery(p.pid, milliseconds(500), milliseconds(2000), Step(0.5, 0.4, 0.1));
+      f.ExitAfter(p.pid, milliseconds(2100), 1);
+      return;
+    }
+    StepRecord resume;  // the checkpoint of step 2, loaded in 0.3 s
+    resume.kind = 'R';
+    resume.step = 2;
+    resume.step_s = 0.3;
+    f.RecordAfter(p.pid, milliseconds(800), resume);
+    for (int step = 3; step <= 5; ++step) {  // steps 3 and 4 again, then 5: 0.5 s each from 1 s
+      StepRecord r = Step(0.5, 0.4, 0.1);
+      r.step = step;
+      f.RecordAfter(p.pid, milliseconds(1000 + 500 * (step - 2)), r);
+    }
+    f.ExitAfter(p.pid, milliseconds(2600), 0);
+  };
+  EXPECT_EQ(h.Run(std::move(src)), 0);
+  ASSERT_FALSE(s->published.empty());
+  const rdzv::NodeTelemetry& last = s->published.back();
+  ASSERT_EQ(last.restarts.size(), 1u);
+  const rdzv::RestartCost& c = last.restarts[0];
+  EXPECT_EQ(c.restart, 1);
+  EXPECT_TRUE(c.resumed);
+  EXPECT_EQ(c.fault_step, 4);
+  EXPECT_EQ(c.resumed_step, 2);
+  EXPECT_EQ(c.recomputed_steps, 2);
+  EXPECT_NEAR(c.detection_s, 0.1, 1e-6) << "step 4 ended at 2 s, the exit was seen at 2.1 s";
+  EXPECT_NEAR(c.checkpoint_load_s, 0.3, 1e-6);
+  EXPECT_NEAR(c.start_s, 0.7, 0.02) << "the group's start to step 3's begin (1 s), less the load";
+  EXPECT_NEAR(c.recomputed_s, 1.0, 1e-6) << "steps 3 and 4";
+  EXPECT_NEAR(c.total_s(), 2.1 + c.stop_s + c.rendezvous_s, 0.02);
+  EXPECT_NEAR(last.lost_s, c.total_s(), 1e-9);
+  EXPECT_NEAR(last.productive_s, 5 * 0.5, 1e-9) << "steps 1-5 once; 3 and 4 again are not kept";
+}
+
 TEST(AgentTelemetry, ARestartKeepsTheCountsAndOffPublishesNothing) {
   {
     Harness h(1);

@@ -32,7 +32,7 @@ void RestartLedger::FaultSeen(SteadyTime t) {
 }
 
 void RestartLedger::CloseGroup(SteadyTime t) {
-  Open& o = *open_;
+  OpenRestart& o = *open_;
   if (!o.in_group) return;
   // The failed group's time: its start (less its load) up to its first step, then recomputing.
   const SteadyTime first = o.first_begin ? std::clamp(*o.first_begin, o.mark, t) : t;
@@ -52,7 +52,7 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   last_end_.reset();
   counted_step_ = -1;
   if (!open_) return;
-  Open& o = *open_;
+  OpenRestart& o = *open_;
   o.cost.rendezvous_s += Secs(o.mark, assigned);
   o.mark = std::max(o.mark, assigned);
   o.cost.restart = restart;
@@ -75,7 +75,7 @@ void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
   counted_step_ = std::max(counted_step_, step);
   high_step_ = std::max(high_step_, step);
   if (open_ && open_->in_group) {
-    Open& o = *open_;
+    OpenRestart& o = *open_;
     if (!o.first_begin) o.first_begin = begin;
     if (step <= o.cost.fault_step) {
       if (first_of_step) ++o.cost.recomputed_steps;

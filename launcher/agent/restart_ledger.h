@@ -20,6 +20,18 @@
 
 namespace dlrun::launcher {
 
+// A restart whose span is still open (RestartLedger's; at namespace scope, since clang cannot
+// default-construct a nested struct with member initializers inside std::optional's traits
+// while the enclosing class is incomplete).
+struct OpenRestart {
+  rdzv::RestartCost cost;
+  SteadyTime mark;  // the end of the last phase counted
+  bool in_group = false;  // a group runs since the fault
+  std::optional<SteadyTime> first_begin;  // the first step of that group began
+  double load_s = 0;                      // that group's checkpoint load (the slowest rank's)
+  SteadyTime running{};                   // that group's workers were running
+};
+
 class RestartLedger {
  public:
   // The agent saw a fault (a worker failed, a hang, a new round) at `t`.
@@ -41,19 +53,11 @@ class RestartLedger {
   double productive_s() const { return productive_s_; }
 
  private:
-  struct Open {
-    rdzv::RestartCost cost;
-    SteadyTime mark;  // the end of the last phase counted
-    bool in_group = false;  // a group runs since the fault
-    std::optional<SteadyTime> first_begin;  // the first step of that group began
-    double load_s = 0;                      // that group's checkpoint load (the slowest rank's)
-    SteadyTime running{};                   // that group's workers were running
-  };
   // The open span's current group ends at `t` without passing the fault's step.
   void CloseGroup(SteadyTime t);
 
   std::vector<rdzv::RestartCost> closed_;
-  std::optional<Open> open_;
+  std::optional<OpenRestart> open_;
   int64_t high_step_ = -1;  // the highest step any group finished
   std::optional<SteadyTime> last_end_;  // the current group's latest step end
   int64_t counted_step_ = -1;  // the current group's highest step counted (once, not per rank)

@@ -80,6 +80,16 @@ inline constexpr char kNvmlLibrary[] = "DLRUN_NVML_LIBRARY";
 inline constexpr char kPySpy[] = "DLRUN_PY_SPY";
 inline constexpr char kEuStack[] = "DLRUN_EU_STACK";
 
+// Per-rank profiling (docs/PROFILING.md): set only in the profiled ranks' environment. The tool
+// (nsys, perf, py-spy, torch), the steps to capture ("A:B"; the worker library brackets them with
+// cudaProfilerStart/Stop for nsys, and dlrun_report runs torch's profiler over them), and the
+// torch trace's path. DLRUN_PERF and DLRUN_NSYS name the tools when they are not on PATH.
+inline constexpr char kProfile[] = "DLRUN_PROFILE";
+inline constexpr char kProfileSteps[] = "DLRUN_PROFILE_STEPS";
+inline constexpr char kProfileFile[] = "DLRUN_PROFILE_FILE";
+inline constexpr char kPerfTool[] = "DLRUN_PERF";
+inline constexpr char kNsysTool[] = "DLRUN_NSYS";
+
 // PyTorch's Flight Recorder (docs/STACKS.md): dlrun sets these for its workers unless they are
 // in its own environment already; the dumps go to LOG_DIR/attempt_K/flight_recorder/rank_R.
 inline constexpr char kFrBufferSize[] = "TORCH_FR_BUFFER_SIZE";

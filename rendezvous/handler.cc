@@ -60,6 +60,18 @@ void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
     x->set_resumed_step(c.resumed_step);
     x->set_resumed(c.resumed);
   }
+  for (const RankProfile& p : t.profiles) {
+    v1::RankProfile* x = out->add_profiles();
+    x->set_rank(static_cast<uint32_t>(p.rank));
+    x->set_tool(p.tool);
+    x->set_path(p.path);
+    x->set_note(p.note);
+    for (const auto& [frame, fraction] : p.hot) {
+      v1::ProfileHotFrame* h = x->add_hot();
+      h->set_frame(frame);
+      h->set_fraction(fraction);
+    }
+  }
   for (const RankTelemetry& r : t.ranks) {
     v1::RankTelemetry* x = out->add_ranks();
     x->set_rank(static_cast<uint32_t>(r.rank));
@@ -149,6 +161,39 @@ absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t) {
     c.resumed_step = x.resumed_step();
     c.resumed = x.resumed();
     out.restarts.push_back(std::move(c));
+  }
+  if (static_cast<size_t>(t.profiles_size()) > kMaxTelemetryRanks) {
+    return InvalidArgumentError(absl::StrCat("telemetry has ", t.profiles_size(),
+                                             " profiles (expected at most ", kMaxTelemetryRanks,
+                                             ")"));
+  }
+  for (const v1::RankProfile& x : t.profiles()) {
+    const std::string field = absl::StrCat("telemetry.profiles[rank ", x.rank(), "]");
+    if (x.rank() >= (1u << 24)) {
+      return InvalidArgumentError(absl::StrCat(field, " is out of range (expected below 2^24)"));
+    }
+    if (auto s = CheckString(field + ".tool", x.tool(), 16, true); !s.ok()) return s;
+    if (auto s = CheckString(field + ".path", x.path(), 4096, false); !s.ok()) return s;
+    if (auto s = CheckString(field + ".note", x.note(), 512, false); !s.ok()) return s;
+    if (static_cast<size_t>(x.hot_size()) > kMaxProfileHotFrames) {
+      return InvalidArgumentError(absl::StrCat(field, " has ", x.hot_size(),
+                                               " hot frames (expected at most ",
+                                               kMaxProfileHotFrames, ")"));
+    }
+    RankProfile p;
+    p.rank = static_cast<int>(x.rank());
+    p.tool = x.tool();
+    p.path = x.path();
+    p.note = x.note();
+    for (const v1::ProfileHotFrame& h : x.hot()) {
+      if (auto s = CheckString(field + ".hot.frame", h.frame(), 512, true); !s.ok()) return s;
+      if (!Finite(h.fraction()) || h.fraction() > 1) {
+        return InvalidArgumentError(absl::StrCat(field, ".hot.fraction is ", h.fraction(),
+                                                 " (expected 0 to 1)"));
+      }
+      p.hot.emplace_back(h.frame(), h.fraction());
+    }
+    out.profiles.push_back(std::move(p));
   }
   out.productive_s = t.productive_s();
   out.stacks_json = t.stacks_json();

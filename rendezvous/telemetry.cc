@@ -50,6 +50,11 @@ void JobTelemetry::Update(const std::string& node_id, const std::string& hostnam
   // A node keeps sending its last capture: a new one is one that differs from what it sent.
   if (!t.stacks_json.empty() && t.stacks_json != n.stacks_json) stacks_json_ = t.stacks_json;
   n.stacks_json = t.stacks_json;
+  for (const RankProfile& p : t.profiles) {
+    RankProfile& mine = profiles_[p.rank];
+    mine = p;
+    mine.host = hostname;
+  }
   n.gpus = t.gpus;
   bool stepping = false;
   for (const RankTelemetry& r : t.ranks) stepping |= r.steps > 0;
@@ -258,6 +263,7 @@ JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
   std::lock_guard<std::mutex> lock(mu_);
   Snapshot s;
   s.stacks_json = stacks_json_;
+  s.profiles = profiles_;
   s.run_id = run_id_;
   s.state = state_;
   s.round = round_;

@@ -89,6 +89,18 @@ struct RestartCost {
 RestartCost SumOfRestartCosts(const std::vector<RestartCost>& costs);
 inline constexpr size_t kMaxRestartCosts = 64;  // per node; older ones are folded into one
 
+// One profiled rank's capture (docs/PROFILING.md): where its file is (on `host`) and the frames
+// it spent most samples in (perf and py-spy captures).
+struct RankProfile {
+  int rank = 0;
+  std::string host;  // filled in by the aggregate
+  std::string tool;  // nsys, py-spy, perf, torch
+  std::string path;  // the flame graph (perf, py-spy), report (nsys) or trace (torch)
+  std::vector<std::pair<std::string, double>> hot;  // frame, share of the samples; largest first
+  std::string note;  // why there is no file, or what is odd about it; empty when all went well
+};
+inline constexpr size_t kMaxProfileHotFrames = 8;
+
 // What one agent sends with each heartbeat (and its leave): bounded, about 120 bytes a rank.
 struct NodeTelemetry {
   std::vector<RankTelemetry> ranks;
@@ -101,6 +113,7 @@ struct NodeTelemetry {
   // The node's last capture before kill, summarised (docs/STACKS.md): JSON, at most
   // kMaxTelemetryStacksBytes; empty: none yet. The page and /api/job show the job's latest.
   std::string stacks_json;
+  std::vector<RankProfile> profiles;  // this node's profiled ranks whose captures are done
 };
 
 // Bounds the handler enforces on a NodeTelemetry message.
@@ -177,6 +190,7 @@ class JobTelemetry {
     std::vector<HistoryPoint> history;
     double samples_per_sec = 0;  // over the job: samples / the slowest rank's step time sum
     std::string stacks_json;     // the latest capture before kill of any node, or empty
+    std::map<int, RankProfile> profiles;  // by rank
   };
   Snapshot Snap(TimePoint now) const;
 
@@ -198,6 +212,7 @@ class JobTelemetry {
   std::vector<std::string> causes_;
   std::map<std::string, NodeTelemetry> nodes_seen_;  // by node id
   std::string stacks_json_;  // the latest capture any node sent (a node sends its own each time)
+  std::map<int, RankProfile> profiles_;  // by rank, as the nodes last sent them
   std::map<int, RankTelemetry> ranks_;
   std::map<int, Window> window_start_;  // per rank: the counters when the window opened
   std::map<int, int> streak_;           // consecutive windows above the factor

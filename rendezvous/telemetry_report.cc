@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 #include "rendezvous/telemetry.h"
 
@@ -114,6 +115,17 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
   j["samples_per_sec"] = s.samples_per_sec;
   j["stacks"] = s.stacks_json.empty() ? json()
                                       : json::parse(s.stacks_json, nullptr, /*allow_exceptions=*/false);
+  // --profile (docs/PROFILING.md): each profiled rank's file, and what the capture says.
+  json profiles = json::object(), details = json::array();
+  for (const auto& [rank, p] : s.profiles) {
+    if (!p.path.empty()) profiles[std::to_string(rank)] = p.path;
+    json hot = json::array();
+    for (const auto& [frame, fraction] : p.hot) hot.push_back({{"frame", frame}, {"fraction", fraction}});
+    details.push_back({{"rank", rank}, {"host", p.host}, {"tool", p.tool}, {"path", p.path},
+                       {"hot", std::move(hot)}, {"note", p.note}});
+  }
+  j["profiles"] = std::move(profiles);
+  j["profile_details"] = std::move(details);
   json ranks = json::object();
   for (const auto& [rank, r] : s.ranks) ranks[std::to_string(rank)] = RankJson(rank, r, s.stragglers);
   j["ranks"] = ranks;
@@ -352,6 +364,16 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
                                           100 * g.mean, 100 * g.min,
                                           static_cast<int>(s.gpus.size()), g.mem_peak / 1073741824.0,
                                           g.mem_total / 1073741824.0));
+  }
+  for (const auto& [rank, p] : s.profiles) {
+    absl::StrAppend(&out, "\n  profile of rank ", rank, " (", p.tool, " on ", p.host, "): ",
+                    p.path.empty() ? "none" : p.path);
+    if (!p.note.empty()) absl::StrAppend(&out, " (", p.note, ")");
+    std::vector<std::string> hot;
+    for (const auto& [frame, fraction] : p.hot) {
+      if (hot.size() < 3) hot.push_back(absl::StrFormat("%.0f%% in %s", 100 * fraction, frame));
+    }
+    if (!hot.empty()) absl::StrAppend(&out, "\n    rank ", rank, ": ", absl::StrJoin(hot, "; "));
   }
   for (const std::string& a : Advice(s, g)) absl::StrAppend(&out, "\n  advice: ", a);
   return out;

@@ -91,7 +91,14 @@ SpawnSpec Agent::MakeSpawnSpec(int lr) const {
   if (std::getenv(contract::kPythonFaultHandler) == nullptr) {
     spec.env.try_emplace(contract::kPythonFaultHandler, "1");  // a crash's faulting frame
   }
-  spec.console_prefix = ConsolePrefix(current_.rank_offset + lr, lr);
+  const int rank = current_.rank_offset + lr;
+  if (options_.profiler && options_.profiler->Wants(rank)) {
+    std::vector<std::string> argv = options_.profiler->Argv(rank, spec.argv);
+    if (argv != spec.argv) spec.spare_argv.clear();  // a spare runs the plain command
+    spec.argv = std::move(argv);
+    for (auto& [k, v] : options_.profiler->Env(rank)) spec.env[k] = v;
+  }
+  spec.console_prefix = ConsolePrefix(rank, lr);
   const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
   const auto& shown_ranks = options_.console_ranks;
   const bool shown = shown_ranks.empty() ||
@@ -139,6 +146,9 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     w.pid = *pid;
     w.alive = true;
     workers_.push_back(w);
+    if (options_.profiler && options_.profiler->Wants(w.rank)) {
+      options_.profiler->Started(w.rank, w.pid);
+    }
   }
   const Assignment& a = current_;
   std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
@@ -193,6 +203,9 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
           x.stopped = stopping_;
           NoteDeathByPassedOnSignal(x);
           telemetry_.Exited(e.pid);
+          if (options_.profiler && options_.profiler->Wants(w.rank)) {
+            options_.profiler->Exited(w.rank);
+          }
           exits_.push_back(x);
         }
         break;
@@ -216,6 +229,13 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         break;
       case ProcEvent::Kind::kStep:
         telemetry_.Step(e.pid, e.step);
+        if (options_.profiler && e.step.kind == 'S') {
+          for (const Worker& w : workers_) {
+            if (w.pid == e.pid && options_.profiler->Wants(w.rank)) {
+              options_.profiler->Step(w.rank, e.step.step);
+            }
+          }
+        }
         break;
       case ProcEvent::Kind::kBadRecord:
         telemetry_.BadRecord();
@@ -223,6 +243,22 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
     }
   }
   return forwarded;
+}
+
+void Agent::CollectProfiles() {
+  if (!options_.profiler) return;
+  std::vector<rdzv::RankProfile> got = options_.profiler->Collect(options_.profile_bound);
+  for (const rdzv::RankProfile& p : got) {
+    // Once each: Run() collects again after the last group, which AfterSuccess collected.
+    if (!profiles_said_.insert(absl::StrCat(p.rank, " ", p.path, " ", p.note)).second) continue;
+    if (!p.path.empty()) {
+      spdlog::info("rank {} profile ({}): {}{}", p.rank, p.tool, p.path,
+                   p.note.empty() ? "" : " (" + p.note + ")");
+    } else {
+      spdlog::warn("rank {} has no {} profile: {}", p.rank, p.tool, p.note);
+    }
+  }
+  telemetry_.SetProfiles(std::move(got));
 }
 
 int Agent::AliveCount() const {
@@ -340,6 +376,7 @@ void Agent::StopGroup(int first_signal) {
 int Agent::AfterSuccess() {
   processes_.CloseOutputs();
   spdlog::info("all {} worker(s) finished successfully", options_.nproc);
+  CollectProfiles();
   // The final figures go with the leave.
   telemetry_.MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);
   source_->OnSuccess();
@@ -398,6 +435,7 @@ int Agent::Run() {
   telemetry_.Start();
   const int rc = RunAttempts();
   for (const auto& c : captures_) c.wait();  // their files and lines before the end
+  CollectProfiles();
   telemetry_.Finish(rc, clock_.WallSeconds() - start, current_);
   FinishRunDir(rc);
   return rc;

@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/root_cause.h"
+#include "launcher/profile/profiler.h"
 #include "launcher/stacks/stacks.h"
 
 namespace dlrun::launcher {
@@ -80,6 +82,11 @@ struct AgentOptions {
   // stacks.h DumpStacks without naming native frames, and SymbolizeStacks (may be empty).
   std::function<std::vector<RankStack>(const std::vector<DumpTarget>&, Millis)> dump_stacks;
   std::function<void(std::vector<RankStack>*)> name_frames;
+  // --profile (docs/PROFILING.md): the profiled ranks start as it says and it hears of their
+  // starts, steps and ends; the results go in the report at the end of each group, collected
+  // within profile_bound. Null: no profiling.
+  std::shared_ptr<RankProfiler> profiler;
+  Millis profile_bound{120000};
 };
 
 class Agent {
@@ -138,6 +145,8 @@ class Agent {
   };
   FailureWords DescribeFailure(const RootCause& root, bool has_error_file);
   int AliveCount() const;
+  // The profiled ranks' captures, finished and in the telemetry (before the final figures).
+  void CollectProfiles();
   // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
   // whose stacks say something, for kAuto): only the dump itself, so the stop is not delayed
   // by naming frames. KeepCapture, after the stop, names them, writes the attempt's
@@ -197,6 +206,7 @@ class Agent {
   std::vector<std::shared_future<StackReport>> captures_;  // KeepCapture's, to wait for
   // The job-wide dump being named: its request id and the JSON to post.
   std::optional<std::pair<uint64_t, std::future<std::string>>> answering_;
+  std::set<std::string> profiles_said_;  // CollectProfiles' lines, each logged once
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };
 

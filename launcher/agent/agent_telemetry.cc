@@ -170,6 +170,7 @@ rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
   t.restarts = ledger_.Costs();
   t.lost_s = ledger_.lost_s();
   t.productive_s = ledger_.productive_s();
+  t.profiles = profiles_;
   {
     std::lock_guard<std::mutex> lock(stacks_mu_);
     t.stacks_json = stacks_json_;

@@ -99,6 +99,8 @@ class AgentTelemetry {
     std::lock_guard<std::mutex> lock(stacks_mu_);
     stacks_json_ = std::move(summary_json);
   }
+  // The profiled ranks' results so far (profiler.h), sent with every publication from now on.
+  void SetProfiles(std::vector<rdzv::RankProfile> p) { profiles_ = std::move(p); }
   // The last step `rank` reported in the current group, or -1 before its first record.
   int64_t LastStep(int rank) const {
     auto it = attempt_last_step_.find(rank);
@@ -133,6 +135,7 @@ class AgentTelemetry {
   std::string stacks_json_;  // guarded by stacks_mu_
   int64_t bad_records_ = 0;
   std::vector<Failure> failures_;
+  std::vector<rdzv::RankProfile> profiles_;
   std::unique_ptr<ResourceSampler> sampler_;
   SteadyTime next_publish_{};
   RestartLedger ledger_;

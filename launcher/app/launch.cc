@@ -59,6 +59,10 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   if (!run_dir.ok()) return Fail(run_dir.status());
   a.run_dir = *run_dir;
   if (a.keep_run_dir) a.log_dir = a.run_dir;
+  if (o.profile.On()) {
+    a.profiler = MakeToolProfiler(o.profile, plan->profile_tool, a.run_dir + "/profile",
+                                  machine.hostname);
+  }
   // `dlrun stacks` finds the run through this machine's index (RUN_DIR/workers.json).
   std::error_code ec;
   std::filesystem::create_directories(a.run_dir, ec);

@@ -448,6 +448,11 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
   if (!agent.ok()) return agent.status();
   plan.agent = *std::move(agent);
   plan.run_id = o.standalone ? RandomRunId() : o.rdzv_id;
+  if (o.profile.On()) {  // a missing tool is said now, before any worker starts
+    auto tool = FindProfileTool(o.profile, plan.agent.argv[0]);
+    if (!tool.ok()) return tool.status();
+    plan.profile_tool = *std::move(tool);
+  }
   NoteIgnoredFlags(o);
   return plan;
 }

@@ -19,7 +19,8 @@ namespace dlrun::launcher {
 struct LaunchPlan {
   int nproc = 1;       // workers on this node
   std::string run_id;  // --rdzv-id, or a fresh one for a standalone job
-  AgentOptions agent;  // all but the run directory and the metrics server
+  AgentOptions agent;  // all but the run directory, the metrics server and the profiler
+  std::string profile_tool;  // --profile's executable (profiler.h FindProfileTool)
 };
 // The plan for options `o` on machine `m`: the program is checked (one clear error, not a worker
 // exit restarted --max-restarts times), the worker count resolved, the flags dlrun takes without

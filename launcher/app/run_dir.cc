@@ -31,7 +31,7 @@ absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string
                                        bool* keep) {
   const std::string tmp = env("TMPDIR").value_or("/tmp");
   const bool redirected = o.redirects.Any() || o.tee.Any();
-  *keep = !o.log_dir.empty() || redirected;
+  *keep = !o.log_dir.empty() || redirected || o.profile.On();  // profiles are kept
   if (!*keep) return RunDir(tmp, getuid(), run_id, getpid());
   std::string base = o.log_dir;
   if (base.empty()) base = absl::StrCat(tmp, "/dlrun-", getuid(), "/logs");

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/cli/flags.h"
+#include "launcher/profile/profile.h"
 
 namespace dlrun::launcher {
 
@@ -16,6 +17,14 @@ namespace {
 
 std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
   using O = SlurmJobOptions;
+  // A flag passed on to dlrun as given, once dlrun's own parser accepts it.
+  auto checked = [](std::string O::*field, absl::Status (*check)(const std::string&)) {
+    return [field, check](O& o, const std::string& v) {
+      if (absl::Status s = check(v); !s.ok()) return s;
+      o.*field = v;
+      return absl::OkStatus();
+    };
+  };
   auto time = [](O& o, const std::string& v) {
     // sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
     bool ok = !v.empty() && v.size() < 16;
@@ -77,6 +86,15 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
                     defaults::kJobMaxRestarts, ")")},
       {"hang-timeout", "", true, cli::DurationField<O>("hang-timeout", &O::hang_timeout, true), "restart workers silent for this many seconds (default off)"},
       {"log-dir", "", true, WordField<O>("log-dir", &O::log_dir), "per-rank log directory"},
+      {"profile", "", true, checked(&O::profile, [](const std::string& v) { return ParseProfileTool(v).status(); }),
+       "profile the --profile-ranks with nsys, py-spy, perf or torch (docs/PROFILING.md)"},
+      {"profile-ranks", "", true,
+       checked(&O::profile_ranks, [](const std::string& v) { return ParseRankList("profile-ranks", v).status(); }),
+       "the global ranks to profile, e.g. 1 or 0,4-5"},
+      {"profile-steps", "", true, checked(&O::profile_steps, [](const std::string& v) { return ParseStepRange(v).status(); }),
+       "A:B: capture only steps A to B"},
+      {"profile-args", "", true, checked(&O::profile_args, [](const std::string& v) { return SplitProfileArgs(v).status(); }),
+       "more arguments for the profiler"},
       {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
        "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
        "node; the job's output says where to point a browser"},
@@ -102,6 +120,14 @@ absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& a
                          absl::StrCat("at most --nodes (", o.nodes, ")"));
   }
   if (o.min_nodes == o.nodes) o.min_nodes = 0;  // not elastic
+  if (!o.profile.empty() && o.profile_ranks.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--profile ", o.profile, " needs --profile-ranks (e.g. 0 or 0,3)"));
+  }
+  if (o.profile.empty() && !(o.profile_ranks + o.profile_steps + o.profile_args).empty()) {
+    return absl::InvalidArgumentError(
+        "--profile-ranks, --profile-steps and --profile-args need --profile");
+  }
   if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus_per_node);
   if (o.cpus_per_task == 0) {
     o.cpus_per_task = o.gpus_per_node > 0 ? 8 * o.gpus_per_node : o.nproc_per_node;

@@ -33,6 +33,9 @@ struct SlurmJobOptions {
   std::chrono::milliseconds hang_timeout{0};
   int metrics_port = 0;  // > 0: the job's telemetry page and /metrics on the first node
   std::string log_dir;
+  // --profile, --profile-ranks, --profile-steps, --profile-args: checked as dlrun checks them,
+  // and passed on as given (docs/PROFILING.md).
+  std::string profile, profile_ranks, profile_steps, profile_args;
   std::string dlrun_path = "dlrun";
   std::string script_path;  // -o FILE; empty: stdout (or dlrun-<job-name>.sbatch with --submit)
   bool submit = false;

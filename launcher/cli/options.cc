@@ -261,6 +261,40 @@ std::vector<Flag> BaseFlags() {
        },
        "dump the live workers' stacks before a failed group is stopped: auto (default: after a "
        "hang, a crash by signal, a collective timeout or a lost peer), always, off"},
+      {"profile", "", true,
+       [](O& o, const std::string& v) {
+         auto t = ParseProfileTool(v);
+         if (!t.ok()) return t.status();
+         o.profile.tool = *t;
+         return absl::OkStatus();
+       },
+       "profile the --profile-ranks with nsys, py-spy, perf or torch (the PyTorch profiler, "
+       "for Python programs that import dlrun_report): one file per rank in the run's "
+       "profile/ directory, named in the report (docs/PROFILING.md)"},
+      {"profile-ranks", "", true,
+       [](O& o, const std::string& v) {
+         auto r = ParseRankList("profile-ranks", v);
+         if (!r.ok()) return r.status();
+         o.profile.ranks = *std::move(r);
+         return absl::OkStatus();
+       },
+       "the global ranks to profile, e.g. 1 or 0,4-5 (the others start as without --profile)"},
+      {"profile-steps", "", true,
+       [](O& o, const std::string& v) {
+         auto r = ParseStepRange(v);
+         if (!r.ok()) return r.status();
+         o.profile.steps = *r;
+         return absl::OkStatus();
+       },
+       "A:B: capture only steps A to B, as the program's step records number them"},
+      {"profile-args", "", true,
+       [](O& o, const std::string& v) {
+         auto r = SplitProfileArgs(v);
+         if (!r.ok()) return r.status();
+         o.profile.args = *std::move(r);
+         return absl::OkStatus();
+       },
+       "more arguments for the profiler, e.g. \"--rate 200\" (py-spy) or \"-F 499\" (perf)"},
       {"grace-period", "", true, DurationField("grace-period", &O::grace_period, true),
        absl::StrCat("seconds between SIGTERM and SIGKILL when stopping workers (default ",
                     defaults::kGracePeriod.count() / 1000, ")")},
@@ -341,6 +375,25 @@ const char* RdzvBackendName(RdzvBackend b) {
   return b == RdzvBackend::kStatic ? "static" : "grpc";
 }
 
+namespace {
+
+// --profile needs its ranks; the other --profile-* flags need --profile.
+absl::Status CheckProfileFlags(const LaunchOptions& o) {
+  if (o.profile.On() && o.profile.ranks.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--profile ", ProfileToolName(o.profile.tool),
+                                                   " needs --profile-ranks (e.g. 0 or 0,3)"));
+  }
+  for (const char* f : {"profile-ranks", "profile-steps", "profile-args"}) {
+    if (!o.profile.On() && o.given.count(f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", f, " needs --profile (nsys, py-spy, perf or torch)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& args,
                                                  const EnvLookup& env, bool env_only) {
   LaunchOptions o;
@@ -358,6 +411,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
     o.min_nodes = o.max_nodes = 1;
     o.node_rank = 0;
   }
+  if (absl::Status st = CheckProfileFlags(o); !st.ok()) return st;
   if (o.node_rank >= o.max_nodes) {
     return BadValue("node-rank", std::to_string(o.node_rank),
                     absl::StrCat("an integer below --nnodes (", o.max_nodes, ")"));

@@ -16,6 +16,7 @@
 #include "common/env.h"
 #include "launcher/cli/flags.h"
 #include "launcher/cli/rdzv_conf.h"
+#include "launcher/profile/profile.h"
 #include "launcher/stacks/stacks.h"
 
 namespace dlrun::launcher {
@@ -93,6 +94,8 @@ struct LaunchOptions {
   std::chrono::milliseconds grace_period = defaults::kGracePeriod;  // SIGTERM -> SIGKILL
   std::chrono::milliseconds hang_timeout{0};      // 0: off
   CaptureMode capture_before_kill = CaptureMode::kAuto;  // --capture-before-kill
+  // --profile, --profile-ranks, --profile-steps, --profile-args (docs/PROFILING.md).
+  ProfileSpec profile;
   GpuSpec gpus;
   CpuAffinity cpu_affinity = CpuAffinity::kNone;  // CPU pinning; --numa-binding maps here too
   // torchrun flags that have no effect here (a one-line note says so when given).

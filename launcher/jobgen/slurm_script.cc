@@ -126,6 +126,12 @@ std::string ExtraFlags(const SlurmJobOptions& o) {
   }
   if (!o.log_dir.empty()) absl::StrAppend(&extra, "    --log-dir ", o.log_dir, "/$SLURM_JOB_ID \\\n");
   if (o.metrics_port > 0) absl::StrAppend(&extra, "    --metrics-port ", o.metrics_port, " \\\n");
+  const std::pair<const char*, const std::string*> profile[] = {
+      {"profile", &o.profile}, {"profile-ranks", &o.profile_ranks},
+      {"profile-steps", &o.profile_steps}, {"profile-args", &o.profile_args}};
+  for (const auto& [flag, value] : profile) {
+    if (!value->empty()) absl::StrAppend(&extra, "    --", flag, " ", ShellQuote(*value), " \\\n");
+  }
   return extra;
 }
 

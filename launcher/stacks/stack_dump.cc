@@ -33,16 +33,6 @@ namespace {
 
 bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
 
-std::string OnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
-    if (dir.empty()) continue;
-    std::string p = absl::StrCat(dir, "/", name);
-    if (Executable(p)) return p;
-  }
-  return "";
-}
-
 std::string ReadProc(pid_t pid, const char* what) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/", what), std::ios::binary);
   std::stringstream ss;
@@ -189,6 +179,16 @@ std::string LastWords(const std::string& text) {
 }
 
 }  // namespace
+
+std::string OnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
+    if (dir.empty()) continue;
+    std::string p = absl::StrCat(dir, "/", name);
+    if (Executable(p)) return p;
+  }
+  return "";
+}
 
 StackTools FindStackTools() {
   StackTools t;

@@ -61,6 +61,8 @@ struct StackTools {
   std::string eu_addr2line;  // beside eu-stack, else PATH
 };
 StackTools FindStackTools();
+// The executable `name` in a directory of PATH, or empty.
+std::string OnPath(const std::string& name);
 
 // Dumps every target at once (one tool process each) within `bound`: a tool still running then
 // is killed and its rank reported missing ("did not finish"). Python workers (the executable is

@@ -440,6 +440,12 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
     return s;
   }
   LaunchPlan plan;
+  if (o.profile.On()) {  // a missing tool is said first, and no worker starts
+    auto tool = FindProfileTool(
+        o.profile, WorkerArgv(o, env(contract::kPythonExec).value_or("python3"))[0]);
+    if (!tool.ok()) return tool.status();
+    plan.profile_tool = *std::move(tool);
+  }
   auto nproc = ResolveNprocPerNode(o.nproc_per_node, m.gpus.device_count,
                                    static_cast<int>(m.cpus.size()));
   if (!nproc.ok()) return nproc.status();
@@ -448,11 +454,6 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
   if (!agent.ok()) return agent.status();
   plan.agent = *std::move(agent);
   plan.run_id = o.standalone ? RandomRunId() : o.rdzv_id;
-  if (o.profile.On()) {  // a missing tool is said now, before any worker starts
-    auto tool = FindProfileTool(o.profile, plan.agent.argv[0]);
-    if (!tool.ok()) return tool.status();
-    plan.profile_tool = *std::move(tool);
-  }
   NoteIgnoredFlags(o);
   return plan;
 }

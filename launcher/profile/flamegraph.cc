@@ -160,13 +160,21 @@ Folded FoldPerfScript(const std::string& text) {
       if (in_sample) frames.push_back(PerfFrame(line));
     } else {
       flush();
-      // "comm  pid [cpu] time: period event:": the command may hold blanks; the pid follows it.
+      // "comm  pid[/tid] [cpu] time: period event:": the command may hold blanks and digits;
+      // the pid is the word before the time (and the CPU, when shown).
       std::vector<absl::string_view> words =
           absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-      size_t pid_at = 1;
-      int64_t num = 0;
-      while (pid_at < words.size() && !absl::SimpleAtoi(words[pid_at], &num)) ++pid_at;
-      comm = words.empty() ? "?" : absl::StrJoin(words.begin(), words.begin() + std::min(pid_at, words.size()), " ");
+      size_t time_at = 0;
+      double t = 0;
+      while (time_at < words.size() &&
+             !(absl::EndsWith(words[time_at], ":") &&
+               absl::SimpleAtod(words[time_at].substr(0, words[time_at].size() - 1), &t))) {
+        ++time_at;
+      }
+      size_t pid_at = time_at > 0 ? time_at - 1 : 0;
+      if (pid_at > 0 && absl::StartsWith(words[pid_at], "[")) --pid_at;
+      comm = pid_at == 0 ? std::string(words.empty() ? "?" : words[0])
+                         : absl::StrJoin(words.begin(), words.begin() + pid_at, " ");
       std::replace(comm.begin(), comm.end(), ';', ':');
       in_sample = true;
     }

@@ -371,6 +371,73 @@ TEST(Telemetry, ARestartCostOutOfRangeIsRefusedNamingIt) {
   EXPECT_NE(TelemetryFromProto(nan).status().message().find("productive_s"), std::string::npos);
 }
 
+TEST(Telemetry, EachNodesProfilesAreInTheReportAndItsJsonWithTheirHost) {
+  FakeJob job(2);
+  NodeTelemetry a, b;
+  RankProfile p1;
+  p1.rank = 1;
+  p1.tool = "py-spy";
+  p1.path = "/logs/run/profile/rank1.svg";
+  p1.hot = {{"hot_function (train.py)", 0.41}, {"step (train.py)", 0.2}};
+  a.profiles = {p1};
+  RankProfile p3;
+  p3.rank = 3;
+  p3.tool = "py-spy";
+  p3.note = "no samples: py-spy could not attach (Permission denied)";
+  b.profiles = {p3};
+  job.t.Update("n0", "host-a", a, job.now);
+  job.t.Update("n1", "host-b", b, job.now);
+  job.t.Update("n0", "host-a", NodeTelemetry{}, job.now);  // a node that stops sending keeps its
+  const auto snap = job.t.Snap(job.now);
+  ASSERT_EQ(snap.profiles.size(), 2u);
+  EXPECT_EQ(snap.profiles.at(1).host, "host-a");
+  EXPECT_EQ(snap.profiles.at(3).host, "host-b");
+  const nlohmann::json j = nlohmann::json::parse(SnapshotJson(snap, false));
+  EXPECT_EQ(j["profiles"], nlohmann::json({{"1", "/logs/run/profile/rank1.svg"}}))
+      << "only ranks with a file; the others' notes are in profile_details";
+  ASSERT_EQ(j["profile_details"].size(), 2u);
+  EXPECT_EQ(j["profile_details"][0]["hot"][0]["frame"], "hot_function (train.py)");
+  EXPECT_EQ(j["profile_details"][1]["note"], p3.note);
+  const std::string report = FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("profile of rank 1 (py-spy on host-a): /logs/run/profile/rank1.svg\n"
+                        "    rank 1: 41% in hot_function (train.py); 20% in step (train.py)"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("profile of rank 3 (py-spy on host-b): none (no samples: py-spy could "
+                        "not attach (Permission denied))"),
+            std::string::npos)
+      << report;
+}
+
+TEST(Telemetry, AProfileOutOfRangeIsRefusedNamingIt) {
+  NodeTelemetry n;
+  RankProfile p;
+  p.rank = 2;
+  p.tool = "perf";
+  p.path = "/x/rank2.svg";
+  p.hot = {{"conv3d", 0.5}};
+  n.profiles = {p};
+  v1::NodeTelemetry m;
+  ToProto(n, &m);
+  auto back = TelemetryFromProto(m);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->profiles.size(), 1u);
+  EXPECT_EQ(back->profiles[0].hot[0].first, "conv3d");
+  m.mutable_profiles(0)->mutable_hot(0)->set_fraction(1.5);
+  EXPECT_NE(TelemetryFromProto(m).status().message().find(
+                "telemetry.profiles[rank 2].hot.fraction is 1.5 (expected 0 to 1)"),
+            std::string::npos)
+      << TelemetryFromProto(m).status();
+  m.mutable_profiles(0)->mutable_hot(0)->set_fraction(0.5);
+  m.mutable_profiles(0)->set_tool("");
+  EXPECT_NE(TelemetryFromProto(m).status().message().find("profiles[rank 2].tool is empty"),
+            std::string::npos);
+  m.mutable_profiles(0)->set_tool("perf");
+  for (int i = 0; i < 8; ++i) m.mutable_profiles(0)->add_hot()->set_frame("f");
+  EXPECT_NE(TelemetryFromProto(m).status().message().find("9 hot frames (expected at most 8)"),
+            std::string::npos);
+}
+
 TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHeartbeats) {
   HandlerOptions o;
   o.run_id = "r";

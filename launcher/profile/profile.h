@@ -51,8 +51,8 @@ absl::StatusOr<std::vector<std::string>> SplitProfileArgs(const std::string& v);
 // true [--capture-range=cudaProfilerApi --capture-range-end=stop] ARGS -- ARGV`.
 std::vector<std::string> NsysArgv(const ProfileSpec& spec, const std::string& nsys,
                                   const std::string& out_stem, std::vector<std::string> argv);
-// What a profiled rank's environment gets: DLRUN_PROFILE (the tool), DLRUN_PROFILE_STEPS
-// ("A:B") and DLRUN_PROFILE_FILE (the torch trace's path). The worker library brackets the
+// What a profiled rank's environment gets (contract.h: kProfile, kProfileSteps, kProfileFile):
+// the tool, the steps ("A:B") and the torch trace's path. The worker library brackets the
 // steps with cudaProfilerStart/Stop for nsys; the Python helper runs torch's profiler.
 std::map<std::string, std::string> ProfileEnv(const ProfileSpec& spec, const std::string& file);
 

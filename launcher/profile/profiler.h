@@ -37,7 +37,7 @@ class RankProfiler {
   virtual std::vector<rdzv::RankProfile> Collect(std::chrono::milliseconds bound) = 0;
 };
 
-// The tool's executable for `spec` (DLRUN_NSYS/DLRUN_PERF/DLRUN_PY_SPY, py-spy next to the
+// The tool's executable for `spec` (the override variables, py-spy next to the
 // workers' interpreter `python`, PATH), checked usable: a missing tool, or perf where the kernel
 // allows no perf events, is an error in one line naming what to install or change. torch needs
 // none (the Python helper runs it).

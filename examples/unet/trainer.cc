@@ -364,7 +364,13 @@ void Trainer::Step(int64_t step) {
     std::exit(1);
   }
   const auto step_start = Clock::now();
-  auto [x, y] = NextBatch();
+  // NVTX ranges for nsys (dlrun/ranges.h): the step, and its data wait, forward, backward (the
+  // buckets' all-reduce ranges start inside it) and optimizer step; the checkpoint after it.
+  std::optional<dlrun::worker::ScopedRange> step_range(std::in_place, "step", step);
+  auto [x, y] = [&] {
+    dlrun::worker::ScopedRange r("data wait");
+    return NextBatch();
+  }();
   const double data_s = Seconds(step_start);
   lr_ = dlrun::worker::LearningRate(sched_, step - 1);
   dlrun::worker::SetLearningRate(*opt_, lr_);
@@ -375,16 +381,20 @@ void Trainer::Step(int64_t step) {
     std::optional<dlrun::worker::DistributedDataParallelBase::NoSyncGuard> local_only;
     if (!a_.grad_sync) local_only.emplace(ddp_.get());
     {
+      dlrun::worker::ScopedRange r("forward");
       dlrun::examples::AutocastScope autocast(scaler_->enabled());
       loss = Loss(a_.grad_sync ? (*ddp_)(x) : model_->forward(x), y,
                   a_.lambda_rho);
     }
     // --inject-inf-step: an overflow on purpose (every gradient becomes inf or NaN).
     if (step == a_.inject_inf_step) loss = loss * std::numeric_limits<float>::infinity();
+    dlrun::worker::ScopedRange r("backward");
     scaler_->scale(loss).backward();  // with sync: averaged over ranks when this returns
   }
+  std::optional<dlrun::worker::ScopedRange> opt_range(std::in_place, "optimizer step");
   const bool finite = scaler_->unscale(params_);
   if (finite) opt_->step();  // an overflow under AMP skips the step on every rank alike
+  opt_range.reset();
   if (!finite && rank_ == 0) {
     std::printf("step %ld: non-finite gradients, step skipped%s\n", step,
                 scaler_->enabled() ? " by the loss scaler" : "");
@@ -408,6 +418,7 @@ void Trainer::Step(int64_t step) {
     report.sync_s = timing.sync_s;
   }
   report.loss = mean_loss;
+  step_range.reset();
   dlrun::worker::reportStep(report);
   AfterStep(step, mean_loss, l[0][1].item<float>() > 0);
 }

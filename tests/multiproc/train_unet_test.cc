@@ -2,6 +2,7 @@
 // bit for bit, and must not agree when gradient sync is switched off (the negative control).
 #include <signal.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -70,6 +71,128 @@ TEST(TrainUnet, PerfProfilesTheStepRangeOfRankZeroAndItsFlameGraphNamesTheConvol
   EXPECT_NE(r.output.find("rank 0: "), std::string::npos) << "the report names the hot frames";
   std::filesystem::remove_all(tmp);
 }
+
+#ifdef NVTX_RECORD_LIB
+// One event of tests/worker/nvtx_record.cc's log: its kind, thread or range id, and name.
+struct NvtxEvent {
+  std::string kind;  // push, pop, start, end, cudaProfilerStart, cudaProfilerStop
+  std::string who;   // the thread (push, pop) or the range id (start, end)
+  std::string name;  // with its payload, e.g. "step 2"
+};
+
+std::vector<NvtxEvent> ReadNvtxLog(const std::string& path) {
+  std::vector<NvtxEvent> events;
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
+    std::vector<std::string> w = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+    events.push_back({w[0], w.size() > 1 ? w[1] : "", w.size() > 2 ? w[2] : ""});
+  }
+  return events;
+}
+
+size_t IndexOf(const std::vector<NvtxEvent>& ev, const std::string& kind, const std::string& name,
+               size_t from = 0) {
+  for (size_t i = from; i < ev.size(); ++i) {
+    if (ev[i].kind == kind && ev[i].name == name) return i;
+  }
+  return ev.size();
+}
+
+// The pop that closes the push at `open` (same thread, same depth).
+size_t MatchingPop(const std::vector<NvtxEvent>& ev, size_t open) {
+  int depth = 0;
+  for (size_t i = open; i < ev.size(); ++i) {
+    if (ev[i].who != ev[open].who) continue;
+    if (ev[i].kind == "push") ++depth;
+    if (ev[i].kind == "pop" && --depth == 0) return i;
+  }
+  return ev.size();
+}
+
+// NVTX ranges (dlrun/ranges.h) through a real NVTX tool interface: our injection library
+// records the "dlrun" domain. Rank 1 also runs under --profile nsys (the stub) with steps 2:3, and
+// the same library stands in for cudaProfilerStart/Stop.
+TEST(TrainUnet, OneStepEmitsItsNvtxRangesInOrderAndNsysCapturesOnlyTheStepRange) {
+  const std::string tmp = MakeTempDir();
+  std::filesystem::create_directories(tmp + "/nvtx");
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--log-dir", tmp + "/logs", "--profile",
+       "nsys", "--profile-ranks", "1", "--profile-steps", "2:3", TRAIN_UNET_BIN, "--synthetic",
+       "--base-channels", "4", "--data-size", "64", "--max-steps", "5", "--checkpoint-dir",
+       tmp + "/ckpt", "--checkpoint-every", "4"},
+      {{"OMP_NUM_THREADS", "1"}, {"NVTX_INJECTION64_PATH", NVTX_RECORD_LIB},
+       {"LD_PRELOAD", NVTX_RECORD_LIB}, {"NVTX_RECORD_DIR", tmp + "/nvtx"},
+       {"DLRUN_NSYS", std::string(SOURCE_DIR) + "/tests/multiproc/nsys_stub.sh"},
+       {"NSYS_STUB_LOG", tmp + "/nsys.log"}},
+      std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string nsys = ReadFile(tmp + "/nsys.log");
+  EXPECT_EQ(std::count(nsys.begin(), nsys.end(), '\n'), 1) << nsys;
+  EXPECT_EQ(nsys.rfind("RANK=1 DLRUN_PROFILE_STEPS=2:3 profile -o ", 0), 0u) << nsys;
+  EXPECT_NE(nsys.find("--capture-range=cudaProfilerApi --capture-range-end=stop -- "),
+            std::string::npos) << nsys;
+
+  int logs = 0, captured = 0, saves = 0;
+  for (const auto& f : std::filesystem::directory_iterator(tmp + "/nvtx")) {
+    const std::vector<NvtxEvent> ev = ReadNvtxLog(f.path());
+    const size_t step = IndexOf(ev, "push", "step 2");
+    if (step == ev.size()) continue;  // a process with no training steps
+    ++logs;
+    SCOPED_TRACE(f.path().string());
+    const size_t step_end = MatchingPop(ev, step);
+    ASSERT_LT(step_end, ev.size());
+    // The step's own ranges on its thread, in order, each closed before the next opens.
+    std::vector<std::string> inside;
+    size_t backward = 0, backward_end = 0, optimizer = 0;
+    for (size_t i = step + 1; i < step_end; ++i) {
+      if (ev[i].kind != "push" || ev[i].who != ev[step].who) continue;
+      const size_t end = MatchingPop(ev, i);
+      if (ev[i].name == "backward") backward = i, backward_end = end;
+      if (ev[i].name == "optimizer step") optimizer = i;
+      if (ev[i].name != "broadcast buffers") inside.push_back(ev[i].name);
+      i = end;
+    }
+    EXPECT_EQ(inside, (std::vector<std::string>{"data wait", "forward", "backward", "optimizer step"}));
+    // Each bucket's all-reduce: started during backward, in bucket order, reduced before the
+    // optimizer step.
+    std::vector<std::string> buckets;
+    for (size_t i = step; i < step_end; ++i) {
+      if (ev[i].kind != "start") continue;
+      buckets.push_back(ev[i].name);
+      EXPECT_GT(i, backward);
+      EXPECT_LT(i, backward_end);
+      size_t end = i + 1;
+      while (end < ev.size() && !(ev[end].kind == "end" && ev[end].who == ev[i].who)) ++end;
+      EXPECT_LT(end, optimizer) << ev[i].name << " is still open at the optimizer step";
+    }
+    ASSERT_FALSE(buckets.empty());
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      EXPECT_EQ(buckets[b], "allreduce bucket " + std::to_string(b));
+    }
+    // The checkpoint of step 4 (rank 0 writes it), after that step.
+    const size_t save = IndexOf(ev, "push", "checkpoint save 4");
+    if (save < ev.size()) {
+      ++saves;
+      EXPECT_GT(save, MatchingPop(ev, IndexOf(ev, "push", "step 4")));
+    }
+    // nsys's capture (rank 1 only): from the end of step 1 to the end of step 3.
+    const size_t start = IndexOf(ev, "cudaProfilerStart", "");
+    if (start == ev.size()) {
+      EXPECT_EQ(IndexOf(ev, "cudaProfilerStop", ""), ev.size());
+      continue;
+    }
+    ++captured;
+    EXPECT_GT(start, MatchingPop(ev, IndexOf(ev, "push", "step 1")));
+    EXPECT_LT(start, step);
+    const size_t stop = IndexOf(ev, "cudaProfilerStop", "");
+    EXPECT_GT(stop, MatchingPop(ev, IndexOf(ev, "push", "step 3")));
+    EXPECT_LT(stop, IndexOf(ev, "push", "step 4"));
+  }
+  EXPECT_EQ(logs, 2) << "both ranks' ranges";
+  EXPECT_EQ(captured, 1) << "only rank 1 captures";
+  EXPECT_EQ(saves, 1) << "rank 0's checkpoint";
+  std::filesystem::remove_all(tmp);
+}
+#endif
 
 TEST(TrainUnet, ParametersIdenticalOnBothRanksAfterTraining) {
   nlohmann::json m = TrainTwoRanks({});

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "common/scheduler_env.h"
+#include "dlrun/ranges.h"
 #include "nlohmann/json.hpp"
 
 extern char** environ;
@@ -41,6 +42,7 @@ int HeartbeatFd() {
 }  // namespace
 
 void reportStep(const StepReport& r) {
+  profileCaptureAfterStep(r.step);  // --profile nsys --profile-steps (dlrun/ranges.h)
   const int fd = HeartbeatFd();
   if (fd < 0) return;
   // "S <step> <samples> <step_s> [data_s=] [compute_s=] [sync_s=] [loss=]\n" (step_record.h).

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "dlrun/agent_link.h"
+#include "dlrun/ranges.h"
 #include "fnv1a.h"
 
 namespace dlrun::worker {
@@ -102,6 +103,7 @@ void CheckpointManager::save(const torch::nn::Module& model,
                              const torch::optim::Optimizer& optimizer,
                              const TrainingState& state) {
   if (o_.dir.empty()) throw std::runtime_error("checkpoint: CheckpointOptions::dir is empty");
+  ScopedRange range("checkpoint save", state.step);
   std::error_code ec;
   std::filesystem::create_directories(o_.dir, ec);
   if (ec) throw std::runtime_error(absl::StrCat("checkpoint: cannot create ", o_.dir, ": ", ec.message()));
@@ -186,6 +188,7 @@ void CheckpointManager::save(const torch::nn::Module& model,
 std::optional<TrainingState> CheckpointManager::resumeLatest(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer,
     const std::function<void(const std::string&)>& warn_to) {
+  ScopedRange range("checkpoint load");
   const auto warn = [&](const std::string& w) {
     if (warn_to) {
       warn_to(w);

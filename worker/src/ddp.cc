@@ -1,6 +1,7 @@
 #include "dlrun/ddp.h"
 #include "common/contract.h"
 #include "dlrun/agent_link.h"
+#include "dlrun/ranges.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -134,6 +136,7 @@ struct DistributedDataParallelBase::Impl {
     c10::intrusive_ptr<c10d::Work> work;                // the built-in allreduce
     c10::intrusive_ptr<c10::ivalue::Future> hook_done;  // a communication hook's
     bool launched = false;
+    uint64_t range = 0;  // its NVTX "allreduce bucket" range, from launch to reduced
   };
 
   std::weak_ptr<Impl> self;
@@ -195,6 +198,7 @@ struct DistributedDataParallelBase::Impl {
       absl::Status st = flat.scalar_type() == torch::kDouble
                             ? shm->Sum(flat.data_ptr<double>(), flat.numel())
                             : shm->Sum(flat.data_ptr<float>(), flat.numel());
+      endRange(std::exchange(buckets[idx].range, 0));
       {
         std::lock_guard<std::mutex> lock(comm_mu);
         if (!st.ok() && comm_status.ok()) comm_status = st;
@@ -361,6 +365,7 @@ struct DistributedDataParallelBase::Impl {
       const size_t idx = next_launch++;
       Bucket& b = buckets[idx];
       b.launched = true;
+      b.range = startRange("allreduce bucket", static_cast<int64_t>(idx));
       if (hook) {
         c10d::GradBucket grad_bucket = MakeGradBucket(idx);
         b.hook_done = hook->runHook(grad_bucket);
@@ -513,10 +518,12 @@ struct DistributedDataParallelBase::Impl {
         b.hook_done->wait();
         const torch::Tensor mean = hook->parseHookResult(b.hook_done->value());  // throws its error
         if (!mean.is_same(b.flat)) b.flat.copy_(mean.view_as(b.flat));
+        endRange(std::exchange(b.range, 0));
         continue;
       }
       if (b.work) b.work->wait();
       b.flat.mul_(scale);
+      endRange(std::exchange(b.range, 0));
     }
   }
 
@@ -707,6 +714,7 @@ void DistributedDataParallelBase::prepareForward() {
   }
   if (m.options.broadcast_buffers && m.pg->getSize() > 1 && !m.buffers.empty()) {
     torch::NoGradGuard no_grad;
+    ScopedRange range("broadcast buffers");
     c10d::broadcast_coalesced(m.pg, m.buffers, 250 * 1024 * 1024, m.BufferRoot(true));
   }
   const auto now = std::chrono::steady_clock::now();

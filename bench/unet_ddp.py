@@ -4,6 +4,8 @@
 #   python3 bench/unet_ddp.py --base-channels 16 --max-steps 12 [--no-grad-sync] --metrics-json F
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
@@ -55,7 +57,14 @@ def main():
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--no-grad-sync", action="store_true")
     ap.add_argument("--metrics-json", default="")
+    ap.add_argument("--report-steps", action="store_true",
+                    help="send each step to dlrun through python/dlrun_report.py (--profile's "
+                    "step ranges, per-rank step times in the report)")
     a = ap.parse_args()
+    report = None
+    if a.report_steps:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import dlrun_report as report
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
@@ -67,6 +76,7 @@ def main():
     for step in range(1, a.max_steps + 1):
         if step == a.warmup_steps + 1:
             start = time.perf_counter()
+        step_start = time.perf_counter()
         x = torch.randn(a.local_batch_size, 4, s, s, s, generator=gen)
         y = torch.tanh(torch.einsum("oi,nidhw->nodhw", mix, x))
         opt.zero_grad(set_to_none=True)
@@ -78,6 +88,8 @@ def main():
             loss = torch.nn.functional.l1_loss(model(x), y)
             loss.backward()
         opt.step()
+        if report is not None:
+            report.report_step(step, a.local_batch_size, time.perf_counter() - step_start)
     secs = time.perf_counter() - start
     sps = (a.max_steps - a.warmup_steps) * a.local_batch_size * world / secs
     if rank == 0:

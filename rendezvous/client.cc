@@ -113,13 +113,28 @@ class ClientImpl final : public RendezvousClient {
     r.epoch = resp.epoch();
     r.redirect = resp.redirect();
     r.stacks_request = resp.stacks_request();
+    if (resp.has_profile()) {
+      ProfileAsk& p = r.profile.emplace();
+      p.tool = resp.profile().tool();
+      for (uint32_t rank : resp.profile().ranks()) p.ranks.push_back(static_cast<int>(rank));
+      p.duration_ms = resp.profile().duration_ms();
+      p.args = resp.profile().args();
+    }
     return r;
   }
 
-  absl::StatusOr<std::vector<NodeStacksReply>> CollectStacks(Duration timeout) override {
+  absl::StatusOr<std::vector<NodeStacksReply>> CollectStacks(Duration timeout,
+                                                             const ProfileAsk* profile) override {
     v1::StacksRequest req;
     FillAuth(req.mutable_auth());
     req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+    if (profile != nullptr) {
+      v1::ProfileAsk* p = req.mutable_profile();
+      p->set_tool(profile->tool);
+      for (int rank : profile->ranks) p->add_ranks(static_cast<uint32_t>(rank));
+      p->set_duration_ms(static_cast<uint32_t>(profile->duration_ms));
+      p->set_args(profile->args);
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout + o_.rpc_timeout);
     v1::StacksResponse resp;

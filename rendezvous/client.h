@@ -39,7 +39,10 @@ class RendezvousClient {
                                                      const std::string& reason, bool fatal) = 0;
   // `dlrun stacks` for the whole job (docs/STACKS.md): every member's stacks, or its name
   // with empty ranks_json when it did not answer within `timeout`.
-  virtual absl::StatusOr<std::vector<NodeStacksReply>> CollectStacks(Duration timeout) {
+  // With `profile`: `dlrun profile` (docs/PROFILING.md); each node's ranks_json holds its
+  // profiles.
+  virtual absl::StatusOr<std::vector<NodeStacksReply>> CollectStacks(
+      Duration timeout, const ProfileAsk* profile = nullptr) {
     return absl::UnimplementedError("stacks");
   }
   // This node's answer to HeartbeatReply::stacks_request.

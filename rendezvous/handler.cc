@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace dlrun::rdzv {
@@ -36,6 +37,32 @@ absl::Status CheckString(const std::string& field, const std::string& v, size_t 
 }
 
 bool Finite(double v) { return std::isfinite(v) && v >= 0; }
+
+// `dlrun profile`'s request: a tool that attaches, some ranks, a duration the timeout covers.
+absl::Status CheckProfileAsk(const v1::ProfileAsk& p, uint32_t timeout_ms) {
+  if (p.tool() != "py-spy" && p.tool() != "perf") {
+    return absl::InvalidArgumentError(absl::StrCat("profile.tool '", absl::CHexEscape(p.tool().substr(0, 64)),
+                                                   "': expected py-spy or perf"));
+  }
+  if (p.ranks().empty() || p.ranks_size() > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile.ranks has ", p.ranks_size(), " ranks: expected 1 to 4096"));
+  }
+  for (uint32_t r : p.ranks()) {
+    if (r > 1000000) {
+      return absl::InvalidArgumentError(absl::StrCat("profile.ranks holds ", r, ": not a rank"));
+    }
+  }
+  if (p.duration_ms() == 0 || p.duration_ms() >= timeout_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("profile.duration_ms ", p.duration_ms(),
+                                                   ": expected 1 to below timeout_ms (", timeout_ms, ")"));
+  }
+  if (p.args().size() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile.args has ", p.args().size(), " bytes: expected at most 1024"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -485,6 +512,7 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
     for (const StacksCollection& c : stacks_) {
       if (c.waiting.count(req.node_id())) {
         resp->set_stacks_request(c.id);
+        if (c.profile) *resp->mutable_profile() = *c.profile;
         break;
       }
     }
@@ -502,6 +530,12 @@ void Handler::CollectStacks(const v1::StacksRequest& req, const std::string& pee
                 {});
   }
   StacksCollection c;
+  if (req.has_profile()) {
+    if (absl::Status s = CheckProfileAsk(req.profile(), req.timeout_ms()); !s.ok()) {
+      return done(Refuse(s, peer), {});
+    }
+    c.profile = req.profile();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     c.waiting = machine_.LiveMembers();

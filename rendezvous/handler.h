@@ -118,6 +118,7 @@ class Handler {
     std::map<std::string, std::string> waiting;  // node id -> host name
     v1::StacksResponse response;
     StacksDone done;
+    std::optional<v1::ProfileAsk> profile;  // `dlrun profile`: asked of each member instead
   };
   std::vector<StacksCollection> stacks_;
   uint64_t next_stacks_id_ = 1;

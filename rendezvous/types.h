@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,15 @@ struct Successor {
 // At most this many successors travel with each assignment.
 inline constexpr size_t kMaxSuccessors = 8;
 
+// `dlrun profile` on a running job: `tool` (py-spy or perf) on these global ranks for
+// `duration_ms`, with `args` for the tool.
+struct ProfileAsk {
+  std::string tool;
+  std::vector<int> ranks;
+  int64_t duration_ms = 0;
+  std::string args;
+};
+
 // The node's place in a closed round (common/assignment.h, shared with the launcher).
 using Assignment = ::dlrun::Assignment;
 
@@ -75,6 +85,8 @@ struct HeartbeatReply {
   uint64_t epoch = 0;
   std::string redirect;  // with kRestart: the host stepped down, re-join there
   uint64_t stacks_request = 0;  // > 0: post this node's stacks with this id (docs/STACKS.md)
+  // With stacks_request: a `dlrun profile` instead (docs/PROFILING.md): post profiles.
+  std::optional<ProfileAsk> profile;
 };
 
 // One node's answer to a job-wide `dlrun stacks` (docs/STACKS.md).

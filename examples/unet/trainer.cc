@@ -372,6 +372,7 @@ void Trainer::Step(int64_t step) {
     return NextBatch();
   }();
   const double data_s = Seconds(step_start);
+  const auto compute_start = Clock::now();
   lr_ = dlrun::worker::LearningRate(sched_, step - 1);
   dlrun::worker::SetLearningRate(*opt_, lr_);
   opt_->zero_grad();
@@ -400,6 +401,7 @@ void Trainer::Step(int64_t step) {
                 scaler_->enabled() ? " by the loss scaler" : "");
   }
   scaler_->update(finite);
+  const double local_compute_s = Seconds(compute_start);  // forward, backward, optimizer
   dlrun::worker::heartbeat();
   std::vector<torch::Tensor> l{torch::stack(
       {loss.detach().to(torch::kFloat32),
@@ -416,6 +418,8 @@ void Trainer::Step(int64_t step) {
     const auto timing = ddp_->lastStepTiming();
     report.compute_s = timing.compute_s;
     report.sync_s = timing.sync_s;
+  } else {
+    report.compute_s = local_compute_s;  // no gradient sync: the whole step's own work
   }
   report.loss = mean_loss;
   step_range.reset();

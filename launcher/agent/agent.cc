@@ -459,7 +459,11 @@ void Agent::FinishRunDir(int rc) const {
       any = true;
     }
   }
-  if (rc != 0 && any) {
+  // `dlrun profile`'s files (launch.cc's live_profile writes them under RUN_DIR/profile).
+  const bool profiles = !std::filesystem::is_empty(std::filesystem::path(run_dir) / "profile", ec) && !ec;
+  if (profiles) {
+    spdlog::info("the profiles dlrun profile asked for are kept in {}/profile", run_dir);
+  } else if (rc != 0 && any) {
     spdlog::info("worker error files are kept in {}", run_dir);
   } else {
     std::filesystem::remove_all(run_dir, ec);

@@ -86,6 +86,10 @@ struct AgentOptions {
   // starts, steps and ends; the results go in the report at the end of each group, collected
   // within profile_bound. Null: no profiling.
   std::shared_ptr<RankProfiler> profiler;
+  // `dlrun profile` on this running job (docs/PROFILING.md): runs the asked tool on the live
+  // workers the ask names for its duration (on a thread of its own) and returns the node's
+  // answer (launcher/profile/live_profile.h LiveProfilesJson). Empty: answered with no profiles.
+  std::function<std::string(const rdzv::ProfileAsk&, const std::vector<DumpTarget>&)> live_profile;
   Millis profile_bound{120000};
 };
 

@@ -81,6 +81,15 @@ void Agent::AnswerStacks() {
   PostNamedStacks(std::chrono::seconds(0));
   const uint64_t id = source_->StacksWanted();
   if (id == 0 || answering_) return;
+  if (std::optional<rdzv::ProfileAsk> ask = source_->ProfileWanted()) {
+    // `dlrun profile`: the capture lasts its duration; a later check posts the answer.
+    answering_.emplace(id, std::async(std::launch::async,
+                                      [ask = *std::move(ask), targets = LiveTargets(),
+                                       run = options_.live_profile] {
+                                        return run ? run(ask, targets) : std::string("[]");
+                                      }));
+    return;
+  }
   // The dump itself here (milliseconds: py-spy reads without stopping, eu-stack only unwinds);
   // naming native frames can take seconds, during which this loop must go on heartbeating, so
   // it runs on a thread of its own and the answer goes with a later check.

@@ -5,11 +5,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
 #include "rendezvous/telemetry.h"
+#include "rendezvous/types.h"
 
 namespace dlrun::launcher {
 
@@ -39,6 +41,9 @@ class MembershipSource {
   // answer (0: none pending); the agent dumps its workers and posts them with PostStacks.
   virtual uint64_t StacksWanted() const { return 0; }
   virtual void PostStacks(uint64_t id, const std::string& ranks_json) {}
+  // With StacksWanted(): `dlrun profile` asked for profiles of some ranks instead
+  // (docs/PROFILING.md, "On a running job"); the answer goes with PostStacks too.
+  virtual std::optional<rdzv::ProfileAsk> ProfileWanted() const { return std::nullopt; }
   // Where `dlrun stacks` reaches this job's rendezvous (the current host), and its secret;
   // empty endpoint for a static job.
   struct RdzvAddress {

@@ -20,6 +20,8 @@ int RunaiMain(const std::vector<std::string>& args);
 int RdzvServerMain(const std::vector<std::string>& args);
 // `dlrun stacks [options]`: the stacks of a running job's workers (app/stacks_main.cc).
 int StacksMain(const std::vector<std::string>& args);
+// `dlrun profile`: py-spy or perf on ranks of a running job (launcher/app/profile_main.cc).
+int ProfileMain(const std::vector<std::string>& args);
 
 // This executable's path (/proc/self/exe), or "dlrun" if it cannot be read.
 std::string SelfPath();

@@ -5,9 +5,12 @@
 // docs/ARCHITECTURE.md follows one launch through these steps.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "launcher/agent/agent.h"
 #include "launcher/agent/posix_processes.h"
@@ -18,6 +21,7 @@
 #include "launcher/cli/options.h"
 #include "launcher/detect/env_detect.h"
 #include "launcher/detect/machine.h"
+#include "launcher/profile/live_profile.h"
 
 namespace dlrun::launcher {
 
@@ -63,6 +67,12 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
     a.profiler = MakeToolProfiler(o.profile, plan->profile_tool, a.run_dir + "/profile",
                                   machine.hostname);
   }
+  a.live_profile = [dir = a.run_dir + "/profile", host = machine.hostname,
+                    python = a.argv.empty() ? std::string() : a.argv[0],
+                    n = std::make_shared<std::atomic<int>>(0)](
+                       const rdzv::ProfileAsk& ask, const std::vector<DumpTarget>& targets) {
+    return AnswerLiveProfile(ask, targets, absl::StrCat(dir, "/live-", ++*n), host, python);
+  };
   // `dlrun stacks` finds the run through this machine's index (RUN_DIR/workers.json).
   std::error_code ec;
   std::filesystem::create_directories(a.run_dir, ec);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launcher/app/commands.h"
+#include "launcher/app/find_run.h"
 #include "launcher/app/run_dir.h"
 #include "common/contract.h"
 #include "common/defaults.h"
@@ -64,59 +65,14 @@ std::string StacksUsage() {
       Flags());
 }
 
-struct FoundRun {
-  std::string run_dir;
-  WorkersFile workers;
-};
-
-// The runs to choose from: the one named by --log-dir (a run directory, or the directory that
-// holds the runs), else every live one registered on this machine.
-absl::StatusOr<std::vector<FoundRun>> Candidates(const StacksArgs& a, const std::string& index) {
-  std::vector<std::string> dirs;
-  if (!a.log_dir.empty()) {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(a.log_dir, ec)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "invalid value '", a.log_dir, "' for --log-dir: expected a directory"));
-    }
-    if (std::filesystem::exists(std::filesystem::path(a.log_dir) / kWorkersFileName, ec)) {
-      dirs.push_back(a.log_dir);
-    } else {
-      for (auto it = std::filesystem::directory_iterator(a.log_dir, ec);
-           !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-        if (std::filesystem::exists(it->path() / kWorkersFileName)) dirs.push_back(it->path());
-      }
-    }
-  } else {
-    for (const LiveRun& r : LiveRuns(index)) dirs.push_back(r.run_dir);
-  }
-  std::vector<FoundRun> out;
-  for (const std::string& d : dirs) {
-    auto w = ReadWorkersFile(absl::StrCat(d, "/", kWorkersFileName));
-    if (!w.ok()) continue;
-    if (w->agent_pid <= 0 || (kill(w->agent_pid, 0) != 0 && errno != EPERM)) continue;  // over
-    if (!a.run_id.empty() && w->run_id != a.run_id) continue;
-    out.push_back({d, *std::move(w)});
-  }
-  return out;
-}
-
 // Every node's workers, through the job's rendezvous: each agent dumps its own on its next
 // heartbeat and posts them (docs/STACKS.md).
 absl::StatusOr<StackReport> JobWide(const std::string& endpoint, const std::string& run_id,
                                     const std::string& token, std::chrono::milliseconds timeout) {
-  auto api = LoadRendezvous();
-  if (!api.ok()) return api.status();
-  auto tls = rdzv::TlsConfigFromEnv();
-  if (!tls.ok()) return tls.status();
-  rdzv::ClientOptions co;
-  co.endpoint = endpoint;
-  co.run_id = run_id;
-  co.token = token;
-  co.tls = *std::move(tls);
-  auto client = (*api)->CreateClient(co);
+  auto client = JobClient(endpoint, run_id, token);
+  if (!client.ok()) return client.status();
   // Each agent answers on its next heartbeat, then dumps for up to its own bound.
-  auto nodes = client->CollectStacks(timeout + defaults::kStacksBound);
+  auto nodes = (*client)->CollectStacks(timeout + defaults::kStacksBound);
   if (!nodes.ok()) {
     return absl::Status(nodes.status().code(),
                         absl::StrCat("the rendezvous at ", endpoint, " (run id '", run_id,
@@ -166,27 +122,9 @@ int StacksMain(const std::vector<std::string>& args) {
     if (!report.ok()) return FailRun(report.status());
     return print(*std::move(report));
   }
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string index = RunIndexDir(tmp ? tmp : "/tmp", getuid());
-  auto runs = Candidates(a, index);
-  if (!runs.ok()) return Fail(runs.status());
-  const std::string where = a.log_dir.empty() ? absl::StrCat("registered in ", index)
-                                              : absl::StrCat("in --log-dir ", a.log_dir);
-  if (runs->empty()) {
-    return FailRun(absl::NotFoundError(absl::StrCat(
-        "no running dlrun job", a.run_id.empty() ? "" : " with run id '" + a.run_id + "'",
-        " on this node (none ", where, "): start one, or give the --log-dir of a running job")));
-  }
-  if (runs->size() > 1) {
-    std::vector<std::string> names;
-    for (const FoundRun& r : *runs) {
-      names.push_back(absl::StrCat(r.workers.run_id, " (agent pid ", r.workers.agent_pid, ")"));
-    }
-    return FailRun(absl::FailedPreconditionError(
-        absl::StrCat(runs->size(), " dlrun jobs run on this node (", absl::StrJoin(names, ", "),
-                     "): pick one with --run-id or --log-dir")));
-  }
-  const WorkersFile& w = runs->front().workers;
+  auto run = FindRun(a.log_dir, a.run_id);
+  if (!run.ok()) return absl::IsInvalidArgument(run.status()) ? Fail(run.status()) : FailRun(run.status());
+  const WorkersFile& w = run->workers;
   if (!w.rdzv_endpoint.empty() && !a.this_node) {
     auto report = JobWide(w.rdzv_endpoint, w.run_id, w.rdzv_token, a.timeout);
     if (!report.ok()) return FailRun(report.status());

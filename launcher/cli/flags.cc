@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -35,11 +36,24 @@ absl::StatusOr<int> ParseInt(const std::string& flag, const std::string& value, 
 absl::StatusOr<std::chrono::milliseconds> ParseDuration(const std::string& flag,
                                                         const std::string& value,
                                                         bool allow_zero) {
-  double secs = 0;
-  if (!absl::SimpleAtod(value, &secs) || !(secs >= 0) || secs > 1e9 ||
-      (!allow_zero && secs == 0)) {
-    return BadValue(flag, value, allow_zero ? "seconds >= 0" : "seconds > 0");
+  // Seconds, with an optional unit: 90, 1.5s, 500ms, 2m, 1h.
+  absl::string_view number = value;
+  double unit = 1;
+  if (absl::ConsumeSuffix(&number, "ms")) {
+    unit = 0.001;
+  } else if (absl::ConsumeSuffix(&number, "s")) {
+  } else if (absl::ConsumeSuffix(&number, "m")) {
+    unit = 60;
+  } else if (absl::ConsumeSuffix(&number, "h")) {
+    unit = 3600;
   }
+  double secs = 0;
+  if (!absl::SimpleAtod(number, &secs) || !(secs >= 0) || secs * unit > 1e9 ||
+      (!allow_zero && secs == 0)) {
+    return BadValue(flag, value, allow_zero ? "seconds >= 0 (e.g. 30, 1.5s, 500ms, 2m)"
+                                            : "seconds > 0 (e.g. 30, 1.5s, 500ms, 2m)");
+  }
+  secs *= unit;
   return std::chrono::milliseconds(static_cast<int64_t>(secs * 1000 + 0.5));
 }
 

@@ -345,7 +345,7 @@ std::string CompletionScript(const std::string& shell) {
     absl::StrAppend(&words, words.empty() ? "" : " ", "--", f.name);
     if (!f.short_name.empty()) absl::StrAppend(&words, " -", f.short_name);
   }
-  absl::StrAppend(&words, " env slurm runai rdzv-server");
+  absl::StrAppend(&words, " env slurm runai rdzv-server stacks profile");
   if (shell == "tcsh") return absl::StrCat("complete dlrun 'p/*/(", words, ")/'\n");
   std::string script = absl::StrCat(
       "_dlrun() { COMPREPLY=($(compgen -W \"", words,
@@ -441,7 +441,9 @@ std::string UsageText() {
       "       dlrun env [options]       print the detected environment and resulting settings\n"
       "       dlrun rdzv-server [...]   run the rendezvous on its own (--help for its flags)\n"
       "       dlrun slurm [...] -- CMD  write (or --submit) an sbatch script running CMD\n"
-      "       dlrun runai [...] -- CMD  print the Run:ai command (-o: manifest) running CMD\n\n"
+      "       dlrun runai [...] -- CMD  print the Run:ai command (-o: manifest) running CMD\n"
+      "       dlrun stacks [...]        the stacks of a running job's workers\n"
+      "       dlrun profile --ranks L   py-spy or perf on ranks of a running job\n\n"
       "Starts one worker per slot with the torchrun worker environment (RANK, LOCAL_RANK,\n"
       "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). Flags accept '-' or '_' and fall back to\n"
       "PET_<FLAG> environment variables.\n\noptions:\n",

@@ -154,6 +154,7 @@ class RdzvSource final : public MembershipSource {
     last_ok_ = now;
     Adopt(r->epoch);
     stacks_request_ = r->stacks_request;
+    profile_ask_ = r->profile;
     *reason = r->reason;
     if (!r->redirect.empty()) {
       redirect_ = r->redirect;
@@ -172,6 +173,9 @@ class RdzvSource final : public MembershipSource {
 
   uint64_t StacksWanted() const override {
     return stacks_request_ != stacks_posted_ ? stacks_request_ : 0;
+  }
+  std::optional<rdzv::ProfileAsk> ProfileWanted() const override {
+    return StacksWanted() != 0 ? profile_ask_ : std::nullopt;
   }
   void PostStacks(uint64_t id, const std::string& ranks_json) override {
     stacks_posted_ = id;
@@ -363,6 +367,7 @@ class RdzvSource final : public MembershipSource {
   std::vector<std::string> hosts_seen_;
   SteadyTime last_ok_ = clock_.Now();
   bool lost_ = false;  // the host stopped answering: the next Next() fails over
+  std::optional<rdzv::ProfileAsk> profile_ask_;  // with stacks_request_: `dlrun profile`'s
   uint64_t stacks_request_ = 0;  // the last heartbeat's (docs/STACKS.md)
   uint64_t stacks_posted_ = 0;
   std::string lost_reason_;

@@ -14,9 +14,14 @@ TEST(Flags, DurationsNodeRangesSignalsAndIntegersHaveOneErrorShape) {
   EXPECT_EQ(ParseDuration("grace-period", "1.5", true)->count(), 1500);
   EXPECT_EQ(ParseDuration("hang-timeout", "0", true)->count(), 0);
   EXPECT_EQ(Error(ParseDuration("join-timeout", "0", false).status()),
-            "invalid value '0' for --join-timeout: expected seconds > 0");
+            "invalid value '0' for --join-timeout: expected seconds > 0 (e.g. 30, 1.5s, 500ms, 2m)");
   EXPECT_EQ(Error(ParseDuration("x", "-1", true).status()),
-            "invalid value '-1' for --x: expected seconds >= 0");
+            "invalid value '-1' for --x: expected seconds >= 0 (e.g. 30, 1.5s, 500ms, 2m)");
+  EXPECT_EQ(ParseDuration("duration", "10s", false)->count(), 10000);
+  EXPECT_EQ(ParseDuration("duration", "250ms", false)->count(), 250);
+  EXPECT_EQ(ParseDuration("duration", "2m", false)->count(), 120000);
+  EXPECT_EQ(ParseDuration("duration", "1h", false)->count(), 3600000);
+  for (const char* bad : {"s", "10x", "ms", "-2m", "2d"}) EXPECT_FALSE(ParseDuration("d", bad, true).ok()) << bad;
   EXPECT_FALSE(ParseDuration("x", "nan", true).ok());
   EXPECT_EQ(ParseNodeRange("nnodes", "2:4")->max, 4);
   EXPECT_EQ(ParseNodeRange("nnodes", "3")->min, 3);

@@ -1,6 +1,8 @@
 // --profile with real processes (docs/PROFILING.md): the real py-spy on a 2-rank Gloo job, the
 // PyTorch profiler through dlrun_report, nsys through a stub that records its command line (nsys
 // cannot be installed here), and a missing tool. perf on train_unet is in train_unet_test.
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -147,6 +149,67 @@ TEST(DlrunProfile, AMissingToolIsOneLineAndNoWorkerStarts) {
                                          "apt install linux-perf"))
       << r.output;
   EXPECT_FALSE(std::filesystem::exists(marker, ec));
+}
+
+// `dlrun profile` on a running job of two agents on loopback (one rank each): the request goes
+// through the rendezvous to the node that runs the rank, whose agent attaches py-spy for the
+// duration; the answer names that node's flame graph and its hot frames.
+TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
+  const std::string tmp_a = MakeTempDir(), tmp_b = MakeTempDir();
+  const std::string ep = "127.0.0.1:" + std::to_string(FreeTcpPort());
+  const std::vector<std::string> cmd = {
+      DLRUN_BIN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+      "--rdzv-endpoint", ep, "--rdzv-id", "profile-job", "--rdzv-conf", "heartbeat_interval=0.5",
+      TEST_PYTHON, kProbe, "1000000"};
+  const std::map<std::string, std::string> token = {{"DLRUN_RDZV_TOKEN", "profile-test-token"}};
+  auto env = [&](const std::string& tmp) {
+    auto e = token;
+    e.emplace("TMPDIR", tmp);
+    return e;
+  };
+  Started a = StartCommand(cmd, env(tmp_a));
+  ASSERT_TRUE(ReadUntil(a, "hosting the rendezvous", 1, std::chrono::seconds(60))) << a.output;
+  Started b = StartCommand(cmd, env(tmp_b));
+  ASSERT_TRUE(ReadUntil(a, "profile_probe: rank", 1, std::chrono::seconds(90))) << a.output;
+  ASSERT_TRUE(ReadUntil(b, "profile_probe: rank", 1, std::chrono::seconds(90))) << b.output;
+  // Asked on node a, whichever node runs rank 1.
+  ProcResult r = RunCommand({DLRUN_BIN, "profile", "--ranks", "1", "--duration", "2s", "--tool",
+                             "py-spy", "--json"},
+                            env(tmp_a), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = json::parse(r.output, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.output;
+  ASSERT_EQ(j["profiles"].size(), 1u) << r.output;
+  const std::string svg = j["profiles"]["1"].get<std::string>();
+  EXPECT_NE(ReadFile(svg).find("hot_function"), std::string::npos) << svg;
+  ASSERT_EQ(j["profile_details"].size(), 1u) << r.output;
+  const json& d = j["profile_details"][0];
+  EXPECT_EQ(d["tool"], "py-spy");
+  EXPECT_FALSE(d["host"].get<std::string>().empty());
+  ASSERT_FALSE(d["hot"].empty()) << r.output;
+  EXPECT_NE(d["hot"][0]["frame"].get<std::string>().find("hot_function"), std::string::npos)
+      << r.output;
+  // The file lies in the run directory of the agent that runs rank 1: under its TMPDIR.
+  const std::string rank1_tmp = ProbeLine(a.output, 1).empty() ? tmp_b : tmp_a;
+  EXPECT_EQ(svg.rfind(rank1_tmp, 0), 0u) << svg;
+  EXPECT_TRUE(j["notes"].empty()) << r.output;
+
+  // nsys cannot attach: one line, exit 2; a rank the job does not have is named.
+  r = RunCommand({DLRUN_BIN, "profile", "--ranks", "0", "--tool", "nsys"}, env(tmp_a));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output, "dlrun: nsys cannot attach to a running process: dlrun profile runs py-spy "
+                      "or perf; for nsys, start the job with --profile nsys --profile-ranks\n");
+  r = RunCommand({DLRUN_BIN, "profile", "--ranks", "7", "--duration", "1s"}, env(tmp_b),
+                 std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("rank 7: no live worker of the job has it"), std::string::npos)
+      << r.output;
+
+  kill(a.pid, SIGTERM);
+  kill(b.pid, SIGTERM);
+  FinishCommand(a, std::chrono::seconds(60));
+  FinishCommand(b, std::chrono::seconds(60));
+  for (const std::string& dir : {tmp_a, tmp_b}) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ namespace dlrun::worker {
 class ProfileCapture {
  public:
   using Toggle = int (*)();  // cudaProfilerStart / cudaProfilerStop
-  // `tool` and `steps`: DLRUN_PROFILE and DLRUN_PROFILE_STEPS ("A:B"). Captures only for nsys
+  // `tool` and `steps`: contract::kProfile and kProfileSteps ("A:B"). Captures only for nsys
   // with a valid range and both functions present.
   ProfileCapture(const char* tool, const char* steps, Toggle start, Toggle stop);
   // The process started (init()): starts when A is 0.

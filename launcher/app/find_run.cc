@@ -1,0 +1,95 @@
+#include "launcher/app/find_run.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "launcher/app/run_dir.h"
+#include "launcher/rdzv/rdzv_loader.h"
+#include "rendezvous/tls.h"
+
+namespace dlrun::launcher {
+namespace {
+
+// The runs to choose from: the one named by `log_dir` (a run directory, or the directory that
+// holds the runs), else every live one registered on this machine.
+absl::StatusOr<std::vector<FoundRun>> Candidates(const std::string& log_dir,
+                                                 const std::string& run_id,
+                                                 const std::string& index) {
+  std::vector<std::string> dirs;
+  if (!log_dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(log_dir, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid value '", log_dir, "' for --log-dir: expected a directory"));
+    }
+    if (std::filesystem::exists(std::filesystem::path(log_dir) / kWorkersFileName, ec)) {
+      dirs.push_back(log_dir);
+    } else {
+      for (auto it = std::filesystem::directory_iterator(log_dir, ec);
+           !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+        if (std::filesystem::exists(it->path() / kWorkersFileName)) dirs.push_back(it->path());
+      }
+    }
+  } else {
+    for (const LiveRun& r : LiveRuns(index)) dirs.push_back(r.run_dir);
+  }
+  std::vector<FoundRun> out;
+  for (const std::string& d : dirs) {
+    auto w = ReadWorkersFile(absl::StrCat(d, "/", kWorkersFileName));
+    if (!w.ok()) continue;
+    if (w->agent_pid <= 0 || (kill(w->agent_pid, 0) != 0 && errno != EPERM)) continue;  // over
+    if (!run_id.empty() && w->run_id != run_id) continue;
+    out.push_back({d, *std::move(w)});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<FoundRun> FindRun(const std::string& log_dir, const std::string& run_id) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string index = RunIndexDir(tmp ? tmp : "/tmp", getuid());
+  auto runs = Candidates(log_dir, run_id, index);
+  if (!runs.ok()) return runs.status();
+  const std::string where = log_dir.empty() ? absl::StrCat("registered in ", index)
+                                            : absl::StrCat("in --log-dir ", log_dir);
+  if (runs->empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no running dlrun job", run_id.empty() ? "" : " with run id '" + run_id + "'",
+        " on this node (none ", where, "): start one, or give the --log-dir of a running job"));
+  }
+  if (runs->size() > 1) {
+    std::vector<std::string> names;
+    for (const FoundRun& r : *runs) {
+      names.push_back(absl::StrCat(r.workers.run_id, " (agent pid ", r.workers.agent_pid, ")"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(runs->size(), " dlrun jobs run on this node (", absl::StrJoin(names, ", "),
+                     "): pick one with --run-id or --log-dir"));
+  }
+  return std::move(runs->front());
+}
+
+absl::StatusOr<std::unique_ptr<rdzv::RendezvousClient>> JobClient(const std::string& endpoint,
+                                                                   const std::string& run_id,
+                                                                   const std::string& token) {
+  auto api = LoadRendezvous();
+  if (!api.ok()) return api.status();
+  auto tls = rdzv::TlsConfigFromEnv();
+  if (!tls.ok()) return tls.status();
+  rdzv::ClientOptions co;
+  co.endpoint = endpoint;
+  co.run_id = run_id;
+  co.token = token;
+  co.tls = *std::move(tls);
+  return (*api)->CreateClient(co);
+}
+
+}  // namespace dlrun::launcher

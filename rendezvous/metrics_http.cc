@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <httplib.h>
@@ -18,6 +21,7 @@
 
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace dlrun::rdzv {
@@ -105,6 +109,10 @@ class HttpMetrics final : public MetricsServer {
       res.set_content(SnapshotJson(t_->Snap(std::chrono::steady_clock::now()), true),
                       "application/json");
     });
+    // A profile's file (docs/PROFILING.md), when it lies on this host: the page links each.
+    srv_.Get(R"(/profile/(\d{1,7}))", [this](const httplib::Request& req, httplib::Response& res) {
+      ServeProfile(std::stoi(req.matches[1].str()), &res);
+    });
     srv_.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(kTelemetryPage, "text/html; charset=utf-8");
     });
@@ -136,6 +144,38 @@ class HttpMetrics final : public MetricsServer {
   int port() const override { return port_; }
 
  private:
+  // Only the paths the agents reported (the snapshot's), and only regular files of at most
+  // 256 MB: anything else is a 404 that says where the file is.
+  void ServeProfile(int rank, httplib::Response* res) {
+    const JobTelemetry::Snapshot s = t_->Snap(std::chrono::steady_clock::now());
+    auto it = s.profiles.find(rank);
+    if (it == s.profiles.end() || it->second.path.empty()) {
+      res->status = 404;
+      res->set_content(absl::StrCat("rank ", rank, " has no profile\n"), "text/plain");
+      return;
+    }
+    const RankProfile& p = it->second;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(p.path, ec);
+    if (ec || !std::filesystem::is_regular_file(p.path, ec) || size > (256u << 20)) {
+      res->status = 404;
+      res->set_content(absl::StrCat("rank ", rank, "'s profile is ", p.path, " on ", p.host,
+                                    ", not readable from this host\n"),
+                       "text/plain");
+      return;
+    }
+    std::ifstream in(p.path, std::ios::binary);
+    std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const char* type = absl::EndsWith(p.path, ".svg")    ? "image/svg+xml"
+                       : absl::EndsWith(p.path, ".json") ? "application/json"
+                                                          : "application/octet-stream";
+    if (std::string(type) == "application/octet-stream") {
+      res->set_header("Content-Disposition", absl::StrCat("attachment; filename=\"",
+                                                          std::filesystem::path(p.path).filename().string(), "\""));
+    }
+    res->set_content(std::move(body), type);
+  }
+
   std::shared_ptr<JobTelemetry> t_;
   httplib::Server srv_;
   std::thread th_;

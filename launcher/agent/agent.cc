@@ -258,7 +258,14 @@ void Agent::CollectProfiles() {
       spdlog::warn("rank {} has no {} profile: {}", p.rank, p.tool, p.note);
     }
   }
-  telemetry_.SetProfiles(std::move(got));
+  collected_profiles_ = std::move(got);
+  PublishProfiles();
+}
+
+void Agent::PublishProfiles() {
+  std::vector<rdzv::RankProfile> all = collected_profiles_;
+  all.insert(all.end(), live_profiles_.begin(), live_profiles_.end());
+  telemetry_.SetProfiles(std::move(all));
 }
 
 int Agent::AliveCount() const {

@@ -151,6 +151,7 @@ class Agent {
   int AliveCount() const;
   // The profiled ranks' captures, finished and in the telemetry (before the final figures).
   void CollectProfiles();
+  void PublishProfiles();  // --profile's and `dlrun profile`'s results to the telemetry
   // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
   // whose stacks say something, for kAuto): only the dump itself, so the stop is not delayed
   // by naming frames. KeepCapture, after the stop, names them, writes the attempt's
@@ -210,6 +211,10 @@ class Agent {
   std::vector<std::shared_future<StackReport>> captures_;  // KeepCapture's, to wait for
   // The job-wide dump being named: its request id and the JSON to post.
   std::optional<std::pair<uint64_t, std::future<std::string>>> answering_;
+  bool answering_profile_ = false;  // answering_ is `dlrun profile`'s, not stacks
+  // `dlrun profile`'s results on this node, shown beside --profile's (telemetry, live page).
+  std::vector<rdzv::RankProfile> live_profiles_;
+  std::vector<rdzv::RankProfile> collected_profiles_;  // --profile's, from CollectProfiles
   std::set<std::string> profiles_said_;  // CollectProfiles' lines, each logged once
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };

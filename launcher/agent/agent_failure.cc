@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "launcher/agent/agent.h"
+#include "launcher/profile/live_profile.h"
 #include "launcher/stacks/crash_trace.h"
 #include "launcher/stacks/flight_recorder.h"
 #include "launcher/stacks/stacks.h"
@@ -88,6 +89,7 @@ void Agent::AnswerStacks() {
                                        run = options_.live_profile] {
                                         return run ? run(ask, targets) : std::string("[]");
                                       }));
+    answering_profile_ = true;
     return;
   }
   // The dump itself here (milliseconds: py-spy reads without stopping, eu-stack only unwinds);
@@ -111,8 +113,20 @@ void Agent::AnswerStacks() {
 void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
   // From this thread: the membership source's client is this thread's.
   if (answering_ && answering_->second.wait_for(wait) == std::future_status::ready) {
-    source_->PostStacks(answering_->first, answering_->second.get());
+    const std::string answer = answering_->second.get();
+    source_->PostStacks(answering_->first, answer);
     answering_.reset();
+    if (answering_profile_) {  // also on the live page and in the report, by rank
+      answering_profile_ = false;
+      if (auto got = LiveProfilesFromJson(answer); got.ok()) {
+        for (rdzv::RankProfile& p : *got) {
+          if (p.path.empty()) continue;
+          std::erase_if(live_profiles_, [&](const rdzv::RankProfile& q) { return q.rank == p.rank; });
+          live_profiles_.push_back(std::move(p));
+        }
+        PublishProfiles();
+      }
+    }
   }
 }
 

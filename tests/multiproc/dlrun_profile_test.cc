@@ -160,7 +160,7 @@ TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
   const std::vector<std::string> cmd = {
       DLRUN_BIN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
       "--rdzv-endpoint", ep, "--rdzv-id", "profile-job", "--rdzv-conf", "heartbeat_interval=0.5",
-      TEST_PYTHON, kProbe, "1000000"};
+      "--metrics-port", "0", "--metrics-addr", "127.0.0.1", TEST_PYTHON, kProbe, "1000000"};
   const std::map<std::string, std::string> token = {{"DLRUN_RDZV_TOKEN", "profile-test-token"}};
   auto env = [&](const std::string& tmp) {
     auto e = token;
@@ -193,6 +193,41 @@ TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
   const std::string rank1_tmp = ProbeLine(a.output, 1).empty() ? tmp_b : tmp_a;
   EXPECT_EQ(svg.rfind(rank1_tmp, 0), 0u) << svg;
   EXPECT_TRUE(j["notes"].empty()) << r.output;
+
+  // The live page (served by the rendezvous host, node a) lists it and serves the flame graph.
+  ASSERT_TRUE(ReadUntil(a, "job telemetry on http://127.0.0.1:", 1, std::chrono::seconds(5)))
+      << a.output;
+  const size_t at = a.output.find("job telemetry on http://127.0.0.1:") + 34;
+  const std::string base = "http://127.0.0.1:" + a.output.substr(at, a.output.find('/', at) - at);
+  auto fetch = [&](const std::string& path) {
+    return RunCommand({TEST_PYTHON, "-c",
+                       "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen('" +
+                           base + path + "', timeout=5).read().decode())"})
+        .output;
+  };
+  json details;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (details.empty() && std::chrono::steady_clock::now() < deadline) {
+    const json job = json::parse(fetch("/api/job"), nullptr, false);
+    if (job.is_object() && job.contains("profiles") && job["profiles"].contains("1")) {
+      details = job["profile_details"];
+    }
+  }
+  ASSERT_EQ(details.size(), 1u) << "rank 1's profile never reached /api/job";
+  EXPECT_EQ(details[0]["path"], svg);
+  EXPECT_NE(fetch("/profile/1").find("hot_function"), std::string::npos);
+  EXPECT_NE(fetch("/profile/0").find("404"), std::string::npos) << "rank 0 has none";
+  if (RunCommand({"sh", "-c", "command -v chromium"}).exit_code == 0) {
+    const std::string page =
+        RunCommand({"timeout", "60", "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                    "--disable-dev-shm-usage", "--user-data-dir=" + tmp_a + "/chromium",
+                    "--virtual-time-budget=4000", "--dump-dom", base + "/"})
+            .output;
+    EXPECT_NE(page.find("<a href=\"profile/1\""), std::string::npos) << page;
+    EXPECT_NE(page.find("% in hot_function"), std::string::npos) << page;
+  } else {
+    ADD_FAILURE() << "chromium is missing (scripts/install-deps --system): the page is unchecked";
+  }
 
   // nsys cannot attach: one line, exit 2; a rank the job does not have is named.
   r = RunCommand({DLRUN_BIN, "profile", "--ranks", "0", "--tool", "nsys"}, env(tmp_a));

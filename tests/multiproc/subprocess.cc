@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -100,18 +102,26 @@ bool WaitForExit(int pid, std::chrono::milliseconds deadline) {
 }
 
 int FreeTcpPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-    port = ntohs(sa.sin_port);
+  // The kernel may hand the same free port out twice in a row; a test that asks for two
+  // endpoints needs two ports, so none is given out twice by this process.
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    int port = 0;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+      port = ntohs(sa.sin_port);
+    }
+    close(fd);
+    if (port != 0 && given.insert(port).second) return port;
   }
-  close(fd);
-  return port;
+  return 0;
 }
 
 ProcResult RunCommand(const std::vector<std::string>& argv,

@@ -167,9 +167,24 @@ TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
     e.emplace("TMPDIR", tmp);
     return e;
   };
-  Started a = StartCommand(cmd, env(tmp_a));
+  Started a, b;
+  // Both agents stop when the test ends, also after a failed ASSERT (their job runs for hours).
+  struct StopJobs {
+    std::vector<Started*> jobs;
+    std::vector<std::string> dirs;
+    ~StopJobs() {
+      for (Started* j : jobs) {
+        if (j->pid > 0) kill(j->pid, SIGTERM);
+      }
+      for (Started* j : jobs) {
+        if (j->pid > 0) FinishCommand(*j, std::chrono::seconds(60));
+      }
+      for (const std::string& d : dirs) std::filesystem::remove_all(d);
+    }
+  } stop{{&a, &b}, {tmp_a, tmp_b}};
+  a = StartCommand(cmd, env(tmp_a));
   ASSERT_TRUE(ReadUntil(a, "hosting the rendezvous", 1, std::chrono::seconds(60))) << a.output;
-  Started b = StartCommand(cmd, env(tmp_b));
+  b = StartCommand(cmd, env(tmp_b));
   ASSERT_TRUE(ReadUntil(a, "profile_probe: rank", 1, std::chrono::seconds(90))) << a.output;
   ASSERT_TRUE(ReadUntil(b, "profile_probe: rank", 1, std::chrono::seconds(90))) << b.output;
   // Asked on node a, whichever node runs rank 1.
@@ -239,12 +254,6 @@ TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("rank 7: no live worker of the job has it"), std::string::npos)
       << r.output;
-
-  kill(a.pid, SIGTERM);
-  kill(b.pid, SIGTERM);
-  FinishCommand(a, std::chrono::seconds(60));
-  FinishCommand(b, std::chrono::seconds(60));
-  for (const std::string& dir : {tmp_a, tmp_b}) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -225,5 +225,59 @@ TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout)
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
 }
 
+// `dlrun profile` rides on the stacks collection: the heartbeat carries the ask; a request with
+// a tool that cannot attach, no ranks, or a duration the timeout does not cover is refused,
+// naming the field.
+TEST_F(HandlerTest, AProfileRequestIsAskedOnHeartbeatsAndABadOneIsRefusedNamingTheField) {
+  absl::Status joined_a = absl::UnknownError("pending");
+  h_->Join(GoodJoin("a"), "p", h_->NewTicket(),
+           [&](const absl::Status& s, const v1::JoinResponse&) { joined_a = s; });
+  ASSERT_TRUE(JoinNow(GoodJoin("b")).ok());
+  ASSERT_TRUE(joined_a.ok());
+  const v1::Auth auth = GoodJoin("x").auth();
+  v1::StacksRequest req;
+  *req.mutable_auth() = auth;
+  req.set_timeout_ms(20000);
+  req.mutable_profile()->set_tool("perf");
+  req.mutable_profile()->add_ranks(3);
+  req.mutable_profile()->set_duration_ms(10000);
+  req.mutable_profile()->set_args("-F 499");
+  int calls = 0;
+  h_->CollectStacks(req, "p", [&](const absl::Status& s, const v1::StacksResponse&) { ++calls; });
+  v1::HeartbeatRequest hb;
+  *hb.mutable_auth() = auth;
+  hb.set_node_id("a");
+  hb.set_round(1);
+  v1::HeartbeatResponse resp;
+  ASSERT_TRUE(h_->Heartbeat(hb, "p", &resp).ok());
+  EXPECT_GT(resp.stacks_request(), 0u);
+  ASSERT_TRUE(resp.has_profile());
+  EXPECT_EQ(resp.profile().tool(), "perf");
+  EXPECT_EQ(resp.profile().ranks_size(), 1);
+  EXPECT_EQ(resp.profile().ranks(0), 3u);
+  EXPECT_EQ(resp.profile().duration_ms(), 10000u);
+  EXPECT_EQ(resp.profile().args(), "-F 499");
+  EXPECT_EQ(calls, 0);
+
+  auto refused = [&](auto mutate) {
+    v1::StacksRequest bad = req;
+    mutate(&bad);
+    absl::Status got;
+    h_->CollectStacks(bad, "p", [&](const absl::Status& s, const v1::StacksResponse&) { got = s; });
+    EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
+    return std::string(got.message());
+  };
+  EXPECT_EQ(refused([](v1::StacksRequest* r) { r->mutable_profile()->set_tool("nsys"); }),
+            "profile.tool 'nsys': expected py-spy or perf");
+  EXPECT_EQ(refused([](v1::StacksRequest* r) { r->mutable_profile()->clear_ranks(); }),
+            "profile.ranks has 0 ranks: expected 1 to 4096");
+  EXPECT_EQ(refused([](v1::StacksRequest* r) { r->mutable_profile()->set_duration_ms(20000); }),
+            "profile.duration_ms 20000: expected 1 to below timeout_ms (20000)");
+  EXPECT_EQ(refused([](v1::StacksRequest* r) { r->mutable_profile()->set_args(std::string(2000, 'x')); }),
+            "profile.args has 2000 bytes: expected at most 1024");
+  EXPECT_EQ(refused([](v1::StacksRequest* r) { r->mutable_profile()->add_ranks(5000000); }),
+            "profile.ranks holds 5000000: not a rank");
+}
+
 }  // namespace
 }  // namespace dlrun::rdzv

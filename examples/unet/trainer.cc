@@ -420,6 +420,7 @@ void Trainer::Step(int64_t step) {
     report.sync_s = timing.sync_s;
   } else {
     report.compute_s = local_compute_s;  // no gradient sync: the whole step's own work
+    report.sync_s = 0;
   }
   report.loss = mean_loss;
   step_range.reset();

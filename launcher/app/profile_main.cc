@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -67,12 +68,13 @@ std::string ProfileUsage() {
       Flags());
 }
 
-// The workers' interpreter (for py-spy beside it): what the first target runs.
+// The workers' interpreter as they were started (argv[0], e.g. a virtual environment's
+// bin/python3, for py-spy beside it): /proc/PID/exe would name the interpreter the venv links to.
 std::string ExecutableOf(const std::vector<DumpTarget>& targets) {
   for (const DumpTarget& t : targets) {
-    std::error_code ec;
-    auto exe = std::filesystem::read_symlink(absl::StrCat("/proc/", t.pid, "/exe"), ec);
-    if (!ec) return exe.string();
+    std::ifstream in(absl::StrCat("/proc/", t.pid, "/cmdline"));
+    std::string argv0;
+    if (std::getline(in, argv0, '\0') && !argv0.empty()) return argv0;
   }
   return "";
 }

@@ -256,5 +256,37 @@ TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
       << r.output;
 }
 
+// `dlrun profile` on a single-node job: the command attaches py-spy itself, from the job's
+// workers file, and the run directory is kept after the job for the file.
+TEST(DlrunProfile, LiveOnASingleNodeJobAttachesFromTheWorkersFile) {
+  Job j;
+  Started job = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TEST_PYTHON,
+                              kProbe, "1000000"},
+                             {{"TMPDIR", j.tmp}});
+  struct StopJob {
+    Started* job;
+    ~StopJob() {
+      if (job->pid > 0) kill(job->pid, SIGTERM);
+      if (job->pid > 0) FinishCommand(*job, std::chrono::seconds(60));
+    }
+  } stop{&job};
+  ASSERT_TRUE(ReadUntil(job, "profile_probe: rank", 2, std::chrono::seconds(90))) << job.output;
+  ProcResult r = RunCommand({DLRUN_BIN, "profile", "--ranks", "0", "--duration", "1500ms"},
+                            {{"TMPDIR", j.tmp}}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("profile of rank 0 \\(py-spy on [^)]+\\): (\\S+\\.svg)")))
+      << r.output;
+  const std::string svg = m[1].str();
+  EXPECT_NE(ReadFile(svg).find("hot_function"), std::string::npos) << svg;
+  EXPECT_NE(r.output.find("  rank 0: "), std::string::npos) << "the hot frames: " << r.output;
+  EXPECT_EQ(r.output.find("profile of rank 1"), std::string::npos) << r.output;
+  kill(job.pid, SIGTERM);
+  FinishCommand(job, std::chrono::seconds(60));
+  job.pid = -1;
+  std::error_code ec;
+  EXPECT_TRUE(std::filesystem::exists(svg, ec)) << "kept after the job: " << job.output;
+}
+
 }  // namespace
 }  // namespace dlrun::testing

@@ -31,4 +31,15 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ValueError:
+        # @record has written the error file. Leave without the interpreter's teardown: torch
+        # 2.15 sometimes aborts there ("terminate called without an active exception", then
+        # SIGSEGV) while Gloo's threads wait on the peer, which turns exit code 1 into -11
+        # under either launcher.
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)

@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -68,13 +67,10 @@ std::string ProfileUsage() {
       Flags());
 }
 
-// The workers' interpreter as they were started (argv[0], e.g. a virtual environment's
-// bin/python3, for py-spy beside it): /proc/PID/exe would name the interpreter the venv links to.
-std::string ExecutableOf(const std::vector<DumpTarget>& targets) {
+// The workers' interpreter (for py-spy beside it): the first one InterpreterOf can read.
+std::string InterpreterOfAny(const std::vector<DumpTarget>& targets) {
   for (const DumpTarget& t : targets) {
-    std::ifstream in(absl::StrCat("/proc/", t.pid, "/cmdline"));
-    std::string argv0;
-    if (std::getline(in, argv0, '\0') && !argv0.empty()) return argv0;
+    if (std::string python = InterpreterOf(t.pid); !python.empty()) return python;
   }
   return "";
 }
@@ -157,7 +153,7 @@ int ProfileMain(const std::vector<std::string>& args) {
     if (!w.rdzv_endpoint.empty() && !a.this_node) {
       profiles = JobWide(w.rdzv_endpoint, w.run_id, w.rdzv_token, ask, &notes);
     } else {
-      auto tool = FindProfileTool(*spec, ExecutableOf(w.workers));
+      auto tool = FindProfileTool(*spec, InterpreterOfAny(w.workers));
       if (!tool.ok()) return FailRun(tool.status());
       profiles = ProfileLive(*spec, *tool, absl::StrCat(run->run_dir, "/profile/live-", getpid()),
                              w.host, w.workers, a.duration, std::chrono::seconds(120));

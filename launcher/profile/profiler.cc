@@ -38,8 +38,6 @@ std::string FromEnv(const char* name) {
   return v != nullptr ? v : "";
 }
 
-bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
-
 // Whether this process may open a perf event on itself (what `perf record -p` needs on its
 // workers): kernel.perf_event_paranoid and the capabilities decide.
 bool PerfEventsAllowed(std::string* why) {

@@ -31,8 +31,6 @@ extern char** environ;
 namespace dlrun::launcher {
 namespace {
 
-bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
-
 std::string ReadProc(pid_t pid, const char* what) {
   std::ifstream in(absl::StrCat("/proc/", pid, "/", what), std::ios::binary);
   std::stringstream ss;
@@ -47,18 +45,11 @@ char ProcState(pid_t pid) {
   return close == std::string::npos || close + 2 >= stat.size() ? 0 : stat[close + 2];
 }
 
-// The worker's interpreter as it was started (argv[0] of /proc/PID/cmdline, made absolute),
-// for the py-spy of its own environment (a venv's bin/ has it next to python).
+// The py-spy next to the worker's interpreter (InterpreterOf), or empty.
 std::string PySpyNextToInterpreter(pid_t pid) {
-  const std::string cmdline = ReadProc(pid, "cmdline");
-  std::string argv0 = cmdline.substr(0, cmdline.find('\0'));
-  if (argv0.find('/') == std::string::npos) return "";
-  std::error_code ec;
-  if (argv0[0] != '/') {
-    argv0 = (std::filesystem::read_symlink(absl::StrCat("/proc/", pid, "/cwd"), ec) / argv0);
-    if (ec) return "";
-  }
-  const std::string p = std::filesystem::path(argv0).parent_path() / "py-spy";
+  const std::string python = InterpreterOf(pid);
+  if (python.find('/') == std::string::npos) return "";  // a bare name: PATH's
+  const std::string p = std::filesystem::path(python).parent_path() / "py-spy";
   return Executable(p) ? p : "";
 }
 
@@ -179,6 +170,20 @@ std::string LastWords(const std::string& text) {
 }
 
 }  // namespace
+
+bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
+
+std::string InterpreterOf(pid_t pid) {
+  const std::string cmdline = ReadProc(pid, "cmdline");
+  std::string argv0 = cmdline.substr(0, cmdline.find('\0'));
+  if (argv0.find('/') == std::string::npos) return argv0;
+  if (argv0[0] != '/') {
+    std::error_code ec;
+    argv0 = (std::filesystem::read_symlink(absl::StrCat("/proc/", pid, "/cwd"), ec) / argv0);
+    if (ec) return "";
+  }
+  return argv0;
+}
 
 std::string OnPath(const std::string& name) {
   const char* path = std::getenv("PATH");

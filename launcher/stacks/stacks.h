@@ -63,6 +63,13 @@ struct StackTools {
 StackTools FindStackTools();
 // The executable `name` in a directory of PATH, or empty.
 std::string OnPath(const std::string& name);
+// Whether `path` names a file this process may execute.
+bool Executable(const std::string& path);
+// The interpreter process `pid` was started with (argv[0] of /proc/PID/cmdline, made absolute
+// against its working directory when it has a directory part; as given, e.g. "python3", when
+// it has none), for the py-spy of its own environment (a venv's bin/ has it next to python);
+// empty when it cannot be read.
+std::string InterpreterOf(pid_t pid);
 
 // Dumps every target at once (one tool process each) within `bound`: a tool still running then
 // is killed and its rank reported missing ("did not finish"). Python workers (the executable is

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launcher/app/run_dir.h"
+#include "launcher/cli/options.h"
+#include "launcher/rdzv/rdzv_config.h"
 #include "launcher/rdzv/rdzv_loader.h"
 #include "rendezvous/tls.h"
 
@@ -75,6 +77,31 @@ absl::StatusOr<FoundRun> FindRun(const std::string& log_dir, const std::string& 
                      "): pick one with --run-id or --log-dir"));
   }
   return std::move(runs->front());
+}
+
+absl::StatusOr<JobTarget> ChooseJob(const JobChoice& c) {
+  JobTarget t;
+  if (!c.rdzv_endpoint.empty()) {  // a job elsewhere
+    if (c.run_id.empty()) {
+      return absl::InvalidArgumentError("--rdzv-endpoint needs the job's --rdzv-id");
+    }
+    auto token = JobToken(ProcessEnv(), c.run_id);
+    if (!token.ok()) return token.status();
+    t.endpoint = c.rdzv_endpoint;
+    t.run_id = c.run_id;
+    t.token = *std::move(token);
+    return t;
+  }
+  auto run = FindRun(c.log_dir, c.run_id);
+  if (!run.ok()) return run.status();
+  const WorkersFile& w = run->workers;
+  if (!w.rdzv_endpoint.empty() && !c.this_node) {
+    t.endpoint = w.rdzv_endpoint;
+    t.run_id = w.run_id;
+    t.token = w.rdzv_token;
+  }
+  t.run = *std::move(run);
+  return t;
 }
 
 absl::StatusOr<std::unique_ptr<rdzv::RendezvousClient>> JobClient(const std::string& endpoint,

@@ -3,16 +3,12 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/contract.h"
 #include "launcher/app/commands.h"
 #include "launcher/app/find_run.h"
 #include "launcher/cli/flags.h"
-#include "launcher/cli/options.h"
-#include "launcher/rdzv/rdzv_config.h"
 #include "launcher/profile/live_profile.h"
 #include "launcher/profile/profiler.h"
 #include "nlohmann/json.hpp"
@@ -26,14 +22,11 @@ struct ProfileArgs {
   std::string tool = "py-spy";
   std::string args;
   bool json = false;
-  std::string log_dir;
-  std::string run_id;
-  std::string rdzv_endpoint;
-  bool this_node = false;
+  JobChoice job;
 };
 
 std::vector<cli::Flag<ProfileArgs>> Flags() {
-  return {
+  std::vector<cli::Flag<ProfileArgs>> flags = {
       {"ranks", "", true, cli::StrField(&ProfileArgs::ranks),
        "the global ranks to profile, e.g. 3 or 0,2-3 (required)"},
       {"duration", "", true, cli::DurationField("duration", &ProfileArgs::duration, false),
@@ -43,17 +36,9 @@ std::vector<cli::Flag<ProfileArgs>> Flags() {
       {"args", "", true, cli::StrField(&ProfileArgs::args), "more arguments for the tool"},
       {"json", "", false, cli::BoolField(&ProfileArgs::json),
        "print the profiles as --report-json does (\"profiles\", \"profile_details\")"},
-      {"log-dir", "", true, cli::StrField(&ProfileArgs::log_dir),
-       "the job's run directory, or the --log-dir it was started with"},
-      {"run-id", "", true, cli::StrField(&ProfileArgs::run_id),
-       "the job's run id (--rdzv-id), when several jobs run on this node"},
-      {"rdzv-id", "", true, cli::StrField(&ProfileArgs::run_id), "the same as --run-id"},
-      {"rdzv-endpoint", "", true, cli::StrField(&ProfileArgs::rdzv_endpoint),
-       absl::StrCat("HOST:PORT of a multi-node job's rendezvous, for a job that runs elsewhere "
-                    "(with --rdzv-id; the token from ", contract::kRdzvToken, ")")},
-      {"this-node", "", false, cli::BoolField(&ProfileArgs::this_node),
-       "only this node's workers, not the whole job's"},
   };
+  AddJobFlags(&flags, &ProfileArgs::job, "only this node's workers, not the whole job's");
+  return flags;
 }
 
 std::string ProfileUsage() {
@@ -137,27 +122,16 @@ int ProfileMain(const std::vector<std::string>& args) {
 
   std::vector<std::string> notes;
   absl::StatusOr<std::vector<rdzv::RankProfile>> profiles;
-  if (!a.rdzv_endpoint.empty()) {  // a job elsewhere
-    if (a.run_id.empty()) {
-      return Fail(absl::InvalidArgumentError("--rdzv-endpoint needs the job's --rdzv-id"));
-    }
-    auto token = JobToken(ProcessEnv(), a.run_id);
-    if (!token.ok()) return Fail(token.status());
-    profiles = JobWide(a.rdzv_endpoint, a.run_id, *token, ask, &notes);
+  auto job = ChooseJob(a.job);
+  if (!job.ok()) return absl::IsInvalidArgument(job.status()) ? Fail(job.status()) : FailRun(job.status());
+  if (!job->endpoint.empty()) {
+    profiles = JobWide(job->endpoint, job->run_id, job->token, ask, &notes);
   } else {
-    auto run = FindRun(a.log_dir, a.run_id);
-    if (!run.ok()) {
-      return absl::IsInvalidArgument(run.status()) ? Fail(run.status()) : FailRun(run.status());
-    }
-    const WorkersFile& w = run->workers;
-    if (!w.rdzv_endpoint.empty() && !a.this_node) {
-      profiles = JobWide(w.rdzv_endpoint, w.run_id, w.rdzv_token, ask, &notes);
-    } else {
-      auto tool = FindProfileTool(*spec, InterpreterOfAny(w.workers));
-      if (!tool.ok()) return FailRun(tool.status());
-      profiles = ProfileLive(*spec, *tool, absl::StrCat(run->run_dir, "/profile/live-", getpid()),
-                             w.host, w.workers, a.duration, std::chrono::seconds(120));
-    }
+    const WorkersFile& w = job->run->workers;
+    auto tool = FindProfileTool(*spec, InterpreterOfAny(w.workers));
+    if (!tool.ok()) return FailRun(tool.status());
+    profiles = ProfileLive(*spec, *tool, absl::StrCat(job->run->run_dir, "/profile/live-", getpid()),
+                           w.host, w.workers, a.duration, std::chrono::seconds(120));
   }
   if (!profiles.ok()) return FailRun(profiles.status());
   std::set<int> seen;

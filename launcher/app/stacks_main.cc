@@ -1,25 +1,14 @@
 // `dlrun stacks`: the current stacks of every worker of a running job, grouped (docs/STACKS.md).
-#include <signal.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "launcher/app/commands.h"
 #include "launcher/app/find_run.h"
-#include "launcher/app/run_dir.h"
-#include "common/contract.h"
 #include "common/defaults.h"
-#include "common/env.h"
 #include "launcher/cli/flags.h"
-#include "launcher/rdzv/rdzv_config.h"
-#include "launcher/rdzv/rdzv_loader.h"
-#include "rendezvous/tls.h"
 #include "launcher/stacks/stacks.h"
 
 namespace dlrun::launcher {
@@ -27,31 +16,21 @@ namespace {
 
 struct StacksArgs {
   bool json = false;
-  std::string log_dir;
-  std::string run_id;
-  std::string rdzv_endpoint;  // a job elsewhere, with run_id
-  bool this_node = false;
+  JobChoice job;
   std::chrono::milliseconds timeout = defaults::kStacksBound;
 };
 
 std::vector<cli::Flag<StacksArgs>> Flags() {
-  return {
+  std::vector<cli::Flag<StacksArgs>> flags = {
       {"json", "", false, cli::BoolField(&StacksArgs::json),
-       "print the groups, suspects and missing ranks as JSON"},
-      {"log-dir", "", true, cli::StrField(&StacksArgs::log_dir),
-       "the job's run directory, or the --log-dir it was started with"},
-      {"run-id", "", true, cli::StrField(&StacksArgs::run_id),
-       "the job's run id (--rdzv-id), when several jobs run on this node"},
-      {"rdzv-id", "", true, cli::StrField(&StacksArgs::run_id), "the same as --run-id"},
-      {"rdzv-endpoint", "", true, cli::StrField(&StacksArgs::rdzv_endpoint),
-       absl::StrCat("HOST:PORT of a multi-node job's rendezvous, for a job that runs elsewhere "
-                    "(with --rdzv-id; the token from ", contract::kRdzvToken, ")")},
-      {"this-node", "", false, cli::BoolField(&StacksArgs::this_node),
-       "only this node's workers, not every node's of a multi-node job"},
-      {"timeout", "", true, cli::DurationField("timeout", &StacksArgs::timeout, false),
-       absl::StrCat("seconds to wait for the dumps (default ", defaults::kStacksBound.count() / 1000,
-                    "); a rank or node not read by then is listed as missing")},
-  };
+       "print the groups, suspects and missing ranks as JSON"}};
+  AddJobFlags(&flags, &StacksArgs::job,
+              "only this node's workers, not every node's of a multi-node job");
+  flags.push_back({"timeout", "", true, cli::DurationField("timeout", &StacksArgs::timeout, false),
+                   absl::StrCat("seconds to wait for the dumps (default ",
+                                defaults::kStacksBound.count() / 1000,
+                                "); a rank or node not read by then is listed as missing")});
+  return flags;
 }
 
 std::string StacksUsage() {
@@ -112,24 +91,14 @@ int StacksMain(const std::vector<std::string>& args) {
     Print(a.json ? StackReportJson(report, 2) + "\n" : FormatStackReport(report));
     return report.groups.empty() ? 1 : 0;
   };
-  if (!a.rdzv_endpoint.empty()) {  // a job elsewhere
-    if (a.run_id.empty()) {
-      return Fail(absl::InvalidArgumentError("--rdzv-endpoint needs the job's --rdzv-id"));
-    }
-    auto token = JobToken(ProcessEnv(), a.run_id);
-    if (!token.ok()) return Fail(token.status());
-    auto report = JobWide(a.rdzv_endpoint, a.run_id, *token, a.timeout);
+  auto job = ChooseJob(a.job);
+  if (!job.ok()) return absl::IsInvalidArgument(job.status()) ? Fail(job.status()) : FailRun(job.status());
+  if (!job->endpoint.empty()) {
+    auto report = JobWide(job->endpoint, job->run_id, job->token, a.timeout);
     if (!report.ok()) return FailRun(report.status());
     return print(*std::move(report));
   }
-  auto run = FindRun(a.log_dir, a.run_id);
-  if (!run.ok()) return absl::IsInvalidArgument(run.status()) ? Fail(run.status()) : FailRun(run.status());
-  const WorkersFile& w = run->workers;
-  if (!w.rdzv_endpoint.empty() && !a.this_node) {
-    auto report = JobWide(w.rdzv_endpoint, w.run_id, w.rdzv_token, a.timeout);
-    if (!report.ok()) return FailRun(report.status());
-    return print(*std::move(report));
-  }
+  const WorkersFile& w = job->run->workers;
   return print(GroupStacks(DumpStacks(w.workers, FindStackTools(), w.host, a.timeout)));
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "rendezvous/profile_json.h"
 #include "rendezvous/telemetry.h"
 
 namespace dlrun::rdzv {
@@ -119,10 +120,7 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
   json profiles = json::object(), details = json::array();
   for (const auto& [rank, p] : s.profiles) {
     if (!p.path.empty()) profiles[std::to_string(rank)] = p.path;
-    json hot = json::array();
-    for (const auto& [frame, fraction] : p.hot) hot.push_back({{"frame", frame}, {"fraction", fraction}});
-    details.push_back({{"rank", rank}, {"host", p.host}, {"tool", p.tool}, {"path", p.path},
-                       {"hot", std::move(hot)}, {"note", p.note}});
+    details.push_back(ProfileDetailJson(p));  // keyed by p.rank (JobTelemetry)
   }
   j["profiles"] = std::move(profiles);
   j["profile_details"] = std::move(details);
@@ -296,6 +294,25 @@ std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummar
 
 }  // namespace
 
+nlohmann::json ProfileDetailJson(const RankProfile& p) {
+  nlohmann::json hot = nlohmann::json::array();
+  for (const auto& [frame, fraction] : p.hot) hot.push_back({{"frame", frame}, {"fraction", fraction}});
+  return {{"rank", p.rank}, {"host", p.host}, {"tool", p.tool}, {"path", p.path},
+          {"hot", std::move(hot)}, {"note", p.note}};
+}
+
+std::string ProfileText(const RankProfile& p, absl::string_view indent) {
+  std::string out = absl::StrCat(indent, "profile of rank ", p.rank, " (", p.tool, " on ", p.host,
+                                 "): ", p.path.empty() ? "none" : p.path);
+  if (!p.note.empty()) absl::StrAppend(&out, " (", p.note, ")");
+  std::vector<std::string> hot;
+  for (const auto& [frame, fraction] : p.hot) {
+    if (hot.size() < 3) hot.push_back(absl::StrFormat("%.0f%% in %s", 100 * fraction, frame));
+  }
+  if (!hot.empty()) absl::StrAppend(&out, "\n", indent, "  rank ", p.rank, ": ", absl::StrJoin(hot, "; "));
+  return out;
+}
+
 std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
   int64_t steps = 0, samples = 0;
   for (const auto& [rank, r] : s.ranks) {
@@ -365,16 +382,7 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
                                           static_cast<int>(s.gpus.size()), g.mem_peak / 1073741824.0,
                                           g.mem_total / 1073741824.0));
   }
-  for (const auto& [rank, p] : s.profiles) {
-    absl::StrAppend(&out, "\n  profile of rank ", rank, " (", p.tool, " on ", p.host, "): ",
-                    p.path.empty() ? "none" : p.path);
-    if (!p.note.empty()) absl::StrAppend(&out, " (", p.note, ")");
-    std::vector<std::string> hot;
-    for (const auto& [frame, fraction] : p.hot) {
-      if (hot.size() < 3) hot.push_back(absl::StrFormat("%.0f%% in %s", 100 * fraction, frame));
-    }
-    if (!hot.empty()) absl::StrAppend(&out, "\n    rank ", rank, ": ", absl::StrJoin(hot, "; "));
-  }
+  for (const auto& [rank, p] : s.profiles) absl::StrAppend(&out, "\n", ProfileText(p, "  "));
   for (const std::string& a : Advice(s, g)) absl::StrAppend(&out, "\n  advice: ", a);
   return out;
 }

@@ -12,6 +12,7 @@
 #include "launcher/profile/live_profile.h"
 #include "launcher/profile/profiler.h"
 #include "nlohmann/json.hpp"
+#include "rendezvous/profile_json.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -99,7 +100,8 @@ std::string ProfilesJson(const std::vector<rdzv::RankProfile>& profiles,
   for (const rdzv::RankProfile& p : profiles) {
     if (!p.path.empty()) j["profiles"][std::to_string(p.rank)] = p.path;
   }
-  j["profile_details"] = nlohmann::json::parse(LiveProfilesJson(profiles, SIZE_MAX));
+  j["profile_details"] = nlohmann::json::array();
+  for (const rdzv::RankProfile& p : profiles) j["profile_details"].push_back(rdzv::ProfileDetailJson(p));
   j["notes"] = notes;
   return j.dump(2) + "\n";
 }

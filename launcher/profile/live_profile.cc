@@ -4,10 +4,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "launcher/profile/profiler.h"
 #include "nlohmann/json.hpp"
+#include "rendezvous/profile_json.h"
 
 namespace dlrun::launcher {
 
@@ -75,11 +74,8 @@ std::string LiveProfilesJson(const std::vector<rdzv::RankProfile>& profiles, siz
     json out = json::array();
     size_t hot_left = 0;
     for (const rdzv::RankProfile& r : p) {
-      json hot = json::array();
-      for (const auto& [frame, fraction] : r.hot) hot.push_back({{"frame", frame}, {"fraction", fraction}});
       hot_left += r.hot.size();
-      out.push_back({{"rank", r.rank}, {"host", r.host}, {"tool", r.tool}, {"path", r.path},
-                     {"hot", std::move(hot)}, {"note", r.note}});
+      out.push_back(rdzv::ProfileDetailJson(r));
     }
     std::string text = out.dump(-1, ' ', false, json::error_handler_t::replace);
     if (text.size() <= max_bytes || hot_left == 0) return text.size() <= max_bytes ? text : "[]";
@@ -115,17 +111,7 @@ absl::StatusOr<std::vector<rdzv::RankProfile>> LiveProfilesFromJson(const std::s
 std::string FormatLiveProfiles(const std::vector<rdzv::RankProfile>& profiles,
                                const std::vector<std::string>& notes) {
   std::string out;
-  for (const rdzv::RankProfile& p : profiles) {
-    absl::StrAppend(&out, "profile of rank ", p.rank, " (", p.tool, " on ", p.host,
-                    "): ", p.path.empty() ? "none" : p.path);
-    if (!p.note.empty()) absl::StrAppend(&out, " (", p.note, ")");
-    out += "\n";
-    std::vector<std::string> hot;
-    for (const auto& [frame, fraction] : p.hot) {
-      if (hot.size() < 3) hot.push_back(absl::StrFormat("%.0f%% in %s", 100 * fraction, frame));
-    }
-    if (!hot.empty()) absl::StrAppend(&out, "  rank ", p.rank, ": ", absl::StrJoin(hot, "; "), "\n");
-  }
+  for (const rdzv::RankProfile& p : profiles) absl::StrAppend(&out, rdzv::ProfileText(p, ""), "\n");
   for (const std::string& n : notes) absl::StrAppend(&out, n, "\n");
   return out;
 }

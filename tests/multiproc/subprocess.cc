@@ -3,7 +3,9 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -101,25 +104,60 @@ bool WaitForExit(int pid, std::chrono::milliseconds deadline) {
   return exited;
 }
 
+namespace {
+
+bool CanBindLoopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+// The lowest port of the kernel's ephemeral range (what bind to port 0 and outgoing
+// connections take), 32768 when it cannot be read.
+int EphemeralLow() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  return f >> low && low > 20000 ? low : 32768;
+}
+
+}  // namespace
+
 int FreeTcpPort() {
-  // The kernel may hand the same free port out twice in a row; a test that asks for two
-  // endpoints needs two ports, so none is given out twice by this process.
+  // A port from the kernel's ephemeral range can be taken between this call and the test's
+  // bind by any process's outgoing connection or bind to port 0 (a parallel test's workers,
+  // gRPC clients): ports are chosen below that range instead, at random, and each is locked
+  // (flock on a file per port, held until this process exits) so that parallel test
+  // processes never hand out the same one. None is given out twice by this process.
   static std::mutex mu;
   static std::set<int> given;
   std::lock_guard<std::mutex> lock(mu);
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    int port = 0;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-      port = ntohs(sa.sin_port);
+  const int low = 15000;
+  const int high = EphemeralLow() - 1;
+  const std::string dir = "/tmp/dlrun-test-ports";
+  mkdir(dir.c_str(), 01777);
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  std::uniform_int_distribution<int> pick(low, high);
+  for (int attempt = 0; attempt < 256; ++attempt) {
+    const int port = pick(rng);
+    if (given.count(port)) continue;
+    const std::string path = dir + "/" + std::to_string(port);
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      close(fd);
+      continue;
     }
-    close(fd);
-    if (port != 0 && given.insert(port).second) return port;
+    if (!CanBindLoopback(port)) {
+      close(fd);
+      continue;
+    }
+    given.insert(port);  // fd stays open: the lock lasts as long as this process
+    return port;
   }
   return 0;
 }

@@ -37,7 +37,8 @@ bool ReadUntil(Started& s, const std::string& needle, int count, std::chrono::mi
 int FinishCommand(Started& s, std::chrono::milliseconds deadline);
 // Waits for any process (not only a child) to exit, through a pidfd. False at the deadline.
 bool WaitForExit(int pid, std::chrono::milliseconds deadline);
-// A free TCP port on 127.0.0.1 (bound and released).
+// A free TCP port on 127.0.0.1, below the kernel's ephemeral range and locked against other
+// test processes until this one exits (subprocess.cc says why).
 int FreeTcpPort();
 
 // A fresh empty directory under the test's temp dir.

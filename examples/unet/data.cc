@@ -123,6 +123,16 @@ torch::Tensor Rotate24(const torch::Tensor& t, int k) {
   return out.contiguous();
 }
 
+torch::Tensor RotateBatch(const torch::Tensor& batch, const std::vector<int>& rotations) {
+  if (rotations.empty()) return batch;
+  std::vector<torch::Tensor> out;
+  out.reserve(rotations.size());
+  for (size_t i = 0; i < rotations.size(); ++i) {
+    out.push_back(Rotate24(batch[static_cast<int64_t>(i)], rotations[i]));
+  }
+  return torch::stack(out);
+}
+
 namespace {
 
 // Checks both datasets; returns the cube edge. Call with the HDF5 mutex held.
@@ -211,10 +221,11 @@ absl::Status WriteSyntheticFile(const std::string& path, int64_t box, uint64_t s
 }
 
 Prefetcher::Prefetcher(std::shared_ptr<CropSource> source, int num_workers, int prefetch_factor,
-                       uint64_t seed)
+                       uint64_t seed, bool rotate_in_loader)
     : source_(std::move(source)),
       capacity_(static_cast<size_t>(std::max(1, num_workers) * std::max(1, prefetch_factor))),
-      seed_(seed) {
+      seed_(seed),
+      rotate_in_loader_(rotate_in_loader) {
   for (int i = 0; i < std::max(1, num_workers); ++i) threads_.emplace_back([this, i] { Work(i); });
 }
 
@@ -237,8 +248,12 @@ void Prefetcher::Work(int id) {
     const int64_t z = pos(gen), y = pos(gen), x = pos(gen);
     const int k = rot(gen);
     Sample s = source_->Crop(z, y, x);
-    s.input = Rotate24(s.input, k);
-    s.target = Rotate24(s.target, k);
+    if (rotate_in_loader_) {
+      s.input = Rotate24(s.input, k);
+      s.target = Rotate24(s.target, k);
+    } else {
+      s.rotation = k;
+    }
     std::unique_lock<std::mutex> l(mu_);
     not_full_.wait(l, [&] { return stop_ || queue_.size() < capacity_; });
     if (stop_) return;
@@ -248,7 +263,13 @@ void Prefetcher::Work(int id) {
 }
 
 std::pair<torch::Tensor, torch::Tensor> Prefetcher::Next(int64_t n) {
+  HostBatch b = NextBatch(n);
+  return {RotateBatch(b.input, b.rotations), RotateBatch(b.target, b.rotations)};
+}
+
+HostBatch Prefetcher::NextBatch(int64_t n) {
   std::vector<torch::Tensor> xs, ys;
+  HostBatch b;
   for (int64_t i = 0; i < n; ++i) {
     std::unique_lock<std::mutex> l(mu_);
     not_empty_.wait(l, [&] { return !queue_.empty(); });
@@ -257,8 +278,11 @@ std::pair<torch::Tensor, torch::Tensor> Prefetcher::Next(int64_t n) {
     not_full_.notify_one();
     xs.push_back(std::move(s.input));
     ys.push_back(std::move(s.target));
+    if (!rotate_in_loader_) b.rotations.push_back(s.rotation);
   }
-  return {torch::stack(xs), torch::stack(ys)};
+  b.input = torch::stack(xs);
+  b.target = torch::stack(ys);
+  return b;
 }
 
 }  // namespace dlrun::examples

@@ -21,9 +21,20 @@ namespace dlrun::examples {
 // (e.g. [C, D, H, W]): a permutation of the axes plus flips, with determinant +1.
 torch::Tensor Rotate24(const torch::Tensor& t, int k);
 
+// Rotate24 of each sample i of a batch [N, C, D, H, W] by rotations[i], on the batch's device
+// (the augmentation after the upload).
+torch::Tensor RotateBatch(const torch::Tensor& batch, const std::vector<int>& rotations);
+
 struct Sample {
   torch::Tensor input;   // [4, S, S, S]
   torch::Tensor target;  // [5, S, S, S]
+  int rotation = 0;      // the one to apply (0: identity) when the loader did not
+};
+
+// A batch [n, C, S, S, S] of input and target, and the rotations still to apply to it.
+struct HostBatch {
+  torch::Tensor input, target;
+  std::vector<int> rotations;  // empty: rotated already (or not to rotate)
 };
 
 // Random crops from one HDF5 file. "inmem" reads both datasets once; "lowmem" reads each crop
@@ -48,20 +59,25 @@ class CropSource {
 // them (learnable), edge `box`.
 absl::Status WriteSyntheticFile(const std::string& path, int64_t box, uint64_t seed);
 
-// num_workers threads fill a queue of prefetch_factor x num_workers random rotated crops.
+// num_workers threads fill a queue of prefetch_factor x num_workers random crops, each with a
+// random rotation of the 24: applied on the threads, or (rotate_in_loader false) left to the
+// caller with RotateBatch after the upload. The same seed draws the same crops and rotations.
 class Prefetcher {
  public:
   Prefetcher(std::shared_ptr<CropSource> source, int num_workers, int prefetch_factor,
-             uint64_t seed);
+             uint64_t seed, bool rotate_in_loader = true);
   ~Prefetcher();
   // A batch [n, C, S, S, S] of input and target.
   std::pair<torch::Tensor, torch::Tensor> Next(int64_t n);
+  // The same, with the rotations left to apply (rotate_in_loader false).
+  HostBatch NextBatch(int64_t n);
 
  private:
   void Work(int id);
   std::shared_ptr<CropSource> source_;
   size_t capacity_;
   uint64_t seed_;
+  bool rotate_in_loader_;
   std::mutex mu_;
   std::condition_variable not_empty_, not_full_;
   std::deque<Sample> queue_;

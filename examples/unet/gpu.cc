@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #ifdef DLRUN_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -35,11 +36,22 @@ torch::Device PickDevice(const std::string& want, int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(n == 1 ? 0 : local_rank % n));
 }
 
-void ConfigureBackends(const torch::Device& device) {
+void ConfigureBackends(const torch::Device& device, bool tf32) {
   if (!device.is_cuda()) return;
   at::globalContext().setBenchmarkCuDNN(true);
-  at::globalContext().setAllowTF32CuBLAS(true);
-  at::globalContext().setAllowTF32CuDNN(true);
+  at::globalContext().setAllowTF32CuBLAS(tf32);
+  at::globalContext().setAllowTF32CuDNN(tf32);
+}
+
+int64_t PeakDeviceMemoryBytes(const torch::Device& device) {
+  if (!device.is_cuda()) return -1;
+#ifdef DLRUN_WITH_CUDA
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+  return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+      .peak;
+#else
+  return -1;
+#endif
 }
 
 void ToChannelsLast(const std::vector<torch::Tensor>& params) {

@@ -17,8 +17,13 @@ namespace dlrun::examples {
 torch::Device PickDevice(const std::string& want, int local_rank);
 
 // On CUDA: cudnn.benchmark and TF32 for matmul and convolutions (as the tutorial's
-// torch.backends settings). A no-op on the CPU.
-void ConfigureBackends(const torch::Device& device);
+// torch.backends settings; `tf32` false: full FP32, as NVIDIA_TF32_OVERRIDE=0 forces for the
+// whole process). A no-op on the CPU.
+void ConfigureBackends(const torch::Device& device, bool tf32 = true);
+
+// The most memory the caching allocator had allocated on a CUDA device (max_memory_allocated);
+// -1 on the CPU.
+int64_t PeakDeviceMemoryBytes(const torch::Device& device);
 
 // Parameters of rank >= 5 (Conv3d / ConvTranspose3d weights) to channels-last-3d, in place:
 // the parameter objects stay the same, so optimizers and DDP keep working.

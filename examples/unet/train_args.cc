@@ -47,10 +47,12 @@ absl::Status ApplyConfig(const std::string& path, const std::string& name, const
   for (absl::Status s : {set_int("--data-size", "data_size", &a->data_size),
                          set_int("--base-channels", "base_channels", &a->base_channels),
                          set_int("--num-data-workers", "num_data_workers", &workers),
+                         set_int("--accumulation-steps", "accumulation_steps",
+                                 &a->accumulation_steps),
                          set_int("--prefetch-factor", "prefetch_factor", &prefetch),
                          set_int("--base-batch-size", "base_batch_size", &a->base_batch_size),
                          set_int(nullptr, "global_batch_size", &a->global_batch_size),
-                         set_int(nullptr, "num_epochs", &a->num_epochs),
+                         set_int("--num-epochs", "num_epochs", &a->num_epochs),
                          set_int(nullptr, "Nsamples", &a->nsamples),
                          set_int(nullptr, "Nsamples_val", &a->nsamples_val),
                          set_int("--lr-warmup-steps", "lr_schedule.warmup_steps",
@@ -60,6 +62,8 @@ absl::Status ApplyConfig(const std::string& path, const std::string& name, const
                          set_double("--lambda-rho", "lambda_rho", &a->lambda_rho)}) {
     if (!s.ok()) return s;
   }
+  if (get("num_data_workers") != nullptr) a->num_data_workers_given = true;  // a choice, kept
+  a->accumulation_steps = std::max<int64_t>(1, a->accumulation_steps);
   a->num_data_workers = static_cast<int>(std::max<int64_t>(1, workers));
   a->prefetch_factor = static_cast<int>(std::max<int64_t>(1, prefetch));
   if (a->data_size <= 0 || a->data_size % 64 != 0) {
@@ -112,6 +116,13 @@ void AddModelFlags(CLI::App& app, TrainArgs& a) {
       ->check(CLI::PositiveNumber);
   app.add_flag("!--no-broadcast-buffers", a.broadcast_buffers,
                "do not broadcast module buffers from rank 0 before each forward");
+  app.add_option("--accumulation-steps", a.accumulation_steps,
+                 "micro-batches of --local-batch-size per optimizer step (gradient "
+                 "accumulation; DDP syncs only the last): the effective batch is K times larger")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_flag("--checkpoint-activations", a.checkpoint_activations,
+               "recompute each U-Net level in backward instead of keeping its activations "
+               "(less memory, about one more forward pass)");
   app.add_flag("--fp16-grad-compression", a.fp16_grad_compression,
                "send gradients as float16 through the process group (PyTorch's "
                "fp16_compress_hook; for jobs across hosts)");
@@ -127,6 +138,12 @@ void AddDataFlags(CLI::App& app, TrainArgs& a) {
       ->check(CLI::Range(1, 256));
   app.add_option("--prefetch-factor", a.prefetch_factor, "samples queued per loader thread")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--num-epochs", a.num_epochs,
+                 "epochs of the configuration's Nsamples (without --config: of --max-steps "
+                 "steps each)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_flag("!--rotate-in-loader", a.rotate_on_device,
+               "rotate crops on the loader threads (default: on the device after the upload)");
 }
 
 // Checkpoints, the LR schedule, devices, benchmarks and testing.
@@ -156,6 +173,15 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
                "channels-last 3D tensors (default: on CUDA only)");
   app.add_flag("--benchy", a.benchy,
                "throughput trials (IO, SYNTHETIC, FULL) of --max-steps steps each, then exit");
+  app.add_option("--benchy-trials", a.benchy_trials,
+                 "trials per benchy mode, reported as mean +/- spread")
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("!--no-tf32", a.tf32,
+               "no TF32 for CUDA matmuls and convolutions (as NVIDIA_TF32_OVERRIDE=0)");
+  app.add_option("--target-loss", a.target_loss,
+                 "record the time and step at which the validation loss first reaches this "
+                 "(metrics.json: target_loss_step, target_loss_s)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--fail-at-step", a.fail_at_step,
                  "testing: the last rank exits 1 at this step of the first attempt");
 }
@@ -176,6 +202,7 @@ int ParseTrainArgs(int argc, char** argv, TrainArgs* a) {
   CLI11_PARSE(app, argc, argv);
   a->max_steps_given = app.count("--max-steps") > 0;
   a->local_batch_given = app.count("--local-batch-size") > 0;
+  a->num_data_workers_given = app.count("--num-data-workers") > 0;
   if (!config.empty()) {
     if (absl::Status s = ApplyConfig(yaml_config, config, app, a); !s.ok()) {
       std::fprintf(stderr, "train_unet: %s\n", std::string(s.message()).c_str());

@@ -23,7 +23,8 @@ struct TrainArgs {
   std::string data;  // HDF5 file (instead of --synthetic)
   std::string data_mode = "inmem";
   int num_data_workers = 2;
-  int prefetch_factor = 2;
+  int prefetch_factor = 4;  // the DGX guide's default (seeds/000)
+  bool num_data_workers_given = false;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: only at the end and on SIGUSR1
   std::string lr_scaling = "none";
@@ -40,6 +41,12 @@ struct TrainArgs {
   bool max_steps_given = false, local_batch_given = false;
   double lambda_rho = 0;
   bool benchy = false;
+  int benchy_trials = 3;  // trials per benchy mode: mean +/- spread
+  int64_t accumulation_steps = 1;  // micro-batches per optimizer step (DDP no-sync for K-1)
+  bool checkpoint_activations = false;
+  bool tf32 = true;                // TF32 matmul/convolutions on CUDA (--no-tf32: off)
+  double target_loss = -1;         // > 0: record when the validation loss first reaches it
+  bool rotate_on_device = true;    // the 24-rotation augmentation after the upload
   std::string tensorboard_dir;
   std::string device = "auto";  // auto | cpu | cuda
   bool amp = true;               // mixed precision, on CUDA only

@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/cpus.h"
 #include "unet/data.h"
 #include "unet/gpu.h"
 #include "unet/tensorboard.h"
@@ -97,6 +98,16 @@ double SecondsSinceProcessStart() {
          static_cast<double>(start_ticks) / ticks;
 }
 
+// This process' peak resident memory (VmHWM), bytes; 0 when unreadable.
+int64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  }
+  return 0;
+}
+
 // One training run: set up (model, optimiser, schedule, checkpoint resume, DDP, data), then the
 // step loop with its per-epoch reports, or benchy's throughput trials.
 class Trainer {
@@ -115,12 +126,15 @@ class Trainer {
   void OpenData();
   void PrintHeader();
   int Benchy();
+  void SetThreads();
   void Step(int64_t step);
+  torch::Tensor MicroStep(int64_t step, bool sync, double* data_s);
   void AfterStep(int64_t step, double mean_loss, bool signalled);
   void EndOfEpoch(int64_t step);
   int Finish();
   torch::Tensor ToDevice(torch::Tensor t) const;
   Batch NextBatch();
+  Batch TakeBatch();
   Batch NextValBatch();
   double Validate();
   void Save(int64_t step);
@@ -149,6 +163,11 @@ class Trainer {
   Clock::time_point t0_, start_, epoch_start_;
   double first_loss_ = 0, last_loss_ = 0, lr_ = 0, epoch_loss_ = 0;
   int64_t epoch_steps_ = 0;
+  std::optional<Batch> prefetched_;  // CUDA: the next batch, copied during this step
+  int loader_threads_ = 0, intra_threads_ = 0, cpus_per_rank_ = 0;
+  int64_t target_step_ = -1;  // --target-loss: the step where it was first reached
+  double target_s_ = -1;
+  std::string target_of_;     // "validation" or "training" loss
 };
 
 void Trainer::ResolveSizes() {
@@ -162,25 +181,27 @@ void Trainer::ResolveSizes() {
     }
     a_.local_batch_size = a_.global_batch_size / world_;
   }
-  if (a_.num_epochs > 0 && !a_.max_steps_given) {
-    a_.max_steps =
-        a_.num_epochs * std::max<int64_t>(1, a_.nsamples / (a_.local_batch_size * world_));
+  // The global (effective) batch of one optimizer step: K micro-batches on every rank. The LR
+  // scaling, the epochs and samples/s count it.
+  global_batch_ = a_.local_batch_size * world_ * a_.accumulation_steps;
+  // Epochs as in the tutorial: Nsamples per epoch over the global batch; without a config an
+  // epoch is --max-steps steps (the whole run unless --num-epochs says more).
+  steps_per_epoch_ = a_.nsamples > 0 ? std::max<int64_t>(1, a_.nsamples / global_batch_) : a_.max_steps;
+  if (a_.num_epochs > 0 && (a_.nsamples == 0 || !a_.max_steps_given)) {
+    a_.max_steps = a_.num_epochs * steps_per_epoch_;
   }
   if (a_.warmup_steps >= a_.max_steps) a_.warmup_steps = 0;
-  // Epochs as in the tutorial: Nsamples per epoch over the global batch; without a config the
-  // whole run is one epoch.
-  global_batch_ = a_.local_batch_size * world_;
-  steps_per_epoch_ = a_.nsamples > 0 ? std::max<int64_t>(1, a_.nsamples / global_batch_) : a_.max_steps;
   val_steps_ = a_.nsamples_val > 0 ? std::max<int64_t>(1, a_.nsamples_val / global_batch_) : 0;
 }
 
 void Trainer::BuildModel() {
   torch::manual_seed(a_.seed);  // identical init everywhere; rank 0's values are broadcast anyway
-  model_ = dlrun::examples::UNet(dlrun::examples::UNetOptions{4, 5, a_.base_channels});
+  model_ = dlrun::examples::UNet(
+      dlrun::examples::UNetOptions{4, 5, a_.base_channels, a_.checkpoint_activations});
   // The GPU path (never run here: no GPU): the rank's device, cuDNN/TF32, channels-last,
   // autocast with loss scaling. On the CPU only channels-last can be asked for.
   device_ = dlrun::examples::PickDevice(a_.device, ctx_.env.local_rank);
-  dlrun::examples::ConfigureBackends(device_);
+  dlrun::examples::ConfigureBackends(device_, a_.tf32);
   model_->to(device_);
   channels_last_ = a_.channels_last < 0 ? device_.is_cuda() : a_.channels_last > 0;
   if (channels_last_) dlrun::examples::ToChannelsLast(model_->parameters());
@@ -241,8 +262,8 @@ void Trainer::OpenData() {
     auto src = dlrun::examples::CropSource::Open(path, a_.data_size, a_.data_mode == "inmem");
     if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
     return std::make_unique<dlrun::examples::Prefetcher>(
-        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), a_.num_data_workers,
-        a_.prefetch_factor, seed);
+        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), loader_threads_,
+        a_.prefetch_factor, seed, /*rotate_in_loader=*/!a_.rotate_on_device);
   };
   if (a_.data.empty()) {
     synthetic_ = std::make_unique<SyntheticData>(a_.data_size, a_.seed, rank_);
@@ -269,8 +290,32 @@ void Trainer::PrintHeader() {
               world_, a_.base_channels, nparams_ / 1e6, a_.data_size, a_.local_batch_size,
               torch::get_num_threads(), a_.grad_sync ? "on" : "off", device_.str().c_str(),
               scaler_->enabled() ? ", AMP" : "", channels_last_ ? ", channels-last" : "");
+  std::printf("threads per rank: %d loader + %d intra-op (%d CPU(s) per rank)%s%s%s%s\n",
+              loader_threads_, intra_threads_, cpus_per_rank_,
+              a_.accumulation_steps > 1
+                  ? absl::StrCat(", ", a_.accumulation_steps, " micro-batches per step (effective "
+                                 "global batch ", global_batch_, ")").c_str()
+                  : "",
+              a_.checkpoint_activations ? ", activation checkpointing" : "",
+              device_.is_cuda() && !a_.tf32 ? ", TF32 off" : "",
+              loader_ && a_.rotate_on_device ? ", rotations on the device" : "");
   std::printf("%s\n", ddp_->bucketReport().c_str());
   std::fflush(stdout);
+}
+
+// The thread budget: a rank's loader threads plus its intra-op threads fit the CPUs allocated
+// to it (the CPUs this process may use, over the ranks of this node), unless the user chose
+// the loader threads. Synthetic data needs no loader threads.
+void Trainer::SetThreads() {
+  const dlrun::CpuAllocation cpus = dlrun::AllocatedCpus();
+  const int local_world = std::max(1, ctx_.env.local_world_size);
+  cpus_per_rank_ = std::max(1, static_cast<int>(cpus.cpus / local_world));
+  loader_threads_ = a_.data.empty() ? 0 : a_.num_data_workers;
+  if (loader_threads_ > 0 && !a_.num_data_workers_given) {
+    loader_threads_ = std::clamp(cpus_per_rank_ - 1, 1, a_.num_data_workers);
+  }
+  intra_threads_ = std::max(1, std::min(torch::get_num_threads(), cpus_per_rank_ - loader_threads_));
+  torch::set_num_threads(intra_threads_);
 }
 
 torch::Tensor Trainer::ToDevice(torch::Tensor t) const {
@@ -278,9 +323,27 @@ torch::Tensor Trainer::ToDevice(torch::Tensor t) const {
   return channels_last_ ? t.contiguous(torch::MemoryFormat::ChannelsLast3d) : t;
 }
 
+// A batch on the device: uploaded first, then rotated there (the 24-rotation augmentation)
+// unless --rotate-in-loader.
 Batch Trainer::NextBatch() {
-  Batch b = loader_ ? loader_->Next(a_.local_batch_size) : synthetic_->Batch(a_.local_batch_size);
-  return {ToDevice(b.first), ToDevice(b.second)};
+  if (!loader_) {
+    Batch b = synthetic_->Batch(a_.local_batch_size);
+    return {ToDevice(b.first), ToDevice(b.second)};
+  }
+  dlrun::examples::HostBatch b = loader_->NextBatch(a_.local_batch_size);
+  return {ToDevice(dlrun::examples::RotateBatch(dlrun::examples::ToDeviceAsync(b.input, device_), b.rotations)),
+          ToDevice(dlrun::examples::RotateBatch(dlrun::examples::ToDeviceAsync(b.target, device_), b.rotations))};
+}
+
+// The batch this micro-step trains on: on CUDA the one fetched and copied during the step
+// before (its host-to-device copy on a side stream overlapped that step's compute).
+Batch Trainer::TakeBatch() {
+  if (prefetched_) {
+    Batch b = std::move(*prefetched_);
+    prefetched_.reset();
+    return b;
+  }
+  return NextBatch();
 }
 
 Batch Trainer::NextValBatch() {
@@ -315,7 +378,7 @@ void Trainer::Save(int64_t step) {
 
 // benchy's step: forward, backward through DDP, optimiser step.
 void Trainer::TrainStep(const torch::Tensor& x, const torch::Tensor& y) {
-  opt_->zero_grad();
+  opt_->zero_grad(/*set_to_none=*/true);
   torch::Tensor loss;
   {
     dlrun::examples::AutocastScope autocast(scaler_->enabled());
@@ -330,25 +393,43 @@ void Trainer::TrainStep(const torch::Tensor& x, const torch::Tensor& y) {
 // benchy's three trials: the loader alone (IO), the model on one cached batch (SYNTHETIC), and
 // normal training (FULL); FULL is bounded by the slower of the first two.
 int Trainer::Benchy() {
-  auto trial = [&](const std::function<void()>& step) {
-    step();  // warm-up
-    if (world_ > 1) ctx_.pg->barrier()->wait();
-    const auto t = Clock::now();
-    for (int64_t i = 0; i < a_.max_steps; ++i) step();
-    if (world_ > 1) ctx_.pg->barrier()->wait();
-    return a_.max_steps * global_batch_ / Seconds(t);
+  // Each mode: --benchy-trials trials of --max-steps steps (samples/s of all ranks), reported
+  // as benchy does: the mean +/- the standard deviation over the trials.
+  const int64_t batch = a_.local_batch_size * world_;
+  struct Trial {
+    double mean = 0, spread = 0;
   };
-  const double io = trial([&] { NextBatch(); });
+  auto trial = [&](const char* mode, const std::function<void()>& step) {
+    step();  // warm-up
+    std::vector<double> rates;
+    for (int k = 0; k < a_.benchy_trials; ++k) {
+      if (world_ > 1) ctx_.pg->barrier()->wait();
+      const auto t = Clock::now();
+      for (int64_t i = 0; i < a_.max_steps; ++i) step();
+      if (world_ > 1) ctx_.pg->barrier()->wait();
+      rates.push_back(static_cast<double>(a_.max_steps * batch) / Seconds(t));
+      if (rank_ == 0) std::printf("BENCHY::%s trial %d: %.3f samples/s\n", mode, k + 1, rates.back());
+    }
+    Trial r;
+    for (double v : rates) r.mean += v / static_cast<double>(rates.size());
+    for (double v : rates) r.spread += (v - r.mean) * (v - r.mean) / static_cast<double>(rates.size());
+    r.spread = std::sqrt(r.spread);
+    return r;
+  };
+  const Trial io_t = trial("IO", [&] { NextBatch(); });
   auto cached = NextBatch();
-  const double synth = trial([&] { TrainStep(cached.first, cached.second); });
-  const double full = trial([&] {
+  const Trial synth_t = trial("SYNTHETIC", [&] { TrainStep(cached.first, cached.second); });
+  const Trial full_t = trial("FULL", [&] {
     auto b = NextBatch();
     TrainStep(b.first, b.second);
   });
+  const double io = io_t.mean, synth = synth_t.mean;
   if (rank_ == 0) {
-    std::printf("BENCHY::SUMMARY::IO average trial throughput: %.3f\n", io);
-    std::printf("BENCHY::SUMMARY:: SYNTHETIC average trial throughput: %.3f\n", synth);
-    std::printf("BENCHY::SUMMARY::FULL average trial throughput: %.3f\n", full);
+    std::printf("BENCHY::SUMMARY::IO average trial throughput: %.3f +/- %.3f\n", io_t.mean, io_t.spread);
+    std::printf("BENCHY::SUMMARY:: SYNTHETIC average trial throughput: %.3f +/- %.3f\n",
+                synth_t.mean, synth_t.spread);
+    std::printf("BENCHY::SUMMARY::FULL average trial throughput: %.3f +/- %.3f\n", full_t.mean,
+                full_t.spread);
     std::printf("FULL is bounded by %s: %s (%.3f) is slower than %s (%.3f) samples/s\n",
                 io < synth ? "data loading" : "compute", io < synth ? "IO" : "SYNTHETIC",
                 std::min(io, synth), io < synth ? "SYNTHETIC" : "IO", std::max(io, synth));
@@ -356,8 +437,40 @@ int Trainer::Benchy() {
   return 0;
 }
 
-// One training step. The loss is averaged over ranks, and the same allreduce tells every rank
-// whether any rank was asked to checkpoint (SIGUSR1), so every rank decides alike.
+// One micro-step: a batch, forward, backward. The gradients add up in .grad over the
+// micro-steps; only the one with `sync` all-reduces them (DDP's no_sync for the others, as
+// PyTorch's gradient accumulation). The loss is divided by the micro-steps, so K micro-batches
+// of b give the gradient of one batch of K x b. Returns the (undivided) loss.
+torch::Tensor Trainer::MicroStep(int64_t step, bool sync, double* data_s) {
+  const auto wait_start = Clock::now();
+  auto [x, y] = [&] {
+    dlrun::worker::ScopedRange r("data wait");
+    return TakeBatch();
+  }();
+  *data_s += Seconds(wait_start);
+  std::optional<dlrun::worker::DistributedDataParallelBase::NoSyncGuard> local_only;
+  if (!sync) local_only.emplace(ddp_.get());
+  torch::Tensor loss;
+  {
+    dlrun::worker::ScopedRange r("forward");
+    dlrun::examples::AutocastScope autocast(scaler_->enabled());
+    // Without gradient sync at all (benchmarks): the model itself, gradients stay local.
+    loss = Loss(a_.grad_sync ? (*ddp_)(x) : model_->forward(x), y, a_.lambda_rho);
+  }
+  // --inject-inf-step: an overflow on purpose (every gradient becomes inf or NaN).
+  if (step == a_.inject_inf_step) loss = loss * std::numeric_limits<float>::infinity();
+  dlrun::worker::ScopedRange r("backward");
+  const double k = static_cast<double>(a_.accumulation_steps);
+  scaler_->scale(k > 1 ? loss / k : loss).backward();  // with sync: averaged over ranks on return
+  // CUDA: the next batch's host-to-device copy goes on its side stream now, while this step's
+  // kernels run (no effect on the CPU, where the copy is the batch itself).
+  if (device_.is_cuda() && (step < a_.max_steps || !sync)) prefetched_ = NextBatch();
+  return loss.detach();
+}
+
+// One training step: K micro-steps, the optimizer step. The loss is averaged over ranks, and
+// the same allreduce tells every rank whether any rank was asked to checkpoint (SIGUSR1), so
+// every rank decides alike.
 void Trainer::Step(int64_t step) {
   if (step == a_.fail_at_step && ctx_.env.restart_count == 0 && rank_ == world_ - 1) {
     std::fprintf(stderr, "train_unet: --fail-at-step %ld: exiting as asked\n", step);
@@ -367,31 +480,17 @@ void Trainer::Step(int64_t step) {
   // NVTX ranges for nsys (dlrun/ranges.h): the step, and its data wait, forward, backward (the
   // buckets' all-reduce ranges start inside it) and optimizer step; the checkpoint after it.
   std::optional<dlrun::worker::ScopedRange> step_range(std::in_place, "step", step);
-  auto [x, y] = [&] {
-    dlrun::worker::ScopedRange r("data wait");
-    return NextBatch();
-  }();
-  const double data_s = Seconds(step_start);
-  const auto compute_start = Clock::now();
   lr_ = dlrun::worker::LearningRate(sched_, step - 1);
   dlrun::worker::SetLearningRate(*opt_, lr_);
-  opt_->zero_grad();
-  torch::Tensor loss;
-  {
-    // Without sync (benchmarks): the same step, gradients stay local.
-    std::optional<dlrun::worker::DistributedDataParallelBase::NoSyncGuard> local_only;
-    if (!a_.grad_sync) local_only.emplace(ddp_.get());
-    {
-      dlrun::worker::ScopedRange r("forward");
-      dlrun::examples::AutocastScope autocast(scaler_->enabled());
-      loss = Loss(a_.grad_sync ? (*ddp_)(x) : model_->forward(x), y,
-                  a_.lambda_rho);
-    }
-    // --inject-inf-step: an overflow on purpose (every gradient becomes inf or NaN).
-    if (step == a_.inject_inf_step) loss = loss * std::numeric_limits<float>::infinity();
-    dlrun::worker::ScopedRange r("backward");
-    scaler_->scale(loss).backward();  // with sync: averaged over ranks when this returns
+  opt_->zero_grad(/*set_to_none=*/true);  // the DGX guide's: no memset, fresh gradients
+  double data_s = 0;
+  torch::Tensor loss_sum;
+  for (int64_t m = 0; m < a_.accumulation_steps; ++m) {
+    const bool last = m + 1 == a_.accumulation_steps;
+    torch::Tensor l = MicroStep(step, a_.grad_sync && last, &data_s);
+    loss_sum = m == 0 ? l.to(torch::kFloat32) : loss_sum + l.to(torch::kFloat32);
   }
+  const torch::Tensor loss = loss_sum / static_cast<double>(a_.accumulation_steps);
   std::optional<dlrun::worker::ScopedRange> opt_range(std::in_place, "optimizer step");
   const bool finite = scaler_->unscale(params_);
   if (finite) opt_->step();  // an overflow under AMP skips the step on every rank alike
@@ -401,23 +500,26 @@ void Trainer::Step(int64_t step) {
                 scaler_->enabled() ? " by the loss scaler" : "");
   }
   scaler_->update(finite);
-  const double local_compute_s = Seconds(compute_start);  // forward, backward, optimizer
+  const double local_compute_s = Seconds(step_start) - data_s;  // forward, backward, optimizer
   dlrun::worker::heartbeat();
   std::vector<torch::Tensor> l{torch::stack(
-      {loss.detach().to(torch::kFloat32),
-       torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
+      {loss, torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
   if (world_ > 1) ctx_.pg->allreduce(l)->wait();
   const double mean_loss = l[0][0].item<double>() / world_;
   // The step record for dlrun's telemetry (docs/TELEMETRY.md); it is also the heartbeat.
   dlrun::worker::StepReport report;
   report.step = step;
-  report.samples = x.size(0);
+  report.samples = a_.local_batch_size * a_.accumulation_steps;
   report.step_s = Seconds(step_start);
   report.data_s = data_s;
   if (a_.grad_sync && world_ > 1) {
     const auto timing = ddp_->lastStepTiming();
-    report.compute_s = timing.compute_s;
     report.sync_s = timing.sync_s;
+    // DDP times the last micro-step's compute only: with accumulation the step's compute is
+    // what the data wait and the sync wait leave.
+    report.compute_s = a_.accumulation_steps > 1
+                           ? std::max(0.0, report.step_s - data_s - timing.sync_s)
+                           : timing.compute_s;
   } else {
     report.compute_s = local_compute_s;  // no gradient sync: the whole step's own work
     report.sync_s = 0;
@@ -470,6 +572,18 @@ void Trainer::EndOfEpoch(int64_t step) {
   const auto val_start = Clock::now();
   const double val_loss = val_steps_ > 0 ? Validate() : 0;
   const double val_secs = Seconds(val_start);
+  // --target-loss: the first time the validation loss (the epoch's training loss when there is
+  // no validation) is at or below it. Every rank sees the same all-reduced figures.
+  const double judged = val_steps_ > 0 ? val_loss : epoch_loss_ / std::max<int64_t>(1, epoch_steps_);
+  if (a_.target_loss > 0 && target_step_ < 0 && judged <= a_.target_loss) {
+    target_step_ = step;
+    target_s_ = Seconds(t0_);
+    target_of_ = val_steps_ > 0 ? "validation" : "training";
+    if (rank_ == 0) {
+      std::printf("target loss %g reached at step %ld after %.3f s (%s loss %.6f)\n",
+                  a_.target_loss, step, target_s_, target_of_.c_str(), judged);
+    }
+  }
   if (tb_) {
     if (val_steps_ > 0) tb_->Scalar("val/loss", static_cast<float>(val_loss), step);
     tb_->Flush();
@@ -499,6 +613,11 @@ int Trainer::Finish() {
   const double secs = Seconds(start_);
   const double sps = timed_steps * global_batch_ / secs;
   const uint64_t final_digest = dlrun::worker::digest(params_);
+  double grad_sq = 0;
+  for (const torch::Tensor& p : params_) {
+    if (p.grad().defined()) grad_sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  const double grad_norm = std::sqrt(grad_sq);
   const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
   std::vector<torch::Tensor> mine{torch::tensor({static_cast<int64_t>(final_digest)}, long_opts)};
   std::vector<std::vector<torch::Tensor>> all(1);
@@ -514,6 +633,21 @@ int Trainer::Finish() {
   j["world_size"] = world_;
   j["steps"] = a_.max_steps;
   j["local_batch_size"] = a_.local_batch_size;
+  j["accumulation_steps"] = a_.accumulation_steps;
+  j["global_batch_size"] = global_batch_;  // effective: ranks x local batch x micro-batches
+  j["checkpoint_activations"] = a_.checkpoint_activations;
+  j["peak_rss_bytes"] = PeakRssBytes();
+  const int64_t peak_device = dlrun::examples::PeakDeviceMemoryBytes(device_);
+  j["peak_device_memory_bytes"] = peak_device >= 0 ? nlohmann::json(peak_device) : nlohmann::json();
+  j["grad_norm"] = grad_norm;  // the last step's averaged gradient
+  j["loader_threads"] = loader_threads_;
+  j["intra_op_threads"] = intra_threads_;
+  if (a_.target_loss > 0) {
+    j["target_loss"] = a_.target_loss;
+    j["target_loss_step"] = target_step_ >= 0 ? nlohmann::json(target_step_) : nlohmann::json();
+    j["target_loss_s"] = target_step_ >= 0 ? nlohmann::json(target_s_) : nlohmann::json();
+    j["target_loss_of"] = target_step_ >= 0 ? nlohmann::json(target_of_) : nlohmann::json();
+  }
   j["samples_per_sec"] = sps;
   j["start_step"] = start_step_;
   j["final_lr"] = lr_;
@@ -536,6 +670,7 @@ int Trainer::Finish() {
 
 int Trainer::Run() {
   ResolveSizes();
+  SetThreads();
   BuildModel();
   BuildSchedule();
   Resume();

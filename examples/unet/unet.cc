@@ -1,6 +1,7 @@
 #include "unet/unet.h"
 
 #include <torch/torch.h>
+#include <torch/autograd.h>
 
 namespace dlrun::examples {
 namespace {
@@ -18,7 +19,67 @@ nn::Sequential UpConv(int64_t in, int64_t out) {
       nn::ReLU(nn::ReLUOptions().inplace(true)));
 }
 
+// Recomputation of one level in backward (torch.utils.checkpoint's reentrant variant, with the
+// level's parameters passed as inputs): forward runs `fn` without building a graph and keeps
+// only the inputs; backward runs it again with a graph and differentiates it with
+// torch::autograd::grad, which returns the gradients of the inputs and parameters instead of
+// accumulating them. The outer backward then accumulates the parameters' gradients, so their
+// post-accumulate hooks (DDP's bucket all-reduce) fire as without checkpointing.
+using LevelFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const LevelFn* fn, size_t n_inputs,
+                                                at::TensorList tensors) {
+    ctx->saved_data["fn"] = reinterpret_cast<int64_t>(fn);
+    ctx->saved_data["n"] = static_cast<int64_t>(n_inputs);
+    ctx->save_for_backward(tensors.vec());
+    torch::NoGradGuard no_grad;
+    return {(*fn)({tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(n_inputs)})};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto* fn = reinterpret_cast<const LevelFn*>(ctx->saved_data["fn"].toInt());
+    const auto n = static_cast<size_t>(ctx->saved_data["n"].toInt());
+    torch::autograd::variable_list saved = ctx->get_saved_variables();
+    std::vector<torch::Tensor> inputs, wrt;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      if (i < n) {
+        inputs.push_back(saved[i].detach().requires_grad_(saved[i].requires_grad()));
+        if (saved[i].requires_grad()) wrt.push_back(inputs.back());
+      } else {
+        wrt.push_back(saved[i]);  // a parameter: differentiated, not accumulated
+      }
+    }
+    torch::Tensor out;
+    {
+      torch::AutoGradMode grad_mode(true);
+      out = (*fn)(inputs);
+    }
+    torch::autograd::variable_list g =
+        torch::autograd::grad({out}, wrt, {grad_out[0]}, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    // One gradient per forward argument: none for fn and n_inputs, then the tensors.
+    torch::autograd::variable_list result{torch::Tensor(), torch::Tensor()};
+    size_t k = 0;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      result.push_back(i >= n || saved[i].requires_grad() ? g[k++] : torch::Tensor());
+    }
+    return result;
+  }
+};
+
 }  // namespace
+
+torch::Tensor UNetImpl::Level(const LevelFn& fn, std::vector<torch::Tensor> inputs,
+                              torch::nn::Module& params_of) {
+  if (!checkpoint_ || !torch::GradMode::is_enabled()) return fn(inputs);
+  const size_t n = inputs.size();
+  for (const torch::Tensor& p : params_of.parameters()) inputs.push_back(p);
+  // A TensorList argument: autograd sees each of its tensors as an input.
+  return CheckpointFunction::apply(&fn, n, at::TensorList(inputs))[0];
+}
 
 UNetImpl::UNetImpl(const UNetOptions& o) {
   const int64_t w = o.base_channels;
@@ -37,6 +98,7 @@ UNetImpl::UNetImpl(const UNetOptions& o) {
       "conv_last",
       nn::ConvTranspose3d(nn::ConvTranspose3dOptions(2 * w, o.out_channels, 4).stride(2).padding(1)));
   resetParameters();
+  checkpoint_ = o.checkpoint_activations;
 }
 
 void UNetImpl::resetParameters() {
@@ -51,19 +113,44 @@ void UNetImpl::resetParameters() {
 }
 
 torch::Tensor UNetImpl::forward(torch::Tensor x) {
-  auto c1 = down1_->forward(x);
-  auto c2 = down2_->forward(c1);
-  auto c3 = down3_->forward(c2);
-  auto c4 = down4_->forward(c3);
-  auto c5 = down5_->forward(c4);
-  x = down6_->forward(c5);
-  x = up6_->forward(x);
-  x = up5_->forward(torch::cat({x, c5}, 1));
-  x = up4_->forward(torch::cat({x, c4}, 1));
-  x = up3_->forward(torch::cat({x, c3}, 1));
-  x = up2_->forward(torch::cat({x, c2}, 1));
-  x = last_->forward(torch::cat({x, c1}, 1));
-  return torch::tanh(x);
+  if (!checkpoint_ || !torch::GradMode::is_enabled()) {
+    auto c1 = down1_->forward(x);
+    auto c2 = down2_->forward(c1);
+    auto c3 = down3_->forward(c2);
+    auto c4 = down4_->forward(c3);
+    auto c5 = down5_->forward(c4);
+    x = down6_->forward(c5);
+    x = up6_->forward(x);
+    x = up5_->forward(torch::cat({x, c5}, 1));
+    x = up4_->forward(torch::cat({x, c4}, 1));
+    x = up3_->forward(torch::cat({x, c3}, 1));
+    x = up2_->forward(torch::cat({x, c2}, 1));
+    x = last_->forward(torch::cat({x, c1}, 1));
+    return torch::tanh(x);
+  }
+  // The same levels, each recomputed in backward. The functions live as long as the module
+  // (the autograd graph holds pointers to them).
+  if (levels_.empty()) {
+    for (torch::nn::Sequential* m : {&down1_, &down2_, &down3_, &down4_, &down5_, &down6_, &up6_}) {
+      levels_.push_back([m](const std::vector<torch::Tensor>& in) { return (*m)->forward(in[0]); });
+    }
+    for (torch::nn::Sequential* m : {&up5_, &up4_, &up3_, &up2_}) {
+      levels_.push_back([m](const std::vector<torch::Tensor>& in) {
+        return (*m)->forward(torch::cat({in[0], in[1]}, 1));
+      });
+    }
+    levels_.push_back([this](const std::vector<torch::Tensor>& in) {
+      return torch::tanh(last_->forward(torch::cat({in[0], in[1]}, 1)));
+    });
+  }
+  std::vector<torch::Tensor> c{x};
+  torch::nn::Module* down[] = {down1_.ptr().get(), down2_.ptr().get(), down3_.ptr().get(),
+                               down4_.ptr().get(), down5_.ptr().get(), down6_.ptr().get()};
+  for (int i = 0; i < 6; ++i) c.push_back(Level(levels_[i], {c.back()}, *down[i]));
+  x = Level(levels_[6], {c[6]}, *up6_);
+  torch::nn::Module* up[] = {up5_.ptr().get(), up4_.ptr().get(), up3_.ptr().get(), up2_.ptr().get()};
+  for (int i = 0; i < 4; ++i) x = Level(levels_[7 + i], {x, c[5 - i]}, *up[i]);
+  return Level(levels_[11], {x, c[1]}, *last_);
 }
 
 }  // namespace dlrun::examples

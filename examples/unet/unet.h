@@ -8,12 +8,19 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 
+#include <functional>
+#include <vector>
+
 namespace dlrun::examples {
 
 struct UNetOptions {
   int64_t in_channels = 4;
   int64_t out_channels = 5;
   int64_t base_channels = 64;
+  // Activation checkpointing: each level (a down-block; a skip concatenation with its
+  // up-block; the last layer with tanh) keeps only its inputs for backward and computes its
+  // inside again there, trading one more forward for the memory of what it would have saved.
+  bool checkpoint_activations = false;
 };
 
 class UNetImpl : public torch::nn::Module {
@@ -24,8 +31,14 @@ class UNetImpl : public torch::nn::Module {
   void resetParameters();
   // The spatial size must be a multiple of 64 (six stride-2 down-samplings to 1).
   static constexpr int64_t kSizeMultiple = 64;
+  void setCheckpointActivations(bool on) { checkpoint_ = on; }
 
  private:
+  // One level: `fn` on `inputs`, through CheckpointFunction when checkpointing.
+  torch::Tensor Level(const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& fn,
+                      std::vector<torch::Tensor> inputs, torch::nn::Module& params_of);
+  bool checkpoint_ = false;
+  std::vector<std::function<torch::Tensor(const std::vector<torch::Tensor>&)>> levels_;
   torch::nn::Sequential down1_{nullptr}, down2_{nullptr}, down3_{nullptr}, down4_{nullptr},
       down5_{nullptr}, down6_{nullptr};
   torch::nn::Sequential up6_{nullptr}, up5_{nullptr}, up4_{nullptr}, up3_{nullptr},

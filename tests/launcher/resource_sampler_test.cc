@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/contract.h"
+#include "common/cpus.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -139,6 +140,36 @@ TEST(ResourceSampler, TheMemoryLimitIsTheTightestCgroupLimitElseTheMachinesMemor
       << "no limit set: the machine's memory";
   EXPECT_EQ(MemoryLimitBytes("", "", read), 0);
   EXPECT_GT(MemoryLimitBytes(), 0) << "this machine";
+}
+
+// CPUs allocated as seff counts them: the tightest of the affinity mask, a cgroup quota (v2
+// cpu.max up the tree, or v1's cfs quota over period) and Slurm's cpus-per-task.
+TEST(AllocatedCpus, TheTightestOfAffinityCgroupQuotaAndSlurm) {
+  std::map<std::string, std::string> files = {
+      {"/sys/fs/cgroup/kubepods/pod1/cpu.max", "max 100000\n"},
+      {"/sys/fs/cgroup/kubepods/cpu.max", "150000 100000\n"},
+      {"/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "400000\n"},
+      {"/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n"},
+      {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n"},
+      {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n"}};
+  auto read = [&](const std::string& p) {
+    auto it = files.find(p);
+    return it == files.end() ? std::string() : it->second;
+  };
+  CpuAllocation a = AllocatedCpus(16, "0::/kubepods/pod1\n", read, "");
+  EXPECT_DOUBLE_EQ(a.cpus, 1.5);  // the parent's quota binds
+  EXPECT_EQ(a.source, "cgroup quota");
+  a = AllocatedCpus(16, "12:cpu,cpuacct:/docker/abc\n11:memory:/docker/abc\n", read, "");
+  EXPECT_DOUBLE_EQ(a.cpus, 4);
+  EXPECT_EQ(a.source, "cgroup quota");
+  a = AllocatedCpus(16, "0::/user.slice\n", read, "8");
+  EXPECT_DOUBLE_EQ(a.cpus, 8);
+  EXPECT_EQ(a.source, "Slurm cpus-per-task");
+  a = AllocatedCpus(2, "0::/user.slice\n", read, "8");
+  EXPECT_DOUBLE_EQ(a.cpus, 2);
+  EXPECT_EQ(a.source, "affinity mask");
+  EXPECT_DOUBLE_EQ(AllocatedCpus(0, "", read, "x").cpus, 0);  // nothing known
+  EXPECT_GE(AllocatedCpus().cpus, 1) << "this machine";
 }
 
 }  // namespace

@@ -203,6 +203,54 @@ TEST(TrainUnet, ParametersIdenticalOnBothRanksAfterTraining) {
   EXPECT_GT(m["samples_per_sec"].get<double>(), 0.0);
 }
 
+// Gradient accumulation (--accumulation-steps): two micro-batches of 1 on each of two ranks,
+// the first without gradient sync, give the step that one batch of 2 gives, within 1e-6; the
+// effective global batch is counted in LR scaling and samples/s.
+TEST(TrainUnet, TwoMicroBatchesOfOneEqualOneBatchOfTwo) {
+  // Linear LR scaling from a base batch of 2: the effective batch decides the LR.
+  const std::vector<std::string> lr = {"--lr-scaling", "linear", "--base-batch-size", "2"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), lr.begin(), lr.end());
+    return v;
+  };
+  nlohmann::json once = TrainTwoRanks(with({"--local-batch-size", "2"}));
+  nlohmann::json twice = TrainTwoRanks(with({"--local-batch-size", "1", "--accumulation-steps", "2"}));
+  nlohmann::json plain = TrainTwoRanks(with({"--local-batch-size", "1"}));
+  EXPECT_EQ(twice["accumulation_steps"], 2);
+  EXPECT_EQ(twice["global_batch_size"], 4);
+  EXPECT_EQ(once["global_batch_size"], 4);
+  EXPECT_EQ(twice["param_digests"][0], twice["param_digests"][1]);  // synced on the last one
+  const double g1 = once["grad_norm"].get<double>(), g2 = twice["grad_norm"].get<double>();
+  EXPECT_GT(g1, 0);
+  EXPECT_NEAR(g1, g2, 1e-6 * g1);
+  EXPECT_NEAR(once["final_loss"].get<double>(), twice["final_loss"].get<double>(), 1e-6);
+  EXPECT_NEAR(once["final_lr"].get<double>(), twice["final_lr"].get<double>(), 1e-12);
+  EXPECT_NEAR(plain["final_lr"].get<double>(), once["final_lr"].get<double>() / 2, 1e-12);
+  // The control: one micro-batch of 1 is another step.
+  EXPECT_GT(std::abs(plain["grad_norm"].get<double>() - g1), 1e-4 * g1);
+}
+
+// --checkpoint-activations: the same gradients and loss within 1e-6, less peak memory.
+TEST(TrainUnet, ActivationCheckpointingKeepsTheGradientsAndLowersPeakMemory) {
+  const std::string dir = MakeTempDir();
+  nlohmann::json m[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string path = dir + "/m" + std::to_string(i) + ".json";
+    std::vector<std::string> cmd = {TRAIN_UNET_BIN, "--synthetic", "--base-channels", "32",
+                                    "--local-batch-size", "2", "--max-steps", "1",
+                                    "--metrics-json", path};
+    if (i == 1) cmd.push_back("--checkpoint-activations");
+    ProcResult r = RunCommand(cmd, {{"OMP_NUM_THREADS", "2"}}, std::chrono::seconds(240));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    m[i] = nlohmann::json::parse(ReadFile(path));
+  }
+  EXPECT_EQ(m[1]["checkpoint_activations"], true);
+  const double g = m[0]["grad_norm"].get<double>();
+  EXPECT_NEAR(m[1]["grad_norm"].get<double>(), g, 1e-6 * g);
+  EXPECT_NEAR(m[1]["first_loss"].get<double>(), m[0]["first_loss"].get<double>(), 1e-6);
+  EXPECT_LT(m[1]["peak_rss_bytes"].get<int64_t>(), m[0]["peak_rss_bytes"].get<int64_t>());
+}
+
 TEST(TrainUnet, WithoutGradientSyncRanksDiverge) {
   nlohmann::json m = TrainTwoRanks({"--no-grad-sync"});
   ASSERT_EQ(m["param_digests"].size(), 2u);
@@ -252,6 +300,24 @@ TEST(TrainUnet, TrainsOnAGeneratedHdf5FileAndTheLossFalls) {
   auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
   EXPECT_LT(m["final_loss"].get<double>(), m["first_loss"].get<double>()) << m.dump();
   EXPECT_EQ(m["param_digests"][0], m["param_digests"][1]);
+  EXPECT_NE(r.output.find("rotations on the device"), std::string::npos) << r.output;
+  // The thread budget: one rank on two CPUs (the affinity mask) with the default two loader
+  // threads gets one loader and one intra-op thread; loader threads asked for are kept.
+  for (const char* workers : {"", "2"}) {
+    std::vector<std::string> cmd = {"taskset", "-c", "0,1", TRAIN_UNET_BIN, "--data",
+                                    dir + "/data.h5", "--base-channels", "4", "--max-steps", "1",
+                                    "--metrics-json", dir + "/t.json"};
+    if (*workers) cmd.insert(cmd.end(), {"--num-data-workers", workers});
+    ProcResult t = RunCommand(cmd, {}, std::chrono::seconds(120));
+    ASSERT_EQ(t.exit_code, 0) << t.output;
+    auto j = nlohmann::json::parse(ReadFile(dir + "/t.json"));
+    EXPECT_EQ(j["loader_threads"], *workers ? 2 : 1) << t.output;
+    EXPECT_EQ(j["intra_op_threads"], 1) << t.output;
+    EXPECT_NE(t.output.find(*workers ? "2 loader + 1 intra-op (2 CPU(s) per rank)"
+                                     : "1 loader + 1 intra-op (2 CPU(s) per rank)"),
+              std::string::npos)
+        << t.output;
+  }
 }
 
 // The worker pids of the `n`-th rank table (0-based) the agent printed.
@@ -397,6 +463,27 @@ TEST(TrainUnet, TutorialStyleConfigRunsEpochsWithValidation) {
   EXPECT_NE(r.output.find("step 8/8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Avg val loss="), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("base width 4"), std::string::npos);  // the flag overrides the config
+  // --num-epochs over the configuration's; --target-loss: reached at the first epoch's end for
+  // a loss any model reaches, never for one none does.
+  const std::string dir = MakeTempDir();
+  for (const char* target : {"10", "1e-9"}) {
+    r = RunCommand({TRAIN_UNET_BIN, "--yaml-config", yaml, "--config", "cpu_tiny",
+                    "--base-channels", "4", "--num-epochs", "3", "--no-tf32", "--target-loss",
+                    target, "--metrics-json", dir + "/m.json"},
+                   {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("Time taken for epoch 3 is"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("step 12/12"), std::string::npos) << r.output;
+    auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
+    if (std::string(target) == "10") {
+      EXPECT_EQ(m["target_loss_step"], 4) << m.dump();  // 8 samples / batch 2 per epoch
+      EXPECT_EQ(m["target_loss_of"], "validation");
+      EXPECT_GT(m["target_loss_s"].get<double>(), 0);
+      EXPECT_NE(r.output.find("target loss 10 reached at step 4"), std::string::npos) << r.output;
+    } else {
+      EXPECT_TRUE(m["target_loss_step"].is_null()) << m.dump();
+    }
+  }
   r = RunCommand({TRAIN_UNET_BIN, "--yaml-config", yaml, "--config", "nope"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("no configuration 'nope'"), std::string::npos) << r.output;
@@ -410,9 +497,16 @@ namespace {
 
 TEST(TrainUnet, BenchyTrialsAndTheDensityLossTerm) {
   ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", TRAIN_UNET_BIN, "--synthetic",
-                             "--base-channels", "4", "--max-steps", "2", "--benchy"},
+                             "--base-channels", "4", "--max-steps", "2", "--benchy",
+                             "--benchy-trials", "3"},
                             {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Three trials per mode, then each mode's mean +/- spread.
+  for (const char* mode : {"IO", "SYNTHETIC", "FULL"}) {
+    EXPECT_NE(r.output.find(std::string("BENCHY::") + mode + " trial 3: "), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(std::string("BENCHY::") + mode + " trial 4: "), std::string::npos);
+  }
+  EXPECT_NE(r.output.find(" +/- "), std::string::npos) << r.output;
   for (const char* line : {"BENCHY::SUMMARY::IO average trial throughput: ",
                            "BENCHY::SUMMARY:: SYNTHETIC average trial throughput: ",
                            "BENCHY::SUMMARY::FULL average trial throughput: ", "FULL is bounded by"}) {

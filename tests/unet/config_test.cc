@@ -23,6 +23,27 @@ TEST(UnetConfig, TheShippedFileMergesBaseIntoShort) {
   EXPECT_EQ(cfg->at("train_path"), "");
 }
 
+// The tutorial's large-batch configurations: half the baseline's 10240 iterations each
+// (Nsamples x num_epochs / global_batch_size), sqrt LR scaling with warm-up; prefetch 4.
+TEST(UnetConfig, TheOptConfigurationsRunHalfTheBaselinesIterations) {
+  const std::string file = std::string(SOURCE_DIR) + "/examples/unet/config/UNet.yaml";
+  auto iterations = [&](const char* name) -> int64_t {
+    auto cfg = LoadConfig(file, name);
+    EXPECT_TRUE(cfg.ok()) << name << ": " << cfg.status();
+    if (!cfg.ok()) return int64_t{0};
+    return std::stoll(cfg->at("Nsamples")) * std::stoll(cfg->at("num_epochs")) /
+           std::stoll(cfg->at("global_batch_size"));
+  };
+  EXPECT_EQ(iterations("base"), 10240);
+  for (const char* name : {"bs256_opt", "bs512_opt", "bs2048_opt"}) {
+    EXPECT_EQ(iterations(name), 5120) << name;
+    auto cfg = LoadConfig(file, name);
+    ASSERT_TRUE(cfg.ok());
+    EXPECT_EQ(cfg->at("lr_schedule.scaling"), "sqrt") << name;
+    EXPECT_EQ(cfg->at("prefetch_factor"), "4") << name;
+  }
+}
+
 TEST(UnetConfig, AListOfMergesLetsEarlierMapsWinAndOwnKeysWinOverAll) {
   auto cfg = ParseConfig(
       "a: &a {x: 1, y: 1}\nb: &b {x: 2, y: 2, z: 2}\nc:\n  <<: [*a, *b]\n  y: 3\n", "c", "t.yaml");

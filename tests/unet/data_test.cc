@@ -54,6 +54,29 @@ TEST(CropSource, ReadsCropsInMemoryAndFromFileAlike) {
   EXPECT_EQ(y.sizes(), (std::vector<int64_t>{3, 5, 8, 8, 8}));
 }
 
+// The augmentation after the upload: a loader that leaves the rotations to the caller draws
+// the same crops and rotations as one that applies them, and RotateBatch applies them alike.
+TEST(CropSource, RotationsLeftToTheDeviceEqualTheLoadersOwn) {
+  const std::string path = dlrun::testing::MakeTempDir() + "/d.h5";
+  ASSERT_TRUE(WriteSyntheticFile(path, 16, 2).ok());
+  auto a = CropSource::Open(path, 8, true), b = CropSource::Open(path, 8, true);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Prefetcher on_host(std::shared_ptr<CropSource>(std::move(*a)), 1, 4, 9);
+  Prefetcher deferred(std::shared_ptr<CropSource>(std::move(*b)), 1, 4, 9,
+                      /*rotate_in_loader=*/false);
+  std::set<int> kinds;
+  for (int i = 0; i < 6; ++i) {
+    auto [x, y] = on_host.Next(4);
+    HostBatch d = deferred.NextBatch(4);
+    ASSERT_EQ(d.rotations.size(), 4u);
+    kinds.insert(d.rotations.begin(), d.rotations.end());
+    EXPECT_TRUE(torch::equal(RotateBatch(d.input, d.rotations), x)) << i;
+    EXPECT_TRUE(torch::equal(RotateBatch(d.target, d.rotations), y)) << i;
+  }
+  EXPECT_GT(kinds.size(), 3u);  // rotations drawn at random, not one for all
+  EXPECT_TRUE(on_host.NextBatch(2).rotations.empty());  // rotated already
+}
+
 void WriteDataset(hid_t f, const char* name, std::vector<hsize_t> dims) {
   hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
   hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);

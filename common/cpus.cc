@@ -1,0 +1,103 @@
+#include "common/cpus.h"
+
+#include <sched.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace dlrun {
+namespace {
+
+std::string ReadSmall(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "quota period" (v2's cpu.max; "max" is no limit) -> CPUs, or 0.
+double QuotaCpus(const std::string& quota, const std::string& period) {
+  char* end = nullptr;
+  const double q = std::strtod(quota.c_str(), &end);
+  if (end == quota.c_str() || q <= 0) return 0;
+  const double p = std::strtod(period.c_str(), &end);
+  if (end == period.c_str() || p <= 0) return 0;
+  return q / p;
+}
+
+// The cgroup paths of this process, from the given hierarchy's line of /proc/self/cgroup
+// (v2: "0::/path"; v1: "N:cpu,cpuacct:/path"), each step up to the root.
+std::vector<std::string> Ancestry(std::string path) {
+  std::vector<std::string> out;
+  while (!path.empty()) {
+    out.push_back(path);
+    if (path == "/") break;
+    const size_t slash = path.rfind('/');
+    path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+  }
+  return out;
+}
+
+bool HasController(const std::string& list, const std::string& name) {
+  std::istringstream in(list);
+  std::string c;
+  while (std::getline(in, c, ',')) {
+    if (c == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+CpuAllocation AllocatedCpus(int affinity_cpus, const std::string& proc_cgroup,
+                            const std::function<std::string(const std::string&)>& read,
+                            const std::string& slurm_cpus_per_task) {
+  CpuAllocation best;
+  auto offer = [&](double cpus, const char* source) {
+    if (cpus > 0 && (best.cpus == 0 || cpus < best.cpus)) best = {cpus, source};
+  };
+  offer(affinity_cpus, "affinity mask");
+  std::istringstream cg(proc_cgroup);
+  std::string line;
+  while (std::getline(cg, line)) {
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (line.rfind("0::", 0) == 0) {  // v2
+      for (const std::string& p : Ancestry(path)) {
+        std::istringstream max(read("/sys/fs/cgroup" + p + "/cpu.max"));
+        std::string quota, period;
+        if (max >> quota >> period && quota != "max") offer(QuotaCpus(quota, period), "cgroup quota");
+      }
+    } else if (HasController(controllers, "cpu")) {  // v1's cpu controller
+      for (const std::string& dir : {std::string("/sys/fs/cgroup/cpu,cpuacct"),
+                                     std::string("/sys/fs/cgroup/cpu")}) {
+        for (const std::string& p : Ancestry(path)) {
+          offer(QuotaCpus(read(dir + p + "/cpu.cfs_quota_us"), read(dir + p + "/cpu.cfs_period_us")),
+                "cgroup quota");
+        }
+      }
+    }
+  }
+  char* end = nullptr;
+  const long per_task = std::strtol(slurm_cpus_per_task.c_str(), &end, 10);
+  if (end != slurm_cpus_per_task.c_str() && per_task > 0) {
+    offer(static_cast<double>(per_task), "Slurm cpus-per-task");
+  }
+  return best;
+}
+
+CpuAllocation AllocatedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int affinity = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  const char* slurm = std::getenv("SLURM_CPUS_PER_TASK");
+  return AllocatedCpus(affinity, ReadSmall("/proc/self/cgroup"),
+                       [](const std::string& p) { return ReadSmall(p); }, slurm ? slurm : "");
+}
+
+}  // namespace dlrun

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -22,6 +24,32 @@ std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_s
   uint64_t ut = 0, st = 0;
   if (!absl::SimpleAtoi(f[11], &ut) || !absl::SimpleAtoi(f[12], &st)) return std::nullopt;
   return static_cast<double>(ut + st) / static_cast<double>(ticks_per_second);
+}
+
+std::optional<double> ParseProcStatCpuWithChildren(const std::string& stat, long ticks_per_second) {
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || ticks_per_second <= 0) return std::nullopt;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+  if (f.size() < 15) return std::nullopt;
+  uint64_t sum = 0;
+  for (size_t i = 11; i <= 14; ++i) {  // utime, stime, cutime, cstime
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(f[i], &v)) return std::nullopt;
+    sum += v;
+  }
+  return static_cast<double>(sum) / static_cast<double>(ticks_per_second);
+}
+
+int64_t ParsePss(const std::string& smaps_rollup) {
+  std::istringstream in(smaps_rollup);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Pss:", 0) != 0) continue;
+    std::vector<std::string> f = absl::StrSplit(line.substr(4), absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    int64_t kb = 0;
+    if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) return kb * 1024;
+  }
+  return 0;
 }
 
 void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak) {
@@ -48,6 +76,25 @@ std::string ReadSmall(const std::string& path) {
 }
 
 }  // namespace
+
+std::vector<pid_t> Descendants(pid_t pid, size_t limit) {
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{pid};
+  while (!todo.empty() && out.size() < limit) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    std::error_code ec;
+    const std::string tasks = "/proc/" + std::to_string(p) + "/task";
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::istringstream in(ReadSmall(t.path().string() + "/children"));
+      for (pid_t c = 0; in >> c && out.size() < limit;) {
+        out.push_back(c);
+        todo.push_back(c);
+      }
+    }
+  }
+  return out;
+}
 
 int64_t MemoryLimitBytes(const std::string& proc_cgroup, const std::string& meminfo,
                          const std::function<std::string(const std::string&)>& read) {
@@ -137,11 +184,30 @@ void ResourceSampler::SampleOnce() {
   std::map<pid_t, ProcSample> out;
   for (pid_t pid : pids) {
     const std::string dir = "/proc/" + std::to_string(pid);
-    auto cpu = ParseProcStatCpu(ReadSmall(dir + "/stat"), ticks);
+    // The worker with the processes it started (a DataLoader's workers): their CPU time (and
+    // that of children already reaped), and their proportional share of memory (forked
+    // workers share most pages with the worker, which their RSS would count again).
+    auto cpu = ParseProcStatCpuWithChildren(ReadSmall(dir + "/stat"), ticks);
     if (!cpu) continue;  // gone
     ProcSample s;
     s.cpu_s = *cpu;
     ParseProcStatus(ReadSmall(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
+    int64_t children_pss = 0;
+    for (pid_t c : Descendants(pid, kMaxSampledChildren)) {
+      const std::string cdir = "/proc/" + std::to_string(c);
+      if (auto ccpu = ParseProcStatCpuWithChildren(ReadSmall(cdir + "/stat"), ticks)) s.cpu_s += *ccpu;
+      children_pss += ParsePss(ReadSmall(cdir + "/smaps_rollup"));
+      ++s.children;
+    }
+    s.rss_bytes += children_pss;
+    auto& peak = peak_with_children_[pid];
+    peak = std::max({peak, s.rss_bytes, s.rss_peak_bytes});
+    s.rss_peak_bytes = peak;
+    // A child that exits takes its time out of the sum until the worker reaps it: the
+    // cumulative figure never goes back.
+    auto& top = cpu_top_[pid];
+    top = std::max(top, s.cpu_s);
+    s.cpu_s = top;
     auto it = last_cpu_.find(pid);
     if (it != last_cpu_.end()) {
       const double dt = std::chrono::duration<double>(now - it->second.second).count();
@@ -159,6 +225,12 @@ void ResourceSampler::SampleOnce() {
   }
   for (auto it = last_cpu_.begin(); it != last_cpu_.end();) {
     it = out.count(it->first) ? std::next(it) : last_cpu_.erase(it);
+  }
+  for (auto it = cpu_top_.begin(); it != cpu_top_.end();) {
+    it = out.count(it->first) ? std::next(it) : cpu_top_.erase(it);
+  }
+  for (auto it = peak_with_children_.begin(); it != peak_with_children_.end();) {
+    it = out.count(it->first) ? std::next(it) : peak_with_children_.erase(it);
   }
   std::vector<rdzv::GpuTelemetry> gpus;
   const auto queried = nvml_ ? nvml_->Query(rdzv::kMaxTelemetryGpus, /*with_processes=*/true)

@@ -28,7 +28,16 @@ struct ProcSample {
   std::optional<double> cpu_utilization;   // cores busy over the last period
   int64_t rss_bytes = 0, rss_peak_bytes = 0;
   int64_t gpu_memory_bytes = -1;           // -1: unknown (no NVML, or not on a GPU)
+  int children = 0;                        // live descendants counted in (DataLoader workers)
 };
+
+// The processes a worker started, and theirs, at most `limit` (from /proc/PID/task/*/children).
+std::vector<pid_t> Descendants(pid_t pid, size_t limit);
+inline constexpr size_t kMaxSampledChildren = 256;
+// /proc/<pid>/stat's utime + stime + cutime + cstime (reaped children included), seconds.
+std::optional<double> ParseProcStatCpuWithChildren(const std::string& stat, long ticks_per_second);
+// /proc/<pid>/smaps_rollup's Pss in bytes (0 when absent).
+int64_t ParsePss(const std::string& smaps_rollup);
 
 // /proc/<pid>/stat's utime + stime in seconds; nullopt if unreadable or malformed.
 std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second);
@@ -66,6 +75,8 @@ class ResourceSampler {
   std::map<pid_t, ProcSample> latest_;
   std::vector<rdzv::GpuTelemetry> gpus_;
   std::map<pid_t, std::pair<double, std::chrono::steady_clock::time_point>> last_cpu_;
+  std::map<pid_t, double> cpu_top_;               // the highest cumulative CPU seen per worker
+  std::map<pid_t, int64_t> peak_with_children_;   // the worker's peak with its children
   std::thread thread_;
 };
 

@@ -125,6 +125,50 @@ TEST(ResourceSampler, GpusAndPerProcessMemoryThroughNvml) {
 namespace dlrun::launcher {
 namespace {
 
+// A worker that idles while the process it started (a DataLoader worker) spins: the rank's
+// CPU is the child's, counted in the worker's sample.
+TEST(ResourceSampler, AWorkersChildProcessesCountInItsCpuAndMemory) {
+  const pid_t parent = fork();
+  if (parent == 0) {
+    Child(true);
+    pause();
+    _exit(0);
+  }
+  ResourceSampler s(std::chrono::milliseconds(200));
+  s.Watch({parent});
+  std::map<pid_t, ProcSample> latest;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    latest = s.Latest();
+    if (latest.count(parent) && latest[parent].children == 1 && latest[parent].cpu_utilization &&
+        latest[parent].cpu_s > 0.3) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::vector<pid_t> kids = Descendants(parent, kMaxSampledChildren);
+  for (pid_t k : kids) kill(k, SIGKILL);
+  kill(parent, SIGKILL);
+  waitpid(parent, nullptr, 0);
+  ASSERT_EQ(kids.size(), 1u);
+  ASSERT_TRUE(latest.count(parent));
+  EXPECT_EQ(latest[parent].children, 1);
+  EXPECT_GT(latest[parent].cpu_s, 0.3);  // the parent itself only waits
+  ASSERT_TRUE(latest[parent].cpu_utilization);
+  EXPECT_GT(*latest[parent].cpu_utilization, 0.3);
+  EXPECT_GE(latest[parent].rss_peak_bytes, latest[parent].rss_bytes);
+}
+
+TEST(ResourceSampler, ParsesReapedChildrenTimeAndPss) {
+  const std::string stat =
+      "4242 (x) S 1 4242 4242 0 -1 4194304 100 0 0 0 250 50 100 100 20 0 3 0 1000 1000000 500 1";
+  auto cpu = ParseProcStatCpuWithChildren(stat, 100);
+  ASSERT_TRUE(cpu.has_value());
+  EXPECT_DOUBLE_EQ(*cpu, 5.0);
+  EXPECT_EQ(ParsePss("Rss:  2048 kB\nPss:   1024 kB\n"), 1024 * 1024);
+  EXPECT_EQ(ParsePss(""), 0);
+}
+
 TEST(ResourceSampler, TheMemoryLimitIsTheTightestCgroupLimitElseTheMachinesMemory) {
   const std::string meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\n";
   std::map<std::string, std::string> files = {

@@ -72,6 +72,10 @@ void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
   out->set_memory_limit_bytes(static_cast<uint64_t>(std::max<int64_t>(0, t.memory_limit_bytes)));
   out->set_stacks_json(t.stacks_json);
   out->set_productive_s(t.productive_s);
+  out->set_memory_limit_source(t.memory_limit_source);
+  out->set_cpus_allocated(t.cpus_allocated);
+  out->set_cpus_source(t.cpus_source);
+  out->set_program(t.program);
   for (const RestartCost& c : t.restarts) {
     v1::RestartCost* x = out->add_restarts();
     x->set_restart(c.restart);
@@ -227,6 +231,20 @@ absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t) {
   out.lost_s = t.lost_s();
   out.hostname = t.hostname();
   out.memory_limit_bytes = static_cast<int64_t>(std::min<uint64_t>(t.memory_limit_bytes(), 1ull << 62));
+  if (!Finite(t.cpus_allocated()) || t.cpus_allocated() > 1e6) {
+    return InvalidArgumentError(absl::StrCat("telemetry.cpus_allocated is ", t.cpus_allocated(),
+                                             " (expected 0 to 1000000)"));
+  }
+  for (const auto& [name, v] : {std::pair<const char*, const std::string*>{
+                                    "telemetry.memory_limit_source", &t.memory_limit_source()},
+                                {"telemetry.cpus_source", &t.cpus_source()},
+                                {"telemetry.program", &t.program()}}) {
+    if (auto s = CheckString(name, *v, kMaxTelemetryProgramBytes, false); !s.ok()) return s;
+  }
+  out.cpus_allocated = t.cpus_allocated();
+  out.cpus_source = t.cpus_source();
+  out.memory_limit_source = t.memory_limit_source();
+  out.program = t.program();
   for (const v1::RankTelemetry& x : t.ranks()) {
     for (double v : {x.step_seconds(), x.data_seconds(), x.compute_seconds(), x.sync_seconds(), x.cpu_s(),
                      static_cast<double>(x.step_p50_s()), static_cast<double>(x.step_p95_s())}) {

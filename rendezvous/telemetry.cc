@@ -47,6 +47,10 @@ void JobTelemetry::Update(const std::string& node_id, const std::string& hostnam
   n.restarts = t.restarts;
   n.productive_s = t.productive_s;
   n.memory_limit_bytes = t.memory_limit_bytes;
+  n.memory_limit_source = t.memory_limit_source;
+  n.cpus_allocated = t.cpus_allocated;
+  n.cpus_source = t.cpus_source;
+  n.program = t.program;
   // A node keeps sending its last capture: a new one is one that differs from what it sent.
   if (!t.stacks_json.empty() && t.stacks_json != n.stacks_json) stacks_json_ = t.stacks_json;
   n.stacks_json = t.stacks_json;
@@ -308,11 +312,22 @@ JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
   for (const auto& [rank, st] : stragglers_) s.stragglers.push_back(st);
   std::map<std::string, Snapshot::NodeMemory> mem;
   for (const auto& [id, n] : nodes_seen_) {
-    if (n.memory_limit_bytes > 0) mem[n.hostname] = {n.hostname, 0, n.memory_limit_bytes};
+    if (n.memory_limit_bytes > 0 || n.cpus_allocated > 0) {
+      Snapshot::NodeMemory& m = mem[n.hostname];
+      m.host = n.hostname;
+      m.limit_bytes = n.memory_limit_bytes;
+      m.limit_source = n.memory_limit_source;
+      m.cpus = n.cpus_allocated;
+      m.cpus_source = n.cpus_source;
+    }
+    if (s.program.empty()) s.program = n.program;
   }
   for (const auto& [rank, r] : ranks_) {
     auto it = mem.find(r.host);
-    if (it != mem.end()) it->second.peak_rss_bytes += r.rss_peak_bytes;
+    if (it == mem.end()) continue;
+    it->second.peak_rss_bytes += r.rss_peak_bytes;
+    it->second.cpu_s += r.cpu_s;
+    ++it->second.ranks;
   }
   for (auto& [host, m] : mem) s.node_memory.push_back(m);
   s.history.assign(history_.begin(), history_.end());

@@ -100,6 +100,7 @@ struct RankProfile {
   std::string note;  // why there is no file, or what is odd about it; empty when all went well
 };
 inline constexpr size_t kMaxProfileHotFrames = 8;
+inline constexpr size_t kMaxTelemetryProgramBytes = 256;
 
 // What one agent sends with each heartbeat (and its leave): bounded, about 120 bytes a rank.
 struct NodeTelemetry {
@@ -110,6 +111,14 @@ struct NodeTelemetry {
   double productive_s = 0;  // time in steps that were kept (no recomputation), one rank's
   std::string hostname;
   int64_t memory_limit_bytes = 0;  // what the node's workers may use (cgroup limit or RAM); 0: ?
+  std::string memory_limit_source;  // "Slurm --mem", "cgroup limit", "machine memory"
+  // The CPUs the node's workers may use (common/cpus.h: affinity, cgroup quota, Slurm's
+  // cpus-per-task) and which bound it; 0: unknown.
+  double cpus_allocated = 0;
+  std::string cpus_source;
+  // The workers' program as the advice names it: the executable's base name ("train_unet"),
+  // or the Python script's ("train.py"); empty: unknown.
+  std::string program;
   // The node's last capture before kill, summarised (docs/STACKS.md): JSON, at most
   // kMaxTelemetryStacksBytes; empty: none yet. The page and /api/job show the job's latest.
   std::string stacks_json;
@@ -184,6 +193,11 @@ class JobTelemetry {
       std::string host;
       int64_t peak_rss_bytes = 0;  // its ranks' peaks summed
       int64_t limit_bytes = 0;
+      std::string limit_source;
+      double cpus = 0;  // allocated to its workers (0: unknown)
+      std::string cpus_source;
+      int ranks = 0;    // its ranks in the snapshot
+      double cpu_s = 0;  // their CPU seconds
     };
     std::vector<NodeMemory> node_memory;
     std::vector<Straggler> stragglers;  // every rank ever named; `active` says if it still is
@@ -191,6 +205,7 @@ class JobTelemetry {
     double samples_per_sec = 0;  // over the job: samples / the slowest rank's step time sum
     std::string stacks_json;     // the latest capture before kill of any node, or empty
     std::map<int, RankProfile> profiles;  // by rank
+    std::string program;  // the workers' program (the first node's that said)
   };
   Snapshot Snap(TimePoint now) const;
 

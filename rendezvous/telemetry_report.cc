@@ -1,6 +1,7 @@
 // The job-wide telemetry as JSON (`/api/job`, `--report-json`) and as the end-of-job report
 // with its advice (docs/TELEMETRY.md).
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,49 @@ nlohmann::json OrNull(const std::optional<double>& v) {
 }  // namespace
 
 namespace {
+
+// Each GPU's utilisation averaged over the job's stepping time (the last sample when none was
+// taken while stepping): their mean and the least-used GPU's; the peak memory of the fullest.
+struct GpuSummary {
+  double mean = -1, min = 2, mem_peak = 0, mem_total = 0;
+};
+GpuSummary SummariseGpus(const std::vector<GpuTelemetry>& gpus) {
+  GpuSummary g;
+  double sum = 0;
+  for (const GpuTelemetry& x : gpus) {
+    const double u = x.mean_utilization.value_or(x.utilization);
+    g.min = std::min(g.min, u);
+    sum += u;
+    const double peak = static_cast<double>(std::max(x.peak_memory_used_bytes, x.memory_used_bytes));
+    if (peak > g.mem_peak) {
+      g.mem_peak = peak;
+      g.mem_total = static_cast<double>(x.memory_total_bytes);
+    }
+  }
+  if (!gpus.empty()) g.mean = sum / static_cast<double>(gpus.size());
+  return g;
+}
+
+// The job's CPUs as seff counts them: the CPU seconds of every rank (its DataLoader workers
+// included) over the wall time times the CPUs allocated, on the nodes that said how many.
+struct CpuSummary {
+  double allocated = 0, used_s = 0, core_walltime_s = 0;
+  std::string source;  // the first node's (e.g. "Slurm cpus-per-task")
+  int nodes = 0;
+  double efficiency() const { return core_walltime_s > 0 ? used_s / core_walltime_s : -1; }
+};
+CpuSummary SummariseCpus(const JobTelemetry::Snapshot& s) {
+  CpuSummary c;
+  for (const auto& m : s.node_memory) {
+    if (m.cpus <= 0 || m.ranks == 0) continue;
+    c.allocated += m.cpus;
+    c.used_s += m.cpu_s;
+    c.core_walltime_s += m.cpus * s.wall_s;
+    if (c.source.empty()) c.source = m.cpus_source;
+    ++c.nodes;
+  }
+  return c;
+}
 
 nlohmann::json RankJson(int rank, const RankTelemetry& r, const std::vector<Straggler>& stragglers) {
   using nlohmann::json;
@@ -145,9 +189,22 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
   json nodes = json::array();
   for (const auto& m : s.node_memory) {
     nodes.push_back({{"host", m.host}, {"peak_rss_bytes", m.peak_rss_bytes},
-                     {"memory_limit_bytes", m.limit_bytes}});
+                     {"memory_limit_bytes", m.limit_bytes},
+                     {"memory_limit_source", m.limit_source},
+                     {"cpus_allocated", m.cpus > 0 ? json(m.cpus) : json()},
+                     {"cpus_source", m.cpus_source},
+                     {"cpu_seconds", m.cpu_s}});
   }
   j["node_memory"] = nodes;
+  j["program"] = s.program;
+  const CpuSummary cpus = SummariseCpus(s);
+  j["cpu_efficiency"] = cpus.efficiency() >= 0 ? json(cpus.efficiency()) : json();
+  j["cpus_allocated"] = cpus.allocated > 0 ? json(cpus.allocated) : json();
+  const GpuSummary g = SummariseGpus(s.gpus);
+  j["gpus_needed_at_90_percent"] =
+      s.gpus.empty() ? json()
+                     : json(std::max(1, static_cast<int>(std::ceil(
+                                            static_cast<double>(s.gpus.size()) * g.mean / 0.9 - 1e-9))));
   json stragglers = json::array();
   for (const Straggler& st : s.stragglers) {
     stragglers.push_back({{"rank", st.rank},
@@ -233,52 +290,74 @@ std::string RankLine(int rank, const RankTelemetry& r) {
   return line;
 }
 
-// Each GPU's utilisation averaged over the job's stepping time (the last sample when none was
-// taken while stepping): their mean and the least-used GPU's; the peak memory of the fullest.
-struct GpuSummary {
-  double mean = -1, min = 2, mem_peak = 0, mem_total = 0;
+// The words of the advice: train_unet's own flags for train_unet, PyTorch's for the rest.
+struct Knobs {
+  const char* loader;    // more data-loading parallelism
+  const char* cpus;      // more CPUs to run it
+  const char* batch;     // a larger batch per GPU
+  const char* memory;    // less memory
 };
-GpuSummary SummariseGpus(const std::vector<GpuTelemetry>& gpus) {
-  GpuSummary g;
-  double sum = 0;
-  for (const GpuTelemetry& x : gpus) {
-    const double u = x.mean_utilization.value_or(x.utilization);
-    g.min = std::min(g.min, u);
-    sum += u;
-    const double peak = static_cast<double>(std::max(x.peak_memory_used_bytes, x.memory_used_bytes));
-    if (peak > g.mem_peak) {
-      g.mem_peak = peak;
-      g.mem_total = static_cast<double>(x.memory_total_bytes);
-    }
+Knobs KnobsFor(const std::string& program) {
+  if (program == "train_unet") {
+    return {"more loader threads (--num-data-workers) and a deeper queue (--prefetch-factor)",
+            "the CPUs to run them (Slurm: --cpus-per-task; Run:ai: --cpu, 8 to 24 per GPU)",
+            "a larger --local-batch-size (the largest that fits in GPU memory)",
+            "a smaller --local-batch-size with --accumulation-steps, --checkpoint-activations, "
+            "or fewer --num-data-workers"};
   }
-  if (!gpus.empty()) g.mean = sum / static_cast<double>(gpus.size());
-  return g;
+  return {"more DataLoader workers (num_workers), with pin_memory=True, persistent_workers=True "
+          "and prefetch_factor=4",
+          "the CPUs to run them (Slurm: --cpus-per-task; Run:ai: --cpu, 8 to 24 per GPU)",
+          "a larger batch per GPU (the largest that fits in GPU memory)",
+          "smaller batches with gradient accumulation, activation checkpointing, mixed precision, "
+          "or fewer DataLoader workers"};
 }
 
-// Advice, from the guides this project grew from (docs/TELEMETRY.md).
+// Advice, from the guides this project grew from (docs/TELEMETRY.md, "Advice"): GPU
+// utilisation comes first; low utilisation with ranks waiting for data or with busy CPUs is data
+// loading, with idle CPUs it is something else. High GPU memory use is what the guides ask for.
 std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummary& g) {
   double data_max = 0;
   for (const auto& [rank, r] : s.ranks) {
     if (r.has_data && r.step_s > 0) data_max = std::max(data_max, r.data_s / r.step_s);
   }
+  const CpuSummary c = SummariseCpus(s);
+  const double cpu_busy = c.efficiency();  // -1: unknown
+  const Knobs k = KnobsFor(s.program);
+  const bool waits = data_max > 0.1;
+  const bool busy = cpu_busy >= 0.75;
   std::vector<std::string> advice;
-  if (data_max > 0.1 && (g.mean < 0 || g.mean < 0.9)) {
-    advice.push_back(absl::StrFormat(
-        "ranks wait for data %.0f%% of a step: raise --num-data-workers or prefetch more", 100 * data_max));
-  }
-  if (g.mean >= 0 && g.mean < 0.9 && data_max <= 0.1) {
-    advice.push_back("GPU utilization is under 90%: a larger batch per GPU, or fewer GPUs");
-  }
-  if (g.mem_total > 0 && g.mem_peak > 0.9 * g.mem_total) {
-    advice.push_back("GPU memory is near its limit: mixed precision (--amp), gradient "
-                     "accumulation or activation checkpointing");
+  if (g.mean >= 0 && g.mean < 0.9) {
+    std::vector<std::string> why;
+    if (waits) why.push_back(absl::StrFormat("ranks wait for data %.0f%% of a step", 100 * data_max));
+    if (busy) why.push_back(absl::StrFormat("the CPUs are %.0f%% busy", 100 * cpu_busy));
+    if (!why.empty()) {
+      advice.push_back(absl::StrFormat(
+          "GPU utilization is %.0f%% while %s: data loading holds the GPUs back: %s, and %s",
+          100 * g.mean, absl::StrJoin(why, " and "), k.loader, k.cpus));
+    } else {
+      std::string line = absl::StrFormat(
+          "GPU utilization is %.0f%% with little data wait%s: not data loading; look at the "
+          "batch per GPU (%s), the gradient sync, and work between the steps",
+          100 * g.mean,
+          cpu_busy >= 0 ? absl::StrFormat(" and the CPUs %.0f%% busy", 100 * cpu_busy) : "",
+          k.batch);
+      if (g.mem_total > 0 && g.mem_peak < 0.5 * g.mem_total) {
+        absl::StrAppend(&line, absl::StrFormat(" (GPU memory peaked at %.0f%%: room for more)",
+                                               100 * g.mem_peak / g.mem_total));
+      }
+      advice.push_back(line);
+    }
+  } else if (g.mean < 0 && waits) {  // no GPUs (a CPU job): the data wait alone
+    advice.push_back(absl::StrFormat("ranks wait for data %.0f%% of a step: %s%s", 100 * data_max,
+                                     k.loader, busy ? absl::StrCat(", and ", k.cpus) : ""));
   }
   for (const auto& m : s.node_memory) {
     if (m.limit_bytes > 0 && m.peak_rss_bytes > 0.9 * static_cast<double>(m.limit_bytes)) {
       advice.push_back(absl::StrFormat(
-          "the ranks on %s peaked at %.1f GiB of its %.1f GiB memory limit: smaller batches or "
-          "crops, fewer data workers, mixed precision or activation checkpointing",
-          m.host, m.peak_rss_bytes / 1073741824.0, m.limit_bytes / 1073741824.0));
+          "the ranks on %s peaked at %.1f GiB of its %.1f GiB memory limit%s: %s", m.host,
+          m.peak_rss_bytes / 1073741824.0, m.limit_bytes / 1073741824.0,
+          m.limit_source.empty() ? "" : absl::StrCat(" (", m.limit_source, ")"), k.memory));
     }
   }
   for (const Straggler& st : s.stragglers) {
@@ -368,11 +447,32 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
     absl::StrAppend(&out, absl::StrFormat("\n  slowest rank: %d (%s %.3f s)", slowest_rank,
                                           slowest_what, slowest));
   }
+  // As seff: the CPU time over the core-walltime of the CPUs allocated; beside it, per rank.
   const double wall_cpu = s.wall_s * cpu_n;
-  if (wall_cpu > 0) {
+  const CpuSummary cpus = SummariseCpus(s);
+  if (cpus.efficiency() >= 0) {
+    absl::StrAppend(&out, absl::StrFormat("\n  CPU efficiency: %.0f%% of %s CPU(s) allocated (%s) "
+                                          "on %d node(s): %.1f CPU-s of %.1f s core-walltime",
+                                          100 * cpus.efficiency(), absl::StrFormat("%g", cpus.allocated),
+                                          cpus.source, cpus.nodes, cpus.used_s,
+                                          cpus.core_walltime_s));
+    if (wall_cpu > 0) {
+      absl::StrAppend(&out, absl::StrFormat("; per rank %.0f%% of one core", 100 * cpu_sum / wall_cpu));
+    }
+  } else if (wall_cpu > 0) {
     absl::StrAppend(&out, absl::StrFormat("\n  CPU efficiency: %.0f%% of one core per rank "
                                           "(%.1f CPU-s over %.1f rank-s)",
                                           100 * cpu_sum / wall_cpu, cpu_sum, wall_cpu));
+  }
+  // As seff's memory efficiency: the node's ranks' peaks against the request or limit.
+  for (const auto& m : s.node_memory) {
+    if (m.limit_bytes <= 0 || m.peak_rss_bytes <= 0) continue;
+    absl::StrAppend(&out, absl::StrFormat("\n  memory on %s: peak %.2f GiB of %.2f GiB (%s), %.0f%%",
+                                          m.host, m.peak_rss_bytes / 1073741824.0,
+                                          m.limit_bytes / 1073741824.0,
+                                          m.limit_source.empty() ? "limit" : m.limit_source,
+                                          100.0 * static_cast<double>(m.peak_rss_bytes) /
+                                              static_cast<double>(m.limit_bytes)));
   }
   const GpuSummary g = SummariseGpus(s.gpus);
   if (!s.gpus.empty()) {
@@ -381,6 +481,14 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
                                           100 * g.mean, 100 * g.min,
                                           static_cast<int>(s.gpus.size()), g.mem_peak / 1073741824.0,
                                           g.mem_total / 1073741824.0));
+    // The DGX guide's figure: the same work on fewer GPUs, each busier.
+    const int n = static_cast<int>(s.gpus.size());
+    const int needed = std::max(1, static_cast<int>(std::ceil(n * g.mean / 0.9 - 1e-9)));
+    if (g.mean < 0.9 && needed < n) {
+      absl::StrAppend(&out, absl::StrFormat("\n  this work would need %d GPU(s) at 90%% "
+                                            "utilization instead of %d at %.0f%%",
+                                            needed, n, 100 * g.mean));
+    }
   }
   for (const auto& [rank, p] : s.profiles) absl::StrAppend(&out, "\n", ProfileText(p, "  "));
   for (const std::string& a : Advice(s, g)) absl::StrAppend(&out, "\n  advice: ", a);

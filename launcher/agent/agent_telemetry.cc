@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpus.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -175,9 +176,14 @@ rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
     std::lock_guard<std::mutex> lock(stacks_mu_);
     t.stacks_json = stacks_json_;
   }
+  t.program = options_.program;
   if (options_.sample_processes) {
-    static const int64_t limit = MemoryLimitBytes();  // read once
-    t.memory_limit_bytes = limit;
+    static const MemoryAllowance memory = MemoryAllowanceOfThisMachine();  // read once
+    static const CpuAllocation cpus = AllocatedCpus();
+    t.memory_limit_bytes = memory.bytes;
+    t.memory_limit_source = memory.source;
+    t.cpus_allocated = cpus.cpus;
+    t.cpus_source = cpus.source;
   }
   std::map<pid_t, ProcSample> procs;
   if (sampler_) {

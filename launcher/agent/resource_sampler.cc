@@ -131,6 +131,35 @@ int64_t MemoryLimitBytes() {
                           [](const std::string& p) { return ReadSmall(p); });
 }
 
+MemoryAllowance MemoryAllowanceOf(int64_t cgroup_or_machine_bytes, int64_t machine_bytes,
+                                  const std::string& slurm_mem_per_node,
+                                  const std::string& slurm_mem_per_cpu,
+                                  const std::string& slurm_cpus_on_node) {
+  MemoryAllowance m{cgroup_or_machine_bytes,
+                    cgroup_or_machine_bytes > 0 && cgroup_or_machine_bytes < machine_bytes
+                        ? "cgroup limit"
+                        : "machine memory"};
+  int64_t mib = 0, per_cpu = 0, cpus = 0;
+  if (!absl::SimpleAtoi(slurm_mem_per_node, &mib) &&
+      absl::SimpleAtoi(slurm_mem_per_cpu, &per_cpu) && absl::SimpleAtoi(slurm_cpus_on_node, &cpus)) {
+    mib = per_cpu * cpus;
+  }
+  // The request is what the job asked for: it is named even when the cgroup enforces the same.
+  if (mib > 0 && (m.bytes <= 0 || (mib << 20) <= m.bytes)) m = {mib << 20, "Slurm --mem"};
+  return m;
+}
+
+MemoryAllowance MemoryAllowanceOfThisMachine() {
+  auto env = [](const char* k) {
+    const char* v = std::getenv(k);
+    return std::string(v ? v : "");
+  };
+  const int64_t machine = MemoryLimitBytes("", ReadSmall("/proc/meminfo"),
+                                           [](const std::string&) { return std::string(); });
+  return MemoryAllowanceOf(MemoryLimitBytes(), machine, env("SLURM_MEM_PER_NODE"),
+                           env("SLURM_MEM_PER_CPU"), env("SLURM_CPUS_ON_NODE"));
+}
+
 ResourceSampler::ResourceSampler(std::chrono::milliseconds period)
     : period_(period), thread_([this] { Loop(); }) {}
 

@@ -50,6 +50,19 @@ int64_t MemoryLimitBytes(const std::string& proc_cgroup, const std::string& memi
                          const std::function<std::string(const std::string&)>& read);
 int64_t MemoryLimitBytes();  // from this machine
 
+// What the workers may use and what says so: Slurm's request (--mem: SLURM_MEM_PER_NODE, or
+// SLURM_MEM_PER_CPU x SLURM_CPUS_ON_NODE, in MiB) when it is the tightest, else the cgroup's
+// limit, else the machine's memory.
+struct MemoryAllowance {
+  int64_t bytes = 0;
+  std::string source;  // "Slurm --mem", "cgroup limit", "machine memory"
+};
+MemoryAllowance MemoryAllowanceOf(int64_t cgroup_or_machine_bytes, int64_t machine_bytes,
+                                  const std::string& slurm_mem_per_node,
+                                  const std::string& slurm_mem_per_cpu,
+                                  const std::string& slurm_cpus_on_node);
+MemoryAllowance MemoryAllowanceOfThisMachine();
+
 class ResourceSampler {
  public:
   explicit ResourceSampler(std::chrono::milliseconds period);

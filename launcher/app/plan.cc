@@ -425,6 +425,7 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
         "--metrics-port needs telemetry: drop --telemetry off, or the port");
   }
   a.program_name = o.command[0];
+  a.telemetry.program = std::filesystem::path(o.command[0]).filename().string();
   a.hostname = m.hostname;
   return a;
 }

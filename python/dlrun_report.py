@@ -7,6 +7,16 @@
         dlrun_report.report_step(step, samples=len(batch), step_s=time.monotonic() - t0,
                                  data_s=load_time, loss=loss.item())
 
+Or let the helper time the data loader: the wait for each batch becomes the step's data_s
+(the data wait the end-of-job report weighs against GPU use):
+
+    for batch in dlrun_report.timed(loader):       # report_step gets data_s by itself
+        ...
+        dlrun_report.report_step(step, samples=len(batch), step_s=...)
+
+    for batch in dlrun_report.timed(loader, report=True):   # or every step reported for you
+        ...                                                 # (step_s: batch to batch)
+
 After loading a checkpoint, `dlrun_report.report_resume(step, load_s)` tells dlrun where this
 attempt resumed, for the time-lost-to-restarts ledger.
 
@@ -46,6 +56,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 _fd = None
 
@@ -135,9 +146,80 @@ if os.environ.get("DLRUN_PROFILE") in ("torch", "nsys"):
     _profile_step(-2)  # from the start, when the range says so
 
 
+_data_wait = None  # seconds waited in timed() since the last report_step (None: not timing)
+
+
+def _batch_size(batch):
+    """The samples in a batch: a tensor's first dimension, or that of the first element of a
+    list, tuple or dict (a DataLoader's usual collations); 1 when unknown."""
+    for _ in range(3):
+        if isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        else:
+            break
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
+
+
+class timed:
+    """Iterates `loader` (a DataLoader, or any iterable of batches) and times the wait for each
+    batch: the next report_step without a data_s gets the wait since the last one. With
+    `report=True` each step is reported for you when the next batch is asked for (and the last
+    at the end): step_s from one request to the next, the batch's samples, step numbers from
+    `start_step`; `loss` may be set on the iterator (`it.loss = loss.item()`) to go with it.
+    Costs two clock reads per batch."""
+
+    def __init__(self, loader, report=False, start_step=1):
+        self._loader = loader
+        self._report = report
+        self._step = int(start_step)
+        self.loss = None
+
+    def __len__(self):
+        return len(self._loader)
+
+    def __iter__(self):
+        global _data_wait
+        clock = time.monotonic
+        it = iter(self._loader)
+        last = None  # (request time, wait, samples) of the batch in use
+        while True:
+            t0 = clock()
+            if last is not None and self._report:
+                self._emit(last, t0)
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            wait = clock() - t0
+            _data_wait = (_data_wait or 0.0) + wait
+            last = (t0, wait, _batch_size(batch) if self._report else 0)
+            yield batch
+
+    def _emit(self, last, now):
+        global _data_wait
+        t0, wait, samples = last
+        _data_wait = None
+        report_step(self._step, samples, now - t0, data_s=wait, loss=self.loss)
+        self._step += 1
+        self.loss = None
+
+
 def report_step(step, samples, step_s, data_s=None, compute_s=None, sync_s=None, loss=None):
     """Reports one step: its number, the samples this rank processed, its wall time in s, and
-    optionally the time waiting for data, computing, and in the gradient sync, and the loss."""
+    optionally the time waiting for data, computing, and in the gradient sync, and the loss.
+    Inside a `timed` loader loop data_s defaults to the wait for batches since the last call."""
+    global _data_wait
+    if data_s is None and _data_wait is not None:
+        data_s = _data_wait
+    _data_wait = None if _data_wait is None else 0.0
     if _profile is not None:
         _profile_step(step)
     fd = _pipe()

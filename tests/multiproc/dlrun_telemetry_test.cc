@@ -105,6 +105,31 @@ TEST(DlrunTelemetry, ABalancedRunNamesNobody) {
   }
 }
 
+// A Python program whose one DataLoader worker process is the bottleneck, timed by
+// dlrun_report.timed(loader, report=True): every rank waits for data over half of its steps,
+// and the report's advice is about the loader, in PyTorch's words.
+TEST(DlrunTelemetry, ASlowDataLoaderIsTimedAndGetsTheLoaderAdvice) {
+  const std::string dir = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--report-json",
+                             dir + "/r.json",
+                             std::string(SOURCE_DIR) + "/tests/python/slow_loader.py", "12", "0.05"},
+                            PythonEnv(), kDeadline);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(ReadFile(dir + "/r.json"));
+  EXPECT_EQ(j["program"], "slow_loader.py");
+  for (const char* rank : {"0", "1"}) {
+    const auto& x = j["ranks"][rank];
+    EXPECT_EQ(x["steps"], 12) << x.dump();
+    EXPECT_EQ(x["samples"], 24) << x.dump();
+    ASSERT_FALSE(x["data_wait_fraction"].is_null()) << x.dump();
+    EXPECT_GT(x["data_wait_fraction"].get<double>(), 0.5) << x.dump();
+    // The loader process' CPU (12 batches x 2 samples x 50 ms) is the rank's.
+    EXPECT_GT(x["cpu_seconds"].get<double>(), 1.2) << x.dump();
+  }
+  EXPECT_NE(r.output.find("advice: ranks wait for data "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("more DataLoader workers (num_workers)"), std::string::npos) << r.output;
+}
+
 TEST(DlrunTelemetry, GpuFiguresComeThroughNvml) {
   const std::string dir = MakeTempDir();
   const std::string procs = dir + "/procs";

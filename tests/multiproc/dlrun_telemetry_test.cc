@@ -130,6 +130,21 @@ TEST(DlrunTelemetry, ASlowDataLoaderIsTimedAndGetsTheLoaderAdvice) {
   EXPECT_NE(r.output.find("more DataLoader workers (num_workers)"), std::string::npos) << r.output;
 }
 
+// `import dlrun`: under dlrun from the helper directory it puts on the workers' PYTHONPATH,
+// and outside it from the project's virtual environment (scripts/install-deps installs it).
+TEST(DlrunTelemetry, ThePythonHelperImportsAsAPackage) {
+  const std::string probe = std::string(SOURCE_DIR) + "/tests/python/import_probe.py";
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", probe},
+                            {{"PYTHON_EXEC", TEST_PYTHON}}, kDeadline);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dlrun from " + std::string(BUILD_SHARE_DIR) + "/python/dlrun/__init__.py"),
+            std::string::npos)
+      << r.output;
+  r = RunCommand({"env", "-u", "PYTHONPATH", TEST_PYTHON, probe}, {}, kDeadline);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("/site-packages/dlrun/__init__.py"), std::string::npos) << r.output;
+}
+
 TEST(DlrunTelemetry, GpuFiguresComeThroughNvml) {
   const std::string dir = MakeTempDir();
   const std::string procs = dir + "/procs";

@@ -1,0 +1,28 @@
+"""dlrun's Python helper as a package: `import dlrun` gives what `import dlrun_report` gives
+(report_step, report_resume, timed, heartbeat, Preemption, dump_collectives_on_failure).
+
+The code lives in the single standard-library file dlrun_report.py next to this package, kept
+for offline clusters (copy it anywhere on PYTHONPATH, or rely on dlrun, which puts its copy on
+the workers' PYTHONPATH). Install the package into a virtual environment with
+`pip install ./python` (scripts/install-deps does it for the project's environment).
+"""
+import dlrun_report as report
+from dlrun_report import (
+    Preemption,
+    dump_collectives_on_failure,
+    heartbeat,
+    report_resume,
+    report_step,
+    timed,
+)
+
+__all__ = [
+    "Preemption",
+    "dump_collectives_on_failure",
+    "heartbeat",
+    "report",
+    "report_resume",
+    "report_step",
+    "timed",
+]
+__version__ = "0.20.0"

@@ -7,6 +7,8 @@
 #include <sstream>
 #include <vector>
 
+#include "common/scheduler_env.h"
+
 namespace dlrun {
 namespace {
 
@@ -95,7 +97,7 @@ CpuAllocation AllocatedCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   const int affinity = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-  const char* slurm = std::getenv("SLURM_CPUS_PER_TASK");
+  const char* slurm = std::getenv(sched::kSlurmCpusPerTask);
   return AllocatedCpus(affinity, ReadSmall("/proc/self/cgroup"),
                        [](const std::string& p) { return ReadSmall(p); }, slurm ? slurm : "");
 }

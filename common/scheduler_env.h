@@ -17,6 +17,11 @@ inline constexpr char kSlurmNodeId[] = "SLURM_NODEID";
 inline constexpr char kSlurmNtasks[] = "SLURM_NTASKS";
 inline constexpr char kSlurmNtasksPerNode[] = "SLURM_NTASKS_PER_NODE";
 inline constexpr char kSlurmRestartCount[] = "SLURM_RESTART_COUNT";
+// What the job was allocated (the report's CPU and memory efficiency, train_unet's threads).
+inline constexpr char kSlurmCpusPerTask[] = "SLURM_CPUS_PER_TASK";
+inline constexpr char kSlurmCpusOnNode[] = "SLURM_CPUS_ON_NODE";
+inline constexpr char kSlurmMemPerNode[] = "SLURM_MEM_PER_NODE";  // MiB (--mem)
+inline constexpr char kSlurmMemPerCpu[] = "SLURM_MEM_PER_CPU";    // MiB (--mem-per-cpu)
 
 // Open MPI (mpirun)
 inline constexpr char kOmpiWorldRank[] = "OMPI_COMM_WORLD_RANK";

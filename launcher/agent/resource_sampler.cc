@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/scheduler_env.h"
 #include "launcher/detect/nvml.h"
 
 namespace dlrun::launcher {
@@ -156,8 +157,8 @@ MemoryAllowance MemoryAllowanceOfThisMachine() {
   };
   const int64_t machine = MemoryLimitBytes("", ReadSmall("/proc/meminfo"),
                                            [](const std::string&) { return std::string(); });
-  return MemoryAllowanceOf(MemoryLimitBytes(), machine, env("SLURM_MEM_PER_NODE"),
-                           env("SLURM_MEM_PER_CPU"), env("SLURM_CPUS_ON_NODE"));
+  return MemoryAllowanceOf(MemoryLimitBytes(), machine, env(sched::kSlurmMemPerNode),
+                           env(sched::kSlurmMemPerCpu), env(sched::kSlurmCpusOnNode));
 }
 
 ResourceSampler::ResourceSampler(std::chrono::milliseconds period)

@@ -118,6 +118,7 @@ int RunaiMain(const std::vector<std::string>& args) {
   if (!o.ok()) return Fail(o.status());
   if (o->help) return Print(RunaiUsage());
   if (o->version) return Print(cli::VersionText());
+  for (const std::string& w : o->warnings) std::fprintf(stderr, "dlrun: warning: %s\n", w.c_str());
   std::fputs(RenderRunaiCommand(*o).c_str(), stdout);
   const std::string token_prefix = absl::StrCat(contract::kRdzvToken, "=");
   bool token = false;

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "launcher/cli/flags.h"
 #include "launcher/profile/profile.h"
 
@@ -222,6 +223,23 @@ absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& a
   if (o.name.empty()) return absl::InvalidArgumentError("dlrun runai: --name NAME is required");
   if (o.image.empty()) return absl::InvalidArgumentError("dlrun runai: --image IMAGE is required");
   if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus);
+  if (o.gpus > 0 && o.cpu.empty()) {
+    o.cpu = absl::StrCat(kRunaiCpusPerGpu * o.gpus);
+  } else if (o.gpus > 0) {
+    // A Kubernetes CPU quantity: "12", "12.5" or "12500m".
+    double cpus = 0;
+    const bool milli = absl::EndsWith(o.cpu, "m");
+    if (absl::SimpleAtod(milli ? o.cpu.substr(0, o.cpu.size() - 1) : o.cpu, &cpus)) {
+      if (milli) cpus /= 1000;
+      const double per_gpu = cpus / o.gpus;
+      if (per_gpu < kRunaiCpusPerGpu || per_gpu > kRunaiMaxCpusPerGpu) {
+        o.warnings.push_back(absl::StrFormat(
+            "--cpu %s is %g CPU(s) per GPU for %d GPU(s): expected %d to %d per GPU (fewer "
+            "starve the data loaders, more sit idle)",
+            o.cpu, per_gpu, o.gpus, kRunaiCpusPerGpu, kRunaiMaxCpusPerGpu));
+      }
+    }
+  }
   return o;
 }
 

@@ -68,7 +68,14 @@ struct RunaiJobOptions {
   std::vector<std::string> command;
   bool help = false;     // -h/--help: print RunaiUsage(), nothing else is set
   bool version = false;  // -V/--version: print cli::VersionText()
+  // Lines for stderr (e.g. a CPU request outside 8 to 24 per GPU); the command is still valid.
+  std::vector<std::string> warnings;
 };
+
+// CPUs per pod, by default 8 per GPU (the DGX guide's lower bound: between 8 and 24 per GPU
+// keeps the data loaders fed); a --cpu outside 8-24 per GPU is a warning.
+inline constexpr int kRunaiCpusPerGpu = 8;
+inline constexpr int kRunaiMaxCpusPerGpu = 24;
 
 absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args);
 std::string RunaiUsage();

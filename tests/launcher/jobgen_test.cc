@@ -233,7 +233,7 @@ TEST(Runai, CommandFieldByField) {
                                               absl::SkipEmpty());
   std::vector<std::string> want = {
       "runai", "training", "pytorch", "submit", "unet", "-p", "team-a", "-i", "reg/dlrun:1",
-      "--workers=3", "-g", "4", "--large-shm", "-e", "DLRUN_RDZV_PORT=29400", "-e",
+      "--workers=3", "-g", "4", "--cpu", "32", "--large-shm", "-e", "DLRUN_RDZV_PORT=29400", "-e",
       "NCCL_DEBUG=INFO", "--command", "--", "dlrun", "--nnodes", "4", "--nproc-per-node", "4",
       "--rdzv-backend", "grpc", "--max-restarts", "3", "--", "train_unet", "--config",
       "bs64_opt"};
@@ -282,6 +282,29 @@ TEST(Runai, ManifestFieldByField) {
     EXPECT_EQ(c["resources"]["limits"]["cpu"].as<std::string>(), "16");
     EXPECT_EQ(c["resources"]["limits"]["memory"].as<std::string>(), "64Gi");
   }
+}
+
+// CPUs per pod: 8 per GPU unless asked; a request outside 8 to 24 per GPU is a warning.
+TEST(Runai, CpusDefaultToEightPerGpuAndOddRequestsAreWarned) {
+  auto o = ParseRunaiArgs({"--name", "x", "-i", "i", "-g", "4", "p"});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->cpu, "32");
+  EXPECT_TRUE(o->warnings.empty());
+  EXPECT_NE(RenderRunaiCommand(*o).find("--cpu 32"), std::string::npos) << RenderRunaiCommand(*o);
+  o = ParseRunaiArgs({"--name", "x", "-i", "i", "-g", "2", "--cpu", "4", "p"});
+  ASSERT_TRUE(o.ok());
+  ASSERT_EQ(o->warnings.size(), 1u);
+  EXPECT_EQ(o->warnings[0], "--cpu 4 is 2 CPU(s) per GPU for 2 GPU(s): expected 8 to 24 per GPU "
+                            "(fewer starve the data loaders, more sit idle)");
+  o = ParseRunaiArgs({"--name", "x", "-i", "i", "-g", "1", "--cpu", "32000m", "p"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->warnings.size(), 1u) << "32 per GPU";
+  o = ParseRunaiArgs({"--name", "x", "-i", "i", "-g", "2", "--cpu", "24", "p"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(o->warnings.empty());
+  o = ParseRunaiArgs({"--name", "x", "-i", "i", "p"});  // no GPUs: no CPU request added
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->cpu, "");
 }
 
 TEST(Runai, BadInputIsNamed) {

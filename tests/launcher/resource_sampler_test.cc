@@ -169,6 +169,24 @@ TEST(ResourceSampler, ParsesReapedChildrenTimeAndPss) {
   EXPECT_EQ(ParsePss(""), 0);
 }
 
+// Memory as seff measures it: against Slurm's request when it is the tightest.
+TEST(ResourceSampler, TheMemoryAllowanceNamesWhatSetsIt) {
+  const int64_t gib = int64_t{1} << 30;
+  MemoryAllowance m = MemoryAllowanceOf(24 * gib, 24 * gib, "", "", "");
+  EXPECT_EQ(m.bytes, 24 * gib);
+  EXPECT_EQ(m.source, "machine memory");
+  m = MemoryAllowanceOf(8 * gib, 24 * gib, "", "", "");
+  EXPECT_EQ(m.source, "cgroup limit");
+  m = MemoryAllowanceOf(8 * gib, 24 * gib, "8192", "", "");  // --mem=8G, enforced by the cgroup
+  EXPECT_EQ(m.bytes, 8 * gib);
+  EXPECT_EQ(m.source, "Slurm --mem");
+  m = MemoryAllowanceOf(24 * gib, 24 * gib, "", "2048", "2");  // --mem-per-cpu=2G on 2 CPUs
+  EXPECT_EQ(m.bytes, 4 * gib);
+  EXPECT_EQ(m.source, "Slurm --mem");
+  m = MemoryAllowanceOf(4 * gib, 24 * gib, "8192", "", "");  // a tighter cgroup wins
+  EXPECT_EQ(m.source, "cgroup limit");
+}
+
 TEST(ResourceSampler, TheMemoryLimitIsTheTightestCgroupLimitElseTheMachinesMemory) {
   const std::string meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\n";
   std::map<std::string, std::string> files = {

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <atomic>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -99,6 +100,26 @@ torch::Tensor ToDeviceAsync(const torch::Tensor& t, const torch::Device& device)
   return t.to(device);
 #endif
 }
+
+struct CpuAllocationPeak::Reporter : public c10::MemoryReportingInfoBase {
+  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t, c10::Device device) override {
+    if (device.type() != c10::DeviceType::CPU) return;
+    const int64_t now = current.fetch_add(alloc_size) + alloc_size;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+  std::atomic<int64_t> current{0}, peak{0};
+};
+
+CpuAllocationPeak::CpuAllocationPeak()
+    : reporter_(std::make_shared<Reporter>()),
+      guard_(std::make_unique<c10::DebugInfoGuard>(c10::DebugInfoKind::PROFILER_STATE, reporter_)) {}
+
+CpuAllocationPeak::~CpuAllocationPeak() = default;
+
+int64_t CpuAllocationPeak::peakBytes() const { return reporter_->peak.load(); }
 
 GradScaler::GradScaler(bool enabled, double init_scale, int64_t growth_interval)
     : enabled_(enabled), scale_(init_scale), growth_interval_(growth_interval) {}

@@ -5,7 +5,10 @@
 // channels-last are tested on the CPU, scripts/gpu-check runs the rest on a GPU.
 #pragma once
 
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/torch.h>
+
+#include <memory>
 
 #include <string>
 #include <vector>
@@ -32,6 +35,24 @@ void ToChannelsLast(const std::vector<torch::Tensor>& params);
 // `t` on `device`: on CUDA copied from pinned memory on a side stream that the current stream
 // waits for (no host sync); elsewhere `t` itself.
 torch::Tensor ToDeviceAsync(const torch::Tensor& t, const torch::Device& device);
+
+// The most CPU tensor memory allocated at once while the scope lives, counting only what was
+// allocated inside it (the CPU analogue of CUDA's max_memory_allocated: activations, workspaces,
+// gradients, optimizer state; not RSS, which the allocator's retained memory blurs). Through
+// LibTorch's memory reporting hook (c10::MemoryReportingInfoBase) on this thread.
+class CpuAllocationPeak {
+ public:
+  CpuAllocationPeak();
+  ~CpuAllocationPeak();
+  CpuAllocationPeak(const CpuAllocationPeak&) = delete;
+  CpuAllocationPeak& operator=(const CpuAllocationPeak&) = delete;
+  int64_t peakBytes() const;
+
+ private:
+  struct Reporter;
+  std::shared_ptr<Reporter> reporter_;
+  std::unique_ptr<c10::DebugInfoGuard> guard_;
+};
 
 // Autocast (float16 on CUDA) for the scope's forward pass and loss, when enabled.
 class AutocastScope {

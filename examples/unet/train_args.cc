@@ -123,6 +123,9 @@ void AddModelFlags(CLI::App& app, TrainArgs& a) {
   app.add_flag("--checkpoint-activations", a.checkpoint_activations,
                "recompute each U-Net level in backward instead of keeping its activations "
                "(less memory, about one more forward pass)");
+  app.add_flag("--measure-allocations", a.measure_allocations,
+               "CPU: measure the most tensor memory allocated at once over the steps "
+               "(metrics.json peak_allocated_bytes; CUDA always has it)");
   app.add_flag("--fp16-grad-compression", a.fp16_grad_compression,
                "send gradients as float16 through the process group (PyTorch's "
                "fp16_compress_hook; for jobs across hosts)");

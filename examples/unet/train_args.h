@@ -44,6 +44,7 @@ struct TrainArgs {
   int benchy_trials = 3;  // trials per benchy mode: mean +/- spread
   int64_t accumulation_steps = 1;  // micro-batches per optimizer step (DDP no-sync for K-1)
   bool checkpoint_activations = false;
+  bool measure_allocations = false;  // CPU: peak_allocated_bytes in metrics.json
   bool tf32 = true;                // TF32 matmul/convolutions on CUDA (--no-tf32: off)
   double target_loss = -1;         // > 0: record when the validation loss first reaches it
   bool rotate_on_device = true;    // the 24-rotation augmentation after the upload

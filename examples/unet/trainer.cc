@@ -164,6 +164,7 @@ class Trainer {
   double first_loss_ = 0, last_loss_ = 0, lr_ = 0, epoch_loss_ = 0;
   int64_t epoch_steps_ = 0;
   std::optional<Batch> prefetched_;  // CUDA: the next batch, copied during this step
+  std::unique_ptr<dlrun::examples::CpuAllocationPeak> cpu_peak_;  // over the training steps
   int loader_threads_ = 0, intra_threads_ = 0, cpus_per_rank_ = 0;
   int64_t target_step_ = -1;  // --target-loss: the step where it was first reached
   double target_s_ = -1;
@@ -639,6 +640,11 @@ int Trainer::Finish() {
   j["peak_rss_bytes"] = PeakRssBytes();
   const int64_t peak_device = dlrun::examples::PeakDeviceMemoryBytes(device_);
   j["peak_device_memory_bytes"] = peak_device >= 0 ? nlohmann::json(peak_device) : nlohmann::json();
+  // The most tensor memory allocated at once during the steps: max_memory_allocated on CUDA,
+  // LibTorch's CPU allocation reports on the CPU.
+  j["peak_allocated_bytes"] = peak_device >= 0 ? nlohmann::json(peak_device)
+                              : cpu_peak_     ? nlohmann::json(cpu_peak_->peakBytes())
+                                              : nlohmann::json();
   j["grad_norm"] = grad_norm;  // the last step's averaged gradient
   j["loader_threads"] = loader_threads_;
   j["intra_op_threads"] = intra_threads_;
@@ -678,6 +684,9 @@ int Trainer::Run() {
   PrintHeader();
   if (a_.benchy) return Benchy();
   t0_ = start_ = epoch_start_ = Clock::now();
+  if (!device_.is_cuda() && a_.measure_allocations) {
+    cpu_peak_ = std::make_unique<dlrun::examples::CpuAllocationPeak>();
+  }
   for (int64_t step = start_step_ + 1; step <= a_.max_steps; ++step) {
     if (step == start_step_ + a_.warmup_steps + 1) start_ = Clock::now();
     Step(step);

@@ -150,7 +150,9 @@ torch::Tensor UNetImpl::forward(torch::Tensor x) {
   x = Level(levels_[6], {c[6]}, *up6_);
   torch::nn::Module* up[] = {up5_.ptr().get(), up4_.ptr().get(), up3_.ptr().get(), up2_.ptr().get()};
   for (int i = 0; i < 4; ++i) x = Level(levels_[7 + i], {x, c[5 - i]}, *up[i]);
-  return Level(levels_[11], {x, c[1]}, *last_);
+  // The last level is not recomputed: its backward runs first, at the peak, where recomputing
+  // would hold its activations twice (the kept output and the recomputed one) and save nothing.
+  return levels_[11]({x, c[1]});
 }
 
 }  // namespace dlrun::examples

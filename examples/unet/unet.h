@@ -18,8 +18,10 @@ struct UNetOptions {
   int64_t out_channels = 5;
   int64_t base_channels = 64;
   // Activation checkpointing: each level (a down-block; a skip concatenation with its
-  // up-block; the last layer with tanh) keeps only its inputs for backward and computes its
-  // inside again there, trading one more forward for the memory of what it would have saved.
+  // up-block) keeps only its inputs for backward and computes its inside again there, trading
+  // one more forward for the memory of what it would have saved (the concatenations, the
+  // blocks' activations). The last layer runs as usual: its backward comes first, at the
+  // peak, so recomputing it would save nothing.
   bool checkpoint_activations = false;
 };
 

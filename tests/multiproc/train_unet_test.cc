@@ -230,14 +230,17 @@ TEST(TrainUnet, TwoMicroBatchesOfOneEqualOneBatchOfTwo) {
   EXPECT_GT(std::abs(plain["grad_norm"].get<double>() - g1), 1e-4 * g1);
 }
 
-// --checkpoint-activations: the same gradients and loss within 1e-6, less peak memory.
+// --checkpoint-activations: the same gradients and loss within 1e-6, less peak memory: the
+// most tensor memory allocated at once over the step (LibTorch's CPU allocation reports; RSS
+// is blurred by what the allocator keeps). 128^3 crops, where activations dominate.
 TEST(TrainUnet, ActivationCheckpointingKeepsTheGradientsAndLowersPeakMemory) {
   const std::string dir = MakeTempDir();
   nlohmann::json m[2];
   for (int i = 0; i < 2; ++i) {
     const std::string path = dir + "/m" + std::to_string(i) + ".json";
-    std::vector<std::string> cmd = {TRAIN_UNET_BIN, "--synthetic", "--base-channels", "32",
-                                    "--local-batch-size", "2", "--max-steps", "1",
+    std::vector<std::string> cmd = {TRAIN_UNET_BIN, "--synthetic", "--base-channels", "8",
+                                    "--data-size", "128", "--local-batch-size", "2",
+                                    "--max-steps", "1", "--measure-allocations",
                                     "--metrics-json", path};
     if (i == 1) cmd.push_back("--checkpoint-activations");
     ProcResult r = RunCommand(cmd, {{"OMP_NUM_THREADS", "2"}}, std::chrono::seconds(240));
@@ -248,7 +251,10 @@ TEST(TrainUnet, ActivationCheckpointingKeepsTheGradientsAndLowersPeakMemory) {
   const double g = m[0]["grad_norm"].get<double>();
   EXPECT_NEAR(m[1]["grad_norm"].get<double>(), g, 1e-6 * g);
   EXPECT_NEAR(m[1]["first_loss"].get<double>(), m[0]["first_loss"].get<double>(), 1e-6);
-  EXPECT_LT(m[1]["peak_rss_bytes"].get<int64_t>(), m[0]["peak_rss_bytes"].get<int64_t>());
+  const int64_t plain = m[0]["peak_allocated_bytes"].get<int64_t>();
+  const int64_t ckpt = m[1]["peak_allocated_bytes"].get<int64_t>();
+  EXPECT_GT(plain, int64_t{100} << 20);  // measured: activations and workspaces of the step
+  EXPECT_LT(ckpt, plain - (int64_t{10} << 20)) << "the concatenations are not kept";
 }
 
 TEST(TrainUnet, WithoutGradientSyncRanksDiverge) {

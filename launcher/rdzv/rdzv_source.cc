@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <future>
 #include <optional>
+#include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -30,6 +32,7 @@ std::string CandidateList(const RdzvSourceOptions& o) {
 
 // How long an agent that starts asks a peer whether it already hosts this job.
 constexpr std::chrono::milliseconds kPeerProbeTimeout{500};
+constexpr int kHostAttempts = 6;  // an agent that may host: tries while nobody serves
 
 // A client of this job's rendezvous at `endpoint`. A heartbeat slower than one interval counts
 // as missed (at least 100 ms, for very short test intervals).
@@ -405,7 +408,10 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
   auto [host, port] = SplitEndpoint(o.endpoint);
   o.endpoint = absl::StrCat(host, ":", port);
   std::unique_ptr<rdzv::HostedRendezvous> hosted;
-  if (o.is_host == "auto" && !CanBind(host, port)) o.is_host = "false";
+  // Whether the endpoint's address is one of this host's (any port): only then can this agent
+  // host, and only then is a busy port worth another look (below).
+  const bool local = o.is_host == "auto" && CanBind(host, "0");
+  if (o.is_host == "auto" && !local) o.is_host = "false";
   if (o.is_host == "auto") {
     if (std::string serving = FindServingPeer(api, o); !serving.empty()) {
       spdlog::info("the rendezvous of this job is already hosted at {}: joining it", serving);
@@ -413,7 +419,22 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
       o.is_host = "false";
     }
   }
-  if (o.is_host != "false") {
+  // Two agents of the job starting together on one host (tests, several agents per node) can
+  // each find the port taken by the other's socket of the moment (one's bind probe, the other's
+  // server before it listens) and both become clients of a rendezvous nobody hosts. So an
+  // agent that could not host looks for a server there, and when none answers it tries again
+  // after a random pause, a few times; one of them wins.
+  std::mt19937 jitter(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  const int attempts = o.is_host == "auto" ? kHostAttempts : 1;
+  for (int attempt = 0; o.is_host != "false" && attempt < attempts; ++attempt) {
+    if (attempt > 0) {
+      rdzv::ClientOptions c = ClientFor(o, o.endpoint);
+      c.rpc_timeout = kPeerProbeTimeout;
+      if (api->CreateClient(c)->Status().ok()) break;  // hosted: join it
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::uniform_int_distribution<int>(50, 250)(jitter)));
+    }
+    if (o.is_host == "auto" && !CanBind(host, port)) continue;
     // Bind the endpoint's own address (not 0.0.0.0): if it is not ours, binding fails and this
     // agent is a client only. The first host of a job has epoch 1.
     auto s = api->Host(HostFor(o, o.endpoint, 1));
@@ -421,9 +442,9 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
       hosted = std::move(*s);
       spdlog::info("hosting the rendezvous on {}{}", o.endpoint,
                    o.tls.enabled() ? " (mutual TLS)" : "");
-    } else if (o.is_host == "true") {
-      return s.status();
+      break;
     }
+    if (o.is_host == "true") return s.status();
   }
   return std::unique_ptr<MembershipSource>(
       new RdzvSource(std::move(o), api, std::move(hosted), clock));

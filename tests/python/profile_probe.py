@@ -47,3 +47,9 @@ def main():
 
 
 main()
+# torch 2.15's profiler (kineto, on the CUDA build without a GPU) sometimes aborts in the C++
+# teardown after the interpreter exits ("terminate called without an active exception"; once in
+# CI, after the trace was written): leave without running it. docs/PROFILING.md has the note.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)

@@ -3,21 +3,14 @@
 #include <sched.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "common/files.h"
 #include "common/scheduler_env.h"
 
 namespace dlrun {
 namespace {
-
-std::string ReadSmall(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // "quota period" (v2's cpu.max; "max" is no limit) -> CPUs, or 0.
 double QuotaCpus(const std::string& quota, const std::string& period) {
@@ -27,19 +20,6 @@ double QuotaCpus(const std::string& quota, const std::string& period) {
   const double p = std::strtod(period.c_str(), &end);
   if (end == period.c_str() || p <= 0) return 0;
   return q / p;
-}
-
-// The cgroup paths of this process, from the given hierarchy's line of /proc/self/cgroup
-// (v2: "0::/path"; v1: "N:cpu,cpuacct:/path"), each step up to the root.
-std::vector<std::string> Ancestry(std::string path) {
-  std::vector<std::string> out;
-  while (!path.empty()) {
-    out.push_back(path);
-    if (path == "/") break;
-    const size_t slash = path.rfind('/');
-    path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-  }
-  return out;
 }
 
 bool HasController(const std::string& list, const std::string& name) {
@@ -70,7 +50,7 @@ CpuAllocation AllocatedCpus(int affinity_cpus, const std::string& proc_cgroup,
     const std::string controllers = line.substr(a + 1, b - a - 1);
     const std::string path = line.substr(b + 1);
     if (line.rfind("0::", 0) == 0) {  // v2
-      for (const std::string& p : Ancestry(path)) {
+      for (const std::string& p : CgroupAncestry(path)) {
         std::istringstream max(read("/sys/fs/cgroup" + p + "/cpu.max"));
         std::string quota, period;
         if (max >> quota >> period && quota != "max") offer(QuotaCpus(quota, period), "cgroup quota");
@@ -78,7 +58,7 @@ CpuAllocation AllocatedCpus(int affinity_cpus, const std::string& proc_cgroup,
     } else if (HasController(controllers, "cpu")) {  // v1's cpu controller
       for (const std::string& dir : {std::string("/sys/fs/cgroup/cpu,cpuacct"),
                                      std::string("/sys/fs/cgroup/cpu")}) {
-        for (const std::string& p : Ancestry(path)) {
+        for (const std::string& p : CgroupAncestry(path)) {
           offer(QuotaCpus(read(dir + p + "/cpu.cfs_quota_us"), read(dir + p + "/cpu.cfs_period_us")),
                 "cgroup quota");
         }
@@ -98,8 +78,8 @@ CpuAllocation AllocatedCpus() {
   CPU_ZERO(&set);
   const int affinity = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
   const char* slurm = std::getenv(sched::kSlurmCpusPerTask);
-  return AllocatedCpus(affinity, ReadSmall("/proc/self/cgroup"),
-                       [](const std::string& p) { return ReadSmall(p); }, slurm ? slurm : "");
+  return AllocatedCpus(affinity, ReadWholeFile("/proc/self/cgroup"), ReadWholeFile,
+                       slurm ? slurm : "");
 }
 
 }  // namespace dlrun

@@ -46,6 +46,11 @@ namespace {
 // taken while stepping): their mean and the least-used GPU's; the peak memory of the fullest.
 struct GpuSummary {
   double mean = -1, min = 2, mem_peak = 0, mem_total = 0;
+  int count = 0;
+  // The DGX guide's figure: the GPUs the same work needs at 90% utilisation (at least 1).
+  int NeededAt90() const {
+    return std::max(1, static_cast<int>(std::ceil(count * mean / 0.9 - 1e-9)));
+  }
 };
 GpuSummary SummariseGpus(const std::vector<GpuTelemetry>& gpus) {
   GpuSummary g;
@@ -60,6 +65,7 @@ GpuSummary SummariseGpus(const std::vector<GpuTelemetry>& gpus) {
       g.mem_total = static_cast<double>(x.memory_total_bytes);
     }
   }
+  g.count = static_cast<int>(gpus.size());
   if (!gpus.empty()) g.mean = sum / static_cast<double>(gpus.size());
   return g;
 }
@@ -201,10 +207,7 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
   j["cpu_efficiency"] = cpus.efficiency() >= 0 ? json(cpus.efficiency()) : json();
   j["cpus_allocated"] = cpus.allocated > 0 ? json(cpus.allocated) : json();
   const GpuSummary g = SummariseGpus(s.gpus);
-  j["gpus_needed_at_90_percent"] =
-      s.gpus.empty() ? json()
-                     : json(std::max(1, static_cast<int>(std::ceil(
-                                            static_cast<double>(s.gpus.size()) * g.mean / 0.9 - 1e-9))));
+  j["gpus_needed_at_90_percent"] = s.gpus.empty() ? json() : json(g.NeededAt90());
   json stragglers = json::array();
   for (const Straggler& st : s.stragglers) {
     stragglers.push_back({{"rank", st.rank},
@@ -316,12 +319,12 @@ Knobs KnobsFor(const std::string& program) {
 // Advice, from the guides this project grew from (docs/TELEMETRY.md, "Advice"): GPU
 // utilisation comes first; low utilisation with ranks waiting for data or with busy CPUs is data
 // loading, with idle CPUs it is something else. High GPU memory use is what the guides ask for.
-std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummary& g) {
+std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummary& g,
+                                const CpuSummary& c) {
   double data_max = 0;
   for (const auto& [rank, r] : s.ranks) {
     if (r.has_data && r.step_s > 0) data_max = std::max(data_max, r.data_s / r.step_s);
   }
-  const CpuSummary c = SummariseCpus(s);
   const double cpu_busy = c.efficiency();  // -1: unknown
   const Knobs k = KnobsFor(s.program);
   const bool waits = data_max > 0.1;
@@ -482,16 +485,14 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
                                           static_cast<int>(s.gpus.size()), g.mem_peak / 1073741824.0,
                                           g.mem_total / 1073741824.0));
     // The DGX guide's figure: the same work on fewer GPUs, each busier.
-    const int n = static_cast<int>(s.gpus.size());
-    const int needed = std::max(1, static_cast<int>(std::ceil(n * g.mean / 0.9 - 1e-9)));
-    if (g.mean < 0.9 && needed < n) {
+    if (g.mean < 0.9 && g.NeededAt90() < g.count) {
       absl::StrAppend(&out, absl::StrFormat("\n  this work would need %d GPU(s) at 90%% "
                                             "utilization instead of %d at %.0f%%",
-                                            needed, n, 100 * g.mean));
+                                            g.NeededAt90(), g.count, 100 * g.mean));
     }
   }
   for (const auto& [rank, p] : s.profiles) absl::StrAppend(&out, "\n", ProfileText(p, "  "));
-  for (const std::string& a : Advice(s, g)) absl::StrAppend(&out, "\n  advice: ", a);
+  for (const std::string& a : Advice(s, g, cpus)) absl::StrAppend(&out, "\n  advice: ", a);
   return out;
 }
 

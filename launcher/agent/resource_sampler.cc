@@ -5,35 +5,46 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 #include "common/scheduler_env.h"
 #include "launcher/detect/nvml.h"
 
 namespace dlrun::launcher {
 
-std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second) {
-  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields resume after the
-  // last ')'. utime and stime are fields 14 and 15 (11 and 12 after the state).
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos || ticks_per_second <= 0) return std::nullopt;
-  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
-  if (f.size() < 13) return std::nullopt;
-  uint64_t ut = 0, st = 0;
-  if (!absl::SimpleAtoi(f[11], &ut) || !absl::SimpleAtoi(f[12], &st)) return std::nullopt;
-  return static_cast<double>(ut + st) / static_cast<double>(ticks_per_second);
+namespace {
+
+// The value of the first "Key:  N kB" line of a /proc file, in bytes.
+std::optional<int64_t> KbField(const std::string& text, absl::string_view key) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!absl::StartsWith(line, key)) continue;
+    std::vector<std::string> f =
+        absl::StrSplit(line.substr(key.size()), absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    int64_t kb = 0;
+    if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) return kb * 1024;
+  }
+  return std::nullopt;
 }
 
-std::optional<double> ParseProcStatCpuWithChildren(const std::string& stat, long ticks_per_second) {
+}  // namespace
+
+std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second,
+                                       bool with_children) {
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields resume after the
+  // last ')'. utime, stime, cutime and cstime are fields 14 to 17 (11 to 14 after the state).
   const size_t close = stat.rfind(')');
   if (close == std::string::npos || ticks_per_second <= 0) return std::nullopt;
   std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
-  if (f.size() < 15) return std::nullopt;
+  const size_t last = with_children ? 14 : 12;
+  if (f.size() <= last) return std::nullopt;
   uint64_t sum = 0;
-  for (size_t i = 11; i <= 14; ++i) {  // utime, stime, cutime, cstime
+  for (size_t i = 11; i <= last; ++i) {
     uint64_t v = 0;
     if (!absl::SimpleAtoi(f[i], &v)) return std::nullopt;
     sum += v;
@@ -42,41 +53,13 @@ std::optional<double> ParseProcStatCpuWithChildren(const std::string& stat, long
 }
 
 int64_t ParsePss(const std::string& smaps_rollup) {
-  std::istringstream in(smaps_rollup);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Pss:", 0) != 0) continue;
-    std::vector<std::string> f = absl::StrSplit(line.substr(4), absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    int64_t kb = 0;
-    if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) return kb * 1024;
-  }
-  return 0;
+  return KbField(smaps_rollup, "Pss:").value_or(0);
 }
 
 void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak) {
-  *rss = 0;
-  *peak = 0;
-  std::istringstream in(status);
-  std::string line;
-  while (std::getline(in, line)) {
-    int64_t* out = line.rfind("VmRSS:", 0) == 0 ? rss : line.rfind("VmHWM:", 0) == 0 ? peak : nullptr;
-    if (out == nullptr) continue;
-    std::vector<std::string> f = absl::StrSplit(line.substr(6), absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    int64_t kb = 0;
-    if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) *out = kb * 1024;
-  }
+  *rss = KbField(status, "VmRSS:").value_or(0);
+  *peak = KbField(status, "VmHWM:").value_or(0);
 }
-
-namespace {
-
-std::string ReadSmall(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-}  // namespace
 
 std::vector<pid_t> Descendants(pid_t pid, size_t limit) {
   std::vector<pid_t> out;
@@ -87,7 +70,7 @@ std::vector<pid_t> Descendants(pid_t pid, size_t limit) {
     std::error_code ec;
     const std::string tasks = "/proc/" + std::to_string(p) + "/task";
     for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
-      std::istringstream in(ReadSmall(t.path().string() + "/children"));
+      std::istringstream in(ReadWholeFile(t.path().string() + "/children"));
       for (pid_t c = 0; in >> c && out.size() < limit;) {
         out.push_back(c);
         todo.push_back(c);
@@ -99,37 +82,26 @@ std::vector<pid_t> Descendants(pid_t pid, size_t limit) {
 
 int64_t MemoryLimitBytes(const std::string& proc_cgroup, const std::string& meminfo,
                          const std::function<std::string(const std::string&)>& read) {
-  int64_t total = 0;
-  std::istringstream in(meminfo);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemTotal:", 0) != 0) continue;
-    std::vector<std::string> f = absl::StrSplit(line.substr(9), absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    int64_t kb = 0;
-    if (!f.empty() && absl::SimpleAtoi(f[0], &kb)) total = kb * 1024;
-  }
+  const int64_t total = KbField(meminfo, "MemTotal:").value_or(0);
   // cgroup v2: "0::/path"; the limit is the tightest memory.max from there up to the root.
-  std::string path;
+  std::string path, line;
   std::istringstream cg(proc_cgroup);
   while (std::getline(cg, line)) {
     if (line.rfind("0::", 0) == 0) path = line.substr(3);
   }
   int64_t limit = total;
-  while (!path.empty()) {
-    std::string v = read("/sys/fs/cgroup" + path + "/memory.max");
+  for (const std::string& p : CgroupAncestry(path)) {
+    std::string v = read("/sys/fs/cgroup" + p + "/memory.max");
     while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
     int64_t bytes = 0;
     if (absl::SimpleAtoi(v, &bytes) && bytes > 0) limit = limit > 0 ? std::min(limit, bytes) : bytes;
-    if (path == "/") break;
-    const size_t slash = path.rfind('/');
-    path = slash == 0 ? "/" : path.substr(0, slash);
   }
   return limit;
 }
 
 int64_t MemoryLimitBytes() {
-  return MemoryLimitBytes(ReadSmall("/proc/self/cgroup"), ReadSmall("/proc/meminfo"),
-                          [](const std::string& p) { return ReadSmall(p); });
+  return MemoryLimitBytes(ReadWholeFile("/proc/self/cgroup"), ReadWholeFile("/proc/meminfo"),
+                          ReadWholeFile);
 }
 
 MemoryAllowance MemoryAllowanceOf(int64_t cgroup_or_machine_bytes, int64_t machine_bytes,
@@ -155,9 +127,10 @@ MemoryAllowance MemoryAllowanceOfThisMachine() {
     const char* v = std::getenv(k);
     return std::string(v ? v : "");
   };
-  const int64_t machine = MemoryLimitBytes("", ReadSmall("/proc/meminfo"),
-                                           [](const std::string&) { return std::string(); });
-  return MemoryAllowanceOf(MemoryLimitBytes(), machine, env(sched::kSlurmMemPerNode),
+  const std::string meminfo = ReadWholeFile("/proc/meminfo");
+  const int64_t machine = KbField(meminfo, "MemTotal:").value_or(0);
+  const int64_t limit = MemoryLimitBytes(ReadWholeFile("/proc/self/cgroup"), meminfo, ReadWholeFile);
+  return MemoryAllowanceOf(limit, machine, env(sched::kSlurmMemPerNode),
                            env(sched::kSlurmMemPerCpu), env(sched::kSlurmCpusOnNode));
 }
 
@@ -217,16 +190,17 @@ void ResourceSampler::SampleOnce() {
     // The worker with the processes it started (a DataLoader's workers): their CPU time (and
     // that of children already reaped), and their proportional share of memory (forked
     // workers share most pages with the worker, which their RSS would count again).
-    auto cpu = ParseProcStatCpuWithChildren(ReadSmall(dir + "/stat"), ticks);
+    auto cpu = ParseProcStatCpu(ReadWholeFile(dir + "/stat"), ticks, /*with_children=*/true);
     if (!cpu) continue;  // gone
     ProcSample s;
     s.cpu_s = *cpu;
-    ParseProcStatus(ReadSmall(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
+    ParseProcStatus(ReadWholeFile(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
     int64_t children_pss = 0;
     for (pid_t c : Descendants(pid, kMaxSampledChildren)) {
       const std::string cdir = "/proc/" + std::to_string(c);
-      if (auto ccpu = ParseProcStatCpuWithChildren(ReadSmall(cdir + "/stat"), ticks)) s.cpu_s += *ccpu;
-      children_pss += ParsePss(ReadSmall(cdir + "/smaps_rollup"));
+      auto ccpu = ParseProcStatCpu(ReadWholeFile(cdir + "/stat"), ticks, /*with_children=*/true);
+      if (ccpu) s.cpu_s += *ccpu;
+      children_pss += ParsePss(ReadWholeFile(cdir + "/smaps_rollup"));
       ++s.children;
     }
     s.rss_bytes += children_pss;

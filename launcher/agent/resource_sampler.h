@@ -34,13 +34,13 @@ struct ProcSample {
 // The processes a worker started, and theirs, at most `limit` (from /proc/PID/task/*/children).
 std::vector<pid_t> Descendants(pid_t pid, size_t limit);
 inline constexpr size_t kMaxSampledChildren = 256;
-// /proc/<pid>/stat's utime + stime + cutime + cstime (reaped children included), seconds.
-std::optional<double> ParseProcStatCpuWithChildren(const std::string& stat, long ticks_per_second);
 // /proc/<pid>/smaps_rollup's Pss in bytes (0 when absent).
 int64_t ParsePss(const std::string& smaps_rollup);
 
-// /proc/<pid>/stat's utime + stime in seconds; nullopt if unreadable or malformed.
-std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second);
+// /proc/<pid>/stat's utime + stime in seconds (with `with_children`, plus cutime + cstime: the
+// children it has reaped); nullopt if unreadable or malformed.
+std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second,
+                                       bool with_children = false);
 // /proc/<pid>/status' VmRSS and VmHWM in bytes (0 when absent).
 void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak);
 // What this process' workers may use: the cgroup v2 memory.max of the agent's cgroup (a Slurm

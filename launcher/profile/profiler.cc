@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
+#include "common/files.h"
 #include "launcher/profile/flamegraph.h"
 #include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
@@ -71,13 +72,6 @@ std::string LastLine(const std::string& path) {
     if (!l.empty()) last = std::string(l);
   }
   return last.substr(0, 300);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 bool WriteFile(const std::string& path, const std::string& text) {
@@ -362,10 +356,10 @@ class ToolProfiler : public RankProfiler {
         p.note = "perf script did not finish in time";
         return;
       }
-      folded = FoldPerfScript(ReadFile(script));
+      folded = FoldPerfScript(ReadWholeFile(script));
       std::filesystem::remove(script, ec);
     } else {
-      auto parsed = ParseFolded(ReadFile(stem + ".folded"));
+      auto parsed = ParseFolded(ReadWholeFile(stem + ".folded"));
       if (!parsed.ok()) {
         p.note = std::string(parsed.status().message());
         return;

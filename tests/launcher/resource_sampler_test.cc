@@ -162,7 +162,7 @@ TEST(ResourceSampler, AWorkersChildProcessesCountInItsCpuAndMemory) {
 TEST(ResourceSampler, ParsesReapedChildrenTimeAndPss) {
   const std::string stat =
       "4242 (x) S 1 4242 4242 0 -1 4194304 100 0 0 0 250 50 100 100 20 0 3 0 1000 1000000 500 1";
-  auto cpu = ParseProcStatCpuWithChildren(stat, 100);
+  auto cpu = ParseProcStatCpu(stat, 100, /*with_children=*/true);
   ASSERT_TRUE(cpu.has_value());
   EXPECT_DOUBLE_EQ(*cpu, 5.0);
   EXPECT_EQ(ParsePss("Rss:  2048 kB\nPss:   1024 kB\n"), 1024 * 1024);

@@ -146,6 +146,38 @@ nlohmann::json LostJson(const JobTelemetry::Snapshot& s) {
           {"restarts", list}};
 }
 
+// The job's GPUs, nodes (memory and CPUs allocated) and the efficiency figures, into `j`.
+void AddResourcesJson(const JobTelemetry::Snapshot& s, nlohmann::json* j) {
+  using nlohmann::json;
+  json gpus = json::array();
+  for (const GpuTelemetry& g : s.gpus) {
+    gpus.push_back({{"host", g.host},
+                    {"gpu", g.index},
+                    {"utilization", g.utilization},
+                    {"mean_utilization", OrNull(g.mean_utilization)},
+                    {"memory_used_bytes", g.memory_used_bytes},
+                    {"peak_memory_used_bytes", g.peak_memory_used_bytes},
+                    {"memory_total_bytes", g.memory_total_bytes}});
+  }
+  (*j)["gpus"] = gpus;
+  json nodes = json::array();
+  for (const auto& m : s.node_memory) {
+    nodes.push_back({{"host", m.host}, {"peak_rss_bytes", m.peak_rss_bytes},
+                     {"memory_limit_bytes", m.limit_bytes},
+                     {"memory_limit_source", m.limit_source},
+                     {"cpus_allocated", m.cpus > 0 ? json(m.cpus) : json()},
+                     {"cpus_source", m.cpus_source},
+                     {"cpu_seconds", m.cpu_s}});
+  }
+  (*j)["node_memory"] = nodes;
+  (*j)["program"] = s.program;
+  const CpuSummary cpus = SummariseCpus(s);
+  (*j)["cpu_efficiency"] = cpus.efficiency() >= 0 ? json(cpus.efficiency()) : json();
+  (*j)["cpus_allocated"] = cpus.allocated > 0 ? json(cpus.allocated) : json();
+  const GpuSummary g = SummariseGpus(s.gpus);
+  (*j)["gpus_needed_at_90_percent"] = s.gpus.empty() ? json() : json(g.NeededAt90());
+}
+
 }  // namespace
 
 std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
@@ -181,33 +213,7 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history) {
   std::string slowest_what;
   const int slowest_rank = SlowestRank(s.ranks, &slowest, &slowest_what);
   j["slowest_rank"] = slowest_rank >= 0 ? json(slowest_rank) : json();
-  json gpus = json::array();
-  for (const GpuTelemetry& g : s.gpus) {
-    gpus.push_back({{"host", g.host},
-                    {"gpu", g.index},
-                    {"utilization", g.utilization},
-                    {"mean_utilization", OrNull(g.mean_utilization)},
-                    {"memory_used_bytes", g.memory_used_bytes},
-                    {"peak_memory_used_bytes", g.peak_memory_used_bytes},
-                    {"memory_total_bytes", g.memory_total_bytes}});
-  }
-  j["gpus"] = gpus;
-  json nodes = json::array();
-  for (const auto& m : s.node_memory) {
-    nodes.push_back({{"host", m.host}, {"peak_rss_bytes", m.peak_rss_bytes},
-                     {"memory_limit_bytes", m.limit_bytes},
-                     {"memory_limit_source", m.limit_source},
-                     {"cpus_allocated", m.cpus > 0 ? json(m.cpus) : json()},
-                     {"cpus_source", m.cpus_source},
-                     {"cpu_seconds", m.cpu_s}});
-  }
-  j["node_memory"] = nodes;
-  j["program"] = s.program;
-  const CpuSummary cpus = SummariseCpus(s);
-  j["cpu_efficiency"] = cpus.efficiency() >= 0 ? json(cpus.efficiency()) : json();
-  j["cpus_allocated"] = cpus.allocated > 0 ? json(cpus.allocated) : json();
-  const GpuSummary g = SummariseGpus(s.gpus);
-  j["gpus_needed_at_90_percent"] = s.gpus.empty() ? json() : json(g.NeededAt90());
+  AddResourcesJson(s, &j);
   json stragglers = json::array();
   for (const Straggler& st : s.stragglers) {
     stragglers.push_back({{"rank", st.rank},
@@ -374,6 +380,54 @@ std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummar
   return advice;
 }
 
+// The job's efficiency as seff gives it (CPU against the CPUs allocated, with the per-rank
+// figure of one core beside it; memory against the request or limit) and its GPUs' use.
+// `cpu_sum` is the ranks' CPU seconds, `cpu_n` the ranks that reported some.
+std::string EfficiencyLines(const JobTelemetry::Snapshot& s, const CpuSummary& cpus,
+                            const GpuSummary& g, double cpu_sum, int cpu_n) {
+  std::string out;
+  // As seff: the CPU time over the core-walltime of the CPUs allocated; beside it, per rank.
+  const double wall_cpu = s.wall_s * cpu_n;
+  if (cpus.efficiency() >= 0) {
+    absl::StrAppend(&out, absl::StrFormat("\n  CPU efficiency: %.0f%% of %s CPU(s) allocated (%s) "
+                                          "on %d node(s): %.1f CPU-s of %.1f s core-walltime",
+                                          100 * cpus.efficiency(), absl::StrFormat("%g", cpus.allocated),
+                                          cpus.source, cpus.nodes, cpus.used_s,
+                                          cpus.core_walltime_s));
+    if (wall_cpu > 0) {
+      absl::StrAppend(&out, absl::StrFormat("; per rank %.0f%% of one core", 100 * cpu_sum / wall_cpu));
+    }
+  } else if (wall_cpu > 0) {
+    absl::StrAppend(&out, absl::StrFormat("\n  CPU efficiency: %.0f%% of one core per rank "
+                                          "(%.1f CPU-s over %.1f rank-s)",
+                                          100 * cpu_sum / wall_cpu, cpu_sum, wall_cpu));
+  }
+  // As seff's memory efficiency: the node's ranks' peaks against the request or limit.
+  for (const auto& m : s.node_memory) {
+    if (m.limit_bytes <= 0 || m.peak_rss_bytes <= 0) continue;
+    absl::StrAppend(&out, absl::StrFormat("\n  memory on %s: peak %.2f GiB of %.2f GiB (%s), %.0f%%",
+                                          m.host, m.peak_rss_bytes / 1073741824.0,
+                                          m.limit_bytes / 1073741824.0,
+                                          m.limit_source.empty() ? "limit" : m.limit_source,
+                                          100.0 * static_cast<double>(m.peak_rss_bytes) /
+                                              static_cast<double>(m.limit_bytes)));
+  }
+  if (!s.gpus.empty()) {
+    absl::StrAppend(&out, absl::StrFormat("\n  GPU utilization: mean %.0f%%, min %.0f%% over %d "
+                                          "GPU(s); peak memory %.1f of %.1f GiB",
+                                          100 * g.mean, 100 * g.min,
+                                          static_cast<int>(s.gpus.size()), g.mem_peak / 1073741824.0,
+                                          g.mem_total / 1073741824.0));
+    // The DGX guide's figure: the same work on fewer GPUs, each busier.
+    if (g.mean < 0.9 && g.NeededAt90() < g.count) {
+      absl::StrAppend(&out, absl::StrFormat("\n  this work would need %d GPU(s) at 90%% "
+                                            "utilization instead of %d at %.0f%%",
+                                            g.NeededAt90(), g.count, 100 * g.mean));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json ProfileDetailJson(const RankProfile& p) {
@@ -450,47 +504,9 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
     absl::StrAppend(&out, absl::StrFormat("\n  slowest rank: %d (%s %.3f s)", slowest_rank,
                                           slowest_what, slowest));
   }
-  // As seff: the CPU time over the core-walltime of the CPUs allocated; beside it, per rank.
-  const double wall_cpu = s.wall_s * cpu_n;
   const CpuSummary cpus = SummariseCpus(s);
-  if (cpus.efficiency() >= 0) {
-    absl::StrAppend(&out, absl::StrFormat("\n  CPU efficiency: %.0f%% of %s CPU(s) allocated (%s) "
-                                          "on %d node(s): %.1f CPU-s of %.1f s core-walltime",
-                                          100 * cpus.efficiency(), absl::StrFormat("%g", cpus.allocated),
-                                          cpus.source, cpus.nodes, cpus.used_s,
-                                          cpus.core_walltime_s));
-    if (wall_cpu > 0) {
-      absl::StrAppend(&out, absl::StrFormat("; per rank %.0f%% of one core", 100 * cpu_sum / wall_cpu));
-    }
-  } else if (wall_cpu > 0) {
-    absl::StrAppend(&out, absl::StrFormat("\n  CPU efficiency: %.0f%% of one core per rank "
-                                          "(%.1f CPU-s over %.1f rank-s)",
-                                          100 * cpu_sum / wall_cpu, cpu_sum, wall_cpu));
-  }
-  // As seff's memory efficiency: the node's ranks' peaks against the request or limit.
-  for (const auto& m : s.node_memory) {
-    if (m.limit_bytes <= 0 || m.peak_rss_bytes <= 0) continue;
-    absl::StrAppend(&out, absl::StrFormat("\n  memory on %s: peak %.2f GiB of %.2f GiB (%s), %.0f%%",
-                                          m.host, m.peak_rss_bytes / 1073741824.0,
-                                          m.limit_bytes / 1073741824.0,
-                                          m.limit_source.empty() ? "limit" : m.limit_source,
-                                          100.0 * static_cast<double>(m.peak_rss_bytes) /
-                                              static_cast<double>(m.limit_bytes)));
-  }
   const GpuSummary g = SummariseGpus(s.gpus);
-  if (!s.gpus.empty()) {
-    absl::StrAppend(&out, absl::StrFormat("\n  GPU utilization: mean %.0f%%, min %.0f%% over %d "
-                                          "GPU(s); peak memory %.1f of %.1f GiB",
-                                          100 * g.mean, 100 * g.min,
-                                          static_cast<int>(s.gpus.size()), g.mem_peak / 1073741824.0,
-                                          g.mem_total / 1073741824.0));
-    // The DGX guide's figure: the same work on fewer GPUs, each busier.
-    if (g.mean < 0.9 && g.NeededAt90() < g.count) {
-      absl::StrAppend(&out, absl::StrFormat("\n  this work would need %d GPU(s) at 90%% "
-                                            "utilization instead of %d at %.0f%%",
-                                            g.NeededAt90(), g.count, 100 * g.mean));
-    }
-  }
+  absl::StrAppend(&out, EfficiencyLines(s, cpus, g, cpu_sum, cpu_n));
   for (const auto& [rank, p] : s.profiles) absl::StrAppend(&out, "\n", ProfileText(p, "  "));
   for (const std::string& a : Advice(s, g, cpus)) absl::StrAppend(&out, "\n  advice: ", a);
   return out;

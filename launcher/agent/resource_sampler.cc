@@ -134,6 +134,22 @@ MemoryAllowance MemoryAllowanceOfThisMachine() {
                            env(sched::kSlurmMemPerCpu), env(sched::kSlurmCpusOnNode));
 }
 
+namespace {
+
+// The processes `pid` started, and theirs (DataLoader workers): their CPU time and their
+// proportional share of memory (Pss) added to the worker's sample.
+void AddDescendants(pid_t pid, long ticks, ProcSample* s) {
+  for (pid_t c : Descendants(pid, kMaxSampledChildren)) {
+    const std::string dir = "/proc/" + std::to_string(c);
+    auto cpu = ParseProcStatCpu(ReadWholeFile(dir + "/stat"), ticks, /*with_children=*/true);
+    if (cpu) s->cpu_s += *cpu;
+    s->rss_bytes += ParsePss(ReadWholeFile(dir + "/smaps_rollup"));
+    ++s->children;
+  }
+}
+
+}  // namespace
+
 ResourceSampler::ResourceSampler(std::chrono::milliseconds period)
     : period_(period), thread_([this] { Loop(); }) {}
 
@@ -195,15 +211,7 @@ void ResourceSampler::SampleOnce() {
     ProcSample s;
     s.cpu_s = *cpu;
     ParseProcStatus(ReadWholeFile(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
-    int64_t children_pss = 0;
-    for (pid_t c : Descendants(pid, kMaxSampledChildren)) {
-      const std::string cdir = "/proc/" + std::to_string(c);
-      auto ccpu = ParseProcStatCpu(ReadWholeFile(cdir + "/stat"), ticks, /*with_children=*/true);
-      if (ccpu) s.cpu_s += *ccpu;
-      children_pss += ParsePss(ReadWholeFile(cdir + "/smaps_rollup"));
-      ++s.children;
-    }
-    s.rss_bytes += children_pss;
+    AddDescendants(pid, ticks, &s);
     auto& peak = peak_with_children_[pid];
     peak = std::max({peak, s.rss_bytes, s.rss_peak_bytes});
     s.rss_peak_bytes = peak;

@@ -1,8 +1,7 @@
 // The HTTP side of job telemetry (docs/TELEMETRY.md): /metrics in Prometheus' text format
-// (prometheus-cpp's TextSerializer, no pull server), /api/job as JSON, and / the live page,
-// served by cpp-httplib on a thread of its own. Read-only; nothing secret (no token, no
-// environment) is on any of them. Lives in the rendezvous plugin, so `dlrun` itself links
-// neither library.
+// (rendezvous/exposition.h), /api/job as JSON, and / the live page, served by
+// rendezvous/http_server.h on threads of its own. Read-only; nothing secret (no token, no
+// environment) is on any of them. Lives in the rendezvous plugin.
 #include "rendezvous/metrics_http.h"
 
 #include <algorithm>
@@ -13,25 +12,20 @@
 #include <iterator>
 #include <thread>
 
-#include <httplib.h>
-#include <prometheus/counter.h>
-#include <prometheus/gauge.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
-
-#include <thread>
-
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "rendezvous/exposition.h"
+#include "rendezvous/http_server.h"
 
 namespace dlrun::rdzv {
 
 extern const char* const kTelemetryPage;  // page.html, compiled in (rendezvous/CMakeLists.txt)
 
 std::string PrometheusText(const JobTelemetry::Snapshot& s) {
-  prometheus::Registry reg;
-  auto gauge = [&reg](const char* name, const char* help) -> prometheus::Family<prometheus::Gauge>& {
-    return prometheus::BuildGauge().Name(name).Help(help).Register(reg);
+  Exposition reg;
+  auto gauge = [&reg](const char* name, const char* help) -> MetricFamily& {
+    return reg.Gauge(name, help);
   };
   auto& step = gauge("dlrun_step_time_seconds", "Median step time of the rank's recent steps");
   auto& compute = gauge("dlrun_compute_seconds",
@@ -47,10 +41,7 @@ std::string PrometheusText(const JobTelemetry::Snapshot& s) {
   auto& gpu_mem = gauge("dlrun_gpu_memory_used_bytes", "GPU memory in use");
   auto& straggler = gauge("dlrun_straggler", "1 while the rank is named a straggler");
   auto& loss = gauge("dlrun_loss", "The loss the rank reported last");
-  auto& restarts = prometheus::BuildCounter()
-                       .Name("dlrun_restarts_total")
-                       .Help("Restarts of the worker group")
-                       .Register(reg);
+  auto& restarts = reg.Counter("dlrun_restarts_total", "Restarts of the worker group");
   restarts.Add({}).Increment(s.restarts);
   gauge("dlrun_nodes", "Nodes in the running round").Add({}).Set(s.nodes);
   gauge("dlrun_world_size", "Ranks in the running round").Add({}).Set(s.world_size);
@@ -88,11 +79,11 @@ std::string PrometheusText(const JobTelemetry::Snapshot& s) {
     straggler.Add({{"rank", rk}}).Set(named ? 1 : 0);
   }
   for (const GpuTelemetry& g : s.gpus) {
-    const prometheus::Labels l{{"gpu", std::to_string(g.index)}, {"host", g.host}};
+    const Labels l{{"gpu", std::to_string(g.index)}, {"host", g.host}};
     gpu_util.Add(l).Set(g.utilization);
     gpu_mem.Add(l).Set(static_cast<double>(g.memory_used_bytes));
   }
-  return prometheus::TextSerializer().Serialize(reg.Collect());
+  return reg.Text();
 }
 
 namespace {
@@ -100,45 +91,39 @@ namespace {
 class HttpMetrics final : public MetricsServer {
  public:
   explicit HttpMetrics(std::shared_ptr<JobTelemetry> t) : t_(std::move(t)) {
-    srv_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(PrometheusText(t_->Snap(std::chrono::steady_clock::now())),
-                      "text/plain; version=0.0.4; charset=utf-8");
+    srv_.Get("/metrics", [this](const std::string&, HttpResponse* res) {
+      res->set_content(PrometheusText(t_->Snap(std::chrono::steady_clock::now())),
+                       "text/plain; version=0.0.4; charset=utf-8");
     });
-    srv_.Get("/api/job", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_header("Cache-Control", "no-store");
-      res.set_content(SnapshotJson(t_->Snap(std::chrono::steady_clock::now()), true),
-                      "application/json");
+    srv_.Get("/api/job", [this](const std::string&, HttpResponse* res) {
+      res->set_header("Cache-Control", "no-store");
+      res->set_content(SnapshotJson(t_->Snap(std::chrono::steady_clock::now()), true),
+                       "application/json");
     });
     // A profile's file (docs/PROFILING.md), when it lies on this host: the page links each.
-    srv_.Get(R"(/profile/(\d{1,7}))", [this](const httplib::Request& req, httplib::Response& res) {
-      ServeProfile(std::stoi(req.matches[1].str()), &res);
+    srv_.GetPrefix("/profile/", [this](const std::string& rest, HttpResponse* res) {
+      int rank = -1;
+      if (rest.empty() || rest.size() > 7 || !absl::SimpleAtoi(rest, &rank) || rank < 0) {
+        res->status = 404;
+        res->set_content(absl::StrCat("no profile '", rest.substr(0, 40), "': expected /profile/<rank>\n"),
+                         "text/plain");
+        return;
+      }
+      ServeProfile(rank, res);
     });
-    srv_.Get("/", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(kTelemetryPage, "text/html; charset=utf-8");
+    srv_.Get("/", [](const std::string&, HttpResponse* res) {
+      res->set_content(kTelemetryPage, "text/html; charset=utf-8");
     });
   }
-  ~HttpMetrics() override {
-    srv_.stop();
-    if (th_.joinable()) th_.join();
-  }
+  ~HttpMetrics() override { srv_.Stop(); }
 
   absl::Status Start(const std::string& addr, int port) {
-    port_ = port == 0 ? srv_.bind_to_any_port(addr) : (srv_.bind_to_port(addr, port) ? port : -1);
-    if (port_ <= 0) {
-      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", addr, ":", port,
-                                                 " (address in use or not local?)"));
+    absl::StatusOr<int> bound = srv_.Listen(addr, port);
+    if (!bound.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", addr, ":", port, ": ",
+                                                 bound.status().message()));
     }
-    th_ = std::thread([this] {
-      srv_.listen_after_bind();
-      listen_returned_ = true;
-    });
-    // httplib's stop() does nothing until the listening thread has marked the server running:
-    // a stop before that (a job that ends at once) left the thread in accept() and the
-    // destructor's join() waiting forever. Wait for it here, bounded.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!srv_.is_running() && !listen_returned_ && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::yield();
-    }
+    port_ = *bound;
     return absl::OkStatus();
   }
   int port() const override { return port_; }
@@ -146,7 +131,7 @@ class HttpMetrics final : public MetricsServer {
  private:
   // Only the paths the agents reported (the snapshot's), and only regular files of at most
   // 256 MB: anything else is a 404 that says where the file is.
-  void ServeProfile(int rank, httplib::Response* res) {
+  void ServeProfile(int rank, HttpResponse* res) {
     const JobTelemetry::Snapshot s = t_->Snap(std::chrono::steady_clock::now());
     auto it = s.profiles.find(rank);
     if (it == s.profiles.end() || it->second.path.empty()) {
@@ -177,9 +162,7 @@ class HttpMetrics final : public MetricsServer {
   }
 
   std::shared_ptr<JobTelemetry> t_;
-  httplib::Server srv_;
-  std::thread th_;
-  std::atomic<bool> listen_returned_{false};
+  HttpServer srv_;
   int port_ = -1;
 };
 

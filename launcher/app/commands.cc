@@ -13,6 +13,19 @@ std::string SelfPath() {
   return ec ? std::string("dlrun") : p.string();
 }
 
+int CmakePrefixPathMain() {
+  const std::filesystem::path prefix = std::filesystem::path(SelfPath()).parent_path().parent_path();
+  for (const char* libdir : {"lib", "lib64"}) {
+    std::error_code ec;
+    if (std::filesystem::exists(prefix / libdir / "cmake/dlrun/dlrunConfig.cmake", ec)) {
+      return Print(prefix.string() + "\n");
+    }
+  }
+  return FailRun(absl::NotFoundError(
+      "no CMake package beside this dlrun (" + (prefix / "lib/cmake/dlrun").string() +
+      "/dlrunConfig.cmake): `pip install dlrun` or `cmake --install` installs one"));
+}
+
 int Print(const std::string& text) {
   std::fputs(text.c_str(), stdout);
   return 0;

@@ -23,6 +23,11 @@ int StacksMain(const std::vector<std::string>& args);
 // `dlrun profile`: py-spy or perf on ranks of a running job (launcher/app/profile_main.cc).
 int ProfileMain(const std::vector<std::string>& args);
 
+// `dlrun --cmake-prefix-path`: the prefix whose lib/cmake/dlrun holds the worker library's CMake
+// package (the wheel's or `cmake --install`'s), for CMAKE_PREFIX_PATH, as
+// torch.utils.cmake_prefix_path is for Torch (docs/PACKAGING.md).
+int CmakePrefixPathMain();
+
 // This executable's path (/proc/self/exe), or "dlrun" if it cannot be read.
 std::string SelfPath();
 

@@ -232,6 +232,19 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a) {
   }
 }
 
+std::string DefaultPython(const EnvLookup& env) {
+  if (std::optional<std::string> v = env(contract::kPythonExec); v && !v->empty()) return *v;
+  // `pip install dlrun` into a virtual environment: its interpreter beside dlrun, as torchrun
+  // runs its workers with its own sys.executable.
+  const std::string self = SelfPath();
+  const size_t slash = self.rfind('/');
+  if (slash != std::string::npos) {
+    const std::string beside = self.substr(0, slash) + "/python3";
+    if (access(beside.c_str(), X_OK) == 0) return beside;
+  }
+  return "python3";
+}
+
 std::string PythonHelperDir(const std::string& exe) {
   const size_t slash = exe.rfind('/');
   if (slash == std::string::npos) return "";
@@ -368,7 +381,7 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   auto gpus = ResolveGpus(spec, nproc, m.gpus);
   if (!gpus.ok()) return gpus.status();
   a->gpus = *gpus;
-  a->argv = WorkerArgv(o, env(contract::kPythonExec).value_or("python3"));
+  a->argv = WorkerArgv(o, DefaultPython(env));
   if (o.spare_workers != SpareWorkers::kOff) a->spare_argv = WarmSpareArgv(a->argv);
   if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
@@ -434,7 +447,7 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
                                       const EnvLookup& env) {
-  if (absl::Status s = CheckProgram(WorkerArgv(o, env(contract::kPythonExec).value_or("python3")),
+  if (absl::Status s = CheckProgram(WorkerArgv(o, DefaultPython(env)),
                                     RunsPython(o) && !o.module ? o.command[0] : "",
                                     env("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
       !s.ok()) {
@@ -443,7 +456,7 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
   LaunchPlan plan;
   if (o.profile.On()) {  // a missing tool is said first, and no worker starts
     auto tool = FindProfileTool(
-        o.profile, WorkerArgv(o, env(contract::kPythonExec).value_or("python3"))[0]);
+        o.profile, WorkerArgv(o, DefaultPython(env))[0]);
     if (!tool.ok()) return tool.status();
     plan.profile_tool = *std::move(tool);
   }

@@ -443,7 +443,8 @@ std::string UsageText() {
       "       dlrun slurm [...] -- CMD  write (or --submit) an sbatch script running CMD\n"
       "       dlrun runai [...] -- CMD  print the Run:ai command (-o: manifest) running CMD\n"
       "       dlrun stacks [...]        the stacks of a running job's workers\n"
-      "       dlrun profile --ranks L   py-spy or perf on ranks of a running job\n\n"
+      "       dlrun profile --ranks L   py-spy or perf on ranks of a running job\n"
+      "       dlrun --cmake-prefix-path the prefix of the C++ worker library's CMake package\n\n"
       "Starts one worker per slot with the torchrun worker environment (RANK, LOCAL_RANK,\n"
       "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). Flags accept '-' or '_' and fall back to\n"
       "PET_<FLAG> environment variables.\n\noptions:\n",

@@ -25,4 +25,4 @@ __all__ = [
     "report_step",
     "timed",
 ]
-__version__ = "0.20.0"
+__version__ = "0.21.0"

@@ -15,12 +15,10 @@
 #include <limits>
 #include <fstream>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
+#include "text.h"
 #include "common/contract.h"
 #include "common/scheduler_env.h"
 #include "dlrun/ranges.h"
-#include "nlohmann/json.hpp"
 
 extern char** environ;
 
@@ -28,11 +26,32 @@ namespace dlrun::worker {
 
 namespace {
 
+// `s` as a JSON string literal (UTF-8 passes through; control characters are escaped).
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += lite::StrFormat("\\u%04x", static_cast<unsigned>(c));
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
 int HeartbeatFd() {
   static const int fd = [] {
     const char* v = std::getenv(contract::kHeartbeatFd);
     int fd = -1;
-    if (v == nullptr || !absl::SimpleAtoi(v, &fd) || fd < 0 || fcntl(fd, F_GETFD) < 0) return -1;
+    if (v == nullptr || !lite::SimpleAtoi(v, &fd) || fd < 0 || fcntl(fd, F_GETFD) < 0) return -1;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     return fd;
   }();
@@ -85,7 +104,7 @@ void heartbeat() {
 bool awaitPromotion() {
   const char* v = std::getenv(contract::kSpareFd);
   int fd = -1;
-  if (v == nullptr || !absl::SimpleAtoi(v, &fd) || fd < 0) return false;
+  if (v == nullptr || !lite::SimpleAtoi(v, &fd) || fd < 0) return false;
   std::string block;
   char buf[65536];
   for (;;) {
@@ -120,14 +139,15 @@ void recordError(const std::string& message) {
   if (path == nullptr || *path == '\0') return;
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  nlohmann::json j;
-  j["message"]["message"] = message;
-  j["message"]["extraInfo"]["timestamp"] = absl::StrCat(static_cast<int64_t>(now));
-  j["message"]["extraInfo"]["py_callstack"] = "(C++ worker)";
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  // torchelastic's error file: {"message": {"message": ..., "extraInfo": {...}}}.
+  const std::string j = lite::StrCat("{\"message\": {\"message\": ", JsonString(message),
+                                     ", \"extraInfo\": {\"timestamp\": \"",
+                                     static_cast<int64_t>(now),
+                                     "\", \"py_callstack\": \"(C++ worker)\"}}}");
+  const std::string tmp = lite::StrCat(path, ".tmp.", getpid());
   {
     std::ofstream out(tmp);
-    out << j.dump() << "\n";
+    out << j << "\n";
   }
   std::rename(tmp.c_str(), path);  // the agent never reads a half-written file
 }
@@ -162,13 +182,13 @@ std::string requeueSlurmJob() {
   char* argv[] = {arg0, arg1, id.data(), nullptr};
   pid_t pid = 0;
   if (int err = posix_spawnp(&pid, "scontrol", nullptr, nullptr, argv, environ); err != 0) {
-    return absl::StrCat("cannot run scontrol: ", std::strerror(err));
+    return lite::StrCat("cannot run scontrol: ", std::strerror(err));
   }
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::StrCat("scontrol requeue ", id, " failed (status ", status, ")");
+    return lite::StrCat("scontrol requeue ", id, " failed (status ", status, ")");
   }
   return "";
 }

@@ -19,8 +19,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "text.h"
 #include "dlrun/agent_link.h"
 #include "dlrun/ranges.h"
 #include "fnv1a.h"
@@ -42,7 +41,7 @@ uint64_t GetU64(const char* p) {
 }
 
 std::runtime_error Errno(const std::string& what, const std::string& path) {
-  return std::runtime_error(absl::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(errno)));
+  return std::runtime_error(lite::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(errno)));
 }
 
 std::function<void(size_t)>& WriteHook() {
@@ -60,7 +59,7 @@ void LoadInPlace(torch::nn::Module& m, torch::serialize::InputArchive& a, const 
     torch::Tensor src;  // undefined: read() assigns instead of set_()
     a.read(key, src, is_buffer);
     if (src.sizes() != dst.sizes()) {
-      throw std::runtime_error(absl::StrCat(prefix, key, " has shape ", c10::str(src.sizes()),
+      throw std::runtime_error(lite::StrCat(prefix, key, " has shape ", c10::str(src.sizes()),
                                             " in the checkpoint, ", c10::str(dst.sizes()),
                                             " in the model"));
     }
@@ -71,11 +70,11 @@ void LoadInPlace(torch::nn::Module& m, torch::serialize::InputArchive& a, const 
   for (auto& c : m.named_children()) {
     torch::serialize::InputArchive child;
     a.read(c.key(), child);
-    LoadInPlace(*c.value(), child, absl::StrCat(prefix, c.key(), "."), apply);
+    LoadInPlace(*c.value(), child, lite::StrCat(prefix, c.key(), "."), apply);
   }
 }
 
-std::string FileName(int64_t step) { return absl::StrFormat("ckpt-%012d.dlrun", step); }
+std::string FileName(int64_t step) { return lite::StrFormat("ckpt-%012lld.dlrun", static_cast<long long>(step)); }
 
 }  // namespace
 
@@ -106,7 +105,7 @@ void CheckpointManager::save(const torch::nn::Module& model,
   ScopedRange range("checkpoint save", state.step);
   std::error_code ec;
   std::filesystem::create_directories(o_.dir, ec);
-  if (ec) throw std::runtime_error(absl::StrCat("checkpoint: cannot create ", o_.dir, ": ", ec.message()));
+  if (ec) throw std::runtime_error(lite::StrCat("checkpoint: cannot create ", o_.dir, ": ", ec.message()));
 
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optim_archive;
@@ -136,8 +135,8 @@ void CheckpointManager::save(const torch::nn::Module& model,
   PutU64(&header, payload.size());
   PutU64(&header, detail::Fnv1a(payload.data(), payload.size()));
 
-  const std::string final_path = absl::StrCat(o_.dir, "/", FileName(state.step));
-  const std::string tmp = absl::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
+  const std::string final_path = lite::StrCat(o_.dir, "/", FileName(state.step));
+  const std::string tmp = lite::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Errno("cannot create", tmp);
   size_t written = 0;
@@ -204,13 +203,13 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
     if (data.size() < kHeader || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
       problem = "not a dlrun checkpoint (bad magic or truncated header)";
     } else if (GetU64(data.data() + 8) != data.size() - kHeader) {
-      problem = absl::StrCat("payload is ", data.size() - kHeader, " bytes, header says ",
+      problem = lite::StrCat("payload is ", data.size() - kHeader, " bytes, header says ",
                              GetU64(data.data() + 8), " (truncated?)");
     } else if (GetU64(data.data() + 16) != detail::Fnv1a(data.data() + kHeader, data.size() - kHeader)) {
       problem = "checksum mismatch (the file is damaged)";
     }
     if (!problem.empty()) {
-      warn(absl::StrCat("checkpoint ", path, " skipped: ", problem));
+      warn(lite::StrCat("checkpoint ", path, " skipped: ", problem));
       continue;
     }
     TrainingState st;
@@ -264,7 +263,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
       gen.set_state(t);
     } catch (const std::exception& e) {
       std::string what = e.what();
-      warn(absl::StrCat("checkpoint ", path, " skipped: it does not match this model (",
+      warn(lite::StrCat("checkpoint ", path, " skipped: it does not match this model (",
                         what.substr(0, what.find('\n')), ")"));
       continue;
     }

@@ -24,9 +24,7 @@
 #include <thread>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "text.h"
 #include "shm_allreduce.h"
 
 namespace dlrun::worker {
@@ -57,9 +55,9 @@ std::vector<std::vector<size_t>> CutBuckets(const std::vector<int64_t>& sizes_by
 
 // 512 B, 1.5 KiB, 24.0 MiB: a small bucket is never shown as 0.
 std::string HumanBytes(int64_t bytes) {
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  if (bytes < 1024 * 1024) return absl::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
-  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024 * 1024));
+  if (bytes < 1024) return lite::StrCat(bytes, " B");
+  if (bytes < 1024 * 1024) return lite::StrFormat("%.1f KiB", static_cast<double>(bytes) / 1024);
+  return lite::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024 * 1024));
 }
 
 // PyTorch's default_hooks: allreduce_hook (no cast) and the two compressions. Each divides by
@@ -169,7 +167,7 @@ struct DistributedDataParallelBase::Impl {
   std::condition_variable comm_cv;
   std::deque<size_t> comm_queue;
   size_t comm_done = 0;  // buckets reduced in this iteration
-  absl::Status comm_status;
+  lite::Status comm_status;
   bool comm_stop = false;
 
   ~Impl() {
@@ -195,7 +193,7 @@ struct DistributedDataParallelBase::Impl {
         comm_queue.pop_front();
       }
       torch::Tensor& flat = buckets[idx].flat;
-      absl::Status st = flat.scalar_type() == torch::kDouble
+      lite::Status st = flat.scalar_type() == torch::kDouble
                             ? shm->Sum(flat.data_ptr<double>(), flat.numel())
                             : shm->Sum(flat.data_ptr<float>(), flat.numel());
       endRange(std::exchange(buckets[idx].range, 0));
@@ -265,7 +263,7 @@ struct DistributedDataParallelBase::Impl {
     for (size_t i = 0; i < n; ++i) {
       const int64_t k = o[i];
       if (k < 0 || static_cast<size_t>(k) >= n || seen[k]) {
-        throw std::runtime_error(absl::StrCat(
+        throw std::runtime_error(lite::StrCat(
             "DistributedDataParallel: rank 0's gradient order names parameter index ", k,
             " of ", n, " twice or out of range; every rank must build the same model"));
       }
@@ -448,7 +446,7 @@ struct DistributedDataParallelBase::Impl {
         {static_cast<int64_t>(want ? 1 : 0), static_cast<int64_t>(pg->getRank() == 0 ? getpid() : 0)})};
     pg->allreduce(t)->wait();
     if (t[0][0].item<int64_t>() != world) return;
-    const std::string name = absl::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", instance);
+    const std::string name = lite::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", instance);
     auto created = ShmAllreduce::Create(
         name, pg->getRank(), world,
         // Pieces as large as 32 MiB of segment allow (2 sets of world + 1 areas).
@@ -488,8 +486,8 @@ struct DistributedDataParallelBase::Impl {
         missing.resize(8);
         missing.push_back("...");
       }
-      throw std::runtime_error(absl::StrCat(
-          "DistributedDataParallel: parameter(s) ", absl::StrJoin(missing, ", "),
+      throw std::runtime_error(lite::StrCat(
+          "DistributedDataParallel: parameter(s) ", lite::StrJoin(missing, ", "),
           " got no gradient in this backward; construct DistributedDataParallel with "
           "find_unused_parameters = true if parts of the model are unused"));
     }
@@ -633,7 +631,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(
     m.pg->allgather(all, mine)->wait();
     for (int r = 0; r < m.pg->getSize(); ++r) {
       if (all[0][r].item<int64_t>() != sig) {
-        throw std::runtime_error(absl::StrCat(
+        throw std::runtime_error(lite::StrCat(
             "DistributedDataParallel: rank ", r, " has a model with different parameters (count "
             "or shapes) than rank ", m.pg->getRank(), "; every rank must build the same model"));
       }
@@ -750,11 +748,11 @@ std::string DistributedDataParallelBase::bucketReport() const {
   std::vector<std::string> sizes;
   int64_t total = 0;
   for (const BucketInfo& b : impl_->info) {
-    sizes.push_back(absl::StrCat(HumanBytes(b.bytes), "/", b.parameters.size(), "p"));
+    sizes.push_back(lite::StrCat(HumanBytes(b.bytes), "/", b.parameters.size(), "p"));
     total += b.bytes;
   }
-  return absl::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", HumanBytes(total),
-                      " of gradients, in ready order: ", absl::StrJoin(sizes, ", "),
+  return lite::StrCat("DDP: ", impl_->info.size(), " bucket(s), ", HumanBytes(total),
+                      " of gradients, in ready order: ", lite::StrJoin(sizes, ", "),
                       "; allreduce: ",
                       impl_->shm && !impl_->hook ? "shared memory (all ranks on this host)" : backend,
                       impl_->options.fp16_compression ? ", fp16-compressed"

@@ -1,6 +1,6 @@
 #include "dlrun/dist_env.h"
 
-#include "absl/status/statusor.h"
+#include "text.h"
 
 #include <stdexcept>
 
@@ -8,8 +8,6 @@
 #include <cstdlib>
 #include <limits>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "common/env.h"
 #include "common/local_address.h"
@@ -19,29 +17,29 @@ namespace dlrun::worker {
 namespace {
 
 // Reads an integer variable in [lo, hi]; `required` makes absence an error.
-absl::Status ReadInt(const EnvLookup& env, const std::string& name, int lo, int hi, bool required,
+lite::Status ReadInt(const EnvLookup& env, const std::string& name, int lo, int hi, bool required,
                      int* out) {
   std::optional<std::string> v = env(name);
   if (!v.has_value()) {
-    if (!required) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("environment variable ", name, " is not set (expected an integer)"));
+    if (!required) return lite::OkStatus();
+    return lite::FailedPreconditionError(
+        lite::StrCat("environment variable ", name, " is not set (expected an integer)"));
   }
   int x = 0;
-  if (!absl::SimpleAtoi(*v, &x) || x < lo || x > hi) {
-    return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "='", *v,
+  if (!lite::SimpleAtoi(*v, &x) || x < lo || x > hi) {
+    return lite::InvalidArgumentError(lite::StrCat("environment variable ", name, "='", *v,
                                                    "' is invalid: expected an integer in [", lo,
                                                    ", ", hi, "]"));
   }
   *out = x;
-  return absl::OkStatus();
+  return lite::OkStatus();
 }
 
 constexpr int kMax = std::numeric_limits<int>::max();
 
 #define DLRUN_RETURN_IF_ERROR(expr)          \
   do {                                       \
-    if (absl::Status _s = (expr); !_s.ok()) { \
+    if (lite::Status _s = (expr); !_s.ok()) { \
       return _s;                             \
     }                                        \
   } while (0)
@@ -52,7 +50,7 @@ EnvLookup ProcessEnvironment() { return dlrun::ProcessEnvironment(); }
 
 namespace {
 
-absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
+lite::StatusOr<DistEnv> Parse(const EnvLookup& env) {
   DistEnv d;
   std::string rank_var, size_var, local_var, local_size_var;
   if (env(contract::kRank) || env(contract::kWorldSize)) {
@@ -81,7 +79,7 @@ absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
   DLRUN_RETURN_IF_ERROR(ReadInt(env, size_var, 1, kMax, true, &d.world_size));
   DLRUN_RETURN_IF_ERROR(ReadInt(env, rank_var, 0, kMax, true, &d.rank));
   if (d.rank >= d.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(rank_var, "=", d.rank, " is not below ",
+    return lite::InvalidArgumentError(lite::StrCat(rank_var, "=", d.rank, " is not below ",
                                                    size_var, "=", d.world_size));
   }
   d.local_rank = d.rank;
@@ -89,7 +87,7 @@ absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
   DLRUN_RETURN_IF_ERROR(ReadInt(env, local_var, 0, kMax, d.source == "torchrun", &d.local_rank));
   DLRUN_RETURN_IF_ERROR(ReadInt(env, local_size_var, 1, kMax, false, &d.local_world_size));
   if (d.local_rank >= d.local_world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(local_var, "=", d.local_rank, " is not below ",
+    return lite::InvalidArgumentError(lite::StrCat(local_var, "=", d.local_rank, " is not below ",
                                                    local_size_var, "=", d.local_world_size));
   }
   if (d.source == "torchrun") {
@@ -109,18 +107,18 @@ absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
   std::optional<std::string> addr = env(contract::kMasterAddr);
   if (addr.has_value()) {
     if (addr->empty()) {
-      return absl::InvalidArgumentError("environment variable MASTER_ADDR is empty");
+      return lite::InvalidArgumentError("environment variable MASTER_ADDR is empty");
     }
     d.master_addr = *addr;
   } else if (d.world_size > 1 && d.source == "torchrun") {
-    return absl::FailedPreconditionError(
+    return lite::FailedPreconditionError(
         "environment variable MASTER_ADDR is not set (expected the address of rank 0)");
   } else if (d.world_size > 1 && d.source == "slurm") {
     // srun alone: rank 0 runs where srun was launched from only for single-node steps; ask
     // for MASTER_ADDR explicitly when the step spans nodes.
     auto nodes = env(sched::kSlurmStepNumNodes);
     if (nodes.has_value() && *nodes != "1") {
-      return absl::FailedPreconditionError(
+      return lite::FailedPreconditionError(
           "environment variable MASTER_ADDR is not set: a multi-node srun step needs the "
           "address of the node of rank 0 (e.g. the first host of SLURM_JOB_NODELIST)");
     }
@@ -134,7 +132,7 @@ absl::StatusOr<DistEnv> Parse(const EnvLookup& env) {
 }  // namespace
 
 DistEnv ParseDistEnv(const EnvLookup& env) {
-  absl::StatusOr<DistEnv> d = Parse(env);
+  lite::StatusOr<DistEnv> d = Parse(env);
   if (!d.ok()) throw std::invalid_argument(std::string(d.status().message()));
   return *d;
 }

@@ -25,8 +25,7 @@
 #include <thread>
 
 #include "common/contract.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
+#include "text.h"
 #include "dlrun/agent_link.h"
 #include "dlrun/worker.h"
 #include "fnv1a.h"
@@ -146,7 +145,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(const c10::intrusive_ptr<c1
 
 std::string ResolveBackend(const std::string& requested) {
   if (requested != "auto" && requested != "gloo" && requested != "nccl") {
-    throw std::runtime_error(absl::StrCat("unknown backend '", requested,
+    throw std::runtime_error(lite::StrCat("unknown backend '", requested,
                                           "': expected auto, gloo or nccl"));
   }
 #ifdef DLRUN_WITH_CUDA
@@ -154,7 +153,7 @@ std::string ResolveBackend(const std::string& requested) {
   if (requested == "auto") return have_gpu ? "nccl" : "gloo";
   if (requested == "nccl" && !have_gpu) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw std::runtime_error(absl::StrCat(
+    throw std::runtime_error(lite::StrCat(
         "backend 'nccl' needs a GPU, and none is visible to this process (CUDA_VISIBLE_DEVICES='",
         visible ? visible : "(unset)", "', ", torch::cuda::device_count(),
         " device(s)): use gloo, or run where a GPU is"));
@@ -188,8 +187,8 @@ Context init(const InitOptions& options) {
   std::chrono::milliseconds timeout = options.timeout;
   if (const char* t = std::getenv(contract::kInitTimeout)) {
     double s = 0;
-    if (!absl::SimpleAtod(t, &s) || s <= 0) {
-      throw std::runtime_error(absl::StrCat("environment variable ", contract::kInitTimeout, "='", t,
+    if (!lite::SimpleAtod(t, &s) || s <= 0) {
+      throw std::runtime_error(lite::StrCat("environment variable ", contract::kInitTimeout, "='", t,
                                             "' is invalid: expected seconds > 0"));
     }
     timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
@@ -207,7 +206,7 @@ Context init(const InitOptions& options) {
   } catch (const std::exception& ex) {
     std::string what = ex.what();
     what = what.substr(0, what.find('\n'));
-    throw std::runtime_error(absl::StrCat(
+    throw std::runtime_error(lite::StrCat(
         e.rank == 0 ? "rank 0 cannot host the c10d store on " : "cannot reach the c10d store at ",
         e.master_addr, ":", e.master_port, " within ", timeout.count() / 1000.0,
         " s (MASTER_ADDR/MASTER_PORT): ", what));
@@ -240,7 +239,7 @@ std::vector<torch::Tensor> Context::allGather(const torch::Tensor& t) const {
 
 torch::Tensor Context::broadcast(torch::Tensor t, int root) const {
   if (root < 0 || root >= pg->getSize()) {
-    throw std::invalid_argument(absl::StrCat("broadcast: root ", root, " is not a rank of this ",
+    throw std::invalid_argument(lite::StrCat("broadcast: root ", root, " is not a rank of this ",
                                              pg->getSize(), "-rank group"));
   }
   std::vector<torch::Tensor> v{t};

@@ -5,46 +5,46 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "absl/strings/str_cat.h"
+#include "text.h"
 
 namespace dlrun::worker {
 
 void Validate(const LrSchedule& s) {
   auto bad = [](const std::string& field, const std::string& v, const std::string& expected) {
     throw std::invalid_argument(
-        absl::StrCat("invalid lr schedule ", field, " '", v, "': expected ", expected));
+        lite::StrCat("invalid lr schedule ", field, " '", v, "': expected ", expected));
   };
   if (s.scaling != "none" && s.scaling != "linear" && s.scaling != "sqrt") {
     bad("scaling", s.scaling, "none, linear or sqrt");
   }
-  if (!(s.start_lr > 0)) bad("start_lr", absl::StrCat(s.start_lr), "> 0");
-  if (!(s.end_lr >= 0)) bad("end_lr", absl::StrCat(s.end_lr), ">= 0");
-  if (s.tot_steps < 1) bad("tot_steps", absl::StrCat(s.tot_steps), ">= 1");
-  if (s.warmup_steps < 0) bad("warmup_steps", absl::StrCat(s.warmup_steps), ">= 0");
-  if (s.base_batch_size < 1) bad("base_batch_size", absl::StrCat(s.base_batch_size), ">= 1");
+  if (!(s.start_lr > 0)) bad("start_lr", lite::StrCat(s.start_lr), "> 0");
+  if (!(s.end_lr >= 0)) bad("end_lr", lite::StrCat(s.end_lr), ">= 0");
+  if (s.tot_steps < 1) bad("tot_steps", lite::StrCat(s.tot_steps), ">= 1");
+  if (s.warmup_steps < 0) bad("warmup_steps", lite::StrCat(s.warmup_steps), ">= 0");
+  if (s.base_batch_size < 1) bad("base_batch_size", lite::StrCat(s.base_batch_size), ">= 1");
   if (s.global_batch_size < 1) {
-    bad("global_batch_size", absl::StrCat(s.global_batch_size), ">= 1");
+    bad("global_batch_size", lite::StrCat(s.global_batch_size), ">= 1");
   }
 }
 
 std::vector<std::string> IneffectiveSettings(const LrSchedule& s) {
   std::vector<std::string> notes;
   if (s.scaling != "none" && s.global_batch_size == s.base_batch_size) {
-    notes.push_back(absl::StrCat("lr schedule: scaling '", s.scaling,
+    notes.push_back(lite::StrCat("lr schedule: scaling '", s.scaling,
                                  "' has no effect: the global batch size equals the base batch size (",
                                  s.base_batch_size, ")"));
   }
   if (s.scaling != "none" && s.global_batch_size > s.base_batch_size && s.warmup_steps == 0) {
-    notes.push_back(absl::StrCat("lr schedule: the LR is scaled up ", InitialLearningRate(s) / s.start_lr,
+    notes.push_back(lite::StrCat("lr schedule: the LR is scaled up ", InitialLearningRate(s) / s.start_lr,
                                  "x without a warm-up (warmup_steps 0)"));
   }
   if (s.warmup_steps >= s.tot_steps) {
-    notes.push_back(absl::StrCat("lr schedule: warmup_steps ", s.warmup_steps,
+    notes.push_back(lite::StrCat("lr schedule: warmup_steps ", s.warmup_steps,
                                  " >= tot_steps ", s.tot_steps,
                                  ": the whole run is warm-up, the cosine decay never starts"));
   }
   if (s.end_lr >= InitialLearningRate(s)) {
-    notes.push_back(absl::StrCat("lr schedule: end_lr ", s.end_lr, " >= the initial LR ",
+    notes.push_back(lite::StrCat("lr schedule: end_lr ", s.end_lr, " >= the initial LR ",
                                  InitialLearningRate(s), ": the LR does not decay"));
   }
   return notes;

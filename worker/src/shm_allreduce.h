@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/statusor.h"
+#include "text.h"
 
 namespace dlrun::worker {
 
@@ -26,7 +26,7 @@ class ShmAllreduce {
   // barrier over the same ranks (e.g. the process group's). Rank 0 creates the segment, the
   // others open it, and rank 0 removes its name once all have mapped it (it lives until the
   // last rank unmaps it, so nothing is left in /dev/shm even after a crash).
-  static absl::StatusOr<std::unique_ptr<ShmAllreduce>> Create(
+  static lite::StatusOr<std::unique_ptr<ShmAllreduce>> Create(
       const std::string& name, int rank, int world, int64_t slot_bytes,
       const std::function<void()>& barrier, std::chrono::milliseconds timeout);
   ~ShmAllreduce();
@@ -36,15 +36,15 @@ class ShmAllreduce {
   // data[0..n) = the sum over ranks of their data[0..n). Every rank must call it with the same
   // n, in the same order. Fails (and poisons the segment for the others) after `timeout`
   // without the other ranks.
-  absl::Status Sum(float* data, int64_t n) { return SumT(data, n); }
-  absl::Status Sum(double* data, int64_t n) { return SumT(data, n); }
+  lite::Status Sum(float* data, int64_t n) { return SumT(data, n); }
+  lite::Status Sum(double* data, int64_t n) { return SumT(data, n); }
 
  private:
   struct Header;
   ShmAllreduce() = default;
-  absl::Status Barrier();
+  lite::Status Barrier();
   template <typename T>
-  absl::Status SumT(T* data, int64_t n);
+  lite::Status SumT(T* data, int64_t n);
   char* Slot(int set, int rank) const;
 
   Header* header_ = nullptr;

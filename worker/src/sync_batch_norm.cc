@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "absl/strings/str_cat.h"
+#include "text.h"
 
 namespace dlrun::worker {
 
@@ -61,7 +61,7 @@ void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
 torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   const int64_t c = options.num_features();
   if (input.dim() < 2 || input.size(1) != c) {
-    throw std::invalid_argument(absl::StrCat("SyncBatchNorm: input of shape ",
+    throw std::invalid_argument(lite::StrCat("SyncBatchNorm: input of shape ",
                                              c10::str(input.sizes()), ", expected [N, ", c,
                                              ", ...]"));
   }

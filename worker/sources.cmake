@@ -1,0 +1,11 @@
+# The worker library's sources, relative to the project root. worker/CMakeLists.txt and
+# common/CMakeLists.txt build them; the wheel installs them and its CMake package
+# (cmake/dlrunSourceConfig.cmake.in) builds the same list against a user's own LibTorch.
+set(DLRUN_COMMON_SOURCES common/env.cc common/local_address.cc common/cpus.cc common/files.cc)
+# LibTorch-free: environment parsing, agent link, crash traces, sampler, shared-memory allreduce,
+# NVTX ranges.
+set(DLRUN_DIST_ENV_SOURCES worker/src/dist_env.cc worker/src/agent_link.cc worker/src/crash_trace.cc
+  worker/src/sampler.cc worker/src/shm_allreduce.cc worker/src/ranges.cc)
+# LibTorch: process groups, DDP, LR schedule, checkpoints, SyncBatchNorm.
+set(DLRUN_WORKER_SOURCES worker/src/init.cc worker/src/ddp.cc worker/src/lr_schedule.cc
+  worker/src/checkpoint.cc worker/src/sync_batch_norm.cc)

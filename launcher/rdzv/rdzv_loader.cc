@@ -8,11 +8,18 @@
 
 #include "absl/strings/str_cat.h"
 
+// Defined when the rendezvous is linked into dlrun (DLRUN_PORTABLE: the wheel); null otherwise.
+extern "C" dlrun::rdzv::Api* dlrun_rdzv_api() __attribute__((weak));
+
 namespace dlrun::launcher {
 
 absl::StatusOr<rdzv::Api*> LoadRendezvous() {
   static rdzv::Api* api = nullptr;
   if (api != nullptr) return api;
+  if (dlrun_rdzv_api != nullptr) {
+    api = dlrun_rdzv_api();
+    return api;
+  }
   char exe[PATH_MAX] = {0};
   std::string dir = ".";
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);

@@ -1,25 +1,46 @@
 #!/usr/bin/env bash
-# Installs dlrun into a temporary prefix, builds examples/custom_trainer against it with
-# find_package(dlrun) as a user's project would, and runs it under the installed dlrun.
-#   build_example.sh SOURCE_DIR BUILD_DIR
+# Builds examples/custom_trainer as a user's project would, with find_package(dlrun) and no flag
+# beyond CMAKE_PREFIX_PATH (LibTorch: the project's PyPI torch, a CUDA build), and runs it under
+# that dlrun: 40 steps, then a kill at step 13 and a resume that ends bit for bit the same.
+#   build_example.sh SOURCE_DIR BUILD_DIR          dlrun from `cmake --install BUILD_DIR`
+#   build_example.sh SOURCE_DIR --wheel WHEEL_DIR  dlrun from `pip install` of the wheel into a
+#                                                  fresh virtual environment (its CMake package
+#                                                  builds dlrun::worker from the sources it ships)
 set -euo pipefail
 src=$1 build=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
-# The LibTorch dlrun was built with (a user names theirs the same way).
-torch_dir=$(sed -n 's/^Torch_DIR:PATH=//p' "$build/CMakeCache.txt")
+# The project's torch: what `python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'`
+# says, as a user finds theirs.
+torch_prefix=$("$src/.venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+if [[ "$build" == "--wheel" ]]; then
+  whl=$(ls "$3"/dlrun-*.whl | head -1)
+  python3 -m venv "$tmp/venv"
+  "$tmp/venv/bin/pip" install --no-index --disable-pip-version-check -q "$whl"
+  prefix=$("$tmp/venv/bin/python" -m dlrun --cmake-prefix-path)
+  [[ "$prefix" == "$("$tmp/venv/bin/dlrun" --cmake-prefix-path)" ]] ||
+    { echo "FAIL: python -m dlrun and dlrun disagree on the CMake prefix"; exit 1; }
+  dlrun=$tmp/venv/bin/dlrun
+else
+  cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+  prefix=$tmp/prefix
+  dlrun=$tmp/prefix/bin/dlrun
+fi
+# Nothing but CMAKE_PREFIX_PATH: no Torch_DIR, no TORCH_CUDA_ARCH_LIST (the package sees to the
+# CUDA LibTorch's architecture probe).
 cmake -S "$src/examples/custom_trainer" -B "$tmp/ct" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$tmp/prefix" -DTorch_DIR="$torch_dir" -DTORCH_CUDA_ARCH_LIST="8.0;9.0" \
-  >"$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; exit 1; }
+  -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >"$tmp/configure.log" 2>&1 ||
+  { cat "$tmp/configure.log"; echo "FAIL: the configure with CMAKE_PREFIX_PATH alone"; exit 1; }
+grep "dlrun" "$tmp/configure.log" || true
 ninja -C "$tmp/ct" >"$tmp/build.log" 2>&1 || { tail -30 "$tmp/build.log"; exit 1; }
-# The exported targets name no library of the build machine by its path (LibTorch comes from
-# the consumer's own find_package(Torch) through dlrun::torch).
-if grep -nE '(/[^";]*)?lib(c10|torch[a-z_]*)\.so' "$tmp/prefix"/lib*/cmake/dlrun/dlrunTargets*.cmake; then
+if [[ "$build" != "--wheel" ]] &&
+   grep -nE '(/[^";]*)?lib(c10|torch[a-z_]*)\.so' "$tmp/prefix"/lib*/cmake/dlrun/dlrunTargets*.cmake; then
+  # The exported targets name no library of the build machine by its path (LibTorch comes from
+  # the consumer's own find_package(Torch) through dlrun::torch).
   echo "FAIL: the installed targets hard-code LibTorch's library paths"; exit 1
 fi
 export OMP_NUM_THREADS=1
-dlrun=$tmp/prefix/bin/dlrun trainer=$tmp/ct/custom_trainer
+trainer=$tmp/ct/custom_trainer
 # An uninterrupted run: 40 steps, every rank ends with the same parameters.
 out=$("$dlrun" --nproc-per-node 2 "$trainer" "$tmp/ckpt-a" 2>&1) || { echo "$out"; exit 1; }
 clean=$(echo "$out" | sed -n 's/.*rank 0: 40 steps, .*parameters \([0-9a-f]*\), the same on every rank$/\1/p')

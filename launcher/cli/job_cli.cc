@@ -99,11 +99,51 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
       {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
        "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
        "node; the job's output says where to point a browser"},
-      {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path), "path of dlrun on the nodes"},
+      {"container-image", "", true, WordField<O>("container-image", &O::container_image),
+       "run each node's agent in this image with pyxis (srun --container-image)"},
+      {"container-mounts", "", true, WordField<O>("container-mounts", &O::container_mounts),
+       "SRC:DST[,...] for --container-image (pyxis) or --apptainer (--bind)"},
+      {"container-workdir", "", true, WordField<O>("container-workdir", &O::container_workdir),
+       "working directory in the --container-image container"},
+      {"container", "", true, WordField<O>("container", &O::container_bundle),
+       "run each node's agent in this OCI bundle, Slurm's own containers (srun --container)"},
+      {"apptainer", "", true, WordField<O>("apptainer", &O::apptainer_image),
+       "run each node's agent in this Apptainer image (apptainer exec --nv IMAGE.sif)"},
+      {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path),
+       "path of dlrun on the nodes (in a container: /opt/dlrun/bin/dlrun)"},
       {"output-script", "o", true, cli::StrField<O>(&O::script_path),
        "write the script here (-o; default: stdout)"},
       {"submit", "", false, cli::BoolField<O>(&O::submit), "submit with sbatch and print the job id"},
   };
+}
+
+// At most one kind of container, its own options only with it, and dlrun where the image of
+// containers/Containerfile has it unless --dlrun says otherwise.
+template <class Given>
+absl::Status CheckContainer(const Given& given, SlurmJobOptions* o) {
+  const int kinds = !o->container_image.empty() + !o->container_bundle.empty() +
+                    !o->apptainer_image.empty();
+  if (kinds > 1) {
+    return absl::InvalidArgumentError(
+        "--container-image (pyxis), --container (an OCI bundle) and --apptainer exclude each "
+        "other: give one");
+  }
+  if (!o->container_mounts.empty() && o->container_image.empty() && o->apptainer_image.empty()) {
+    return absl::InvalidArgumentError(
+        o->container_bundle.empty()
+            ? "--container-mounts needs --container-image or --apptainer"
+            : "--container-mounts does not apply to --container: an OCI bundle's mounts are in "
+              "its config.json (scripts/make-oci-bundle --mount)");
+  }
+  if (!o->container_workdir.empty() && o->container_image.empty()) {
+    return absl::InvalidArgumentError("--container-workdir needs --container-image (pyxis)");
+  }
+  if (!o->container_bundle.empty() && o->container_bundle.front() != '/') {
+    return cli::BadValue("container", o->container_bundle,
+                         "the absolute path of an OCI bundle directory every node sees");
+  }
+  if (kinds == 1 && given.count("dlrun") == 0) o->dlrun_path = "/opt/dlrun/bin/dlrun";
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -129,6 +169,7 @@ absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& a
     return absl::InvalidArgumentError(
         "--profile-ranks, --profile-steps and --profile-args need --profile");
   }
+  if (absl::Status s = CheckContainer(parsed->given, &o); !s.ok()) return s;
   if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus_per_node);
   if (o.cpus_per_task == 0) {
     o.cpus_per_task = o.gpus_per_node > 0 ? 8 * o.gpus_per_node : o.nproc_per_node;

@@ -36,7 +36,15 @@ struct SlurmJobOptions {
   // --profile, --profile-ranks, --profile-steps, --profile-args: checked as dlrun checks them,
   // and passed on as given (docs/PROFILING.md).
   std::string profile, profile_ranks, profile_steps, profile_args;
-  std::string dlrun_path = "dlrun";
+  // Containers (docs/PACKAGING.md): at most one of pyxis' --container-image, Slurm's own OCI
+  // --container (a bundle directory) and Apptainer's image. The agent runs inside the container
+  // and restarts its workers there.
+  std::string container_image;    // pyxis/enroot: srun --container-image
+  std::string container_mounts;   // SRC:DST[,...]: pyxis --container-mounts, Apptainer --bind
+  std::string container_workdir;  // pyxis --container-workdir
+  std::string container_bundle;   // srun --container=BUNDLE (oci.conf on the cluster)
+  std::string apptainer_image;    // apptainer exec --nv IMAGE.sif
+  std::string dlrun_path = "dlrun";  // in a container: /opt/dlrun/bin/dlrun (containers/Containerfile)
   std::string script_path;  // -o FILE; empty: stdout (or dlrun-<job-name>.sbatch with --submit)
   bool submit = false;
   std::vector<std::string> command;  // PROGRAM ARGS

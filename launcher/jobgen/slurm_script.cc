@@ -135,6 +135,54 @@ std::string ExtraFlags(const SlurmJobOptions& o) {
   return extra;
 }
 
+// Containers: what srun adds, and the command that starts dlrun.
+std::string ContainerSrunOptions(const SlurmJobOptions& o) {
+  std::string opts;
+  if (!o.container_image.empty()) {
+    absl::StrAppend(&opts, " \\\n  --container-image=", ShellQuote(o.container_image));
+    if (!o.container_mounts.empty()) {
+      absl::StrAppend(&opts, " --container-mounts=", ShellQuote(o.container_mounts));
+    }
+    if (!o.container_workdir.empty()) {
+      absl::StrAppend(&opts, " --container-workdir=", ShellQuote(o.container_workdir));
+    }
+  }
+  if (!o.container_bundle.empty()) {
+    absl::StrAppend(&opts, " \\\n  --container=", ShellQuote(o.container_bundle));
+  }
+  return opts;
+}
+
+std::string DlrunCommand(const SlurmJobOptions& o) {
+  if (o.apptainer_image.empty()) return ShellQuote(o.dlrun_path);
+  std::string c = "apptainer exec";
+  if (o.gpus_per_node > 0) c += " --nv";
+  if (!o.container_mounts.empty()) absl::StrAppend(&c, " --bind ", ShellQuote(o.container_mounts));
+  absl::StrAppend(&c, " ", ShellQuote(o.apptainer_image), " ", ShellQuote(o.dlrun_path));
+  return c;
+}
+
+std::string ContainerNote(const SlurmJobOptions& o) {
+  std::string where;
+  if (!o.container_image.empty()) {
+    where = absl::StrCat("pyxis imports ", o.container_image,
+                         " once per node (enroot) and starts\n# the agent in it");
+  } else if (!o.container_bundle.empty()) {
+    where = absl::StrCat("Slurm starts the agent in the OCI bundle ", o.container_bundle,
+                         "\n# with the runtime its oci.conf names (runc, crun)");
+  } else if (!o.apptainer_image.empty()) {
+    where = absl::StrCat("apptainer starts the agent in ", o.apptainer_image,
+                         o.gpus_per_node > 0 ? " (--nv: the GPUs' devices and driver)" : "");
+  } else {
+    return "";
+  }
+  return absl::StrCat(
+      "\n# In a container: ", where,
+      ". The agent restarts its\n# workers inside the same container, so a restart imports "
+      "nothing again. Slurm's variables, this\n# script's exports and signals (scancel, "
+      "--signal) reach the agent as they do without a container.\n");
+}
+
 }  // namespace
 
 std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl) {
@@ -156,7 +204,8 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
                                                : "$((20000 + SLURM_JOB_ID % 10000))"},
              {"{{PREEMPT_BLOCK}}", preempt},
              {"{{TLS_BLOCK}}", tls},
-             {"{{DLRUN}}", ShellQuote(o.dlrun_path)},
+             {"{{DLRUN}}", DlrunCommand(o)},
+             {"{{CONTAINER_NOTE}}", ContainerNote(o)},
              {"{{SRUN_NOTE}}",
               o.min_nodes > 0
                   ? absl::StrCat(
@@ -174,7 +223,8 @@ std::string RenderSlurmScript(const SlurmJobOptions& o, const std::string& tmpl)
              {"{{SRUN_OPTIONS}}",
               absl::StrCat("--cpus-per-task=\"${SLURM_CPUS_PER_TASK:-", o.cpus_per_task, "}\" ",
                            o.min_nodes > 0 ? "--kill-on-bad-exit=0 --no-kill"
-                                           : "--kill-on-bad-exit=1")},
+                                           : "--kill-on-bad-exit=1",
+                           ContainerSrunOptions(o))},
              {"{{NNODES}}", o.min_nodes > 0
                                 ? absl::StrCat("\"", o.min_nodes, ":$SLURM_JOB_NUM_NODES\"")
                                 : std::string("\"$SLURM_JOB_NUM_NODES\"")},

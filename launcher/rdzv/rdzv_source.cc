@@ -1,5 +1,7 @@
 #include "launcher/rdzv/rdzv_source.h"
 
+#include <filesystem>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,7 +26,18 @@ constexpr std::chrono::seconds kProgressEvery{15};
 int64_t Ms(rdzv::Duration d) { return d.count(); }
 
 // This agent's identity at the rendezvous.
-std::string NodeId(const RdzvSourceOptions& o) { return absl::StrCat(o.hostname, ":", getpid()); }
+// host:pid/pid-namespace: agents in containers on one host (each the PID 1 of a namespace of its
+// own: Slurm's --container, pyxis) must not share an id, and a pid alone does not tell them apart.
+std::string NodeId(const RdzvSourceOptions& o) {
+  static const std::string pidns = [] {
+    std::error_code ec;
+    const std::string link = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
+    const size_t open = link.find('['), close = link.find(']');
+    if (ec || open == std::string::npos || close == std::string::npos) return std::string();
+    return absl::StrCat("/", link.substr(open + 1, close - open - 1));
+  }();
+  return absl::StrCat(o.hostname, ":", getpid(), pidns);
+}
 
 std::string CandidateList(const RdzvSourceOptions& o) {
   return o.candidates.size() > 1 ? absl::StrJoin(o.candidates, ",") : "";

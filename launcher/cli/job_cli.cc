@@ -51,6 +51,16 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
     o.tls = true;
     return absl::OkStatus();
   };
+  // An enroot/pyxis image reference: "nvcr.io#nvidia/pytorch:24.01" has a '#', which the script
+  // quotes; blanks, quotes, '$' and '\\' are refused.
+  auto image_ref = [](O& o, const std::string& v) {
+    if (v.empty() || v.find_first_of(" \t\n\r'\"$\\`") != std::string::npos) {
+      return cli::BadValue("container-image", v,
+                           "an image reference such as nvcr.io#nvidia/pytorch:24.01 or a .sqsh file");
+    }
+    o.container_image = v;
+    return absl::OkStatus();
+  };
   return {
       {"nodes", "N", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (as sbatch -N; default 1)"},
       {"min-nodes", "", true, cli::IntField<O>("min-nodes", &O::min_nodes, 1, 100000),
@@ -99,7 +109,7 @@ std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
       {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
        "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
        "node; the job's output says where to point a browser"},
-      {"container-image", "", true, WordField<O>("container-image", &O::container_image),
+      {"container-image", "", true, image_ref,
        "run each node's agent in this image with pyxis (srun --container-image)"},
       {"container-mounts", "", true, WordField<O>("container-mounts", &O::container_mounts),
        "SRC:DST[,...] for --container-image (pyxis) or --apptainer (--bind)"},
@@ -230,7 +240,9 @@ std::vector<cli::Flag<RunaiJobOptions>> RunaiFlags() {
   return {
       {"name", "", true, dns("name", &O::name), "workload name (required)"},
       {"project", "p", true, dns("project", &O::project), "Run:ai project (-p)"},
-      {"image", "i", true, WordField<O>("image", &O::image), "container image with dlrun (required)"},
+      {"image", "i", true, WordField<O>("image", &O::image),
+       "container image with dlrun (required): scripts/build-image makes one from "
+       "containers/Containerfile (pip install dlrun into any image also will do)"},
       {"workers", "", true, cli::IntField<O>("workers", &O::workers, 0, 100000),
        "worker pods besides the master pod (default 1: 2 nodes)"},
       {"gpus", "g", true, cli::IntField<O>("gpus", &O::gpus, 0, 64), "GPUs per pod (-g; default 0)"},
@@ -262,7 +274,12 @@ absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& a
   if (o.help || o.version) return o;
   o.command = std::move(parsed->program);
   if (o.name.empty()) return absl::InvalidArgumentError("dlrun runai: --name NAME is required");
-  if (o.image.empty()) return absl::InvalidArgumentError("dlrun runai: --image IMAGE is required");
+  if (o.image.empty()) {
+    return absl::InvalidArgumentError(
+        "dlrun runai: --image IMAGE is required: an image with dlrun, e.g. scripts/build-image's "
+        "(containers/Containerfile), pushed to a registry the cluster reads, or yours with "
+        "`pip install dlrun` in it");
+  }
   if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus);
   if (o.gpus > 0 && o.cpu.empty()) {
     o.cpu = absl::StrCat(kRunaiCpusPerGpu * o.gpus);

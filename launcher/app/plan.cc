@@ -234,13 +234,18 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a) {
 
 std::string DefaultPython(const EnvLookup& env) {
   if (std::optional<std::string> v = env(contract::kPythonExec); v && !v->empty()) return *v;
-  // `pip install dlrun` into a virtual environment: its interpreter beside dlrun, as torchrun
-  // runs its workers with its own sys.executable.
+  // `pip install dlrun` into a virtual environment (pyvenv.cfg) or a conda environment
+  // (conda-meta/): that environment's interpreter, as torchrun runs its workers with its own
+  // sys.executable. A dlrun in /usr/local/bin or a build tree keeps python3 from PATH.
   const std::string self = SelfPath();
   const size_t slash = self.rfind('/');
   if (slash != std::string::npos) {
-    const std::string beside = self.substr(0, slash) + "/python3";
-    if (access(beside.c_str(), X_OK) == 0) return beside;
+    const std::string bin = self.substr(0, slash);
+    const std::string beside = bin + "/python3";
+    std::error_code ec;
+    const bool env = std::filesystem::exists(bin + "/../pyvenv.cfg", ec) ||
+                     std::filesystem::is_directory(bin + "/../conda-meta", ec);
+    if (env && access(beside.c_str(), X_OK) == 0) return beside;
   }
   return "python3";
 }

@@ -74,8 +74,8 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a);
 // --rdzv-endpoint HOST[:PORT], when given, is the store's address instead of --master-addr/port.
 Assignment StaticAssignment(const LaunchOptions& o, int nproc);
 
-// The workers' interpreter: PYTHON_EXEC, else python3 beside dlrun (a virtual environment it was
-// pip-installed into), else python3 on PATH.
+// The workers' interpreter: PYTHON_EXEC, else python3 beside dlrun when dlrun lives in a virtual
+// or conda environment (it was pip-installed there), else python3 on PATH.
 std::string DefaultPython(const EnvLookup& env);
 
 // The directory of dlrun's Python helper (dlrun_report.py) for the dlrun at `exe`:

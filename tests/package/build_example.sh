@@ -32,7 +32,7 @@ cmake -S "$src/examples/custom_trainer" -B "$tmp/ct" -G Ninja -DCMAKE_BUILD_TYPE
   -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >"$tmp/configure.log" 2>&1 ||
   { cat "$tmp/configure.log"; echo "FAIL: the configure with CMAKE_PREFIX_PATH alone"; exit 1; }
 grep "dlrun" "$tmp/configure.log" || true
-ninja -C "$tmp/ct" >"$tmp/build.log" 2>&1 || { tail -30 "$tmp/build.log"; exit 1; }
+ninja -C "$tmp/ct" -j 2 >"$tmp/build.log" 2>&1 || { tail -30 "$tmp/build.log"; exit 1; }
 if [[ "$build" != "--wheel" ]] &&
    grep -nE '(/[^";]*)?lib(c10|torch[a-z_]*)\.so' "$tmp/prefix"/lib*/cmake/dlrun/dlrunTargets*.cmake; then
   # The exported targets name no library of the build machine by its path (LibTorch comes from

@@ -452,7 +452,8 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
 
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
                                       const EnvLookup& env) {
-  if (absl::Status s = CheckProgram(WorkerArgv(o, DefaultPython(env)),
+  const std::string python = DefaultPython(env);  // a readlink and two stats: once per launch
+  if (absl::Status s = CheckProgram(WorkerArgv(o, python),
                                     RunsPython(o) && !o.module ? o.command[0] : "",
                                     env("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
       !s.ok()) {
@@ -461,7 +462,7 @@ absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
   LaunchPlan plan;
   if (o.profile.On()) {  // a missing tool is said first, and no worker starts
     auto tool = FindProfileTool(
-        o.profile, WorkerArgv(o, DefaultPython(env))[0]);
+        o.profile, WorkerArgv(o, python)[0]);
     if (!tool.ok()) return tool.status();
     plan.profile_tool = *std::move(tool);
   }

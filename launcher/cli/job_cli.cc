@@ -16,116 +16,117 @@ using cli::WordField;
 
 namespace {
 
-std::vector<cli::Flag<SlurmJobOptions>> SlurmFlags() {
-  using O = SlurmJobOptions;
-  // A flag passed on to dlrun as given, once dlrun's own parser accepts it.
-  auto checked = [](std::string O::*field, absl::Status (*check)(const std::string&)) {
-    return [field, check](O& o, const std::string& v) {
-      if (absl::Status s = check(v); !s.ok()) return s;
-      o.*field = v;
-      return absl::OkStatus();
-    };
-  };
-  auto time = [](O& o, const std::string& v) {
-    // sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-    bool ok = !v.empty() && v.size() < 16;
-    for (char c : v) ok = ok && (absl::ascii_isdigit(c) || c == ':' || c == '-');
-    if (!ok || !absl::ascii_isdigit(v.front()) || !absl::ascii_isdigit(v.back())) {
-      return cli::BadValue("time", v, "a Slurm time limit such as 30, 04:00:00 or 1-12:00:00");
-    }
-    o.time = v;
+using O = SlurmJobOptions;
+
+// A flag passed on to dlrun as given, once dlrun's own parser accepts it.
+const auto Checked = [](std::string O::*field, absl::Status (*check)(const std::string&)) {
+  return [field, check](O& o, const std::string& v) {
+    if (absl::Status s = check(v); !s.ok()) return s;
+    o.*field = v;
     return absl::OkStatus();
   };
-  auto extra = [](O& o, const std::string& v) {
-    if (!absl::StartsWith(v, "--") || v.find('\n') != std::string::npos) {
-      return cli::BadValue("sbatch-option", v, "one sbatch option such as --mail-type=END");
-    }
-    o.sbatch_options.push_back(v);
-    return absl::OkStatus();
-  };
-  auto tls_dir = [](O& o, const std::string& v) {
-    if (v.empty() || v.find_first_of("\n\r") != std::string::npos) {
-      return cli::BadValue("tls-dir", v, "a directory path that every node of the job can read");
-    }
-    o.tls_dir = v;
-    o.tls = true;
-    return absl::OkStatus();
-  };
-  // An enroot/pyxis image reference: "nvcr.io#nvidia/pytorch:24.01" has a '#', which the script
-  // quotes; blanks, quotes, '$' and '\\' are refused.
-  auto image_ref = [](O& o, const std::string& v) {
-    if (v.empty() || v.find_first_of(" \t\n\r'\"$\\`") != std::string::npos) {
-      return cli::BadValue("container-image", v,
-                           "an image reference such as nvcr.io#nvidia/pytorch:24.01 or a .sqsh file");
-    }
-    o.container_image = v;
-    return absl::OkStatus();
-  };
-  return {
-      {"nodes", "N", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (as sbatch -N; default 1)"},
-      {"min-nodes", "", true, cli::IntField<O>("min-nodes", &O::min_nodes, 1, 100000),
-       "elastic: carry on with at least this many nodes when others are lost, the first "
-       "(rendezvous) node included (default: all --nodes)"},
-      {"gpus-per-node", "", true, cli::IntField<O>("gpus-per-node", &O::gpus_per_node, 0, 64),
-       "GPUs per node (default 0: CPU workers)"},
-      {"nproc-per-node", "", true, cli::IntField<O>("nproc-per-node", &O::nproc_per_node, 1, 1024),
-       "workers per node (default: one per GPU, 1 without GPUs)"},
-      {"cpus-per-task", "", true, cli::IntField<O>("cpus-per-task", &O::cpus_per_task, 1, 100000),
-       "CPUs for each node's agent and its workers (default 8 per GPU; 1 per worker on CPU)"},
-      {"time", "t", true, time, "time limit (default 01:00:00)"},
-      {"job-name", "J", true, WordField<O>("job-name", &O::job_name), "job name (default dlrun)"},
-      {"partition", "p", true, WordField<O>("partition", &O::partition), "partition (sbatch -p)"},
-      {"account", "A", true, WordField<O>("account", &O::account), "account (sbatch -A)"},
-      {"constraint", "C", true, WordField<O>("constraint", &O::constraint), "node features (sbatch -C)"},
-      {"qos", "", true, WordField<O>("qos", &O::qos), "quality of service"},
-      {"mem", "", true, WordField<O>("mem", &O::mem), "memory per node, e.g. 64G"},
-      {"output", "", true, WordField<O>("output", &O::output), "output file pattern (default dlrun-%j.out)"},
-      {"sbatch-option", "", true, extra, "one more #SBATCH line, e.g. --mail-type=END (repeatable)"},
-      {"preemptible", "", false, cli::BoolField<O>(&O::preemptible),
-       "SIGUSR1 before the end -> checkpoint, requeue, resume (--signal, --requeue)"},
-      {"signal-seconds", "", true, cli::IntField<O>("signal-seconds", &O::signal_seconds, 1, 65535),
-       "with --preemptible: seconds of warning before the end (default 90)"},
-      {"rdzv-port", "", true, cli::IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
-       "rendezvous port on the first node (default: 20000 + job id % 10000)"},
-      {"tls", "", false, cli::BoolField<O>(&O::tls),
-       "mutual TLS for the rendezvous: the script makes a CA and a certificate for this job "
-       "(openssl) and removes them when it ends"},
-      {"tls-dir", "", true, tls_dir,
-       "with --tls: a directory every node can read (default $HOME/.dlrun/tls)"},
-      {"max-restarts", "", true, cli::IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
-       absl::StrCat("worker-group restarts before the job fails (default ",
-                    defaults::kJobMaxRestarts, ")")},
-      {"hang-timeout", "", true, cli::DurationField<O>("hang-timeout", &O::hang_timeout, true), "restart workers silent for this many seconds (default off)"},
-      {"log-dir", "", true, WordField<O>("log-dir", &O::log_dir), "per-rank log directory"},
-      {"profile", "", true, checked(&O::profile, [](const std::string& v) { return ParseProfileTool(v).status(); }),
-       "profile the --profile-ranks with nsys, py-spy, perf or torch (docs/PROFILING.md)"},
-      {"profile-ranks", "", true,
-       checked(&O::profile_ranks, [](const std::string& v) { return ParseRankList("profile-ranks", v).status(); }),
-       "the global ranks to profile, e.g. 1 or 0,4-5"},
-      {"profile-steps", "", true, checked(&O::profile_steps, [](const std::string& v) { return ParseStepRange(v).status(); }),
-       "A:B: capture only steps A to B"},
-      {"profile-args", "", true, checked(&O::profile_args, [](const std::string& v) { return SplitProfileArgs(v).status(); }),
-       "more arguments for the profiler"},
-      {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
-       "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
-       "node; the job's output says where to point a browser"},
-      {"container-image", "", true, image_ref,
-       "run each node's agent in this image with pyxis (srun --container-image)"},
-      {"container-mounts", "", true, WordField<O>("container-mounts", &O::container_mounts),
-       "SRC:DST[,...] for --container-image (pyxis) or --apptainer (--bind)"},
-      {"container-workdir", "", true, WordField<O>("container-workdir", &O::container_workdir),
-       "working directory in the --container-image container"},
-      {"container", "", true, WordField<O>("container", &O::container_bundle),
-       "run each node's agent in this OCI bundle, Slurm's own containers (srun --container)"},
-      {"apptainer", "", true, WordField<O>("apptainer", &O::apptainer_image),
-       "run each node's agent in this Apptainer image (apptainer exec --nv IMAGE.sif)"},
-      {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path),
-       "path of dlrun on the nodes (in a container: /opt/dlrun/bin/dlrun)"},
-      {"output-script", "o", true, cli::StrField<O>(&O::script_path),
-       "write the script here (-o; default: stdout)"},
-      {"submit", "", false, cli::BoolField<O>(&O::submit), "submit with sbatch and print the job id"},
-  };
-}
+};
+const auto SetTime = [](O& o, const std::string& v) {
+  // sbatch --time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+  bool ok = !v.empty() && v.size() < 16;
+  for (char c : v) ok = ok && (absl::ascii_isdigit(c) || c == ':' || c == '-');
+  if (!ok || !absl::ascii_isdigit(v.front()) || !absl::ascii_isdigit(v.back())) {
+    return cli::BadValue("time", v, "a Slurm time limit such as 30, 04:00:00 or 1-12:00:00");
+  }
+  o.time = v;
+  return absl::OkStatus();
+};
+const auto AddSbatchOption = [](O& o, const std::string& v) {
+  if (!absl::StartsWith(v, "--") || v.find('\n') != std::string::npos) {
+    return cli::BadValue("sbatch-option", v, "one sbatch option such as --mail-type=END");
+  }
+  o.sbatch_options.push_back(v);
+  return absl::OkStatus();
+};
+const auto SetTlsDir = [](O& o, const std::string& v) {
+  if (v.empty() || v.find_first_of("\n\r") != std::string::npos) {
+    return cli::BadValue("tls-dir", v, "a directory path that every node of the job can read");
+  }
+  o.tls_dir = v;
+  o.tls = true;
+  return absl::OkStatus();
+};
+// An enroot/pyxis image reference: "nvcr.io#nvidia/pytorch:24.01" has a '#', which the script
+// quotes; blanks, quotes, '$' and '\\' are refused.
+const auto SetContainerImage = [](O& o, const std::string& v) {
+  if (v.empty() || v.find_first_of(" \t\n\r'\"$\\`") != std::string::npos) {
+    return cli::BadValue("container-image", v,
+                         "an image reference such as nvcr.io#nvidia/pytorch:24.01 or a .sqsh file");
+  }
+  o.container_image = v;
+  return absl::OkStatus();
+};
+
+// `dlrun slurm`'s flags, as sbatch names them where sbatch has them.
+const std::vector<cli::Flag<SlurmJobOptions>> kSlurmFlags = {
+    {"nodes", "N", true, cli::IntField<O>("nodes", &O::nodes, 1, 100000), "nodes (as sbatch -N; default 1)"},
+    {"min-nodes", "", true, cli::IntField<O>("min-nodes", &O::min_nodes, 1, 100000),
+     "elastic: carry on with at least this many nodes when others are lost, the first "
+     "(rendezvous) node included (default: all --nodes)"},
+    {"gpus-per-node", "", true, cli::IntField<O>("gpus-per-node", &O::gpus_per_node, 0, 64),
+     "GPUs per node (default 0: CPU workers)"},
+    {"nproc-per-node", "", true, cli::IntField<O>("nproc-per-node", &O::nproc_per_node, 1, 1024),
+     "workers per node (default: one per GPU, 1 without GPUs)"},
+    {"cpus-per-task", "", true, cli::IntField<O>("cpus-per-task", &O::cpus_per_task, 1, 100000),
+     "CPUs for each node's agent and its workers (default 8 per GPU; 1 per worker on CPU)"},
+    {"time", "t", true, SetTime, "time limit (default 01:00:00)"},
+    {"job-name", "J", true, WordField<O>("job-name", &O::job_name), "job name (default dlrun)"},
+    {"partition", "p", true, WordField<O>("partition", &O::partition), "partition (sbatch -p)"},
+    {"account", "A", true, WordField<O>("account", &O::account), "account (sbatch -A)"},
+    {"constraint", "C", true, WordField<O>("constraint", &O::constraint), "node features (sbatch -C)"},
+    {"qos", "", true, WordField<O>("qos", &O::qos), "quality of service"},
+    {"mem", "", true, WordField<O>("mem", &O::mem), "memory per node, e.g. 64G"},
+    {"output", "", true, WordField<O>("output", &O::output), "output file pattern (default dlrun-%j.out)"},
+    {"sbatch-option", "", true, AddSbatchOption, "one more #SBATCH line, e.g. --mail-type=END (repeatable)"},
+    {"preemptible", "", false, cli::BoolField<O>(&O::preemptible),
+     "SIGUSR1 before the end -> checkpoint, requeue, resume (--signal, --requeue)"},
+    {"signal-seconds", "", true, cli::IntField<O>("signal-seconds", &O::signal_seconds, 1, 65535),
+     "with --preemptible: seconds of warning before the end (default 90)"},
+    {"rdzv-port", "", true, cli::IntField<O>("rdzv-port", &O::rdzv_port, 1, 65535),
+     "rendezvous port on the first node (default: 20000 + job id % 10000)"},
+    {"tls", "", false, cli::BoolField<O>(&O::tls),
+     "mutual TLS for the rendezvous: the script makes a CA and a certificate for this job "
+     "(openssl) and removes them when it ends"},
+    {"tls-dir", "", true, SetTlsDir,
+     "with --tls: a directory every node can read (default $HOME/.dlrun/tls)"},
+    {"max-restarts", "", true, cli::IntField<O>("max-restarts", &O::max_restarts, 0, 1000000),
+     absl::StrCat("worker-group restarts before the job fails (default ",
+                  defaults::kJobMaxRestarts, ")")},
+    {"hang-timeout", "", true, cli::DurationField<O>("hang-timeout", &O::hang_timeout, true), "restart workers silent for this many seconds (default off)"},
+    {"log-dir", "", true, WordField<O>("log-dir", &O::log_dir), "per-rank log directory"},
+    {"profile", "", true, Checked(&O::profile, [](const std::string& v) { return ParseProfileTool(v).status(); }),
+     "profile the --profile-ranks with nsys, py-spy, perf or torch (docs/PROFILING.md)"},
+    {"profile-ranks", "", true,
+     Checked(&O::profile_ranks, [](const std::string& v) { return ParseRankList("profile-ranks", v).status(); }),
+     "the global ranks to profile, e.g. 1 or 0,4-5"},
+    {"profile-steps", "", true, Checked(&O::profile_steps, [](const std::string& v) { return ParseStepRange(v).status(); }),
+     "A:B: capture only steps A to B"},
+    {"profile-args", "", true, Checked(&O::profile_args, [](const std::string& v) { return SplitProfileArgs(v).status(); }),
+     "more arguments for the profiler"},
+    {"metrics-port", "", true, cli::IntField<O>("metrics-port", &O::metrics_port, 1, 65535),
+     "serve the job's live page, /metrics (Prometheus) and /api/job on this port of the first "
+     "node; the job's output says where to point a browser"},
+    {"container-image", "", true, SetContainerImage,
+     "run each node's agent in this image with pyxis (srun --container-image)"},
+    {"container-mounts", "", true, WordField<O>("container-mounts", &O::container_mounts),
+     "SRC:DST[,...] for --container-image (pyxis) or --apptainer (--bind)"},
+    {"container-workdir", "", true, WordField<O>("container-workdir", &O::container_workdir),
+     "working directory in the --container-image container"},
+    {"container", "", true, WordField<O>("container", &O::container_bundle),
+     "run each node's agent in this OCI bundle, Slurm's own containers (srun --container)"},
+    {"apptainer", "", true, WordField<O>("apptainer", &O::apptainer_image),
+     "run each node's agent in this Apptainer image (apptainer exec --nv IMAGE.sif)"},
+    {"dlrun", "", true, WordField<O>("dlrun", &O::dlrun_path),
+     "path of dlrun on the nodes (in a container: /opt/dlrun/bin/dlrun)"},
+    {"output-script", "o", true, cli::StrField<O>(&O::script_path),
+     "write the script here (-o; default: stdout)"},
+    {"submit", "", false, cli::BoolField<O>(&O::submit), "submit with sbatch and print the job id"},
+};
 
 // At most one kind of container, its own options only with it, and dlrun where the image of
 // containers/Containerfile has it unless --dlrun says otherwise.
@@ -160,7 +161,7 @@ absl::Status CheckContainer(const Given& given, SlurmJobOptions* o) {
 
 absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args) {
   SlurmJobOptions o;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun slurm"}, SlurmFlags(), args, o);
+  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun slurm"}, kSlurmFlags, args, o);
   if (!parsed.ok()) return parsed.status();
   o.help = parsed->help;
   o.version = parsed->version;
@@ -198,7 +199,7 @@ std::string SlurmUsage() {
       "usage: dlrun slurm [options] -- PROGRAM [ARGS...]\n"
       "Writes an sbatch script that runs `srun dlrun ... PROGRAM ARGS` with one agent per node\n"
       "and the rendezvous on the first node; --submit also submits it.\n\noptions:\n",
-      SlurmFlags());
+      kSlurmFlags);
 }
 
 namespace {

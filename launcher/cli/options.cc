@@ -188,153 +188,151 @@ absl::Status SetTelemetry(O& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-std::vector<Flag> BaseFlags();
+using cli::BoolField;
+using cli::DurationField;
+using cli::IntField;
+using cli::StrField;
+constexpr int kMax = std::numeric_limits<int>::max();
+
+// dlrun's own flags, torchrun's first (Flags() adds the telemetry ones).
+const std::vector<Flag> kBaseFlags = {
+    {"nnodes", "", true, SetNnodes, "N or MIN:MAX nodes (default 1:1)"},
+    {"nproc-per-node", "", true, SetNproc, "workers per node: auto | gpu | cpu | xpu | N (default 1)"},
+    {"standalone", "", false, BoolField(&O::standalone),
+     "single node, local rendezvous on a free port"},
+    {"rdzv-backend", "", true, SetBackend,
+     "static (fixed node ranks) or c10d/grpc (dlrun's gRPC rendezvous)"},
+    {"rdzv-endpoint", "", true, StrField(&O::rdzv_endpoint), "HOST[:PORT] of the rendezvous"},
+    {"rdzv-id", "", true, StrField(&O::rdzv_id), "run id shared by all nodes of the job"},
+    {"rdzv-conf", "", true,
+     [](O& o, const std::string& v) {
+       auto c = ParseRdzvConf(v);
+       if (!c.ok()) return c.status();
+       o.rdzv_conf = *std::move(c);
+       return absl::OkStatus();
+     },
+     "KEY=VALUE,... rendezvous settings"},
+    {"max-restarts", "", true, IntField("max-restarts", &O::max_restarts, 0, kMax),
+     "restarts of the worker group before the job fails (default 0)"},
+    {"monitor-interval", "", true, DurationField("monitor-interval", &O::monitor_interval, true),
+     "accepted for torchrun compatibility; dlrun sees worker exits at once"},
+    {"role", "", true, StrField(&O::role), "worker role name (default 'default')"},
+    {"no-python", "", false, BoolField(&O::no_python),
+     "run PROGRAM directly even if it is a .py file"},
+    {"module", "m", false, BoolField(&O::module), "run PROGRAM as 'python3 -m PROGRAM'"},
+    {"run-path", "", false, BoolField(&O::run_path), "accepted; same as default"},
+    {"log-dir", "", true, StrField(&O::log_dir), "directory for per-rank logs"},
+    {"redirects", "r", true, StdField("redirects", &O::redirects),
+     "redirect worker streams to --log-dir files: 0 none, 1 stdout, 2 stderr, 3 both; "
+     "LOCAL_RANK:N,... per rank (e.g. 0:3,1:1)"},
+    {"tee", "t", true, StdField("tee", &O::tee),
+     "tee worker streams to --log-dir files and the console: 0 none, 1 stdout, 2 stderr, "
+     "3 both; LOCAL_RANK:N,... per rank"},
+    {"local-ranks-filter", "", true, SetLocalRanksFilter,
+     "only show output of these local ranks (e.g. 0,1)"},
+    {"node-rank", "", true, IntField("node-rank", &O::node_rank, 0, kMax),
+     "rank of this node (static rendezvous)"},
+    {"master-addr", "", true, StrField(&O::master_addr), "address of node rank 0 (static)"},
+    {"master-port", "", true, SetMasterPort,
+     absl::StrCat("port of the c10d store on node rank 0 (static; default ", defaults::kMasterPort, ")")},
+    {"local-addr", "", true, StrField(&O::local_addr), "address of this node"},
+    {"signals-to-handle", "", true, SetSignals,
+     "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "
+     "are passed on without stopping the job)"},
+    {"hang-timeout", "", true, DurationField("hang-timeout", &O::hang_timeout, true),
+     "restart workers whose dlrun::worker heartbeats stop this long (0: off)"},
+    {"capture-before-kill", "", true,
+     [](O& o, const std::string& v) {
+       auto m = ParseCaptureMode(v);
+       if (!m.ok()) return cli::BadValue("capture-before-kill", v, "auto, always or off");
+       o.capture_before_kill = *m;
+       return absl::OkStatus();
+     },
+     "dump the live workers' stacks before a failed group is stopped: auto (default: after a "
+     "hang, a crash by signal, a collective timeout or a lost peer), always, off"},
+    {"profile", "", true,
+     [](O& o, const std::string& v) {
+       auto t = ParseProfileTool(v);
+       if (!t.ok()) return t.status();
+       o.profile.tool = *t;
+       return absl::OkStatus();
+     },
+     "profile the --profile-ranks with nsys, py-spy, perf or torch (the PyTorch profiler, "
+     "for Python programs that import dlrun_report): one file per rank in the run's "
+     "profile/ directory, named in the report (docs/PROFILING.md)"},
+    {"profile-ranks", "", true,
+     [](O& o, const std::string& v) {
+       auto r = ParseRankList("profile-ranks", v);
+       if (!r.ok()) return r.status();
+       o.profile.ranks = *std::move(r);
+       return absl::OkStatus();
+     },
+     "the global ranks to profile, e.g. 1 or 0,4-5 (the others start as without --profile)"},
+    {"profile-steps", "", true,
+     [](O& o, const std::string& v) {
+       auto r = ParseStepRange(v);
+       if (!r.ok()) return r.status();
+       o.profile.steps = *r;
+       return absl::OkStatus();
+     },
+     "A:B: capture only steps A to B, as the program's step records number them"},
+    {"profile-args", "", true,
+     [](O& o, const std::string& v) {
+       auto r = SplitProfileArgs(v);
+       if (!r.ok()) return r.status();
+       o.profile.args = *std::move(r);
+       return absl::OkStatus();
+     },
+     "more arguments for the profiler, e.g. \"--rate 200\" (py-spy) or \"-F 499\" (perf)"},
+    {"grace-period", "", true, DurationField("grace-period", &O::grace_period, true),
+     absl::StrCat("seconds between SIGTERM and SIGKILL when stopping workers (default ",
+                  defaults::kGracePeriod.count() / 1000, ")")},
+    {"shutdown-timeout", "", true, DurationField("shutdown-timeout", &O::grace_period, true),
+     "torchrun 2.x's name for --grace-period"},
+    {"log-line-prefix-template", "", true, StrField(&O::log_line_prefix_template),
+     "console prefix of worker lines with ${role_name}, ${local_rank}, ${rank}, ${hostname} "
+     "(default '[rank ${rank}]: ')"},
+    {"virtual-local-rank", "", false, BoolField(&O::virtual_local_rank),
+     "LOCAL_RANK=0 in every worker, each seeing only its own GPU (implies --gpus per-worker)"},
+    {"duplicate-stdout-filters", "", true, StrField(&O::duplicate_stdout_filters),
+     "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
+    {"duplicate-stderr-filters", "", true, StrField(&O::duplicate_stderr_filters),
+     "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
+    {"print-completion", "", true, SetPrintCompletion,
+     "print a shell completion script (bash, zsh or tcsh) for dlrun's flags and exit"},
+    {"gpus", "", true, SetGpus,
+     "inherit (default: CUDA_VISIBLE_DEVICES as set), per-worker (local rank i sees only the "
+     "i-th visible GPU, as device 0), least-loaded (NVML picks), or device ids 0,1,..."},
+    {"cpu-affinity", "", true, SetCpuAffinity,
+     "none (default), block (a contiguous share of the CPUs each), node or socket (workers "
+     "round robin over NUMA nodes or sockets)"},
+    {"numa-binding", "", true, SetNumaBinding,
+     "torchrun 2.x: node, socket, exclusive (= --cpu-affinity block), core-complex (~ node)"},
+    {"start-method", "", true, SetStartMethod,
+     "torchrun's spawn|fork|forkserver: accepted, no effect (dlrun starts processes itself)"},
+    {"logs-specs", "", true, StrField(&O::logs_specs),
+     "torchrun's LogsSpecs plug-in: accepted, no effect (dlrun's layout is torchrun's default)"},
+    {"event-log-handler", "", true, StrField(&O::event_log_handler),
+     "torchrun's event log handler: accepted, no effect"},
+    {"report-json", "", true, StrField(&O::report_json),
+     "write the end-of-job report (the job's on the rendezvous host or a single node, else "
+     "this node's) to this file as JSON"},
+    {"spare-workers", "", true, SetSpareWorkers,
+     "auto (default): a Python worker that fails is replaced by a warm spare that has already "
+     "imported torch; on: also other programs, started ahead and held in "
+     "dlrun::worker::init() (they must read no rank variable before it); off: cold starts"},
+    {"worker-exit-code", "", false, BoolField(&O::worker_exit_code),
+     "exit with the failing worker's own code (128+N for a signal) instead of torchrun's 1"},
+};
 
 std::vector<Flag> Flags() {
-  std::vector<Flag> f = BaseFlags();
+  std::vector<Flag> f = kBaseFlags;
   f.push_back({"telemetry", "", true, SetTelemetry,
                "on (default): sample each worker's CPU and memory (and GPUs through NVML), "
                "aggregate step records job-wide, name stragglers, print the end-of-job report; "
                "off: none of it"});
   cli::AddTelemetryFlags(&O::telemetry_flags, &f);
   return f;
-}
-
-std::vector<Flag> BaseFlags() {
-  using cli::BoolField;
-  using cli::DurationField;
-  using cli::IntField;
-  using cli::StrField;
-  constexpr int kMax = std::numeric_limits<int>::max();
-  return {
-      {"nnodes", "", true, SetNnodes, "N or MIN:MAX nodes (default 1:1)"},
-      {"nproc-per-node", "", true, SetNproc, "workers per node: auto | gpu | cpu | xpu | N (default 1)"},
-      {"standalone", "", false, BoolField(&O::standalone),
-       "single node, local rendezvous on a free port"},
-      {"rdzv-backend", "", true, SetBackend,
-       "static (fixed node ranks) or c10d/grpc (dlrun's gRPC rendezvous)"},
-      {"rdzv-endpoint", "", true, StrField(&O::rdzv_endpoint), "HOST[:PORT] of the rendezvous"},
-      {"rdzv-id", "", true, StrField(&O::rdzv_id), "run id shared by all nodes of the job"},
-      {"rdzv-conf", "", true,
-       [](O& o, const std::string& v) {
-         auto c = ParseRdzvConf(v);
-         if (!c.ok()) return c.status();
-         o.rdzv_conf = *std::move(c);
-         return absl::OkStatus();
-       },
-       "KEY=VALUE,... rendezvous settings"},
-      {"max-restarts", "", true, IntField("max-restarts", &O::max_restarts, 0, kMax),
-       "restarts of the worker group before the job fails (default 0)"},
-      {"monitor-interval", "", true, DurationField("monitor-interval", &O::monitor_interval, true),
-       "accepted for torchrun compatibility; dlrun sees worker exits at once"},
-      {"role", "", true, StrField(&O::role), "worker role name (default 'default')"},
-      {"no-python", "", false, BoolField(&O::no_python),
-       "run PROGRAM directly even if it is a .py file"},
-      {"module", "m", false, BoolField(&O::module), "run PROGRAM as 'python3 -m PROGRAM'"},
-      {"run-path", "", false, BoolField(&O::run_path), "accepted; same as default"},
-      {"log-dir", "", true, StrField(&O::log_dir), "directory for per-rank logs"},
-      {"redirects", "r", true, StdField("redirects", &O::redirects),
-       "redirect worker streams to --log-dir files: 0 none, 1 stdout, 2 stderr, 3 both; "
-       "LOCAL_RANK:N,... per rank (e.g. 0:3,1:1)"},
-      {"tee", "t", true, StdField("tee", &O::tee),
-       "tee worker streams to --log-dir files and the console: 0 none, 1 stdout, 2 stderr, "
-       "3 both; LOCAL_RANK:N,... per rank"},
-      {"local-ranks-filter", "", true, SetLocalRanksFilter,
-       "only show output of these local ranks (e.g. 0,1)"},
-      {"node-rank", "", true, IntField("node-rank", &O::node_rank, 0, kMax),
-       "rank of this node (static rendezvous)"},
-      {"master-addr", "", true, StrField(&O::master_addr), "address of node rank 0 (static)"},
-      {"master-port", "", true, SetMasterPort,
-       absl::StrCat("port of the c10d store on node rank 0 (static; default ", defaults::kMasterPort, ")")},
-      {"local-addr", "", true, StrField(&O::local_addr), "address of this node"},
-      {"signals-to-handle", "", true, SetSignals,
-       "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "
-       "are passed on without stopping the job)"},
-      {"hang-timeout", "", true, DurationField("hang-timeout", &O::hang_timeout, true),
-       "restart workers whose dlrun::worker heartbeats stop this long (0: off)"},
-      {"capture-before-kill", "", true,
-       [](O& o, const std::string& v) {
-         auto m = ParseCaptureMode(v);
-         if (!m.ok()) return cli::BadValue("capture-before-kill", v, "auto, always or off");
-         o.capture_before_kill = *m;
-         return absl::OkStatus();
-       },
-       "dump the live workers' stacks before a failed group is stopped: auto (default: after a "
-       "hang, a crash by signal, a collective timeout or a lost peer), always, off"},
-      {"profile", "", true,
-       [](O& o, const std::string& v) {
-         auto t = ParseProfileTool(v);
-         if (!t.ok()) return t.status();
-         o.profile.tool = *t;
-         return absl::OkStatus();
-       },
-       "profile the --profile-ranks with nsys, py-spy, perf or torch (the PyTorch profiler, "
-       "for Python programs that import dlrun_report): one file per rank in the run's "
-       "profile/ directory, named in the report (docs/PROFILING.md)"},
-      {"profile-ranks", "", true,
-       [](O& o, const std::string& v) {
-         auto r = ParseRankList("profile-ranks", v);
-         if (!r.ok()) return r.status();
-         o.profile.ranks = *std::move(r);
-         return absl::OkStatus();
-       },
-       "the global ranks to profile, e.g. 1 or 0,4-5 (the others start as without --profile)"},
-      {"profile-steps", "", true,
-       [](O& o, const std::string& v) {
-         auto r = ParseStepRange(v);
-         if (!r.ok()) return r.status();
-         o.profile.steps = *r;
-         return absl::OkStatus();
-       },
-       "A:B: capture only steps A to B, as the program's step records number them"},
-      {"profile-args", "", true,
-       [](O& o, const std::string& v) {
-         auto r = SplitProfileArgs(v);
-         if (!r.ok()) return r.status();
-         o.profile.args = *std::move(r);
-         return absl::OkStatus();
-       },
-       "more arguments for the profiler, e.g. \"--rate 200\" (py-spy) or \"-F 499\" (perf)"},
-      {"grace-period", "", true, DurationField("grace-period", &O::grace_period, true),
-       absl::StrCat("seconds between SIGTERM and SIGKILL when stopping workers (default ",
-                    defaults::kGracePeriod.count() / 1000, ")")},
-      {"shutdown-timeout", "", true, DurationField("shutdown-timeout", &O::grace_period, true),
-       "torchrun 2.x's name for --grace-period"},
-      {"log-line-prefix-template", "", true, StrField(&O::log_line_prefix_template),
-       "console prefix of worker lines with ${role_name}, ${local_rank}, ${rank}, ${hostname} "
-       "(default '[rank ${rank}]: ')"},
-      {"virtual-local-rank", "", false, BoolField(&O::virtual_local_rank),
-       "LOCAL_RANK=0 in every worker, each seeing only its own GPU (implies --gpus per-worker)"},
-      {"duplicate-stdout-filters", "", true, StrField(&O::duplicate_stdout_filters),
-       "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
-      {"duplicate-stderr-filters", "", true, StrField(&O::duplicate_stderr_filters),
-       "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
-      {"print-completion", "", true, SetPrintCompletion,
-       "print a shell completion script (bash, zsh or tcsh) for dlrun's flags and exit"},
-      {"gpus", "", true, SetGpus,
-       "inherit (default: CUDA_VISIBLE_DEVICES as set), per-worker (local rank i sees only the "
-       "i-th visible GPU, as device 0), least-loaded (NVML picks), or device ids 0,1,..."},
-      {"cpu-affinity", "", true, SetCpuAffinity,
-       "none (default), block (a contiguous share of the CPUs each), node or socket (workers "
-       "round robin over NUMA nodes or sockets)"},
-      {"numa-binding", "", true, SetNumaBinding,
-       "torchrun 2.x: node, socket, exclusive (= --cpu-affinity block), core-complex (~ node)"},
-      {"start-method", "", true, SetStartMethod,
-       "torchrun's spawn|fork|forkserver: accepted, no effect (dlrun starts processes itself)"},
-      {"logs-specs", "", true, StrField(&O::logs_specs),
-       "torchrun's LogsSpecs plug-in: accepted, no effect (dlrun's layout is torchrun's default)"},
-      {"event-log-handler", "", true, StrField(&O::event_log_handler),
-       "torchrun's event log handler: accepted, no effect"},
-      {"report-json", "", true, StrField(&O::report_json),
-       "write the end-of-job report (the job's on the rendezvous host or a single node, else "
-       "this node's) to this file as JSON"},
-      {"spare-workers", "", true, SetSpareWorkers,
-       "auto (default): a Python worker that fails is replaced by a warm spare that has already "
-       "imported torch; on: also other programs, started ahead and held in "
-       "dlrun::worker::init() (they must read no rank variable before it); off: cold starts"},
-      {"worker-exit-code", "", false, BoolField(&O::worker_exit_code),
-       "exit with the failing worker's own code (128+N for a signal) instead of torchrun's 1"},
-  };
 }
 
 }  // namespace

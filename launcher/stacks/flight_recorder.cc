@@ -94,26 +94,22 @@ std::vector<FrRank> ReadFlightRecorderDir(const std::string& dir, const std::str
   return out;
 }
 
-std::optional<FrVerdict> FirstDisagreement(const std::vector<FrRank>& ranks,
-                                           const std::vector<int>& expected) {
-  if (ranks.empty()) return std::nullopt;
-  FrVerdict v;
-  std::set<int> have;
-  for (const FrRank& r : ranks) have.insert(r.rank);
-  for (int e : expected) {
-    if (!have.count(e)) v.no_dump.push_back(e);
-  }
-  // Per group: each rank's entries by number.
-  std::map<std::string, std::map<int, std::map<int64_t, const FrEntry*>>> groups;
-  for (const FrRank& r : ranks) {
-    for (const FrEntry& e : r.entries) groups[e.group][r.rank][e.seq] = &e;
-  }
-  struct Found {
-    std::string group;
-    int64_t seq = 0;
-    size_t order = 0;  // how early the collective is: its position in an entering rank's dump
-  };
-  std::optional<Found> best;
+namespace {
+
+// Each group's entries, per rank, by collective number.
+using GroupEntries = std::map<std::string, std::map<int, std::map<int64_t, const FrEntry*>>>;
+
+struct Disagreement {
+  std::string group;
+  int64_t seq = 0;
+  size_t order = 0;  // how early the collective is: its position in an entering rank's dump
+};
+
+// The earliest collective (by its position in the dumps) that some ranks entered and others
+// never did, over all groups; none when every group's ranks reached the same number.
+std::optional<Disagreement> EarliestDisagreement(const std::vector<FrRank>& ranks,
+                                                 const GroupEntries& groups) {
+  std::optional<Disagreement> best;
   for (const auto& [group, by_rank] : groups) {
     // The ranks of this group that dumped: a rank with no entry of it at all never entered any.
     int64_t lowest_top = INT64_MAX, highest_top = 0;
@@ -131,23 +127,57 @@ std::optional<FrVerdict> FirstDisagreement(const std::vector<FrRank>& ranks,
         if (r.entries[i].group == group && r.entries[i].seq == seq) order = std::min(order, i);
       }
     }
-    if (!best || order < best->order) best = Found{group, seq, order};
+    if (!best || order < best->order) best = Disagreement{group, seq, order};
   }
-  auto op_of = [&](const std::string& group, int64_t seq, FrVerdict* out) {
-    for (const auto& [rank, entries] : groups[group]) {
-      if (auto it = entries.find(seq); it != entries.end()) {
-        out->op = it->second->op;
-        out->group_desc = it->second->group_desc;
-        return;
+  return best;
+}
+
+// Every rank entered the same collectives: is the last one unfinished somewhere (NCCL records
+// completion; Gloo's entries stay "scheduled")? Fills v's group, op and not_completed.
+void FindUnfinished(const GroupEntries& groups, FrVerdict* v) {
+  for (const auto& [group, by_rank] : groups) {
+    for (const auto& [rank, entries] : by_rank) {
+      const FrEntry* last = entries.rbegin()->second;
+      if (last->state == "started" || (last->state == "scheduled" && !absl::StartsWith(last->op, "gloo:"))) {
+        if (v->not_completed.empty() || v->group == group) {
+          v->group = group;
+          v->seq = last->seq;
+          v->op = last->op;
+          v->group_desc = last->group_desc;
+          v->not_completed.push_back(rank);
+        }
       }
     }
-  };
+  }
+}
+
+}  // namespace
+
+std::optional<FrVerdict> FirstDisagreement(const std::vector<FrRank>& ranks,
+                                           const std::vector<int>& expected) {
+  if (ranks.empty()) return std::nullopt;
+  FrVerdict v;
+  std::set<int> have;
+  for (const FrRank& r : ranks) have.insert(r.rank);
+  for (int e : expected) {
+    if (!have.count(e)) v.no_dump.push_back(e);
+  }
+  GroupEntries groups;
+  for (const FrRank& r : ranks) {
+    for (const FrEntry& e : r.entries) groups[e.group][r.rank][e.seq] = &e;
+  }
   const std::string no_dump =
       v.no_dump.empty() ? "" : absl::StrCat("; no dump from rank(s) ", RankRanges(v.no_dump));
-  if (best) {
+  if (const auto best = EarliestDisagreement(ranks, groups)) {
     v.group = best->group;
     v.seq = best->seq;
-    op_of(v.group, v.seq, &v);
+    for (const auto& [rank, entries] : groups[v.group]) {
+      if (auto it = entries.find(v.seq); it != entries.end()) {
+        v.op = it->second->op;
+        v.group_desc = it->second->group_desc;
+        break;
+      }
+    }
     for (const FrRank& r : ranks) {
       auto it = groups[v.group].find(r.rank);
       const bool in = it != groups[v.group].end() && it->second.count(v.seq);
@@ -160,23 +190,8 @@ std::optional<FrVerdict> FirstDisagreement(const std::vector<FrRank>& ranks,
                           " did", no_dump);
     return v;
   }
-  // Every rank entered the same collectives: is the last one unfinished somewhere (NCCL records
-  // completion; Gloo's entries stay "scheduled")?
   v.agree = true;
-  for (const auto& [group, by_rank] : groups) {
-    for (const auto& [rank, entries] : by_rank) {
-      const FrEntry* last = entries.rbegin()->second;
-      if (last->state == "started" || (last->state == "scheduled" && !absl::StartsWith(last->op, "gloo:"))) {
-        if (v.not_completed.empty() || v.group == group) {
-          v.group = group;
-          v.seq = last->seq;
-          v.op = last->op;
-          v.group_desc = last->group_desc;
-          v.not_completed.push_back(rank);
-        }
-      }
-    }
-  }
+  FindUnfinished(groups, &v);
   if (!v.not_completed.empty()) {
     v.text = absl::StrCat("every rank entered ", v.op, " #", v.seq, " of group ", v.group,
                           "; it never completed on ", v.not_completed.size() == 1 ? "rank " : "ranks ",

@@ -151,6 +151,28 @@ class Unpickler {
     return PushNode(it->second);
   }
 
+  // REDUCE: only torch's typed-list builders, which return their argument.
+  absl::Status Reduce() {
+    auto args = Pop();
+    if (!args.ok()) return args.status();
+    auto callable = Pop();
+    if (!callable.ok()) return callable.status();
+    const std::string& g = (*callable)->global;
+    if (!absl::StartsWith(g, "torch.jit._pickle.build_") &&
+        g != "torch.jit._pickle.restore_type_tag") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("calls '", g.empty() ? "a non-global" : g,
+                       "' (a plain-data dump calls only torch.jit._pickle's list builders)"));
+    }
+    if (!(*args)->value.is_array() || (*args)->value.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", g, "' without an argument"));
+    }
+    auto n = std::make_shared<Node>();
+    n->value = (*args)->value[0];
+    n->nodes = (*args)->nodes;
+    return PushNode(std::move(n));
+  }
+
   absl::Status Step(unsigned char op) {
     switch (op) {
       case 0x80:  // PROTO
@@ -216,6 +238,14 @@ class Unpickler {
       case 'j':
         if (absl::Status s = Need(4); !s.ok()) return s;
         return Get(Le(4));
+      default:
+        return Build(op);
+    }
+  }
+
+  // The opcodes that build containers, tuples and globals from what the stack holds.
+  absl::Status Build(unsigned char op) {
+    switch (op) {
       case 'a': case 'e': case 's': case 'u': {
         std::vector<NodePtr> items;
         if (op == 'a' || op == 's') {
@@ -280,26 +310,7 @@ class Unpickler {
                                  (*name)->value.get<std::string>());
         return PushNode(std::move(n));
       }
-      case 'R': {  // REDUCE: only torch's typed-list builders, which return their argument
-        auto args = Pop();
-        if (!args.ok()) return args.status();
-        auto callable = Pop();
-        if (!callable.ok()) return callable.status();
-        const std::string& g = (*callable)->global;
-        if (!absl::StartsWith(g, "torch.jit._pickle.build_") &&
-            g != "torch.jit._pickle.restore_type_tag") {
-          return absl::InvalidArgumentError(
-              absl::StrCat("calls '", g.empty() ? "a non-global" : g,
-                           "' (a plain-data dump calls only torch.jit._pickle's list builders)"));
-        }
-        if (!(*args)->value.is_array() || (*args)->value.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat("'", g, "' without an argument"));
-        }
-        auto n = std::make_shared<Node>();
-        n->value = (*args)->value[0];
-        n->nodes = (*args)->nodes;
-        return PushNode(std::move(n));
-      }
+      case 'R': return Reduce();
       default:
         return absl::InvalidArgumentError("not an opcode of a plain-data pickle");
     }

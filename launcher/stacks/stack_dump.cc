@@ -169,6 +169,43 @@ std::string LastWords(const std::string& text) {
   return last.substr(0, 200);
 }
 
+// What a finished (or killed) tool left: the rank's threads, or why they are missing.
+void ReadToolRun(const ToolRun& j, bool stopped_before, std::chrono::milliseconds bound,
+                 RankStack* r) {
+  if (!j.spawn_error.empty()) {
+    r->missing = j.spawn_error;
+    return;
+  }
+  if (!j.finished) {
+    // A worker an eu-stack was attached to when it was killed is continued (unless it was
+    // stopped before).
+    if (r->tool == "eu-stack" && !stopped_before) kill(r->pid, SIGCONT);
+    r->missing = absl::StrCat(r->missing.empty() ? "" : r->missing + ": ", r->tool,
+                             " did not finish within ", bound.count(), " ms");
+    r->pause_ms = r->tool == "eu-stack" ? static_cast<double>(bound.count()) : 0;
+    return;
+  }
+  r->pause_ms = r->tool == "eu-stack" ? j.ran_ms : 0;
+  if (r->tool == "py-spy") {
+    auto threads = ParsePySpyJson(j.text, r->pid);
+    if (threads.ok() && !threads->empty()) {
+      r->threads = *std::move(threads);
+      r->missing.clear();
+    } else {
+      r->missing = absl::StrCat("py-spy: ", LastWords(j.text));
+    }
+  } else {
+    r->threads = ParseEuStack(j.text, r->pid);
+    if (!r->threads.empty() && !r->threads.front().frames.empty()) {
+      r->missing.clear();
+    } else {
+      r->threads.clear();
+      r->missing = absl::StrCat("eu-stack: ", LastWords(j.text));
+    }
+  }
+  if (!r->missing.empty() && ProcState(r->pid) == 0) r->missing = "exited during the dump";
+}
+
 }  // namespace
 
 bool Executable(const std::string& p) { return !p.empty() && access(p.c_str(), X_OK) == 0; }
@@ -259,41 +296,7 @@ std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const 
   RunTools(&jobs, t0 + bound);
 
   for (size_t i = 0; i < jobs.size(); ++i) {
-    ToolRun& j = jobs[i];
-    RankStack& r = out[i];
-    if (j.argv.empty()) continue;
-    if (!j.spawn_error.empty()) {
-      r.missing = j.spawn_error;
-      continue;
-    }
-    if (!j.finished) {
-      // A worker an eu-stack was attached to when it was killed is continued (unless it was
-      // stopped before).
-      if (r.tool == "eu-stack" && !stopped_before[i]) kill(r.pid, SIGCONT);
-      r.missing = absl::StrCat(r.missing.empty() ? "" : r.missing + ": ", r.tool,
-                               " did not finish within ", bound.count(), " ms");
-      r.pause_ms = r.tool == "eu-stack" ? static_cast<double>(bound.count()) : 0;
-      continue;
-    }
-    r.pause_ms = r.tool == "eu-stack" ? j.ran_ms : 0;
-    if (r.tool == "py-spy") {
-      auto threads = ParsePySpyJson(j.text, r.pid);
-      if (threads.ok() && !threads->empty()) {
-        r.threads = *std::move(threads);
-        r.missing.clear();
-      } else {
-        r.missing = absl::StrCat("py-spy: ", LastWords(j.text));
-      }
-    } else {
-      r.threads = ParseEuStack(j.text, r.pid);
-      if (!r.threads.empty() && !r.threads.front().frames.empty()) {
-        r.missing.clear();
-      } else {
-        r.threads.clear();
-        r.missing = absl::StrCat("eu-stack: ", LastWords(j.text));
-      }
-    }
-    if (!r.missing.empty() && ProcState(r.pid) == 0) r.missing = "exited during the dump";
+    if (!jobs[i].argv.empty()) ReadToolRun(jobs[i], stopped_before[i], bound, &out[i]);
   }
   if (symbolize) {
     const auto left = bound - std::chrono::duration_cast<std::chrono::milliseconds>(

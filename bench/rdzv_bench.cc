@@ -82,7 +82,7 @@ int Serve(const Flags& f) {
     o.handler.config.heartbeat_interval = std::chrono::minutes(10);
     o.handler.run_id = "bench";
     o.handler.token = "bench-token";
-    if (f.telemetry) o.handler.telemetry = std::make_shared<dlrun::rdzv::JobTelemetry>();
+    if (f.telemetry) o.handler.telemetry = std::make_shared<dlrun::telemetry::JobTelemetry>();
     auto s = dlrun::rdzv::RendezvousServer::Start(std::move(o));
     if (!s.ok()) {
       std::fprintf(stderr, "rdzv_bench: %s\n", std::string(s.status().message()).c_str());
@@ -238,10 +238,10 @@ double HeartbeatAll(int port, const Flags& f, bool telemetry) {
     r.set_node_id(id);
     r.set_round(2);
     if (telemetry) {
-      dlrun::rdzv::NodeTelemetry t;
+      dlrun::telemetry::NodeTelemetry t;
       t.hostname = id;
       for (int k = 0; k < f.nproc; ++k) {
-        dlrun::rdzv::RankTelemetry x;
+        dlrun::telemetry::RankTelemetry x;
         x.rank = i * f.nproc + k;
         x.local_rank = k;
         x.steps = 1000;

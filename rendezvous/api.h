@@ -10,7 +10,8 @@
 #include "absl/status/statusor.h"
 #include "common/defaults.h"
 #include "rendezvous/client.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/metrics_http.h"
+#include "telemetry/telemetry.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::rdzv {
@@ -29,14 +30,7 @@ class HostedRendezvous {
   virtual void SetPeers(std::vector<std::string> endpoints) = 0;
   virtual uint64_t epoch() const = 0;
   // The job-wide telemetry this host aggregates from every node's heartbeats.
-  virtual std::shared_ptr<JobTelemetry> telemetry() const = 0;
-};
-
-// The HTTP side of telemetry (rendezvous/metrics_http.cc): /metrics, /api/job and the live page.
-class MetricsServer {
- public:
-  virtual ~MetricsServer() = default;
-  virtual int port() const = 0;
+  virtual std::shared_ptr<telemetry::JobTelemetry> telemetry() const = 0;
 };
 
 struct HostOptions {
@@ -48,7 +42,7 @@ struct HostOptions {
   uint64_t epoch = 1;        // this host's epoch (docs/FAILOVER.md)
   std::string host_node_id;  // the hosting agent's node id (empty: stand-alone)
   std::string candidates;    // the explicit candidate list, if any
-  TelemetryOptions telemetry;  // straggler factor and windows (docs/TELEMETRY.md)
+  telemetry::TelemetryOptions telemetry;  // straggler factor and windows (docs/TELEMETRY.md)
   // `dlrun rdzv-server --metrics-port`: serve /metrics, /api/job and / there (-1: off).
   int metrics_port = defaults::kMetricsPortOff;
   std::string metrics_addr = defaults::kMetricsAddr;
@@ -64,8 +58,8 @@ class Api {
   virtual std::unique_ptr<RendezvousClient> CreateClient(const ClientOptions& options) = 0;
   virtual absl::StatusOr<std::unique_ptr<HostedRendezvous>> Host(const HostOptions& options) = 0;
   // Serves `telemetry` over HTTP on addr:port (port 0: pick one); logs where.
-  virtual absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(
-      std::shared_ptr<JobTelemetry> telemetry, const std::string& addr, int port) = 0;
+  virtual absl::StatusOr<std::unique_ptr<telemetry::MetricsServer>> ServeMetrics(
+      std::shared_ptr<telemetry::JobTelemetry> telemetry, const std::string& addr, int port) = 0;
 };
 
 }  // namespace dlrun::rdzv

@@ -90,7 +90,7 @@ class ClientImpl final : public RendezvousClient {
   }
 
   absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
-                                           const NodeTelemetry* telemetry) override {
+                                           const telemetry::NodeTelemetry* telemetry) override {
     v1::HeartbeatRequest req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);
@@ -178,7 +178,7 @@ class ClientImpl final : public RendezvousClient {
   }
 
   absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
-                     const NodeTelemetry* telemetry) override {
+                     const telemetry::NodeTelemetry* telemetry) override {
     v1::LeaveRequest req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 #include "rendezvous/tls.h"
 #include "rendezvous/types.h"
 
@@ -33,7 +33,7 @@ class RendezvousClient {
   virtual absl::StatusOr<JoinResult> Join(const NodeInfo& node, Duration timeout) = 0;
   // `telemetry` (optional) travels with the call: the node's figures (docs/TELEMETRY.md).
   virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
-                                                   const NodeTelemetry* telemetry = nullptr) = 0;
+                                                   const telemetry::NodeTelemetry* telemetry = nullptr) = 0;
   // `fatal`: stop the job instead of opening a new round (a failure that repeats).
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                                      const std::string& reason, bool fatal) = 0;
@@ -50,7 +50,7 @@ class RendezvousClient {
     return absl::UnimplementedError("stacks");
   }
   virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
-                             const NodeTelemetry* telemetry = nullptr) = 0;
+                             const telemetry::NodeTelemetry* telemetry = nullptr) = 0;
   // `wait` > 0: wait that long for the server to come up (a failover host starting);
   // 0: fail at once when nobody listens. Else the deadline is rpc_timeout.
   virtual absl::StatusOr<StatusSnapshot> Status(Duration wait = Duration(0)) = 0;

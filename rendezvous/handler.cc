@@ -4,9 +4,14 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "proto/field_checks.h"
+#include "telemetry/telemetry_proto.h"
 
 namespace dlrun::rdzv {
 namespace {
+
+using proto::CheckString;
+using proto::Finite;
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -18,25 +23,6 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   }
   return diff == 0;
 }
-
-absl::Status CheckString(const std::string& field, const std::string& v, size_t max,
-                         bool required) {
-  if (required && v.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " is empty (expected 1-", max, " bytes)"));
-  }
-  if (v.size() > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " is ", v.size(), " bytes long (expected at most ", max, ")"));
-  }
-  for (unsigned char c : v) {
-    if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat(field, " contains a control character"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-bool Finite(double v) { return std::isfinite(v) && v >= 0; }
 
 // `dlrun profile`'s request: a tool that attaches, some ranks, a duration the timeout covers.
 absl::Status CheckProfileAsk(const v1::ProfileAsk& p, uint32_t timeout_ms) {
@@ -66,244 +52,10 @@ absl::Status CheckProfileAsk(const v1::ProfileAsk& p, uint32_t timeout_ms) {
 
 }  // namespace
 
-void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
-  out->set_lost_s(t.lost_s);
-  out->set_hostname(t.hostname);
-  out->set_memory_limit_bytes(static_cast<uint64_t>(std::max<int64_t>(0, t.memory_limit_bytes)));
-  out->set_stacks_json(t.stacks_json);
-  out->set_productive_s(t.productive_s);
-  out->set_memory_limit_source(t.memory_limit_source);
-  out->set_cpus_allocated(t.cpus_allocated);
-  out->set_cpus_source(t.cpus_source);
-  out->set_program(t.program);
-  for (const RestartCost& c : t.restarts) {
-    v1::RestartCost* x = out->add_restarts();
-    x->set_restart(c.restart);
-    x->set_restarts(static_cast<uint32_t>(std::max(0, c.restarts)));
-    x->set_detection_s(c.detection_s);
-    x->set_stop_s(c.stop_s);
-    x->set_rendezvous_s(c.rendezvous_s);
-    x->set_start_s(c.start_s);
-    x->set_checkpoint_load_s(c.checkpoint_load_s);
-    x->set_recomputed_s(c.recomputed_s);
-    x->set_recomputed_steps(static_cast<uint64_t>(std::max<int64_t>(0, c.recomputed_steps)));
-    x->set_fault_step(c.fault_step);
-    x->set_resumed_step(c.resumed_step);
-    x->set_resumed(c.resumed);
-  }
-  for (const RankProfile& p : t.profiles) {
-    v1::RankProfile* x = out->add_profiles();
-    x->set_rank(static_cast<uint32_t>(p.rank));
-    x->set_tool(p.tool);
-    x->set_path(p.path);
-    x->set_note(p.note);
-    for (const auto& [frame, fraction] : p.hot) {
-      v1::ProfileHotFrame* h = x->add_hot();
-      h->set_frame(frame);
-      h->set_fraction(fraction);
-    }
-  }
-  for (const RankTelemetry& r : t.ranks) {
-    v1::RankTelemetry* x = out->add_ranks();
-    x->set_rank(static_cast<uint32_t>(r.rank));
-    x->set_local_rank(static_cast<uint32_t>(r.local_rank));
-    x->set_steps(static_cast<uint64_t>(r.steps));
-    x->set_samples(static_cast<uint64_t>(r.samples));
-    x->set_step_seconds(r.step_s);
-    x->set_data_seconds(r.data_s);
-    x->set_compute_seconds(r.compute_s);
-    x->set_sync_seconds(r.sync_s);
-    x->set_flags((r.has_data ? 1u : 0u) | (r.has_split ? 2u : 0u) | (r.loss ? 4u : 0u));
-    x->set_step_p50_s(static_cast<float>(r.step_p50_s));
-    x->set_step_p95_s(static_cast<float>(r.step_p95_s));
-    if (r.loss) x->set_loss(*r.loss);
-    x->set_cpu_utilization(r.cpu_utilization ? static_cast<float>(*r.cpu_utilization) : -1.0f);
-    x->set_cpu_s(r.cpu_s);
-    x->set_rss_bytes(static_cast<uint64_t>(r.rss_bytes));
-    x->set_rss_peak_bytes(static_cast<uint64_t>(r.rss_peak_bytes));
-    x->set_gpu_memory_bytes(r.gpu_memory_bytes);
-  }
-  for (const GpuTelemetry& g : t.gpus) {
-    v1::GpuTelemetry* x = out->add_gpus();
-    x->set_index(static_cast<uint32_t>(g.index));
-    x->set_utilization(static_cast<float>(g.utilization));
-    x->set_memory_used_bytes(static_cast<uint64_t>(g.memory_used_bytes));
-    x->set_memory_total_bytes(static_cast<uint64_t>(g.memory_total_bytes));
-  }
-}
-
-absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t) {
-  using absl::InvalidArgumentError;
-  if (static_cast<size_t>(t.ranks_size()) > kMaxTelemetryRanks) {
-    return InvalidArgumentError(absl::StrCat("telemetry has ", t.ranks_size(),
-                                             " ranks (expected at most ", kMaxTelemetryRanks, ")"));
-  }
-  if (static_cast<size_t>(t.gpus_size()) > kMaxTelemetryGpus) {
-    return InvalidArgumentError(absl::StrCat("telemetry has ", t.gpus_size(),
-                                             " GPUs (expected at most ", kMaxTelemetryGpus, ")"));
-  }
-  if (auto s = CheckString("telemetry.hostname", t.hostname(), 255, false); !s.ok()) return s;
-  if (!Finite(t.lost_s())) {
-    return InvalidArgumentError(absl::StrCat("telemetry.lost_s is ", t.lost_s(),
-                                             " (expected a finite number >= 0)"));
-  }
-  if (t.stacks_json().size() > kMaxTelemetryStacksBytes) {
-    return InvalidArgumentError(absl::StrCat("telemetry.stacks_json has ", t.stacks_json().size(),
-                                             " bytes (expected at most ",
-                                             kMaxTelemetryStacksBytes, ")"));
-  }
-  if (!Finite(t.productive_s())) {
-    return InvalidArgumentError(absl::StrCat("telemetry.productive_s is ", t.productive_s(),
-                                             " (expected a finite number >= 0)"));
-  }
-  if (static_cast<size_t>(t.restarts_size()) > kMaxRestartCosts) {
-    return InvalidArgumentError(absl::StrCat("telemetry has ", t.restarts_size(),
-                                             " restarts (expected at most ", kMaxRestartCosts,
-                                             ")"));
-  }
-  NodeTelemetry out;
-  for (const v1::RestartCost& x : t.restarts()) {
-    for (double v : {x.detection_s(), x.stop_s(), x.rendezvous_s(), x.start_s(),
-                     x.checkpoint_load_s(), x.recomputed_s()}) {
-      if (!Finite(v) || v > 1e9) {
-        return InvalidArgumentError(absl::StrCat("telemetry of restart ", x.restart(),
-                                                 " has a phase of ", v,
-                                                 " s (expected a finite number, 0 to 1e9)"));
-      }
-    }
-    if (x.restart() < -1 || x.restarts() > (1u << 24) || x.recomputed_steps() >= (1ull << 62) ||
-        x.fault_step() < -1 || x.resumed_step() < -1) {
-      return InvalidArgumentError(absl::StrCat(
-          "telemetry restart ", x.restart(), " (", x.restarts(), " restarts, ",
-          x.recomputed_steps(), " steps recomputed, fault at step ", x.fault_step(),
-          ", resumed at ", x.resumed_step(), ") is out of range"));
-    }
-    RestartCost c;
-    c.restart = x.restart();
-    c.restarts = static_cast<int>(x.restarts());
-    c.detection_s = x.detection_s();
-    c.stop_s = x.stop_s();
-    c.rendezvous_s = x.rendezvous_s();
-    c.start_s = x.start_s();
-    c.checkpoint_load_s = x.checkpoint_load_s();
-    c.recomputed_s = x.recomputed_s();
-    c.recomputed_steps = static_cast<int64_t>(x.recomputed_steps());
-    c.fault_step = x.fault_step();
-    c.resumed_step = x.resumed_step();
-    c.resumed = x.resumed();
-    out.restarts.push_back(std::move(c));
-  }
-  if (static_cast<size_t>(t.profiles_size()) > kMaxTelemetryRanks) {
-    return InvalidArgumentError(absl::StrCat("telemetry has ", t.profiles_size(),
-                                             " profiles (expected at most ", kMaxTelemetryRanks,
-                                             ")"));
-  }
-  for (const v1::RankProfile& x : t.profiles()) {
-    const std::string field = absl::StrCat("telemetry.profiles[rank ", x.rank(), "]");
-    if (x.rank() >= (1u << 24)) {
-      return InvalidArgumentError(absl::StrCat(field, " is out of range (expected below 2^24)"));
-    }
-    if (auto s = CheckString(field + ".tool", x.tool(), 16, true); !s.ok()) return s;
-    if (auto s = CheckString(field + ".path", x.path(), 4096, false); !s.ok()) return s;
-    if (auto s = CheckString(field + ".note", x.note(), 512, false); !s.ok()) return s;
-    if (static_cast<size_t>(x.hot_size()) > kMaxProfileHotFrames) {
-      return InvalidArgumentError(absl::StrCat(field, " has ", x.hot_size(),
-                                               " hot frames (expected at most ",
-                                               kMaxProfileHotFrames, ")"));
-    }
-    RankProfile p;
-    p.rank = static_cast<int>(x.rank());
-    p.tool = x.tool();
-    p.path = x.path();
-    p.note = x.note();
-    for (const v1::ProfileHotFrame& h : x.hot()) {
-      if (auto s = CheckString(field + ".hot.frame", h.frame(), 512, true); !s.ok()) return s;
-      if (!Finite(h.fraction()) || h.fraction() > 1) {
-        return InvalidArgumentError(absl::StrCat(field, ".hot.fraction is ", h.fraction(),
-                                                 " (expected 0 to 1)"));
-      }
-      p.hot.emplace_back(h.frame(), h.fraction());
-    }
-    out.profiles.push_back(std::move(p));
-  }
-  out.productive_s = t.productive_s();
-  out.stacks_json = t.stacks_json();
-  out.lost_s = t.lost_s();
-  out.hostname = t.hostname();
-  out.memory_limit_bytes = static_cast<int64_t>(std::min<uint64_t>(t.memory_limit_bytes(), 1ull << 62));
-  if (!Finite(t.cpus_allocated()) || t.cpus_allocated() > 1e6) {
-    return InvalidArgumentError(absl::StrCat("telemetry.cpus_allocated is ", t.cpus_allocated(),
-                                             " (expected 0 to 1000000)"));
-  }
-  for (const auto& [name, v] : {std::pair<const char*, const std::string*>{
-                                    "telemetry.memory_limit_source", &t.memory_limit_source()},
-                                {"telemetry.cpus_source", &t.cpus_source()},
-                                {"telemetry.program", &t.program()}}) {
-    if (auto s = CheckString(name, *v, kMaxTelemetryProgramBytes, false); !s.ok()) return s;
-  }
-  out.cpus_allocated = t.cpus_allocated();
-  out.cpus_source = t.cpus_source();
-  out.memory_limit_source = t.memory_limit_source();
-  out.program = t.program();
-  for (const v1::RankTelemetry& x : t.ranks()) {
-    for (double v : {x.step_seconds(), x.data_seconds(), x.compute_seconds(), x.sync_seconds(), x.cpu_s(),
-                     static_cast<double>(x.step_p50_s()), static_cast<double>(x.step_p95_s())}) {
-      if (!Finite(v)) {
-        return InvalidArgumentError(absl::StrCat("telemetry of rank ", x.rank(), " has a time of ",
-                                                 v, " (expected a finite number >= 0)"));
-      }
-    }
-    if (x.rank() >= (1u << 24) || x.steps() >= (1ull << 62) || x.samples() >= (1ull << 62)) {
-      return InvalidArgumentError(absl::StrCat("telemetry rank ", x.rank(), " with ", x.steps(),
-                                               " steps and ", x.samples(),
-                                               " samples is out of range"));
-    }
-    if (!std::isfinite(x.cpu_utilization()) || x.cpu_utilization() > 4096) {
-      return InvalidArgumentError(absl::StrCat("telemetry of rank ", x.rank(),
-                                               " has a CPU utilization of ", x.cpu_utilization(),
-                                               " (expected 0 to 4096 cores, or negative: none)"));
-    }
-    RankTelemetry r;
-    r.rank = static_cast<int>(x.rank());
-    r.local_rank = static_cast<int>(x.local_rank() & 0xffffff);
-    r.steps = static_cast<int64_t>(x.steps());
-    r.samples = static_cast<int64_t>(x.samples());
-    r.step_s = x.step_seconds();
-    r.data_s = x.data_seconds();
-    r.compute_s = x.compute_seconds();
-    r.sync_s = x.sync_seconds();
-    r.has_data = (x.flags() & 1u) != 0;
-    r.has_split = (x.flags() & 2u) != 0;
-    if ((x.flags() & 4u) != 0 && std::isfinite(x.loss())) r.loss = x.loss();
-    r.step_p50_s = x.step_p50_s();
-    r.step_p95_s = x.step_p95_s();
-    if (x.cpu_utilization() >= 0) r.cpu_utilization = x.cpu_utilization();
-    r.cpu_s = x.cpu_s();
-    r.rss_bytes = static_cast<int64_t>(std::min<uint64_t>(x.rss_bytes(), 1ull << 62));
-    r.rss_peak_bytes = static_cast<int64_t>(std::min<uint64_t>(x.rss_peak_bytes(), 1ull << 62));
-    r.gpu_memory_bytes = x.gpu_memory_bytes() < 0 ? -1 : x.gpu_memory_bytes();
-    out.ranks.push_back(r);
-  }
-  for (const v1::GpuTelemetry& x : t.gpus()) {
-    if (!std::isfinite(x.utilization()) || x.utilization() < 0 || x.utilization() > 1) {
-      return InvalidArgumentError(absl::StrCat("telemetry of GPU ", x.index(),
-                                               " has a utilization of ", x.utilization(),
-                                               " (expected 0 to 1)"));
-    }
-    GpuTelemetry g;
-    g.index = static_cast<int>(x.index() & 0xffff);
-    g.utilization = x.utilization();
-    g.memory_used_bytes = static_cast<int64_t>(std::min<uint64_t>(x.memory_used_bytes(), 1ull << 62));
-    g.memory_total_bytes = static_cast<int64_t>(std::min<uint64_t>(x.memory_total_bytes(), 1ull << 62));
-    out.gpus.push_back(g);
-  }
-  return out;
-}
-
 void Handler::TakeTelemetry(const std::string& node_id, const v1::NodeTelemetry& t,
                             const std::string& peer) {
   if (!options_.telemetry) return;
-  auto parsed = TelemetryFromProto(t);
+  auto parsed = telemetry::TelemetryFromProto(t);
   if (!parsed.ok()) {
     (void)Refuse(parsed.status(), peer);
     return;

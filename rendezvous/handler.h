@@ -15,7 +15,8 @@
 #include "absl/status/status.h"
 #include "dlrun/proto/rendezvous.pb.h"
 #include "rendezvous/state_machine.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
+#include "telemetry/telemetry_proto.h"
 
 namespace dlrun::rdzv {
 
@@ -42,7 +43,7 @@ struct HandlerOptions {
   // naming another list is refused with both.
   std::string candidates;
   // Where the telemetry on heartbeats and leaves goes (docs/TELEMETRY.md); null: dropped.
-  std::shared_ptr<JobTelemetry> telemetry;
+  std::shared_ptr<telemetry::JobTelemetry> telemetry;
   // Called (outside the lock) for every refused request, e.g. to log it.
   std::function<void(const absl::Status&, const std::string& peer)> on_refused;
 };
@@ -131,8 +132,8 @@ void ToProto(const Assignment& a, v1::Assignment* out);
 Assignment FromProto(const v1::Assignment& a);
 // Validates a NodeIdentity; errors name the field and the expected shape.
 absl::StatusOr<NodeInfo> NodeFromProto(const v1::NodeIdentity& n);
-void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out);
-// Validates a NodeTelemetry; errors name the field and what was expected.
-absl::StatusOr<NodeTelemetry> TelemetryFromProto(const v1::NodeTelemetry& t);
+// NodeTelemetry's conversion: telemetry/telemetry_proto.h.
+using telemetry::ToProto;
+using telemetry::TelemetryFromProto;
 
 }  // namespace dlrun::rdzv

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "rendezvous/metrics_http.h"
+#include "telemetry/metrics_http.h"
 #include "rendezvous/server.h"
 #include "spdlog/spdlog.h"
 
@@ -24,7 +24,7 @@ namespace {
 // Starts a server from the launcher's options (hosted or stand-alone alike); refused requests
 // are logged as "<who> refused a request from PEER: why".
 absl::StatusOr<std::unique_ptr<RendezvousServer>> StartServer(
-    const HostOptions& h, std::string who, std::shared_ptr<JobTelemetry> telemetry) {
+    const HostOptions& h, std::string who, std::shared_ptr<telemetry::JobTelemetry> telemetry) {
   ServerOptions o;
   o.handler.telemetry = std::move(telemetry);
   o.handler.config = h.config;
@@ -42,15 +42,15 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> StartServer(
 }
 
 // The job's aggregate, whose straggler warnings go to the log.
-std::shared_ptr<JobTelemetry> MakeTelemetry(const HostOptions& h) {
-  TelemetryOptions t = h.telemetry;
+std::shared_ptr<telemetry::JobTelemetry> MakeTelemetry(const HostOptions& h) {
+  telemetry::TelemetryOptions t = h.telemetry;
   if (!t.on_straggler) t.on_straggler = [](const std::string& line) { spdlog::warn("{}", line); };
-  return std::make_shared<JobTelemetry>(std::move(t));
+  return std::make_shared<telemetry::JobTelemetry>(std::move(t));
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> ServeTelemetry(std::shared_ptr<JobTelemetry> t,
+absl::StatusOr<std::unique_ptr<telemetry::MetricsServer>> ServeTelemetry(std::shared_ptr<telemetry::JobTelemetry> t,
                                                               const std::string& addr, int port) {
-  auto m = StartMetricsServer(std::move(t), addr, port);
+  auto m = telemetry::StartMetricsServer(std::move(t), addr, port);
   if (!m.ok()) return m.status();
   // Listening on every address: name this host, as a browser elsewhere would reach it.
   std::string host = addr;
@@ -79,7 +79,7 @@ int Serve(const HostOptions& h) {
                (*server)->port(), h.tls.enabled() ? " (mutual TLS)" : "",
                h.config.liveness_limit().count());
   std::fflush(stdout);
-  std::unique_ptr<MetricsServer> metrics;
+  std::unique_ptr<telemetry::MetricsServer> metrics;
   if (h.metrics_port >= 0) {
     auto m = ServeTelemetry(telemetry, h.metrics_addr, h.metrics_port);
     if (!m.ok()) {
@@ -89,7 +89,7 @@ int Serve(const HostOptions& h) {
     metrics = std::move(*m);
   }
   (*server)->WaitForJobEnd();
-  spdlog::info("{}", FormatJobReport(telemetry->Snap(std::chrono::steady_clock::now()),
+  spdlog::info("{}", telemetry::FormatJobReport(telemetry->Snap(std::chrono::steady_clock::now()),
                                      (*server)->handler().phase() == StateMachine::Phase::kSucceeded ? 0 : 1));
   const bool ok = (*server)->handler().phase() == StateMachine::Phase::kSucceeded;
   (*server)->Shutdown();
@@ -102,9 +102,9 @@ namespace {
 class HostedImpl final : public HostedRendezvous {
  public:
   HostedImpl(std::unique_ptr<RendezvousServer> s, const HostOptions& h,
-             std::shared_ptr<JobTelemetry> t)
+             std::shared_ptr<telemetry::JobTelemetry> t)
       : s_(std::move(s)), h_(h), telemetry_(std::move(t)) {}
-  std::shared_ptr<JobTelemetry> telemetry() const override { return telemetry_; }
+  std::shared_ptr<telemetry::JobTelemetry> telemetry() const override { return telemetry_; }
   ~HostedImpl() override { Shutdown(); }
   int port() const override { return s_->port(); }
   void Shutdown() override {
@@ -163,7 +163,7 @@ class HostedImpl final : public HostedRendezvous {
 
   std::unique_ptr<RendezvousServer> s_;
   const HostOptions h_;
-  std::shared_ptr<JobTelemetry> telemetry_;
+  std::shared_ptr<telemetry::JobTelemetry> telemetry_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
@@ -183,7 +183,7 @@ class ApiImpl final : public Api {
     if (!s.ok()) return s.status();
     return std::unique_ptr<HostedRendezvous>(new HostedImpl(std::move(*s), h, telemetry));
   }
-  absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(std::shared_ptr<JobTelemetry> t,
+  absl::StatusOr<std::unique_ptr<telemetry::MetricsServer>> ServeMetrics(std::shared_ptr<telemetry::JobTelemetry> t,
                                                               const std::string& addr,
                                                               int port) override {
     return ServeTelemetry(std::move(t), addr, port);

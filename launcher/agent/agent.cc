@@ -247,8 +247,8 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
 
 void Agent::CollectProfiles() {
   if (!options_.profiler) return;
-  std::vector<rdzv::RankProfile> got = options_.profiler->Collect(options_.profile_bound);
-  for (const rdzv::RankProfile& p : got) {
+  std::vector<telemetry::RankProfile> got = options_.profiler->Collect(options_.profile_bound);
+  for (const telemetry::RankProfile& p : got) {
     // Once each: Run() collects again after the last group, which AfterSuccess collected.
     if (!profiles_said_.insert(absl::StrCat(p.rank, " ", p.path, " ", p.note)).second) continue;
     if (!p.path.empty()) {
@@ -263,7 +263,7 @@ void Agent::CollectProfiles() {
 }
 
 void Agent::PublishProfiles() {
-  std::vector<rdzv::RankProfile> all = collected_profiles_;
+  std::vector<telemetry::RankProfile> all = collected_profiles_;
   all.insert(all.end(), live_profiles_.begin(), live_profiles_.end());
   telemetry_.SetProfiles(std::move(all));
 }

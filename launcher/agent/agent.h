@@ -213,8 +213,8 @@ class Agent {
   std::optional<std::pair<uint64_t, std::future<std::string>>> answering_;
   bool answering_profile_ = false;  // answering_ is `dlrun profile`'s, not stacks
   // `dlrun profile`'s results on this node, shown beside --profile's (telemetry, live page).
-  std::vector<rdzv::RankProfile> live_profiles_;
-  std::vector<rdzv::RankProfile> collected_profiles_;  // --profile's, from CollectProfiles
+  std::vector<telemetry::RankProfile> live_profiles_;
+  std::vector<telemetry::RankProfile> collected_profiles_;  // --profile's, from CollectProfiles
   std::set<std::string> profiles_said_;  // CollectProfiles' lines, each logged once
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };

@@ -70,7 +70,7 @@ std::shared_future<StackReport> Agent::KeepCapture(Capture c, int failed_rank,
     }
     // The live page and /api/job (through this node's next publication).
     telemetry_.SetStacks(StackSummaryJson(r, options_.hostname, c.why, when,
-                                          rdzv::kMaxTelemetryStacksBytes));
+                                          telemetry::kMaxTelemetryStacksBytes));
     return r;
   };
   std::shared_future<StackReport> f = std::async(std::launch::async, std::move(keep)).share();
@@ -119,9 +119,9 @@ void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
     if (answering_profile_) {  // also on the live page and in the report, by rank
       answering_profile_ = false;
       if (auto got = LiveProfilesFromJson(answer); got.ok()) {
-        for (rdzv::RankProfile& p : *got) {
+        for (telemetry::RankProfile& p : *got) {
           if (p.path.empty()) continue;
-          std::erase_if(live_profiles_, [&](const rdzv::RankProfile& q) { return q.rank == p.rank; });
+          std::erase_if(live_profiles_, [&](const telemetry::RankProfile& q) { return q.rank == p.rank; });
           live_profiles_.push_back(std::move(p));
         }
         PublishProfiles();

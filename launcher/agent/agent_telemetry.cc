@@ -129,7 +129,7 @@ std::vector<double> LatestStepTimes(const AgentTelemetry::RankSteps& r, size_t n
   return v;
 }
 
-void SetPercentiles(std::vector<double> v, rdzv::RankTelemetry* x) {
+void SetPercentiles(std::vector<double> v, telemetry::RankTelemetry* x) {
   if (v.empty()) return;
   auto at = [&v](double p) {
     const size_t k = static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)));
@@ -143,7 +143,7 @@ void SetPercentiles(std::vector<double> v, rdzv::RankTelemetry* x) {
 }  // namespace
 
 void AgentTelemetry::AddProcessFigures(const Member& w, const std::map<pid_t, ProcSample>& procs,
-                                       rdzv::RankTelemetry* x) {
+                                       telemetry::RankTelemetry* x) {
   if (auto p = procs.find(w.pid); p != procs.end()) {
     ProcSample& last = proc_last_[w.rank];
     const int64_t peak = std::max(last.rss_peak_bytes, p->second.rss_peak_bytes);
@@ -165,8 +165,8 @@ void AgentTelemetry::AddProcessFigures(const Member& w, const std::map<pid_t, Pr
   x->cpu_s = cpu_base_[w.rank] + (seen != cpu_seen_.end() ? seen->second : 0.0);
 }
 
-rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
-  rdzv::NodeTelemetry t;
+telemetry::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
+  telemetry::NodeTelemetry t;
   t.hostname = hostname_;
   t.restarts = ledger_.Costs();
   t.lost_s = ledger_.lost_s();
@@ -201,7 +201,7 @@ rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
   }
   for (const auto& [rank, w] : by_rank) ranks[rank] = w->local_rank;
   for (const auto& [rank, local] : ranks) {
-    rdzv::RankTelemetry x;
+    telemetry::RankTelemetry x;
     x.rank = rank;
     x.local_rank = local;
     if (auto it = rank_steps_.find(rank); it != rank_steps_.end()) {
@@ -234,15 +234,15 @@ rdzv::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
 // anything; written as JSON with --report-json.
 void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
   const SteadyTime now = clock_.Now();
-  std::shared_ptr<rdzv::JobTelemetry> job = options_.on ? source_.job_telemetry() : nullptr;
+  std::shared_ptr<telemetry::JobTelemetry> job = options_.on ? source_.job_telemetry() : nullptr;
   const bool whole = job != nullptr;
   if (!whole) {
-    job = std::make_shared<rdzv::JobTelemetry>();
+    job = std::make_shared<telemetry::JobTelemetry>();
     job->SetJob(last.run_id, last.round, last.world_size, 1, last.restart_count);
     job->Update("local", hostname_, Figures(/*all_steps=*/true), now);
   }
   job->SetState(rc == 0 ? "succeeded" : "failed");
-  rdzv::JobTelemetry::Snapshot snap = job->Snap(now);
+  telemetry::JobTelemetry::Snapshot snap = job->Snap(now);
   snap.wall_s = wall_s;
   if (!whole) snap.restarts = last.restart_count;
   // This node saw every round it ran in; a rendezvous host that took over saw only its own.
@@ -255,14 +255,14 @@ void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
   bool any = false;
   for (const auto& [rank, r] : snap.ranks) any |= r.steps > 0 || r.cpu_s > 0;
   if (options_.on && any) {
-    std::string text = rdzv::FormatJobReport(snap, rc);
+    std::string text = telemetry::FormatJobReport(snap, rc);
     if (!whole) text.replace(0, std::string("job report").size(), "job report (this node)");
     if (bad_records_ > 0) {
       absl::StrAppend(&text, "\n  malformed step records dropped: ", bad_records_);
     }
     spdlog::info("{}", text);
   }
-  if (!options_.report_json.empty()) WriteJson(rdzv::SnapshotJson(snap, false), rc, whole);
+  if (!options_.report_json.empty()) WriteJson(telemetry::SnapshotJson(snap, false), rc, whole);
   sampler_.reset();
 }
 

@@ -40,7 +40,7 @@ struct TelemetryOptions {
   std::string report_json;
   // --metrics-port: serves the job-wide aggregate over HTTP once this node holds it (a
   // single-node job, or the rendezvous host); the result keeps the server alive.
-  std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> serve_metrics;
+  std::function<std::shared_ptr<void>(std::shared_ptr<telemetry::JobTelemetry>)> serve_metrics;
 };
 
 class AgentTelemetry {
@@ -102,7 +102,7 @@ class AgentTelemetry {
     stacks_json_ = std::move(summary_json);
   }
   // The profiled ranks' results so far (profiler.h), sent with every publication from now on.
-  void SetProfiles(std::vector<rdzv::RankProfile> p) { profiles_ = std::move(p); }
+  void SetProfiles(std::vector<telemetry::RankProfile> p) { profiles_ = std::move(p); }
   // The last step `rank` reported in the current group, or -1 before its first record.
   int64_t LastStep(int rank) const {
     auto it = attempt_last_step_.find(rank);
@@ -119,10 +119,10 @@ class AgentTelemetry {
   void Finish(int rc, double wall_s, const Assignment& last);
 
  private:
-  rdzv::NodeTelemetry Figures(bool all_steps);
+  telemetry::NodeTelemetry Figures(bool all_steps);
   // A current worker's sampled CPU, memory and GPU memory into `x` (kept across its samples).
   void AddProcessFigures(const Member& m, const std::map<pid_t, ProcSample>& procs,
-                         rdzv::RankTelemetry* x);
+                         telemetry::RankTelemetry* x);
   void WriteJson(const std::string& snapshot_json, int rc, bool whole) const;
 
   TelemetryOptions options_;
@@ -137,7 +137,7 @@ class AgentTelemetry {
   std::string stacks_json_;  // guarded by stacks_mu_
   int64_t bad_records_ = 0;
   std::vector<Failure> failures_;
-  std::vector<rdzv::RankProfile> profiles_;
+  std::vector<telemetry::RankProfile> profiles_;
   std::unique_ptr<ResourceSampler> sampler_;
   SteadyTime next_publish_{};
   RestartLedger ledger_;

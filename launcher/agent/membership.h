@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::launcher {
@@ -52,16 +52,16 @@ class MembershipSource {
   virtual RdzvAddress Address() const { return {}; }
   // This node's latest telemetry (docs/TELEMETRY.md): sent with the next heartbeat and with the
   // leave, or fed to the local aggregate of a single-node job.
-  virtual void Publish(const rdzv::NodeTelemetry& t) = 0;
+  virtual void Publish(const telemetry::NodeTelemetry& t) = 0;
   // The job-wide aggregate when this agent holds it (single-node jobs, the rendezvous host),
   // else null.
-  virtual std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const = 0;
+  virtual std::shared_ptr<telemetry::JobTelemetry> job_telemetry() const = 0;
 };
 
 // Fixed assignment; restarts are counted locally up to max_restarts. `pick_master_port`, when
 // set, picks a fresh port per attempt (standalone).
 std::unique_ptr<MembershipSource> MakeStaticSource(Assignment base, int max_restarts,
                                                    std::function<int()> pick_master_port,
-                                                   rdzv::TelemetryOptions telemetry = {});
+                                                   telemetry::TelemetryOptions telemetry = {});
 
 }  // namespace dlrun::launcher

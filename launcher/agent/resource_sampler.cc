@@ -175,7 +175,7 @@ std::map<pid_t, ProcSample> ResourceSampler::Latest() const {
   return latest_;
 }
 
-std::vector<rdzv::GpuTelemetry> ResourceSampler::Gpus() const {
+std::vector<telemetry::GpuTelemetry> ResourceSampler::Gpus() const {
   std::lock_guard<std::mutex> lock(mu_);
   return gpus_;
 }
@@ -244,11 +244,11 @@ void ResourceSampler::SampleOnce() {
   for (auto it = peak_with_children_.begin(); it != peak_with_children_.end();) {
     it = out.count(it->first) ? std::next(it) : peak_with_children_.erase(it);
   }
-  std::vector<rdzv::GpuTelemetry> gpus;
-  const auto queried = nvml_ ? nvml_->Query(rdzv::kMaxTelemetryGpus, /*with_processes=*/true)
+  std::vector<telemetry::GpuTelemetry> gpus;
+  const auto queried = nvml_ ? nvml_->Query(telemetry::kMaxTelemetryGpus, /*with_processes=*/true)
                              : std::nullopt;
   for (const NvmlGpu& n : queried.value_or(std::vector<NvmlGpu>{})) {
-    rdzv::GpuTelemetry g;
+    telemetry::GpuTelemetry g;
     g.index = n.index;
     if (n.memory_used && n.memory_total) {
       g.memory_used_bytes = static_cast<int64_t>(*n.memory_used);

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "launcher/detect/nvml.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
 namespace dlrun::launcher {
 
@@ -73,7 +73,7 @@ class ResourceSampler {
   // The processes to sample from now on (the current workers).
   void Watch(std::vector<pid_t> pids);
   std::map<pid_t, ProcSample> Latest() const;
-  std::vector<rdzv::GpuTelemetry> Gpus() const;
+  std::vector<telemetry::GpuTelemetry> Gpus() const;
 
  private:
   void Loop();
@@ -86,7 +86,7 @@ class ResourceSampler {
   bool stop_ = false;
   std::vector<pid_t> pids_;
   std::map<pid_t, ProcSample> latest_;
-  std::vector<rdzv::GpuTelemetry> gpus_;
+  std::vector<telemetry::GpuTelemetry> gpus_;
   std::map<pid_t, std::pair<double, std::chrono::steady_clock::time_point>> last_cpu_;
   std::map<pid_t, double> cpu_top_;               // the highest cumulative CPU seen per worker
   std::map<pid_t, int64_t> peak_with_children_;   // the worker's peak with its children

@@ -86,7 +86,7 @@ void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
     o.cost.resumed = true;
     closed_.push_back(o.cost);
     open_.reset();
-    if (closed_.size() > rdzv::kMaxRestartCosts) {
+    if (closed_.size() > telemetry::kMaxRestartCosts) {
       closed_[1].Add(closed_[0]);  // the oldest, folded into the next
       closed_.erase(closed_.begin());
     }
@@ -94,11 +94,11 @@ void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
   if (first_of_step) productive_s_ += step_s;
 }
 
-std::vector<rdzv::RestartCost> RestartLedger::Costs() const {
-  std::vector<rdzv::RestartCost> v = closed_;
+std::vector<telemetry::RestartCost> RestartLedger::Costs() const {
+  std::vector<telemetry::RestartCost> v = closed_;
   // A fault that no group followed (yet, or ever: the job ended there) is not a restart.
   if (open_ && (open_->in_group || open_->cost.restarts > 1)) {
-    rdzv::RestartCost c = open_->cost;
+    telemetry::RestartCost c = open_->cost;
     if (open_->in_group) {  // so far: the start of the running group, up to its workers running
       c.start_s += Secs(open_->mark, std::max(open_->mark, open_->running));
     }
@@ -109,7 +109,7 @@ std::vector<rdzv::RestartCost> RestartLedger::Costs() const {
 
 double RestartLedger::lost_s() const {
   double sum = 0;
-  for (const rdzv::RestartCost& c : Costs()) sum += c.total_s();
+  for (const telemetry::RestartCost& c : Costs()) sum += c.total_s();
   return sum;
 }
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "launcher/agent/clock.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
 namespace dlrun::launcher {
 
@@ -24,7 +24,7 @@ namespace dlrun::launcher {
 // default-construct a nested struct with member initializers inside std::optional's traits
 // while the enclosing class is incomplete).
 struct OpenRestart {
-  rdzv::RestartCost cost;
+  telemetry::RestartCost cost;
   SteadyTime mark;  // the end of the last phase counted
   bool in_group = false;  // a group runs since the fault
   std::optional<SteadyTime> first_begin;  // the first step of that group began
@@ -48,7 +48,7 @@ class RestartLedger {
 
   // Every restart so far, the one in progress last (its figures so far, resumed = false). A
   // fault that no new group followed is left out: the job ended there.
-  std::vector<rdzv::RestartCost> Costs() const;
+  std::vector<telemetry::RestartCost> Costs() const;
   double lost_s() const;
   double productive_s() const { return productive_s_; }
 
@@ -56,7 +56,7 @@ class RestartLedger {
   // The open span's current group ends at `t` without passing the fault's step.
   void CloseGroup(SteadyTime t);
 
-  std::vector<rdzv::RestartCost> closed_;
+  std::vector<telemetry::RestartCost> closed_;
   std::optional<OpenRestart> open_;
   int64_t high_step_ = -1;  // the highest step any group finished
   std::optional<SteadyTime> last_end_;  // the current group's latest step end

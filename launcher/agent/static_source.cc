@@ -6,10 +6,10 @@ namespace {
 class StaticSource final : public MembershipSource {
  public:
   StaticSource(Assignment base, int max_restarts, std::function<int()> pick,
-               rdzv::TelemetryOptions telemetry)
+               telemetry::TelemetryOptions telemetry)
       : base_(std::move(base)), max_restarts_(max_restarts), pick_(std::move(pick)) {
     // A single-node job is seen whole here; a node of a static multi-node job sees only itself.
-    if (base_.num_nodes <= 1) telemetry_ = std::make_shared<rdzv::JobTelemetry>(std::move(telemetry));
+    if (base_.num_nodes <= 1) telemetry_ = std::make_shared<telemetry::JobTelemetry>(std::move(telemetry));
   }
   absl::StatusOr<Assignment> Next() override {
     Assignment a = base_;
@@ -42,24 +42,24 @@ class StaticSource final : public MembershipSource {
   void OnSuccess() override {
     if (telemetry_) telemetry_->SetState("succeeded");
   }
-  void Publish(const rdzv::NodeTelemetry& t) override {
+  void Publish(const telemetry::NodeTelemetry& t) override {
     if (telemetry_) telemetry_->Update("local", t.hostname, t, std::chrono::steady_clock::now());
   }
-  std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override { return telemetry_; }
+  std::shared_ptr<telemetry::JobTelemetry> job_telemetry() const override { return telemetry_; }
 
  private:
   Assignment base_;
   int max_restarts_;
   std::function<int()> pick_;
   int restarts_ = 0;
-  std::shared_ptr<rdzv::JobTelemetry> telemetry_;
+  std::shared_ptr<telemetry::JobTelemetry> telemetry_;
 };
 
 }  // namespace
 
 std::unique_ptr<MembershipSource> MakeStaticSource(Assignment base, int max_restarts,
                                                    std::function<int()> pick_master_port,
-                                                   rdzv::TelemetryOptions telemetry) {
+                                                   telemetry::TelemetryOptions telemetry) {
   return std::make_unique<StaticSource>(std::move(base), max_restarts,
                                         std::move(pick_master_port), std::move(telemetry));
 }

@@ -14,8 +14,8 @@
 namespace dlrun::launcher {
 namespace {
 
-rdzv::TelemetryOptions TelemetryOptionsFrom(const LaunchOptions& o) {
-  rdzv::TelemetryOptions t;
+telemetry::TelemetryOptions TelemetryOptionsFrom(const LaunchOptions& o) {
+  telemetry::TelemetryOptions t;
   t.straggler_factor = o.telemetry_flags.straggler_factor;
   t.straggler_windows = o.telemetry_flags.straggler_windows;
   t.on_straggler = [](const std::string& line) { spdlog::warn("{}", line); };
@@ -105,11 +105,11 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions
 }
 
 // --metrics-port: the job's aggregate over HTTP, served by the rendezvous plugin (as gRPC is).
-std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> MetricsServing(
+std::function<std::shared_ptr<void>(std::shared_ptr<telemetry::JobTelemetry>)> MetricsServing(
     const LaunchOptions& o) {
   if (o.telemetry_flags.metrics_port < 0) return nullptr;
   return [port = o.telemetry_flags.metrics_port, addr = o.telemetry_flags.metrics_addr](
-             std::shared_ptr<rdzv::JobTelemetry> t) -> std::shared_ptr<void> {
+             std::shared_ptr<telemetry::JobTelemetry> t) -> std::shared_ptr<void> {
     auto api = LoadRendezvous();
     if (!api.ok()) {
       spdlog::error("--metrics-port: {}", std::string(api.status().message()));
@@ -121,7 +121,7 @@ std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> Metric
                     std::string(m.status().message()));
       return nullptr;
     }
-    return std::shared_ptr<rdzv::MetricsServer>(std::move(*m));
+    return std::shared_ptr<telemetry::MetricsServer>(std::move(*m));
   };
 }
 

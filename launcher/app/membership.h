@@ -19,7 +19,7 @@ namespace dlrun::launcher {
 struct Membership {
   std::unique_ptr<MembershipSource> source;
   // --metrics-port: TelemetryOptions::serve_metrics; empty without it.
-  std::function<std::shared_ptr<void>(std::shared_ptr<rdzv::JobTelemetry>)> serve_metrics;
+  std::function<std::shared_ptr<void>(std::shared_ptr<telemetry::JobTelemetry>)> serve_metrics;
 };
 
 // Errors are one line. NotFound: the rendezvous host does not resolve (checked once the endpoint

@@ -12,7 +12,7 @@
 #include "launcher/profile/live_profile.h"
 #include "launcher/profile/profiler.h"
 #include "nlohmann/json.hpp"
-#include "rendezvous/profile_json.h"
+#include "telemetry/profile_json.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -62,7 +62,7 @@ std::string InterpreterOfAny(const std::vector<DumpTarget>& targets) {
 }
 
 // Every node's answer, through the job's rendezvous.
-absl::StatusOr<std::vector<rdzv::RankProfile>> JobWide(const std::string& endpoint,
+absl::StatusOr<std::vector<telemetry::RankProfile>> JobWide(const std::string& endpoint,
                                                        const std::string& run_id,
                                                        const std::string& token,
                                                        const rdzv::ProfileAsk& ask,
@@ -77,7 +77,7 @@ absl::StatusOr<std::vector<rdzv::RankProfile>> JobWide(const std::string& endpoi
                         absl::StrCat("the rendezvous at ", endpoint, " (run id '", run_id,
                                      "'): ", nodes.status().message()));
   }
-  std::vector<rdzv::RankProfile> out;
+  std::vector<telemetry::RankProfile> out;
   for (const rdzv::NodeStacksReply& n : *nodes) {
     if (n.ranks_json.empty()) {
       notes->push_back(absl::StrCat("node ", n.hostname, ": its agent did not answer in time"));
@@ -93,15 +93,15 @@ absl::StatusOr<std::vector<rdzv::RankProfile>> JobWide(const std::string& endpoi
   return out;
 }
 
-std::string ProfilesJson(const std::vector<rdzv::RankProfile>& profiles,
+std::string ProfilesJson(const std::vector<telemetry::RankProfile>& profiles,
                          const std::vector<std::string>& notes) {
   nlohmann::json j;
   j["profiles"] = nlohmann::json::object();
-  for (const rdzv::RankProfile& p : profiles) {
+  for (const telemetry::RankProfile& p : profiles) {
     if (!p.path.empty()) j["profiles"][std::to_string(p.rank)] = p.path;
   }
   j["profile_details"] = nlohmann::json::array();
-  for (const rdzv::RankProfile& p : profiles) j["profile_details"].push_back(rdzv::ProfileDetailJson(p));
+  for (const telemetry::RankProfile& p : profiles) j["profile_details"].push_back(telemetry::ProfileDetailJson(p));
   j["notes"] = notes;
   return j.dump(2) + "\n";
 }
@@ -123,7 +123,7 @@ int ProfileMain(const std::vector<std::string>& args) {
   if (!spec.ok()) return Fail(spec.status());
 
   std::vector<std::string> notes;
-  absl::StatusOr<std::vector<rdzv::RankProfile>> profiles;
+  absl::StatusOr<std::vector<telemetry::RankProfile>> profiles;
   auto job = ChooseJob(a.job);
   if (!job.ok()) return absl::IsInvalidArgument(job.status()) ? Fail(job.status()) : FailRun(job.status());
   if (!job->endpoint.empty()) {
@@ -137,12 +137,12 @@ int ProfileMain(const std::vector<std::string>& args) {
   }
   if (!profiles.ok()) return FailRun(profiles.status());
   std::set<int> seen;
-  for (const rdzv::RankProfile& p : *profiles) seen.insert(p.rank);
+  for (const telemetry::RankProfile& p : *profiles) seen.insert(p.rank);
   for (int r : *ranks) {
     if (!seen.count(r)) notes.push_back(absl::StrCat("rank ", r, ": no live worker of the job has it"));
   }
   Print(a.json ? ProfilesJson(*profiles, notes) : FormatLiveProfiles(*profiles, notes));
-  for (const rdzv::RankProfile& p : *profiles) {
+  for (const telemetry::RankProfile& p : *profiles) {
     if (!p.path.empty()) return 0;
   }
   return 1;

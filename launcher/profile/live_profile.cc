@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "launcher/profile/profiler.h"
 #include "nlohmann/json.hpp"
-#include "rendezvous/profile_json.h"
+#include "telemetry/profile_json.h"
 
 namespace dlrun::launcher {
 
@@ -29,7 +29,7 @@ absl::StatusOr<ProfileSpec> LiveProfileSpec(const rdzv::ProfileAsk& ask) {
   return spec;
 }
 
-std::vector<rdzv::RankProfile> ProfileLive(const ProfileSpec& spec, const std::string& tool,
+std::vector<telemetry::RankProfile> ProfileLive(const ProfileSpec& spec, const std::string& tool,
                                            const std::string& dir, const std::string& host,
                                            const std::vector<DumpTarget>& targets,
                                            std::chrono::milliseconds duration,
@@ -55,7 +55,7 @@ std::string AnswerLiveProfile(const rdzv::ProfileAsk& ask, const std::vector<Dum
   absl::StatusOr<std::string> tool =
       spec.ok() ? FindProfileTool(*spec, python) : absl::StatusOr<std::string>(spec.status());
   if (!tool.ok()) {
-    std::vector<rdzv::RankProfile> notes;
+    std::vector<telemetry::RankProfile> notes;
     for (const DumpTarget& t : targets) {
       if (std::find(ask.ranks.begin(), ask.ranks.end(), t.rank) == ask.ranks.end()) continue;
       notes.push_back({t.rank, host, ask.tool, "", {}, std::string(tool.status().message())});
@@ -68,30 +68,30 @@ std::string AnswerLiveProfile(const rdzv::ProfileAsk& ask, const std::vector<Dum
                           kMaxAnswerBytes);
 }
 
-std::string LiveProfilesJson(const std::vector<rdzv::RankProfile>& profiles, size_t max_bytes) {
-  std::vector<rdzv::RankProfile> p = profiles;
+std::string LiveProfilesJson(const std::vector<telemetry::RankProfile>& profiles, size_t max_bytes) {
+  std::vector<telemetry::RankProfile> p = profiles;
   for (;;) {
     json out = json::array();
     size_t hot_left = 0;
-    for (const rdzv::RankProfile& r : p) {
+    for (const telemetry::RankProfile& r : p) {
       hot_left += r.hot.size();
-      out.push_back(rdzv::ProfileDetailJson(r));
+      out.push_back(telemetry::ProfileDetailJson(r));
     }
     std::string text = out.dump(-1, ' ', false, json::error_handler_t::replace);
     if (text.size() <= max_bytes || hot_left == 0) return text.size() <= max_bytes ? text : "[]";
-    for (rdzv::RankProfile& r : p) {  // the least telling frames go first
+    for (telemetry::RankProfile& r : p) {  // the least telling frames go first
       if (!r.hot.empty()) r.hot.pop_back();
     }
   }
 }
 
-absl::StatusOr<std::vector<rdzv::RankProfile>> LiveProfilesFromJson(const std::string& text) {
+absl::StatusOr<std::vector<telemetry::RankProfile>> LiveProfilesFromJson(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_array()) return absl::InvalidArgumentError("the node's profiles are not a JSON array");
-  std::vector<rdzv::RankProfile> out;
+  std::vector<telemetry::RankProfile> out;
   try {
     for (const json& e : j) {
-      rdzv::RankProfile p;
+      telemetry::RankProfile p;
       p.rank = e.at("rank").get<int>();
       p.host = e.at("host").get<std::string>();
       p.tool = e.at("tool").get<std::string>();
@@ -108,10 +108,10 @@ absl::StatusOr<std::vector<rdzv::RankProfile>> LiveProfilesFromJson(const std::s
   return out;
 }
 
-std::string FormatLiveProfiles(const std::vector<rdzv::RankProfile>& profiles,
+std::string FormatLiveProfiles(const std::vector<telemetry::RankProfile>& profiles,
                                const std::vector<std::string>& notes) {
   std::string out;
-  for (const rdzv::RankProfile& p : profiles) absl::StrAppend(&out, rdzv::ProfileText(p, ""), "\n");
+  for (const telemetry::RankProfile& p : profiles) absl::StrAppend(&out, telemetry::ProfileText(p, ""), "\n");
   for (const std::string& n : notes) absl::StrAppend(&out, n, "\n");
   return out;
 }

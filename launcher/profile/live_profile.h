@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "launcher/profile/profile.h"
 #include "launcher/stacks/stacks.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::launcher {
@@ -22,7 +22,7 @@ absl::StatusOr<ProfileSpec> LiveProfileSpec(const rdzv::ProfileAsk& ask);
 // Runs `tool` (FindProfileTool's) on the `targets` the ask names for `duration`, into `dir`, and
 // returns their profiles (hot frames, flame graph paths); waits at most `bound` beyond the
 // duration for the tools to finish. Targets the ask does not name are left alone.
-std::vector<rdzv::RankProfile> ProfileLive(const ProfileSpec& spec, const std::string& tool,
+std::vector<telemetry::RankProfile> ProfileLive(const ProfileSpec& spec, const std::string& tool,
                                            const std::string& dir, const std::string& host,
                                            const std::vector<DumpTarget>& targets,
                                            std::chrono::milliseconds duration,
@@ -36,11 +36,11 @@ std::string AnswerLiveProfile(const rdzv::ProfileAsk& ask, const std::vector<Dum
                               const std::string& python);
 
 // A node's answer as JSON, at most `max_bytes` (hot frames dropped from the end to fit), and back.
-std::string LiveProfilesJson(const std::vector<rdzv::RankProfile>& profiles, size_t max_bytes);
-absl::StatusOr<std::vector<rdzv::RankProfile>> LiveProfilesFromJson(const std::string& json);
+std::string LiveProfilesJson(const std::vector<telemetry::RankProfile>& profiles, size_t max_bytes);
+absl::StatusOr<std::vector<telemetry::RankProfile>> LiveProfilesFromJson(const std::string& json);
 
 // What `dlrun profile` prints: one line per rank with its file, then its hot frames.
-std::string FormatLiveProfiles(const std::vector<rdzv::RankProfile>& profiles,
+std::string FormatLiveProfiles(const std::vector<telemetry::RankProfile>& profiles,
                                const std::vector<std::string>& notes);
 
 }  // namespace dlrun::launcher

@@ -231,7 +231,7 @@ class ToolProfiler : public RankProfiler {
     if (it->second.tool.pid > 0) kill(it->second.tool.pid, SIGINT);
   }
 
-  std::vector<rdzv::RankProfile> Collect(std::chrono::milliseconds bound) override {
+  std::vector<telemetry::RankProfile> Collect(std::chrono::milliseconds bound) override {
     const Deadline deadline = std::chrono::steady_clock::now() + bound;
     for (auto& [rank, r] : ranks_) {
       if (r.tool.pid > 0) {
@@ -241,12 +241,12 @@ class ToolProfiler : public RankProfiler {
         r.pending = true;
       }
     }
-    std::vector<rdzv::RankProfile> out;
+    std::vector<telemetry::RankProfile> out;
     for (auto& [rank, r] : ranks_) {
       if (r.pending) Finish(rank, &r, deadline);
       r.pending = false;
       if (!r.seen) continue;
-      rdzv::RankProfile p = r.result;
+      telemetry::RankProfile p = r.result;
       p.rank = rank;
       p.host = hostname_;
       p.tool = ProfileToolName(spec_.tool);
@@ -276,7 +276,7 @@ class ToolProfiler : public RankProfiler {
     bool pending = false;          // a capture to turn into files
     bool captured_steps = false;
     std::string note;
-    rdzv::RankProfile result;
+    telemetry::RankProfile result;
   };
 
   std::string Path(int rank, const std::string& name) const {
@@ -336,7 +336,7 @@ class ToolProfiler : public RankProfiler {
 
   // The capture into the rank's flame graph and hot frames.
   void Finish(int rank, Rank* r, Deadline deadline) {
-    rdzv::RankProfile& p = r->result;
+    telemetry::RankProfile& p = r->result;
     p = {};
     Folded folded;
     const std::string stem = Stem(rank);

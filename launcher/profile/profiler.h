@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/profile/profile.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
 namespace dlrun::launcher {
 
@@ -34,7 +34,7 @@ class RankProfiler {
   virtual void Exited(int rank) = 0;
   // Ends the captures still running, waits for the tools within `bound`, turns their output into
   // the rank's file (and flame graph), and returns every profiled rank seen so far.
-  virtual std::vector<rdzv::RankProfile> Collect(std::chrono::milliseconds bound) = 0;
+  virtual std::vector<telemetry::RankProfile> Collect(std::chrono::milliseconds bound) = 0;
 };
 
 // The tool's executable for `spec` (the override variables, py-spy next to the

@@ -202,8 +202,8 @@ class RdzvSource final : public MembershipSource {
   }
   RdzvAddress Address() const override { return {client_->endpoint(), o_.run_id, o_.token}; }
 
-  void Publish(const rdzv::NodeTelemetry& t) override { telemetry_ = t; }
-  std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override {
+  void Publish(const telemetry::NodeTelemetry& t) override { telemetry_ = t; }
+  std::shared_ptr<telemetry::JobTelemetry> job_telemetry() const override {
     return hosted_ ? hosted_->telemetry() : nullptr;
   }
 
@@ -372,7 +372,7 @@ class RdzvSource final : public MembershipSource {
   rdzv::Api* api_;
   Clock& clock_;  // the liveness limit of the host is measured on it
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
-  std::optional<rdzv::NodeTelemetry> telemetry_;  // the latest, sent with each heartbeat
+  std::optional<telemetry::NodeTelemetry> telemetry_;  // the latest, sent with each heartbeat
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::NodeInfo node_;
   uint64_t round_ = 0;

@@ -9,7 +9,7 @@
 #include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
 #include "rendezvous/api.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 #include "rendezvous/tls.h"
 #include "rendezvous/types.h"
 
@@ -36,7 +36,7 @@ struct RdzvSourceOptions {
   // "auto": host the server if the endpoint's port can be bound here; "true"/"false" force it.
   std::string is_host = "auto";
   rdzv::TlsConfig tls;  // from the environment (rendezvous/tls.h)
-  rdzv::TelemetryOptions telemetry;  // for the aggregate, when this agent hosts
+  telemetry::TelemetryOptions telemetry;  // for the aggregate, when this agent hosts
 };
 
 // Starts the hosted server when this agent hosts it, and the client (the plugin's, on the

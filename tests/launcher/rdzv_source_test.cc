@@ -29,7 +29,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
     return s_.join;
   }
   absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t,
-                                                 const rdzv::NodeTelemetry*) override {
+                                                 const telemetry::NodeTelemetry*) override {
     ++s_.heartbeats;
     if (!s_.heartbeat_ok) return absl::UnavailableError("connection refused");
     return rdzv::HeartbeatReply{};
@@ -38,7 +38,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
                                                    const std::string&, bool) override {
     return rdzv::FailureReply{};
   }
-  absl::Status Leave(const std::string&, uint64_t, bool, const rdzv::NodeTelemetry*) override {
+  absl::Status Leave(const std::string&, uint64_t, bool, const telemetry::NodeTelemetry*) override {
     return absl::OkStatus();
   }
   absl::StatusOr<rdzv::StatusSnapshot> Status(rdzv::Duration) override {
@@ -62,8 +62,8 @@ class ScriptedApi final : public rdzv::Api {
   absl::StatusOr<std::unique_ptr<rdzv::HostedRendezvous>> Host(const rdzv::HostOptions&) override {
     return absl::UnavailableError("not scripted");
   }
-  absl::StatusOr<std::unique_ptr<rdzv::MetricsServer>> ServeMetrics(
-      std::shared_ptr<rdzv::JobTelemetry>, const std::string&, int) override {
+  absl::StatusOr<std::unique_ptr<telemetry::MetricsServer>> ServeMetrics(
+      std::shared_ptr<telemetry::JobTelemetry>, const std::string&, int) override {
     return absl::UnavailableError("not scripted");
   }
 

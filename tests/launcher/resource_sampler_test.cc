@@ -94,7 +94,7 @@ TEST(ResourceSampler, GpusAndPerProcessMemoryThroughNvml) {
   setenv(contract::kNvmlLibrary, FAKE_NVML_LIB, 1);
   setenv("FAKE_NVML_GPUS", "1000:16000:35,8000:16000:90", 1);
   setenv("FAKE_NVML_PROCS_FILE", procs.c_str(), 1);
-  std::vector<rdzv::GpuTelemetry> gpus;
+  std::vector<telemetry::GpuTelemetry> gpus;
   std::map<pid_t, ProcSample> latest;
   {
     ResourceSampler s(std::chrono::milliseconds(100));

@@ -42,7 +42,7 @@ TEST(RestartLedger, PhasesAreConsecutiveAndSumToLastStepEndToFirstNewStepBegin) 
   }
   const auto costs = l.Costs();
   ASSERT_EQ(costs.size(), 1u);
-  const rdzv::RestartCost& c = costs[0];
+  const telemetry::RestartCost& c = costs[0];
   EXPECT_EQ(c.restart, 1);
   EXPECT_EQ(c.restarts, 1);
   EXPECT_TRUE(c.resumed);
@@ -90,7 +90,7 @@ TEST(RestartLedger, AFaultDuringTheRecoveryExtendsTheSameSpan) {
   l.Step(9, 0.1, tl.at(3.8));  // resumed from a checkpoint at 8 this time
   const auto costs = l.Costs();
   ASSERT_EQ(costs.size(), 1u);
-  const rdzv::RestartCost& c = costs[0];
+  const telemetry::RestartCost& c = costs[0];
   EXPECT_EQ(c.restarts, 2);
   EXPECT_EQ(c.restart, 2);
   EXPECT_EQ(c.recomputed_steps, 1);
@@ -132,7 +132,7 @@ TEST(RestartLedger, OldRestartsAreFoldedNotDropped) {
   double t = 0;
   int64_t step = 0;
   l.GroupStarted(0, tl.at(t), tl.at(t));
-  const int n = static_cast<int>(rdzv::kMaxRestartCosts) + 6;
+  const int n = static_cast<int>(telemetry::kMaxRestartCosts) + 6;
   for (int r = 1; r <= n; ++r) {
     l.Step(++step, 0.1, tl.at(t += 0.1));
     l.FaultSeen(tl.at(t += 0.5));
@@ -141,7 +141,7 @@ TEST(RestartLedger, OldRestartsAreFoldedNotDropped) {
     l.Step(++step, 0.1, tl.at(t += 0.1));  // 1 s lost each time (0.1 of it in the new step)
   }
   const auto costs = l.Costs();
-  EXPECT_EQ(costs.size(), rdzv::kMaxRestartCosts);
+  EXPECT_EQ(costs.size(), telemetry::kMaxRestartCosts);
   int restarts = 0;
   for (const auto& c : costs) restarts += c.restarts;
   EXPECT_EQ(restarts, n);

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "nlohmann/json.hpp"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -26,14 +26,14 @@ struct Job {
   double rss_fraction = 0.2;   // of the memory request
 };
 
-JobTelemetry::Snapshot Make(const Job& j) {
-  JobTelemetry::Snapshot s;
+telemetry::JobTelemetry::Snapshot Make(const Job& j) {
+  telemetry::JobTelemetry::Snapshot s;
   s.run_id = "r";
   s.world_size = 2;
   s.nodes = 1;
   s.wall_s = 100;
   s.program = j.program;
-  JobTelemetry::Snapshot::NodeMemory m;
+  telemetry::JobTelemetry::Snapshot::NodeMemory m;
   m.host = "node-a";
   m.cpus = j.cpus;
   m.cpus_source = "Slurm cpus-per-task";
@@ -42,7 +42,7 @@ JobTelemetry::Snapshot Make(const Job& j) {
   m.ranks = 2;
   m.cpu_s = j.cpu_busy * j.cpus * s.wall_s;
   for (int r = 0; r < 2; ++r) {
-    RankTelemetry x;
+    telemetry::RankTelemetry x;
     x.rank = r;
     x.host = "node-a";
     x.steps = 100;
@@ -59,7 +59,7 @@ JobTelemetry::Snapshot Make(const Job& j) {
   s.node_memory.push_back(m);
   if (j.gpu_util >= 0) {
     for (int g = 0; g < j.gpus; ++g) {
-      GpuTelemetry t;
+      telemetry::GpuTelemetry t;
       t.index = g;
       t.host = "node-a";
       t.utilization = j.gpu_util;
@@ -95,7 +95,7 @@ TEST(Advice, LowGpuUseWithRanksWaitingForDataIsDataLoadingAdvice) {
   Job j;
   j.gpu_util = 0.35;
   j.data_wait = 0.4;
-  const auto advice = AdviceLines(FormatJobReport(Make(j), 0));
+  const auto advice = AdviceLines(telemetry::FormatJobReport(Make(j), 0));
   EXPECT_EQ(Count(advice, kDataLine), 1) << ::testing::PrintToString(advice);
   EXPECT_EQ(Count(advice, kOtherLine), 0);
   EXPECT_EQ(Count(advice, "ranks wait for data 40% of a step"), 1);
@@ -109,7 +109,7 @@ TEST(Advice, LowGpuUseWithBusyCpusIsDataLoadingAdviceNamingTrainUnetsFlags) {
   j.gpu_util = 0.35;
   j.cpu_busy = 0.9;
   j.program = "train_unet";
-  const auto advice = AdviceLines(FormatJobReport(Make(j), 0));
+  const auto advice = AdviceLines(telemetry::FormatJobReport(Make(j), 0));
   EXPECT_EQ(Count(advice, kDataLine), 1) << ::testing::PrintToString(advice);
   EXPECT_EQ(Count(advice, "the CPUs are 90% busy"), 1);
   EXPECT_EQ(Count(advice, "--num-data-workers"), 1);
@@ -121,13 +121,13 @@ TEST(Advice, LowGpuUseWithIdleCpusAndNoDataWaitGetsTheOtherCauses) {
   Job j;
   j.gpu_util = 0.35;
   j.cpu_busy = 0.2;
-  const auto advice = AdviceLines(FormatJobReport(Make(j), 0));
+  const auto advice = AdviceLines(telemetry::FormatJobReport(Make(j), 0));
   EXPECT_EQ(Count(advice, kDataLine), 0) << ::testing::PrintToString(advice);
   EXPECT_EQ(Count(advice, kOtherLine), 1);
   EXPECT_EQ(Count(advice, "the CPUs 20% busy"), 1);
   EXPECT_EQ(Count(advice, "GPU memory peaked at 30%: room for more"), 1);
   j.gpu_mem = 0.8;  // a full GPU: no "room for more"
-  EXPECT_EQ(Count(AdviceLines(FormatJobReport(Make(j), 0)), "room for more"), 0);
+  EXPECT_EQ(Count(AdviceLines(telemetry::FormatJobReport(Make(j), 0)), "room for more"), 0);
 }
 
 TEST(Advice, BusyGpusWithFullMemoryGetNoAdvice) {
@@ -135,7 +135,7 @@ TEST(Advice, BusyGpusWithFullMemoryGetNoAdvice) {
   j.gpu_util = 0.95;
   j.gpu_mem = 0.99;  // what the notes ask for: the largest batch that fits
   j.data_wait = 0.05;
-  const std::string report = FormatJobReport(Make(j), 0);
+  const std::string report = telemetry::FormatJobReport(Make(j), 0);
   EXPECT_TRUE(AdviceLines(report).empty()) << report;
   EXPECT_EQ(report.find("would need"), std::string::npos) << report;
 }
@@ -143,34 +143,34 @@ TEST(Advice, BusyGpusWithFullMemoryGetNoAdvice) {
 TEST(Advice, ACpuJobWaitingForDataGetsTheLoaderAdviceOnly) {
   Job j;
   j.data_wait = 0.3;
-  auto advice = AdviceLines(FormatJobReport(Make(j), 0));
+  auto advice = AdviceLines(telemetry::FormatJobReport(Make(j), 0));
   ASSERT_EQ(advice.size(), 1u) << ::testing::PrintToString(advice);
   EXPECT_EQ(advice[0].rfind("ranks wait for data 30% of a step: more DataLoader workers", 0), 0u)
       << advice[0];
   j.data_wait = 0.05;
-  EXPECT_TRUE(AdviceLines(FormatJobReport(Make(j), 0)).empty());
+  EXPECT_TRUE(AdviceLines(telemetry::FormatJobReport(Make(j), 0)).empty());
 }
 
 TEST(Advice, MemoryNearTheRequestNamesTheMeansThatExist) {
   Job j;
   j.rss_fraction = 0.95;
   j.program = "train_unet";
-  auto advice = AdviceLines(FormatJobReport(Make(j), 0));
+  auto advice = AdviceLines(telemetry::FormatJobReport(Make(j), 0));
   ASSERT_EQ(Count(advice, "memory limit (Slurm --mem)"), 1) << ::testing::PrintToString(advice);
   EXPECT_EQ(Count(advice, "--accumulation-steps, --checkpoint-activations"), 1);
   j.program = "train.py";
-  advice = AdviceLines(FormatJobReport(Make(j), 0));
+  advice = AdviceLines(telemetry::FormatJobReport(Make(j), 0));
   EXPECT_EQ(Count(advice, "gradient accumulation, activation checkpointing"), 1);
   EXPECT_EQ(Count(advice, "--accumulation-steps"), 0);
   j.rss_fraction = 0.5;
-  EXPECT_TRUE(AdviceLines(FormatJobReport(Make(j), 0)).empty());
+  EXPECT_TRUE(AdviceLines(telemetry::FormatJobReport(Make(j), 0)).empty());
 }
 
 TEST(Advice, CpuEfficiencyIsAgainstTheCpusAllocatedAsSeffCountsIt) {
   Job j;
   j.cpu_busy = 0.5;
   j.cpus = 8;
-  const std::string report = FormatJobReport(Make(j), 0);
+  const std::string report = telemetry::FormatJobReport(Make(j), 0);
   // 2 ranks x 200 CPU-s = 400 CPU-s of 8 CPUs x 100 s.
   EXPECT_NE(report.find("CPU efficiency: 50% of 8 CPU(s) allocated (Slurm cpus-per-task) on 1 "
                         "node(s): 400.0 CPU-s of 800.0 s core-walltime; per rank 200% of one core"),
@@ -179,7 +179,7 @@ TEST(Advice, CpuEfficiencyIsAgainstTheCpusAllocatedAsSeffCountsIt) {
   EXPECT_NE(report.find("memory on node-a: peak 1.60 GiB of 8.00 GiB (Slurm --mem), 20%"),
             std::string::npos)
       << report;
-  auto js = nlohmann::json::parse(SnapshotJson(Make(j), false));
+  auto js = nlohmann::json::parse(telemetry::SnapshotJson(Make(j), false));
   EXPECT_DOUBLE_EQ(js["cpu_efficiency"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(js["cpus_allocated"].get<double>(), 8);
   EXPECT_EQ(js["node_memory"][0]["memory_limit_source"], "Slurm --mem");
@@ -189,11 +189,11 @@ TEST(Advice, TheSameWorkOnFewerGpusAtNinetyPercent) {
   Job j;
   j.gpu_util = 0.35;
   j.gpus = 71;  // the DGX guide's cluster: 71 GPUs at 35% are 28 at 90%
-  const std::string report = FormatJobReport(Make(j), 0);
+  const std::string report = telemetry::FormatJobReport(Make(j), 0);
   EXPECT_NE(report.find("this work would need 28 GPU(s) at 90% utilization instead of 71 at 35%"),
             std::string::npos)
       << report;
-  EXPECT_EQ(nlohmann::json::parse(SnapshotJson(Make(j), false))["gpus_needed_at_90_percent"], 28);
+  EXPECT_EQ(nlohmann::json::parse(telemetry::SnapshotJson(Make(j), false))["gpus_needed_at_90_percent"], 28);
 }
 
 // Every flag that train_unet's advice names is one of train_unet's (or the scheduler's).
@@ -206,7 +206,7 @@ TEST(Advice, TrainUnetsAdviceNamesOnlyItsOwnFlags) {
   for (Job j : {Job{.gpu_util = 0.3, .data_wait = 0.5}, Job{.gpu_util = 0.3},
                 Job{.data_wait = 0.5, .cpu_busy = 0.9}, Job{.rss_fraction = 0.99}}) {
     j.program = "train_unet";
-    for (const std::string& line : AdviceLines(FormatJobReport(Make(j), 0))) {
+    for (const std::string& line : AdviceLines(telemetry::FormatJobReport(Make(j), 0))) {
       // Each "--name" (no std::regex: GCC 12 warns inside it under the sanitizer build).
       for (size_t at = line.find("--"); at != std::string::npos; at = line.find("--", at + 2)) {
         size_t end = at + 2;

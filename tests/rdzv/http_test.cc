@@ -1,7 +1,7 @@
-// The telemetry endpoints' own HTTP server (rendezvous/http_server.h) over real loopback
-// sockets, and the Prometheus text writer (rendezvous/exposition.h). The end-to-end checks with
+// The telemetry endpoints' own HTTP server (telemetry/http_server.h) over real loopback
+// sockets, and the Prometheus text writer (telemetry/exposition.h). The end-to-end checks with
 // a real Prometheus and a real Chromium are in tests/multiproc/dlrun_telemetry_test.cc.
-#include "rendezvous/http_server.h"
+#include "telemetry/http_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,7 +14,7 @@
 #include <cmath>
 #include <limits>
 
-#include "rendezvous/exposition.h"
+#include "telemetry/exposition.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -41,11 +41,11 @@ std::string Exchange(int port, const std::string& request) {
 }
 
 struct Served {
-  HttpServer srv;
+  telemetry::HttpServer srv;
   int port = 0;
   Served() {
-    srv.Get("/metrics", [](const std::string&, HttpResponse* r) { r->set_content("m 1\n", "text/plain"); });
-    srv.GetPrefix("/profile/", [](const std::string& rest, HttpResponse* r) {
+    srv.Get("/metrics", [](const std::string&, telemetry::HttpResponse* r) { r->set_content("m 1\n", "text/plain"); });
+    srv.GetPrefix("/profile/", [](const std::string& rest, telemetry::HttpResponse* r) {
       r->set_content("profile of " + rest, "text/plain");
     });
     auto p = srv.Listen("127.0.0.1", 0);
@@ -93,15 +93,15 @@ TEST(HttpServer, AnIdleConnectionHoldsUpNoOtherRequest) {
 
 TEST(HttpServer, APortInUseIsAnErrorNamingIt) {
   Served s;
-  HttpServer second;
+  telemetry::HttpServer second;
   auto p = second.Listen("127.0.0.1", s.port);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find(std::to_string(s.port)), std::string::npos) << p.status();
 }
 
 TEST(Exposition, FamiliesHaveHelpTypeSortedEscapedLabelsAndSkipEmptyOnes) {
-  Exposition e;
-  MetricFamily& g = e.Gauge("g_seconds", "A gauge\\with a backslash");
+  telemetry::Exposition e;
+  telemetry::MetricFamily& g = e.Gauge("g_seconds", "A gauge\\with a backslash");
   g.Add({{"rank", "1"}, {"host", "a\"b\nc"}}).Set(0.7);
   g.Add({{"rank", "1"}, {"host", "a\"b\nc"}}).Set(0.25);  // the same sample again
   e.Gauge("empty", "no samples");
@@ -110,10 +110,10 @@ TEST(Exposition, FamiliesHaveHelpTypeSortedEscapedLabelsAndSkipEmptyOnes) {
             "# HELP g_seconds A gauge\\\\with a backslash\n# TYPE g_seconds gauge\n"
             "g_seconds{host=\"a\\\"b\\nc\",rank=\"1\"} 0.25\n"
             "# HELP c_total A counter\n# TYPE c_total counter\nc_total 3\n");
-  EXPECT_EQ(ExpositionValue(0.1 + 0.2 + 0.4), "0.7000000000000001");
-  EXPECT_EQ(ExpositionValue(std::numeric_limits<double>::infinity()), "+Inf");
-  EXPECT_EQ(ExpositionValue(std::nan("")), "NaN");
-  EXPECT_EQ(ExpositionValue(1e21), "1e+21");
+  EXPECT_EQ(telemetry::ExpositionValue(0.1 + 0.2 + 0.4), "0.7000000000000001");
+  EXPECT_EQ(telemetry::ExpositionValue(std::numeric_limits<double>::infinity()), "+Inf");
+  EXPECT_EQ(telemetry::ExpositionValue(std::nan("")), "NaN");
+  EXPECT_EQ(telemetry::ExpositionValue(1e21), "1e+21");
 }
 
 }  // namespace

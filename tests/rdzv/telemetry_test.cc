@@ -1,8 +1,8 @@
-// Job telemetry's aggregate (rendezvous/telemetry.h) on a fake clock: windows, straggler
+// Job telemetry's aggregate (telemetry/telemetry.h) on a fake clock: windows, straggler
 // detection (named after K windows above the factor, never in a balanced job), the report and
 // its advice, the heartbeat message's validation, the Prometheus text, and a heartbeat through
 // the handler reaching the aggregate.
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
 #include <gtest/gtest.h>
 
@@ -11,17 +11,17 @@
 
 #include "nlohmann/json.hpp"
 #include "rendezvous/handler.h"
-#include "rendezvous/metrics_http.h"
+#include "telemetry/metrics_http.h"
 
 namespace dlrun::rdzv {
 namespace {
 
 using std::chrono::milliseconds;
-using TP = JobTelemetry::TimePoint;
+using TP = telemetry::JobTelemetry::TimePoint;
 
 // Ranks that each did `steps` more steps of `compute` + `sync` seconds since the last call.
 struct FakeJob {
-  explicit FakeJob(int ranks, TelemetryOptions o = {}) : t(std::move(o)), totals(ranks) {
+  explicit FakeJob(int ranks, telemetry::TelemetryOptions o = {}) : t(std::move(o)), totals(ranks) {
     now = std::chrono::steady_clock::now();
   }
   // One second of steps: rank r computes compute[r] per step, and every rank's step lasts as
@@ -30,10 +30,10 @@ struct FakeJob {
     double slowest = 0;
     for (double c : compute) slowest = std::max(slowest, c);
     const int steps = static_cast<int>(1.0 / slowest);
-    NodeTelemetry n;
+    telemetry::NodeTelemetry n;
     n.hostname = node == "n0" ? "host-a" : "host-b";
     for (size_t r = 0; r < compute.size(); ++r) {
-      RankTelemetry& x = totals[r];
+      telemetry::RankTelemetry& x = totals[r];
       x.rank = static_cast<int>(r);
       x.steps += steps;
       x.samples += 4 * steps;
@@ -48,20 +48,20 @@ struct FakeJob {
     now += milliseconds(1000);
     t.Update(node, n.hostname, n, now);
   }
-  JobTelemetry t;
-  std::vector<RankTelemetry> totals;
+  telemetry::JobTelemetry t;
+  std::vector<telemetry::RankTelemetry> totals;
   TP now;
 };
 
 TEST(Telemetry, MedianOfOddAndEvenCounts) {
-  EXPECT_EQ(Median({}), 0);
-  EXPECT_EQ(Median({3, 1, 2}), 2);
-  EXPECT_EQ(Median({4, 1, 3, 2}), 2.5);
+  EXPECT_EQ(telemetry::Median({}), 0);
+  EXPECT_EQ(telemetry::Median({3, 1, 2}), 2);
+  EXPECT_EQ(telemetry::Median({4, 1, 3, 2}), 2.5);
 }
 
 TEST(Telemetry, ABalancedJobNamesNobody) {
   std::vector<std::string> warnings;
-  TelemetryOptions o;
+  telemetry::TelemetryOptions o;
   o.on_straggler = [&](const std::string& w) { warnings.push_back(w); };
   FakeJob job(8, o);
   for (int s = 0; s < 30; ++s) {
@@ -78,7 +78,7 @@ TEST(Telemetry, ABalancedJobNamesNobody) {
 
 TEST(Telemetry, ASlowRankIsNamedAfterKWindowsAndClearedWhenItRecovers) {
   std::vector<std::string> warnings;
-  TelemetryOptions o;
+  telemetry::TelemetryOptions o;
   o.straggler_windows = 3;
   o.on_straggler = [&](const std::string& w) { warnings.push_back(w); };
   FakeJob job(4, o);
@@ -98,7 +98,7 @@ TEST(Telemetry, ASlowRankIsNamedAfterKWindowsAndClearedWhenItRecovers) {
   EXPECT_NE(warnings[0].find("straggler: rank 2 on host-a computes 0.080 s per step"),
             std::string::npos)
       << warnings[0];
-  auto j = nlohmann::json::parse(SnapshotJson(snap, false));
+  auto j = nlohmann::json::parse(telemetry::SnapshotJson(snap, false));
   EXPECT_EQ(j["ranks"]["2"]["straggler"], true);
   EXPECT_EQ(j["ranks"]["1"]["straggler"], false);
   // Back to normal: no longer active, still in the report, and no second warning.
@@ -107,16 +107,16 @@ TEST(Telemetry, ASlowRankIsNamedAfterKWindowsAndClearedWhenItRecovers) {
   ASSERT_EQ(snap.stragglers.size(), 1u);
   EXPECT_FALSE(snap.stragglers[0].active);
   EXPECT_EQ(warnings.size(), 1u);
-  const std::string report = FormatJobReport(snap, 0);
+  const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("advice: rank 2 on host-a was a straggler"), std::string::npos);
   EXPECT_NE(report.find("slowest rank: 2 (compute and data wait per step before the sync"),
             std::string::npos)
       << "every step time is alike in synchronous DDP: the split names it\n" << report;
-  EXPECT_EQ(nlohmann::json::parse(SnapshotJson(snap, false))["slowest_rank"], 2);
+  EXPECT_EQ(nlohmann::json::parse(telemetry::SnapshotJson(snap, false))["slowest_rank"], 2);
 }
 
 TEST(Telemetry, TheFactorIsConfigurable) {
-  TelemetryOptions o;
+  telemetry::TelemetryOptions o;
   o.straggler_factor = 2.0;
   FakeJob job(4, o);
   for (int s = 0; s < 10; ++s) job.Second({0.05, 0.05, 0.08, 0.05});
@@ -124,13 +124,13 @@ TEST(Telemetry, TheFactorIsConfigurable) {
 }
 
 TEST(Telemetry, WithoutTheSplitACpuOutlierIsNamed) {
-  TelemetryOptions o;
+  telemetry::TelemetryOptions o;
   FakeJob job(3, o);
   for (int s = 0; s < 5; ++s) {
-    NodeTelemetry n;
+    telemetry::NodeTelemetry n;
     n.hostname = "h";
     for (int r = 0; r < 3; ++r) {
-      RankTelemetry& x = job.totals[r];
+      telemetry::RankTelemetry& x = job.totals[r];
       x.rank = r;
       x.steps += 10;
       x.step_s += 1;
@@ -150,12 +150,12 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   FakeJob job(2);
   job.t.SetJob("run-1", 3, 4, 2, 1);
   job.t.AddRestartCause("node host-b: rank 3 exited with 1");
-  NodeTelemetry b;
+  telemetry::NodeTelemetry b;
   b.hostname = "host-b";
   b.lost_s = 2.5;
   b.memory_limit_bytes = int64_t{200} << 20;  // its two ranks peak at 2 x 100 MiB
   for (int r = 2; r < 4; ++r) {
-    RankTelemetry x;
+    telemetry::RankTelemetry x;
     x.rank = r;
     x.steps = 10;
     x.samples = 40;
@@ -166,7 +166,7 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
     b.ranks.push_back(x);
   }
   // Before the first step the GPU idles (start-up): that sample is left out of its mean.
-  NodeTelemetry idle;
+  telemetry::NodeTelemetry idle;
   idle.hostname = "host-b";
   idle.ranks.push_back({});
   idle.ranks[0].rank = 2;
@@ -186,7 +186,7 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   EXPECT_EQ(snap.gpus[0].host, "host-b");
   EXPECT_NEAR(*snap.gpus[0].mean_utilization, 0.5, 1e-9) << "over the stepping samples";
   EXPECT_EQ(snap.gpus[0].peak_memory_used_bytes, int64_t{39} << 30);
-  const std::string report = FormatJobReport(snap, 0);
+  const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("2.5 s lost to 1 restart(s)"), std::string::npos) << report;
   EXPECT_NE(report.find("4 rank(s) on 2 node(s)"), std::string::npos) << report;
   EXPECT_NE(report.find("restart 1: node host-b: rank 3 exited with 1"), std::string::npos);
@@ -201,7 +201,7 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   EXPECT_NE(report.find("GPU utilization: mean 50%, min 50% over 1 GPU(s); peak memory 39.0 of 40.0 GiB"),
             std::string::npos)
       << report;
-  auto j = nlohmann::json::parse(SnapshotJson(snap, true));
+  auto j = nlohmann::json::parse(telemetry::SnapshotJson(snap, true));
   for (const char* k : {"wall_s", "restarts", "samples_per_sec", "ranks", "stragglers", "history"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
@@ -216,7 +216,7 @@ TEST(Telemetry, PrometheusTextHasEverySeries) {
   FakeJob job(2);
   job.t.SetJob("r", 1, 2, 1, 0);
   for (int s = 0; s < 4; ++s) job.Second({0.05, 0.1});
-  const std::string text = PrometheusText(job.t.Snap(job.now));
+  const std::string text = telemetry::PrometheusText(job.t.Snap(job.now));
   for (const char* series :
        {"dlrun_step_time_seconds{host=\"host-a\",rank=\"0\"}", "dlrun_compute_seconds{rank=\"1\"}",
         "dlrun_sync_wait_seconds{rank=\"0\"}", "dlrun_samples_per_second{rank=\"1\"}",
@@ -231,28 +231,28 @@ TEST(Telemetry, MalformedTelemetryIsRefusedWithTheField) {
   v1::NodeTelemetry t;
   auto* r = t.add_ranks();
   r->set_step_seconds(std::numeric_limits<double>::quiet_NaN());
-  auto bad = TelemetryFromProto(t);
+  auto bad = telemetry::TelemetryFromProto(t);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("expected a finite number >= 0"), std::string::npos);
   r->set_step_seconds(1);
   r->set_cpu_utilization(1e9);
-  EXPECT_NE(TelemetryFromProto(t).status().message().find("CPU utilization"), std::string::npos);
+  EXPECT_NE(telemetry::TelemetryFromProto(t).status().message().find("CPU utilization"), std::string::npos);
   r->set_cpu_utilization(-1);
-  EXPECT_TRUE(TelemetryFromProto(t).ok());
-  EXPECT_FALSE(TelemetryFromProto(t)->ranks[0].cpu_utilization.has_value());
+  EXPECT_TRUE(telemetry::TelemetryFromProto(t).ok());
+  EXPECT_FALSE(telemetry::TelemetryFromProto(t)->ranks[0].cpu_utilization.has_value());
   t.add_gpus()->set_utilization(1.5);
-  EXPECT_NE(TelemetryFromProto(t).status().message().find("expected 0 to 1"), std::string::npos);
+  EXPECT_NE(telemetry::TelemetryFromProto(t).status().message().find("expected 0 to 1"), std::string::npos);
   v1::NodeTelemetry many;
-  for (size_t i = 0; i <= kMaxTelemetryRanks; ++i) many.add_ranks();
-  EXPECT_NE(TelemetryFromProto(many).status().message().find("expected at most 1024"),
+  for (size_t i = 0; i <= telemetry::kMaxTelemetryRanks; ++i) many.add_ranks();
+  EXPECT_NE(telemetry::TelemetryFromProto(many).status().message().find("expected at most 1024"),
             std::string::npos);
 }
 
 TEST(Telemetry, RoundTripsThroughTheProto) {
-  NodeTelemetry n;
+  telemetry::NodeTelemetry n;
   n.hostname = "h";
   n.lost_s = 1.5;
-  RankTelemetry x;
+  telemetry::RankTelemetry x;
   x.rank = 7;
   x.steps = 3;
   x.data_s = 0.25;
@@ -263,7 +263,7 @@ TEST(Telemetry, RoundTripsThroughTheProto) {
   n.ranks.push_back(x);
   v1::NodeTelemetry p;
   ToProto(n, &p);
-  auto back = TelemetryFromProto(p);
+  auto back = telemetry::TelemetryFromProto(p);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->hostname, "h");
   ASSERT_EQ(back->ranks.size(), 1u);
@@ -277,8 +277,8 @@ TEST(Telemetry, RoundTripsThroughTheProto) {
   EXPECT_EQ(back->ranks[0].gpu_memory_bytes, -1);
 }
 
-RestartCost Cost(int restart, double each, int64_t fault_step, int64_t resumed_step) {
-  RestartCost c;
+telemetry::RestartCost Cost(int restart, double each, int64_t fault_step, int64_t resumed_step) {
+  telemetry::RestartCost c;
   c.restart = restart;
   c.detection_s = c.stop_s = c.rendezvous_s = c.start_s = c.checkpoint_load_s = each;
   c.recomputed_steps = fault_step - resumed_step;
@@ -295,7 +295,7 @@ TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverW
   job.t.SetJob("r", 2, 2, 1, 2);  // a node was lost: the job's largest shape stays known
   job.t.AddRestartCause("node host-b: rank 3 exited with 1");
   job.t.AddRestartCause("the rendezvous host was lost");
-  NodeTelemetry a, b;
+  telemetry::NodeTelemetry a, b;
   a.hostname = "host-a";
   b.hostname = "host-b";
   a.restarts = {Cost(1, 0.1, 55, 50), Cost(2, 0.5, 70, 60)};  // host-a lost more to restart 2
@@ -314,7 +314,7 @@ TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverW
   EXPECT_EQ(snap.max_world_size, 4);
   EXPECT_EQ(snap.max_nodes, 2);
 
-  const nlohmann::json j = nlohmann::json::parse(SnapshotJson(snap, false));
+  const nlohmann::json j = nlohmann::json::parse(telemetry::SnapshotJson(snap, false));
   EXPECT_NEAR(j["lost"]["total_s"].get<double>(), 4.2, 1e-9);
   EXPECT_NEAR(j["lost"]["by_phase"]["start_s"].get<double>(), 0.7, 1e-9);
   EXPECT_EQ(j["lost"]["recomputed_steps"], 15);
@@ -324,7 +324,7 @@ TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverW
   EXPECT_NEAR(j["goodput"].get<double>(), 30.0 / snap.wall_s, 1e-9);
   EXPECT_EQ(j["job"]["max_world_size"], 4);
 
-  const std::string report = FormatJobReport(snap, 0);
+  const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("2 rank(s) on 1 node(s) (at most 4 on 2)"), std::string::npos) << report;
   EXPECT_NE(report.find("restart 1: node host-b: rank 3 exited with 1; 1.20 s lost (on host-b): "
                         "detection 0.20, stop 0.20, rendezvous 0.20, start 0.20, checkpoint load "
@@ -335,7 +335,7 @@ TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverW
             std::string::npos)
       << report;
 
-  const std::string text = PrometheusText(snap);
+  const std::string text = telemetry::PrometheusText(snap);
   for (const char* series :
        {"dlrun_restart_phase_seconds{phase=\"detection\"} 0.7",
         "dlrun_restart_phase_seconds{phase=\"recomputed\"} 0.7", "dlrun_recomputed_steps 15",
@@ -348,60 +348,60 @@ TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverW
 }
 
 TEST(Telemetry, ARestartCostOutOfRangeIsRefusedNamingIt) {
-  NodeTelemetry n;
+  telemetry::NodeTelemetry n;
   n.restarts = {Cost(1, 0.1, 5, 0)};
   v1::NodeTelemetry p;
   ToProto(n, &p);
-  auto back = TelemetryFromProto(p);
+  auto back = telemetry::TelemetryFromProto(p);
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->restarts.size(), 1u);
   EXPECT_EQ(back->restarts[0].recomputed_steps, 5);
   EXPECT_TRUE(back->restarts[0].resumed);
   p.mutable_restarts(0)->set_stop_s(-1);
-  EXPECT_NE(TelemetryFromProto(p).status().message().find("restart 1 has a phase of -1"),
+  EXPECT_NE(telemetry::TelemetryFromProto(p).status().message().find("restart 1 has a phase of -1"),
             std::string::npos)
-      << TelemetryFromProto(p).status();
+      << telemetry::TelemetryFromProto(p).status();
   p.mutable_restarts(0)->set_stop_s(0);
   p.mutable_restarts(0)->set_resumed_step(-7);
-  EXPECT_NE(TelemetryFromProto(p).status().message().find("resumed at -7) is out of range"),
+  EXPECT_NE(telemetry::TelemetryFromProto(p).status().message().find("resumed at -7) is out of range"),
             std::string::npos);
   v1::NodeTelemetry many;
-  for (size_t i = 0; i <= kMaxRestartCosts; ++i) many.add_restarts();
-  EXPECT_NE(TelemetryFromProto(many).status().message().find("restarts (expected at most 64)"),
+  for (size_t i = 0; i <= telemetry::kMaxRestartCosts; ++i) many.add_restarts();
+  EXPECT_NE(telemetry::TelemetryFromProto(many).status().message().find("restarts (expected at most 64)"),
             std::string::npos);
   v1::NodeTelemetry nan;
   nan.set_productive_s(std::numeric_limits<double>::quiet_NaN());
-  EXPECT_NE(TelemetryFromProto(nan).status().message().find("productive_s"), std::string::npos);
+  EXPECT_NE(telemetry::TelemetryFromProto(nan).status().message().find("productive_s"), std::string::npos);
 }
 
 TEST(Telemetry, EachNodesProfilesAreInTheReportAndItsJsonWithTheirHost) {
   FakeJob job(2);
-  NodeTelemetry a, b;
-  RankProfile p1;
+  telemetry::NodeTelemetry a, b;
+  telemetry::RankProfile p1;
   p1.rank = 1;
   p1.tool = "py-spy";
   p1.path = "/logs/run/profile/rank1.svg";
   p1.hot = {{"hot_function (train.py)", 0.41}, {"step (train.py)", 0.2}};
   a.profiles = {p1};
-  RankProfile p3;
+  telemetry::RankProfile p3;
   p3.rank = 3;
   p3.tool = "py-spy";
   p3.note = "no samples: py-spy could not attach (Permission denied)";
   b.profiles = {p3};
   job.t.Update("n0", "host-a", a, job.now);
   job.t.Update("n1", "host-b", b, job.now);
-  job.t.Update("n0", "host-a", NodeTelemetry{}, job.now);  // a node that stops sending keeps its
+  job.t.Update("n0", "host-a", telemetry::NodeTelemetry{}, job.now);  // a node that stops sending keeps its
   const auto snap = job.t.Snap(job.now);
   ASSERT_EQ(snap.profiles.size(), 2u);
   EXPECT_EQ(snap.profiles.at(1).host, "host-a");
   EXPECT_EQ(snap.profiles.at(3).host, "host-b");
-  const nlohmann::json j = nlohmann::json::parse(SnapshotJson(snap, false));
+  const nlohmann::json j = nlohmann::json::parse(telemetry::SnapshotJson(snap, false));
   EXPECT_EQ(j["profiles"], nlohmann::json({{"1", "/logs/run/profile/rank1.svg"}}))
       << "only ranks with a file; the others' notes are in profile_details";
   ASSERT_EQ(j["profile_details"].size(), 2u);
   EXPECT_EQ(j["profile_details"][0]["hot"][0]["frame"], "hot_function (train.py)");
   EXPECT_EQ(j["profile_details"][1]["note"], p3.note);
-  const std::string report = FormatJobReport(snap, 0);
+  const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("profile of rank 1 (py-spy on host-a): /logs/run/profile/rank1.svg\n"
                         "    rank 1: 41% in hot_function (train.py); 20% in step (train.py)"),
             std::string::npos)
@@ -413,8 +413,8 @@ TEST(Telemetry, EachNodesProfilesAreInTheReportAndItsJsonWithTheirHost) {
 }
 
 TEST(Telemetry, AProfileOutOfRangeIsRefusedNamingIt) {
-  NodeTelemetry n;
-  RankProfile p;
+  telemetry::NodeTelemetry n;
+  telemetry::RankProfile p;
   p.rank = 2;
   p.tool = "perf";
   p.path = "/x/rank2.svg";
@@ -422,22 +422,22 @@ TEST(Telemetry, AProfileOutOfRangeIsRefusedNamingIt) {
   n.profiles = {p};
   v1::NodeTelemetry m;
   ToProto(n, &m);
-  auto back = TelemetryFromProto(m);
+  auto back = telemetry::TelemetryFromProto(m);
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->profiles.size(), 1u);
   EXPECT_EQ(back->profiles[0].hot[0].first, "conv3d");
   m.mutable_profiles(0)->mutable_hot(0)->set_fraction(1.5);
-  EXPECT_NE(TelemetryFromProto(m).status().message().find(
+  EXPECT_NE(telemetry::TelemetryFromProto(m).status().message().find(
                 "telemetry.profiles[rank 2].hot.fraction is 1.5 (expected 0 to 1)"),
             std::string::npos)
-      << TelemetryFromProto(m).status();
+      << telemetry::TelemetryFromProto(m).status();
   m.mutable_profiles(0)->mutable_hot(0)->set_fraction(0.5);
   m.mutable_profiles(0)->set_tool("");
-  EXPECT_NE(TelemetryFromProto(m).status().message().find("profiles[rank 2].tool is empty"),
+  EXPECT_NE(telemetry::TelemetryFromProto(m).status().message().find("profiles[rank 2].tool is empty"),
             std::string::npos);
   m.mutable_profiles(0)->set_tool("perf");
   for (int i = 0; i < 8; ++i) m.mutable_profiles(0)->add_hot()->set_frame("f");
-  EXPECT_NE(TelemetryFromProto(m).status().message().find("9 hot frames (expected at most 8)"),
+  EXPECT_NE(telemetry::TelemetryFromProto(m).status().message().find("9 hot frames (expected at most 8)"),
             std::string::npos);
 }
 
@@ -445,7 +445,7 @@ TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHea
   HandlerOptions o;
   o.run_id = "r";
   o.token = "t";
-  o.telemetry = std::make_shared<JobTelemetry>();
+  o.telemetry = std::make_shared<telemetry::JobTelemetry>();
   std::vector<std::string> refused;
   o.on_refused = [&](const absl::Status& s, const std::string&) {
     refused.emplace_back(s.message());
@@ -492,11 +492,11 @@ TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHea
 }
 
 TEST(JobReport, SaysWhatSamplesPerSecondIsOverAndWhenThereAreNoStepRecords) {
-  JobTelemetry::Snapshot s;
+  telemetry::JobTelemetry::Snapshot s;
   s.wall_s = 10;
   s.ranks[0].host = "h";
   s.ranks[1].host = "h";
-  std::string report = FormatJobReport(s, 0);
+  std::string report = telemetry::FormatJobReport(s, 0);
   EXPECT_NE(report.find("2 rank(s) on 1 node(s), no step records (Python: dlrun_report"),
             std::string::npos) << report;
   EXPECT_NE(report.find("rank 1 (h): no step records"), std::string::npos) << report;
@@ -508,7 +508,7 @@ TEST(JobReport, SaysWhatSamplesPerSecondIsOverAndWhenThereAreNoStepRecords) {
     s.ranks[rank].step_s = 2;
   }
   s.samples_per_sec = 40.0;
-  report = FormatJobReport(s, 0);
+  report = telemetry::FormatJobReport(s, 0);
   EXPECT_NE(report.find("40.00 samples/s over the ranks' step times (8.00 over the wall clock)"),
             std::string::npos) << report;
   EXPECT_NE(report.find("rank 1 (h): 4 steps"), std::string::npos) << report;

@@ -237,13 +237,13 @@ class ScriptedSource final : public MembershipSource {
     ++successes;
     waiting_for_others_ = true;
   }
-  std::vector<rdzv::NodeTelemetry> published;
+  std::vector<telemetry::NodeTelemetry> published;
   std::vector<int> successes_at_publish;  // OnSuccess() calls so far, at each Publish
-  void Publish(const rdzv::NodeTelemetry& t) override {
+  void Publish(const telemetry::NodeTelemetry& t) override {
     published.push_back(t);
     successes_at_publish.push_back(successes);
   }
-  std::shared_ptr<rdzv::JobTelemetry> job_telemetry() const override { return nullptr; }
+  std::shared_ptr<telemetry::JobTelemetry> job_telemetry() const override { return nullptr; }
 
  private:
   Assignment base_;

@@ -26,11 +26,11 @@ class RecordingProfiler : public RankProfiler {
     events.push_back("step " + std::to_string(rank) + ":" + std::to_string(step));
   }
   void Exited(int rank) override { events.push_back("exit " + std::to_string(rank)); }
-  std::vector<rdzv::RankProfile> Collect(std::chrono::milliseconds) override {
+  std::vector<telemetry::RankProfile> Collect(std::chrono::milliseconds) override {
     events.push_back("collect");
-    std::vector<rdzv::RankProfile> out;
+    std::vector<telemetry::RankProfile> out;
     for (int r : ranks_) {
-      rdzv::RankProfile p;
+      telemetry::RankProfile p;
       p.rank = r;
       p.tool = "perf";
       p.path = "/profiles/rank" + std::to_string(r) + ".svg";
@@ -77,7 +77,7 @@ TEST(AgentProfile, OnlyTheListedGlobalRanksAreWrappedAndFollowed) {
                                                          "step 3:3", "exit 3", "collect",
                                                          "collect"}));
   ASSERT_FALSE(s->published.empty());
-  const rdzv::NodeTelemetry& last = s->published.back();
+  const telemetry::NodeTelemetry& last = s->published.back();
   ASSERT_EQ(last.profiles.size(), 1u) << "the final figures carry the profile";
   EXPECT_EQ(last.profiles[0].rank, 3);
   EXPECT_EQ(last.profiles[0].path, "/profiles/rank3.svg");

@@ -41,11 +41,11 @@ TEST(AgentTelemetry, StepsArePublishedEachPeriodAndTheFinalFiguresBeforeTheLeave
       EXPECT_GE(s->published[i].ranks[r].steps, s->published[i - 1].ranks[r].steps);
     }
   }
-  const rdzv::NodeTelemetry& last = s->published.back();
+  const telemetry::NodeTelemetry& last = s->published.back();
   EXPECT_EQ(s->successes_at_publish.back(), 0) << "the final figures go before the leave";
   EXPECT_EQ(last.hostname, "node-a");
   ASSERT_EQ(last.ranks.size(), 2u);
-  for (const rdzv::RankTelemetry& r : last.ranks) {
+  for (const telemetry::RankTelemetry& r : last.ranks) {
     EXPECT_EQ(r.rank, 2 + r.local_rank) << "global ranks";
     EXPECT_EQ(r.steps, 30);
     EXPECT_EQ(r.samples, 120);
@@ -86,9 +86,9 @@ TEST(AgentTelemetry, ARestartsPhasesComeFromTheAgentsMarksAndTheWorkersRecords) 
   };
   EXPECT_EQ(h.Run(std::move(src)), 0);
   ASSERT_FALSE(s->published.empty());
-  const rdzv::NodeTelemetry& last = s->published.back();
+  const telemetry::NodeTelemetry& last = s->published.back();
   ASSERT_EQ(last.restarts.size(), 1u);
-  const rdzv::RestartCost& c = last.restarts[0];
+  const telemetry::RestartCost& c = last.restarts[0];
   EXPECT_EQ(c.restart, 1);
   EXPECT_TRUE(c.resumed);
   EXPECT_EQ(c.fault_step, 4);

@@ -1,4 +1,4 @@
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -337,4 +337,4 @@ JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
   return s;
 }
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

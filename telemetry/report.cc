@@ -8,10 +8,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "rendezvous/profile_json.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/profile_json.h"
+#include "telemetry/telemetry.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 
 namespace {
 
@@ -512,4 +512,4 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
   return out;
 }
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

@@ -5,10 +5,16 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rendezvous/api.h"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
+
+// The HTTP side of telemetry: /metrics, /api/job and the live page, served until destroyed.
+class MetricsServer {
+ public:
+  virtual ~MetricsServer() = default;
+  virtual int port() const = 0;
+};
 
 // The snapshot in Prometheus' text exposition format.
 std::string PrometheusText(const JobTelemetry::Snapshot& s);
@@ -17,4 +23,4 @@ std::string PrometheusText(const JobTelemetry::Snapshot& s);
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServer(
     std::shared_ptr<JobTelemetry> telemetry, const std::string& addr, int port);
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

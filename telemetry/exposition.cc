@@ -1,9 +1,9 @@
-#include "rendezvous/exposition.h"
+#include "telemetry/exposition.h"
 
 #include <cmath>
 #include <cstdio>
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 namespace {
 
 // Label values escape backslash, double quote and newline; help text backslash and newline.
@@ -67,4 +67,4 @@ std::string Exposition::Text() const {
   return out;
 }
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

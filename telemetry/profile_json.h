@@ -7,9 +7,9 @@
 
 #include "absl/strings/string_view.h"
 #include "nlohmann/json_fwd.hpp"
-#include "rendezvous/telemetry.h"
+#include "telemetry/telemetry.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 
 // {rank, host, tool, path, hot: [{frame, fraction}], note}: an entry of "profile_details".
 nlohmann::json ProfileDetailJson(const RankProfile& p);
@@ -17,4 +17,4 @@ nlohmann::json ProfileDetailJson(const RankProfile& p);
 // line `indent` "  rank R: 41% in f; ..." with the first three.
 std::string ProfileText(const RankProfile& p, absl::string_view indent);
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

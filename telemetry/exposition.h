@@ -1,6 +1,6 @@
 // Prometheus' text exposition format (version 0.0.4), written directly: a family is its name,
 // help, type and samples; labels are sorted and escaped as the format says. Used for /metrics
-// (rendezvous/metrics_http.cc). No dependency, so the rendezvous plugin links statically into
+// (telemetry/metrics_http.cc). No dependency, so the rendezvous plugin links statically into
 // a portable wheel (docs/PACKAGING.md).
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 
 using Labels = std::map<std::string, std::string>;
 
@@ -54,4 +54,4 @@ class Exposition {
 // A sample value as Prometheus reads it: 16 significant digits, NaN and +Inf/-Inf spelled.
 std::string ExpositionValue(double v);
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

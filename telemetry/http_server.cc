@@ -1,4 +1,4 @@
-#include "rendezvous/http_server.h"
+#include "telemetry/http_server.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 namespace {
 
 constexpr size_t kMaxHead = 16 << 10;       // a request head larger than this is refused
@@ -219,4 +219,4 @@ void HttpServer::Stop() {
   }
 }
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

@@ -1,8 +1,8 @@
 // The HTTP side of job telemetry (docs/TELEMETRY.md): /metrics in Prometheus' text format
-// (rendezvous/exposition.h), /api/job as JSON, and / the live page, served by
-// rendezvous/http_server.h on threads of its own. Read-only; nothing secret (no token, no
+// (telemetry/exposition.h), /api/job as JSON, and / the live page, served by
+// telemetry/http_server.h on threads of its own. Read-only; nothing secret (no token, no
 // environment) is on any of them. Lives in the rendezvous plugin.
-#include "rendezvous/metrics_http.h"
+#include "telemetry/metrics_http.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,10 +15,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "rendezvous/exposition.h"
-#include "rendezvous/http_server.h"
+#include "telemetry/exposition.h"
+#include "telemetry/http_server.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 
 extern const char* const kTelemetryPage;  // page.html, compiled in (rendezvous/CMakeLists.txt)
 
@@ -175,4 +175,4 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> StartMetricsServer(
   return std::unique_ptr<MetricsServer>(std::move(m));
 }
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

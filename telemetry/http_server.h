@@ -1,4 +1,4 @@
-// A small HTTP/1.1 server for the read-only telemetry endpoints (rendezvous/metrics_http.cc):
+// A small HTTP/1.1 server for the read-only telemetry endpoints (telemetry/metrics_http.cc):
 // GET and HEAD only, one request per connection (Connection: close), each connection on a
 // thread of its own so that a browser's idle preconnect never holds up Prometheus. Written
 // here rather than taken from a library so that the rendezvous plugin has no shared-library
@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 
 struct HttpResponse {
   int status = 200;
@@ -72,4 +72,4 @@ class HttpServer {
   std::atomic<bool> stopping_{false};
 };
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

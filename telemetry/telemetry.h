@@ -1,7 +1,7 @@
 // Job telemetry (docs/TELEMETRY.md): what every agent measures about its ranks, and
 // the job-wide aggregate kept where the job is seen whole (the rendezvous host, or the agent of
 // a single-node job). No gRPC, no protobuf, no LibTorch: the handler converts the heartbeat's
-// NodeTelemetry message to these types, and the HTTP side (rendezvous/metrics_http.cc) and the
+// NodeTelemetry message to these types, and the HTTP side (telemetry/metrics_http.cc) and the
 // end-of-job report read JobTelemetry's snapshot.
 #pragma once
 
@@ -19,7 +19,7 @@
 
 #include "common/defaults.h"
 
-namespace dlrun::rdzv {
+namespace dlrun::telemetry {
 
 // One rank as its agent sees it. The counters are cumulative over the whole job (every attempt),
 // so a lost heartbeat loses nothing: the next one carries the totals.
@@ -252,4 +252,4 @@ std::string SnapshotJson(const JobTelemetry::Snapshot& s, bool with_history);
 // The end-of-job report (like seff, for a training job): a few lines, with advice.
 std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code);
 
-}  // namespace dlrun::rdzv
+}  // namespace dlrun::telemetry

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
-#include <filesystem>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -16,7 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "common/contract.h"
-#include "launcher/agent/worker_env.h"
+#include "launcher/agent/spawn_spec.h"
 #include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
 
@@ -28,12 +27,8 @@ Agent::Agent(AgentOptions options, std::unique_ptr<MembershipSource> source,
       source_(std::move(source)),
       processes_(processes),
       clock_(clock),
+      run_dir_(options_.run_dir, options_.keep_run_dir, options_.log_dir),
       telemetry_(options_.telemetry, options_.hostname, *source_, clock_) {}
-
-std::string Agent::ErrorFile(int local_rank) const {
-  return absl::StrCat(options_.run_dir, "/attempt_", attempt_, "/", local_rank, "/",
-                      contract::kErrorFileName);
-}
 
 bool Agent::IsPassthrough(int sig) const {
   const auto& p = options_.passthrough_signals;
@@ -59,83 +54,11 @@ void Agent::NoteDeathByPassedOnSignal(const WorkerExit& x) {
                "Preemption)");
 }
 
-std::string Agent::ConsolePrefix(int rank, int local_rank) const {
-  if (options_.console_prefix_template.empty()) return absl::StrCat("[rank ", rank, "]: ");
-  return absl::StrReplaceAll(options_.console_prefix_template,
-                             {{"${role_name}", current_.role},
-                              {"${local_rank}", absl::StrCat(local_rank)},
-                              {"${rank}", absl::StrCat(rank)},
-                              {"${hostname}", options_.hostname}});
-}
-
-std::string Agent::AttemptLogDir() const {
-  return absl::StrCat(options_.log_dir, "/attempt_", attempt_);
-}
-
-SpawnSpec Agent::MakeSpawnSpec(int lr) const {
-  SpawnSpec spec;
-  spec.local_rank = lr;
-  spec.argv = options_.argv;
-  spec.spare_argv = options_.spare_argv;
-  const std::string err = ErrorFile(lr);
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(err).parent_path(), ec);
-  std::filesystem::remove(err, ec);  // a stale file must not be taken for this attempt's
-  spec.env = BuildWorkerEnv(current_, lr, err, options_.omp_threads, options_.virtual_local_rank);
-  for (const auto& [k, v] : options_.extra_env) spec.env[k] = v;
-  for (const std::string& k : options_.keep_inherited) spec.env.erase(k);
-  if (lr < static_cast<int>(options_.gpus.size())) {
-    spec.env[contract::kCudaVisibleDevices] = options_.gpus[lr];
-  }
-  if (lr < static_cast<int>(options_.worker_cpus.size())) spec.cpus = options_.worker_cpus[lr];
-  if (std::getenv(contract::kPythonFaultHandler) == nullptr) {
-    spec.env.try_emplace(contract::kPythonFaultHandler, "1");  // a crash's faulting frame
-  }
-  const int rank = current_.rank_offset + lr;
-  if (options_.profiler && options_.profiler->Wants(rank)) {
-    std::vector<std::string> argv = options_.profiler->Argv(rank, spec.argv);
-    if (argv != spec.argv) spec.spare_argv.clear();  // a spare runs the plain command
-    spec.argv = std::move(argv);
-    for (auto& [k, v] : options_.profiler->Env(rank)) spec.env[k] = v;
-  }
-  spec.console_prefix = ConsolePrefix(rank, lr);
-  const int mode = lr < static_cast<int>(options_.redirects.size()) ? options_.redirects[lr] : 0;
-  const auto& shown_ranks = options_.console_ranks;
-  const bool shown = shown_ranks.empty() ||
-                     std::find(shown_ranks.begin(), shown_ranks.end(), lr) != shown_ranks.end();
-  spec.out.console_fd = shown && !(mode & 1) ? STDOUT_FILENO : -1;
-  spec.stdout_pty = options_.stdout_pty && spec.out.console_fd >= 0;
-  spec.err.console_fd = shown && !(mode & 2) ? STDERR_FILENO : -1;
-  if (!options_.log_dir.empty()) {
-    // The Flight Recorder's dumps (NCCL's on a collective timeout, Gloo's through dlrun_report)
-    // in the attempt's directory, for AfterFailure; a user's own settings win.
-    const std::string fr = absl::StrCat(AttemptLogDir(), "/", contract::kFrDir);
-    std::filesystem::create_directories(fr, ec);
-    auto unless_set = [&spec](std::initializer_list<const char*> names, const std::string& v) {
-      for (const char* n : names) {
-        if (std::getenv(n) != nullptr) return;
-      }
-      spec.env[*names.begin()] = v;
-    };
-    // torch >= 2.8's names only: it warns on every rank about the older TORCH_NCCL_ ones.
-    unless_set({contract::kFrBufferSize, contract::kNcclTraceBufferSize}, "2000");
-    unless_set({contract::kFrDumpOnTimeout, contract::kNcclDumpOnTimeout}, "1");
-    unless_set({contract::kFrDumpTempFile, contract::kNcclDebugInfoTempFile},
-               absl::StrCat(fr, "/", contract::kFrFilePrefix));
-    const std::string dir = absl::StrCat(AttemptLogDir(), "/", lr);
-    std::filesystem::create_directories(dir, ec);
-    if (ec) spdlog::warn("cannot write logs in {}: {}", dir, ec.message());
-    spec.out.log_path = dir + "/stdout.log";
-    spec.err.log_path = dir + "/stderr.log";
-  }
-  return spec;
-}
-
 absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   workers_.clear();
   oom_kills_at_spawn_ = processes_.OomKills();
   for (int lr = 0; lr < options_.nproc; ++lr) {
-    auto pid = processes_.Spawn(MakeSpawnSpec(lr));
+    auto pid = processes_.Spawn(MakeSpawnSpec(options_, current_, run_dir_, attempt_, lr));
     if (!pid.ok()) {
       return absl::InternalError(absl::StrCat("cannot start local rank ", lr, ": ",
                                               pid.status().message()));
@@ -178,7 +101,7 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, {},
                    rdzv.endpoint, rdzv.token};
     for (const Worker& w : workers_) wf.workers.push_back({w.rank, w.local_rank, w.pid});
-    if (absl::Status s = WriteWorkersFile(options_.run_dir, wf); !s.ok()) {
+    if (absl::Status s = run_dir_.WriteWorkers(wf); !s.ok()) {
       spdlog::debug("{}", std::string(s.message()));
     }
   }
@@ -444,37 +367,8 @@ int Agent::Run() {
   for (const auto& c : captures_) c.wait();  // their files and lines before the end
   CollectProfiles();
   telemetry_.Finish(rc, clock_.WallSeconds() - start, current_);
-  FinishRunDir(rc);
+  run_dir_.Finish(rc);
   return rc;
-}
-
-// After the run: a kept log directory is named; the scratch directory holds only the workers'
-// error files and is kept (and named) only when a failed job left any.
-void Agent::FinishRunDir(int rc) const {
-  const std::string& run_dir = options_.run_dir;
-  if (run_dir.empty()) return;
-  if (options_.keep_run_dir) {
-    spdlog::info("worker logs are in {}", run_dir);
-    return;
-  }
-  std::error_code ec;
-  bool any = false;
-  for (auto it = std::filesystem::recursive_directory_iterator(run_dir, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    if (it->is_regular_file(ec) && (it->path().filename() == contract::kErrorFileName ||
-                                    it->path().filename() == kStacksJsonName)) {
-      any = true;
-    }
-  }
-  // `dlrun profile`'s files (launch.cc's live_profile writes them under RUN_DIR/profile).
-  const bool profiles = !std::filesystem::is_empty(std::filesystem::path(run_dir) / "profile", ec) && !ec;
-  if (profiles) {
-    spdlog::info("the profiles dlrun profile asked for are kept in {}/profile", run_dir);
-  } else if (rc != 0 && any) {
-    spdlog::info("worker error files are kept in {}", run_dir);
-  } else {
-    std::filesystem::remove_all(run_dir, ec);
-  }
 }
 
 int Agent::RunAttempts() {

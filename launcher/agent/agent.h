@@ -21,77 +21,17 @@
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
 #include "common/defaults.h"
+#include "launcher/agent/agent_options.h"
 #include "launcher/agent/agent_telemetry.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/root_cause.h"
+#include "launcher/agent/run_dir.h"
 #include "launcher/profile/profiler.h"
 #include "launcher/stacks/stacks.h"
 
 namespace dlrun::launcher {
-
-struct AgentOptions {
-  std::vector<std::string> argv;  // what each worker runs (python prefix already applied)
-  int nproc = 1;
-  Millis grace = defaults::kGracePeriod;  // SIGTERM -> SIGKILL when stopping the group
-  // After SIGKILL, how long to wait for a worker to go (one stuck in uninterruptible I/O may
-  // never): then the agent names it and goes on without it.
-  Millis kill_wait{10000};
-  std::vector<int> forwarded_signals;    // stop the job: e.g. SIGTERM, SIGINT, SIGHUP, SIGQUIT
-  std::vector<int> passthrough_signals;  // forwarded as-is, the job goes on: SIGUSR1, SIGUSR2
-  int omp_threads = 0;                   // > 0: set OMP_NUM_THREADS for workers
-  // The run directory (app/run_dir.h): error files, and logs when it is kept. A kept one is
-  // named at the end; a scratch one is removed, unless a failed run left error files in it.
-  std::string run_dir;
-  bool keep_run_dir = false;
-  // Output: every line is prefixed "[rank N]: " on the console. With log_dir, each worker's
-  // streams also go to LOG_DIR/attempt_K/LOCAL_RANK/{stdout,stderr}.log. redirects[lr] are
-  // torchrun's 0-3 (1 stdout, 2 stderr, 3 both): redirected streams leave the console.
-  // console_ranks (--local-ranks-filter): only these local ranks reach the console.
-  std::string log_dir;
-  // --log-line-prefix-template: ${role_name}, ${local_rank}, ${rank}, ${hostname}; empty:
-  // "[rank N]: ".
-  std::string console_prefix_template;
-  bool virtual_local_rank = false;  // LOCAL_RANK=0 in every worker (torchrun 2.x)
-  std::vector<int> redirects;      // per local rank; empty = 0
-  std::vector<int> console_ranks;  // empty = all
-  // Hang detection: a worker that has sent at least one heartbeat (dlrun::worker::heartbeat()
-  // or any byte written to the heartbeat pipe, contract::kHeartbeatFd) and then none for this
-  // long is treated as failed. Zero: off.
-  Millis hang_timeout{0};
-  std::vector<std::vector<int>> worker_cpus;  // per local rank (empty: no pinning)
-  std::vector<std::string> gpus;  // one device id per local rank -> CUDA_VISIBLE_DEVICES
-  std::map<std::string, std::string> extra_env;  // for every worker (e.g. PYTHONUNBUFFERED=1)
-  // Variables of the worker environment that the user already set and that dlrun must not
-  // overwrite (e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING).
-  std::vector<std::string> keep_inherited;
-  bool stdout_pty = false;  // workers' stdout on a pseudo-terminal (dlrun's stdout is one)
-  // A warm spare per local rank, started this command (empty: none; SpawnSpec::spare_argv).
-  std::vector<std::string> spare_argv;
-  // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
-  bool exit_with_worker_code = false;
-  std::string program_name = "worker";  // named in the failure block
-  std::string hostname;
-  TelemetryOptions telemetry;  // this node's figures, the metrics server, the report
-  // Capture before kill (docs/STACKS.md): before a group it decided to stop, the agent dumps
-  // the workers still alive with dump_stacks (bounded by capture_bound) into the attempt's
-  // directory, and says where they were. Empty dump_stacks: never.
-  CaptureMode capture_before_kill = CaptureMode::kAuto;
-  Millis capture_bound{10000};
-  // stacks.h DumpStacks without naming native frames, and SymbolizeStacks (may be empty).
-  std::function<std::vector<RankStack>(const std::vector<DumpTarget>&, Millis)> dump_stacks;
-  std::function<void(std::vector<RankStack>*)> name_frames;
-  // --profile (docs/PROFILING.md): the profiled ranks start as it says and it hears of their
-  // starts, steps and ends; the results go in the report at the end of each group, collected
-  // within profile_bound. Null: no profiling.
-  std::shared_ptr<RankProfiler> profiler;
-  // `dlrun profile` on this running job (docs/PROFILING.md): runs the asked tool on the live
-  // workers the ask names for its duration (on a thread of its own) and returns the node's
-  // answer (launcher/profile/live_profile.h LiveProfilesJson). Empty: answered with no profiles.
-  std::function<std::string(const rdzv::ProfileAsk&, const std::vector<DumpTarget>&)> live_profile;
-  Millis profile_bound{120000};
-};
 
 class Agent {
  public:
@@ -106,10 +46,7 @@ class Agent {
   int Run();
 
  private:
-  // The console prefix of a worker's lines: "[rank N]: " or --log-line-prefix-template's.
-  std::string ConsolePrefix(int rank, int local_rank) const;
   int RunAttempts();
-  void FinishRunDir(int rc) const;
   struct Worker {
     int local_rank = 0;
     int rank = 0;  // global, in its attempt
@@ -127,7 +64,6 @@ class Agent {
 
   // `assigned_at`: when the assignment arrived (for the restart's timing line).
   absl::Status SpawnGroup(SteadyTime assigned_at);
-  SpawnSpec MakeSpawnSpec(int local_rank) const;
   Watch WatchGroup();
   // Returns the first forwarded (job-stopping) signal among `events`, else 0.
   int HandleEvents(const std::vector<ProcEvent>& events);
@@ -183,8 +119,6 @@ class Agent {
                                                     std::string* named);
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
-  std::string ErrorFile(int local_rank) const;
-  std::string AttemptLogDir() const;  // LOG_DIR/attempt_K (with options_.log_dir set)
   absl::StatusOr<Assignment> NextAssignment(int* signal);
   bool IsPassthrough(int sig) const;
   // Passes `sig` (SIGUSR1, SIGUSR2: the job goes on) to every live worker.
@@ -216,6 +150,7 @@ class Agent {
   std::vector<telemetry::RankProfile> live_profiles_;
   std::vector<telemetry::RankProfile> collected_profiles_;  // --profile's, from CollectProfiles
   std::set<std::string> profiles_said_;  // CollectProfiles' lines, each logged once
+  RunDir run_dir_;  // the only way to the run directory's files
   AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
 };
 

@@ -42,22 +42,13 @@ std::optional<Agent::Capture> Agent::CaptureBeforeKill(bool telling, const std::
 
 std::shared_future<StackReport> Agent::KeepCapture(Capture c, int failed_rank,
                                                    std::string what) {
-  std::string dir;
-  if (!options_.run_dir.empty()) dir = absl::StrCat(options_.run_dir, "/attempt_", attempt_);
-  auto keep = [this, c = std::move(c), dir, name = options_.name_frames, failed_rank,
+  auto keep = [this, c = std::move(c), attempt = attempt_, name = options_.name_frames, failed_rank,
                what = std::move(what), when = clock_.WallSeconds()]() mutable {
     if (name) name(&c.ranks);
     const size_t n = c.ranks.size();
     StackReport r = GroupStacks(std::move(c.ranks));
     r.took_s = c.took_s;
-    std::string where = "not written (no run directory)";
-    if (!dir.empty()) {
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      std::ofstream(dir + "/" + kStacksJsonName) << StackReportJson(r, 2) << "\n";
-      std::ofstream(dir + "/stacks.txt") << FormatStackReport(r);
-      where = absl::StrCat("in ", dir, "/stacks.txt");
-    }
+    const std::string where = run_dir_.WriteStacks(attempt, r);
     spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,
                  c.why, r.took_s,
                  r.suspects.empty() ? std::string("no suspects")
@@ -157,7 +148,7 @@ std::shared_future<std::string> Agent::NameFaultingFrame(int rank, StackThread c
 
 std::string Agent::ReadFlightRecorder() const {
   if (options_.log_dir.empty()) return "";
-  const std::string dir = absl::StrCat(AttemptLogDir(), "/", contract::kFrDir);
+  const std::string dir = run_dir_.FlightRecorderDir(attempt_);
   std::vector<std::string> errors;
   const std::vector<FrRank> dumps = ReadFlightRecorderDir(dir, contract::kFrFilePrefix, &errors);
   for (const std::string& e : errors) spdlog::warn("flight recorder: cannot read {}", e);
@@ -173,7 +164,7 @@ bool Agent::FirstFailureTells() const {
   for (const WorkerExit& e : exits_) {
     if (!e.failed() || e.stopped) continue;
     if (e.signal != 0) return true;
-    const ErrorRecord rec = ReadErrorRecord(ErrorFile(e.local_rank));
+    const ErrorRecord rec = ReadErrorRecord(run_dir_.ErrorFile(attempt_, e.local_rank));
     const FailureClass c =
         ClassifyFailure(e, absl::StrCat(rec.message, "\n", rec.traceback), false).cls;
     return rec.traceback.empty() || c == FailureClass::kCollectiveTimeout ||
@@ -216,7 +207,7 @@ int Agent::AfterFailure() {
   // Each failed worker's error file, read once for the root cause and the report.
   std::map<int, ErrorRecord> records;
   for (const WorkerExit& e : exits_) {
-    if (e.failed() && !e.stopped) records[e.local_rank] = ReadErrorRecord(ErrorFile(e.local_rank));
+    if (e.failed() && !e.stopped) records[e.local_rank] = ReadErrorRecord(run_dir_.ErrorFile(attempt_, e.local_rank));
   }
   auto error_of = [&records](int lr) {
     auto it = records.find(lr);
@@ -274,7 +265,7 @@ int Agent::AfterFailure() {
     return -1;
   }
   FailureReport report{options_.program_name, options_.hostname, exits_, root,
-                       [this](int lr) { return ErrorFile(lr); }, error_of, class_of};
+                       [this](int lr) { return run_dir_.ErrorFile(attempt_, lr); }, error_of, class_of};
   std::fflush(stdout);
   std::fputs(FormatFailureReport(report).c_str(), stderr);
   spdlog::error("job failed. Root cause (first failure): rank {} (local rank {}, pid {}): {}",

@@ -22,7 +22,7 @@ std::string RunLogDirTemplate(const std::string& log_dir, const std::string& run
   return absl::StrCat(log_dir, "/", run_id, multinode ? "_" + hostname : std::string(), "_XXXXXX");
 }
 
-std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid) {
+std::string ScratchRunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid) {
   return absl::StrCat(tmpdir.empty() ? "/tmp" : tmpdir, "/dlrun-", uid, "/", run_id, "-", pid);
 }
 
@@ -32,7 +32,7 @@ absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string
   const std::string tmp = env("TMPDIR").value_or("/tmp");
   const bool redirected = o.redirects.Any() || o.tee.Any();
   *keep = !o.log_dir.empty() || redirected || o.profile.On();  // profiles are kept
-  if (!*keep) return RunDir(tmp, getuid(), run_id, getpid());
+  if (!*keep) return ScratchRunDir(tmp, getuid(), run_id, getpid());
   std::string base = o.log_dir;
   if (base.empty()) base = absl::StrCat(tmp, "/dlrun-", getuid(), "/logs");
   std::error_code ec;

@@ -19,7 +19,7 @@ absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string
                                        bool* keep);
 
 // The scratch directory: TMPDIR/dlrun-UID/RUNID-PID.
-std::string RunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid);
+std::string ScratchRunDir(const std::string& tmpdir, unsigned uid, const std::string& run_id, int pid);
 
 // The mkdtemp template of a run's log directory: torchrun's DIR/<run_id>_<random>, with the
 // host name before the random part in multi-node jobs (their nodes may share DIR).

@@ -154,8 +154,8 @@ TEST(Plan, ThreadsSignalsRunDirAndStaticAssignment) {
   SplitSignals({SIGTERM, SIGUSR1, SIGINT, SIGUSR2}, &a);
   EXPECT_EQ(a.forwarded_signals, (std::vector<int>{SIGTERM, SIGINT}));
   EXPECT_EQ(a.passthrough_signals, (std::vector<int>{SIGUSR1, SIGUSR2}));
-  EXPECT_EQ(RunDir("/scratch", 1000, "job", 42), "/scratch/dlrun-1000/job-42");
-  EXPECT_EQ(RunDir("", 0, "j", 1), "/tmp/dlrun-0/j-1");
+  EXPECT_EQ(ScratchRunDir("/scratch", 1000, "job", 42), "/scratch/dlrun-1000/job-42");
+  EXPECT_EQ(ScratchRunDir("", 0, "j", 1), "/tmp/dlrun-0/j-1");
   LaunchOptions o;
   o.max_nodes = 3;
   o.node_rank = 2;

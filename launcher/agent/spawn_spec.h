@@ -1,0 +1,22 @@
+// How one worker of an attempt is started: its command (a profiler's wrapper included), the
+// torchrun environment, its CPUs and GPU, where its output goes, its error file and the Flight
+// Recorder's settings. Pure but for making the attempt's directories (RunDir).
+#pragma once
+
+#include <string>
+
+#include "common/assignment.h"
+#include "launcher/agent/agent_options.h"
+#include "launcher/agent/processes.h"
+#include "launcher/agent/run_dir.h"
+
+namespace dlrun::launcher {
+
+// The console prefix of a worker's lines: "[rank N]: " or --log-line-prefix-template's.
+std::string ConsolePrefix(const AgentOptions& options, const Assignment& current, int rank,
+                          int local_rank);
+
+SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
+                        const RunDir& run_dir, int attempt, int local_rank);
+
+}  // namespace dlrun::launcher

@@ -98,15 +98,11 @@ std::vector<std::string> CheckpointManager::list() const {
   return out;
 }
 
-void CheckpointManager::save(const torch::nn::Module& model,
-                             const torch::optim::Optimizer& optimizer,
-                             const TrainingState& state) {
-  if (o_.dir.empty()) throw std::runtime_error("checkpoint: CheckpointOptions::dir is empty");
-  ScopedRange range("checkpoint save", state.step);
-  std::error_code ec;
-  std::filesystem::create_directories(o_.dir, ec);
-  if (ec) throw std::runtime_error(lite::StrCat("checkpoint: cannot create ", o_.dir, ": ", ec.message()));
+namespace {
 
+// The checkpoint's payload: the model, the optimizer, the training state and the CPU RNG.
+std::string SerializeCheckpoint(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                                const TrainingState& state) {
   torch::serialize::OutputArchive archive;
   torch::serialize::OutputArchive model_archive, optim_archive;
   model.save(model_archive);
@@ -129,14 +125,13 @@ void CheckpointManager::save(const torch::nn::Module& model,
   }
   std::ostringstream payload_stream;
   archive.save_to(payload_stream);
-  const std::string payload = payload_stream.str();
+  return payload_stream.str();
+}
 
-  std::string header(kMagic, sizeof kMagic);
-  PutU64(&header, payload.size());
-  PutU64(&header, detail::Fnv1a(payload.data(), payload.size()));
-
-  const std::string final_path = lite::StrCat(o_.dir, "/", FileName(state.step));
-  const std::string tmp = lite::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
+// header + payload into `tmp`, synced, then renamed to `final_path`: a reader sees the whole
+// file or none. On failure the temporary file is removed and the error thrown.
+void WriteThenRename(const std::string& header, const std::string& payload, const std::string& tmp,
+                     const std::string& final_path) {
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Errno("cannot create", tmp);
   size_t written = 0;
@@ -166,6 +161,78 @@ void CheckpointManager::save(const torch::nn::Module& model,
     unlink(tmp.c_str());
     throw e;
   }
+}
+
+// Why a checkpoint file's bytes cannot be loaded: its header, length and checksum (empty: none).
+std::string FileProblem(const std::string& data) {
+  if (data.size() < kHeader || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
+    return "not a dlrun checkpoint (bad magic or truncated header)";
+  }
+  if (GetU64(data.data() + 8) != data.size() - kHeader) {
+    return lite::StrCat("payload is ", data.size() - kHeader, " bytes, header says ",
+                        GetU64(data.data() + 8), " (truncated?)");
+  }
+  if (GetU64(data.data() + 16) != detail::Fnv1a(data.data() + kHeader, data.size() - kHeader)) {
+    return "checksum mismatch (the file is damaged)";
+  }
+  return "";
+}
+
+// The step, epoch, sampler position, the trainer's tensors and values, and the CPU RNG.
+void ReadTrainingState(torch::serialize::InputArchive& archive, TrainingState* st) {
+  auto read_int = [&](const char* key) {
+    torch::Tensor v;  // a fresh tensor: read() into a defined one would set_() it
+    archive.read(key, v);
+    return v.item<int64_t>();
+  };
+  st->step = read_int("step");
+  st->epoch = read_int("epoch");
+  st->sampler_epoch = read_int("sampler_epoch");
+  torch::Tensor position;
+  if (archive.try_read("epoch_position", position)) st->epoch_position = position.item<int64_t>();
+  torch::serialize::InputArchive tensors_archive, values_archive;
+  if (archive.try_read("tensors", tensors_archive)) {
+    for (const std::string& key : tensors_archive.keys()) {
+      torch::Tensor t;
+      tensors_archive.read(key, t);
+      st->tensors[key] = t;
+    }
+  }
+  if (archive.try_read("values", values_archive)) {
+    for (const std::string& key : values_archive.keys()) {
+      c10::IValue v;
+      values_archive.read(key, v);
+      st->values[key] = v;
+    }
+  }
+  torch::Tensor t;
+  archive.read("rng", t);
+  t = t.to(torch::kCPU);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(t);
+}
+
+}  // namespace
+
+void CheckpointManager::save(const torch::nn::Module& model,
+                             const torch::optim::Optimizer& optimizer,
+                             const TrainingState& state) {
+  if (o_.dir.empty()) throw std::runtime_error("checkpoint: CheckpointOptions::dir is empty");
+  ScopedRange range("checkpoint save", state.step);
+  std::error_code ec;
+  std::filesystem::create_directories(o_.dir, ec);
+  if (ec) throw std::runtime_error(lite::StrCat("checkpoint: cannot create ", o_.dir, ": ", ec.message()));
+
+  const std::string payload = SerializeCheckpoint(model, optimizer, state);
+
+  std::string header(kMagic, sizeof kMagic);
+  PutU64(&header, payload.size());
+  PutU64(&header, detail::Fnv1a(payload.data(), payload.size()));
+
+  const std::string final_path = lite::StrCat(o_.dir, "/", FileName(state.step));
+  const std::string tmp = lite::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
+  WriteThenRename(header, payload, tmp, final_path);
   // The rename is durable only once the directory is synced.
   if (int dfd = open(o_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     fsync(dfd);
@@ -199,15 +266,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
   for (const std::string& path : list()) {
     std::ifstream in(path, std::ios::binary);
     std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::string problem;
-    if (data.size() < kHeader || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
-      problem = "not a dlrun checkpoint (bad magic or truncated header)";
-    } else if (GetU64(data.data() + 8) != data.size() - kHeader) {
-      problem = lite::StrCat("payload is ", data.size() - kHeader, " bytes, header says ",
-                             GetU64(data.data() + 8), " (truncated?)");
-    } else if (GetU64(data.data() + 16) != detail::Fnv1a(data.data() + kHeader, data.size() - kHeader)) {
-      problem = "checksum mismatch (the file is damaged)";
-    }
+    const std::string problem = FileProblem(data);
     if (!problem.empty()) {
       warn(lite::StrCat("checkpoint ", path, " skipped: ", problem));
       continue;
@@ -230,37 +289,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
         torch::NoGradGuard no_grad;
         LoadInPlace(model, model_archive, "", /*apply=*/true);
       }
-      auto read_int = [&](const char* key) {
-        torch::Tensor v;  // a fresh tensor: read() into a defined one would set_() it
-        archive.read(key, v);
-        return v.item<int64_t>();
-      };
-      st.step = read_int("step");
-      st.epoch = read_int("epoch");
-      st.sampler_epoch = read_int("sampler_epoch");
-      torch::Tensor position;
-      if (archive.try_read("epoch_position", position)) st.epoch_position = position.item<int64_t>();
-      torch::serialize::InputArchive tensors_archive, values_archive;
-      if (archive.try_read("tensors", tensors_archive)) {
-        for (const std::string& key : tensors_archive.keys()) {
-          torch::Tensor t;
-          tensors_archive.read(key, t);
-          st.tensors[key] = t;
-        }
-      }
-      if (archive.try_read("values", values_archive)) {
-        for (const std::string& key : values_archive.keys()) {
-          c10::IValue v;
-          values_archive.read(key, v);
-          st.values[key] = v;
-        }
-      }
-      torch::Tensor t;
-      archive.read("rng", t);
-      t = t.to(torch::kCPU);
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(t);
+      ReadTrainingState(archive, &st);
     } catch (const std::exception& e) {
       std::string what = e.what();
       warn(lite::StrCat("checkpoint ", path, " skipped: it does not match this model (",

@@ -1,0 +1,144 @@
+// train_unet's Trainer (trainer.cc: set-up, the run, the end; trainer_step.cc: batches, the
+// step and its micro-steps, benchy, validation and the per-epoch report). Internal to
+// dlrun_unet: the program's entry point is trainer.h's TrainUnetMain.
+#pragma once
+#include <time.h>
+#include <unistd.h>
+
+#include <iterator>
+#include <sstream>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "dlrun/agent_link.h"
+#include "dlrun/checkpoint.h"
+#include "dlrun/ddp.h"
+#include "dlrun/lr_schedule.h"
+#include "dlrun/worker.h"
+#include "nlohmann/json.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/cpus.h"
+#include "unet/data.h"
+#include "unet/gpu.h"
+#include "unet/tensorboard.h"
+#include "unet/train_args.h"
+#include "unet/trainer.h"
+#include "unet/unet.h"
+
+
+namespace train_unet_internal {
+
+using dlrun::examples::TrainArgs;
+
+// The tutorial's loss: L1, plus lambda_rho x L1 of exp(14 x) on channel 0 (the density), which
+// weights the dense regions.
+torch::Tensor Loss(const torch::Tensor& gen, const torch::Tensor& tar, double lambda_rho);
+
+// SIGUSR1 (e.g. Slurm's --signal=USR1@90 before preemption, forwarded by dlrun): checkpoint at
+// the end of the current step.
+extern std::atomic<bool> g_checkpoint_requested;
+void OnSigusr1(int);
+
+// Synthetic pairs with a learnable relation: the target is tanh of a fixed per-voxel mix of the
+// input channels, so the loss falls as the model trains. Each rank draws its own samples.
+struct SyntheticData {
+  torch::Tensor mix;  // [out, in]
+  torch::Generator gen;
+  int64_t size;
+  SyntheticData(int64_t size, uint64_t seed, int rank) : size(size) {
+    torch::manual_seed(seed);
+    mix = torch::randn({5, 4}) * 0.5;
+    gen = torch::make_generator<torch::CPUGeneratorImpl>(seed * 7919 + rank + 1);
+  }
+  std::pair<torch::Tensor, torch::Tensor> Batch(int64_t n) {
+    auto x = torch::randn({n, 4, size, size, size}, gen);
+    auto y = torch::tanh(torch::einsum("oi,nidhw->nodhw", {mix, x}));
+    return {x, y};
+  }
+};
+
+using Clock = std::chrono::steady_clock;
+using Batch = std::pair<torch::Tensor, torch::Tensor>;
+
+double Seconds(Clock::time_point since);
+// Seconds since this process started (its exec, before LibTorch was loaded), from
+// /proc/self/stat's start time in clock ticks since boot; -1 if unknown.
+double SecondsSinceProcessStart();
+// This process' peak resident memory (VmHWM), bytes; 0 when unreadable.
+int64_t PeakRssBytes();
+
+// One training run: set up (model, optimiser, schedule, checkpoint resume, DDP, data), then the
+// step loop with its per-epoch reports, or benchy's throughput trials.
+class Trainer {
+ public:
+  explicit Trainer(TrainArgs a)
+      : a_(std::move(a)), ctx_(dlrun::worker::init()) {
+    init_done_s_ = ctx_.promoted_at ? Seconds(*ctx_.promoted_at) : SecondsSinceProcessStart();
+  }
+  int Run();
+
+ private:
+  void ResolveSizes();
+  void BuildModel();
+  void BuildSchedule();
+  void Resume();
+  void OpenData();
+  void PrintHeader();
+  int Benchy();
+  void SetThreads();
+  void Step(int64_t step);
+  torch::Tensor MicroStep(int64_t step, bool sync, double* data_s);
+  void AfterStep(int64_t step, double mean_loss, bool signalled);
+  void EndOfEpoch(int64_t step);
+  int Finish();
+  torch::Tensor ToDevice(torch::Tensor t) const;
+  Batch NextBatch();
+  Batch TakeBatch();
+  Batch NextValBatch();
+  double Validate();
+  void Save(int64_t step);
+  void TrainStep(const torch::Tensor& x, const torch::Tensor& y);
+
+  TrainArgs a_;
+  dlrun::worker::Context ctx_;
+  double init_done_s_ = -1;  // process start (a spare: its promotion) -> init() done
+  int rank_ = 0, world_ = 1;
+  int64_t global_batch_ = 1, steps_per_epoch_ = 1, val_steps_ = 0, nparams_ = 0;
+  torch::Device device_{torch::kCPU};
+  bool channels_last_ = false;
+  dlrun::examples::UNet model_{nullptr};
+  std::unique_ptr<dlrun::examples::GradScaler> scaler_;
+  std::vector<torch::Tensor> params_;
+  uint64_t initial_digest_ = 0;
+  std::unique_ptr<torch::optim::Adam> opt_;
+  dlrun::worker::LrSchedule sched_;
+  std::optional<dlrun::worker::CheckpointManager> ckpt_;
+  int64_t start_step_ = 0;
+  std::unique_ptr<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>> ddp_;
+  std::unique_ptr<SyntheticData> synthetic_, synthetic_val_;
+  std::unique_ptr<dlrun::examples::Prefetcher> loader_, loader_val_;
+  std::unique_ptr<dlrun::examples::EventWriter> tb_;
+  // Progress.
+  Clock::time_point t0_, start_, epoch_start_;
+  double first_loss_ = 0, last_loss_ = 0, lr_ = 0, epoch_loss_ = 0;
+  int64_t epoch_steps_ = 0;
+  std::optional<Batch> prefetched_;  // CUDA: the next batch, copied during this step
+  std::unique_ptr<dlrun::examples::CpuAllocationPeak> cpu_peak_;  // over the training steps
+  int loader_threads_ = 0, intra_threads_ = 0, cpus_per_rank_ = 0;
+  int64_t target_step_ = -1;  // --target-loss: the step where it was first reached
+  double target_s_ = -1;
+  std::string target_of_;     // "validation" or "training" loss
+};
+
+}  // namespace train_unet_internal

@@ -1,0 +1,366 @@
+#include "common/contract.h"
+#include "ddp_impl.h"
+#include "dlrun/agent_link.h"
+#include "dlrun/ranges.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <ATen/core/ivalue.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <exception>
+#include <stdexcept>
+#include <utility>
+
+namespace dlrun::worker {
+
+DistributedDataParallelBase::Impl::~Impl() {
+  Unhook();
+  if (comm_thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(comm_mu);
+      comm_stop = true;
+    }
+    comm_cv.notify_all();
+    comm_thread.join();
+  }
+}
+
+void DistributedDataParallelBase::Impl::CommLoop() {
+  for (;;) {
+    size_t idx = 0;
+    {
+      std::unique_lock<std::mutex> lock(comm_mu);
+      comm_cv.wait(lock, [&] { return comm_stop || !comm_queue.empty(); });
+      if (comm_stop) return;
+      idx = comm_queue.front();
+      comm_queue.pop_front();
+    }
+    torch::Tensor& flat = buckets[idx].flat;
+    lite::Status st = flat.scalar_type() == torch::kDouble
+                          ? shm->Sum(flat.data_ptr<double>(), flat.numel())
+                          : shm->Sum(flat.data_ptr<float>(), flat.numel());
+    endRange(std::exchange(buckets[idx].range, 0));
+    {
+      std::lock_guard<std::mutex> lock(comm_mu);
+      if (!st.ok() && comm_status.ok()) comm_status = st;
+      ++comm_done;
+    }
+    comm_cv.notify_all();
+  }
+}
+
+void DistributedDataParallelBase::Impl::BuildBuckets(const std::vector<std::vector<size_t>>& layout) {
+  std::vector<torch::Tensor> old_views(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) old_views[i] = slots[i].view;
+  buckets.clear();
+  info.clear();
+  for (size_t b = 0; b < layout.size(); ++b) {
+    Bucket bucket;
+    BucketInfo bi;
+    int64_t numel = 0;
+    for (size_t i : layout[b]) numel += slots[i].param.numel();
+    bucket.flat = torch::zeros({numel}, slots[layout[b][0]].param.options());
+    int64_t off = 0;
+    for (size_t i : layout[b]) {
+      Slot& s = slots[i];
+      s.bucket = b;
+      s.offset = off;
+      // Shares the bucket's storage without being an autograd view: LibTorch's
+      // Optimizer::zero_grad() calls detach_() on every grad, which a view refuses.
+      s.view = torch::empty({0}, bucket.flat.options());
+      s.view.set_(bucket.flat.storage(), off, s.param.sizes(), s.param.contiguous().strides());
+      off += s.param.numel();
+      bucket.slots.push_back(i);
+      bi.parameters.push_back(s.name);
+    }
+    bi.numel = numel;
+    bi.bytes = numel * bucket.flat.element_size();
+    buckets.push_back(std::move(bucket));
+    info.push_back(std::move(bi));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!old_views[i].defined()) continue;
+    Slot& s = slots[i];
+    s.view.copy_(old_views[i]);
+    const torch::Tensor g = s.param.grad();
+    if (g.defined() && g.is_alias_of(old_views[i])) s.param.mutable_grad() = s.view;
+  }
+}
+
+void DistributedDataParallelBase::Impl::RebuildInReadyOrder() {
+  const size_t n = slots.size();
+  if (ready_order.size() != n) return;
+  torch::Tensor order = torch::empty({static_cast<int64_t>(n)}, torch::kLong);
+  auto o = order.accessor<int64_t, 1>();
+  for (size_t i = 0; i < n; ++i) o[i] = static_cast<int64_t>(ready_order[i]);
+  if (pg->getSize() > 1) {
+    std::vector<torch::Tensor> t{order};
+    pg->broadcast(t)->wait();
+  }
+  std::vector<size_t> agreed(n);
+  std::vector<bool> seen(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = o[i];
+    if (k < 0 || static_cast<size_t>(k) >= n || seen[k]) {
+      throw std::runtime_error(lite::StrCat(
+          "DistributedDataParallel: rank 0's gradient order names parameter index ", k,
+          " of ", n, " twice or out of range; every rank must build the same model"));
+    }
+    seen[k] = true;
+    agreed[i] = static_cast<size_t>(k);
+  }
+  BuildBuckets(AssignBucketsInReadyOrder(SlotBytes(), agreed, CapBytes(options.first_bucket_cap_mb),
+                                         CapBytes(options.bucket_cap_mb)));
+}
+
+std::vector<int64_t> DistributedDataParallelBase::Impl::SlotBytes() const {
+  std::vector<int64_t> sizes;
+  for (const Slot& s : slots) sizes.push_back(s.param.numel() * s.param.element_size());
+  return sizes;
+}
+
+void DistributedDataParallelBase::Impl::Hook(size_t i) {
+  auto& installed = torch::autograd::impl::post_acc_grad_hooks(slots[i].param);
+  installed = std::make_unique<ReadyHook>(self, i, std::move(installed));
+}
+
+void DistributedDataParallelBase::Impl::Unhook() {
+  for (Slot& s : slots) {
+    auto& installed = torch::autograd::impl::post_acc_grad_hooks(s.param);
+    auto* ours = dynamic_cast<ReadyHook*>(installed.get());
+    if (ours != nullptr && ours->impl.expired()) installed = std::move(ours->previous);
+  }
+}
+
+void DistributedDataParallelBase::Impl::StartIteration() {
+  for (Slot& s : slots) {
+    s.ready = false;
+    s.fired = 0;
+  }
+  for (Bucket& b : buckets) {
+    b.pending = b.slots.size();
+    b.work.reset();
+    b.hook_done.reset();
+    b.launched = false;
+  }
+  next_launch = 0;
+  callback_queued = false;
+  std::lock_guard<std::mutex> lock(comm_mu);
+  comm_done = 0;
+}
+
+void DistributedDataParallelBase::Impl::Gather(Slot& s) {
+  torch::Tensor g = s.param.grad();
+  if (!g.defined()) {
+    s.view.zero_();
+  } else if (!g.is_alias_of(s.view)) {
+    s.view.copy_(g);
+  }
+}
+
+c10d::GradBucket DistributedDataParallelBase::Impl::MakeGradBucket(size_t idx) {
+  const Bucket& b = buckets[idx];
+  std::vector<size_t> offsets, lengths;
+  std::vector<c10::IntArrayRef> sizes;
+  std::vector<torch::Tensor> params;
+  for (size_t i : b.slots) {
+    offsets.push_back(static_cast<size_t>(slots[i].offset));
+    lengths.push_back(static_cast<size_t>(slots[i].param.numel()));
+    sizes.push_back(slots[i].param.sizes());
+    params.push_back(slots[i].param);
+  }
+  return c10d::GradBucket(idx, buckets.size(), b.flat, std::move(offsets), std::move(lengths),
+                          std::move(sizes), std::move(params), std::nullopt);
+}
+
+void DistributedDataParallelBase::Impl::LaunchReady() {
+  // Collectives must be issued in the same order on every rank: launch bucket k only after
+  // buckets 0..k-1.
+  while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+    const size_t idx = next_launch++;
+    Bucket& b = buckets[idx];
+    b.launched = true;
+    b.range = startRange("allreduce bucket", static_cast<int64_t>(idx));
+    if (hook) {
+      c10d::GradBucket grad_bucket = MakeGradBucket(idx);
+      b.hook_done = hook->runHook(grad_bucket);
+      continue;
+    }
+    if (shm) {
+      {
+        std::lock_guard<std::mutex> lock(comm_mu);
+        comm_queue.push_back(idx);
+      }
+      comm_cv.notify_all();
+      continue;
+    }
+    std::vector<torch::Tensor> t{b.flat};
+    b.work = pg->allreduce(t);
+  }
+}
+
+void DistributedDataParallelBase::Impl::OnGradReady(size_t i) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (no_sync) return;
+  Slot& s = slots[i];
+  if (!callback_queued) {
+    callback_queued = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { Finalize(); });
+    if (graph_recorded) {
+      // static_graph: the parameters the first step found unused are ready from the start.
+      for (Slot& u : slots) {
+        if (u.expected == 0) MarkReady(u);
+      }
+      LaunchReady();
+    }
+  }
+  if (options.static_graph) {
+    if (s.fired++ == 0 && !rebuilt) ready_order.push_back(i);
+    // The first step reduces after backward (it is still counting); later ones as soon as
+    // every accumulation the first step saw has arrived.
+    if (!graph_recorded || s.fired < s.expected || s.ready) return;
+    MarkReady(s);
+    LaunchReady();
+    return;
+  }
+  if (s.ready) return;
+  if (!rebuilt) ready_order.push_back(i);
+  MarkReady(s);
+  LaunchReady();
+}
+
+void DistributedDataParallelBase::Impl::MarkReady(Slot& s) {
+  s.ready = true;
+  Gather(s);
+  --buckets[s.bucket].pending;
+}
+
+void DistributedDataParallelBase::Impl::SetUpSharedMemory() {
+  const int world = pg->getSize();
+  if (world < 2) return;
+  bool want = options.shared_memory_allreduce && !hook;
+  if (const char* v = std::getenv(contract::kDdpShm); v != nullptr && std::string(v) == "0") {
+    want = false;
+  }
+  const char* lws = std::getenv(contract::kLocalWorldSize);
+  if (lws == nullptr || std::atoi(lws) != world) want = false;
+  int64_t max_bytes = 0;
+  for (const Bucket& b : buckets) {
+    // Every rank places the model alike, so this return is the same everywhere: GPU
+    // gradients (NCCL, which also refuses the CPU tensors of the agreement below) never
+    // take this path.
+    if (!b.flat.device().is_cpu()) return;
+    const auto t = b.flat.scalar_type();
+    if (t != torch::kFloat && t != torch::kDouble) want = false;
+    max_bytes = std::max<int64_t>(max_bytes, b.flat.numel() * b.flat.element_size());
+  }
+  // Everyone agrees, and learns rank 0's pid for a segment name unique on this host.
+  static std::atomic<int> instances{0};
+  const int instance = instances++;
+  std::vector<torch::Tensor> t{torch::tensor(
+      {static_cast<int64_t>(want ? 1 : 0), static_cast<int64_t>(pg->getRank() == 0 ? getpid() : 0)})};
+  pg->allreduce(t)->wait();
+  if (t[0][0].item<int64_t>() != world) return;
+  const std::string name = lite::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", instance);
+  auto created = ShmAllreduce::Create(
+      name, pg->getRank(), world,
+      // Pieces as large as 32 MiB of segment allow (2 sets of world + 1 areas).
+      std::max<int64_t>(4096, std::min<int64_t>(max_bytes, (32 << 20) / (2 * (world + 1)))),
+      [this] { pg->barrier()->wait(); }, std::chrono::minutes(5));
+  std::vector<torch::Tensor> ok{torch::tensor({static_cast<int64_t>(created.ok() ? 1 : 0)})};
+  pg->allreduce(ok)->wait();
+  if (ok[0].item<int64_t>() != world) {
+    if (!created.ok()) {
+      std::fprintf(stderr, "dlrun::worker DDP: %s; using Gloo's allreduce\n",
+                   std::string(created.status().message()).c_str());
+    }
+    return;
+  }
+  shm = std::move(*created);
+  comm_thread = std::thread([this] { CommLoop(); });
+}
+
+void DistributedDataParallelBase::Impl::Finalize() {
+  const auto backward_done = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<std::string> missing;
+  const bool recording = options.static_graph && !graph_recorded;
+  for (Slot& s : slots) {
+    if (recording) s.expected = s.fired;
+    if (s.ready) continue;
+    if (!options.find_unused_parameters && !recording) {
+      missing.push_back(s.name);
+      continue;
+    }
+    if (!rebuilt && s.fired == 0) ready_order.push_back(static_cast<size_t>(&s - slots.data()));
+    MarkReady(s);  // no gradient this time: contributes zeros (or what was accumulated)
+  }
+  if (recording) graph_recorded = true;
+  if (!missing.empty()) {
+    if (missing.size() > 8) {
+      missing.resize(8);
+      missing.push_back("...");
+    }
+    throw std::runtime_error(lite::StrCat(
+        "DistributedDataParallel: parameter(s) ", lite::StrJoin(missing, ", "),
+        " got no gradient in this backward; construct DistributedDataParallel with "
+        "find_unused_parameters = true if parts of the model are unused"));
+  }
+  LaunchReady();
+  AwaitBuckets();
+  if (forward_at != std::chrono::steady_clock::time_point{}) {
+    const auto synced = std::chrono::steady_clock::now();
+    last_timing.compute_s = std::chrono::duration<double>(backward_done - forward_at).count();
+    last_timing.sync_s =
+        broadcast_s + std::chrono::duration<double>(synced - backward_done).count();
+    forward_at = {};
+  }
+  EndStep();
+}
+
+void DistributedDataParallelBase::Impl::AwaitBuckets() {
+  const double scale = 1.0 / pg->getSize();
+  if (shm && !hook) {
+    std::unique_lock<std::mutex> lock(comm_mu);
+    comm_cv.wait(lock, [&] { return comm_done == buckets.size(); });
+    if (!comm_status.ok()) throw std::runtime_error(std::string(comm_status.message()));
+  }
+  for (Bucket& b : buckets) {
+    if (b.hook_done) {
+      b.hook_done->wait();
+      const torch::Tensor mean = hook->parseHookResult(b.hook_done->value());  // throws its error
+      if (!mean.is_same(b.flat)) b.flat.copy_(mean.view_as(b.flat));
+      endRange(std::exchange(b.range, 0));
+      continue;
+    }
+    if (b.work) b.work->wait();
+    b.flat.mul_(scale);
+    endRange(std::exchange(b.range, 0));
+  }
+}
+
+void DistributedDataParallelBase::Impl::EndStep() {
+  torch::NoGradGuard no_grad;
+  for (Slot& s : slots) {
+    torch::Tensor g = s.param.grad();
+    if (options.gradient_as_bucket_view || !g.defined()) {
+      if (!g.defined() || !g.is_alias_of(s.view)) s.param.mutable_grad() = s.view;
+    } else {
+      g.copy_(s.view);
+    }
+  }
+  if (!rebuilt) {
+    if (options.rebuild_buckets_in_ready_order) RebuildInReadyOrder();
+    rebuilt = true;
+    ready_order.clear();
+  }
+  StartIteration();
+  heartbeat();  // one reduced backward = one step of progress for the agent's hang check
+}
+
+}  // namespace dlrun::worker

@@ -12,7 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "common/scheduler_env.h"
-#include "launcher/detect/nvml.h"
+#include "launcher/base/nvml.h"
 
 namespace dlrun::launcher {
 

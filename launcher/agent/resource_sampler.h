@@ -1,6 +1,6 @@
 // The agent's resource sampler (docs/TELEMETRY.md): on a thread of its own, off the
 // supervision loop, every period it reads each worker's CPU time and resident memory from /proc
-// and, when NVML can be loaded (launcher/detect/nvml.h), each GPU's
+// and, when NVML can be loaded (launcher/base/nvml.h), each GPU's
 // utilisation and memory and each worker's GPU memory. The loop reads the latest figures.
 #pragma once
 
@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "launcher/detect/nvml.h"
+#include "launcher/base/nvml.h"
 #include "telemetry/telemetry.h"
 
 namespace dlrun::launcher {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "launcher/app/run_dir.h"
 #include "launcher/cli/options.h"
-#include "launcher/rdzv/rdzv_config.h"
+#include "launcher/cli/job_token.h"
 #include "launcher/rdzv/rdzv_loader.h"
 #include "rendezvous/tls.h"
 

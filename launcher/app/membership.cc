@@ -5,7 +5,7 @@
 #include "common/local_address.h"
 #include "launcher/detect/net.h"
 #include "launcher/rdzv/failover.h"
-#include "launcher/rdzv/rdzv_config.h"
+#include "launcher/cli/job_token.h"
 #include "launcher/rdzv/rdzv_loader.h"
 #include "launcher/rdzv/rdzv_source.h"
 #include "rendezvous/tls.h"

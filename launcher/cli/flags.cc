@@ -17,12 +17,6 @@
 
 namespace dlrun::cli {
 
-absl::Status BadValue(const std::string& flag, const std::string& value,
-                      const std::string& expected) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("invalid value '", value, "' for --", flag, ": expected ", expected));
-}
-
 absl::StatusOr<int> ParseInt(const std::string& flag, const std::string& value, int lo, int hi) {
   int v = 0;
   if (!absl::SimpleAtoi(value, &v) || v < lo || v > hi) {

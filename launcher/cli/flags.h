@@ -21,12 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/defaults.h"
 #include "common/env.h"  // EnvLookup
+#include "launcher/base/bad_value.h"
 
 namespace dlrun::cli {
 
-// "invalid value 'V' for --FLAG: expected WHAT" (InvalidArgument).
-absl::Status BadValue(const std::string& flag, const std::string& value,
-                      const std::string& expected);
+using launcher::BadValue;  // launcher/base/bad_value.h
 
 // Value parsers: `flag` names the flag in the error (without dashes).
 absl::StatusOr<int> ParseInt(const std::string& flag, const std::string& value, int lo, int hi);

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "launcher/cli/flags.h"
-#include "launcher/profile/profile.h"
+#include "launcher/base/profile_spec.h"
 
 namespace dlrun::launcher {
 

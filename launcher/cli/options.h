@@ -16,8 +16,8 @@
 #include "common/env.h"
 #include "launcher/cli/flags.h"
 #include "launcher/cli/rdzv_conf.h"
-#include "launcher/profile/profile.h"
-#include "launcher/stacks/stacks.h"
+#include "launcher/base/capture_mode.h"
+#include "launcher/base/profile_spec.h"
 
 namespace dlrun::launcher {
 

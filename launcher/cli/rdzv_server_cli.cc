@@ -7,7 +7,7 @@
 #include "common/defaults.h"
 #include "launcher/cli/flags.h"
 #include "launcher/cli/rdzv_conf.h"
-#include "launcher/rdzv/rdzv_config.h"
+#include "launcher/cli/job_token.h"
 
 namespace dlrun::launcher {
 namespace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "launcher/detect/nvml.h"
+#include "launcher/base/nvml.h"
 
 namespace dlrun::launcher {
 

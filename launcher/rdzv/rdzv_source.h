@@ -24,7 +24,7 @@ struct RdzvSourceOptions {
   // PMIx node list at the rendezvous port, at most kMaxSuccessors.
   std::vector<std::string> peers;
   std::string run_id;
-  std::string token;        // JobToken() (launcher/rdzv/rdzv_config.h)
+  std::string token;        // JobToken() (launcher/cli/job_token.h)
   std::string local_addr;   // this node's address (MASTER_ADDR if it gets node rank 0)
   std::string hostname;
   int nproc = 1;

@@ -137,13 +137,6 @@ std::vector<StackThread> ParseEuStack(const std::string& text, pid_t pid) {
   return threads;
 }
 
-absl::StatusOr<CaptureMode> ParseCaptureMode(const std::string& v) {
-  if (v == "auto") return CaptureMode::kAuto;
-  if (v == "always") return CaptureMode::kAlways;
-  if (v == "off") return CaptureMode::kOff;
-  return absl::InvalidArgumentError(absl::StrCat("'", v, "': expected auto, always or off"));
-}
-
 std::string RankRanges(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());

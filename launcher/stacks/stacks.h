@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "launcher/base/capture_mode.h"
 
 namespace dlrun::launcher {
 
@@ -133,11 +134,6 @@ std::string FormatStackReport(const StackReport& r);
 // callee), grouped when they were in different places. Empty when nothing was read.
 std::string WhereTheOthersWere(const StackReport& r, int rank);
 
-// --capture-before-kill: whether the agent dumps its live workers before it stops a failed
-// group. kAuto does where the stacks tell something (a hang, a crash by signal, a collective
-// timeout, a lost peer) and skips a plain exception whose traceback is in its error file.
-enum class CaptureMode { kAuto, kAlways, kOff };
-absl::StatusOr<CaptureMode> ParseCaptureMode(const std::string& v);
 
 // "0-2,4,6-7".
 std::string RankRanges(std::vector<int> ranks);

@@ -1,6 +1,6 @@
 // One rendezvous configuration: --rdzv-conf keys, the token rule, and the same liveness limit
 // for a hosted rendezvous and `dlrun rdzv-server`.
-#include "launcher/rdzv/rdzv_config.h"
+#include "launcher/cli/job_token.h"
 
 #include <map>
 

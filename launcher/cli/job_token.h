@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "launcher/cli/options.h"
+#include "common/env.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::launcher {

@@ -1,4 +1,4 @@
-#include "launcher/rdzv/rdzv_config.h"
+#include "launcher/cli/job_token.h"
 
 #include <optional>
 

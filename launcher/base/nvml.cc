@@ -1,4 +1,4 @@
-#include "launcher/detect/nvml.h"
+#include "launcher/base/nvml.h"
 
 #include <dlfcn.h>
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# scripts/check-structure catches each kind of breach (docs/ARCHITECTURE.md, "Rules the build
+# checks"): in a small tree made here, a launcher folder that includes a folder it does not
+# declare, a library below the launcher that includes it, a function of 81 lines and a file of
+# 501; and the same tree without them passes.
+set -euo pipefail
+checker=${1:?usage: check_structure_test.sh scripts/check-structure}
+root=$(mktemp -d "${TMPDIR:-/tmp}/check-structure.XXXXXX")
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root"/launcher/{base,cli,agent} "$root"/telemetry
+cat > "$root/launcher/CMakeLists.txt" <<'CMAKE'
+dlrun_launcher_folder(base
+  SOURCES base/a.cc)
+dlrun_launcher_folder(cli
+  SOURCES cli/flags.cc
+  DEPS base)
+dlrun_launcher_folder(agent
+  SOURCES agent/agent.cc
+  DEPS base cli)
+CMAKE
+printf '#include "launcher/base/a.h"\nint F() { return 1; }\n' > "$root/launcher/cli/flags.cc"
+printf '#include "launcher/cli/flags.h"\n#include "launcher/base/a.h"\n' > "$root/launcher/agent/agent.cc"
+printf 'int A() { return 0; }\n' > "$root/launcher/base/a.cc"
+printf '#include "telemetry/telemetry.h"\n' > "$root/telemetry/telemetry.cc"
+
+out=$("$checker" --root "$root") || { echo "FAIL: a clean tree was refused: $out"; exit 1; }
+echo "ok: a clean tree passes"
+
+expect() {  # expect WHAT PATTERN: the checker exits 1 and prints PATTERN
+  local what=$1 pattern=$2 rc=0
+  out=$("$checker" --root "$root" 2>&1) || rc=$?
+  if [[ $rc -ne 1 ]] || ! grep -q -- "$pattern" <<<"$out"; then
+    echo "FAIL: $what: rc $rc, output:"; echo "$out"; exit 1
+  fi
+  echo "ok: $what: $(grep -- "$pattern" <<<"$out" | head -1)"
+}
+
+# The wrong way: cli is below agent.
+printf '#include "launcher/agent/agent.h"\n' >> "$root/launcher/cli/flags.cc"
+expect "a wrong-way include" "launcher/cli/flags.cc: includes launcher/agent/, not among launcher/cli's DEPS (base)"
+sed -i '$d' "$root/launcher/cli/flags.cc"
+# A folder without a target.
+mkdir -p "$root/launcher/extra" && printf 'int X();\n' > "$root/launcher/extra/x.h"
+expect "a folder without a target" "launcher/extra/ has no dlrun_launcher_folder() target"
+rm -r "$root/launcher/extra"
+# Below the launcher.
+printf '#include "launcher/cli/flags.h"\n' >> "$root/telemetry/telemetry.cc"
+expect "a library below the launcher including it" "telemetry/telemetry.cc: includes launcher/cli/, but telemetry/ is below the launcher"
+sed -i '$d' "$root/telemetry/telemetry.cc"
+# An 81-line function, with a lambda and a string holding a brace inside.
+{ echo 'int Long() {'; echo '  auto f = [] { return "}"; };'; for i in $(seq 1 78); do echo "  f();"; done; echo '}'; } \
+  >> "$root/launcher/base/a.cc"
+expect "a function over 80 lines" "launcher/base/a.cc:2: Long is 81 lines, over 80"
+# ...and one of 80 passes.
+sed -i '4d' "$root/launcher/base/a.cc"
+out=$("$checker" --root "$root") || { echo "FAIL: an 80-line function was refused: $out"; exit 1; }
+echo "ok: an 80-line function passes"
+# A file of 501 lines.
+for i in $(seq 1 501); do echo "// $i"; done > "$root/launcher/base/long.h"
+expect "a file over 500 lines" "launcher/base/long.h: 501 lines, over 500"

@@ -22,15 +22,6 @@ double QuotaCpus(const std::string& quota, const std::string& period) {
   return q / p;
 }
 
-bool HasController(const std::string& list, const std::string& name) {
-  std::istringstream in(list);
-  std::string c;
-  while (std::getline(in, c, ',')) {
-    if (c == name) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 CpuAllocation AllocatedCpus(int affinity_cpus, const std::string& proc_cgroup,
@@ -41,24 +32,17 @@ CpuAllocation AllocatedCpus(int affinity_cpus, const std::string& proc_cgroup,
     if (cpus > 0 && (best.cpus == 0 || cpus < best.cpus)) best = {cpus, source};
   };
   offer(affinity_cpus, "affinity mask");
-  std::istringstream cg(proc_cgroup);
-  std::string line;
-  while (std::getline(cg, line)) {
-    const size_t a = line.find(':');
-    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    const std::string path = line.substr(b + 1);
-    if (line.rfind("0::", 0) == 0) {  // v2
-      for (const std::string& p : CgroupAncestry(path)) {
+  for (const CgroupEntry& e : ParseProcCgroup(proc_cgroup)) {
+    if (e.v2()) {
+      for (const std::string& p : CgroupAncestry(e.path)) {
         std::istringstream max(read("/sys/fs/cgroup" + p + "/cpu.max"));
         std::string quota, period;
         if (max >> quota >> period && quota != "max") offer(QuotaCpus(quota, period), "cgroup quota");
       }
-    } else if (HasController(controllers, "cpu")) {  // v1's cpu controller
+    } else if (e.Has("cpu")) {  // v1's cpu controller
       for (const std::string& dir : {std::string("/sys/fs/cgroup/cpu,cpuacct"),
                                      std::string("/sys/fs/cgroup/cpu")}) {
-        for (const std::string& p : CgroupAncestry(path)) {
+        for (const std::string& p : CgroupAncestry(e.path)) {
           offer(QuotaCpus(read(dir + p + "/cpu.cfs_quota_us"), read(dir + p + "/cpu.cfs_period_us")),
                 "cgroup quota");
         }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "telemetry/metrics_http.h"
 #include "rendezvous/server.h"
 #include "spdlog/spdlog.h"
@@ -74,7 +75,7 @@ int Serve(const HostOptions& h) {
     std::fprintf(stderr, "dlrun rdzv-server: %s\n", std::string(server.status().message()).c_str());
     return 2;
   }
-  const std::string host = h.listen_address.substr(0, h.listen_address.rfind(':'));
+  const std::string host = SplitHostPort(h.listen_address).host;
   spdlog::info("rendezvous listening on {}:{}{}; a node silent for {} ms is declared dead", host,
                (*server)->port(), h.tls.enabled() ? " (mutual TLS)" : "",
                h.config.liveness_limit().count());

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/host_port.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -13,16 +14,12 @@ int64_t Seconds(Duration d) { return std::chrono::duration_cast<std::chrono::sec
 // "host:987" before "host:1001": node ids that share the text before their last ':' and end in
 // digits compare those digits as numbers; anything else compares as text.
 bool NodeIdLess(const std::string& a, const std::string& b) {
-  const size_t ca = a.rfind(':');
-  const size_t cb = b.rfind(':');
-  auto digits = [](const std::string& s, size_t from) {
-    return from + 1 < s.size() && s.find_first_not_of("0123456789", from + 1) == std::string::npos;
+  const HostPort x = SplitHostPort(a), y = SplitHostPort(b);
+  auto digits = [](const HostPort& h) {
+    return h.has_port && !h.port.empty() && h.port.find_first_not_of("0123456789") == std::string::npos;
   };
-  if (ca != std::string::npos && cb != std::string::npos && digits(a, ca) && digits(b, cb) &&
-      a.compare(0, ca, b, 0, cb) == 0) {
-    const size_t la = a.size() - ca - 1;
-    const size_t lb = b.size() - cb - 1;
-    if (la != lb) return la < lb;  // no leading zeros in a pid: the shorter number is smaller
+  if (digits(x) && digits(y) && x.host == y.host && x.port.size() != y.port.size()) {
+    return x.port.size() < y.port.size();  // no leading zeros in a pid: the shorter number is smaller
   }
   return a < b;
 }

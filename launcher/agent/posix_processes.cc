@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
+#include "common/files.h"
 
 extern char** environ;
 
@@ -127,10 +128,7 @@ absl::StatusOr<std::unique_ptr<PosixProcesses>> PosixProcesses::Create(
   }
   auto procs = std::unique_ptr<PosixProcesses>(new PosixProcesses(sfd, wfd));
   // Where the memory cgroup counts OOM kills: found once, read at each group's start and end.
-  std::ifstream in("/proc/self/cgroup");
-  std::stringstream cgroups;
-  cgroups << in.rdbuf();
-  procs->oom_kill_files_ = OomKillFiles(cgroups.str(), "/sys/fs/cgroup");
+  procs->oom_kill_files_ = OomKillFiles(ReadWholeFile("/proc/self/cgroup"), "/sys/fs/cgroup");
   return procs;
 }
 
@@ -449,21 +447,11 @@ std::vector<std::string> OomKillFiles(const std::string& proc_self_cgroup,
   // v2: "0::/PATH" -> ROOT/PATH/memory.events; v1: "N:memory:/PATH" (or a list with memory)
   // -> ROOT/memory/PATH/memory.oom_control. Both carry a line "oom_kill N".
   std::vector<std::string> files;
-  std::istringstream lines(proc_self_cgroup);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t a = line.find(':');
-    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    const std::string path = line.substr(b + 1);
-    if (controllers.empty()) {
-      files.push_back(root + path + "/memory.events");
-    } else {
-      for (absl::string_view c : absl::StrSplit(controllers, ',')) {
-        if (c == "memory") {
-          files.insert(files.begin(), root + "/memory" + path + "/memory.oom_control");
-        }
-      }
+  for (const CgroupEntry& e : ParseProcCgroup(proc_self_cgroup)) {
+    if (e.v2()) {
+      files.push_back(root + e.path + "/memory.events");
+    } else if (e.Has("memory")) {
+      files.insert(files.begin(), root + "/memory" + e.path + "/memory.oom_control");
     }
   }
   return files;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
 #include "common/defaults.h"
+#include "common/host_port.h"
 #include "launcher/detect/findings.h"
 #include "launcher/detect/net.h"
 
@@ -98,11 +99,10 @@ std::pair<std::string, int> StaticMaster(const LaunchOptions& o) {
   std::string addr = o.master_addr;
   int port = o.master_port;
   if (!o.standalone && !o.rdzv_endpoint.empty()) {  // torchrun's static backend: HOST[:PORT]
-    const size_t colon = o.rdzv_endpoint.rfind(':');
+    const HostPort hp = SplitHostPort(o.rdzv_endpoint);
     int p = 0;
-    if (colon != std::string::npos && o.rdzv_endpoint.find(']', colon) == std::string::npos &&
-        absl::SimpleAtoi(o.rdzv_endpoint.substr(colon + 1), &p)) {
-      addr = o.rdzv_endpoint.substr(0, colon);
+    if (hp.has_port && absl::SimpleAtoi(hp.port, &p)) {
+      addr = hp.host;
       port = p;
     } else {
       addr = o.rdzv_endpoint;

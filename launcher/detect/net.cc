@@ -55,13 +55,6 @@ PortReservation ReservePort(const std::string& addr) {
   return r;
 }
 
-std::string Unbracketed(const std::string& host) {
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    return host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
 absl::Status ResolveHost(const std::string& host) {
   const std::string h = Unbracketed(host);
   addrinfo hints{};

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "common/host_port.h"
 
 namespace dlrun::launcher {
 
@@ -29,8 +30,7 @@ PortReservation ReservePort(const std::string& addr);
 // Whether this host can listen on host:port (it is one of our addresses and the port is free).
 bool CanBind(const std::string& host, const std::string& port);
 
-// `host` without the brackets of an IPv6 literal ("[::1]" -> "::1"); anything else as it is.
-std::string Unbracketed(const std::string& host);
+using dlrun::Unbracketed;  // common/host_port.h
 
 // Whether `host` (a name or an address, IPv6 in brackets or not) resolves; the error names the
 // host and the resolver's reason.

@@ -7,13 +7,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/defaults.h"
+#include "common/host_port.h"
 
 namespace dlrun::launcher {
 
 std::pair<std::string, std::string> SplitEndpoint(const std::string& ep) {
-  const size_t c = ep.rfind(':');
-  if (c == std::string::npos || ep.find(']', c) != std::string::npos) return {ep, std::to_string(defaults::kRdzvPort)};
-  return {ep.substr(0, c), ep.substr(c + 1)};
+  HostPort hp = SplitHostPort(ep);
+  if (!hp.has_port) hp.port = std::to_string(defaults::kRdzvPort);
+  return {std::move(hp.host), std::move(hp.port)};
 }
 
 absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& value) {

@@ -43,3 +43,29 @@ TEST(PortReservation, TheStoreCanBindItAndNobodyElseCan) {
 
 }  // namespace
 }  // namespace dlrun::launcher
+
+namespace dlrun {
+namespace {
+
+// The one HOST[:PORT] splitter (common/host_port.h), IPv6 included, as every caller uses it.
+TEST(HostPort, SplitsNamesV4AndBracketedV6AndLeavesABareV6Whole) {
+  auto split = [](const char* s) {
+    const HostPort hp = SplitHostPort(s);
+    return hp.host + "|" + (hp.has_port ? hp.port : "-");
+  };
+  EXPECT_EQ(split("node1:29400"), "node1|29400");
+  EXPECT_EQ(split("node1"), "node1|-");
+  EXPECT_EQ(split("10.0.0.1:80"), "10.0.0.1|80");
+  EXPECT_EQ(split("[::1]:29400"), "[::1]|29400");
+  EXPECT_EQ(split("[fe80::2]"), "[fe80::2]|-");
+  EXPECT_EQ(split("::1"), "::1|-");
+  EXPECT_EQ(split("fe80::2"), "fe80::2|-");
+  EXPECT_EQ(split("host:"), "host|");
+  EXPECT_EQ(split(""), "|-");
+  EXPECT_EQ(Unbracketed("[::1]"), "::1");
+  EXPECT_EQ(Unbracketed("::1"), "::1");
+  EXPECT_EQ(Unbracketed("[]"), "[]");
+}
+
+}  // namespace
+}  // namespace dlrun

@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
 #include "common/files.h"
+#include "launcher/base/spawn_tool.h"
 #include "launcher/profile/flamegraph.h"
 #include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
@@ -90,47 +91,25 @@ struct ToolProcess {
   int exit_fd = -1;
 };
 
-ToolProcess SpawnTool(const std::vector<std::string>& argv, const std::string& log,
+ToolProcess StartTool(const std::vector<std::string>& argv, const std::string& log,
                       int stdout_fd = -1) {
   ToolProcess t;
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return t;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  if (stdout_fd >= 0) {
-    posix_spawn_file_actions_adddup2(&fa, stdout_fd, STDOUT_FILENO);
-  } else {
-    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-  }
-  posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND,
-                                   0644);
-  posix_spawn_file_actions_adddup2(&fa, p[1], 3);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigfillset(&defaults);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETPGROUP);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const int rc = posix_spawn(&t.pid, args[0], &fa, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
+  ToolSpawn spawn;
+  spawn.argv = argv;
+  spawn.stdout_fd = stdout_fd;
+  spawn.stdout_path = spawn.stderr_path = log;
+  spawn.fd3 = p[1];
+  spawn.own_group = true;
+  auto pid = SpawnTool(spawn);
   close(p[1]);
-  if (rc != 0) {
+  if (!pid.ok()) {
     close(p[0]);
-    t.pid = -1;
-    std::ofstream(log, std::ios::app) << "cannot run " << argv[0] << ": " << std::strerror(rc)
-                                      << "\n";
+    std::ofstream(log, std::ios::app) << pid.status().message() << "\n";
     return t;
   }
+  t.pid = *pid;
   t.exit_fd = p[0];
   return t;
 }
@@ -303,7 +282,7 @@ class ToolProfiler : public RankProfiler {
     }
     argv.insert(argv.end(), spec_.args.begin(), spec_.args.end());
     r->note.clear();
-    r->tool = SpawnTool(argv, Stem(rank) + ".perf.log");
+    r->tool = StartTool(argv, Stem(rank) + ".perf.log");
   }
 
   void StartPySpy(int rank, Rank* r) {
@@ -311,7 +290,7 @@ class ToolProfiler : public RankProfiler {
                                      "raw", "-o", Stem(rank) + ".folded"};
     argv.insert(argv.end(), spec_.args.begin(), spec_.args.end());
     r->note.clear();
-    r->tool = SpawnTool(argv, Stem(rank) + ".py-spy.log");
+    r->tool = StartTool(argv, Stem(rank) + ".py-spy.log");
   }
 
   void Control(Rank* r, const char* what) {
@@ -349,7 +328,7 @@ class ToolProfiler : public RankProfiler {
       const std::string script = stem + ".perf.txt";
       const int out = open(script.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       // --no-inline: naming inlined frames runs addr2line over LibTorch (minutes).
-      ToolProcess t = SpawnTool({tool_, "script", "--no-inline", "-i", stem + ".perf.data"},
+      ToolProcess t = StartTool({tool_, "script", "--no-inline", "-i", stem + ".perf.data"},
                                 stem + ".perf.log", out);
       if (out >= 0) close(out);
       if (!WaitTool(&t, deadline)) {

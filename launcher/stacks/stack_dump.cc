@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/contract.h"
+#include "launcher/base/spawn_tool.h"
 #include "launcher/stacks/stacks.h"
 
 extern char** environ;
@@ -71,36 +72,18 @@ void Spawn(ToolRun* job) {
     job->spawn_error = std::strerror(errno);
     return;
   }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, p[1], 2);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  // The agent blocks the signals it reads from its signalfd: the tool gets a clean mask.
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGPIPE);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::vector<char*> args;
-  for (const std::string& a : job->argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const int rc = posix_spawn(&job->pid, args[0], &fa, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
+  ToolSpawn spawn;
+  spawn.argv = job->argv;
+  spawn.stdout_fd = spawn.stderr_fd = p[1];
+  auto pid = SpawnTool(spawn);
   close(p[1]);
-  if (rc != 0) {
+  if (!pid.ok()) {
     close(p[0]);
     job->pid = -1;
-    job->spawn_error = absl::StrCat("cannot run ", job->argv[0], ": ", std::strerror(rc));
+    job->spawn_error = std::string(pid.status().message());
     return;
   }
+  job->pid = *pid;
   job->fd = p[0];
   fcntl(job->fd, F_SETFL, O_NONBLOCK);
   job->started = std::chrono::steady_clock::now();

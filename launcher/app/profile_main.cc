@@ -17,7 +17,7 @@
 namespace dlrun::launcher {
 namespace {
 
-struct ProfileArgs {
+struct ProfileArgs : cli::CommandLine {
   std::string ranks;
   std::chrono::milliseconds duration{10000};
   std::string tool = "py-spy";
@@ -110,11 +110,11 @@ std::string ProfilesJson(const std::vector<telemetry::RankProfile>& profiles,
 
 int ProfileMain(const std::vector<std::string>& args) {
   ProfileArgs a;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun profile", /*wants_program=*/false}, Flags(),
-                                args, a);
+  auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun profile", /*wants_program=*/false}, Flags(),
+                                 args, a);
   if (!parsed.ok()) return Fail(parsed.status());
-  if (parsed->help) return Print(ProfileUsage());
-  if (parsed->version) return Print(cli::VersionText());
+  if (a.help) return Print(ProfileUsage());
+  if (a.version) return Print(cli::VersionText());
   if (a.ranks.empty()) return Fail(absl::InvalidArgumentError("dlrun profile needs --ranks (e.g. --ranks 3)"));
   auto ranks = ParseRankList("ranks", a.ranks);
   if (!ranks.ok()) return Fail(ranks.status());

@@ -14,7 +14,7 @@
 namespace dlrun::launcher {
 namespace {
 
-struct StacksArgs {
+struct StacksArgs : cli::CommandLine {
   bool json = false;
   JobChoice job;
   std::chrono::milliseconds timeout = defaults::kStacksBound;
@@ -80,11 +80,11 @@ absl::StatusOr<StackReport> JobWide(const std::string& endpoint, const std::stri
 
 int StacksMain(const std::vector<std::string>& args) {
   StacksArgs a;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun stacks", /*wants_program=*/false}, Flags(),
-                                args, a);
+  auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun stacks", /*wants_program=*/false}, Flags(),
+                                 args, a);
   if (!parsed.ok()) return Fail(parsed.status());
-  if (parsed->help) return Print(StacksUsage());
-  if (parsed->version) return Print(cli::VersionText());
+  if (a.help) return Print(StacksUsage());
+  if (a.version) return Print(cli::VersionText());
   const auto t0 = std::chrono::steady_clock::now();
   auto print = [&a, t0](StackReport report) {
     report.took_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +78,15 @@ struct Parsed {
   bool version = false;
 };
 
+// What every subcommand's options start with (LaunchOptions, SlurmJobOptions, ...), filled by
+// ParseCommand: PROGRAM ARGS, and -h/--help or -V/--version, after which nothing else is set and
+// the caller prints its usage or VersionText() and exits 0.
+struct CommandLine {
+  std::vector<std::string> command;
+  bool help = false;
+  bool version = false;
+};
+
 // Parses `args` (after the subcommand) into `o`. Implemented over a type-erased table.
 namespace internal {
 struct ErasedFlag {
@@ -100,6 +110,22 @@ absl::StatusOr<Parsed> ParseFlags(const ParseSpec& spec, const std::vector<Flag<
                       [&o, set = f.set](const std::string& v) { return set(o, v); }});
   }
   return internal::Parse(spec, erased, args, env);
+}
+
+// The one parse preamble of every subcommand: ParseFlags into `o`, then the CommandLine part.
+// Returns the names given (for the PET_* and the detection's "the command line wins").
+template <typename Opts>
+absl::StatusOr<std::set<std::string>> ParseCommand(const ParseSpec& spec,
+                                                   const std::vector<Flag<Opts>>& flags,
+                                                   const std::vector<std::string>& args, Opts& o,
+                                                   const EnvLookup* env = nullptr) {
+  static_assert(std::is_base_of_v<CommandLine, Opts>, "options start with cli::CommandLine");
+  auto parsed = ParseFlags(spec, flags, args, o, env);
+  if (!parsed.ok()) return parsed.status();
+  o.help = parsed->help;
+  o.version = parsed->version;
+  if (!o.help && !o.version) o.command = std::move(parsed->program);
+  return std::move(parsed->given);
 }
 
 // "dlrun VERSION (torchrun-compatible launcher)\n".

@@ -161,12 +161,9 @@ absl::Status CheckContainer(const Given& given, SlurmJobOptions* o) {
 
 absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args) {
   SlurmJobOptions o;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun slurm"}, kSlurmFlags, args, o);
+  auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun slurm"}, kSlurmFlags, args, o);
   if (!parsed.ok()) return parsed.status();
-  o.help = parsed->help;
-  o.version = parsed->version;
   if (o.help || o.version) return o;
-  o.command = std::move(parsed->program);
   if (o.min_nodes > o.nodes) {
     return cli::BadValue("min-nodes", absl::StrCat(o.min_nodes),
                          absl::StrCat("at most --nodes (", o.nodes, ")"));
@@ -180,7 +177,7 @@ absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& a
     return absl::InvalidArgumentError(
         "--profile-ranks, --profile-steps and --profile-args need --profile");
   }
-  if (absl::Status s = CheckContainer(parsed->given, &o); !s.ok()) return s;
+  if (absl::Status s = CheckContainer(*parsed, &o); !s.ok()) return s;
   if (o.nproc_per_node == 0) o.nproc_per_node = std::max(1, o.gpus_per_node);
   if (o.cpus_per_task == 0) {
     o.cpus_per_task = o.gpus_per_node > 0 ? 8 * o.gpus_per_node : o.nproc_per_node;
@@ -268,12 +265,9 @@ std::vector<cli::Flag<RunaiJobOptions>> RunaiFlags() {
 
 absl::StatusOr<RunaiJobOptions> ParseRunaiArgs(const std::vector<std::string>& args) {
   RunaiJobOptions o;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun runai"}, RunaiFlags(), args, o);
+  auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun runai"}, RunaiFlags(), args, o);
   if (!parsed.ok()) return parsed.status();
-  o.help = parsed->help;
-  o.version = parsed->version;
   if (o.help || o.version) return o;
-  o.command = std::move(parsed->program);
   if (o.name.empty()) return absl::InvalidArgumentError("dlrun runai: --name NAME is required");
   if (o.image.empty()) {
     return absl::InvalidArgumentError(

@@ -8,10 +8,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/defaults.h"
+#include "launcher/cli/flags.h"
 
 namespace dlrun::launcher {
 
-struct SlurmJobOptions {
+struct SlurmJobOptions : cli::CommandLine {
   int nodes = 1;
   // --min-nodes: the job goes on with at least this many nodes after losing some (elastic
   // `--nnodes MIN:N`, no kill on a node failure or a failed agent); 0: every node is needed.
@@ -47,9 +48,6 @@ struct SlurmJobOptions {
   std::string dlrun_path = "dlrun";  // in a container: /opt/dlrun/bin/dlrun (containers/Containerfile)
   std::string script_path;  // -o FILE; empty: stdout (or dlrun-<job-name>.sbatch with --submit)
   bool submit = false;
-  std::vector<std::string> command;  // PROGRAM ARGS
-  bool help = false;                 // -h/--help: print SlurmUsage(), nothing else is set
-  bool version = false;              // -V/--version: print cli::VersionText()
   std::vector<std::string> args;     // as given after `slurm`, for the script's header
 };
 
@@ -57,7 +55,7 @@ struct SlurmJobOptions {
 absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args);
 std::string SlurmUsage();
 
-struct RunaiJobOptions {
+struct RunaiJobOptions : cli::CommandLine {
   std::string name;
   std::string project;
   std::string image;
@@ -73,9 +71,6 @@ struct RunaiJobOptions {
   std::vector<std::string> env;  // K=V
   std::string dlrun_path = "dlrun";
   std::string manifest_path;  // -o FILE
-  std::vector<std::string> command;
-  bool help = false;     // -h/--help: print RunaiUsage(), nothing else is set
-  bool version = false;  // -V/--version: print cli::VersionText()
   // Lines for stderr (e.g. a CPU request outside 8 to 24 per GPU); the command is still valid.
   std::vector<std::string> warnings;
 };

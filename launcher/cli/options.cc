@@ -398,13 +398,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   o.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
   cli::ParseSpec spec{env_only ? "dlrun env" : "dlrun", /*wants_program=*/true,
                       /*pet_fallback=*/true, /*program_optional=*/env_only, {"print-completion"}};
-  auto parsed = cli::ParseFlags(spec, Flags(), args, o, &env);
-  if (!parsed.ok()) return parsed.status();
-  o.help = parsed->help;
-  o.version = parsed->version;
+  auto given = cli::ParseCommand(spec, Flags(), args, o, &env);
+  if (!given.ok()) return given.status();
   if (o.help || o.version) return o;
-  o.command = std::move(parsed->program);
-  o.given = std::move(parsed->given);
+  o.given = *std::move(given);
   if (o.standalone) {
     o.min_nodes = o.max_nodes = 1;
     o.node_rank = 0;

@@ -63,7 +63,7 @@ struct StdSpec {
   bool Any() const;                           // whether any rank's streams go to files
 };
 
-struct LaunchOptions {
+struct LaunchOptions : cli::CommandLine {  // command: PROGRAM ARGS...
   int min_nodes = 1;
   int max_nodes = 1;
   NprocSpec nproc_per_node;
@@ -115,9 +115,6 @@ struct LaunchOptions {
   // default) or nothing but the step records' counts ("off"); HTTP only with --metrics-port.
   bool telemetry = true;
   cli::TelemetryFlags telemetry_flags;
-  std::vector<std::string> command;  // PROGRAM ARGS...
-  bool help = false;     // -h/--help: print UsageText(), nothing else is set
-  bool version = false;  // -V/--version: print cli::VersionText(), nothing else is set
   std::set<std::string> given;  // canonical names of flags set on the command line or by PET_*
 };
 

@@ -12,7 +12,7 @@
 namespace dlrun::launcher {
 namespace {
 
-struct Raw {
+struct Raw : cli::CommandLine {
   std::string host = "127.0.0.1";
   int port = defaults::kRdzvPort;
   cli::NodeRange nnodes;
@@ -52,12 +52,12 @@ std::vector<cli::Flag<Raw>> Flags() {
 absl::StatusOr<RdzvServerArgs> ParseRdzvServerArgs(const std::vector<std::string>& args,
                                                    const EnvLookup& env) {
   Raw raw;
-  auto parsed = cli::ParseFlags(cli::ParseSpec{"dlrun rdzv-server", /*wants_program=*/false},
-                                Flags(), args, raw);
+  auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun rdzv-server", /*wants_program=*/false},
+                                 Flags(), args, raw);
   if (!parsed.ok()) return parsed.status();
   RdzvServerArgs out;
-  out.help = parsed->help;
-  out.version = parsed->version;
+  out.help = raw.help;
+  out.version = raw.version;
   if (out.help || out.version) return out;
   out.host.config = raw.config;
   raw.conf.ApplyTo(&out.host.config);

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "gtest/gtest.h"
+#include "tests/common/temp_dir.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -62,8 +63,7 @@ TEST(ResolveGpus, OptInsNarrowEachWorkerToOneDevice) {
 }
 
 TEST(CpuAffinity, NoneByDefaultBlockNodeAndSocketOnAFakeSysfs) {
-  char dir[] = "/tmp/dlrun-sysfs-XXXXXX";
-  const std::string root = mkdtemp(dir);
+  const std::string root = dlrun::testing::MakeTempDir("sysfs");
   // Two NUMA nodes (0-3, 4-7) on two sockets, CPU 7 not allowed to this process.
   for (int n = 0; n < 2; ++n) {
     const std::string d = root + "/devices/system/node/node" + std::to_string(n);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/common/temp_dir.h"
 
 namespace dlrun::launcher {
 namespace {
@@ -29,8 +30,7 @@ ProcEvent WaitExit(Processes& p, pid_t pid, int* heartbeats) {
 TEST(PosixProcesses, ExitCodeOutputHeartbeatsAndEnvironment) {
   auto procs = PosixProcesses::Create({});
   ASSERT_TRUE(procs.ok()) << procs.status();
-  char dir[] = "/tmp/dlrun-posix-XXXXXX";
-  const std::string d = mkdtemp(dir);
+  const std::string d = dlrun::testing::MakeTempDir("posix");
   SpawnSpec spec;
   spec.argv = {"bash", "-c", "echo out-$MY_VAR; printf x >&$DLRUN_HEARTBEAT_FD; echo err >&2; exit 3"};
   spec.env = {{"MY_VAR", "v1"}};
@@ -55,8 +55,7 @@ TEST(PosixProcesses, ExitCodeOutputHeartbeatsAndEnvironment) {
 // The memory cgroup's OOM kills: v1's memory.oom_control, else v2's memory.events, found
 // through /proc/self/cgroup; on a fake tree, then (whichever the machine has) the real one.
 TEST(PosixProcesses, TheCgroupsOomKillsAreReadForV1AndV2) {
-  char dir[] = "/tmp/dlrun-cg-XXXXXX";
-  const std::string root = mkdtemp(dir);
+  const std::string root = dlrun::testing::MakeTempDir("cg");
   std::filesystem::create_directories(root + "/memory/slurm/job_7");
   std::ofstream(root + "/memory/slurm/job_7/memory.oom_control")
       << "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
@@ -78,8 +77,7 @@ TEST(PosixProcesses, TheCgroupsOomKillsAreReadForV1AndV2) {
 TEST(PosixProcesses, AProgramThatCannotBeExecutedExits127WithTheReason) {
   auto procs = PosixProcesses::Create({});
   ASSERT_TRUE(procs.ok()) << procs.status();
-  char dir[] = "/tmp/dlrun-posix-XXXXXX";
-  const std::string d = mkdtemp(dir);
+  const std::string d = dlrun::testing::MakeTempDir("posix");
   SpawnSpec spec;
   spec.argv = {d + "/gone"};
   spec.err.log_path = d + "/err.log";
@@ -176,8 +174,7 @@ std::string Slurp(const std::string& path) {
 TEST(PosixProcesses, ASpareIsPromotedWithTheNewEnvironmentAndADeadOneMeansAColdStart) {
   auto procs = PosixProcesses::Create({});
   ASSERT_TRUE(procs.ok());
-  char dir[] = "/tmp/dlrun-spare-XXXXXX";
-  const std::string d = mkdtemp(dir);
+  const std::string d = dlrun::testing::MakeTempDir("spare");
   SpawnSpec spec;
   spec.argv = {"sh", "-c", "exit 0"};
   // The spare: says it is up, reads its environment (NUL-separated) to a file, then reports.

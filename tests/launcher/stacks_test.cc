@@ -8,6 +8,7 @@
 #include "launcher/stacks/stacks.h"
 #include "nlohmann/json.hpp"
 #include "agent/harness.h"
+#include "tests/common/temp_dir.h"
 
 namespace dlrun::launcher::testing {
 namespace {
@@ -187,8 +188,7 @@ TEST(Stacks, RankRangesAndTheCaptureModeAndTheWorkersFile) {
   EXPECT_EQ(RankRanges({}), "");
   EXPECT_EQ(*ParseCaptureMode("always"), CaptureMode::kAlways);
   EXPECT_FALSE(ParseCaptureMode("sometimes").ok());
-  char dir[] = "/tmp/dlrun-wf-XXXXXX";
-  const std::string d = mkdtemp(dir);
+  const std::string d = dlrun::testing::MakeTempDir("wf");
   ASSERT_TRUE(WriteWorkersFile(d, {"job", "node-a", 42, 3, {{4, 0, 100}, {5, 1, 101}},
                                    "host-a:29400", "the-token"})
                   .ok());

@@ -44,12 +44,6 @@ std::vector<std::string> Agent(const std::string& endpoints, const std::string& 
 const std::map<std::string, std::string> kEnv = {{"DLRUN_RDZV_TOKEN", "test-token-123"},
                                                   {"OMP_NUM_THREADS", "1"}};
 
-size_t Count(const std::string& s, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
-  return n;
-}
-
 // Every step 1..steps was completed by some rank 0, and the checkpoint reached the end.
 void ExpectEveryStepDone(const std::string& dir, int steps = kSteps) {
   std::set<int> done;

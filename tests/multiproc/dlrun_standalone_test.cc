@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "multiproc/subprocess.h"
+#include "tests/common/temp_dir.h"
 
 namespace dlrun::testing {
 namespace {
@@ -83,8 +84,7 @@ TEST(DlrunStandalone, AFailedJobExitsOneAsTorchrunAndTheBlockHasTheWorkersCode) 
 // dies of a CUDA out-of-memory error (no error file) is classed cuda_oom in the restart line,
 // the failure block and --report-json, and the advice follows.
 TEST(DlrunStandalone, AFailureIsClassifiedFromTheWorkersStderr) {
-  char dir[] = "/tmp/dlrun-class-XXXXXX";
-  const std::string d = mkdtemp(dir);
+  const std::string d = dlrun::testing::MakeTempDir("class");
   ProcResult r = RunCommand(
       {DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
        "--report-json", d + "/report.json", TEST_PYTHON, "-c",
@@ -149,8 +149,7 @@ TEST(DlrunStandalone, AWorkerTheOomKillerEndsIsClassedHostOom) {
   }
   std::ofstream(cg + (v1 ? "/memory.limit_in_bytes" : "/memory.max")) << (256 << 20);
   if (!v1) std::ofstream(cg + "/memory.swap.max") << 0;
-  char dir[] = "/tmp/dlrun-oom-XXXXXX";
-  const std::string d = mkdtemp(dir);
+  const std::string d = dlrun::testing::MakeTempDir("oom");
   ProcResult r = RunCommand(
       {"sh", "-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"", cg, DLRUN_BIN, "--standalone",
        "--report-json", d + "/report.json", TEST_PYTHON, "-c",

@@ -47,7 +47,7 @@ Started StartCommand(const std::vector<std::string>& argv,
   return s;
 }
 
-static size_t Count(const std::string& hay, const std::string& needle) {
+size_t Count(const std::string& hay, const std::string& needle) {
   size_t n = 0;
   for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
   return n;
@@ -171,13 +171,6 @@ ProcResult RunCommand(const std::vector<std::string>& argv,
   r.timed_out = s.timed_out;
   r.output = std::move(s.output);
   return r;
-}
-
-std::string MakeTempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string tmpl = std::string(base ? base : "/tmp") + "/dlrun-test-XXXXXX";
-  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  return tmpl;
 }
 
 std::string ReadFile(const std::string& path) {

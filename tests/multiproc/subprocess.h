@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/temp_dir.h"  // MakeTempDir
+
 namespace dlrun::testing {
 
 struct ProcResult {
@@ -41,8 +43,8 @@ bool WaitForExit(int pid, std::chrono::milliseconds deadline);
 // test processes until this one exits (subprocess.cc says why).
 int FreeTcpPort();
 
-// A fresh empty directory under the test's temp dir.
-std::string MakeTempDir();
+// How many times `needle` occurs in `hay` (overlaps counted).
+size_t Count(const std::string& hay, const std::string& needle);
 
 std::string ReadFile(const std::string& path);
 

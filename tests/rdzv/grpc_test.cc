@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
+#include "tests/rdzv/test_client.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -22,14 +23,6 @@ std::unique_ptr<RendezvousServer> StartServer(int nodes, int max_restarts) {
   auto s = RendezvousServer::Start(std::move(o));
   EXPECT_TRUE(s.ok()) << s.status();
   return std::move(*s);
-}
-
-ClientOptions Opts(int port, std::string token = "tok") {
-  ClientOptions c;
-  c.endpoint = "127.0.0.1:" + std::to_string(port);
-  c.run_id = "run";
-  c.token = std::move(token);
-  return c;
 }
 
 TEST(RendezvousGrpc, SixtyFourAgentsThroughTwoRounds) {

@@ -9,9 +9,12 @@
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
 #include "rendezvous/tls.h"
+#include "tests/rdzv/test_client.h"
 
 namespace dlrun::rdzv {
 namespace {
+
+constexpr std::chrono::milliseconds kRpc{2000};  // a refused handshake fails within it
 
 std::string Data(const char* name) { return std::string(SOURCE_DIR) + "/tests/rdzv/testdata/" + name; }
 
@@ -34,20 +37,10 @@ std::unique_ptr<RendezvousServer> StartTlsServer() {
   return s.ok() ? std::move(*s) : nullptr;
 }
 
-ClientOptions Opts(int port, TlsConfig tls) {
-  ClientOptions c;
-  c.endpoint = "127.0.0.1:" + std::to_string(port);
-  c.run_id = "run";
-  c.token = "tok";
-  c.rpc_timeout = std::chrono::seconds(2);
-  c.tls = std::move(tls);
-  return c;
-}
-
 TEST(RendezvousTls, MutualTlsClientsJoinHeartbeatAndLeave) {
   auto server = StartTlsServer();
   ASSERT_TRUE(server);
-  auto client = RendezvousClient::Create(Opts(server->port(), Tls("ca.pem", "node.pem", "node.key")));
+  auto client = RendezvousClient::Create(Opts(server->port(), "tok", Tls("ca.pem", "node.pem", "node.key"), kRpc));
   NodeInfo n{"a", "a", "127.0.0.1", 2, -1, 0};
   auto a = client->Join(n, std::chrono::seconds(10));
   ASSERT_TRUE(a.ok()) << a.status();
@@ -73,7 +66,7 @@ TEST(RendezvousTls, ClientsWithoutTheJobsCertificateOrCaGetNowhere) {
       {"without the server name override", Tls("ca.pem", "node.pem", "node.key", "")},
   };
   for (const Case& c : cases) {
-    auto client = RendezvousClient::Create(Opts(server->port(), c.tls));
+    auto client = RendezvousClient::Create(Opts(server->port(), "tok", c.tls, kRpc));
     NodeInfo n{"intruder", "intruder", "127.0.0.1", 1, -1, 0};
     auto a = client->Join(n, std::chrono::seconds(2));
     ASSERT_FALSE(a.ok()) << c.what;
@@ -84,7 +77,7 @@ TEST(RendezvousTls, ClientsWithoutTheJobsCertificateOrCaGetNowhere) {
     auto st = client->Status();
     EXPECT_FALSE(st.ok()) << c.what;
   }
-  auto good = RendezvousClient::Create(Opts(server->port(), Tls("ca.pem", "node.pem", "node.key")));
+  auto good = RendezvousClient::Create(Opts(server->port(), "tok", Tls("ca.pem", "node.pem", "node.key"), kRpc));
   auto st = good->Status();
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->joined, 0);

@@ -9,6 +9,7 @@
 
 #include "launcher/agent/agent.h"
 #include "agent/fakes.h"
+#include "tests/common/temp_dir.h"
 
 namespace dlrun::launcher::testing {
 
@@ -26,8 +27,7 @@ struct Harness {
     options.passthrough_signals = {SIGUSR1, SIGUSR2};
     options.exit_with_worker_code = true;  // the tests name the worker's code (torchrun: 1)
     options.telemetry.sample_processes = false;  // fake pids: nothing to read in /proc
-    char dir[] = "/tmp/dlrun-agent-test-XXXXXX";
-    options.run_dir = mkdtemp(dir);
+    options.run_dir = dlrun::testing::MakeTempDir("agent-test");
   }
   ~Harness() {
     std::error_code ec;

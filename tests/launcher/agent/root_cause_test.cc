@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "launcher/agent/root_cause.h"
 #include "agent/harness.h"
+#include "tests/common/temp_dir.h"
 
 namespace dlrun::launcher::testing {
 namespace {
@@ -118,8 +119,7 @@ TEST(AgentRootCause, AFailureThatRepeatsStopsAfterTheSecondAttempt) {
 }
 
 TEST(RootCause, ErrorFilesAreReadInTorchelasticsFormat) {
-  char dir[] = "/tmp/dlrun-rc-XXXXXX";
-  const std::string d = mkdtemp(dir);
+  const std::string d = dlrun::testing::MakeTempDir("rc");
   WriteErrorFile(d + "/e.json", "boom", 12.5);
   ErrorRecord r = ReadErrorRecord(d + "/e.json");
   EXPECT_EQ(r.message, "boom");

@@ -1,4 +1,4 @@
-// What dlrun::worker's NVTX ranges (dlrun/ranges.h) cost with no tool attached: nanoseconds
+// What dlrun::worker's NVTX ranges (dlrun/nvtx_ranges.h) cost with no tool attached: nanoseconds
 // per range, pushed and popped (ScopedRange) and started and ended (startRange/endRange, the
 // buckets' all-reduce). bench/profile_overhead multiplies it by the ranges of a U-Net step.
 //
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "dlrun/ranges.h"
+#include "dlrun/nvtx_ranges.h"
 
 namespace {
 

@@ -148,7 +148,7 @@ class ClientImpl final : public RendezvousClient {
     return out;
   }
 
-  absl::Status PostStacks(uint64_t request_id, const NodeStacksReply& stacks) override {
+  absl::Status PostDiagnostics(uint64_t request_id, const NodeStacksReply& stacks) override {
     v1::PostStacksRequest req;
     FillAuth(req.mutable_auth());
     req.set_request_id(request_id);

@@ -46,7 +46,7 @@ class RendezvousClient {
     return absl::UnimplementedError("stacks");
   }
   // This node's answer to HeartbeatReply::stacks_request.
-  virtual absl::Status PostStacks(uint64_t request_id, const NodeStacksReply& stacks) {
+  virtual absl::Status PostDiagnostics(uint64_t request_id, const NodeStacksReply& stacks) {
     return absl::UnimplementedError("stacks");
   }
   virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success,

@@ -90,7 +90,7 @@ int Serve(const HostOptions& h) {
     metrics = std::move(*m);
   }
   (*server)->WaitForJobEnd();
-  spdlog::info("{}", telemetry::FormatJobReport(telemetry->Snap(std::chrono::steady_clock::now()),
+  spdlog::info("{}", telemetry::FormatJobReport(telemetry->TakeSnapshot(std::chrono::steady_clock::now()),
                                      (*server)->handler().phase() == StateMachine::Phase::kSucceeded ? 0 : 1));
   const bool ok = (*server)->handler().phase() == StateMachine::Phase::kSucceeded;
   (*server)->Shutdown();

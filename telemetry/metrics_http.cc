@@ -92,12 +92,12 @@ class HttpMetrics final : public MetricsServer {
  public:
   explicit HttpMetrics(std::shared_ptr<JobTelemetry> t) : t_(std::move(t)) {
     srv_.Get("/metrics", [this](const std::string&, HttpResponse* res) {
-      res->set_content(PrometheusText(t_->Snap(std::chrono::steady_clock::now())),
+      res->set_content(PrometheusText(t_->TakeSnapshot(std::chrono::steady_clock::now())),
                        "text/plain; version=0.0.4; charset=utf-8");
     });
     srv_.Get("/api/job", [this](const std::string&, HttpResponse* res) {
       res->set_header("Cache-Control", "no-store");
-      res->set_content(SnapshotJson(t_->Snap(std::chrono::steady_clock::now()), true),
+      res->set_content(SnapshotJson(t_->TakeSnapshot(std::chrono::steady_clock::now()), true),
                        "application/json");
     });
     // A profile's file (docs/PROFILING.md), when it lies on this host: the page links each.
@@ -132,7 +132,7 @@ class HttpMetrics final : public MetricsServer {
   // Only the paths the agents reported (the snapshot's), and only regular files of at most
   // 256 MB: anything else is a 404 that says where the file is.
   void ServeProfile(int rank, HttpResponse* res) {
-    const JobTelemetry::Snapshot s = t_->Snap(std::chrono::steady_clock::now());
+    const JobTelemetry::Snapshot s = t_->TakeSnapshot(std::chrono::steady_clock::now());
     auto it = s.profiles.find(rank);
     if (it == s.profiles.end() || it->second.path.empty()) {
       res->status = 404;

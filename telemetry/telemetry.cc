@@ -149,7 +149,7 @@ void JobTelemetry::CloseWindows(TimePoint now) {
     while (history_.size() > options_.history) history_.pop_front();
   }
   ++windows_;
-  Judge(deltas);
+  UpdateStragglers(deltas);
   next_window_ = std::max(next_window_ + options_.window, now + options_.window / 2);
 }
 
@@ -189,7 +189,7 @@ std::string WarningLine(const Straggler& st, int streak) {
 
 }  // namespace
 
-void JobTelemetry::Judge(const std::map<int, Window>& deltas) {
+void JobTelemetry::UpdateStragglers(const std::map<int, Window>& deltas) {
   // With the compute/sync split (the DDP engine reports it): the rank whose work before the
   // sync is longest and whose wait inside it is shortest holds everybody up.
   std::vector<double> busy, sync;
@@ -263,7 +263,7 @@ void JobTelemetry::Judge(const std::map<int, Window>& deltas) {
   }
 }
 
-JobTelemetry::Snapshot JobTelemetry::Snap(TimePoint now) const {
+JobTelemetry::Snapshot JobTelemetry::TakeSnapshot(TimePoint now) const {
   std::lock_guard<std::mutex> lock(mu_);
   Snapshot s;
   s.stacks_json = stacks_json_;

@@ -207,7 +207,7 @@ class JobTelemetry {
     std::map<int, RankProfile> profiles;  // by rank
     std::string program;  // the workers' program (the first node's that said)
   };
-  Snapshot Snap(TimePoint now) const;
+  Snapshot TakeSnapshot(TimePoint now) const;
 
  private:
   struct Window {
@@ -215,7 +215,7 @@ class JobTelemetry {
     double step_s = 0, busy_s = 0, sync_s = 0;  // at the window's start (cumulative)
   };
   void CloseWindows(TimePoint now);  // mu_ held
-  void Judge(const std::map<int, Window>& deltas);  // mu_ held
+  void UpdateStragglers(const std::map<int, Window>& deltas);  // mu_ held
 
   TelemetryOptions options_;
   const TimePoint start_;

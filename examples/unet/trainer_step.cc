@@ -163,7 +163,7 @@ void Trainer::Step(int64_t step) {
     std::exit(1);
   }
   const auto step_start = Clock::now();
-  // NVTX ranges for nsys (dlrun/ranges.h): the step, and its data wait, forward, backward (the
+  // NVTX ranges for nsys (dlrun/nvtx_ranges.h): the step, and its data wait, forward, backward (the
   // buckets' all-reduce ranges start inside it) and optimizer step; the checkpoint after it.
   std::optional<dlrun::worker::ScopedRange> step_range(std::in_place, "step", step);
   lr_ = dlrun::worker::LearningRate(sched_, step - 1);

@@ -409,7 +409,7 @@ int Agent::RunAttempts() {
         spdlog::error("{}: stopping the worker group", w.reason);
         capture = CaptureBeforeKill(/*telling=*/true, "a hang");
         StopGroup(SIGTERM);
-        if (capture) KeepCapture(*std::move(capture));
+        if (capture) FinishCapture(*std::move(capture));
         telemetry_.MaybePublish(/*now_anyway=*/true);
         if (!source_->OnFailure(w.reason)) return kHangExitCode;
         spdlog::warn("restarting worker group after a hang");
@@ -426,7 +426,7 @@ int Agent::RunAttempts() {
         capture = CaptureBeforeKill(/*telling=*/true,
                                     "a new round: another node failed or was lost");
         StopGroup(SIGTERM);
-        if (capture) KeepCapture(*std::move(capture));
+        if (capture) FinishCapture(*std::move(capture));
         break;
       case Watch::Outcome::kStop:
         spdlog::error("the rendezvous stopped the job: {}", w.reason);

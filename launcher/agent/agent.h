@@ -77,20 +77,20 @@ class Agent {
   // Whether the first failure's stacks tell something (--capture-before-kill auto): not a plain
   // exception whose traceback is in its error file.
   bool FirstFailureTells() const;
-  // What the root failure says: for the log and the report (`said`), for the restart cause and
-  // "the other N ranks were in ..." (`what`), and a crash's faulting frame.
-  struct FailureWords {
-    std::string said, what;
+  // What the root failure says (message), what happened (cause), and a crash's faulting frame.
+  struct FailureDescription {
+    std::string message;  // for the log and the report
+    std::string cause;    // "rank 3 got SIGSEGV at f": the restart cause, "WHAT; the others were..."
     std::shared_future<std::string> faulting_frame;  // invalid: no crash trace
   };
-  FailureWords DescribeFailure(const RootCause& root, bool has_error_file);
+  FailureDescription DescribeFailure(const RootCause& root, bool has_error_file);
   int AliveCount() const;
   // The profiled ranks' captures, finished and in the telemetry (before the final figures).
   void CollectProfiles();
   void PublishProfiles();  // --profile's and `dlrun profile`'s results to the telemetry
   // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
   // whose stacks say something, for kAuto): only the dump itself, so the stop is not delayed
-  // by naming frames. KeepCapture, after the stop, names them, writes the attempt's
+  // by naming frames. FinishCapture, after the stop, names them, writes the attempt's
   // stacks.{json,txt} and logs the suspects.
   struct Capture {
     std::vector<RankStack> ranks;
@@ -102,7 +102,7 @@ class Agent {
   // libraries' symbol tables: seconds): names, groups, writes the attempt's stacks.{json,txt},
   // logs the suspects and, for a failure of `failed_rank` (>= 0), "WHAT; the other N ranks were
   // in F at file:line". Run() waits for every capture before the report and the run directory.
-  std::shared_future<StackReport> KeepCapture(Capture c, int failed_rank = -1,
+  std::shared_future<StackReport> FinishCapture(Capture c, int failed_rank = -1,
                                               std::string what = "");
   // A job-wide `dlrun stacks` asked for this node's (MembershipSource::StacksWanted): dumps the
   // live workers, names their frames in the background, and posts them at a later check.
@@ -142,7 +142,7 @@ class Agent {
   std::vector<WorkerExit> exits_;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
-  std::vector<std::shared_future<StackReport>> captures_;  // KeepCapture's, to wait for
+  std::vector<std::shared_future<StackReport>> captures_;  // FinishCapture's, to wait for
   // The job-wide dump being named: its request id and the JSON to post.
   std::optional<std::pair<uint64_t, std::future<std::string>>> answering_;
   bool answering_profile_ = false;  // answering_ is `dlrun profile`'s, not stacks

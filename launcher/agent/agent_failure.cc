@@ -40,7 +40,7 @@ std::optional<Agent::Capture> Agent::CaptureBeforeKill(bool telling, const std::
   return c;
 }
 
-std::shared_future<StackReport> Agent::KeepCapture(Capture c, int failed_rank,
+std::shared_future<StackReport> Agent::FinishCapture(Capture c, int failed_rank,
                                                    std::string what) {
   auto keep = [this, c = std::move(c), attempt = attempt_, name = options_.name_frames, failed_rank,
                what = std::move(what), when = clock_.WallSeconds()]() mutable {
@@ -105,7 +105,7 @@ void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
   // From this thread: the membership source's client is this thread's.
   if (answering_ && answering_->second.wait_for(wait) == std::future_status::ready) {
     const std::string answer = answering_->second.get();
-    source_->PostStacks(answering_->first, answer);
+    source_->PostDiagnostics(answering_->first, answer);
     answering_.reset();
     if (answering_profile_) {  // also on the live page and in the report, by rank
       answering_profile_ = false;
@@ -173,9 +173,9 @@ bool Agent::FirstFailureTells() const {
   return true;
 }
 
-Agent::FailureWords Agent::DescribeFailure(const RootCause& root, bool has_error_file) {
+Agent::FailureDescription Agent::DescribeFailure(const RootCause& root, bool has_error_file) {
   const WorkerExit& first = root.exit;
-  FailureWords w;
+  FailureDescription w;
   // A crash: the frame it died in, from the stack it wrote on its way down (crash_trace.h).
   std::string faulting;  // named already: Python's, or a symbol the library exported
   if (first.signal != 0) {
@@ -184,15 +184,15 @@ Agent::FailureWords Agent::DescribeFailure(const RootCause& root, bool has_error
     }
   }
   // Without an error file, the worker's last stderr line says more than "exit code 1".
-  w.said = root.message;
+  w.message = root.message;
   if (!faulting.empty()) {
-    w.said = absl::StrCat(root.message, " at ", faulting);
+    w.message = absl::StrCat(root.message, " at ", faulting);
   } else if (!has_error_file && !w.faulting_frame.valid()) {
     if (const std::string last = LastLine(processes_.ErrorTail(first.pid)); !last.empty()) {
-      w.said = absl::StrCat(root.message, ": ", last);
+      w.message = absl::StrCat(root.message, ": ", last);
     }
   }
-  w.what = first.signal != 0
+  w.cause = first.signal != 0
                ? absl::StrCat("rank ", first.global_rank, " got SIG", sigabbrev_np(first.signal),
                               faulting.empty() ? "" : " at ", faulting)
                : absl::StrCat("rank ", first.global_rank, " exited with ", first.exit_code);
@@ -227,24 +227,24 @@ int Agent::AfterFailure() {
         oom_killed);
   };
   const Classification cls = class_of(first);
-  const FailureWords words = DescribeFailure(root, !error_of(first.local_rank).message.empty());
-  const std::string& said = words.said;
-  const std::string& what = words.what;
+  const FailureDescription failure = DescribeFailure(root, !error_of(first.local_rank).message.empty());
+  const std::string& message = failure.message;
+  const std::string& cause = failure.cause;
   std::shared_future<std::string> stacks_json;
   if (capture) {
     std::shared_future<StackReport> kept =
-        KeepCapture(*std::move(capture), first.global_rank, what);
+        FinishCapture(*std::move(capture), first.global_rank, cause);
     stacks_json = std::async(std::launch::deferred, [kept] {
                     return StackReportJson(kept.get());
                   }).share();
   }
-  telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), said,
-                          stacks_json, ReadFlightRecorder(), words.faulting_frame});
+  telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), message,
+                          stacks_json, ReadFlightRecorder(), failure.faulting_frame});
   // A failure that repeats the last one the same way would only repeat again: the job ends
   // here instead of spending every restart on it.
   const FailureSignature signature{cls.cls, first.global_rank,
                                    telemetry_.LastStep(first.global_rank),
-                                   said.substr(0, said.find('\n'))};
+                                   message.substr(0, message.find('\n'))};
   const bool repeated = last_failure_ && RepeatsTheLast(*last_failure_, signature);
   last_failure_ = signature;
   if (repeated) {
@@ -253,13 +253,13 @@ int Agent::AfterFailure() {
                   first.global_rank, FailureClassName(cls.cls),
                   signature.step >= 0 ? absl::StrCat(" at step ", signature.step)
                                       : std::string(" before its first step"));
-    source_->OnFatalFailure(absl::StrCat(what, ", the same way as the attempt before"));
-  } else if (source_->OnFailure(what)) {
+    source_->OnFatalFailure(absl::StrCat(cause, ", the same way as the attempt before"));
+  } else if (source_->OnFailure(cause)) {
     // An attempt that is followed by a restart is one line; the failure block and "job failed"
     // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
     spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}",
                  first.global_rank, first.local_rank, first.pid, FailureClassName(cls.cls),
-                 said.substr(0, said.find('\n')),
+                 message.substr(0, message.find('\n')),
                  current_.restart_count + 1,
                  current_.max_restarts);
     return -1;

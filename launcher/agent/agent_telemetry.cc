@@ -110,7 +110,7 @@ void AgentTelemetry::MaybePublish(bool now_anyway, bool all_steps) {
     }
     sampler_->Watch(std::move(pids));
   }
-  source_.Publish(Figures(all_steps));
+  source_.Publish(NodeTelemetryNow(all_steps));
 }
 
 namespace {
@@ -165,7 +165,7 @@ void AgentTelemetry::AddProcessFigures(const Member& w, const std::map<pid_t, Pr
   x->cpu_s = cpu_base_[w.rank] + (seen != cpu_seen_.end() ? seen->second : 0.0);
 }
 
-telemetry::NodeTelemetry AgentTelemetry::Figures(bool all_steps) {
+telemetry::NodeTelemetry AgentTelemetry::NodeTelemetryNow(bool all_steps) {
   telemetry::NodeTelemetry t;
   t.hostname = hostname_;
   t.restarts = ledger_.Costs();
@@ -239,10 +239,10 @@ void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
   if (!whole) {
     job = std::make_shared<telemetry::JobTelemetry>();
     job->SetJob(last.run_id, last.round, last.world_size, 1, last.restart_count);
-    job->Update("local", hostname_, Figures(/*all_steps=*/true), now);
+    job->Update("local", hostname_, NodeTelemetryNow(/*all_steps=*/true), now);
   }
   job->SetState(rc == 0 ? "succeeded" : "failed");
-  telemetry::JobTelemetry::Snapshot snap = job->Snap(now);
+  telemetry::JobTelemetry::Snapshot snap = job->TakeSnapshot(now);
   snap.wall_s = wall_s;
   if (!whole) snap.restarts = last.restart_count;
   // This node saw every round it ran in; a rendezvous host that took over saw only its own.

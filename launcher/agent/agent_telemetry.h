@@ -119,7 +119,7 @@ class AgentTelemetry {
   void Finish(int rc, double wall_s, const Assignment& last);
 
  private:
-  telemetry::NodeTelemetry Figures(bool all_steps);
+  telemetry::NodeTelemetry NodeTelemetryNow(bool all_steps);
   // A current worker's sampled CPU, memory and GPU memory into `x` (kept across its samples).
   void AddProcessFigures(const Member& m, const std::map<pid_t, ProcSample>& procs,
                          telemetry::RankTelemetry* x);

@@ -38,11 +38,11 @@ class MembershipSource {
   // (every node is done), kRestart (another node failed: run again) or kStop.
   virtual void OnSuccess() = 0;
   // A job-wide `dlrun stacks` (docs/STACKS.md): a request id the rendezvous asked this node to
-  // answer (0: none pending); the agent dumps its workers and posts them with PostStacks.
+  // answer (0: none pending); the agent dumps its workers and posts them with PostDiagnostics (stacks or profiles).
   virtual uint64_t StacksWanted() const { return 0; }
-  virtual void PostStacks(uint64_t id, const std::string& ranks_json) {}
+  virtual void PostDiagnostics(uint64_t id, const std::string& answer_json) {}
   // With StacksWanted(): `dlrun profile` asked for profiles of some ranks instead
-  // (docs/PROFILING.md, "On a running job"); the answer goes with PostStacks too.
+  // (docs/PROFILING.md, "On a running job"); the answer goes with PostDiagnostics too.
   virtual std::optional<rdzv::ProfileAsk> ProfileWanted() const { return std::nullopt; }
   // Where `dlrun stacks` reaches this job's rendezvous (the current host), and its secret;
   // empty endpoint for a static job.

@@ -193,9 +193,9 @@ class RdzvSource final : public MembershipSource {
   std::optional<rdzv::ProfileAsk> ProfileWanted() const override {
     return StacksWanted() != 0 ? profile_ask_ : std::nullopt;
   }
-  void PostStacks(uint64_t id, const std::string& ranks_json) override {
+  void PostDiagnostics(uint64_t id, const std::string& answer_json) override {
     stacks_posted_ = id;
-    if (auto s = client_->PostStacks(id, {node_.node_id, o_.hostname, ranks_json}); !s.ok()) {
+    if (auto s = client_->PostDiagnostics(id, {node_.node_id, o_.hostname, answer_json}); !s.ok()) {
       spdlog::warn("cannot post this node's stacks to the rendezvous: {}",
                    std::string(s.message()));
     }

@@ -96,7 +96,7 @@ size_t MatchingPop(const std::vector<NvtxEvent>& ev, size_t open) {
   return ev.size();
 }
 
-// NVTX ranges (dlrun/ranges.h) through a real NVTX tool interface: our injection library
+// NVTX ranges (dlrun/nvtx_ranges.h) through a real NVTX tool interface: our injection library
 // records the "dlrun" domain. Rank 1 also runs under --profile nsys (the stub) with steps 2:3, and
 // the same library stands in for cudaProfilerStart/Stop.
 TEST(TrainUnet, OneStepEmitsItsNvtxRangesInOrderAndNsysCapturesOnlyTheStepRange) {

@@ -69,7 +69,7 @@ TEST(Telemetry, ABalancedJobNamesNobody) {
     for (int r = 0; r < 8; ++r) c[r] += 0.005 * ((r + s) % 3);  // jitter well under 20%
     job.Second(c);
   }
-  const auto snap = job.t.Snap(job.now);
+  const auto snap = job.t.TakeSnapshot(job.now);
   EXPECT_TRUE(snap.stragglers.empty());
   EXPECT_TRUE(warnings.empty());
   EXPECT_GE(snap.windows, 29);
@@ -84,9 +84,9 @@ TEST(Telemetry, ASlowRankIsNamedAfterKWindowsAndClearedWhenItRecovers) {
   FakeJob job(4, o);
   job.Second({0.05, 0.05, 0.05, 0.05});
   for (int s = 0; s < 2; ++s) job.Second({0.05, 0.05, 0.08, 0.05});
-  EXPECT_TRUE(job.t.Snap(job.now).stragglers.empty()) << "two windows are not enough";
+  EXPECT_TRUE(job.t.TakeSnapshot(job.now).stragglers.empty()) << "two windows are not enough";
   job.Second({0.05, 0.05, 0.08, 0.05});
-  auto snap = job.t.Snap(job.now);
+  auto snap = job.t.TakeSnapshot(job.now);
   ASSERT_EQ(snap.stragglers.size(), 1u);
   EXPECT_EQ(snap.stragglers[0].rank, 2);
   EXPECT_EQ(snap.stragglers[0].host, "host-a");
@@ -103,7 +103,7 @@ TEST(Telemetry, ASlowRankIsNamedAfterKWindowsAndClearedWhenItRecovers) {
   EXPECT_EQ(j["ranks"]["1"]["straggler"], false);
   // Back to normal: no longer active, still in the report, and no second warning.
   job.Second({0.05, 0.05, 0.05, 0.05});
-  snap = job.t.Snap(job.now);
+  snap = job.t.TakeSnapshot(job.now);
   ASSERT_EQ(snap.stragglers.size(), 1u);
   EXPECT_FALSE(snap.stragglers[0].active);
   EXPECT_EQ(warnings.size(), 1u);
@@ -120,7 +120,7 @@ TEST(Telemetry, TheFactorIsConfigurable) {
   o.straggler_factor = 2.0;
   FakeJob job(4, o);
   for (int s = 0; s < 10; ++s) job.Second({0.05, 0.05, 0.08, 0.05});
-  EXPECT_TRUE(job.t.Snap(job.now).stragglers.empty()) << "x1.6 is under a factor of 2";
+  EXPECT_TRUE(job.t.TakeSnapshot(job.now).stragglers.empty()) << "x1.6 is under a factor of 2";
 }
 
 TEST(Telemetry, WithoutTheSplitACpuOutlierIsNamed) {
@@ -140,7 +140,7 @@ TEST(Telemetry, WithoutTheSplitACpuOutlierIsNamed) {
     job.now += milliseconds(1000);
     job.t.Update("n0", "h", n, job.now);
   }
-  auto snap = job.t.Snap(job.now);
+  auto snap = job.t.TakeSnapshot(job.now);
   ASSERT_EQ(snap.stragglers.size(), 1u);
   EXPECT_EQ(snap.stragglers[0].rank, 1);
   EXPECT_EQ(snap.stragglers[0].metric, "cpu");
@@ -178,7 +178,7 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   b.gpus[0].memory_used_bytes = int64_t{20} << 30;
   job.t.Update("n1", "host-b", b, job.now);
   job.Second({0.05, 0.05});
-  auto snap = job.t.Snap(job.now);
+  auto snap = job.t.TakeSnapshot(job.now);
   EXPECT_EQ(snap.ranks.size(), 4u);
   EXPECT_EQ(snap.ranks.at(3).host, "host-b");
   EXPECT_EQ(snap.lost_s, 2.5);
@@ -209,14 +209,14 @@ TEST(Telemetry, TwoNodesAggregateAndTheReportSaysWhatWasLost) {
   EXPECT_NEAR(j["ranks"]["2"]["data_wait_fraction"].get<double>(), 0.5, 1e-9);
   // A smaller round drops the ranks it no longer has.
   job.t.SetJob("run-1", 4, 2, 1, 2);
-  EXPECT_EQ(job.t.Snap(job.now).ranks.size(), 2u);
+  EXPECT_EQ(job.t.TakeSnapshot(job.now).ranks.size(), 2u);
 }
 
 TEST(Telemetry, PrometheusTextHasEverySeries) {
   FakeJob job(2);
   job.t.SetJob("r", 1, 2, 1, 0);
   for (int s = 0; s < 4; ++s) job.Second({0.05, 0.1});
-  const std::string text = telemetry::PrometheusText(job.t.Snap(job.now));
+  const std::string text = telemetry::PrometheusText(job.t.TakeSnapshot(job.now));
   for (const char* series :
        {"dlrun_step_time_seconds{host=\"host-a\",rank=\"0\"}", "dlrun_compute_seconds{rank=\"1\"}",
         "dlrun_sync_wait_seconds{rank=\"0\"}", "dlrun_samples_per_second{rank=\"1\"}",
@@ -305,7 +305,7 @@ TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverW
   job.now += milliseconds(60000);  // 60 s of wall time
   job.t.Update("n0", "host-a", a, job.now);
   job.t.Update("n1", "host-b", b, job.now);
-  const auto snap = job.t.Snap(job.now);
+  const auto snap = job.t.TakeSnapshot(job.now);
   ASSERT_EQ(snap.restart_costs.size(), 2u);
   EXPECT_EQ(snap.restart_costs[0].host, "host-b");
   EXPECT_EQ(snap.restart_costs[1].host, "host-a");
@@ -391,7 +391,7 @@ TEST(Telemetry, EachNodesProfilesAreInTheReportAndItsJsonWithTheirHost) {
   job.t.Update("n0", "host-a", a, job.now);
   job.t.Update("n1", "host-b", b, job.now);
   job.t.Update("n0", "host-a", telemetry::NodeTelemetry{}, job.now);  // a node that stops sending keeps its
-  const auto snap = job.t.Snap(job.now);
+  const auto snap = job.t.TakeSnapshot(job.now);
   ASSERT_EQ(snap.profiles.size(), 2u);
   EXPECT_EQ(snap.profiles.at(1).host, "host-a");
   EXPECT_EQ(snap.profiles.at(3).host, "host-b");
@@ -476,7 +476,7 @@ TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHea
   r->set_step_seconds(0.5);
   v1::HeartbeatResponse resp;
   ASSERT_TRUE(h.Heartbeat(hb, "p", &resp).ok());
-  auto snap = o.telemetry->Snap(std::chrono::steady_clock::now());
+  auto snap = o.telemetry->TakeSnapshot(std::chrono::steady_clock::now());
   ASSERT_EQ(snap.ranks.size(), 1u);
   EXPECT_EQ(snap.ranks.at(0).steps, 5);
   EXPECT_EQ(snap.ranks.at(0).host, "host-a");
@@ -487,7 +487,7 @@ TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHea
   EXPECT_EQ(resp.action(), v1::HeartbeatResponse::CONTINUE);
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_NE(refused[0].find("has a time of -1"), std::string::npos) << refused[0];
-  EXPECT_EQ(o.telemetry->Snap(std::chrono::steady_clock::now()).ranks.at(0).step_s, 0.5)
+  EXPECT_EQ(o.telemetry->TakeSnapshot(std::chrono::steady_clock::now()).ranks.at(0).step_s, 0.5)
       << "the bad figures were dropped";
 }
 

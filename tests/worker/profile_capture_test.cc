@@ -1,4 +1,4 @@
-// The nsys capture window of a C++ worker (worker/src/ranges.cc): cudaProfilerStart after the
+// The nsys capture window of a C++ worker (worker/src/nvtx_ranges.cc): cudaProfilerStart after the
 // step record of A-1 (at init() for A = 0), cudaProfilerStop after that of B, once.
 #include "profile_capture.h"
 

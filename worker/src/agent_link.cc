@@ -18,7 +18,7 @@
 #include "text.h"
 #include "common/contract.h"
 #include "common/scheduler_env.h"
-#include "dlrun/ranges.h"
+#include "dlrun/nvtx_ranges.h"
 
 extern char** environ;
 
@@ -61,7 +61,7 @@ int HeartbeatFd() {
 }  // namespace
 
 void reportStep(const StepReport& r) {
-  profileCaptureAfterStep(r.step);  // --profile nsys --profile-steps (dlrun/ranges.h)
+  profileCaptureAfterStep(r.step);  // --profile nsys --profile-steps (dlrun/nvtx_ranges.h)
   const int fd = HeartbeatFd();
   if (fd < 0) return;
   // "S <step> <samples> <step_s> [data_s=] [compute_s=] [sync_s=] [loss=]\n" (step_record.h).

@@ -21,7 +21,7 @@
 
 #include "text.h"
 #include "dlrun/agent_link.h"
-#include "dlrun/ranges.h"
+#include "dlrun/nvtx_ranges.h"
 #include "fnv1a.h"
 
 namespace dlrun::worker {

@@ -2,7 +2,7 @@
 #include "ddp_impl.h"
 #include "common/contract.h"
 #include "dlrun/agent_link.h"
-#include "dlrun/ranges.h"
+#include "dlrun/nvtx_ranges.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>

@@ -1,7 +1,7 @@
 #include "common/contract.h"
 #include "ddp_impl.h"
 #include "dlrun/agent_link.h"
-#include "dlrun/ranges.h"
+#include "dlrun/nvtx_ranges.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>

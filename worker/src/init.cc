@@ -217,7 +217,7 @@ Context init(const InitOptions& options) {
   if (backend == "nccl") nccl = NcclBackend(ctx.store, e, timeout);
 #endif
   ctx.pg = MakeProcessGroup(ctx.store, e.rank, e.world_size, gloo, nccl);
-  profileCaptureAtStart();  // --profile nsys --profile-steps 0:B (dlrun/ranges.h)
+  profileCaptureAtStart();  // --profile nsys --profile-steps 0:B (dlrun/nvtx_ranges.h)
   return ctx;
 }
 

@@ -1,4 +1,4 @@
-// The capture window of `dlrun --profile nsys --profile-steps A:B` in a C++ worker (ranges.cc);
+// The capture window of `dlrun --profile nsys --profile-steps A:B` in a C++ worker (nvtx_ranges.cc);
 // here so that a test can drive one with its own start and stop.
 #pragma once
 

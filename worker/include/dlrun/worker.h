@@ -21,7 +21,7 @@
 
 #include "dlrun/agent_link.h"
 #include "dlrun/dist_env.h"
-#include "dlrun/ranges.h"
+#include "dlrun/nvtx_ranges.h"
 
 namespace dlrun::worker {
 

@@ -1,6 +1,6 @@
 // NVTX ranges on the "dlrun" domain, and nsys's capture window over a step range
-// (dlrun/ranges.h).
-#include "dlrun/ranges.h"
+// (dlrun/nvtx_ranges.h).
+#include "dlrun/nvtx_ranges.h"
 
 #include <dlfcn.h>
 

@@ -51,6 +51,7 @@ report_step runs the PyTorch profiler over `--profile-steps A:B` (or from the im
 exit) and writes a Chrome trace where dlrun lists it; under `--profile nsys` with a step range
 it brackets the steps with cudaProfilerStart/Stop. Other ranks are untouched.
 """
+import atexit
 import math
 import os
 import signal
@@ -325,6 +326,10 @@ class Preemption:
         self._flag = False
         self._signum = signum
         signal.signal(signum, self._on_signal)
+        # Once the program exits, a late warning is ignored: Slurm signals each node's step at
+        # its own moment, so a rank that already stopped at the agreed step can get it while its
+        # interpreter shuts down, which restores the default action (death) for a handled signal.
+        atexit.register(signal.signal, signum, signal.SIG_IGN)
 
     def _on_signal(self, signum, frame):
         self._flag = True

@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.token = "tok";
   r::TimePoint now = r::TimePoint() + std::chrono::hours(1);
   o.now = [&now] { return now; };
-  o.telemetry = std::make_shared<r::JobTelemetry>();  // heartbeats' and leaves' telemetry too
+  o.telemetry = std::make_shared<dlrun::telemetry::JobTelemetry>();  // heartbeats' and leaves' telemetry too
   r::Handler h(std::move(o));
   auto fix_auth = [](dlrun::rdzv::v1::Auth* a, uint8_t type) {
     if (type & 0x80) {

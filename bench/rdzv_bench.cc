@@ -4,8 +4,9 @@
 // have arrived), measured in the same run.
 //
 //   build/bin/rdzv_bench --agents 4096 [--nproc 8] [--channels 16] [--json] [--telemetry]
-// --telemetry: the server keeps the job's telemetry aggregate (docs/TELEMETRY.md) and the
-// heartbeat waves carry each node's NodeTelemetry.
+// --telemetry: the server keeps the job's telemetry aggregate (docs/TELEMETRY.md) and each
+// heartbeat wave comes with a wave of Publish calls on the job channel, each with its node's
+// NodeTelemetry.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -220,14 +221,24 @@ RoundResult JoinAll(int port, const Flags& f, int round_tag) {
 }
 
 // One heartbeat from every agent (round 2), all in flight at once over `channels` channels;
-// with `telemetry`, each carries its node's NodeTelemetry for nproc ranks (what agents send
-// every second). Returns the time first send -> last reply, or -1 if any failed.
+// with `telemetry`, each agent also publishes its node's NodeTelemetry for nproc ranks on the
+// job channel (what agents send every second, beside the heartbeat since protocol 3). Returns
+// the time first send -> last reply, or -1 if any failed.
 double HeartbeatAll(int port, const Flags& f, bool telemetry) {
   auto stubs = Stubs(port, f.channels, 9);
+  std::vector<std::unique_ptr<dlrun::rdzv::v1::JobChannel::Stub>> channel_stubs;
+  for (int c = 0; c < f.channels; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.channel_id", c + 9 * 1000);  // the same connections as the heartbeats
+    channel_stubs.push_back(dlrun::rdzv::v1::JobChannel::NewStub(grpc::CreateCustomChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args)));
+  }
   struct Call {
-    grpc::ClientContext ctx;
+    grpc::ClientContext ctx, publish_ctx;
     dlrun::rdzv::v1::HeartbeatRequest req;
     dlrun::rdzv::v1::HeartbeatResponse resp;
+    dlrun::rdzv::v1::PublishRequest publish;
+    dlrun::rdzv::v1::PublishResponse published;
   };
   std::vector<std::unique_ptr<Call>> calls(f.agents);
   for (int i = 0; i < f.agents; ++i) {
@@ -254,25 +265,33 @@ double HeartbeatAll(int port, const Flags& f, bool telemetry) {
         x.rss_bytes = x.rss_peak_bytes = int64_t{3} << 30;
         t.ranks.push_back(x);
       }
-      dlrun::rdzv::ToProto(t, r.mutable_telemetry());
+      FillAuth(calls[i]->publish.mutable_auth());
+      calls[i]->publish.set_node_id(id);
+      dlrun::rdzv::ToProto(t, calls[i]->publish.mutable_telemetry());
     }
     calls[i]->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    calls[i]->publish_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
   }
   std::mutex mu;
   std::condition_variable cv;
-  int remaining = f.agents, errors = 0;
+  int remaining = telemetry ? 2 * f.agents : f.agents, errors = 0;
   const auto t0 = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point t_last;
+  auto done = [&](grpc::Status s) {
+    std::lock_guard<std::mutex> l(mu);
+    if (!s.ok()) ++errors;
+    if (--remaining == 0) {
+      t_last = std::chrono::steady_clock::now();
+      cv.notify_all();
+    }
+  };
   for (int i = 0; i < f.agents; ++i) {
-    stubs[i % f.channels]->async()->Heartbeat(
-        &calls[i]->ctx, &calls[i]->req, &calls[i]->resp, [&](grpc::Status s) {
-          std::lock_guard<std::mutex> l(mu);
-          if (!s.ok()) ++errors;
-          if (--remaining == 0) {
-            t_last = std::chrono::steady_clock::now();
-            cv.notify_all();
-          }
-        });
+    stubs[i % f.channels]->async()->Heartbeat(&calls[i]->ctx, &calls[i]->req, &calls[i]->resp,
+                                              done);
+    if (telemetry) {
+      channel_stubs[i % f.channels]->async()->Publish(
+          &calls[i]->publish_ctx, &calls[i]->publish, &calls[i]->published, done);
+    }
   }
   std::unique_lock<std::mutex> l(mu);
   cv.wait(l, [&] { return remaining == 0; });
@@ -371,7 +390,7 @@ int main(int argc, char** argv) {
     std::printf("floor_s         %.4f (bare gRPC: unary call held until all arrive)\n", fl.seconds);
     std::printf("ratio_to_floor  %.2f\n", r1.seconds / fl.seconds);
     std::printf("heartbeat_wave_s %.4f (slowest of 3 waves of one heartbeat per agent%s)\n", hb,
-                f.telemetry ? ", each with telemetry" : "");
+                f.telemetry ? ", each with a Publish of its telemetry" : "");
     std::printf("server_rss_mb   %.1f (peak)\n", rss);
     std::printf("assignments     %s\n", ok1 && ok2 && reported ? "consistent" : "WRONG");
   }

@@ -55,6 +55,7 @@ class ClientImpl final : public RendezvousClient {
     }
     channel_ = grpc::CreateCustomChannel(o.endpoint, creds, args);
     stub_ = v1::Rendezvous::NewStub(channel_);
+    job_ = v1::JobChannel::NewStub(channel_);
   }
 
   absl::StatusOr<JoinResult> Join(const NodeInfo& n, Duration timeout) override {
@@ -89,13 +90,11 @@ class ClientImpl final : public RendezvousClient {
     return r;
   }
 
-  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
-                                           const telemetry::NodeTelemetry* telemetry) override {
+  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) override {
     v1::HeartbeatRequest req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);
     req.set_round(round);
-    if (telemetry != nullptr) ToProto(*telemetry, req.mutable_telemetry());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + o_.heartbeat_timeout);
     v1::HeartbeatResponse resp;
@@ -112,7 +111,22 @@ class ClientImpl final : public RendezvousClient {
     r.reason = resp.reason();
     r.epoch = resp.epoch();
     r.redirect = resp.redirect();
-    r.stacks_request = resp.stacks_request();
+    return r;
+  }
+
+  absl::StatusOr<DiagnosticsAsk> Publish(const std::string& node_id,
+                                         const telemetry::NodeTelemetry* telemetry) override {
+    v1::PublishRequest req;
+    FillAuth(req.mutable_auth());
+    req.set_node_id(node_id);
+    if (telemetry != nullptr) ToProto(*telemetry, req.mutable_telemetry());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + o_.heartbeat_timeout);
+    v1::PublishResponse resp;
+    absl::Status s = Check(job_->Publish(&ctx, req, &resp), "publish");
+    if (!s.ok()) return s;
+    DiagnosticsAsk r;
+    r.request = resp.diagnostics_request();
     if (resp.has_profile()) {
       ProfileAsk& p = r.profile.emplace();
       p.tool = resp.profile().tool();
@@ -138,7 +152,7 @@ class ClientImpl final : public RendezvousClient {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout + o_.rpc_timeout);
     v1::StacksResponse resp;
-    absl::Status s = Check(stub_->Stacks(&ctx, req, &resp), "stacks");
+    absl::Status s = Check(job_->CollectDiagnostics(&ctx, req, &resp), "stacks");
     if (!s.ok()) return s;
     std::vector<NodeStacksReply> out;
     for (const v1::NodeStacks& n : resp.nodes()) {
@@ -158,7 +172,7 @@ class ClientImpl final : public RendezvousClient {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::PostStacksResponse resp;
-    return Check(stub_->PostStacks(&ctx, req, &resp), "post stacks");
+    return Check(job_->PostDiagnostics(&ctx, req, &resp), "post stacks");
   }
 
   absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
@@ -177,14 +191,12 @@ class ClientImpl final : public RendezvousClient {
     return FailureReply{resp.next_round(), resp.restarts_exhausted()};
   }
 
-  absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
-                     const telemetry::NodeTelemetry* telemetry) override {
+  absl::Status Leave(const std::string& node_id, uint64_t round, bool success) override {
     v1::LeaveRequest req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);
     req.set_round(round);
     req.set_success(success);
-    if (telemetry != nullptr) ToProto(*telemetry, req.mutable_telemetry());
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::LeaveResponse resp;
@@ -235,7 +247,8 @@ class ClientImpl final : public RendezvousClient {
 
   ClientOptions o_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;  // membership
+  std::unique_ptr<v1::JobChannel::Stub> job_;    // the job channel, on the same connection
   std::atomic<uint64_t> epoch_{0};
 };
 

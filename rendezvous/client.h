@@ -31,12 +31,21 @@ class RendezvousClient {
   // Blocks until the round closes, the job fails, or `timeout` passes. A host that stepped down
   // answers with a redirect instead of an assignment.
   virtual absl::StatusOr<JoinResult> Join(const NodeInfo& node, Duration timeout) = 0;
-  // `telemetry` (optional) travels with the call: the node's figures (docs/TELEMETRY.md).
-  virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
-                                                   const telemetry::NodeTelemetry* telemetry = nullptr) = 0;
+  virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) = 0;
   // `fatal`: stop the job instead of opening a new round (a failure that repeats).
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                                      const std::string& reason, bool fatal) = 0;
+  virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success) = 0;
+  // `wait` > 0: wait that long for the server to come up (a failover host starting);
+  // 0: fail at once when nobody listens. Else the deadline is rpc_timeout.
+  virtual absl::StatusOr<StatusSnapshot> Status(Duration wait = Duration(0)) = 0;
+
+  // The job channel (proto `service JobChannel`, on the same connection).
+  // This node's figures (optional; docs/TELEMETRY.md); the answer is what the job asks of it.
+  virtual absl::StatusOr<DiagnosticsAsk> Publish(const std::string& node_id,
+                                                 const telemetry::NodeTelemetry* telemetry) {
+    return absl::UnimplementedError("publish");
+  }
   // `dlrun stacks` for the whole job (docs/STACKS.md): every member's stacks, or its name
   // with empty ranks_json when it did not answer within `timeout`.
   // With `profile`: `dlrun profile` (docs/PROFILING.md); each node's ranks_json holds its
@@ -45,15 +54,10 @@ class RendezvousClient {
       Duration timeout, const ProfileAsk* profile = nullptr) {
     return absl::UnimplementedError("stacks");
   }
-  // This node's answer to HeartbeatReply::stacks_request.
+  // This node's answer to DiagnosticsAsk::request.
   virtual absl::Status PostDiagnostics(uint64_t request_id, const NodeStacksReply& stacks) {
     return absl::UnimplementedError("stacks");
   }
-  virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success,
-                             const telemetry::NodeTelemetry* telemetry = nullptr) = 0;
-  // `wait` > 0: wait that long for the server to come up (a failover host starting);
-  // 0: fail at once when nobody listens. Else the deadline is rpc_timeout.
-  virtual absl::StatusOr<StatusSnapshot> Status(Duration wait = Duration(0)) = 0;
   // The highest host epoch this agent has seen, sent with every call.
   virtual void set_epoch(uint64_t epoch) = 0;
   virtual const std::string& endpoint() const = 0;

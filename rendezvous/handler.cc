@@ -2,16 +2,13 @@
 
 #include <cmath>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "proto/field_checks.h"
-#include "telemetry/telemetry_proto.h"
 
 namespace dlrun::rdzv {
 namespace {
 
 using proto::CheckString;
-using proto::Finite;
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -24,44 +21,7 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-// `dlrun profile`'s request: a tool that attaches, some ranks, a duration the timeout covers.
-absl::Status CheckProfileAsk(const v1::ProfileAsk& p, uint32_t timeout_ms) {
-  if (p.tool() != "py-spy" && p.tool() != "perf") {
-    return absl::InvalidArgumentError(absl::StrCat("profile.tool '", absl::CHexEscape(p.tool().substr(0, 64)),
-                                                   "': expected py-spy or perf"));
-  }
-  if (p.ranks().empty() || p.ranks_size() > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile.ranks has ", p.ranks_size(), " ranks: expected 1 to 4096"));
-  }
-  for (uint32_t r : p.ranks()) {
-    if (r > 1000000) {
-      return absl::InvalidArgumentError(absl::StrCat("profile.ranks holds ", r, ": not a rank"));
-    }
-  }
-  if (p.duration_ms() == 0 || p.duration_ms() >= timeout_ms) {
-    return absl::InvalidArgumentError(absl::StrCat("profile.duration_ms ", p.duration_ms(),
-                                                   ": expected 1 to below timeout_ms (", timeout_ms, ")"));
-  }
-  if (p.args().size() > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile.args has ", p.args().size(), " bytes: expected at most 1024"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-void Handler::TakeTelemetry(const std::string& node_id, const v1::NodeTelemetry& t,
-                            const std::string& peer) {
-  if (!options_.telemetry) return;
-  auto parsed = telemetry::TelemetryFromProto(t);
-  if (!parsed.ok()) {
-    (void)Refuse(parsed.status(), peer);
-    return;
-  }
-  options_.telemetry->Update(node_id, parsed->hostname, *parsed, options_.now());
-}
 
 void ToProto(const Assignment& a, v1::Assignment* out) {
   out->set_round(a.round);
@@ -146,7 +106,7 @@ absl::Status Handler::Refuse(absl::Status s, const std::string& peer) {
   return s;
 }
 
-absl::Status Handler::CheckAuth(const v1::Auth& auth, const std::string& peer) {
+absl::Status Handler::Authorize(const v1::Auth& auth, const std::string& peer) {
   if (auth.protocol_version() != kProtocolVersion) {
     return Refuse(absl::FailedPreconditionError(absl::StrCat(
                       "rendezvous protocol version ", auth.protocol_version(),
@@ -176,7 +136,7 @@ void Handler::Deliver(Deliveries& d) {
 void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t ticket,
                    JoinDone done) {
   static const v1::JoinResponse kEmpty;
-  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) {
+  if (absl::Status s = Authorize(req.auth(), peer); !s.ok()) {
     done(s, kEmpty);
     return;
   }
@@ -249,7 +209,7 @@ bool Handler::CancelJoin(const std::string& node_id, uint64_t ticket) {
 
 absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::string& peer,
                                 v1::HeartbeatResponse* resp) {
-  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  if (absl::Status s = Authorize(req.auth(), peer); !s.ok()) return s;
   if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
   absl::StatusOr<HeartbeatReply> r;
   {
@@ -267,7 +227,6 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
     r = machine_.Heartbeat(req.node_id(), req.round(), now);
   }
   if (!r.ok()) return Refuse(r.status(), peer);
-  if (req.has_telemetry()) TakeTelemetry(req.node_id(), req.telemetry(), peer);
   resp->set_epoch(options_.epoch);
   switch (r->action) {
     case Action::kContinue: resp->set_action(v1::HeartbeatResponse::CONTINUE); break;
@@ -277,88 +236,12 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
   }
   resp->set_current_round(r->current_round);
   resp->set_reason(r->reason);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const StacksCollection& c : stacks_) {
-      if (c.waiting.count(req.node_id())) {
-        resp->set_stacks_request(c.id);
-        if (c.profile) *resp->mutable_profile() = *c.profile;
-        break;
-      }
-    }
-  }
   return absl::OkStatus();
-}
-
-void Handler::CollectStacks(const v1::StacksRequest& req, const std::string& peer,
-                            StacksDone done) {
-  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return done(s, {});
-  if (req.timeout_ms() == 0 || req.timeout_ms() > 600000) {
-    return done(Refuse(absl::InvalidArgumentError(absl::StrCat(
-                           "timeout_ms ", req.timeout_ms(), ": expected 1 to 600000")),
-                       peer),
-                {});
-  }
-  StacksCollection c;
-  if (req.has_profile()) {
-    if (absl::Status s = CheckProfileAsk(req.profile(), req.timeout_ms()); !s.ok()) {
-      return done(Refuse(s, peer), {});
-    }
-    c.profile = req.profile();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    c.waiting = machine_.LiveMembers();
-    if (c.waiting.empty()) {
-      return done(absl::FailedPreconditionError("no node runs workers in this job now"), {});
-    }
-    c.id = next_stacks_id_++;
-    c.deadline = options_.now() + std::chrono::milliseconds(req.timeout_ms());
-    c.done = std::move(done);
-    stacks_.push_back(std::move(c));
-  }
-}
-
-absl::Status Handler::PostStacks(const v1::PostStacksRequest& req, const std::string& peer) {
-  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
-  const v1::NodeStacks& n = req.stacks();
-  if (auto s = CheckString("node_id", n.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
-  if (auto s = CheckString("hostname", n.hostname(), 256, false); !s.ok()) return Refuse(s, peer);
-  std::vector<std::pair<StacksDone, v1::StacksResponse>> finished;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (StacksCollection& c : stacks_) {
-      if (c.id != req.request_id() || !c.waiting.erase(n.node_id())) continue;
-      *c.response.add_nodes() = n;
-    }
-    finished = FinishStacks(options_.now());
-  }
-  for (auto& [done, resp] : finished) done(absl::OkStatus(), resp);
-  return absl::OkStatus();
-}
-
-std::vector<std::pair<Handler::StacksDone, v1::StacksResponse>> Handler::FinishStacks(
-    TimePoint now) {
-  std::vector<std::pair<StacksDone, v1::StacksResponse>> out;
-  for (auto it = stacks_.begin(); it != stacks_.end();) {
-    if (!it->waiting.empty() && now < it->deadline) {
-      ++it;
-      continue;
-    }
-    for (const auto& [id, host] : it->waiting) {
-      v1::NodeStacks* m = it->response.add_missing();
-      m->set_node_id(id);
-      m->set_hostname(host);
-    }
-    out.emplace_back(std::move(it->done), std::move(it->response));
-    it = stacks_.erase(it);
-  }
-  return out;
 }
 
 absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::string& peer,
                                     v1::FailureResponse* resp) {
-  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  if (absl::Status s = Authorize(req.auth(), peer); !s.ok()) return s;
   if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
   if (req.reason().size() > 4096) {
     return Refuse(absl::InvalidArgumentError("reason is longer than 4096 bytes"), peer);
@@ -378,11 +261,8 @@ absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::str
 }
 
 absl::Status Handler::Leave(const v1::LeaveRequest& req, const std::string& peer) {
-  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  if (absl::Status s = Authorize(req.auth(), peer); !s.ok()) return s;
   if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) return Refuse(s, peer);
-  // Before the leave: the last node's leave ends the job, and its final figures belong in
-  // the report.
-  if (req.has_telemetry()) TakeTelemetry(req.node_id(), req.telemetry(), peer);
   Deliveries out;
   absl::Status s;
   {
@@ -395,7 +275,7 @@ absl::Status Handler::Leave(const v1::LeaveRequest& req, const std::string& peer
 
 absl::Status Handler::Status(const v1::StatusRequest& req, const std::string& peer,
                              v1::StatusResponse* resp) {
-  if (absl::Status s = CheckAuth(req.auth(), peer); !s.ok()) return s;
+  if (absl::Status s = Authorize(req.auth(), peer); !s.ok()) return s;
   StatusSnapshot snap;
   std::string redirect;
   {
@@ -425,7 +305,6 @@ bool Handler::StepDown(const std::string& endpoint, uint64_t epoch) {
 std::optional<TimePoint> Handler::Tick() {
   Deliveries out;
   std::optional<TimePoint> next;
-  std::vector<std::pair<StacksDone, v1::StacksResponse>> stacks_done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const TimePoint now = options_.now();
@@ -440,10 +319,6 @@ std::optional<TimePoint> Handler::Tick() {
     }
     machine_.Tick(now, &out);
     next = machine_.NextDeadline();
-    stacks_done = FinishStacks(now);
-    for (const StacksCollection& c : stacks_) {
-      if (!next || c.deadline < *next) next = c.deadline;
-    }
     if (options_.telemetry && (machine_.round() != telemetry_round_ ||
                                machine_.restart_count() != telemetry_restarts_ ||
                                static_cast<int>(machine_.phase()) != telemetry_phase_)) {
@@ -466,8 +341,12 @@ std::optional<TimePoint> Handler::Tick() {
     }
   }
   Deliver(out);
-  for (auto& [done, resp] : stacks_done) done(absl::OkStatus(), resp);
   return next;
+}
+
+std::map<std::string, std::string> Handler::LiveMembers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return machine_.LiveMembers();
 }
 
 bool Handler::EndAcknowledged() {

@@ -21,7 +21,9 @@
 namespace dlrun::rdzv {
 
 // 2: host epochs, failover joins and redirects (docs/FAILOVER.md).
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: the job channel (telemetry, stacks, profiles) is its own service, JobChannel; heartbeats
+//    and leaves carry membership only.
+inline constexpr uint32_t kProtocolVersion = 3;
 // Largest message the service accepts; a join is a few hundred bytes.
 inline constexpr int kMaxMessageBytes = 64 * 1024;
 // What a client accepts: a `dlrun stacks` answer gathers every node's post (docs/STACKS.md).
@@ -42,7 +44,8 @@ struct HandlerOptions {
   // The explicit candidate list (--rdzv-endpoint a,b,...) this host was started with; a join
   // naming another list is refused with both.
   std::string candidates;
-  // Where the telemetry on heartbeats and leaves goes (docs/TELEMETRY.md); null: dropped.
+  // Where the job's state (round, world size, restarts) goes for the report
+  // (docs/TELEMETRY.md); null: nowhere. The nodes' figures come through ChannelHandler.
   std::shared_ptr<telemetry::JobTelemetry> telemetry;
   // Called (outside the lock) for every refused request, e.g. to log it.
   std::function<void(const absl::Status&, const std::string& peer)> on_refused;
@@ -69,35 +72,30 @@ class Handler {
   absl::Status Status(const v1::StatusRequest& req, const std::string& peer,
                       v1::StatusResponse* resp);
 
-  // `dlrun stacks` for the whole job (docs/STACKS.md): every live member of the round is asked
-  // on its next heartbeat (HeartbeatResponse.stacks_request); `done` runs exactly once, when
-  // each has posted, or at the timeout (Tick) with the others under `missing`; at once for a
-  // refused request.
-  using StacksDone = std::function<void(const absl::Status&, const v1::StacksResponse&)>;
-  void CollectStacks(const v1::StacksRequest& req, const std::string& peer, StacksDone done);
-  absl::Status PostStacks(const v1::PostStacksRequest& req, const std::string& peer);
-
   // A host with a newer epoch serves the job at `endpoint`: from now on every join and
   // heartbeat is answered with a redirect there. Returns false (and changes nothing) unless
   // `epoch` is newer than this host's.
   bool StepDown(const std::string& endpoint, uint64_t epoch);
   uint64_t epoch() const { return options_.epoch; }
 
-  // Runs the state machine's timers (and ends stack collections at their timeout); returns the
-  // next time it needs to run.
+  // Runs the state machine's timers; returns the next time it needs to run.
   std::optional<TimePoint> Tick();
   StateMachine::Phase phase();
   bool EndAcknowledged();
   uint64_t round();
 
- private:
-  absl::Status CheckAuth(const v1::Auth& auth, const std::string& peer);
+  // For the job channel (rendezvous/job_channel.h), which shares this job's callers:
+  // the caller's run, token, protocol version and epoch, checked; a refusal is logged.
+  absl::Status Authorize(const v1::Auth& auth, const std::string& peer);
+  // Logs `s` through on_refused and returns it.
   absl::Status Refuse(absl::Status s, const std::string& peer);
+  // The members of the running round that have not left: node id -> host name.
+  std::map<std::string, std::string> LiveMembers();
+  TimePoint Now() const { return options_.now(); }
+  const std::shared_ptr<telemetry::JobTelemetry>& telemetry() const { return options_.telemetry; }
+
+ private:
   static void Deliver(Deliveries& d);
-  // Feeds a request's telemetry to options_.telemetry; a malformed one is refused (logged) but
-  // the heartbeat or leave it came with still counts.
-  void TakeTelemetry(const std::string& node_id, const v1::NodeTelemetry& t,
-                     const std::string& peer);
 
   HandlerOptions options_;
   // std::mutex rather than absl::Mutex: Debian's abseil is not built with ThreadSanitizer,
@@ -112,19 +110,6 @@ class Handler {
   uint64_t telemetry_round_ = 0;
   int telemetry_restarts_ = 0;
   int telemetry_phase_ = -1;
-  // Guarded by mu_: the job-wide stack collections under way.
-  struct StacksCollection {
-    uint64_t id = 0;
-    TimePoint deadline;
-    std::map<std::string, std::string> waiting;  // node id -> host name
-    v1::StacksResponse response;
-    StacksDone done;
-    std::optional<v1::ProfileAsk> profile;  // `dlrun profile`: asked of each member instead
-  };
-  std::vector<StacksCollection> stacks_;
-  uint64_t next_stacks_id_ = 1;
-  // Ends the collections that are complete or past `now` (outside the lock: `done`).
-  std::vector<std::pair<StacksDone, v1::StacksResponse>> FinishStacks(TimePoint now);
 };
 
 // Converts between the proto and the plain types.

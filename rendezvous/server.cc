@@ -62,28 +62,6 @@ class Service final : public v1::Rendezvous::CallbackService {
     return r;
   }
 
-  grpc::ServerUnaryReactor* Stacks(grpc::CallbackServerContext* ctx, const v1::StacksRequest* req,
-                                   v1::StacksResponse* resp) override {
-    auto* r = ctx->DefaultReactor();
-    // Finished by PostStacks or by the timer (Tick) at the timeout; the timer must learn the
-    // new deadline.
-    h_->CollectStacks(*req, ctx->peer(),
-                      [r, resp](const absl::Status& s, const v1::StacksResponse& sr) {
-                        if (s.ok()) *resp = sr;
-                        r->Finish(ToGrpc(s));
-                      });
-    on_change_();
-    return r;
-  }
-
-  grpc::ServerUnaryReactor* PostStacks(grpc::CallbackServerContext* ctx,
-                                       const v1::PostStacksRequest* req,
-                                       v1::PostStacksResponse* resp) override {
-    auto* r = ctx->DefaultReactor();
-    r->Finish(ToGrpc(h_->PostStacks(*req, ctx->peer())));
-    return r;
-  }
-
   grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* ctx,
                                           const v1::FailureReport* req,
                                           v1::FailureResponse* resp) override {
@@ -113,12 +91,61 @@ class Service final : public v1::Rendezvous::CallbackService {
   std::function<void()> on_change_;
 };
 
+class ChannelService final : public v1::JobChannel::CallbackService {
+ public:
+  ChannelService(ChannelHandler* c, std::function<void()> on_change)
+      : c_(c), on_change_(std::move(on_change)) {}
+
+  grpc::ServerUnaryReactor* Publish(grpc::CallbackServerContext* ctx,
+                                    const v1::PublishRequest* req,
+                                    v1::PublishResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(c_->Publish(*req, ctx->peer(), resp)));
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* CollectDiagnostics(grpc::CallbackServerContext* ctx,
+                                               const v1::StacksRequest* req,
+                                               v1::StacksResponse* resp) override {
+    auto* r = ctx->DefaultReactor();
+    // Finished by PostDiagnostics or by the timer (Tick) at the timeout; the timer must learn
+    // the new deadline.
+    c_->CollectDiagnostics(*req, ctx->peer(),
+                           [r, resp](const absl::Status& s, const v1::StacksResponse& sr) {
+                             if (s.ok()) *resp = sr;
+                             r->Finish(ToGrpc(s));
+                           });
+    on_change_();
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* PostDiagnostics(grpc::CallbackServerContext* ctx,
+                                            const v1::PostStacksRequest* req,
+                                            v1::PostStacksResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(c_->PostDiagnostics(*req, ctx->peer())));
+    return r;
+  }
+
+ private:
+  ChannelHandler* c_;
+  std::function<void()> on_change_;
+};
+
+std::optional<TimePoint> Earlier(std::optional<TimePoint> a, std::optional<TimePoint> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return std::min(*a, *b);
+}
+
 class ServerImpl final : public RendezvousServer {
  public:
   explicit ServerImpl(ServerOptions o)
       : ack_grace_(o.handler.config.heartbeat_interval * (2 * o.handler.config.heartbeat_misses)),
         handler_(std::move(o.handler)),
-        service_(&handler_, [this] { Poke(); }) {}
+        channel_(handler_, handler_.telemetry()),
+        service_(&handler_, [this] { Poke(); }),
+        channel_service_(&channel_, [this] { Poke(); }) {}
 
   absl::Status Init(const std::string& listen, const TlsConfig& tls) {
     grpc::ServerBuilder b;
@@ -132,6 +159,7 @@ class ServerImpl final : public RendezvousServer {
     }
     b.AddListeningPort(listen, creds, &port_);
     b.RegisterService(&service_);
+    b.RegisterService(&channel_service_);
     b.SetMaxReceiveMessageSize(kMaxMessageBytes);
     // gRPC sets SO_REUSEPORT by default: two agents on one host could then both "own" the
     // endpoint. Off, so the second bind fails and that agent becomes a client.
@@ -152,6 +180,7 @@ class ServerImpl final : public RendezvousServer {
 
   int port() const override { return port_; }
   Handler& handler() override { return handler_; }
+  ChannelHandler& channel() override { return channel_; }
 
   void Shutdown() override {
     {
@@ -195,7 +224,7 @@ class ServerImpl final : public RendezvousServer {
     std::unique_lock<std::mutex> l(mu_);
     while (!stopping_) {
       l.unlock();
-      std::optional<TimePoint> next = handler_.Tick();
+      std::optional<TimePoint> next = Earlier(handler_.Tick(), channel_.Tick());
       l.lock();
       cv_.notify_all();  // WaitForJobEnd re-checks the phase
       const uint64_t seen = changes_;
@@ -210,7 +239,9 @@ class ServerImpl final : public RendezvousServer {
 
   const Duration ack_grace_;
   Handler handler_;
+  ChannelHandler channel_;
   Service service_;
+  ChannelService channel_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::thread timer_;

@@ -1,4 +1,5 @@
-// The rendezvous gRPC server: a thin callback-API service over Handler, plus the timer thread
+// The rendezvous gRPC server: thin callback-API services over Handler (membership) and
+// ChannelHandler (the job channel), plus the timer thread
 // that drives the state machine's deadlines. A pending Join holds no thread.
 #pragma once
 
@@ -7,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "rendezvous/handler.h"
+#include "rendezvous/job_channel.h"
 #include "rendezvous/tls.h"
 
 namespace dlrun::rdzv {
@@ -25,6 +27,7 @@ class RendezvousServer {
   virtual ~RendezvousServer() = default;
   virtual int port() const = 0;
   virtual Handler& handler() = 0;
+  virtual ChannelHandler& channel() = 0;
   // Stops accepting calls, finishes pending ones with UNAVAILABLE, joins the timer thread.
   virtual void Shutdown() = 0;
   // Blocks until the job has failed or succeeded (false if `timeout` passes first), then for

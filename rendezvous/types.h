@@ -84,8 +84,12 @@ struct HeartbeatReply {
   std::string reason;
   uint64_t epoch = 0;
   std::string redirect;  // with kRestart: the host stepped down, re-join there
-  uint64_t stacks_request = 0;  // > 0: post this node's stacks with this id (docs/STACKS.md)
-  // With stacks_request: a `dlrun profile` instead (docs/PROFILING.md): post profiles.
+};
+
+// What the job asks of a node, in the answer to its Publish (the job channel).
+struct DiagnosticsAsk {
+  uint64_t request = 0;  // > 0: post this node's stacks with this id (docs/STACKS.md)
+  // With request: a `dlrun profile` instead (docs/PROFILING.md): post profiles.
   std::optional<ProfileAsk> profile;
 };
 

@@ -21,14 +21,14 @@
 
 namespace dlrun::launcher {
 
-Agent::Agent(AgentOptions options, std::unique_ptr<MembershipSource> source,
-             Processes& processes, Clock& clock)
+Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& clock)
     : options_(std::move(options)),
-      source_(std::move(source)),
+      source_(std::move(link.membership)),
+      channel_(std::move(link.channel)),
       processes_(processes),
       clock_(clock),
       run_dir_(options_.run_dir, options_.keep_run_dir, options_.log_dir),
-      telemetry_(options_.telemetry, options_.hostname, *source_, clock_) {}
+      telemetry_(options_.telemetry, options_.hostname, *channel_, clock_) {}
 
 bool Agent::IsPassthrough(int sig) const {
   const auto& p = options_.passthrough_signals;
@@ -97,7 +97,7 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   }
   spdlog::info("{}", table);
   if (!options_.run_dir.empty()) {  // for `dlrun stacks`
-    const MembershipSource::RdzvAddress rdzv = source_->Address();
+    const JobChannel::RdzvAddress rdzv = channel_->Address();
     WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, {},
                    rdzv.endpoint, rdzv.token};
     for (const Worker& w : workers_) wf.workers.push_back({w.rank, w.local_rank, w.pid});
@@ -411,7 +411,7 @@ int Agent::RunAttempts() {
         StopGroup(SIGTERM);
         if (capture) FinishCapture(*std::move(capture));
         telemetry_.MaybePublish(/*now_anyway=*/true);
-        if (!source_->OnFailure(w.reason)) return kHangExitCode;
+        if (!source_->OnFailure(w.reason, false)) return kHangExitCode;
         spdlog::warn("restarting worker group after a hang");
         break;
       case Watch::Outcome::kSignalled:

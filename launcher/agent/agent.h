@@ -37,8 +37,7 @@ class Agent {
  public:
   // dlrun's exit code when a hung worker (see hang_timeout) ends the job.
   static constexpr int kHangExitCode = 124;
-  Agent(AgentOptions options, std::unique_ptr<MembershipSource> source, Processes& processes,
-        Clock& clock);
+  Agent(AgentOptions options, JobLink link, Processes& processes, Clock& clock);
   // Runs until the job ends; returns the exit code for dlrun: 0; 1 when workers failed (as
   // torchrun; with exit_with_worker_code the root cause's own code, 128+N for a signal); 1 when
   // the rendezvous stopped the job; kHangExitCode after a hang; 128+N if dlrun itself got
@@ -104,7 +103,7 @@ class Agent {
   // in F at file:line". Run() waits for every capture before the report and the run directory.
   std::shared_future<StackReport> FinishCapture(Capture c, int failed_rank = -1,
                                               std::string what = "");
-  // A job-wide `dlrun stacks` asked for this node's (MembershipSource::StacksWanted): dumps the
+  // A job-wide `dlrun stacks` asked for this node's (JobChannel::DiagnosticsWanted): dumps the
   // live workers, names their frames in the background, and posts them at a later check.
   void AnswerStacks();
   // Posts the answer being named if it is ready within `wait`.
@@ -127,7 +126,8 @@ class Agent {
   void NoteDeathByPassedOnSignal(const WorkerExit& x);
 
   AgentOptions options_;
-  std::unique_ptr<MembershipSource> source_;
+  std::shared_ptr<MembershipSource> source_;
+  std::shared_ptr<JobChannel> channel_;
   Processes& processes_;
   Clock& clock_;
   Assignment current_;
@@ -151,7 +151,7 @@ class Agent {
   std::vector<telemetry::RankProfile> collected_profiles_;  // --profile's, from CollectProfiles
   std::set<std::string> profiles_said_;  // CollectProfiles' lines, each logged once
   RunDir run_dir_;  // the only way to the run directory's files
-  AgentTelemetry telemetry_;  // after source_ and clock_, which it uses
+  AgentTelemetry telemetry_;  // after channel_ and clock_, which it uses
 };
 
 }  // namespace dlrun::launcher

@@ -71,9 +71,10 @@ std::shared_future<StackReport> Agent::FinishCapture(Capture c, int failed_rank,
 
 void Agent::AnswerStacks() {
   PostNamedStacks(std::chrono::seconds(0));
-  const uint64_t id = source_->StacksWanted();
+  JobChannel::Wanted wanted = channel_->DiagnosticsWanted();
+  const uint64_t id = wanted.id;
   if (id == 0 || answering_) return;
-  if (std::optional<rdzv::ProfileAsk> ask = source_->ProfileWanted()) {
+  if (std::optional<rdzv::ProfileAsk> ask = std::move(wanted.profile)) {
     // `dlrun profile`: the capture lasts its duration; a later check posts the answer.
     answering_.emplace(id, std::async(std::launch::async,
                                       [ask = *std::move(ask), targets = LiveTargets(),
@@ -105,7 +106,7 @@ void Agent::PostNamedStacks(std::chrono::milliseconds wait) {
   // From this thread: the membership source's client is this thread's.
   if (answering_ && answering_->second.wait_for(wait) == std::future_status::ready) {
     const std::string answer = answering_->second.get();
-    source_->PostDiagnostics(answering_->first, answer);
+    channel_->PostDiagnostics(answering_->first, answer);
     answering_.reset();
     if (answering_profile_) {  // also on the live page and in the report, by rank
       answering_profile_ = false;
@@ -253,8 +254,8 @@ int Agent::AfterFailure() {
                   first.global_rank, FailureClassName(cls.cls),
                   signature.step >= 0 ? absl::StrCat(" at step ", signature.step)
                                       : std::string(" before its first step"));
-    source_->OnFatalFailure(absl::StrCat(cause, ", the same way as the attempt before"));
-  } else if (source_->OnFailure(cause)) {
+    source_->OnFailure(absl::StrCat(cause, ", the same way as the attempt before"), true);
+  } else if (source_->OnFailure(cause, false)) {
     // An attempt that is followed by a restart is one line; the failure block and "job failed"
     // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
     spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}",

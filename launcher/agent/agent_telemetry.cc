@@ -19,7 +19,7 @@
 namespace dlrun::launcher {
 
 AgentTelemetry::AgentTelemetry(TelemetryOptions options, std::string hostname,
-                               MembershipSource& source, Clock& clock)
+                               JobChannel& source, Clock& clock)
     : options_(std::move(options)),
       hostname_(std::move(hostname)),
       source_(source),

@@ -21,7 +21,7 @@
 #include "common/assignment.h"
 #include "common/defaults.h"
 #include "launcher/agent/clock.h"
-#include "launcher/agent/membership.h"
+#include "launcher/agent/job_channel.h"
 #include "launcher/agent/resource_sampler.h"
 #include "launcher/agent/restart_ledger.h"
 #include "launcher/agent/step_record.h"
@@ -62,7 +62,7 @@ class AgentTelemetry {
     bool alive = true;
   };
 
-  AgentTelemetry(TelemetryOptions options, std::string hostname, MembershipSource& source,
+  AgentTelemetry(TelemetryOptions options, std::string hostname, JobChannel& source,
                  Clock& clock);
   ~AgentTelemetry();
 
@@ -127,7 +127,7 @@ class AgentTelemetry {
 
   TelemetryOptions options_;
   std::string hostname_;
-  MembershipSource& source_;
+  JobChannel& source_;
   Clock& clock_;
   std::vector<Member> members_;
   int rank_offset_ = 0;

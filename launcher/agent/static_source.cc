@@ -3,7 +3,7 @@
 namespace dlrun::launcher {
 namespace {
 
-class StaticSource final : public MembershipSource {
+class StaticSource final : public MembershipSource, public JobChannel {
  public:
   StaticSource(Assignment base, int max_restarts, std::function<int()> pick,
                telemetry::TelemetryOptions telemetry)
@@ -26,10 +26,11 @@ class StaticSource final : public MembershipSource {
   void OnStop(const std::string& reason) override {
     if (telemetry_) telemetry_->SetState("stopped");
   }
-  void OnFatalFailure(const std::string& reason) override {
-    if (telemetry_) telemetry_->SetState("failed");
-  }
-  bool OnFailure(const std::string& reason) override {
+  bool OnFailure(const std::string& reason, bool fatal) override {
+    if (fatal) {
+      if (telemetry_) telemetry_->SetState("failed");
+      return false;
+    }
     const bool again = restarts_++ < max_restarts_;
     if (telemetry_) {
       if (again) telemetry_->AddRestartCause(reason);
@@ -57,11 +58,11 @@ class StaticSource final : public MembershipSource {
 
 }  // namespace
 
-std::unique_ptr<MembershipSource> MakeStaticSource(Assignment base, int max_restarts,
-                                                   std::function<int()> pick_master_port,
-                                                   telemetry::TelemetryOptions telemetry) {
-  return std::make_unique<StaticSource>(std::move(base), max_restarts,
-                                        std::move(pick_master_port), std::move(telemetry));
+JobLink MakeStaticSource(Assignment base, int max_restarts, std::function<int()> pick_master_port,
+                         telemetry::TelemetryOptions telemetry) {
+  return JobLink::Of(std::make_shared<StaticSource>(std::move(base), max_restarts,
+                                                    std::move(pick_master_port),
+                                                    std::move(telemetry)));
 }
 
 }  // namespace dlrun::launcher

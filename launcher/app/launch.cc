@@ -15,7 +15,7 @@
 #include "launcher/agent/agent.h"
 #include "launcher/agent/posix_processes.h"
 #include "launcher/app/commands.h"
-#include "launcher/app/membership.h"
+#include "launcher/app/backends.h"
 #include "launcher/app/plan.h"
 #include "launcher/app/run_dir.h"
 #include "launcher/cli/options.h"
@@ -51,13 +51,13 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   auto processes = PosixProcesses::Create(handled);
   if (!processes.ok()) return Fail(processes.status());
 
-  auto membership = MakeMembership(o, *detected, machine, *plan, env);
-  if (!membership.ok()) {
+  auto backend = MakeBackend(o, *detected, machine, *plan, env);
+  if (!backend.ok()) {
     // A host that does not resolve is not a usage error: DNS may be what is wrong, so exit 1.
-    return absl::IsNotFound(membership.status()) ? FailRun(membership.status())
-                                                 : Fail(membership.status());
+    return absl::IsNotFound(backend.status()) ? FailRun(backend.status())
+                                              : Fail(backend.status());
   }
-  a.telemetry.serve_metrics = std::move(membership->serve_metrics);
+  a.telemetry.serve_metrics = std::move(backend->serve_metrics);
 
   auto run_dir = MakeRunDir(o, plan->run_id, machine.hostname, env, &a.keep_run_dir);
   if (!run_dir.ok()) return Fail(run_dir.status());
@@ -79,7 +79,7 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   const std::string index = RunIndexDir(env("TMPDIR").value_or("/tmp"), getuid());
   RegisterRun(index, getpid(), a.run_dir);
 
-  Agent agent(std::move(a), std::move(membership->source), **processes, SystemClock());
+  Agent agent(std::move(a), std::move(backend->link), **processes, SystemClock());
   const int rc = agent.Run();
   UnregisterRun(index, getpid());
   if (const auto mark = env(contract::kOutcomeMark); rc == 0 && mark && !mark->empty()) {

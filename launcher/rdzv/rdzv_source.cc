@@ -79,7 +79,7 @@ rdzv::HostOptions HostFor(const RdzvSourceOptions& o, const std::string& endpoin
 // Membership from the gRPC rendezvous, with host failover (docs/FAILOVER.md): when the host
 // stops answering for the liveness limit, the survivors pick the next candidate, which hosts a
 // new epoch, and re-join it with what they know of the job.
-class RdzvSource final : public MembershipSource {
+class RdzvSource final : public MembershipSource, public JobChannel {
  public:
   RdzvSource(RdzvSourceOptions o, rdzv::Api* api, std::unique_ptr<rdzv::HostedRendezvous> hosted,
              Clock& clock)
@@ -121,9 +121,7 @@ class RdzvSource final : public MembershipSource {
     return a;
   }
 
-  bool OnFailure(const std::string& reason) override { return Report(reason, false); }
-  void OnFatalFailure(const std::string& reason) override { Report(reason, true); }
-  bool Report(const std::string& reason, bool fatal) {
+  bool OnFailure(const std::string& reason, bool fatal) override {
     auto r = client_->ReportFailure(node_.node_id, round_, reason, fatal);
     if (absl::IsPermissionDenied(r.status())) {
       // This node was dropped from the round (e.g. declared dead while it could not answer):
@@ -151,7 +149,7 @@ class RdzvSource final : public MembershipSource {
       *reason = lost_reason_;
       return Verdict::kRestart;
     }
-    auto r = client_->Heartbeat(node_.node_id, round_, telemetry_ ? &*telemetry_ : nullptr);
+    auto r = client_->Heartbeat(node_.node_id, round_);
     const auto now = clock_.Now();
     if (!r.ok()) {
       const auto silent = std::chrono::duration_cast<rdzv::Duration>(now - last_ok_);
@@ -169,8 +167,7 @@ class RdzvSource final : public MembershipSource {
     }
     last_ok_ = now;
     Adopt(r->epoch);
-    stacks_request_ = r->stacks_request;
-    profile_ask_ = r->profile;
+    Exchange();
     *reason = r->reason;
     if (!r->redirect.empty()) {
       redirect_ = r->redirect;
@@ -187,14 +184,12 @@ class RdzvSource final : public MembershipSource {
 
   std::chrono::milliseconds check_interval() const override { return o_.config.heartbeat_interval; }
 
-  uint64_t StacksWanted() const override {
-    return stacks_request_ != stacks_posted_ ? stacks_request_ : 0;
-  }
-  std::optional<rdzv::ProfileAsk> ProfileWanted() const override {
-    return StacksWanted() != 0 ? profile_ask_ : std::nullopt;
+  Wanted DiagnosticsWanted() const override {
+    if (wanted_.request == 0 || wanted_.request == posted_) return {};
+    return {wanted_.request, wanted_.profile};
   }
   void PostDiagnostics(uint64_t id, const std::string& answer_json) override {
-    stacks_posted_ = id;
+    posted_ = id;
     if (auto s = client_->PostDiagnostics(id, {node_.node_id, o_.hostname, answer_json}); !s.ok()) {
       spdlog::warn("cannot post this node's stacks to the rendezvous: {}",
                    std::string(s.message()));
@@ -202,19 +197,36 @@ class RdzvSource final : public MembershipSource {
   }
   RdzvAddress Address() const override { return {client_->endpoint(), o_.run_id, o_.token}; }
 
-  void Publish(const telemetry::NodeTelemetry& t) override { telemetry_ = t; }
+  void Publish(const telemetry::NodeTelemetry& t) override {
+    telemetry_ = t;
+    ++published_;
+  }
   std::shared_ptr<telemetry::JobTelemetry> job_telemetry() const override {
     return hosted_ ? hosted_->telemetry() : nullptr;
   }
 
   void OnSuccess() override {
-    if (auto s = client_->Leave(node_.node_id, round_, true, telemetry_ ? &*telemetry_ : nullptr);
-        !s.ok()) {
+    Exchange();  // the final figures, before the leave that may end the job
+    if (auto s = client_->Leave(node_.node_id, round_, true); !s.ok()) {
       spdlog::warn("leave: {}", std::string(s.message()));
     }
   }
 
  private:
+  // The job channel's exchange, once per heartbeat: this node's figures when new since the
+  // last one sent, and in return what the job asks of it. A miss is not a membership matter:
+  // the next exchange tries again.
+  void Exchange() {
+    const bool fresh = telemetry_ && published_ != sent_;
+    auto r = client_->Publish(node_.node_id, fresh ? &*telemetry_ : nullptr);
+    if (!r.ok()) {
+      spdlog::debug("job channel: {}", std::string(r.status().message()));
+      return;
+    }
+    sent_ = published_;
+    wanted_ = *std::move(r);
+  }
+
   void SwitchTo(const std::string& endpoint) {
     client_ = api_->CreateClient(ClientFor(o_, endpoint));
     client_->set_epoch(epoch_);
@@ -372,7 +384,8 @@ class RdzvSource final : public MembershipSource {
   rdzv::Api* api_;
   Clock& clock_;  // the liveness limit of the host is measured on it
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
-  std::optional<telemetry::NodeTelemetry> telemetry_;  // the latest, sent with each heartbeat
+  std::optional<telemetry::NodeTelemetry> telemetry_;  // the latest Publish
+  uint64_t published_ = 0, sent_ = 0;  // Publish calls; the count when last sent
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::NodeInfo node_;
   uint64_t round_ = 0;
@@ -383,9 +396,8 @@ class RdzvSource final : public MembershipSource {
   std::vector<std::string> hosts_seen_;
   SteadyTime last_ok_ = clock_.Now();
   bool lost_ = false;  // the host stopped answering: the next Next() fails over
-  std::optional<rdzv::ProfileAsk> profile_ask_;  // with stacks_request_: `dlrun profile`'s
-  uint64_t stacks_request_ = 0;  // the last heartbeat's (docs/STACKS.md)
-  uint64_t stacks_posted_ = 0;
+  rdzv::DiagnosticsAsk wanted_;  // the last exchange's (docs/STACKS.md)
+  uint64_t posted_ = 0;
   std::string lost_reason_;
   std::string redirect_;  // the host stepped down: the next Next() joins here
   PortReservation port_;
@@ -408,15 +420,14 @@ std::string FindServingPeer(rdzv::Api* api, const RdzvSourceOptions& o) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o) {
+absl::StatusOr<JobLink> MakeRendezvousSource(RdzvSourceOptions o) {
   auto api = LoadRendezvous();
   if (!api.ok()) return api.status();
   return MakeRendezvousSource(std::move(o), **api, SystemClock());
 }
 
-absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o,
-                                                                       rdzv::Api& api_ref,
-                                                                       Clock& clock) {
+absl::StatusOr<JobLink> MakeRendezvousSource(RdzvSourceOptions o, rdzv::Api& api_ref,
+                                             Clock& clock) {
   rdzv::Api* const api = &api_ref;
   auto [host, port] = SplitEndpoint(o.endpoint);
   o.endpoint = absl::StrCat(host, ":", port);
@@ -459,8 +470,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourc
     }
     if (o.is_host == "true") return s.status();
   }
-  return std::unique_ptr<MembershipSource>(
-      new RdzvSource(std::move(o), api, std::move(hosted), clock));
+  return JobLink::Of(std::make_shared<RdzvSource>(std::move(o), api, std::move(hosted), clock));
 }
 
 }  // namespace dlrun::launcher

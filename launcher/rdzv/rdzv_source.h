@@ -41,11 +41,9 @@ struct RdzvSourceOptions {
 
 // Starts the hosted server when this agent hosts it, and the client (the plugin's, on the
 // system clock).
-absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o);
+absl::StatusOr<JobLink> MakeRendezvousSource(RdzvSourceOptions o);
 // The same on a given rendezvous API and clock: tests drive the host's liveness limit and
 // failover on a fake clock with a scripted client.
-absl::StatusOr<std::unique_ptr<MembershipSource>> MakeRendezvousSource(RdzvSourceOptions o,
-                                                                       rdzv::Api& api,
-                                                                       Clock& clock);
+absl::StatusOr<JobLink> MakeRendezvousSource(RdzvSourceOptions o, rdzv::Api& api, Clock& clock);
 
 }  // namespace dlrun::launcher

@@ -1,11 +1,13 @@
-// libFuzzer: the rendezvous handler fed parsed protos, half of them with valid credentials so
-// that they reach the state machine (and the telemetry they carry reaches the aggregate). Records: [type byte][len byte][len bytes of proto].
+// libFuzzer: the rendezvous handler and the job channel fed parsed protos, half of them with
+// valid credentials so that they reach the state machine (and the telemetry published reaches
+// the aggregate). Records: [type byte][len byte][len bytes of proto].
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "rendezvous/handler.h"
+#include "rendezvous/job_channel.h"
 
 namespace r = dlrun::rdzv;
 
@@ -17,8 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.token = "tok";
   r::TimePoint now = r::TimePoint() + std::chrono::hours(1);
   o.now = [&now] { return now; };
-  o.telemetry = std::make_shared<dlrun::telemetry::JobTelemetry>();  // heartbeats' and leaves' telemetry too
+  o.telemetry = std::make_shared<dlrun::telemetry::JobTelemetry>();  // published figures too
   r::Handler h(std::move(o));
+  r::ChannelHandler channel(h, h.telemetry());
   auto fix_auth = [](dlrun::rdzv::v1::Auth* a, uint8_t type) {
     if (type & 0x80) {
       a->set_protocol_version(r::kProtocolVersion);
@@ -71,9 +74,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)h.Status(req, "fuzz", &resp);
         break;
       }
+      case 5: {
+        dlrun::rdzv::v1::PublishRequest req;
+        if (!req.ParseFromString(bytes)) break;
+        fix_auth(req.mutable_auth(), type);
+        dlrun::rdzv::v1::PublishResponse resp;
+        (void)channel.Publish(req, "fuzz", &resp);
+        break;
+      }
+      case 6: {
+        if (type & 0x40) {
+          dlrun::rdzv::v1::StacksRequest req;
+          if (!req.ParseFromString(bytes)) break;
+          fix_auth(req.mutable_auth(), type);
+          channel.CollectDiagnostics(req, "fuzz", [](const absl::Status&,
+                                                     const dlrun::rdzv::v1::StacksResponse&) {});
+        } else {
+          dlrun::rdzv::v1::PostStacksRequest req;
+          if (!req.ParseFromString(bytes)) break;
+          fix_auth(req.mutable_auth(), type);
+          (void)channel.PostDiagnostics(req, "fuzz");
+        }
+        break;
+      }
       default:
         now += std::chrono::milliseconds(100 * (1 + len));  // time passes; timers fire
         (void)h.Tick();
+        (void)channel.Tick();
     }
   }
   return 0;

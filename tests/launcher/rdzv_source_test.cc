@@ -20,6 +20,10 @@ struct Script {
   rdzv::JoinResult join;
   bool heartbeat_ok = true;
   int heartbeats = 0;
+  // The job channel: each Publish's figures (null: none new), and what it answers.
+  std::vector<std::optional<telemetry::NodeTelemetry>> publishes;
+  rdzv::DiagnosticsAsk ask;
+  std::vector<uint64_t> posted;
 };
 
 class ScriptedClient final : public rdzv::RendezvousClient {
@@ -28,8 +32,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
   absl::StatusOr<rdzv::JoinResult> Join(const rdzv::NodeInfo&, rdzv::Duration) override {
     return s_.join;
   }
-  absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t,
-                                                 const telemetry::NodeTelemetry*) override {
+  absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t) override {
     ++s_.heartbeats;
     if (!s_.heartbeat_ok) return absl::UnavailableError("connection refused");
     return rdzv::HeartbeatReply{};
@@ -38,7 +41,14 @@ class ScriptedClient final : public rdzv::RendezvousClient {
                                                    const std::string&, bool) override {
     return rdzv::FailureReply{};
   }
-  absl::Status Leave(const std::string&, uint64_t, bool, const telemetry::NodeTelemetry*) override {
+  absl::Status Leave(const std::string&, uint64_t, bool) override { return absl::OkStatus(); }
+  absl::StatusOr<rdzv::DiagnosticsAsk> Publish(const std::string&,
+                                               const telemetry::NodeTelemetry* t) override {
+    s_.publishes.push_back(t ? std::optional(*t) : std::nullopt);
+    return s_.ask;
+  }
+  absl::Status PostDiagnostics(uint64_t id, const rdzv::NodeStacksReply&) override {
+    s_.posted.push_back(id);
     return absl::OkStatus();
   }
   absl::StatusOr<rdzv::StatusSnapshot> Status(rdzv::Duration) override {
@@ -76,7 +86,8 @@ struct Fixture {
   ScriptedApi api{script};
   testing::FakeClock clock;
   RdzvSourceOptions options;
-  std::unique_ptr<MembershipSource> source;
+  std::shared_ptr<MembershipSource> source;
+  std::shared_ptr<JobChannel> channel;
 
   // A 2-node round; `successor`: the other node may take over the rendezvous.
   explicit Fixture(bool successor) {
@@ -91,7 +102,8 @@ struct Fixture {
     if (successor) script.join.successors.push_back({"node-b:42", "10.9.9.10"});
     auto s = MakeRendezvousSource(options, api, clock);
     EXPECT_TRUE(s.ok()) << s.status();
-    source = std::move(*s);
+    source = s->membership;
+    channel = s->channel;
     auto a = source->Next();
     EXPECT_TRUE(a.ok()) << a.status();
   }
@@ -137,6 +149,33 @@ TEST(RdzvSourceLiveness, WithASuccessorALostHostMeansFailover) {
   const int asked = f.script.heartbeats;
   EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kRestart);
   EXPECT_EQ(f.script.heartbeats, asked);
+}
+
+// The job channel rides beside membership: one exchange per answered heartbeat, with the
+// node's figures only when they are new, and the job's ask in return until it is answered.
+TEST(RdzvJobChannel, SendsNewFiguresOnceAndSurfacesTheJobsAsk) {
+  Fixture f(/*successor=*/false);
+  std::string reason;
+  telemetry::NodeTelemetry t;
+  t.hostname = "node-a";
+  f.channel->Publish(t);
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kContinue);
+  f.script.ask.request = 7;
+  EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kContinue);
+  ASSERT_EQ(f.script.publishes.size(), 2u);
+  ASSERT_TRUE(f.script.publishes[0].has_value());
+  EXPECT_EQ(f.script.publishes[0]->hostname, "node-a");
+  EXPECT_FALSE(f.script.publishes[1].has_value()) << "unchanged figures are not sent again";
+  EXPECT_EQ(f.channel->DiagnosticsWanted().id, 7u);
+  EXPECT_FALSE(f.channel->DiagnosticsWanted().profile.has_value());
+  f.channel->PostDiagnostics(7, "[]");
+  EXPECT_EQ(f.script.posted, std::vector<uint64_t>{7});
+  EXPECT_EQ(f.channel->DiagnosticsWanted().id, 0u) << "an answered ask is not asked again";
+  // A heartbeat the host did not answer carries no exchange.
+  f.script.heartbeat_ok = false;
+  f.Advance(milliseconds(1000));
+  f.source->Check(&reason);
+  EXPECT_EQ(f.script.publishes.size(), 2u);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The proto layer: every request is checked before it reaches the state machine.
 #include "rendezvous/handler.h"
+#include "rendezvous/job_channel.h"
 
 #include "gtest/gtest.h"
 
@@ -146,10 +147,12 @@ TEST_F(HandlerTest, GoodJoinsComplete) {
   EXPECT_NE(ra.assignment().node_rank(), rb.assignment().node_rank());
 }
 
-// A job-wide `dlrun stacks`: every member is asked on its next heartbeat; the call ends when
-// each has posted, or at the timeout with the silent ones under `missing`. A wrong token gets
-// nothing, and a post for a collection that is over changes nothing.
-TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout) {
+// A job-wide `dlrun stacks` on the job channel: every member is asked in the answer to its next
+// Publish; the call ends when each has posted, or at the timeout with the silent ones under
+// `missing`. A wrong token gets nothing, and a post for a collection that is over changes
+// nothing.
+TEST_F(HandlerTest, StacksAreAskedOnPublishesAndEndWhenAllPostedOrAtTheTimeout) {
+  ChannelHandler ch(*h_, nullptr);
   absl::Status joined_a = absl::UnknownError("pending");
   h_->Join(GoodJoin("a"), "p", h_->NewTicket(),
            [&](const absl::Status& s, const v1::JoinResponse&) { joined_a = s; });
@@ -157,13 +160,12 @@ TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout)
   ASSERT_TRUE(joined_a.ok());
   const v1::Auth auth = GoodJoin("x").auth();
   auto heartbeat = [&](const std::string& id) {
-    v1::HeartbeatRequest hb;
-    *hb.mutable_auth() = auth;
-    hb.set_node_id(id);
-    hb.set_round(1);
-    v1::HeartbeatResponse resp;
-    EXPECT_TRUE(h_->Heartbeat(hb, "p", &resp).ok());
-    return resp.stacks_request();
+    v1::PublishRequest pub;
+    *pub.mutable_auth() = auth;
+    pub.set_node_id(id);
+    v1::PublishResponse resp;
+    EXPECT_TRUE(ch.Publish(pub, "p", &resp).ok());
+    return resp.diagnostics_request();
   };
   auto post = [&](uint64_t id, const std::string& node) {
     v1::PostStacksRequest p;
@@ -172,7 +174,7 @@ TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout)
     p.mutable_stacks()->set_node_id(node);
     p.mutable_stacks()->set_hostname("h" + node);
     p.mutable_stacks()->set_ranks_json("[]");
-    return h_->PostStacks(p, "p");
+    return ch.PostDiagnostics(p, "p");
   };
   EXPECT_EQ(heartbeat("a"), 0u);  // nothing asked yet
 
@@ -181,7 +183,7 @@ TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout)
   req.set_timeout_ms(2000);
   int calls = 0;
   v1::StacksResponse got;
-  h_->CollectStacks(req, "p", [&](const absl::Status& s, const v1::StacksResponse& r) {
+  ch.CollectDiagnostics(req, "p", [&](const absl::Status& s, const v1::StacksResponse& r) {
     ++calls;
     EXPECT_TRUE(s.ok()) << s;
     got = r;
@@ -200,18 +202,18 @@ TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout)
   EXPECT_EQ(calls, 1);
 
   // b never answers this time: at the timeout the call ends, naming it.
-  h_->CollectStacks(req, "p", [&](const absl::Status& s, const v1::StacksResponse& r) {
+  ch.CollectDiagnostics(req, "p", [&](const absl::Status& s, const v1::StacksResponse& r) {
     ++calls;
     got = r;
   });
   const uint64_t id2 = heartbeat("a");
   ASSERT_TRUE(post(id2, "a").ok());
-  std::optional<TimePoint> next = h_->Tick();
+  std::optional<TimePoint> next = ch.Tick();
   ASSERT_TRUE(next.has_value());
   EXPECT_LE(*next, now_ + std::chrono::milliseconds(2000));
   EXPECT_EQ(calls, 1);
   now_ += std::chrono::milliseconds(2001);
-  h_->Tick();
+  ch.Tick();
   ASSERT_EQ(calls, 2);
   ASSERT_EQ(got.missing_size(), 1);
   EXPECT_EQ(got.missing(0).hostname(), "hb");
@@ -219,16 +221,17 @@ TEST_F(HandlerTest, StacksAreAskedOnHeartbeatsAndEndWhenAllPostedOrAtTheTimeout)
   v1::StacksRequest bad = req;
   bad.mutable_auth()->set_token("wrong-token-x");
   absl::Status refused;
-  h_->CollectStacks(bad, "p", [&](const absl::Status& s, const v1::StacksResponse&) {
+  ch.CollectDiagnostics(bad, "p", [&](const absl::Status& s, const v1::StacksResponse&) {
     refused = s;
   });
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
 }
 
-// `dlrun profile` rides on the stacks collection: the heartbeat carries the ask; a request with
-// a tool that cannot attach, no ranks, or a duration the timeout does not cover is refused,
-// naming the field.
-TEST_F(HandlerTest, AProfileRequestIsAskedOnHeartbeatsAndABadOneIsRefusedNamingTheField) {
+// `dlrun profile` rides on the stacks collection: the Publish answer carries the ask; a request
+// with a tool that cannot attach, no ranks, or a duration the timeout does not cover is
+// refused, naming the field.
+TEST_F(HandlerTest, AProfileRequestIsAskedOnPublishesAndABadOneIsRefusedNamingTheField) {
+  ChannelHandler ch(*h_, nullptr);
   absl::Status joined_a = absl::UnknownError("pending");
   h_->Join(GoodJoin("a"), "p", h_->NewTicket(),
            [&](const absl::Status& s, const v1::JoinResponse&) { joined_a = s; });
@@ -243,14 +246,13 @@ TEST_F(HandlerTest, AProfileRequestIsAskedOnHeartbeatsAndABadOneIsRefusedNamingT
   req.mutable_profile()->set_duration_ms(10000);
   req.mutable_profile()->set_args("-F 499");
   int calls = 0;
-  h_->CollectStacks(req, "p", [&](const absl::Status& s, const v1::StacksResponse&) { ++calls; });
-  v1::HeartbeatRequest hb;
-  *hb.mutable_auth() = auth;
-  hb.set_node_id("a");
-  hb.set_round(1);
-  v1::HeartbeatResponse resp;
-  ASSERT_TRUE(h_->Heartbeat(hb, "p", &resp).ok());
-  EXPECT_GT(resp.stacks_request(), 0u);
+  ch.CollectDiagnostics(req, "p", [&](const absl::Status& s, const v1::StacksResponse&) { ++calls; });
+  v1::PublishRequest pub;
+  *pub.mutable_auth() = auth;
+  pub.set_node_id("a");
+  v1::PublishResponse resp;
+  ASSERT_TRUE(ch.Publish(pub, "p", &resp).ok());
+  EXPECT_GT(resp.diagnostics_request(), 0u);
   ASSERT_TRUE(resp.has_profile());
   EXPECT_EQ(resp.profile().tool(), "perf");
   EXPECT_EQ(resp.profile().ranks_size(), 1);
@@ -263,7 +265,7 @@ TEST_F(HandlerTest, AProfileRequestIsAskedOnHeartbeatsAndABadOneIsRefusedNamingT
     v1::StacksRequest bad = req;
     mutate(&bad);
     absl::Status got;
-    h_->CollectStacks(bad, "p", [&](const absl::Status& s, const v1::StacksResponse&) { got = s; });
+    ch.CollectDiagnostics(bad, "p", [&](const absl::Status& s, const v1::StacksResponse&) { got = s; });
     EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument) << got;
     return std::string(got.message());
   };

@@ -11,6 +11,7 @@
 
 #include "nlohmann/json.hpp"
 #include "rendezvous/handler.h"
+#include "rendezvous/job_channel.h"
 #include "telemetry/metrics_http.h"
 
 namespace dlrun::rdzv {
@@ -441,7 +442,7 @@ TEST(Telemetry, AProfileOutOfRangeIsRefusedNamingIt) {
             std::string::npos);
 }
 
-TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHeartbeats) {
+TEST(Telemetry, APublishedTelemetryReachesTheAggregateAndBadFiguresAreDroppedAndSaid) {
   HandlerOptions o;
   o.run_id = "r";
   o.token = "t";
@@ -466,16 +467,16 @@ TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHea
   });
   ASSERT_TRUE(joined);
   h.Tick();
-  v1::HeartbeatRequest hb;
+  ChannelHandler channel(h, o.telemetry);
+  v1::PublishRequest hb;
   *hb.mutable_auth() = j.auth();
   hb.set_node_id("a");
-  hb.set_round(1);
   hb.mutable_telemetry()->set_hostname("host-a");
   auto* r = hb.mutable_telemetry()->add_ranks();
   r->set_steps(5);
   r->set_step_seconds(0.5);
-  v1::HeartbeatResponse resp;
-  ASSERT_TRUE(h.Heartbeat(hb, "p", &resp).ok());
+  v1::PublishResponse resp;
+  ASSERT_TRUE(channel.Publish(hb, "p", &resp).ok());
   auto snap = o.telemetry->TakeSnapshot(std::chrono::steady_clock::now());
   ASSERT_EQ(snap.ranks.size(), 1u);
   EXPECT_EQ(snap.ranks.at(0).steps, 5);
@@ -483,8 +484,7 @@ TEST(Telemetry, AHeartbeatsTelemetryReachesTheAggregateAndBadOnesStillCountAsHea
   EXPECT_EQ(snap.world_size, 1);
   EXPECT_EQ(snap.state, "running");
   r->set_step_seconds(-1);
-  ASSERT_TRUE(h.Heartbeat(hb, "p", &resp).ok()) << "bad telemetry does not make a node dead";
-  EXPECT_EQ(resp.action(), v1::HeartbeatResponse::CONTINUE);
+  ASSERT_TRUE(channel.Publish(hb, "p", &resp).ok()) << "bad figures do not end the exchange";
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_NE(refused[0].find("has a time of -1"), std::string::npos) << refused[0];
   EXPECT_EQ(o.telemetry->TakeSnapshot(std::chrono::steady_clock::now()).ranks.at(0).step_s, 0.5)

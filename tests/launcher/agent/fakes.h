@@ -201,7 +201,7 @@ class FakeProcesses final : public Processes {
 
 // A membership source whose verdicts the test scripts: Check() returns `verdicts` in order
 // (then kContinue), after success it returns `after_success` (default kFinished).
-class ScriptedSource final : public MembershipSource {
+class ScriptedSource final : public MembershipSource, public JobChannel {
  public:
   ScriptedSource(Assignment base, int max_restarts, milliseconds interval)
       : base_(std::move(base)), max_restarts_(max_restarts), interval_(interval) {}
@@ -219,7 +219,7 @@ class ScriptedSource final : public MembershipSource {
     return a;
   }
   bool NextMayBlock() const override { return false; }
-  bool OnFailure(const std::string& reason) override {
+  bool OnFailure(const std::string& reason, bool fatal) override {
     failure_reasons.push_back(reason);
     return failures++ < max_restarts_;
   }

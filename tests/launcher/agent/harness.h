@@ -35,9 +35,14 @@ struct Harness {
   }
   // The agent (and the source it owns) lives as long as the harness, so a test can read what
   // its ScriptedSource saw after Run() returns.
-  int Run(std::unique_ptr<MembershipSource> source) {
-    agent = std::make_unique<Agent>(options, std::move(source), procs, clock);
+  int Run(JobLink link) {
+    agent = std::make_unique<Agent>(options, std::move(link), procs, clock);
     return agent->Run();
+  }
+  // A source that is also its own job channel (ScriptedSource).
+  template <class Both>
+  int Run(std::unique_ptr<Both> both) {
+    return Run(JobLink::Of(std::shared_ptr<Both>(std::move(both))));
   }
   std::unique_ptr<Agent> agent;
   // A static source, as `dlrun --standalone` uses.

@@ -1,5 +1,5 @@
-// The membership a launch asks for (membership.h).
-#include "launcher/app/membership.h"
+// The rendezvous backends' registry (backends.h).
+#include "launcher/app/backends.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/local_address.h"
@@ -22,10 +22,19 @@ telemetry::TelemetryOptions TelemetryOptionsFrom(const LaunchOptions& o) {
   return t;
 }
 
-absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchOptions& o,
-                                                                   const Detection& d,
-                                                                   const Machine& m, int nproc,
-                                                                   const EnvLookup& env) {
+struct BackendInputs {
+  const LaunchOptions& o;
+  const Detection& d;
+  const Machine& m;
+  const LaunchPlan& plan;
+  const EnvLookup& env;
+};
+
+absl::StatusOr<JobLink> GrpcBackend(const BackendInputs& in) {
+  const LaunchOptions& o = in.o;
+  const Detection& d = in.d;
+  const Machine& m = in.m;
+  const EnvLookup& env = in.env;
   if (o.rdzv_endpoint.empty()) {
     return absl::InvalidArgumentError(
         "--rdzv-endpoint is empty: the rendezvous needs HOST[:PORT] (the same on every node)");
@@ -59,7 +68,7 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
   const std::string ep_host = SplitEndpoint(r.endpoint).first;
   r.local_addr = !o.local_addr.empty() ? o.local_addr : LocalAddressFor(ep_host);
   if (r.local_addr.empty()) r.local_addr = r.hostname;
-  r.nproc = nproc;
+  r.nproc = in.plan.nproc;
   r.slurm_node_id = d.slurm_node_id;
   r.role = o.role;
   r.config.expected_hosts = d.expected_hosts;
@@ -72,37 +81,47 @@ absl::StatusOr<std::unique_ptr<MembershipSource>> RendezvousSource(const LaunchO
   return MakeRendezvousSource(std::move(r));
 }
 
-// The gRPC rendezvous, or a static one.
-absl::StatusOr<std::unique_ptr<MembershipSource>> MakeSource(const LaunchOptions& o,
-                                                             const Detection& d, const Machine& m,
-                                                             const LaunchPlan& plan,
-                                                             const EnvLookup& env) {
-  const bool use_rdzv = !o.standalone && o.rdzv_backend != RdzvBackend::kStatic;
-  if (!use_rdzv && !o.standalone && o.min_nodes != o.max_nodes) {
+// The static backend, as torchrun, takes the store's address from --rdzv-endpoint when given
+// (--rdzv-conf was checked with the other flags; its keys set no timeouts here).
+absl::StatusOr<JobLink> StaticBackend(const BackendInputs& in) {
+  const LaunchOptions& o = in.o;
+  if (o.min_nodes != o.max_nodes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid value '", o.min_nodes, ":", o.max_nodes,
         "' for --nnodes: the static rendezvous needs a fixed node count N (use --rdzv-backend "
         "c10d for elastic MIN:MAX)"));
   }
-  if (use_rdzv) return RendezvousSource(o, d, m, plan.nproc, env);
-  // The static backend, as torchrun, takes the store's address from --rdzv-endpoint when given
-  // (--rdzv-conf was checked with the other flags; its keys set no timeouts here).
-  Assignment base = StaticAssignment(o, plan.nproc);
+  return MakeStaticSource(StaticAssignment(o, in.plan.nproc), o.max_restarts, nullptr,
+                          TelemetryOptionsFrom(o));
+}
+
+// One node on loopback: a fresh port per attempt unless --master-port was given.
+absl::StatusOr<JobLink> StandaloneBackend(const BackendInputs& in) {
+  const LaunchOptions& o = in.o;
+  Assignment base = StaticAssignment(o, in.plan.nproc);
+  base.master_addr = "127.0.0.1";
+  base.run_id = in.plan.run_id;
   std::function<int()> pick;
-  if (o.standalone) {
-    base.master_addr = "127.0.0.1";
-    base.run_id = plan.run_id;
-    if (!o.master_port_given) {
-      // A fresh port per attempt, held (bound, not listening) while that attempt runs.
-      auto held = std::make_shared<PortReservation>();
-      pick = [held] {
-        *held = ReservePort("127.0.0.1");
-        return held->port();
-      };
-    }
+  if (!o.master_port_given) {
+    // A fresh port per attempt, held (bound, not listening) while that attempt runs.
+    auto held = std::make_shared<PortReservation>();
+    pick = [held] {
+      *held = ReservePort("127.0.0.1");
+      return held->port();
+    };
   }
   return MakeStaticSource(base, o.max_restarts, pick, TelemetryOptionsFrom(o));
 }
+
+struct Registered {
+  const char* name;
+  absl::StatusOr<JobLink> (*make)(const BackendInputs&);
+};
+constexpr Registered kBackends[] = {
+    {"grpc", GrpcBackend},
+    {"static", StaticBackend},
+    {"standalone", StandaloneBackend},
+};
 
 // --metrics-port: the job's aggregate over HTTP, served by the rendezvous plugin (as gRPC is).
 std::function<std::shared_ptr<void>(std::shared_ptr<telemetry::JobTelemetry>)> MetricsServing(
@@ -127,12 +146,22 @@ std::function<std::shared_ptr<void>(std::shared_ptr<telemetry::JobTelemetry>)> M
 
 }  // namespace
 
-absl::StatusOr<Membership> MakeMembership(const LaunchOptions& o, const Detection& d,
-                                          const Machine& m, const LaunchPlan& plan,
-                                          const EnvLookup& env) {
-  auto source = MakeSource(o, d, m, plan, env);
-  if (!source.ok()) return source.status();
-  return Membership{*std::move(source), MetricsServing(o)};
+absl::StatusOr<Backend> MakeBackend(const LaunchOptions& o, const Detection& d, const Machine& m,
+                                    const LaunchPlan& plan, const EnvLookup& env) {
+  const std::string name = o.standalone ? "standalone" : RdzvBackendName(o.rdzv_backend);
+  for (const Registered& b : kBackends) {
+    if (name != b.name) continue;
+    auto link = b.make(BackendInputs{o, d, m, plan, env});
+    if (!link.ok()) return link.status();
+    return Backend{*std::move(link), MetricsServing(o)};
+  }
+  return absl::InternalError(absl::StrCat("no rendezvous backend '", name, "' is registered"));
+}
+
+std::vector<std::string> BackendNames() {
+  std::vector<std::string> out;
+  for (const Registered& b : kBackends) out.push_back(b.name);
+  return out;
 }
 
 }  // namespace dlrun::launcher

@@ -27,8 +27,9 @@ Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& cl
       channel_(std::move(link.channel)),
       processes_(processes),
       clock_(clock),
-      run_dir_(options_.run_dir, options_.keep_run_dir, options_.log_dir),
-      telemetry_(options_.telemetry, options_.hostname, *channel_, clock_) {}
+      run_dir_(*options_.file_system, options_.run_dir, options_.keep_run_dir, options_.log_dir),
+      telemetry_(options_.telemetry, options_.hostname, *channel_, clock_,
+                 *options_.file_system) {}
 
 bool Agent::IsPassthrough(int sig) const {
   const auto& p = options_.passthrough_signals;

@@ -5,8 +5,6 @@
 #include <string.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <future>
 #include <map>
 
@@ -151,7 +149,7 @@ std::string Agent::ReadFlightRecorder() const {
   if (options_.log_dir.empty()) return "";
   const std::string dir = run_dir_.FlightRecorderDir(attempt_);
   std::vector<std::string> errors;
-  const std::vector<FrRank> dumps = ReadFlightRecorderDir(dir, contract::kFrFilePrefix, &errors);
+  const std::vector<FrRank> dumps = run_dir_.ReadFlightRecorder(attempt_, &errors);
   for (const std::string& e : errors) spdlog::warn("flight recorder: cannot read {}", e);
   std::vector<int> expected;
   for (const Worker& w : workers_) expected.push_back(w.rank);
@@ -165,7 +163,7 @@ bool Agent::FirstFailureTells() const {
   for (const WorkerExit& e : exits_) {
     if (!e.failed() || e.stopped) continue;
     if (e.signal != 0) return true;
-    const ErrorRecord rec = ReadErrorRecord(run_dir_.ErrorFile(attempt_, e.local_rank));
+    const ErrorRecord rec = run_dir_.ReadErrorRecord(attempt_, e.local_rank);
     const FailureClass c =
         ClassifyFailure(e, absl::StrCat(rec.message, "\n", rec.traceback), false).cls;
     return rec.traceback.empty() || c == FailureClass::kCollectiveTimeout ||
@@ -208,7 +206,7 @@ int Agent::AfterFailure() {
   // Each failed worker's error file, read once for the root cause and the report.
   std::map<int, ErrorRecord> records;
   for (const WorkerExit& e : exits_) {
-    if (e.failed() && !e.stopped) records[e.local_rank] = ReadErrorRecord(run_dir_.ErrorFile(attempt_, e.local_rank));
+    if (e.failed() && !e.stopped) records[e.local_rank] = run_dir_.ReadErrorRecord(attempt_, e.local_rank);
   }
   auto error_of = [&records](int lr) {
     auto it = records.find(lr);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/defaults.h"
+#include "launcher/base/file_system.h"
 #include "launcher/agent/agent_telemetry.h"
 #include "launcher/agent/clock.h"
 #include "launcher/profile/profiler.h"
@@ -35,6 +36,9 @@ struct AgentOptions {
   // named at the end; a scratch one is removed, unless a failed run left error files in it.
   std::string run_dir;
   bool keep_run_dir = false;
+  // Where the run directory, the error files and --report-json are read and written: the
+  // agent touches no file but through it (tests: a MemoryFileSystem).
+  FileSystem* file_system = &PosixFileSystem();
   // Output: every line is prefixed "[rank N]: " on the console. With log_dir, each worker's
   // streams also go to LOG_DIR/attempt_K/LOCAL_RANK/{stdout,stderr}.log. redirects[lr] are
   // torchrun's 0-3 (1 stdout, 2 stderr, 3 both): redirected streams leave the console.

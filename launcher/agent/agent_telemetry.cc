@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/cpus.h"
@@ -19,10 +18,11 @@
 namespace dlrun::launcher {
 
 AgentTelemetry::AgentTelemetry(TelemetryOptions options, std::string hostname,
-                               JobChannel& source, Clock& clock)
+                               JobChannel& source, Clock& clock, FileSystem& fs)
     : options_(std::move(options)),
       hostname_(std::move(hostname)),
       source_(source),
+      fs_(fs),
       clock_(clock) {}
 
 AgentTelemetry::~AgentTelemetry() = default;
@@ -287,12 +287,9 @@ void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool wh
   getrusage(RUSAGE_SELF, &self);  // the agent's own CPU time (threads included, workers not)
   j["agent_cpu_s"] = static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +
                      1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
-  const std::string tmp = options_.report_json + ".tmp";
-  std::ofstream out(tmp);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out || std::rename(tmp.c_str(), options_.report_json.c_str()) != 0) {
-    spdlog::error("cannot write the report to {}: {}", options_.report_json, std::strerror(errno));
+  if (absl::Status s = fs_.Write(options_.report_json, j.dump(2) + "\n"); !s.ok()) {
+    spdlog::error("cannot write the report to {}: {}", options_.report_json,
+                  std::string(s.message()));
   } else {
     spdlog::info("report written to {}", options_.report_json);
   }

@@ -22,6 +22,7 @@
 #include "common/defaults.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/job_channel.h"
+#include "launcher/base/file_system.h"
 #include "launcher/agent/resource_sampler.h"
 #include "launcher/agent/restart_ledger.h"
 #include "launcher/agent/step_record.h"
@@ -62,8 +63,9 @@ class AgentTelemetry {
     bool alive = true;
   };
 
+  // --report-json is written through `fs`.
   AgentTelemetry(TelemetryOptions options, std::string hostname, JobChannel& source,
-                 Clock& clock);
+                 Clock& clock, FileSystem& fs);
   ~AgentTelemetry();
 
   // The run starts. The first publication, and with it the sampler, come a period in: a job
@@ -128,6 +130,7 @@ class AgentTelemetry {
   TelemetryOptions options_;
   std::string hostname_;
   JobChannel& source_;
+  FileSystem& fs_;
   Clock& clock_;
   std::vector<Member> members_;
   int rank_offset_ = 0;

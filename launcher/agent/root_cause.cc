@@ -7,18 +7,17 @@
 
 #include <algorithm>
 
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
 namespace dlrun::launcher {
 
-ErrorRecord ReadErrorRecord(const std::string& path) {
+ErrorRecord ReadErrorRecord(const FileSystem& fs, const std::string& path) {
   ErrorRecord r;
-  std::ifstream in(path);
-  if (!in) return r;
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = fs.Read(path, size_t{16} << 20);
+  if (!text.ok()) return r;
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     r.message = "(unreadable error file " + path + ")";
     return r;

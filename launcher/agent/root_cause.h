@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "launcher/base/file_system.h"
+
 namespace dlrun::launcher {
 
 // How one worker ended.
@@ -36,7 +38,7 @@ struct ErrorRecord {
 
 // Reads a torchelastic error file:
 // {"message": {"message": "...", "extraInfo": {"timestamp": "<epoch s>", ...}}}.
-ErrorRecord ReadErrorRecord(const std::string& path);
+ErrorRecord ReadErrorRecord(const FileSystem& fs, const std::string& path);
 
 // What kind of failure a worker's end was; the names are the failure block's and
 // --report-json's "class" (docs/USAGE.md, Failures).

@@ -28,18 +28,8 @@ constexpr size_t kMaxDumpBytes = 256u << 20;
 
 }  // namespace
 
-absl::StatusOr<FrRank> ReadFlightRecorderDump(const std::string& path, int rank) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) return absl::NotFoundError(absl::StrCat(path, ": ", ec.message()));
-  if (size > kMaxDumpBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", size, " bytes, more than a "
-                                                   "Flight Recorder dump holds"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string bytes = ss.str();
+absl::StatusOr<FrRank> ParseFlightRecorderDump(const std::string& bytes, const std::string& path,
+                                               int rank) {
   json dump;
   if (!bytes.empty() && bytes[0] == '{') {
     dump = json::parse(bytes, nullptr, false);
@@ -72,18 +62,20 @@ absl::StatusOr<FrRank> ReadFlightRecorderDump(const std::string& path, int rank)
   return r;
 }
 
-std::vector<FrRank> ReadFlightRecorderDir(const std::string& dir, const std::string& prefix,
+std::vector<FrRank> ReadFlightRecorderDir(const FileSystem& fs, const std::string& dir,
+                                          const std::string& prefix,
                                           std::vector<std::string>* errors) {
   std::vector<FrRank> out;
-  std::error_code ec;
-  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = f.path().filename();
+  for (const std::string& name : fs.List(dir, /*recursive=*/false)) {
     int rank = -1;
     if (!absl::StartsWith(name, prefix) ||
         !absl::SimpleAtoi(name.substr(prefix.size()), &rank) || rank < 0) {
       continue;
     }
-    auto r = ReadFlightRecorderDump(f.path(), rank);
+    const std::string path = absl::StrCat(dir, "/", name);
+    absl::StatusOr<std::string> bytes = fs.Read(path, kMaxDumpBytes);
+    absl::StatusOr<FrRank> r =
+        bytes.ok() ? ParseFlightRecorderDump(*bytes, path, rank) : bytes.status();
     if (r.ok()) {
       out.push_back(*std::move(r));
     } else if (errors) {

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "launcher/base/file_system.h"
 #include "absl/status/statusor.h"
 #include "launcher/stacks/pickle.h"
 #include "nlohmann/json.hpp"
@@ -33,12 +34,15 @@ struct FrRank {
   std::vector<FrEntry> entries;  // collectives only (p2p left out), in the dump's order
 };
 
-// Reads one rank's dump (pickle or JSON); `rank` comes from the file's name (prefix + rank).
-absl::StatusOr<FrRank> ReadFlightRecorderDump(const std::string& path, int rank);
+// Parses one rank's dump (pickle or JSON) read from `path`; `rank` comes from the file's name
+// (prefix + rank).
+absl::StatusOr<FrRank> ParseFlightRecorderDump(const std::string& bytes, const std::string& path,
+                                               int rank);
 
 // The dumps in `dir` named `<prefix><rank>` (the rest is skipped); unreadable ones go to
 // `errors` as "file: why".
-std::vector<FrRank> ReadFlightRecorderDir(const std::string& dir, const std::string& prefix,
+std::vector<FrRank> ReadFlightRecorderDir(const FileSystem& fs, const std::string& dir,
+                                          const std::string& prefix,
                                           std::vector<std::string>* errors);
 
 struct FrVerdict {

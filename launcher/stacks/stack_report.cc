@@ -410,7 +410,7 @@ std::string WhereTheOthersWere(const StackReport& r, int rank) {
                       absl::StrJoin(parts, "; "));
 }
 
-absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w) {
+absl::Status WriteWorkersFile(FileSystem& fs, const std::string& run_dir, const WorkersFile& w) {
   json workers = json::array();
   for (const DumpTarget& t : w.workers) {
     workers.push_back({{"rank", t.rank}, {"local_rank", t.local_rank}, {"pid", t.pid}});
@@ -421,20 +421,8 @@ absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w) 
     j["rdzv_endpoint"] = w.rdzv_endpoint;
     j["rdzv_token"] = w.rdzv_token;
   }
-  const std::string path = absl::StrCat(run_dir, "/", kWorkersFileName);
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump() << "\n";
-    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
   // The job's secret is in it: its owner's alone.
-  std::filesystem::permissions(tmp, std::filesystem::perms::owner_read |
-                                        std::filesystem::perms::owner_write);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
+  return fs.Write(absl::StrCat(run_dir, "/", kWorkersFileName), j.dump() + "\n", 0600);
 }
 
 absl::StatusOr<WorkersFile> ReadWorkersFile(const std::string& path) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "launcher/base/file_system.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "launcher/base/capture_mode.h"
@@ -154,7 +155,7 @@ struct WorkersFile {
 inline constexpr char kWorkersFileName[] = "workers.json";
 // The capture before kill, in RUN_DIR/attempt_K/ (with stacks.txt for people).
 inline constexpr char kStacksJsonName[] = "stacks.json";
-absl::Status WriteWorkersFile(const std::string& run_dir, const WorkersFile& w);
+absl::Status WriteWorkersFile(FileSystem& fs, const std::string& run_dir, const WorkersFile& w);
 absl::StatusOr<WorkersFile> ReadWorkersFile(const std::string& path);
 
 }  // namespace dlrun::launcher

@@ -65,7 +65,7 @@ TEST(FlightRecorder, TorchsDumpIsReadWithEveryEntry) {
   std::ofstream(dir + "/rank_x", std::ios::binary) << "not a rank";
   std::ofstream(dir + "/rank_1", std::ios::binary) << Unhex(kTorchDump).substr(0, 300);
   std::vector<std::string> errors;
-  const std::vector<FrRank> ranks = ReadFlightRecorderDir(dir, "rank_", &errors);
+  const std::vector<FrRank> ranks = ReadFlightRecorderDir(PosixFileSystem(), dir, "rank_", &errors);
   ASSERT_EQ(ranks.size(), 1u);
   EXPECT_EQ(ranks[0].rank, 0);
   ASSERT_EQ(ranks[0].entries.size(), 5u);

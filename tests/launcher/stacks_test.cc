@@ -189,7 +189,7 @@ TEST(Stacks, RankRangesAndTheCaptureModeAndTheWorkersFile) {
   EXPECT_EQ(*ParseCaptureMode("always"), CaptureMode::kAlways);
   EXPECT_FALSE(ParseCaptureMode("sometimes").ok());
   const std::string d = dlrun::testing::MakeTempDir("wf");
-  ASSERT_TRUE(WriteWorkersFile(d, {"job", "node-a", 42, 3, {{4, 0, 100}, {5, 1, 101}},
+  ASSERT_TRUE(WriteWorkersFile(PosixFileSystem(), d, {"job", "node-a", 42, 3, {{4, 0, 100}, {5, 1, 101}},
                                    "host-a:29400", "the-token"})
                   .ok());
   // It holds the job's token: its owner's alone.
@@ -242,9 +242,9 @@ TEST(AgentCapture, ACrashBySignalIsDumpedBeforeTheStopAndKeptInTheAttemptAndTheR
   EXPECT_EQ(h.RunStatic(0), 128 + SIGSEGV);
   EXPECT_EQ(c.calls, 1);
   EXPECT_EQ(c.ranks, std::vector<int>({0, 2}));  // the live ones, not the dead rank
-  std::ifstream stacks(h.options.run_dir + "/attempt_0/stacks.json");
-  ASSERT_TRUE(stacks.good());
-  const auto report = nlohmann::json::parse(std::ifstream(h.options.telemetry.report_json));
+  EXPECT_TRUE(h.procs.files.Read(h.options.run_dir + "/attempt_0/stacks.json").ok());
+  const auto report =
+      nlohmann::json::parse(h.procs.files.Read(h.options.telemetry.report_json).value_or(""));
   EXPECT_EQ(report["failures"][0]["class"], "segfault");
   EXPECT_EQ(report["failures"][0]["stacks"]["groups"][0]["ranks"], nlohmann::json({0, 2}));
 }
@@ -258,9 +258,10 @@ TEST(AgentCapture, AutoSkipsAnExceptionWithItsTracebackAlwaysDoesNotAndOffNever)
     h.procs.on_spawn = [traceback](FakeProcesses& f, FakeProcesses::Proc& p) {
       if (p.spec.local_rank != 1) return;
       if (traceback) {
-        std::ofstream(p.spec.env.at("TORCHELASTIC_ERROR_FILE"))
-            << R"({"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": )"
-            << R"("Traceback (most recent call last): ...", "timestamp": "5"}}})";
+        (void)f.files.Write(
+            p.spec.env.at("TORCHELASTIC_ERROR_FILE"),
+            R"({"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": )"
+            R"("Traceback (most recent call last): ...", "timestamp": "5"}}})");
       }
       f.ExitAfter(p.pid, seconds(1), 1);
     };

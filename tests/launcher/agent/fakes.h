@@ -19,6 +19,7 @@
 #include "launcher/agent/agent.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/processes.h"
+#include "launcher/base/file_system.h"
 
 namespace dlrun::launcher::testing {
 
@@ -58,6 +59,9 @@ class FakeProcesses final : public Processes {
   };
   // Called at each Spawn; the test schedules the worker's future with the methods below.
   std::function<void(FakeProcesses&, Proc&)> on_spawn = [](FakeProcesses&, Proc&) {};
+  // The file system the agent and these workers share (Harness hands it to the agent): a
+  // worker writes its error file here.
+  MemoryFileSystem files;
 
   explicit FakeProcesses(FakeClock& clock) : clock_(clock) {}
 

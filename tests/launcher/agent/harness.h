@@ -4,12 +4,10 @@
 #include <signal.h>
 #include <stdlib.h>
 
-#include <filesystem>
 #include <memory>
 
 #include "launcher/agent/agent.h"
 #include "agent/fakes.h"
-#include "tests/common/temp_dir.h"
 
 namespace dlrun::launcher::testing {
 
@@ -27,11 +25,9 @@ struct Harness {
     options.passthrough_signals = {SIGUSR1, SIGUSR2};
     options.exit_with_worker_code = true;  // the tests name the worker's code (torchrun: 1)
     options.telemetry.sample_processes = false;  // fake pids: nothing to read in /proc
-    options.run_dir = dlrun::testing::MakeTempDir("agent-test");
-  }
-  ~Harness() {
-    std::error_code ec;
-    std::filesystem::remove_all(options.run_dir, ec);
+    // In memory (procs.files): the agent tests make no file and no directory.
+    options.file_system = &procs.files;
+    options.run_dir = "/run/agent-test";
   }
   // The agent (and the source it owns) lives as long as the harness, so a test can read what
   // its ScriptedSource saw after Run() returns.

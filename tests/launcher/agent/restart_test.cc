@@ -1,6 +1,5 @@
 // Restart counting: a failed worker restarts the whole local group until --max-restarts is used
 // up, each group sees its restart number, and the job then ends with the worker's exit code.
-#include <filesystem>
 #include <fstream>
 
 #include "gtest/gtest.h"
@@ -89,16 +88,16 @@ TEST(AgentRunDir, ScratchGoesAfterASuccessAndStaysWithAFailuresErrorFiles) {
     Harness h(1);
     h.procs.on_spawn = succeed;
     EXPECT_EQ(h.RunStatic(0), 0);
-    EXPECT_FALSE(std::filesystem::exists(h.options.run_dir));
+    EXPECT_FALSE(h.procs.files.Exists(h.options.run_dir));
   }
   {
     Harness h(1);
     h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
-      std::ofstream(p.spec.env.at("TORCHELASTIC_ERROR_FILE")) << R"({"message": "boom"})";
+      (void)f.files.Write(p.spec.env.at("TORCHELASTIC_ERROR_FILE"), R"({"message": "boom"})");
       f.ExitAfter(p.pid, seconds(1), 1);
     };
     EXPECT_EQ(h.RunStatic(0), 1);
-    EXPECT_TRUE(std::filesystem::exists(h.options.run_dir + "/attempt_0/0/error.json"));
+    EXPECT_TRUE(h.procs.files.Exists(h.options.run_dir + "/attempt_0/0/error.json"));
   }
   {
     Harness h(1);
@@ -106,14 +105,14 @@ TEST(AgentRunDir, ScratchGoesAfterASuccessAndStaysWithAFailuresErrorFiles) {
       f.ExitAfter(p.pid, seconds(1), 1);
     };
     EXPECT_EQ(h.RunStatic(0), 1);
-    EXPECT_FALSE(std::filesystem::exists(h.options.run_dir));  // a failure without error files
+    EXPECT_FALSE(h.procs.files.Exists(h.options.run_dir));  // a failure without error files
   }
   {
     Harness h(1);
     h.options.keep_run_dir = true;
     h.procs.on_spawn = succeed;
     EXPECT_EQ(h.RunStatic(0), 0);
-    EXPECT_TRUE(std::filesystem::exists(h.options.run_dir));
+    EXPECT_TRUE(h.procs.files.Exists(h.options.run_dir));
   }
 }
 

@@ -1,19 +1,20 @@
 // The root cause of a failed job, torchrun's rule: the earliest error-file timestamp wins over
 // the first exit; without error files, the first worker to exit; a signal is reported as
 // 128 + N. Workers the agent stopped are never the cause.
-#include <fstream>
-
 #include "gtest/gtest.h"
 #include "launcher/agent/root_cause.h"
 #include "agent/harness.h"
-#include "tests/common/temp_dir.h"
+#include "absl/strings/str_cat.h"
 
 namespace dlrun::launcher::testing {
 namespace {
 
-void WriteErrorFile(const std::string& path, const std::string& message, double timestamp) {
-  std::ofstream(path) << R"({"message": {"message": ")" << message
-                      << R"(", "extraInfo": {"timestamp": ")" << timestamp << R"("}}})";
+void WriteErrorFile(FileSystem& fs, const std::string& path, const std::string& message,
+                    double timestamp) {
+  ASSERT_TRUE(fs.Write(path, absl::StrCat(R"({"message": {"message": ")", message,
+                                          R"(", "extraInfo": {"timestamp": ")", timestamp,
+                                          R"("}}})"))
+                  .ok());
 }
 
 TEST(RootCause, TheEarliestErrorFileWinsOverTheFirstExit) {
@@ -119,16 +120,16 @@ TEST(AgentRootCause, AFailureThatRepeatsStopsAfterTheSecondAttempt) {
 }
 
 TEST(RootCause, ErrorFilesAreReadInTorchelasticsFormat) {
-  const std::string d = dlrun::testing::MakeTempDir("rc");
-  WriteErrorFile(d + "/e.json", "boom", 12.5);
-  ErrorRecord r = ReadErrorRecord(d + "/e.json");
+  MemoryFileSystem fs;
+  const std::string d = "/rc";
+  WriteErrorFile(fs, d + "/e.json", "boom", 12.5);
+  ErrorRecord r = ReadErrorRecord(fs, d + "/e.json");
   EXPECT_EQ(r.message, "boom");
   EXPECT_DOUBLE_EQ(r.timestamp, 12.5);
-  std::ofstream(d + "/bad.json") << "{not json";
-  EXPECT_NE(ReadErrorRecord(d + "/bad.json").message.find("unreadable error file"),
+  ASSERT_TRUE(fs.Write(d + "/bad.json", "{not json").ok());
+  EXPECT_NE(ReadErrorRecord(fs, d + "/bad.json").message.find("unreadable error file"),
             std::string::npos);
-  EXPECT_TRUE(ReadErrorRecord(d + "/missing.json").message.empty());
-  std::filesystem::remove_all(d);
+  EXPECT_TRUE(ReadErrorRecord(fs, d + "/missing.json").message.empty());
 }
 
 TEST(AgentRootCause, TheAgentExitsWithTheRootCausesCodeNotTheFirstExit) {
@@ -136,10 +137,10 @@ TEST(AgentRootCause, TheAgentExitsWithTheRootCausesCodeNotTheFirstExit) {
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
     const std::string err = p.spec.env.at("TORCHELASTIC_ERROR_FILE");
     if (p.spec.local_rank == 0) {  // recorded its error first, exits second with 2
-      WriteErrorFile(err, "rank 0 failed first", 100.0);
+      WriteErrorFile(f.files, err, "rank 0 failed first", 100.0);
       f.ExitAfter(p.pid, seconds(2), 2);
     } else {  // exits first with 3, its error file is later
-      WriteErrorFile(err, "rank 1 failed later", 200.0);
+      WriteErrorFile(f.files, err, "rank 1 failed later", 200.0);
       f.ExitAfter(p.pid, seconds(2), 3);
     }
   };
@@ -167,8 +168,7 @@ TEST(AgentRootCause, EachFailureIsClassifiedInTheBlockAndTheReport) {
   EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 128 + SIGKILL);
   const std::string block = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(block.find("  class     : host_oom\n"), std::string::npos) << block;
-  std::ifstream in(h.options.telemetry.report_json);
-  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  const std::string json = h.procs.files.Read(h.options.telemetry.report_json).value_or("");
   EXPECT_NE(json.find("\"class\": \"cuda_oom\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"class\": \"host_oom\""), std::string::npos) << json;
   EXPECT_LT(json.find("cuda_oom"), json.find("host_oom"));  // in the order they happened

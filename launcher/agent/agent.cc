@@ -29,7 +29,9 @@ Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& cl
       clock_(clock),
       run_dir_(*options_.file_system, options_.run_dir, options_.keep_run_dir, options_.log_dir),
       telemetry_(options_.telemetry, options_.hostname, *channel_, clock_,
-                 *options_.file_system) {}
+                 *options_.file_system),
+      forensics_(options_, run_dir_, telemetry_, clock_),
+      diagnostics_(options_, *channel_, telemetry_) {}
 
 bool Agent::IsPassthrough(int sig) const {
   const auto& p = options_.passthrough_signals;
@@ -74,34 +76,19 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
       options_.profiler->Started(w.rank, w.pid);
     }
   }
-  const Assignment& a = current_;
-  std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
-                                   a.num_nodes, ", world size ", a.world_size, ", master ",
-                                   a.master_addr, ":", a.master_port);
-  if (fault_seen_at_ && stopped_at_) {
-    auto ms = [](SteadyTime from, SteadyTime to) {
-      return std::chrono::duration_cast<Millis>(to - from).count();
-    };
-    absl::StrAppend(&table, " (after the fault: stop ", ms(*fault_seen_at_, *stopped_at_),
-                    " ms, rendezvous ", ms(*stopped_at_, assigned_at), " ms, spawn ",
-                    ms(assigned_at, clock_.Now()), " ms)");
-  }
+  std::vector<DumpTarget> group;
+  for (const Worker& w : workers_) group.push_back({w.rank, w.local_rank, w.pid});
+  spdlog::info("{}", GroupTable(current_, group,
+                                {fault_seen_at_, stopped_at_, assigned_at, clock_.Now()}));
   std::vector<AgentTelemetry::Member> members;
   for (const Worker& w : workers_) members.push_back({w.rank, w.local_rank, w.pid, true});
   telemetry_.GroupStarted(std::move(members), current_, assigned_at);
   fault_seen_at_.reset();
   stopped_at_.reset();
-  absl::StrAppend(&table, "\n  local_rank  rank  pid");
-  for (const Worker& w : workers_) {
-    absl::StrAppend(&table, "\n  ", absl::StrFormat("%-10d  %-4d  %d", w.local_rank,
-                                                    a.rank_offset + w.local_rank, w.pid));
-  }
-  spdlog::info("{}", table);
   if (!options_.run_dir.empty()) {  // for `dlrun stacks`
     const JobChannel::RdzvAddress rdzv = channel_->Address();
-    WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, {},
-                   rdzv.endpoint, rdzv.token};
-    for (const Worker& w : workers_) wf.workers.push_back({w.rank, w.local_rank, w.pid});
+    const WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, group,
+                         rdzv.endpoint, rdzv.token};
     if (absl::Status s = run_dir_.WriteWorkers(wf); !s.ok()) {
       spdlog::debug("{}", std::string(s.message()));
     }
@@ -169,29 +156,6 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
   return forwarded;
 }
 
-void Agent::CollectProfiles() {
-  if (!options_.profiler) return;
-  std::vector<telemetry::RankProfile> got = options_.profiler->Collect(options_.profile_bound);
-  for (const telemetry::RankProfile& p : got) {
-    // Once each: Run() collects again after the last group, which AfterSuccess collected.
-    if (!profiles_said_.insert(absl::StrCat(p.rank, " ", p.path, " ", p.note)).second) continue;
-    if (!p.path.empty()) {
-      spdlog::info("rank {} profile ({}): {}{}", p.rank, p.tool, p.path,
-                   p.note.empty() ? "" : " (" + p.note + ")");
-    } else {
-      spdlog::warn("rank {} has no {} profile: {}", p.rank, p.tool, p.note);
-    }
-  }
-  collected_profiles_ = std::move(got);
-  PublishProfiles();
-}
-
-void Agent::PublishProfiles() {
-  std::vector<telemetry::RankProfile> all = collected_profiles_;
-  all.insert(all.end(), live_profiles_.begin(), live_profiles_.end());
-  telemetry_.SetProfiles(std::move(all));
-}
-
 int Agent::AliveCount() const {
   int n = 0;
   for (const Worker& w : workers_) n += w.alive ? 1 : 0;
@@ -234,7 +198,7 @@ Agent::Watch Agent::WatchGroup() {
     if (clock_.Now() >= next_check) {
       std::string reason;
       const MembershipSource::Verdict verdict = source_->Check(&reason);
-      AnswerStacks();
+      diagnostics_.Poll(LiveTargets());
       switch (verdict) {
         case MembershipSource::Verdict::kContinue: break;
         case MembershipSource::Verdict::kRestart: return {Outcome::kRestart, reason, 0};
@@ -258,7 +222,7 @@ bool Agent::WaitForGroup(SteadyTime deadline) {
     if (clock_.Now() >= next_check) {
       std::string ignored;
       source_->Check(&ignored);
-      AnswerStacks();
+      diagnostics_.Poll(LiveTargets());
       next_check = clock_.Now() + interval;
     }
   }
@@ -307,7 +271,7 @@ void Agent::StopGroup(int first_signal) {
 int Agent::AfterSuccess() {
   processes_.CloseOutputs();
   spdlog::info("all {} worker(s) finished successfully", options_.nproc);
-  CollectProfiles();
+  diagnostics_.CollectProfiles();
   // The final figures go with the leave.
   telemetry_.MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);
   source_->OnSuccess();
@@ -319,7 +283,7 @@ int Agent::AfterSuccess() {
     if (sig != 0) return 128 + sig;
     std::string reason;
     const MembershipSource::Verdict verdict = source_->Check(&reason);
-    AnswerStacks();
+    diagnostics_.Poll(LiveTargets());
     switch (verdict) {
       case MembershipSource::Verdict::kContinue: continue;
       case MembershipSource::Verdict::kFinished: return 0;
@@ -365,8 +329,8 @@ int Agent::Run() {
   const double start = clock_.WallSeconds();
   telemetry_.Start();
   const int rc = RunAttempts();
-  for (const auto& c : captures_) c.wait();  // their files and lines before the end
-  CollectProfiles();
+  forensics_.WaitForCaptures();  // their files and lines before the end
+  diagnostics_.CollectProfiles();
   telemetry_.Finish(rc, clock_.WallSeconds() - start, current_);
   run_dir_.Finish(rc);
   return rc;
@@ -397,7 +361,6 @@ int Agent::RunAttempts() {
       fault_seen_at_ = clock_.Now();
       telemetry_.FaultSeen(*fault_seen_at_);
     }
-    std::optional<Capture> capture;
     int rc = -1;
     switch (w.outcome) {
       case Watch::Outcome::kSucceeded:
@@ -408,9 +371,7 @@ int Agent::RunAttempts() {
         break;
       case Watch::Outcome::kHung:
         spdlog::error("{}: stopping the worker group", w.reason);
-        capture = CaptureBeforeKill(/*telling=*/true, "a hang");
-        StopGroup(SIGTERM);
-        if (capture) FinishCapture(*std::move(capture));
+        StopWithCapture("a hang");
         telemetry_.MaybePublish(/*now_anyway=*/true);
         if (!source_->OnFailure(w.reason, false)) return kHangExitCode;
         spdlog::warn("restarting worker group after a hang");
@@ -424,10 +385,7 @@ int Agent::RunAttempts() {
         return 128 + w.signal;
       case Watch::Outcome::kRestart:
         spdlog::warn("the rendezvous opened a new round ({}): restarting workers", w.reason);
-        capture = CaptureBeforeKill(/*telling=*/true,
-                                    "a new round: another node failed or was lost");
-        StopGroup(SIGTERM);
-        if (capture) FinishCapture(*std::move(capture));
+        StopWithCapture("a new round: another node failed or was lost");
         break;
       case Watch::Outcome::kStop:
         spdlog::error("the rendezvous stopped the job: {}", w.reason);

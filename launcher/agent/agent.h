@@ -24,6 +24,8 @@
 #include "launcher/agent/agent_options.h"
 #include "launcher/agent/agent_telemetry.h"
 #include "launcher/agent/clock.h"
+#include "launcher/agent/diagnostics.h"
+#include "launcher/agent/forensics.h"
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/root_cause.h"
@@ -84,38 +86,10 @@ class Agent {
   };
   FailureDescription DescribeFailure(const RootCause& root, bool has_error_file);
   int AliveCount() const;
-  // The profiled ranks' captures, finished and in the telemetry (before the final figures).
-  void CollectProfiles();
-  void PublishProfiles();  // --profile's and `dlrun profile`'s results to the telemetry
-  // The live workers' stacks before a stop, when the mode says so (`telling`: the failure is one
-  // whose stacks say something, for kAuto): only the dump itself, so the stop is not delayed
-  // by naming frames. FinishCapture, after the stop, names them, writes the attempt's
-  // stacks.{json,txt} and logs the suspects.
-  struct Capture {
-    std::vector<RankStack> ranks;
-    double took_s = 0;
-    std::string why;
-  };
-  std::optional<Capture> CaptureBeforeKill(bool telling, const std::string& why);
-  // After the stop, off the restart's path (naming a LibTorch worker's frames reads its
-  // libraries' symbol tables: seconds): names, groups, writes the attempt's stacks.{json,txt},
-  // logs the suspects and, for a failure of `failed_rank` (>= 0), "WHAT; the other N ranks were
-  // in F at file:line". Run() waits for every capture before the report and the run directory.
-  std::shared_future<StackReport> FinishCapture(Capture c, int failed_rank = -1,
-                                              std::string what = "");
-  // A job-wide `dlrun stacks` asked for this node's (JobChannel::DiagnosticsWanted): dumps the
-  // live workers, names their frames in the background, and posts them at a later check.
-  void AnswerStacks();
-  // Posts the answer being named if it is ready within `wait`.
-  void PostNamedStacks(std::chrono::milliseconds wait);
+  // Stops the group with SIGTERM after a capture before kill (forensics_) for `why`.
+  void StopWithCapture(const std::string& why);
   std::vector<DumpTarget> LiveTargets() const;
-  // The attempt's Flight Recorder dumps (this node's ranks), where they first disagree: logged,
-  // and returned as JSON for the report ("" without dumps).
-  std::string ReadFlightRecorder() const;
-  // The faulting frame of rank `rank`'s crash trace (its innermost frame): ready, and in
-  // `named`, when the trace named it; else named by options_.name_frames in the background.
-  std::shared_future<std::string> NameFaultingFrame(int rank, StackThread crash,
-                                                    std::string* named);
+  std::vector<int> Ranks() const;  // the group's global ranks on this node
   // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
   const Worker* FindHung(SteadyTime* next) const;
   absl::StatusOr<Assignment> NextAssignment(int* signal);
@@ -142,16 +116,10 @@ class Agent {
   std::vector<WorkerExit> exits_;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
-  std::vector<std::shared_future<StackReport>> captures_;  // FinishCapture's, to wait for
-  // The job-wide dump being named: its request id and the JSON to post.
-  std::optional<std::pair<uint64_t, std::future<std::string>>> answering_;
-  bool answering_profile_ = false;  // answering_ is `dlrun profile`'s, not stacks
-  // `dlrun profile`'s results on this node, shown beside --profile's (telemetry, live page).
-  std::vector<telemetry::RankProfile> live_profiles_;
-  std::vector<telemetry::RankProfile> collected_profiles_;  // --profile's, from CollectProfiles
-  std::set<std::string> profiles_said_;  // CollectProfiles' lines, each logged once
   RunDir run_dir_;  // the only way to the run directory's files
   AgentTelemetry telemetry_;  // after channel_ and clock_, which it uses
+  Forensics forensics_;       // after run_dir_ and telemetry_
+  DiagnosticsResponder diagnostics_;
 };
 
 }  // namespace dlrun::launcher

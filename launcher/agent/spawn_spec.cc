@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/contract.h"
 #include "launcher/agent/worker_env.h"
@@ -74,6 +75,26 @@ SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
     spec.err.log_path = dir + "/stderr.log";
   }
   return spec;
+}
+
+std::string GroupTable(const Assignment& a, const std::vector<DumpTarget>& workers,
+                       const RestartPhases& phases) {
+  std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
+                                   a.num_nodes, ", world size ", a.world_size, ", master ",
+                                   a.master_addr, ":", a.master_port);
+  if (phases.fault_seen && phases.stopped) {
+    auto ms = [](SteadyTime from, SteadyTime to) {
+      return std::chrono::duration_cast<Millis>(to - from).count();
+    };
+    absl::StrAppend(&table, " (after the fault: stop ", ms(*phases.fault_seen, *phases.stopped),
+                    " ms, rendezvous ", ms(*phases.stopped, phases.assigned), " ms, spawn ",
+                    ms(phases.assigned, phases.spawned), " ms)");
+  }
+  absl::StrAppend(&table, "\n  local_rank  rank  pid");
+  for (const DumpTarget& w : workers) {
+    absl::StrAppend(&table, "\n  ", absl::StrFormat("%-10d  %-4d  %d", w.local_rank, w.rank, w.pid));
+  }
+  return table;
 }
 
 }  // namespace dlrun::launcher

@@ -3,10 +3,13 @@
 // Recorder's settings. Pure but for making the attempt's directories (RunDir).
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/assignment.h"
 #include "launcher/agent/agent_options.h"
+#include "launcher/agent/clock.h"
 #include "launcher/agent/processes.h"
 #include "launcher/agent/run_dir.h"
 
@@ -18,5 +21,15 @@ std::string ConsolePrefix(const AgentOptions& options, const Assignment& current
 
 SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
                         const RunDir& run_dir, int attempt, int local_rank);
+
+// When a restarted group's phases ended (bench/recovery reads them from the table's header).
+struct RestartPhases {
+  std::optional<SteadyTime> fault_seen, stopped;  // both set after a fault
+  SteadyTime assigned, spawned;
+};
+// The log's group table: "restart R: node N of M, world size W, master A:P" (with the restart's
+// phases after a fault), then one "local_rank rank pid" row per worker.
+std::string GroupTable(const Assignment& a, const std::vector<DumpTarget>& workers,
+                       const RestartPhases& phases);
 
 }  // namespace dlrun::launcher

@@ -1,7 +1,7 @@
 // `dlrun [options] PROGRAM ARGS` and `dlrun env`: one step per folder, in this order, each
 // visited once: parse (cli/options.cc), detect the environment and the machine (detect/), plan
-// (app/plan.cc), processes (agent/posix_processes.cc), membership (app/membership.cc: rdzv/ or
-// the static source), run directory (app/run_dir.cc), agent (agent/agent.cc).
+// (app/plan.cc), processes (agent/posix_processes.cc), the rendezvous backend (app/backends.cc:
+// rdzv/ or the static source), run directory (app/run_dir.cc), agent (agent/agent.cc).
 // docs/ARCHITECTURE.md follows one launch through these steps.
 #include <unistd.h>
 
@@ -29,14 +29,15 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   const EnvLookup env = ProcessEnv();
   auto parsed = ParseLaunchOptions(args, env, env_only);
   if (!parsed.ok()) return Fail(parsed.status());
-  LaunchOptions o = *std::move(parsed);
-  if (o.help) return Print(UsageText());
-  if (o.version) return Print(cli::VersionText());
-  if (!o.print_completion.empty()) return Print(CompletionScript(o.print_completion));
+  const LaunchOptions& given = *parsed;
+  if (given.help) return Print(UsageText());
+  if (given.version) return Print(cli::VersionText());
+  if (!given.print_completion.empty()) return Print(CompletionScript(given.print_completion));
 
-  auto detected = DetectEnvironment(env, &o);
+  auto detected = DetectEnvironment(env, given);
   if (!detected.ok()) return Fail(detected.status());
-  if (env_only) return Print(FormatDetection(*detected, o));
+  if (env_only) return Print(FormatDetection(*detected));
+  const LaunchOptions& o = detected->options;  // the flags, completed by the environment
   const Machine machine = DetectMachine(o, env);
 
   auto plan = PlanLaunch(o, machine, env);

@@ -17,42 +17,6 @@
 namespace dlrun::launcher {
 namespace {
 
-struct ProfileArgs : cli::CommandLine {
-  std::string ranks;
-  std::chrono::milliseconds duration{10000};
-  std::string tool = "py-spy";
-  std::string args;
-  bool json = false;
-  JobChoice job;
-};
-
-std::vector<cli::Flag<ProfileArgs>> Flags() {
-  std::vector<cli::Flag<ProfileArgs>> flags = {
-      {"ranks", "", true, cli::StrField(&ProfileArgs::ranks),
-       "the global ranks to profile, e.g. 3 or 0,2-3 (required)"},
-      {"duration", "", true, cli::DurationField("duration", &ProfileArgs::duration, false),
-       "how long to sample, e.g. 10s (default 10s)"},
-      {"tool", "", true, cli::StrField(&ProfileArgs::tool),
-       "py-spy (Python workers) or perf (native ones; any process); default py-spy"},
-      {"args", "", true, cli::StrField(&ProfileArgs::args), "more arguments for the tool"},
-      {"json", "", false, cli::BoolField(&ProfileArgs::json),
-       "print the profiles as --report-json does (\"profiles\", \"profile_details\")"},
-  };
-  AddJobFlags(&flags, &ProfileArgs::job, "only this node's workers, not the whole job's");
-  return flags;
-}
-
-std::string ProfileUsage() {
-  return cli::Usage(
-      "usage: dlrun profile --ranks LIST [--duration 10s] [--tool py-spy|perf] [options]\n"
-      "Attaches py-spy or perf to the listed ranks of a running dlrun job, on whichever node\n"
-      "runs them, for --duration, and prints each rank's flame graph (an SVG on that node) and\n"
-      "the frames it spent most time in (docs/PROFILING.md). nsys cannot attach to a running\n"
-      "process: start the job with --profile nsys instead. The job is the one dlrun job on this\n"
-      "node, or --run-id/--log-dir's, or --rdzv-endpoint/--rdzv-id's elsewhere.\n",
-      Flags());
-}
-
 // The workers' interpreter (for py-spy beside it): the first one InterpreterOf can read.
 std::string InterpreterOfAny(const std::vector<DumpTarget>& targets) {
   for (const DumpTarget& t : targets) {
@@ -109,16 +73,13 @@ std::string ProfilesJson(const std::vector<telemetry::RankProfile>& profiles,
 }  // namespace
 
 int ProfileMain(const std::vector<std::string>& args) {
-  ProfileArgs a;
-  auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun profile", /*wants_program=*/false}, Flags(),
-                                 args, a);
+  auto parsed = ParseProfileArgs(args);
   if (!parsed.ok()) return Fail(parsed.status());
+  const ProfileArgs& a = *parsed;
   if (a.help) return Print(ProfileUsage());
   if (a.version) return Print(cli::VersionText());
-  if (a.ranks.empty()) return Fail(absl::InvalidArgumentError("dlrun profile needs --ranks (e.g. --ranks 3)"));
-  auto ranks = ParseRankList("ranks", a.ranks);
-  if (!ranks.ok()) return Fail(ranks.status());
-  const rdzv::ProfileAsk ask{a.tool, *ranks, a.duration.count(), a.args};
+  const std::vector<int>* ranks = &a.rank_list;
+  const rdzv::ProfileAsk ask{a.tool, a.rank_list, a.duration.count(), a.args};
   auto spec = LiveProfileSpec(ask);
   if (!spec.ok()) return Fail(spec.status());
 

@@ -14,36 +14,6 @@
 namespace dlrun::launcher {
 namespace {
 
-struct StacksArgs : cli::CommandLine {
-  bool json = false;
-  JobChoice job;
-  std::chrono::milliseconds timeout = defaults::kStacksBound;
-};
-
-std::vector<cli::Flag<StacksArgs>> Flags() {
-  std::vector<cli::Flag<StacksArgs>> flags = {
-      {"json", "", false, cli::BoolField(&StacksArgs::json),
-       "print the groups, suspects and missing ranks as JSON"}};
-  AddJobFlags(&flags, &StacksArgs::job,
-              "only this node's workers, not every node's of a multi-node job");
-  flags.push_back({"timeout", "", true, cli::DurationField("timeout", &StacksArgs::timeout, false),
-                   absl::StrCat("seconds to wait for the dumps (default ",
-                                defaults::kStacksBound.count() / 1000,
-                                "); a rank or node not read by then is listed as missing")});
-  return flags;
-}
-
-std::string StacksUsage() {
-  return cli::Usage(
-      "usage: dlrun stacks [options]\n"
-      "The current stacks of every worker of a running dlrun job, on every node of a multi-node\n"
-      "one: ranks with the same stack share one entry, and the ranks whose stack differs are\n"
-      "the suspects. Python workers are read with py-spy, native ones with eu-stack\n"
-      "(docs/STACKS.md). The job is the one dlrun job on this node, or --run-id/--log-dir's,\n"
-      "or --rdzv-endpoint/--rdzv-id's elsewhere.\n",
-      Flags());
-}
-
 // Every node's workers, through the job's rendezvous: each agent dumps its own on its next
 // heartbeat and posts them (docs/STACKS.md).
 absl::StatusOr<StackReport> JobWide(const std::string& endpoint, const std::string& run_id,
@@ -79,10 +49,9 @@ absl::StatusOr<StackReport> JobWide(const std::string& endpoint, const std::stri
 }  // namespace
 
 int StacksMain(const std::vector<std::string>& args) {
-  StacksArgs a;
-  auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun stacks", /*wants_program=*/false}, Flags(),
-                                 args, a);
+  auto parsed = ParseStacksArgs(args);
   if (!parsed.ok()) return Fail(parsed.status());
+  const StacksArgs& a = *parsed;
   if (a.help) return Print(StacksUsage());
   if (a.version) return Print(cli::VersionText());
   const auto t0 = std::chrono::steady_clock::now();

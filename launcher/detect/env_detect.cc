@@ -32,8 +32,8 @@ void Fill(LaunchOptions* o, Detection* d, const std::string& flag, T LaunchOptio
 }
 
 // The findings of the environment dlrun runs under, into the options: the command line wins.
-Detection Merge(Findings f, LaunchOptions* o) {
-  Detection d;
+Detection Merge(Findings f, Detection d) {
+  LaunchOptions* o = &d.options;
   d.source = std::move(f.source);
   d.reason = std::move(f.reason);
   d.evidence = std::move(f.evidence);
@@ -60,9 +60,11 @@ Detection Merge(Findings f, LaunchOptions* o) {
 
 }  // namespace
 
-absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o,
+absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, const LaunchOptions& given,
                                             const PmixQuery& pmix) {
   Detection d;
+  d.options = given;
+  LaunchOptions* o = &d.options;
   if (o->standalone) {
     d.source = "standalone";
     d.reason = "--standalone was given";
@@ -81,7 +83,7 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions*
            [&] { return DetectTorchrunEnv(env, g); }}) {
     auto found = detect();
     if (!found.ok()) return found.status();
-    if (found->has_value()) return Merge(**std::move(found), o);
+    if (found->has_value()) return Merge(**std::move(found), std::move(d));
   }
   if (o->max_nodes == 1 && !g.placement && !o->given.count("master-port") &&
       o->rdzv_backend == RdzvBackend::kStatic) {
@@ -112,7 +114,8 @@ std::pair<std::string, int> StaticMaster(const LaunchOptions& o) {
   return {addr, port};
 }
 
-std::string FormatDetection(const Detection& d, const LaunchOptions& o) {
+std::string FormatDetection(const Detection& d) {
+  const LaunchOptions& o = d.options;
   std::string s = absl::StrCat("detected   ", d.source, "\nwhy        ", d.reason, "\n");
   if (!d.evidence.empty()) {
     absl::StrAppend(&s, "\nvariable                     value\n");

@@ -2,7 +2,8 @@
 // launcher (prterun, flux; asked through PMIx_Get), Kubeflow /
 // Run:ai pods (PET_*, MASTER_ADDR, RANK as the pod index), torchrun-style variables, or nothing
 // (standalone). Each environment has its own detector (findings.h), which only reads; this
-// merges the first one's findings into the options, filling in only what the flags left unset.
+// merges the first one's findings into a copy of the options, filling in only what the flags
+// left unset. The options given are never changed.
 #pragma once
 
 #include <string>
@@ -22,15 +23,17 @@ struct Detection {
   std::vector<std::pair<std::string, std::string>> applied;   // flag -> value filled in
   int slurm_node_id = -1;
   std::vector<std::string> expected_hosts;  // the step's hosts (Slurm), for rendezvous errors
+  LaunchOptions options;  // the flags given, with what the environment filled in
 };
 
-// Fills the unset fields of `o` from the environment. Errors name the variable and value.
-// `pmix` is asked only under a PMIx launcher that set no Slurm or Open MPI variables.
-absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, LaunchOptions* o,
+// The flags `given`, their unset fields filled from the environment (Detection::options).
+// Errors name the variable and value. `pmix` is asked only under a PMIx launcher that set no
+// Slurm or Open MPI variables.
+absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, const LaunchOptions& given,
                                             const PmixQuery& pmix = QueryPmixServer);
 
 // `dlrun env`: prints what was detected and why, as a table.
-std::string FormatDetection(const Detection& d, const LaunchOptions& o);
+std::string FormatDetection(const Detection& d);
 
 // Where the static backend's workers meet: --master-addr/--master-port, or, as torchrun,
 // --rdzv-endpoint HOST[:PORT] when one is given.

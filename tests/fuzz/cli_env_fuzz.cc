@@ -62,8 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       job.rank0_host = str("FUZZ_PMIX_HOSTNAME");
       return job;
     };
-    auto d = dlrun::launcher::DetectEnvironment(env, &*o, pmix);
-    if (d.ok()) (void)dlrun::launcher::FormatDetection(*d, *o);
+    auto d = dlrun::launcher::DetectEnvironment(env, *o, pmix);
+    if (d.ok()) (void)dlrun::launcher::FormatDetection(*d);
   }
   // The same words as `dlrun slurm` / `dlrun runai` arguments.
   if (auto s = dlrun::launcher::ParseSlurmArgs(args); s.ok()) {

@@ -25,7 +25,8 @@ Result Detect(std::map<std::string, std::string> vars, std::vector<std::string> 
   auto o = ParseLaunchOptions(args, env);
   EXPECT_TRUE(o.ok()) << o.status();
   Result r{absl::UnknownError("unset"), *o};
-  r.d = DetectEnvironment(env, &r.o, pmix);
+  r.d = DetectEnvironment(env, r.o, pmix);
+  if (r.d.ok()) r.o = r.d->options;  // the tests read the completed options
   return r;
 }
 
@@ -50,6 +51,15 @@ TEST(EnvDetect, SlurmMultiNodeStep) {
   EXPECT_EQ(r.d->slurm_node_id, 1);
   EXPECT_EQ(r.d->expected_hosts, (std::vector<std::string>{"gpu07", "gpu08"}));
   EXPECT_FALSE(r.o.standalone);
+  // The options given stay as given: the completed ones are the detection's.
+  EnvLookup env = dlrun::testing::FakeEnv({{"SLURM_JOB_ID", "4242"}, {"SLURM_PROCID", "1"},
+                                           {"SLURM_NODEID", "1"}, {"SLURM_STEP_NUM_NODES", "2"},
+                                           {"SLURM_NTASKS", "2"},
+                                           {"SLURM_STEP_NODELIST", "gpu[07-08]"}});
+  const LaunchOptions given = *ParseLaunchOptions({"p"}, env);
+  ASSERT_TRUE(DetectEnvironment(env, given, NoPmix).ok());
+  EXPECT_TRUE(given.rdzv_endpoint.empty());
+  EXPECT_EQ(given.max_nodes, 1);
 }
 
 TEST(EnvDetect, SlurmOneNodeIsStandaloneAndFlagsWin) {
@@ -165,8 +175,8 @@ TEST(EnvDetect, PmixLauncherGivesNodesOrderRunIdAndTheEndpointOnRankZerosHost) {
   EXPECT_EQ(r.d->slurm_node_id, 1);
   EXPECT_EQ(r.d->expected_hosts, (std::vector<std::string>{"h1", "h2"}));
   EXPECT_FALSE(r.o.standalone);
-  EXPECT_NE(FormatDetection(*r.d, r.o).find("PMIx PMIX_JOB_SIZE           2"), std::string::npos)
-      << FormatDetection(*r.d, r.o);
+  EXPECT_NE(FormatDetection(*r.d).find("PMIx PMIX_JOB_SIZE           2"), std::string::npos)
+      << FormatDetection(*r.d);
 }
 
 TEST(EnvDetect, PmixNodeListStandsInForAMissingHostnameAndFlagsWin) {
@@ -240,7 +250,7 @@ TEST(EnvDetect, TorchrunStyleStatic) {
   EXPECT_EQ(r.o.node_rank, 1);
   EXPECT_EQ(r.o.max_nodes, 2);
   EXPECT_EQ(r.o.master_addr, "10.1.1.1");
-  const std::string table = FormatDetection(*r.d, r.o);
+  const std::string table = FormatDetection(*r.d);
   auto bad = Detect({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "0"}, {"NODE_RANK", "0"}, {"NNODES", "2"}});
   ASSERT_FALSE(bad.d.ok());
   EXPECT_NE(std::string(bad.d.status().message()).find("MASTER_PORT='0'"), std::string::npos);
@@ -254,7 +264,7 @@ TEST(EnvDetect, TheTableNamesTheMasterTheLaunchUses) {
   auto r = Detect({}, {"--nnodes", "2", "--rdzv-backend", "static", "--rdzv-endpoint",
                        "10.1.2.3:29400", "--node-rank", "1", "p"});
   ASSERT_TRUE(r.d.ok()) << r.d.status();
-  const std::string table = FormatDetection(*r.d, r.o);
+  const std::string table = FormatDetection(*r.d);
   EXPECT_NE(table.find("static: node rank 1, master 10.1.2.3:29400"), std::string::npos) << table;
   EXPECT_EQ(StaticMaster(r.o), (std::pair<std::string, int>{"10.1.2.3", 29400}));
 }

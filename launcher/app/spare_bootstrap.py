@@ -1,0 +1,87 @@
+# The warm spare's bootstrap (dlrun --warm-spares, launcher/app/plan.cc WarmSpareArgv), run as
+# `python [FLAGS] -c <this> SCRIPT|-m MODULE ARGS...` with {SPARE_FD} replaced by the name of
+# the variable that holds the fd the worker's environment arrives on (common/contract.h).
+# Compiled into dlrun (launcher/CMakeLists.txt), so nothing is read at run time.
+#
+# A thread at idle priority imports torch (the slow part of a
+# Python worker's start) and torch._dynamo (PyTorch 2.x's DistributedDataParallel imports it,
+# with sympy and ~900 modules, when the first one is built: ~1 s that a promoted spare would
+# otherwise spend after the fault), so the spare takes no CPU from the workers it stands beside.
+# The main thread waits for the worker's environment on contract::kSpareFd, then for the
+# imports, replaces the environment, makes a rank other than 0 wait for rank 0's store port
+# before its TCPStore client connects, and runs the script as `python SCRIPT` does (or the
+# module, as `python -m`).
+import os, sys, threading
+fd = int(os.environ.pop("{SPARE_FD}"))
+def _dlrun_warm():
+    # At idle priority (this thread only): the imports take CPU-seconds that the running
+    # workers, often pinned to the same cores, would otherwise lose while they train.
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except Exception:
+        pass
+    try:
+        import torch, torch.distributed, torch.nn.parallel
+        import torch._dynamo
+    except Exception:
+        pass
+_dlrun_warming = threading.Thread(target=_dlrun_warm, name="dlrun-warm", daemon=True)
+_dlrun_warming.start()
+data = bytearray()
+while True:
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+        break
+    data += chunk
+os.close(fd)
+if not data:
+    os._exit(0)
+_dlrun_warming.join()
+del _dlrun_warming, _dlrun_warm
+os.environ.clear()
+for kv in bytes(data).split(b"\0"):
+    key, eq, value = kv.partition(b"=")
+    if key and eq:
+        os.environb[key] = value
+del data, chunk
+# Ranks other than 0 meet rank 0's TCPStore. Promoted together, one may get there before rank 0
+# has bound it, and TCPStore's client then backs off for up to a second: wait for the port first.
+try:
+    from torch.distributed import rendezvous as _rdzv
+    def _dlrun_store_wait(create):
+        def wait_then_create(hostname, port, rank, world_size, timeout, *args, **kwargs):
+            if rank != 0:
+                import socket, time
+                end = time.monotonic() + min(timeout.total_seconds(), 60.0)
+                while time.monotonic() < end:
+                    try:
+                        socket.create_connection((hostname, port), timeout=1.0).close()
+                        break
+                    except OSError:
+                        time.sleep(0.005)
+            return create(hostname, port, rank, world_size, timeout, *args, **kwargs)
+        return wait_then_create
+    _rdzv._create_c10d_store = _dlrun_store_wait(_rdzv._create_c10d_store)
+except Exception:
+    pass
+import runpy
+args = sys.argv[1:]
+if args[0] == "-m":
+    sys.argv = args[1:]
+    runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+else:
+    # As `python SCRIPT` (3.9+): __file__ absolute, sys.argv[0] as given, sys.path[0] the
+    # script's directory, run in the real __main__ module (so pickling its classes works).
+    def _dlrun_run_script(script):
+        path = os.path.abspath(script)
+        sys.argv = args
+        sys.path[0] = os.path.dirname(path)
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+        g = sys.modules["__main__"].__dict__
+        builtins = g["__builtins__"]
+        g.clear()
+        g.update(__name__="__main__", __file__=path, __cached__=None, __doc__=None,
+                 __loader__=None, __package__=None, __spec__=None, __builtins__=builtins)
+        exec(code, g)
+    _dlrun_run_script(args[0])

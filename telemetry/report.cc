@@ -173,6 +173,12 @@ std::string EfficiencyLines(const JobTelemetry::Snapshot& s, const CpuSummary& c
                                           "(%.1f CPU-s over %.1f rank-s)",
                                           100 * cpu_sum / wall_cpu, cpu_sum, wall_cpu));
   }
+  // What dlrun itself cost: its agents' CPU time beside the workers'.
+  if (s.agent_cpu_s > 0 && cpu_sum > 0) {
+    absl::StrAppend(&out, absl::StrFormat("\n  dlrun's agents: %.2f CPU-s, %.2f%% of the workers' "
+                                          "%.1f CPU-s",
+                                          s.agent_cpu_s, 100 * s.agent_cpu_s / cpu_sum, cpu_sum));
+  }
   // As seff's memory efficiency: the node's ranks' peaks against the request or limit.
   for (const auto& m : s.node_memory) {
     if (m.limit_bytes <= 0 || m.peak_rss_bytes <= 0) continue;

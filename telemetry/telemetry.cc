@@ -41,25 +41,20 @@ JobTelemetry::JobTelemetry(TelemetryOptions options)
 void JobTelemetry::Update(const std::string& node_id, const std::string& hostname,
                           const NodeTelemetry& t, TimePoint now) {
   std::lock_guard<std::mutex> lock(mu_);
-  NodeTelemetry& n = nodes_seen_[node_id];  // its GPUs and lost time (ranks are kept below)
-  n.hostname = hostname;
-  n.lost_s = t.lost_s;
-  n.restarts = t.restarts;
-  n.productive_s = t.productive_s;
-  n.memory_limit_bytes = t.memory_limit_bytes;
-  n.memory_limit_source = t.memory_limit_source;
-  n.cpus_allocated = t.cpus_allocated;
-  n.cpus_source = t.cpus_source;
-  n.program = t.program;
+  // The node's own figures, whole (a new node-level field needs nothing here); its ranks and
+  // profiles are kept by rank below.
+  NodeTelemetry& n = nodes_seen_[node_id];
   // A node keeps sending its last capture: a new one is one that differs from what it sent.
   if (!t.stacks_json.empty() && t.stacks_json != n.stacks_json) stacks_json_ = t.stacks_json;
-  n.stacks_json = t.stacks_json;
+  n = t;
+  n.hostname = hostname;
+  n.ranks.clear();
+  n.profiles.clear();
   for (const RankProfile& p : t.profiles) {
     RankProfile& mine = profiles_[p.rank];
     mine = p;
     mine.host = hostname;
   }
-  n.gpus = t.gpus;
   bool stepping = false;
   for (const RankTelemetry& r : t.ranks) stepping |= r.steps > 0;
   for (GpuTelemetry& g : n.gpus) {
@@ -321,6 +316,7 @@ JobTelemetry::Snapshot JobTelemetry::TakeSnapshot(TimePoint now) const {
       m.cpus_source = n.cpus_source;
     }
     if (s.program.empty()) s.program = n.program;
+    s.agent_cpu_s += n.agent_cpu_s;
   }
   for (const auto& [rank, r] : ranks_) {
     auto it = mem.find(r.host);

@@ -119,6 +119,7 @@ struct NodeTelemetry {
   // The workers' program as the advice names it: the executable's base name ("train_unet"),
   // or the Python script's ("train.py"); empty: unknown.
   std::string program;
+  double agent_cpu_s = 0;  // the node's agent's own CPU time so far: dlrun's cost there
   // The node's last capture before kill, summarised (docs/STACKS.md): JSON, at most
   // kMaxTelemetryStacksBytes; empty: none yet. The page and /api/job show the job's latest.
   std::string stacks_json;
@@ -206,6 +207,7 @@ class JobTelemetry {
     std::string stacks_json;     // the latest capture before kill of any node, or empty
     std::map<int, RankProfile> profiles;  // by rank
     std::string program;  // the workers' program (the first node's that said)
+    double agent_cpu_s = 0;  // every node's agent's CPU time, summed
   };
   Snapshot TakeSnapshot(TimePoint now) const;
 

@@ -199,7 +199,8 @@ absl::Status RepeatedFromProto(const google::protobuf::RepeatedPtrField<Msg>& in
 absl::Status NodeFieldsFromProto(const v1::NodeTelemetry& t, NodeTelemetry* out) {
   if (auto s = CheckString("telemetry.hostname", t.hostname(), 255, false); !s.ok()) return s;
   for (const auto& [name, v] : {std::pair<const char*, double>{"telemetry.lost_s", t.lost_s()},
-                                {"telemetry.productive_s", t.productive_s()}}) {
+                                {"telemetry.productive_s", t.productive_s()},
+                                {"telemetry.agent_cpu_s", t.agent_cpu_s()}}) {
     if (!Finite(v)) {
       return InvalidArgumentError(absl::StrCat(name, " is ", v, " (expected a finite number >= 0)"));
     }
@@ -228,6 +229,7 @@ absl::Status NodeFieldsFromProto(const v1::NodeTelemetry& t, NodeTelemetry* out)
   out->cpus_source = t.cpus_source();
   out->memory_limit_source = t.memory_limit_source();
   out->program = t.program();
+  out->agent_cpu_s = t.agent_cpu_s();
   return absl::OkStatus();
 }
 
@@ -243,6 +245,7 @@ void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
   out->set_cpus_allocated(t.cpus_allocated);
   out->set_cpus_source(t.cpus_source);
   out->set_program(t.program);
+  out->set_agent_cpu_s(t.agent_cpu_s);
   for (const RestartCost& c : t.restarts) ToProto(c, out->add_restarts());
   for (const RankProfile& p : t.profiles) ToProto(p, out->add_profiles());
   for (const RankTelemetry& r : t.ranks) ToProto(r, out->add_ranks());

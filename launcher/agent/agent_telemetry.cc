@@ -16,6 +16,17 @@
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
+namespace {
+
+// The agent's own CPU time (its threads included, the workers not).
+double AgentCpuSeconds() {
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  return static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
+}
+
+}  // namespace
 
 AgentTelemetry::AgentTelemetry(TelemetryOptions options, std::string hostname,
                                JobChannel& source, Clock& clock, FileSystem& fs)
@@ -177,6 +188,7 @@ telemetry::NodeTelemetry AgentTelemetry::NodeTelemetryNow(bool all_steps) {
     t.stacks_json = stacks_json_;
   }
   t.program = options_.program;
+  t.agent_cpu_s = AgentCpuSeconds();
   if (options_.sample_processes) {
     static const MemoryAllowance memory = MemoryAllowanceOfThisMachine();  // read once
     static const CpuAllocation cpus = AllocatedCpus();
@@ -283,10 +295,7 @@ void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool wh
     }
     j["failures"].push_back(std::move(jf));
   }
-  rusage self{};
-  getrusage(RUSAGE_SELF, &self);  // the agent's own CPU time (threads included, workers not)
-  j["agent_cpu_s"] = static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +
-                     1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
+  j["agent_cpu_s"] = AgentCpuSeconds();
   if (absl::Status s = fs_.Write(options_.report_json, j.dump(2) + "\n"); !s.ok()) {
     spdlog::error("cannot write the report to {}: {}", options_.report_json,
                   std::string(s.message()));

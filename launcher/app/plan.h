@@ -51,9 +51,9 @@ bool RunsPython(const LaunchOptions& o);
 
 // A warm spare's command for a worker running `argv` (docs/RECOVERY.md), or empty when there is
 // none: only for `python[X.Y] [flags] SCRIPT ARGS` and `python [flags] -m MODULE ARGS`. The
-// spare is the same interpreter with the same flags, running a small bootstrap (-c) that imports
-// torch ahead of need, then waits on kSpareFd for the worker's environment and runs the script or
-// module as __main__ with the same arguments.
+// spare is the same interpreter with the same flags, running a small bootstrap (-c,
+// spare_bootstrap.py) that imports torch ahead of need, then waits on kSpareFd for the worker's
+// environment and runs the script or module as __main__ with the same arguments.
 std::vector<std::string> WarmSpareArgv(const std::vector<std::string>& argv);
 
 // OMP_NUM_THREADS for the workers: 0 (leave it) when the user set it or with one worker (as

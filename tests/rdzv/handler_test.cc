@@ -81,6 +81,20 @@ TEST_F(HandlerTest, OldProtocolVersionGetsAClearError) {
   EXPECT_NE(std::string(s.message()).find("protocol version 0 is not supported"),
             std::string::npos);
   ExpectStateUnchanged();
+  // Protocol 2 sent telemetry on heartbeats, before the job channel had a service of its own:
+  // an agent of that release is told in one line, on either service.
+  r = GoodJoin("a");
+  r.mutable_auth()->set_protocol_version(2);
+  EXPECT_EQ(std::string(JoinNow(r).message()),
+            "rendezvous protocol version 2 is not supported: this server speaks version 3 "
+            "(update dlrun on every node to the same release)");
+  ChannelHandler ch(*h_, nullptr);
+  v1::PublishRequest pub;
+  *pub.mutable_auth() = r.auth();
+  pub.set_node_id("a");
+  v1::PublishResponse resp;
+  EXPECT_EQ(ch.Publish(pub, "p", &resp).code(), absl::StatusCode::kFailedPrecondition);
+  ExpectStateUnchanged();
 }
 
 TEST_F(HandlerTest, MalformedNodeIdentityIsRejectedNamingTheField) {

@@ -278,6 +278,40 @@ TEST(Telemetry, RoundTripsThroughTheProto) {
   EXPECT_EQ(back->ranks[0].gpu_memory_bytes, -1);
 }
 
+// A node-level field end to end (docs/TELEMETRY.md, "Adding a field"): the agent's CPU time
+// crosses the wire, is summed over the nodes and reported beside the workers'.
+TEST(Telemetry, TheAgentsCpuTimeCrossesTheWireIsSummedAndReportedBesideTheWorkers) {
+  telemetry::JobTelemetry job;
+  const auto now = std::chrono::steady_clock::now();
+  for (const char* host : {"host-a", "host-b"}) {
+    telemetry::NodeTelemetry n;
+    n.hostname = host;
+    n.agent_cpu_s = 0.25;
+    telemetry::RankTelemetry r;
+    r.rank = host[5] == 'a' ? 0 : 1;
+    r.steps = 10;
+    r.cpu_s = 50;
+    n.ranks.push_back(r);
+    v1::NodeTelemetry p;
+    ToProto(n, &p);
+    auto back = telemetry::TelemetryFromProto(p);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->agent_cpu_s, 0.25);
+    job.Update(host, host, *back, now);
+  }
+  auto snap = job.TakeSnapshot(now);
+  EXPECT_DOUBLE_EQ(snap.agent_cpu_s, 0.5);
+  snap.wall_s = 10;
+  const std::string report = telemetry::FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("dlrun's agents: 0.50 CPU-s, 0.50% of the workers' 100.0 CPU-s"),
+            std::string::npos) << report;
+  v1::NodeTelemetry bad;
+  bad.set_agent_cpu_s(-1);
+  EXPECT_NE(telemetry::TelemetryFromProto(bad).status().message().find(
+                "telemetry.agent_cpu_s is -1 (expected a finite number >= 0)"),
+            std::string::npos);
+}
+
 telemetry::RestartCost Cost(int restart, double each, int64_t fault_step, int64_t resumed_step) {
   telemetry::RestartCost c;
   c.restart = restart;

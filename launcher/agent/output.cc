@@ -3,8 +3,26 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace dlrun::launcher {
+namespace {
+
+// PyTorch 2.x prefixes a worker's error lines with its own "[rank1]:" (torch.distributed's
+// logging and the traceback it prints): behind dlrun's prefix that read "[rank 1]: [rank1]: ...".
+// The line keeps one prefix, dlrun's, which a log grep can rely on.
+absl::string_view WithoutTorchsRankPrefix(absl::string_view line) {
+  absl::string_view rest = line;
+  if (!absl::ConsumePrefix(&rest, "[rank")) return line;
+  const size_t digits = rest.find_first_not_of("0123456789");
+  if (digits == 0 || digits == absl::string_view::npos) return line;
+  rest.remove_prefix(digits);
+  if (!absl::ConsumePrefix(&rest, "]:")) return line;
+  absl::ConsumePrefix(&rest, " ");
+  return rest;
+}
+
+}  // namespace
 
 LineStream::LineStream(std::string prefix, int console_fd, FILE* log)
     : prefix_(std::move(prefix)), console_fd_(console_fd), log_(log) {}
@@ -27,7 +45,7 @@ void LineStream::Feed(const char* data, size_t n) {
     if (open_line_ || (line == "\n" && after_cr_)) {
       absl::StrAppend(&out, line);  // the prefix is out already, or this ends a "\r\n"
     } else {
-      absl::StrAppend(&out, prefix_, line);
+      absl::StrAppend(&out, prefix_, prefix_.empty() ? line : WithoutTorchsRankPrefix(line));
     }
     open_line_ = false;
     after_cr_ = partial_[end] == '\r';

@@ -82,6 +82,8 @@ std::string GroupTable(const Assignment& a, const std::vector<DumpTarget>& worke
   std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
                                    a.num_nodes, ", world size ", a.world_size, ", master ",
                                    a.master_addr, ":", a.master_port);
+  // `dlrun stacks --run-id` and `dlrun profile --run-id` name the job by it.
+  if (!a.run_id.empty()) absl::StrAppend(&table, ", run id ", a.run_id);
   if (phases.fault_seen && phases.stopped) {
     auto ms = [](SteadyTime from, SteadyTime to) {
       return std::chrono::duration_cast<Millis>(to - from).count();

@@ -27,8 +27,8 @@ struct RestartPhases {
   std::optional<SteadyTime> fault_seen, stopped;  // both set after a fault
   SteadyTime assigned, spawned;
 };
-// The log's group table: "restart R: node N of M, world size W, master A:P" (with the restart's
-// phases after a fault), then one "local_rank rank pid" row per worker.
+// The log's group table: "restart R: node N of M, world size W, master A:P, run id ID" (with the
+// restart's phases after a fault), then one "local_rank rank pid" row per worker.
 std::string GroupTable(const Assignment& a, const std::vector<DumpTarget>& workers,
                        const RestartPhases& phases);
 

@@ -403,6 +403,16 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   if (o.help || o.version) return o;
   o.given = *std::move(given);
   if (o.standalone) {
+    // One node on loopback: a job that needs more would otherwise run alone, silently
+    // (torchrun waits for nodes that can never reach localhost:0).
+    if (o.min_nodes > 1) {
+      return BadValue("nnodes",
+                      o.min_nodes == o.max_nodes ? std::to_string(o.min_nodes)
+                                                 : absl::StrCat(o.min_nodes, ":", o.max_nodes),
+                      absl::StrCat("1 (or 1:N) with --standalone, which runs one node on "
+                                   "loopback; for ", o.min_nodes,
+                                   " nodes drop --standalone and give --rdzv-endpoint HOST:PORT"));
+    }
     o.min_nodes = o.max_nodes = 1;
     o.node_rank = 0;
   }

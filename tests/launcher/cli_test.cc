@@ -137,6 +137,19 @@ TEST(LaunchOptions, ShortFlags) {
   EXPECT_EQ(o->command, std::vector<std::string>{"pkg.mod"});
 }
 
+// A newcomer's `--standalone --nnodes 2` used to run one node without a word.
+TEST(LaunchOptions, StandaloneRefusesANodeCountItCannotReach) {
+  auto o = Parse({"--standalone", "--nnodes", "2", "p"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.status().message(),
+            "invalid value '2' for --nnodes: expected 1 (or 1:N) with --standalone, which runs one "
+            "node on loopback; for 2 nodes drop --standalone and give --rdzv-endpoint HOST:PORT");
+  EXPECT_FALSE(Parse({"--standalone", "--nnodes", "2:4", "p"}).ok());
+  o = Parse({"--standalone", "--nnodes", "1:2", "p"});  // one node is within the range
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_nodes, 1);
+}
+
 TEST(LaunchOptions, PetEnvironmentFallbackAndPrecedence) {
   auto o = Parse({"p"}, {{"PET_NPROC_PER_NODE", "3"}, {"PET_NNODES", "1:2"},
                          {"PET_MAX_RESTARTS", "5"}, {"PET_STANDALONE", "1"}});

@@ -31,6 +31,33 @@ TEST(LineStream, KeepsTheLastBytesItWasFed) {
   EXPECT_EQ(s.tail().find("early"), std::string::npos);
 }
 
+// PyTorch 2.x writes its own "[rank1]:" before a worker's error lines: one prefix, dlrun's.
+TEST(LineStream, TorchsOwnRankPrefixIsNotDoubled) {
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_NONBLOCK), 0);
+  {
+    LineStream s("[rank 1]: ", p[1], nullptr);
+    const std::string in =
+        "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"t.py\", line 8\n"
+        "[rankX]: kept\n[rank12] kept too\nplain\n";
+    s.Feed(in.data(), in.size());
+  }
+  EXPECT_EQ(ReadAll(p[0]),
+            "[rank 1]: Traceback (most recent call last):\n[rank 1]:   File \"t.py\", line 8\n"
+            "[rank 1]: [rankX]: kept\n[rank 1]: [rank12] kept too\n[rank 1]: plain\n");
+  close(p[0]);
+  close(p[1]);
+  // Without a prefix (a filtered or redirected console), a line is left as it is.
+  ASSERT_EQ(pipe2(p, O_NONBLOCK), 0);
+  {
+    LineStream s("", p[1], nullptr);
+    s.Feed("[rank1]: x\n", 11);
+  }
+  EXPECT_EQ(ReadAll(p[0]), "[rank1]: x\n");
+  close(p[0]);
+  close(p[1]);
+}
+
 TEST(LineStream, WholeLinesWithThePrefixAndTheLastLineOnFinish) {
   int p[2];
   ASSERT_EQ(pipe2(p, O_NONBLOCK), 0);

@@ -4,6 +4,7 @@
 
 #include "gtest/gtest.h"
 #include "agent/harness.h"
+#include "launcher/agent/spawn_spec.h"
 
 namespace dlrun::launcher::testing {
 namespace {
@@ -51,6 +52,25 @@ TEST(AgentOutput, ConsolePrefixFollowsTheTemplateAndVirtualLocalRanksAreZero) {
   };
   EXPECT_EQ(plain.RunStatic(0), 0);
   EXPECT_EQ(plain.procs.procs.at(0).spec.console_prefix, "[rank 0]: ");
+}
+
+// The group's log table says the run id (a single-node job printed it nowhere, and `dlrun
+// stacks --run-id` needs it) and, after a fault, how long each phase of the restart took.
+TEST(AgentGroupTable, NamesTheRunIdAndTheRestartsPhases) {
+  Assignment a;
+  a.restart_count = 1;
+  a.world_size = a.local_world_size = 2;
+  a.master_addr = "127.0.0.1";
+  a.master_port = 29500;
+  a.run_id = "job-7";
+  const SteadyTime t0{};
+  const std::string table =
+      GroupTable(a, {{0, 0, 100}, {1, 1, 101}},
+                 {t0, t0 + milliseconds(5), t0 + milliseconds(15), t0 + milliseconds(17)});
+  EXPECT_EQ(table,
+            "restart 1: node 0 of 1, world size 2, master 127.0.0.1:29500, run id job-7 (after the "
+            "fault: stop 5 ms, rendezvous 10 ms, spawn 2 ms)\n  local_rank  rank  pid\n"
+            "  0           0     100\n  1           1     101");
 }
 
 TEST(AgentRestarts, AGroupThatSucceedsAfterARestartEndsTheJobWithZero) {

@@ -39,6 +39,7 @@ int SlowestRank(const std::map<int, RankTelemetry>& ranks, double* figure, std::
   int best = -1;
   *figure = -1;
   for (const auto& [rank, r] : ranks) {
+    if (r.steps == 0) continue;  // no step records: nothing says it is slow
     const double v = split ? (r.compute_s + r.data_s) / static_cast<double>(r.steps) : r.step_p50_s;
     if (v > *figure) {
       *figure = v;

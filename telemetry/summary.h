@@ -36,7 +36,7 @@ CpuSummary SummariseCpus(const JobTelemetry::Snapshot& s);
 
 // The slowest rank: in synchronous DDP every step lasts as long as the slowest rank's, so with
 // the split it is the one with the most work before the sync; else the longest median step.
-// `what` says which figure it is.
+// `what` says which figure it is. Ranks without step records are never it; -1 when none has any.
 int SlowestRank(const std::map<int, RankTelemetry>& ranks, double* figure, std::string* what);
 
 }  // namespace dlrun::telemetry

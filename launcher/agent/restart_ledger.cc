@@ -101,6 +101,8 @@ std::vector<telemetry::RestartCost> RestartLedger::Costs() const {
     telemetry::RestartCost c = open_->cost;
     if (open_->in_group) {  // so far: the start of the running group, up to its workers running
       c.start_s += Secs(open_->mark, std::max(open_->mark, open_->running));
+    } else {
+      --c.restarts;  // the span's last fault (the one that ended the job) had no restart
     }
     v.push_back(c);
   }

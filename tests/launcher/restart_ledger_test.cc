@@ -76,6 +76,24 @@ TEST(RestartLedger, ACheckpointAtTheFaultsStepRecomputesNothing) {
   EXPECT_NEAR(c.total_s(), 1.5 - 0.801, 1e-6);
 }
 
+// Two restarts, then a third fault that ends the job: the span counts the two restarts (the
+// report said "over 3 restarts").
+TEST(RestartLedger, AFaultThatEndsTheJobIsNotCountedAsARestart) {
+  RestartLedger l;
+  Timeline tl;
+  EightSteps(l, tl);
+  l.FaultSeen(tl.at(1.0));
+  l.GroupStarted(1, tl.at(1.2), tl.at(1.2));
+  l.FaultSeen(tl.at(1.5));
+  l.GroupStarted(2, tl.at(1.7), tl.at(1.7));
+  l.FaultSeen(tl.at(2.0));
+  l.Stopped(tl.at(2.1));  // and no group follows: the job failed
+  const auto costs = l.Costs();
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_EQ(costs[0].restarts, 2);
+  EXPECT_EQ(costs[0].restart, 2);
+}
+
 TEST(RestartLedger, AFaultDuringTheRecoveryExtendsTheSameSpan) {
   RestartLedger l;
   Timeline tl;

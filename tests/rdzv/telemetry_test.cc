@@ -535,6 +535,9 @@ TEST(JobReport, SaysWhatSamplesPerSecondIsOverAndWhenThereAreNoStepRecords) {
             std::string::npos) << report;
   EXPECT_NE(report.find("rank 1 (h): no step records"), std::string::npos) << report;
   EXPECT_EQ(report.find("samples/s"), std::string::npos) << report;
+  // Nobody is the slowest rank without step records (it said "rank 0 (step time p50 0.000 s)").
+  EXPECT_EQ(report.find("slowest rank"), std::string::npos) << report;
+  EXPECT_TRUE(nlohmann::json::parse(telemetry::SnapshotJson(s, false))["slowest_rank"].is_null());
   // 2 ranks x 40 samples in 2 s of their own step time each; the job took 10 s of wall clock.
   for (int rank : {0, 1}) {
     s.ranks[rank].steps = 4;

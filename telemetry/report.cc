@@ -145,8 +145,11 @@ std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummar
                                      st.metric, st.hint));
   }
   if (s.restarts > 0 && s.lost_s > 0.1 * s.wall_s) {
-    advice.push_back("restarts cost more than 10% of the wall time: checkpoint more often, or "
-                     "use warm spares (--spare-workers)");
+    advice.push_back(s.warm_spares
+                         ? "restarts cost more than 10% of the wall time (warm spares were on): "
+                           "checkpoint more often"
+                         : "restarts cost more than 10% of the wall time: checkpoint more often, "
+                           "or use warm spares (--spare-workers)");
   }
   return advice;
 }

@@ -306,7 +306,9 @@ JobTelemetry::Snapshot JobTelemetry::TakeSnapshot(TimePoint now) const {
   }
   for (const auto& [rank, st] : stragglers_) s.stragglers.push_back(st);
   std::map<std::string, Snapshot::NodeMemory> mem;
+  s.warm_spares = !nodes_seen_.empty();
   for (const auto& [id, n] : nodes_seen_) {
+    s.warm_spares &= n.warm_spares;
     if (n.memory_limit_bytes > 0 || n.cpus_allocated > 0) {
       Snapshot::NodeMemory& m = mem[n.hostname];
       m.host = n.hostname;

@@ -120,6 +120,7 @@ struct NodeTelemetry {
   // or the Python script's ("train.py"); empty: unknown.
   std::string program;
   double agent_cpu_s = 0;  // the node's agent's own CPU time so far: dlrun's cost there
+  bool warm_spares = false;  // a warm spare stands by each worker (--spare-workers)
   // The node's last capture before kill, summarised (docs/STACKS.md): JSON, at most
   // kMaxTelemetryStacksBytes; empty: none yet. The page and /api/job show the job's latest.
   std::string stacks_json;
@@ -208,6 +209,7 @@ class JobTelemetry {
     std::map<int, RankProfile> profiles;  // by rank
     std::string program;  // the workers' program (the first node's that said)
     double agent_cpu_s = 0;  // every node's agent's CPU time, summed
+    bool warm_spares = false;  // every node that said anything keeps warm spares
   };
   Snapshot TakeSnapshot(TimePoint now) const;
 

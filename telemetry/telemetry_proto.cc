@@ -230,6 +230,7 @@ absl::Status NodeFieldsFromProto(const v1::NodeTelemetry& t, NodeTelemetry* out)
   out->memory_limit_source = t.memory_limit_source();
   out->program = t.program();
   out->agent_cpu_s = t.agent_cpu_s();
+  out->warm_spares = t.warm_spares();
   return absl::OkStatus();
 }
 
@@ -246,6 +247,7 @@ void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
   out->set_cpus_source(t.cpus_source);
   out->set_program(t.program);
   out->set_agent_cpu_s(t.agent_cpu_s);
+  out->set_warm_spares(t.warm_spares);
   for (const RestartCost& c : t.restarts) ToProto(c, out->add_restarts());
   for (const RankProfile& p : t.profiles) ToProto(p, out->add_profiles());
   for (const RankTelemetry& r : t.ranks) ToProto(r, out->add_ranks());

@@ -189,6 +189,7 @@ telemetry::NodeTelemetry AgentTelemetry::NodeTelemetryNow(bool all_steps) {
   }
   t.program = options_.program;
   t.agent_cpu_s = AgentCpuSeconds();
+  t.warm_spares = options_.warm_spares;
   if (options_.sample_processes) {
     static const MemoryAllowance memory = MemoryAllowanceOfThisMachine();  // read once
     static const CpuAllocation cpus = AllocatedCpus();

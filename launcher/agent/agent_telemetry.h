@@ -37,6 +37,7 @@ struct TelemetryOptions {
   bool sample_processes = true;  // the /proc + NVML sampler (in-process tests with fake pids: off)
   // The workers' program's base name (the report's advice names train_unet's own flags).
   std::string program;
+  bool warm_spares = false;  // a warm spare stands by each worker
   // --report-json: this node's end-of-job report as JSON; empty: none.
   std::string report_json;
   // --metrics-port: serves the job-wide aggregate over HTTP once this node holds it (a

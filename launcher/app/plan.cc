@@ -309,6 +309,7 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   a->argv = WorkerArgv(o, DefaultPython(env));
   if (o.spare_workers != SpareWorkers::kOff) a->spare_argv = WarmSpareArgv(a->argv);
   if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
+  a->telemetry.warm_spares = !a->spare_argv.empty();
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     // (insert_or_assign: GCC 12's -Wrestrict misfires on `= "1"` once this is inlined)

@@ -305,6 +305,27 @@ TEST(Telemetry, TheAgentsCpuTimeCrossesTheWireIsSummedAndReportedBesideTheWorker
   const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("dlrun's agents: 0.50 CPU-s, 0.50% of the workers' 100.0 CPU-s"),
             std::string::npos) << report;
+  // The same path for warm_spares: the advice does not ask for spares that were on.
+  EXPECT_FALSE(snap.warm_spares);
+  snap.restarts = 1;
+  snap.lost_s = 5;
+  EXPECT_NE(telemetry::FormatJobReport(snap, 0).find("or use warm spares (--spare-workers)"),
+            std::string::npos);
+  telemetry::NodeTelemetry spares;
+  spares.warm_spares = true;
+  v1::NodeTelemetry sp;
+  ToProto(spares, &sp);
+  for (const char* host : {"host-a", "host-b"}) {
+    job.Update(host, host, *telemetry::TelemetryFromProto(sp), now);
+  }
+  snap = job.TakeSnapshot(now);
+  ASSERT_TRUE(snap.warm_spares);
+  snap.wall_s = 10;
+  snap.restarts = 1;
+  snap.lost_s = 5;
+  const std::string with = telemetry::FormatJobReport(snap, 0);
+  EXPECT_NE(with.find("(warm spares were on): checkpoint more often"), std::string::npos) << with;
+  EXPECT_EQ(with.find("use warm spares"), std::string::npos) << with;
   v1::NodeTelemetry bad;
   bad.set_agent_cpu_s(-1);
   EXPECT_NE(telemetry::TelemetryFromProto(bad).status().message().find(

@@ -1,6 +1,10 @@
 // train_unet's own modes: channels-last on the CPU, the tutorial's config with epochs and
 // validation, benchy's throughput trials and the density loss term.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -97,19 +101,33 @@ TEST(TrainUnet, BenchyTrialsAndTheDensityLossTerm) {
                            "BENCHY::SUMMARY::FULL average trial throughput: ", "FULL is bounded by"}) {
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   }
-  // lambda_rho adds a non-negative term: the same first step has a larger loss with it.
+  // lambda_rho adds a non-negative term: the same first step has a larger loss with it. Run
+  // alone (no launcher), with MASTER_PORT held by another program: a single process has no one
+  // to meet and its store takes a free port (this test failed with EADDRINUSE on 29500 when a
+  // parallel test held it).
   const std::string dir = MakeTempDir();
+  const int held_port = FreeTcpPort();
+  const int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = htons(static_cast<uint16_t>(held_port));
+  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(listen(held, 1), 0);
   double first[2] = {0, 0};
   for (int i = 0; i < 2; ++i) {
     const std::string m = dir + "/m" + std::to_string(i) + ".json";
     ProcResult t = RunCommand({TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4",
                                "--max-steps", "1", "--lambda-rho", i ? "0.5" : "0",
                                "--metrics-json", m},
-                              {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+                              {{"OMP_NUM_THREADS", "1"}, {"MASTER_ADDR", "127.0.0.1"},
+                               {"MASTER_PORT", std::to_string(held_port)}},
+                              std::chrono::seconds(120));
     ASSERT_EQ(t.exit_code, 0) << t.output;
     first[i] = nlohmann::json::parse(ReadFile(m))["first_loss"].get<double>();
   }
   EXPECT_GT(first[1], first[0]);
+  close(held);
 }
 
 }  // namespace

@@ -195,7 +195,9 @@ Context init(const InitOptions& options) {
   }
   const std::string backend = ResolveBackend(options.backend);
   c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(e.master_port);
+  // A single process has no one to meet: its store takes a free port, so a job that runs alone
+  // (a test, a quick try) never fails on a MASTER_PORT another job on the node holds.
+  so.port = e.world_size == 1 ? 0 : static_cast<uint16_t>(e.master_port);
   so.isServer = e.rank == 0;
   so.numWorkers = e.world_size;
   so.waitWorkers = false;

@@ -44,8 +44,8 @@ struct HandlerOptions {
   // The explicit candidate list (--rdzv-endpoint a,b,...) this host was started with; a join
   // naming another list is refused with both.
   std::string candidates;
-  // Where the job's state (round, world size, restarts) goes for the report
-  // (docs/TELEMETRY.md); null: nowhere. The nodes' figures come through ChannelHandler.
+  // The job's aggregate (docs/TELEMETRY.md): this handler tells it the job's state (round,
+  // world size, restarts), the ChannelHandler over it the nodes' figures; null: none.
   std::shared_ptr<telemetry::JobTelemetry> telemetry;
   // Called (outside the lock) for every refused request, e.g. to log it.
   std::function<void(const absl::Status&, const std::string& peer)> on_refused;

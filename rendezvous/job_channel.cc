@@ -39,9 +39,8 @@ absl::Status CheckProfileAsk(const v1::ProfileAsk& p, uint32_t timeout_ms) {
 
 }  // namespace
 
-ChannelHandler::ChannelHandler(Handler& membership,
-                               std::shared_ptr<telemetry::JobTelemetry> telemetry)
-    : membership_(membership), telemetry_(std::move(telemetry)) {}
+ChannelHandler::ChannelHandler(Handler& membership)
+    : membership_(membership), telemetry_(membership.telemetry()) {}
 
 absl::Status ChannelHandler::Publish(const v1::PublishRequest& req, const std::string& peer,
                                      v1::PublishResponse* resp) {
@@ -53,7 +52,8 @@ absl::Status ChannelHandler::Publish(const v1::PublishRequest& req, const std::s
     // Bad figures are refused, but the node's mailbox is still answered.
     auto parsed = telemetry::TelemetryFromProto(req.telemetry());
     if (parsed.ok()) {
-      telemetry_->Update(req.node_id(), parsed->hostname, *parsed, membership_.Now());
+      const std::string host = parsed->hostname;  // before the figures are moved
+      telemetry_->Update(req.node_id(), host, *std::move(parsed), membership_.Now());
     } else {
       (void)membership_.Refuse(parsed.status(), peer);
     }

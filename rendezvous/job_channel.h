@@ -22,8 +22,8 @@ namespace dlrun::rdzv {
 class ChannelHandler {
  public:
   // `membership` authenticates callers and names the live members; it outlives this.
-  // `telemetry`: where published figures go; null: they are dropped.
-  ChannelHandler(Handler& membership, std::shared_ptr<telemetry::JobTelemetry> telemetry);
+  // Published figures go to its job aggregate (HandlerOptions::telemetry; none: dropped).
+  explicit ChannelHandler(Handler& membership);
 
   // A member's latest figures (optional) and, in the answer, the diagnostics asked of it.
   // Malformed figures are refused (logged through the membership's on_refused) and dropped.

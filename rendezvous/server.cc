@@ -143,7 +143,7 @@ class ServerImpl final : public RendezvousServer {
   explicit ServerImpl(ServerOptions o)
       : ack_grace_(o.handler.config.heartbeat_interval * (2 * o.handler.config.heartbeat_misses)),
         handler_(std::move(o.handler)),
-        channel_(handler_, handler_.telemetry()),
+        channel_(handler_),
         service_(&handler_, [this] { Poke(); }),
         channel_service_(&channel_, [this] { Poke(); }) {}
 

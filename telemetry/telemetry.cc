@@ -39,24 +39,24 @@ JobTelemetry::JobTelemetry(TelemetryOptions options)
       next_window_(start_ + options_.window) {}
 
 void JobTelemetry::Update(const std::string& node_id, const std::string& hostname,
-                          const NodeTelemetry& t, TimePoint now) {
+                          NodeTelemetry t, TimePoint now) {
+  // The node's ranks and profiles are kept by rank below; its own figures whole (a new
+  // node-level field needs nothing here), without them.
+  const std::vector<RankTelemetry> ranks = std::exchange(t.ranks, {});
+  const std::vector<RankProfile> profiles = std::exchange(t.profiles, {});
+  t.hostname = hostname;
   std::lock_guard<std::mutex> lock(mu_);
-  // The node's own figures, whole (a new node-level field needs nothing here); its ranks and
-  // profiles are kept by rank below.
   NodeTelemetry& n = nodes_seen_[node_id];
   // A node keeps sending its last capture: a new one is one that differs from what it sent.
   if (!t.stacks_json.empty() && t.stacks_json != n.stacks_json) stacks_json_ = t.stacks_json;
-  n = t;
-  n.hostname = hostname;
-  n.ranks.clear();
-  n.profiles.clear();
-  for (const RankProfile& p : t.profiles) {
+  n = std::move(t);
+  for (const RankProfile& p : profiles) {
     RankProfile& mine = profiles_[p.rank];
     mine = p;
     mine.host = hostname;
   }
   bool stepping = false;
-  for (const RankTelemetry& r : t.ranks) stepping |= r.steps > 0;
+  for (const RankTelemetry& r : ranks) stepping |= r.steps > 0;
   for (GpuTelemetry& g : n.gpus) {
     g.host = hostname;
     GpuAcc& acc = gpu_acc_[{hostname, g.index}];
@@ -66,7 +66,7 @@ void JobTelemetry::Update(const std::string& node_id, const std::string& hostnam
       ++acc.n;
     }
   }
-  for (const RankTelemetry& r : t.ranks) {
+  for (const RankTelemetry& r : ranks) {
     RankTelemetry& mine = ranks_[r.rank];
     mine = r;
     mine.host = hostname;

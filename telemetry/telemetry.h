@@ -169,7 +169,7 @@ class JobTelemetry {
 
   // The latest figures from one node (replaces what it sent before; ranks it no longer has
   // stay with their last figures). Closes the windows that `now` has passed.
-  void Update(const std::string& node_id, const std::string& hostname, const NodeTelemetry& t,
+  void Update(const std::string& node_id, const std::string& hostname, NodeTelemetry t,
               TimePoint now);
   // The job's shape and its restarts (from the rendezvous or the single-node agent).
   void SetJob(const std::string& run_id, uint64_t round, int world_size, int nodes,

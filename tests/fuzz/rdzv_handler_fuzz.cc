@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.now = [&now] { return now; };
   o.telemetry = std::make_shared<dlrun::telemetry::JobTelemetry>();  // published figures too
   r::Handler h(std::move(o));
-  r::ChannelHandler channel(h, h.telemetry());
+  r::ChannelHandler channel(h);
   auto fix_auth = [](dlrun::rdzv::v1::Auth* a, uint8_t type) {
     if (type & 0x80) {
       a->set_protocol_version(r::kProtocolVersion);

@@ -88,7 +88,7 @@ TEST_F(HandlerTest, OldProtocolVersionGetsAClearError) {
   EXPECT_EQ(std::string(JoinNow(r).message()),
             "rendezvous protocol version 2 is not supported: this server speaks version 3 "
             "(update dlrun on every node to the same release)");
-  ChannelHandler ch(*h_, nullptr);
+  ChannelHandler ch(*h_);
   v1::PublishRequest pub;
   *pub.mutable_auth() = r.auth();
   pub.set_node_id("a");
@@ -166,7 +166,7 @@ TEST_F(HandlerTest, GoodJoinsComplete) {
 // `missing`. A wrong token gets nothing, and a post for a collection that is over changes
 // nothing.
 TEST_F(HandlerTest, StacksAreAskedOnPublishesAndEndWhenAllPostedOrAtTheTimeout) {
-  ChannelHandler ch(*h_, nullptr);
+  ChannelHandler ch(*h_);
   absl::Status joined_a = absl::UnknownError("pending");
   h_->Join(GoodJoin("a"), "p", h_->NewTicket(),
            [&](const absl::Status& s, const v1::JoinResponse&) { joined_a = s; });
@@ -245,7 +245,7 @@ TEST_F(HandlerTest, StacksAreAskedOnPublishesAndEndWhenAllPostedOrAtTheTimeout) 
 // with a tool that cannot attach, no ranks, or a duration the timeout does not cover is
 // refused, naming the field.
 TEST_F(HandlerTest, AProfileRequestIsAskedOnPublishesAndABadOneIsRefusedNamingTheField) {
-  ChannelHandler ch(*h_, nullptr);
+  ChannelHandler ch(*h_);
   absl::Status joined_a = absl::UnknownError("pending");
   h_->Join(GoodJoin("a"), "p", h_->NewTicket(),
            [&](const absl::Status& s, const v1::JoinResponse&) { joined_a = s; });

@@ -522,7 +522,7 @@ TEST(Telemetry, APublishedTelemetryReachesTheAggregateAndBadFiguresAreDroppedAnd
   });
   ASSERT_TRUE(joined);
   h.Tick();
-  ChannelHandler channel(h, o.telemetry);
+  ChannelHandler channel(h);
   v1::PublishRequest hb;
   *hb.mutable_auth() = j.auth();
   hb.set_node_id("a");

@@ -5,8 +5,10 @@
 //
 //   build/bin/rdzv_bench --agents 4096 [--nproc 8] [--channels 16] [--json] [--telemetry]
 // --telemetry: the server keeps the job's telemetry aggregate (docs/TELEMETRY.md) and each
-// heartbeat wave comes with a wave of Publish calls on the job channel, each with its node's
-// NodeTelemetry.
+// heartbeat wave comes with the Publish calls on the job channel that the agents make after
+// that heartbeat (each with its node's NodeTelemetry): every agent's in a job of up to
+// rdzv::kPublishesPerBeat nodes, in turn beyond (rdzv::PublishesAfter, the agent's own rule).
+// Each wave also reports the server's CPU seconds for it (wave_server_cpu_s, slowest wave).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,6 +19,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -131,6 +135,20 @@ void Kill(const Child& c) {
   waitpid(c.pid, nullptr, 0);
 }
 
+// The process's CPU seconds so far (user + system), from /proc.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream rest(all.substr(all.rfind(')') + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 double PeakRssMb(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -224,7 +242,8 @@ RoundResult JoinAll(int port, const Flags& f, int round_tag) {
 // with `telemetry`, each agent also publishes its node's NodeTelemetry for nproc ranks on the
 // job channel (what agents send every second, beside the heartbeat since protocol 3). Returns
 // the time first send -> last reply, or -1 if any failed.
-double HeartbeatAll(int port, const Flags& f, bool telemetry) {
+double HeartbeatAll(int port, pid_t pid, const Flags& f, bool telemetry, uint64_t beat,
+                    double* server_cpu_s) {
   auto stubs = Stubs(port, f.channels, 9);
   std::vector<std::unique_ptr<dlrun::rdzv::v1::JobChannel::Stub>> channel_stubs;
   for (int c = 0; c < f.channels; ++c) {
@@ -241,14 +260,18 @@ double HeartbeatAll(int port, const Flags& f, bool telemetry) {
     dlrun::rdzv::v1::PublishResponse published;
   };
   std::vector<std::unique_ptr<Call>> calls(f.agents);
+  std::vector<bool> publishes(f.agents);
+  int publishing = 0;
   for (int i = 0; i < f.agents; ++i) {
+    publishes[i] = telemetry && dlrun::rdzv::PublishesAfter(beat, i, f.agents);
+    publishing += publishes[i];
     calls[i] = std::make_unique<Call>();
     auto& r = calls[i]->req;
     FillAuth(r.mutable_auth());
     const std::string id = NodeId(i);
     r.set_node_id(id);
     r.set_round(2);
-    if (telemetry) {
+    if (publishes[i]) {
       dlrun::telemetry::NodeTelemetry t;
       t.hostname = id;
       for (int k = 0; k < f.nproc; ++k) {
@@ -274,7 +297,8 @@ double HeartbeatAll(int port, const Flags& f, bool telemetry) {
   }
   std::mutex mu;
   std::condition_variable cv;
-  int remaining = telemetry ? 2 * f.agents : f.agents, errors = 0;
+  int remaining = f.agents + publishing, errors = 0;
+  const double cpu0 = CpuSeconds(pid);
   const auto t0 = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point t_last;
   auto done = [&](grpc::Status s) {
@@ -288,13 +312,14 @@ double HeartbeatAll(int port, const Flags& f, bool telemetry) {
   for (int i = 0; i < f.agents; ++i) {
     stubs[i % f.channels]->async()->Heartbeat(&calls[i]->ctx, &calls[i]->req, &calls[i]->resp,
                                               done);
-    if (telemetry) {
+    if (publishes[i]) {
       channel_stubs[i % f.channels]->async()->Publish(
           &calls[i]->publish_ctx, &calls[i]->publish, &calls[i]->published, done);
     }
   }
   std::unique_lock<std::mutex> l(mu);
   cv.wait(l, [&] { return remaining == 0; });
+  *server_cpu_s = CpuSeconds(pid) - cpu0;
   return errors ? -1 : std::chrono::duration<double>(t_last - t0).count();
 }
 
@@ -368,10 +393,12 @@ int main(int argc, char** argv) {
   RoundResult r2 = JoinAll(srv.port, f, 2);
   const bool ok2 = r2.errors == 0 && Consistent(r2, f, 2);
   // Three heartbeat waves (a second's worth each in a real job), with telemetry when asked.
-  double hb = 0;
+  double hb = 0, hb_cpu = 0;
   for (int w = 0; w < 3 && hb >= 0; ++w) {
-    const double t = HeartbeatAll(srv.port, f, f.telemetry);
+    double cpu = 0;
+    const double t = HeartbeatAll(srv.port, srv.pid, f, f.telemetry, w, &cpu);
     hb = t < 0 ? -1 : std::max(hb, t);
+    hb_cpu = std::max(hb_cpu, cpu);
   }
   const double rss = PeakRssMb(srv.pid);
   Kill(srv);
@@ -380,9 +407,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"agents\": %d, \"nproc\": %d, \"channels\": %d, \"rendezvous_s\": %.4f, "
         "\"rerendezvous_s\": %.4f, \"floor_s\": %.4f, \"ratio_to_floor\": %.2f, "
-        "\"heartbeat_wave_s\": %.4f, \"telemetry\": %s, \"server_rss_mb\": %.1f, \"ok\": %s}\n",
+        "\"heartbeat_wave_s\": %.4f, \"wave_server_cpu_s\": %.3f, \"telemetry\": %s, "
+        "\"server_rss_mb\": %.1f, \"ok\": %s}\n",
         f.agents, f.nproc, f.channels, r1.seconds, r2.seconds, fl.seconds, r1.seconds / fl.seconds,
-        hb, f.telemetry ? "true" : "false", rss, ok1 && ok2 && reported && hb >= 0 ? "true" : "false");
+        hb, hb_cpu, f.telemetry ? "true" : "false", rss, ok1 && ok2 && reported && hb >= 0 ? "true" : "false");
   } else {
     std::printf("agents          %d (nproc %d, %d channels)\n", f.agents, f.nproc, f.channels);
     std::printf("rendezvous_s    %.4f\n", r1.seconds);
@@ -390,7 +418,8 @@ int main(int argc, char** argv) {
     std::printf("floor_s         %.4f (bare gRPC: unary call held until all arrive)\n", fl.seconds);
     std::printf("ratio_to_floor  %.2f\n", r1.seconds / fl.seconds);
     std::printf("heartbeat_wave_s %.4f (slowest of 3 waves of one heartbeat per agent%s)\n", hb,
-                f.telemetry ? ", each with a Publish of its telemetry" : "");
+                f.telemetry ? ", with the agents' Publish calls that follow it" : "");
+    std::printf("wave_server_cpu_s %.3f (the server's CPU seconds in the slowest wave)\n", hb_cpu);
     std::printf("server_rss_mb   %.1f (peak)\n", rss);
     std::printf("assignments     %s\n", ok1 && ok2 && reported ? "consistent" : "WRONG");
   }

@@ -86,6 +86,22 @@ struct HeartbeatReply {
   std::string redirect;  // with kRestart: the host stepped down, re-join there
 };
 
+// The job channel's pace (docs/TELEMETRY.md, "Aggregation"). In a job of up to
+// kPublishesPerBeat nodes each node publishes after every answered heartbeat; in a larger one
+// after every PublishEvery(nodes)-th, in turn by node rank, so the host answers about
+// kPublishesPerBeat Publish calls a heartbeat interval whatever the job's size (a Publish per
+// node per interval doubled the host's heartbeat load at 4096 nodes: bench/RESULTS.md). The
+// figures are cumulative, so a node that publishes less often loses nothing.
+inline constexpr int kPublishesPerBeat = 1024;
+inline int PublishEvery(int nodes) {
+  return nodes <= kPublishesPerBeat ? 1 : (nodes + kPublishesPerBeat - 1) / kPublishesPerBeat;
+}
+// Whether node `node_rank` of `nodes` publishes after its heartbeat number `beat` (0, 1, ...).
+inline bool PublishesAfter(uint64_t beat, int node_rank, int nodes) {
+  const int every = PublishEvery(nodes);
+  return beat % static_cast<uint64_t>(every) == static_cast<uint64_t>(node_rank % every);
+}
+
 // What the job asks of a node, in the answer to its Publish (the job channel).
 struct DiagnosticsAsk {
   uint64_t request = 0;  // > 0: post this node's stacks with this id (docs/STACKS.md)

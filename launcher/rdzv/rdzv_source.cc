@@ -167,7 +167,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     }
     last_ok_ = now;
     Adopt(r->epoch);
-    Exchange();
+    if (rdzv::PublishesAfter(beats_++, node_rank_, num_nodes_)) Exchange();
     *reason = r->reason;
     if (!r->redirect.empty()) {
       redirect_ = r->redirect;
@@ -213,7 +213,8 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   }
 
  private:
-  // The job channel's exchange, once per heartbeat: this node's figures when new since the
+  // The job channel's exchange, after each answered heartbeat (every few in a job of thousands
+  // of nodes: rdzv::PublishesAfter) and before the leave: this node's figures when new since the
   // last one sent, and in return what the job asks of it. A miss is not a membership matter:
   // the next exchange tries again.
   void Exchange() {
@@ -291,6 +292,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     round_ = a.round;
     restart_count_ = a.restart_count;
     num_nodes_ = a.num_nodes;
+    node_rank_ = a.node_rank;
     successors_ = std::move(r.successors);
     last_ok_ = clock_.Now();
     lost_ = false;
@@ -390,7 +392,8 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   rdzv::NodeInfo node_;
   uint64_t round_ = 0;
   int restart_count_ = 0;
-  int num_nodes_ = 0;
+  int num_nodes_ = 0, node_rank_ = 0;
+  uint64_t beats_ = 0;  // answered heartbeats: the job channel's pace (rdzv::PublishesAfter)
   uint64_t epoch_ = 0;
   std::vector<rdzv::Successor> successors_;
   std::vector<std::string> hosts_seen_;

@@ -89,16 +89,18 @@ struct Fixture {
   std::shared_ptr<MembershipSource> source;
   std::shared_ptr<JobChannel> channel;
 
-  // A 2-node round; `successor`: the other node may take over the rendezvous.
-  explicit Fixture(bool successor) {
+  // A round of `nodes` (this one node rank `node_rank`); `successor`: another node may take
+  // over the rendezvous.
+  explicit Fixture(bool successor, int nodes = 2, int node_rank = 0) {
     options.endpoint = "10.9.9.9:29400";
     options.hostname = "node-a";
     options.is_host = "false";
     options.config.heartbeat_interval = milliseconds(1000);
     options.config.heartbeat_misses = 5;
     script.join.assignment.round = 1;
-    script.join.assignment.num_nodes = 2;
-    script.join.assignment.world_size = 2;
+    script.join.assignment.num_nodes = nodes;
+    script.join.assignment.node_rank = node_rank;
+    script.join.assignment.world_size = nodes;
     if (successor) script.join.successors.push_back({"node-b:42", "10.9.9.10"});
     auto s = MakeRendezvousSource(options, api, clock);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -176,6 +178,34 @@ TEST(RdzvJobChannel, SendsNewFiguresOnceAndSurfacesTheJobsAsk) {
   f.Advance(milliseconds(1000));
   f.source->Check(&reason);
   EXPECT_EQ(f.script.publishes.size(), 2u);
+}
+
+// In a job of thousands of nodes each node publishes after every few heartbeats, in turn by
+// node rank, so the host's load per interval stays about rdzv::kPublishesPerBeat calls; the
+// last figures still precede the leave.
+TEST(RdzvJobChannel, ABigJobsNodesPublishInTurn) {
+  EXPECT_EQ(rdzv::PublishEvery(2), 1);
+  EXPECT_EQ(rdzv::PublishEvery(rdzv::kPublishesPerBeat), 1);
+  EXPECT_EQ(rdzv::PublishEvery(rdzv::kPublishesPerBeat + 1), 2);
+  EXPECT_EQ(rdzv::PublishEvery(4 * rdzv::kPublishesPerBeat), 4);
+  Fixture f(/*successor=*/false, /*nodes=*/4 * rdzv::kPublishesPerBeat, /*node_rank=*/4093);
+  std::string reason;
+  std::vector<size_t> after;  // the publishes made so far, after each heartbeat
+  for (int beat = 0; beat < 8; ++beat) {
+    f.Advance(milliseconds(1000));
+    EXPECT_EQ(f.source->Check(&reason), MembershipSource::Verdict::kContinue);
+    after.push_back(f.script.publishes.size());
+  }
+  // Node rank 4093 of 4096: 4093 % 4 == 1, so after heartbeats 1 and 5.
+  EXPECT_EQ(after, (std::vector<size_t>{0, 1, 1, 1, 1, 2, 2, 2}));
+  f.source->OnSuccess();
+  EXPECT_EQ(f.script.publishes.size(), 3u) << "the last figures go before the leave";
+  // Every node publishes once in each run of PublishEvery beats.
+  for (int rank = 0; rank < 8; ++rank) {
+    int times = 0;
+    for (uint64_t beat = 0; beat < 4; ++beat) times += rdzv::PublishesAfter(beat, rank, 4096);
+    EXPECT_EQ(times, 1) << "node rank " << rank;
+  }
 }
 
 }  // namespace

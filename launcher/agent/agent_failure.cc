@@ -148,8 +148,10 @@ int Agent::AfterFailure() {
                        [this](int lr) { return run_dir_.ErrorFile(attempt_, lr); }, error_of, class_of};
   std::fflush(stdout);
   std::fputs(FormatFailureReport(report).c_str(), stderr);
+  // Its first line, as the restart line has it (a SyntaxError's, not only "exit code 1").
   spdlog::error("job failed. Root cause (first failure): rank {} (local rank {}, pid {}): {}",
-                first.global_rank, first.local_rank, first.pid, root.message);
+                first.global_rank, first.local_rank, first.pid,
+                message.substr(0, message.find('\n')));
   if (const std::string advice = FailureAdvice(cls.cls); !advice.empty()) {
     spdlog::warn("{}: {}", FailureClassName(cls.cls), advice);
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -162,6 +163,21 @@ TEST(DlrunAgent, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
   // Both failing on their own, where the earlier timestamp wins although it exited second,
   // races here (the agent may stop rank 0 first); it is pinned in-process, on a fake clock:
   // tests/launcher/agent/root_cause_test.cc (AgentRootCause.*).
+}
+
+// A program that dies before it could write an error file (a SyntaxError here) is named by
+// what it said: the job's last line gives the exception's line, not only "exit code 1"
+// (issue 41, point 4).
+TEST(DlrunAgent, ASyntaxErrorsRootCauseLineSaysTheException) {
+  const std::string dir = MakeTempDir();
+  std::ofstream(dir + "/broken.py") << "import os\ndef f(:\n    pass\n";
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "python3", dir + "/broken.py"},
+                            {}, kDeadline);
+  EXPECT_NE(r.exit_code, 0);
+  const size_t at = r.output.find("Root cause (first failure): rank 0");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  EXPECT_NE(line.find("exit code 1: SyntaxError: invalid syntax"), std::string::npos) << line;
 }
 
 nlohmann::json RunDdpCheck(const std::vector<std::string>& launcher) {

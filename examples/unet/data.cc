@@ -220,13 +220,23 @@ absl::Status WriteSyntheticFile(const std::string& path, int64_t box, uint64_t s
   return absl::OkStatus();
 }
 
+uint64_t SampleSeed(uint64_t seed, int64_t index) {
+  // splitmix64 of the pair: neighbouring indices and seeds give unrelated streams.
+  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index) + 0x632BE59BD9B4E019ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
 Prefetcher::Prefetcher(std::shared_ptr<CropSource> source, int num_workers, int prefetch_factor,
-                       uint64_t seed, bool rotate_in_loader)
+                       uint64_t seed, bool rotate_in_loader, int64_t start)
     : source_(std::move(source)),
-      capacity_(static_cast<size_t>(std::max(1, num_workers) * std::max(1, prefetch_factor))),
+      capacity_(static_cast<int64_t>(std::max(1, num_workers)) * std::max(1, prefetch_factor)),
       seed_(seed),
-      rotate_in_loader_(rotate_in_loader) {
-  for (int i = 0; i < std::max(1, num_workers); ++i) threads_.emplace_back([this, i] { Work(i); });
+      rotate_in_loader_(rotate_in_loader),
+      next_draw_(start),
+      next_take_(start) {
+  for (int i = 0; i < std::max(1, num_workers); ++i) threads_.emplace_back([this] { Work(); });
 }
 
 Prefetcher::~Prefetcher() {
@@ -234,31 +244,41 @@ Prefetcher::~Prefetcher() {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
   }
-  not_full_.notify_all();
-  not_empty_.notify_all();
+  room_cv_.notify_all();
+  ready_cv_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
-void Prefetcher::Work(int id) {
-  std::mt19937_64 gen(seed_ * 1000003 + static_cast<uint64_t>(id));
-  const int64_t span = source_->box() - source_->size();
-  std::uniform_int_distribution<int64_t> pos(0, span);
+Sample Prefetcher::Draw(int64_t index) const {
+  std::mt19937_64 gen(SampleSeed(seed_, index));
+  std::uniform_int_distribution<int64_t> pos(0, source_->box() - source_->size());
   std::uniform_int_distribution<int> rot(0, 23);
+  const int64_t z = pos(gen), y = pos(gen), x = pos(gen);
+  const int k = rot(gen);
+  Sample s = source_->Crop(z, y, x);
+  if (rotate_in_loader_) {
+    s.input = Rotate24(s.input, k);
+    s.target = Rotate24(s.target, k);
+  } else {
+    s.rotation = k;
+  }
+  return s;
+}
+
+void Prefetcher::Work() {
   for (;;) {
-    const int64_t z = pos(gen), y = pos(gen), x = pos(gen);
-    const int k = rot(gen);
-    Sample s = source_->Crop(z, y, x);
-    if (rotate_in_loader_) {
-      s.input = Rotate24(s.input, k);
-      s.target = Rotate24(s.target, k);
-    } else {
-      s.rotation = k;
+    int64_t index;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      // At most capacity_ samples ahead of the caller, drawn or being drawn.
+      room_cv_.wait(l, [&] { return stop_ || next_draw_ < next_take_ + capacity_; });
+      if (stop_) return;
+      index = next_draw_++;
     }
-    std::unique_lock<std::mutex> l(mu_);
-    not_full_.wait(l, [&] { return stop_ || queue_.size() < capacity_; });
-    if (stop_) return;
-    queue_.push_back(std::move(s));
-    not_empty_.notify_one();
+    Sample s = Draw(index);
+    std::lock_guard<std::mutex> l(mu_);
+    ready_.emplace(index, std::move(s));
+    ready_cv_.notify_all();
   }
 }
 
@@ -272,10 +292,11 @@ HostBatch Prefetcher::NextBatch(int64_t n) {
   HostBatch b;
   for (int64_t i = 0; i < n; ++i) {
     std::unique_lock<std::mutex> l(mu_);
-    not_empty_.wait(l, [&] { return !queue_.empty(); });
-    Sample s = std::move(queue_.front());
-    queue_.pop_front();
-    not_full_.notify_one();
+    ready_cv_.wait(l, [&] { return ready_.count(next_take_) > 0; });
+    auto it = ready_.find(next_take_++);
+    Sample s = std::move(it->second);
+    ready_.erase(it);
+    room_cv_.notify_one();
     xs.push_back(std::move(s.input));
     ys.push_back(std::move(s.target));
     if (!rotate_in_loader_) b.rotations.push_back(s.rotation);

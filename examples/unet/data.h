@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,13 +60,17 @@ class CropSource {
 // them (learnable), edge `box`.
 absl::Status WriteSyntheticFile(const std::string& path, int64_t box, uint64_t seed);
 
-// num_workers threads fill a queue of prefetch_factor x num_workers random crops, each with a
+// num_workers threads fill a window of prefetch_factor x num_workers random crops, each with a
 // random rotation of the 24: applied on the threads, or (rotate_in_loader false) left to the
-// caller with RotateBatch after the upload. The same seed draws the same crops and rotations.
+// caller with RotateBatch after the upload. Sample i of the stream is drawn from its own seed
+// (SampleSeed(seed, i)) and handed out in order, so the stream is the same whatever the thread
+// count, and a stream opened at `start` (a resume: the samples the steps before it took) goes
+// on exactly as the uninterrupted one.
+uint64_t SampleSeed(uint64_t seed, int64_t index);
 class Prefetcher {
  public:
   Prefetcher(std::shared_ptr<CropSource> source, int num_workers, int prefetch_factor,
-             uint64_t seed, bool rotate_in_loader = true);
+             uint64_t seed, bool rotate_in_loader = true, int64_t start = 0);
   ~Prefetcher();
   // A batch [n, C, S, S, S] of input and target.
   std::pair<torch::Tensor, torch::Tensor> Next(int64_t n);
@@ -73,14 +78,16 @@ class Prefetcher {
   HostBatch NextBatch(int64_t n);
 
  private:
-  void Work(int id);
+  void Work();
+  Sample Draw(int64_t index) const;
   std::shared_ptr<CropSource> source_;
-  size_t capacity_;
+  int64_t capacity_;
   uint64_t seed_;
   bool rotate_in_loader_;
   std::mutex mu_;
-  std::condition_variable not_empty_, not_full_;
-  std::deque<Sample> queue_;
+  std::condition_variable ready_cv_, room_cv_;
+  std::map<int64_t, Sample> ready_;  // drawn, by index, not yet taken
+  int64_t next_draw_, next_take_;    // the next index a thread draws, and the caller takes
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

@@ -79,6 +79,13 @@ class GradScaler {
   bool unscale(const std::vector<torch::Tensor>& params);
   void update(bool finite);
   double currentScale() const { return scale_; }
+  int64_t goodSteps() const { return good_steps_; }
+  // From a checkpoint (train_unet's "amp.scale", "amp.good_steps"): a resume goes on with the
+  // scale the run had reached instead of the initial one.
+  void restore(double scale, int64_t good_steps) {
+    scale_ = scale;
+    good_steps_ = good_steps;
+  }
   bool enabled() const { return enabled_; }
 
  private:

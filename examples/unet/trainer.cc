@@ -113,18 +113,22 @@ void Trainer::BuildSchedule() {
   lr_ = a_.lr;
 }
 
-// Resume after an elastic restart or a requeue: every rank loads the newest valid checkpoint
-// (the directory must be shared between nodes). Then wrap in DDP, as with PyTorch: DDP starts
-// from rank 0's resumed parameters.
+// Resume after an elastic restart or a requeue: the collective resume, so every rank loads the
+// newest checkpoint any rank holds (the directory may be shared or node-local: the file goes to
+// the ranks without it in one broadcast). Then wrap in DDP, as with PyTorch.
 void Trainer::Resume() {
   if (!a_.checkpoint_dir.empty()) {
     ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
     const auto load_start = Clock::now();
-    auto resumed = ckpt_->resumeLatest(*model_, *opt_, [&](const std::string& w) {
+    auto resumed = ckpt_->resumeLatest(*model_, *opt_, ctx_, {}, [&](const std::string& w) {
       std::fprintf(stderr, "train_unet: warning: %s\n", w.c_str());
     });
     if (resumed.has_value()) {
       start_step_ = resumed->step;
+      const auto& v = resumed->values;
+      if (scaler_->enabled() && v.count("amp.scale") && v.count("amp.good_steps")) {
+        scaler_->restore(v.at("amp.scale").toDouble(), v.at("amp.good_steps").toInt());
+      }
       if (rank_ == 0) {
         // The restart's phases inside the worker (bench/recovery reads them).
         std::printf("resumed from step %ld (%s to init() done %.3f s, checkpoint load %.3f s)\n",
@@ -142,22 +146,30 @@ void Trainer::Resume() {
 }
 
 void Trainer::OpenData() {
-  auto open_loader = [&](const std::string& path, uint64_t seed) {
+  // Where a resume at start_step_ picks the streams up: the batches the steps before it took,
+  // and the validation batches of the epochs they ended.
+  const int64_t train_batches = start_step_ * a_.accumulation_steps;
+  const int64_t val_batches = start_step_ / steps_per_epoch_ * val_steps_;
+  auto open_loader = [&](const std::string& path, uint64_t seed, int64_t batches) {
     auto src = dlrun::examples::CropSource::Open(path, a_.data_size, a_.data_mode == "inmem");
     if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
     return std::make_unique<dlrun::examples::Prefetcher>(
         std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), loader_threads_,
-        a_.prefetch_factor, seed, /*rotate_in_loader=*/!a_.rotate_on_device);
+        a_.prefetch_factor, seed, /*rotate_in_loader=*/!a_.rotate_on_device,
+        /*start=*/batches * a_.local_batch_size);
   };
   if (a_.data.empty()) {
-    synthetic_ = std::make_unique<SyntheticData>(a_.data_size, a_.seed, rank_);
+    synthetic_ = std::make_unique<SyntheticData>(a_.data_size, a_.seed, rank_,
+                                                 train_batches * a_.local_batch_size);
     if (a_.nsamples_val > 0) {
-      synthetic_val_ = std::make_unique<SyntheticData>(a_.data_size, a_.seed, 7777 + rank_);
+      synthetic_val_ = std::make_unique<SyntheticData>(a_.data_size, a_.seed, 7777 + rank_,
+                                                       val_batches * a_.local_batch_size);
     }
   } else {
-    loader_ = open_loader(a_.data, a_.seed * 7919 + rank_ + 1 + start_step_ * 1000003);
+    loader_ = open_loader(a_.data, a_.seed * 7919 + rank_ + 1, train_batches);
     if (a_.nsamples_val > 0) {
-      loader_val_ = open_loader(a_.val_path.empty() ? a_.data : a_.val_path, a_.seed * 31 + rank_ + 1);
+      loader_val_ = open_loader(a_.val_path.empty() ? a_.data : a_.val_path,
+                                a_.seed * 31 + rank_ + 1, val_batches);
     }
   }
   if (!a_.tensorboard_dir.empty() && rank_ == 0) {

@@ -52,17 +52,27 @@ void OnSigusr1(int);
 
 // Synthetic pairs with a learnable relation: the target is tanh of a fixed per-voxel mix of the
 // input channels, so the loss falls as the model trains. Each rank draws its own samples.
+// Sample i of a rank's stream is drawn from its own seed (dlrun::examples::SampleSeed), as the
+// HDF5 loader's are: a batch of 2 is two micro-batches of 1, and a resume at step s (its
+// samples counted) goes on with the samples the uninterrupted run drew.
 struct SyntheticData {
   torch::Tensor mix;  // [out, in]
-  torch::Generator gen;
+  uint64_t seed;
   int64_t size;
-  SyntheticData(int64_t size, uint64_t seed, int rank) : size(size) {
+  int64_t next = 0;  // the index of the next sample
+  SyntheticData(int64_t size, uint64_t seed, int rank, int64_t start = 0)
+      : seed(seed * 7919 + rank + 1), size(size), next(start) {
     torch::manual_seed(seed);
     mix = torch::randn({5, 4}) * 0.5;
-    gen = torch::make_generator<torch::CPUGeneratorImpl>(seed * 7919 + rank + 1);
   }
   std::pair<torch::Tensor, torch::Tensor> Batch(int64_t n) {
-    auto x = torch::randn({n, 4, size, size, size}, gen);
+    std::vector<torch::Tensor> xs;
+    for (int64_t i = 0; i < n; ++i) {
+      auto gen = torch::make_generator<torch::CPUGeneratorImpl>(
+          dlrun::examples::SampleSeed(seed, next++));
+      xs.push_back(torch::randn({4, size, size, size}, gen));
+    }
+    auto x = torch::stack(xs);
     auto y = torch::tanh(torch::einsum("oi,nidhw->nodhw", {mix, x}));
     return {x, y};
   }

@@ -55,7 +55,12 @@ double Trainer::Validate() {
 void Trainer::Save(int64_t step) {
   if (!ckpt_ || rank_ != 0) return;
   try {
-    ckpt_->save(*model_, *opt_, {.step = step});
+    dlrun::worker::TrainingState state{.step = step, .world_size = world_};
+    if (scaler_->enabled()) {  // the AMP loss scale (CUDA), so a resume goes on with it
+      state.values["amp.scale"] = scaler_->currentScale();
+      state.values["amp.good_steps"] = scaler_->goodSteps();
+    }
+    ckpt_->save(*model_, *opt_, state);
     std::printf("checkpoint saved at step %ld\n", step);
   } catch (const std::runtime_error& e) {
     std::fprintf(stderr, "train_unet: checkpoint failed: %s\n", e.what());

@@ -77,6 +77,33 @@ TEST(CropSource, RotationsLeftToTheDeviceEqualTheLoadersOwn) {
   EXPECT_TRUE(on_host.NextBatch(2).rotations.empty());  // rotated already
 }
 
+// Sample i comes from its own seed and the samples are handed out in order: one loader thread
+// or three draw the same stream, and a stream opened at sample 6 (a resume after the steps
+// that took 6) goes on as the uninterrupted one does.
+TEST(CropSource, TheStreamIsTheSameForAnyThreadCountAndFromAnyStart) {
+  const std::string path = dlrun::testing::MakeTempDir() + "/d.h5";
+  ASSERT_TRUE(WriteSyntheticFile(path, 16, 3).ok());
+  auto open = [&](int threads, int64_t start) {
+    auto src = CropSource::Open(path, 8, true);
+    EXPECT_TRUE(src.ok()) << src.status();
+    return std::make_unique<Prefetcher>(std::shared_ptr<CropSource>(std::move(*src)), threads, 2,
+                                        11, /*rotate_in_loader=*/true, start);
+  };
+  auto one = open(1, 0), three = open(3, 0), resumed = open(2, 6);
+  std::vector<torch::Tensor> whole;
+  for (int b = 0; b < 5; ++b) {
+    auto [x, y] = one->Next(3);
+    auto [x3, y3] = three->Next(3);
+    EXPECT_TRUE(torch::equal(x, x3)) << "batch " << b;
+    EXPECT_TRUE(torch::equal(y, y3)) << "batch " << b;
+    whole.push_back(x);
+  }
+  EXPECT_FALSE(torch::equal(whole[0], whole[1]));  // a stream, not one batch over again
+  for (int b = 2; b < 5; ++b) {
+    EXPECT_TRUE(torch::equal(resumed->Next(3).first, whole[b])) << "batch " << b;
+  }
+}
+
 void WriteDataset(hid_t f, const char* name, std::vector<hsize_t> dims) {
   hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
   hid_t ds = H5Dcreate2(f, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);

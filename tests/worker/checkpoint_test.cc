@@ -1,19 +1,23 @@
-// Checkpoints: round trip, a flipped byte detected, a kill during the write.
+// Checkpoints: round trip, a flipped byte detected, a kill during the write, the collective
+// resume.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "dlrun/checkpoint.h"
 #include "checkpoint_testing.h"
 #include "dlrun/lr_schedule.h"
 #include "dlrun/sampler.h"
+#include "dlrun/worker.h"
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 
@@ -177,6 +181,135 @@ TEST(Checkpoint, AnotherModelsCheckpointIsSkippedUntouchedAndASaveErrorThrowsOne
     EXPECT_NE(what.find("/proc/no-such-dir/ckpt"), std::string::npos) << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
+}
+
+// The collective resume (issue 40): node-local directories, rank 1's empty, then rank 1's the
+// newer: both ranks resume at the newest step any rank holds, from one broadcast, with equal
+// digests, and the rank that had no such file says so; with none anywhere, strict throws on
+// every rank. Two ranks as two threads, Gloo over one HashStore.
+TEST(Checkpoint, TheCollectiveResumeTakesTheNewestStepAnyRankHoldsAndEveryRankLoadsIt) {
+  const std::string root = testing::MakeTempDir();
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> failures(2);
+  std::vector<torch::Tensor> saved(2);
+  {  // rank 0 wrote steps 10 and 20 into its own directory; rank 1 wrote step 30 into its own
+    torch::manual_seed(5);
+    Tiny a;
+    torch::optim::Adam opt(a.parameters(), 0.1);
+    CheckpointManager(CheckpointOptions{.dir = root + "/r0"}).save(a, opt, {.step = 10});
+    CheckpointManager(CheckpointOptions{.dir = root + "/r0"}).save(a, opt, {.step = 20});
+    saved[0] = a.l->weight.clone();
+    torch::manual_seed(6);
+    Tiny b;
+    torch::optim::Adam opt_b(b.parameters(), 0.1);
+    CheckpointManager(CheckpointOptions{.dir = root + "/r1-later"}).save(b, opt_b, {.step = 30});
+    saved[1] = b.l->weight.clone();
+  }
+  auto rank_main = [&](int rank) {
+    Context ctx;
+    ctx.env.rank = rank;
+    ctx.env.world_size = 2;
+    ctx.store = store;
+    ctx.pg = makeGlooGroup(store, rank, 2, "127.0.0.1", std::chrono::seconds(30));
+    std::string& f = failures[rank];
+    std::vector<std::string> warnings;
+    auto warn = [&](const std::string& w) { warnings.push_back(w); };
+    Tiny m;  // each rank's own initial values
+    torch::optim::Adam opt(m.parameters(), 0.1);
+    // 1. Rank 1's directory is empty: both resume at rank 0's step 20.
+    auto st = CheckpointManager(CheckpointOptions{.dir = root + (rank == 0 ? "/r0" : "/r1-empty")})
+                  .resumeLatest(m, opt, ctx, {}, warn);
+    if (!st || st->step != 20) f += "not step 20; ";
+    if (!torch::equal(m.l->weight, saved[0])) f += "not rank 0's step 20; ";
+    if (rank == 1 && (warnings.size() != 1 ||
+                      warnings[0] != "resumed from step 20 sent by rank 0 (no checkpoint here)")) {
+      f += "rank 1's warning: " + (warnings.empty() ? std::string("none") : warnings[0]) + "; ";
+    }
+    if (rank == 0 && !warnings.empty()) f += "rank 0 warned: " + warnings[0] + "; ";
+    // 2. Rank 1 holds a newer one: both resume at its step 30.
+    warnings.clear();
+    st = CheckpointManager(CheckpointOptions{.dir = root + (rank == 0 ? "/r0" : "/r1-later")})
+             .resumeLatest(m, opt, ctx, {}, warn);
+    if (!st || st->step != 30 || !torch::equal(m.l->weight, saved[1])) f += "not step 30; ";
+    if (rank == 0 && (warnings.size() != 1 ||
+                      warnings[0] != "resumed from step 30 sent by rank 1 (the newest here was step 20)")) {
+      f += "rank 0's warning; ";
+    }
+    // 3. Nothing anywhere: nullopt on both, and strict throws on both.
+    CheckpointManager none(CheckpointOptions{.dir = root + "/none-" + std::to_string(rank)});
+    if (none.resumeLatest(m, opt, ctx, {}, warn).has_value()) f += "resumed from nothing; ";
+    try {
+      none.resumeLatest(m, opt, ctx, {.strict = true}, warn);
+      f += "strict did not throw; ";
+    } catch (const std::runtime_error& e) {
+      const std::string expected = "checkpoint: no rank has a usable checkpoint in " + root +
+                                   "/none-" + std::to_string(rank) + " (strict resume)";
+      if (e.what() != expected) f += std::string("strict's message: ") + e.what() + "; ";
+    }
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  EXPECT_EQ(failures[0], "");
+  EXPECT_EQ(failures[1], "");
+}
+
+// A checkpoint written at world size 2 resumed at 1: the position in the epoch (this rank's
+// samples) goes through the global count, 60 per rank at 2 is 120 at 1, and one line says so;
+// one written at 3 with 1 sample per rank (3 in all) cannot split over 2 ranks: a one-line
+// refusal on both.
+TEST(Checkpoint, AResumeAtAnotherWorldSizeConvertsThePositionOrRefuses) {
+  const std::string dir = testing::MakeTempDir();
+  Tiny a;
+  torch::optim::Adam opt(a.parameters(), 0.1);
+  CheckpointManager(CheckpointOptions{.dir = dir + "/w2"})
+      .save(a, opt, {.step = 30, .epoch_position = 60, .world_size = 2});
+  CheckpointManager(CheckpointOptions{.dir = dir + "/w3"})
+      .save(a, opt, {.step = 9, .epoch_position = 1, .world_size = 3});
+  {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    Context one;
+    one.env.world_size = 1;
+    one.store = store;
+    one.pg = makeGlooGroup(store, 0, 1, "127.0.0.1", std::chrono::seconds(30));
+    std::vector<std::string> warnings;
+    auto st = CheckpointManager(CheckpointOptions{.dir = dir + "/w2"})
+                  .resumeLatest(a, opt, one, {},
+                                [&](const std::string& w) { warnings.push_back(w); });
+    ASSERT_TRUE(st.has_value());
+    EXPECT_EQ(st->epoch_position, 120);
+    EXPECT_EQ(st->world_size, 1);
+    EXPECT_EQ(warnings, std::vector<std::string>{
+                            "checkpoint of step 30 was written at world size 2, this run has 1: "
+                            "the position in the epoch, 60 samples per rank there, is 120 per "
+                            "rank here (120 in all)"});
+  }
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> said(2);
+  auto rank_main = [&](int rank) {
+    Context ctx;
+    ctx.env.rank = rank;
+    ctx.env.world_size = 2;
+    ctx.store = store;
+    ctx.pg = makeGlooGroup(store, rank, 2, "127.0.0.1", std::chrono::seconds(30));
+    Tiny m;
+    torch::optim::Adam o(m.parameters(), 0.1);
+    try {
+      CheckpointManager(CheckpointOptions{.dir = dir + "/w3"}).resumeLatest(m, o, ctx);
+      said[rank] = "resumed";
+    } catch (const std::runtime_error& e) {
+      said[rank] = e.what();
+    }
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  const std::string refusal =
+      "checkpoint of step 9 was written at world size 3 with 1 samples per rank into the epoch "
+      "(3 in all), which does not split over 2 ranks: resume at a world size that divides it, "
+      "or from a checkpoint at an epoch's start";
+  EXPECT_EQ(said[0], refusal);
+  EXPECT_EQ(said[1], refusal);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "text.h"
 #include "dlrun/agent_link.h"
 #include "dlrun/nvtx_ranges.h"
+#include "dlrun/worker.h"
 #include "fnv1a.h"
 
 namespace dlrun::worker {
@@ -75,6 +77,12 @@ void LoadInPlace(torch::nn::Module& m, torch::serialize::InputArchive& a, const 
 }
 
 std::string FileName(int64_t step) { return lite::StrFormat("ckpt-%012lld.dlrun", static_cast<long long>(step)); }
+// The step in a checkpoint's file name (FileName's), or -1.
+int64_t StepOfFileName(const std::string& path) {
+  long long step = -1;
+  const std::string name = std::filesystem::path(path).filename().string();
+  return std::sscanf(name.c_str(), "ckpt-%lld.dlrun", &step) == 1 ? step : -1;
+}
 
 }  // namespace
 
@@ -113,6 +121,7 @@ std::string SerializeCheckpoint(const torch::nn::Module& model, const torch::opt
   archive.write("epoch", torch::tensor({state.epoch}));
   archive.write("sampler_epoch", torch::tensor({state.sampler_epoch}));
   archive.write("epoch_position", torch::tensor({state.epoch_position}));
+  archive.write("world_size", torch::tensor({static_cast<int64_t>(state.world_size)}));
   torch::serialize::OutputArchive tensors_archive, values_archive;
   for (const auto& [name, t] : state.tensors) tensors_archive.write(name, t);
   for (const auto& [name, v] : state.values) values_archive.write(name, v);
@@ -190,6 +199,8 @@ void ReadTrainingState(torch::serialize::InputArchive& archive, TrainingState* s
   st->sampler_epoch = read_int("sampler_epoch");
   torch::Tensor position;
   if (archive.try_read("epoch_position", position)) st->epoch_position = position.item<int64_t>();
+  torch::Tensor world;
+  if (archive.try_read("world_size", world)) st->world_size = static_cast<int>(world.item<int64_t>());
   torch::serialize::InputArchive tensors_archive, values_archive;
   if (archive.try_read("tensors", tensors_archive)) {
     for (const std::string& key : tensors_archive.keys()) {
@@ -211,6 +222,50 @@ void ReadTrainingState(torch::serialize::InputArchive& archive, TrainingState* s
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(t);
+}
+
+// A checkpoint file's bytes (FileProblem found none) into the model and optimizer in place, and
+// its training state into `st`. Throws when they are another model's, leaving the model as it
+// was: every parameter and buffer is read and its shape checked before anything changes.
+void LoadCheckpointBytes(const std::string& data, torch::nn::Module& model,
+                         torch::optim::Optimizer& optimizer, TrainingState* st) {
+  torch::serialize::InputArchive archive;
+  std::istringstream payload(data.substr(kHeader));
+  // Onto the model's device (a checkpoint written on one GPU loads on another, or the CPU).
+  std::vector<torch::Tensor> mp = model.parameters();
+  archive.load_from(payload, mp.empty() ? torch::Device(torch::kCPU) : mp[0].device());
+  torch::serialize::InputArchive model_archive, optim_archive;
+  archive.read("model", model_archive);
+  archive.read("optimizer", optim_archive);
+  LoadInPlace(model, model_archive, "", /*apply=*/false);
+  optimizer.load(optim_archive);
+  {
+    torch::NoGradGuard no_grad;
+    LoadInPlace(model, model_archive, "", /*apply=*/true);
+  }
+  ReadTrainingState(archive, st);
+}
+
+// A checkpoint written at another world size: its position in the epoch (this rank's samples
+// of an interleaved split) converted through the global count, or a refusal when it does not
+// divide (TrainingState::world_size).
+void ConvertPosition(TrainingState* st, int world,
+                     const std::function<void(const std::string&)>& warn) {
+  if (st->world_size <= 0 || st->world_size == world) return;
+  const int64_t global = st->epoch_position * st->world_size;
+  if (global % world != 0) {
+    throw std::runtime_error(lite::StrCat(
+        "checkpoint of step ", st->step, " was written at world size ", st->world_size,
+        " with ", st->epoch_position, " samples per rank into the epoch (", global,
+        " in all), which does not split over ", world,
+        " ranks: resume at a world size that divides it, or from a checkpoint at an epoch's start"));
+  }
+  warn(lite::StrCat("checkpoint of step ", st->step, " was written at world size ", st->world_size,
+                    ", this run has ", world, ": the position in the epoch, ", st->epoch_position,
+                    " samples per rank there, is ", global / world, " per rank here (", global,
+                    " in all)"));
+  st->epoch_position = global / world;
+  st->world_size = world;
 }
 
 }  // namespace
@@ -273,23 +328,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
     }
     TrainingState st;
     try {
-      torch::serialize::InputArchive archive;
-      std::istringstream payload(data.substr(kHeader));
-      // Onto the model's device (a checkpoint written on one GPU loads on another, or the CPU).
-      std::vector<torch::Tensor> mp = model.parameters();
-      archive.load_from(payload, mp.empty() ? torch::Device(torch::kCPU) : mp[0].device());
-      torch::serialize::InputArchive model_archive, optim_archive;
-      archive.read("model", model_archive);
-      archive.read("optimizer", optim_archive);
-      // Every parameter and buffer is read and its shape checked before anything changes, so
-      // a checkpoint of another model leaves the model as it was.
-      LoadInPlace(model, model_archive, "", /*apply=*/false);
-      optimizer.load(optim_archive);
-      {
-        torch::NoGradGuard no_grad;
-        LoadInPlace(model, model_archive, "", /*apply=*/true);
-      }
-      ReadTrainingState(archive, &st);
+      LoadCheckpointBytes(data, model, optimizer, &st);
     } catch (const std::exception& e) {
       std::string what = e.what();
       warn(lite::StrCat("checkpoint ", path, " skipped: it does not match this model (",
@@ -302,6 +341,85 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
     return st;
   }
   return std::nullopt;
+}
+
+std::optional<TrainingState> CheckpointManager::resumeLatest(
+    torch::nn::Module& model, torch::optim::Optimizer& optimizer, const Context& ctx,
+    const ResumeOptions& options, const std::function<void(const std::string&)>& warn_to) {
+  ScopedRange range("checkpoint load");
+  const auto warn = [&](const std::string& w) {
+    if (warn_to) {
+      warn_to(w);
+    } else {
+      std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
+    }
+  };
+  const auto load_start = std::chrono::steady_clock::now();
+  // This rank's newest intact file, if any (its directory may be node-local, or empty).
+  std::string mine;
+  int64_t my_step = -1;
+  for (const std::string& path : list()) {
+    std::ifstream in(path, std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (const std::string problem = FileProblem(data); !problem.empty()) {
+      warn(lite::StrCat("checkpoint ", path, " skipped: ", problem));
+      continue;
+    }
+    mine = std::move(data);
+    my_step = StepOfFileName(path);
+    break;
+  }
+  // The newest step any rank holds, and the lowest rank holding it sends it.
+  const int64_t best =
+      ctx.allReduce(torch::tensor({my_step}, torch::kInt64), c10d::ReduceOp::MAX).item<int64_t>();
+  if (best < 0) {
+    if (options.strict) {
+      throw std::runtime_error(lite::StrCat("checkpoint: no rank has a usable checkpoint in ",
+                                            o_.dir, " (strict resume)"));
+    }
+    return std::nullopt;
+  }
+  const int64_t root = ctx.allReduce(torch::tensor({my_step == best ? ctx.rank() : ctx.worldSize()},
+                                                   torch::kInt64),
+                                     c10d::ReduceOp::MIN)
+                           .item<int64_t>();
+  const int64_t size =
+      ctx.broadcast(torch::tensor({static_cast<int64_t>(mine.size())}, torch::kInt64),
+                    static_cast<int>(root))
+          .item<int64_t>();
+  torch::Tensor bytes = torch::empty({size}, torch::kUInt8);
+  if (ctx.rank() == root) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  ctx.broadcast(bytes, static_cast<int>(root));
+  const std::string data(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(size));
+  if (const std::string problem = FileProblem(data); !problem.empty()) {
+    throw std::runtime_error(lite::StrCat("checkpoint of step ", best, " from rank ", root,
+                                          " arrived damaged: ", problem));
+  }
+  TrainingState st;
+  try {
+    LoadCheckpointBytes(data, model, optimizer, &st);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw std::runtime_error(lite::StrCat("checkpoint of step ", best, " from rank ", root,
+                                          " does not match this model (",
+                                          what.substr(0, what.find('\n')), ")"));
+  }
+  if (const std::vector<int> differ = ctx.ranksDiffering(digest(model.parameters()));
+      !differ.empty()) {
+    throw std::runtime_error(lite::StrCat("checkpoint of step ", best, ": rank(s) ",
+                                          lite::StrJoin(differ, ","),
+                                          " hold other parameters than rank 0 after the resume"));
+  }
+  ConvertPosition(&st, ctx.worldSize(), warn);
+  if (my_step != best) {
+    warn(lite::StrCat("resumed from step ", best, " sent by rank ", root, " (",
+                      my_step < 0 ? std::string("no checkpoint here")
+                                  : lite::StrCat("the newest here was step ", my_step),
+                      ")"));
+  }
+  reportResume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      load_start).count());
+  return st;
 }
 
 }  // namespace dlrun::worker

@@ -40,10 +40,24 @@ struct TrainingState {
   // DataLoaderSampler::position()): a resume goes on from there (DataLoaderSampler::setStart,
   // or the index loop's start) instead of the epoch's first sample.
   int64_t epoch_position = 0;
+  // The world size the checkpoint was written at (0: not recorded). With it, the collective
+  // resume at another world size converts epoch_position, taken as this rank's samples of a
+  // DistributedSampler-style split (rank r takes indices r, r + W, ...): p samples per rank at
+  // W ranks are p x W global, p x W / W' per rank at W'. It says so in one line, and refuses
+  // (throws) when p x W does not divide by W'.
+  int world_size = 0;
   // Anything else the trainer keeps: EMA weights, a second model's parameters, another RNG's
   // state (named tensors), counters and settings (ints, doubles, strings: any c10::IValue).
   std::map<std::string, torch::Tensor> tensors{};
   std::map<std::string, c10::IValue> values{};
+};
+
+struct Context;  // dlrun/worker.h
+
+struct ResumeOptions {
+  // No rank holding a usable checkpoint is an error (std::runtime_error naming the directory)
+  // instead of a fresh start: for a run that must not silently begin again at step 0.
+  bool strict = false;
 };
 
 struct CheckpointOptions {
@@ -65,6 +79,18 @@ class CheckpointManager {
   // and skipped.
   std::optional<TrainingState> resumeLatest(
       torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+      const std::function<void(const std::string&)>& warn = {});
+  // The same, as a resume every rank agrees on: call it on every rank (a collective over
+  // `ctx`, in the same order as the trainer's other collectives). Each rank looks in its own
+  // directory, shared between nodes or node-local: the newest step any rank holds an intact
+  // checkpoint of wins, and the lowest rank holding it sends the file to every rank in one
+  // broadcast. Every rank loads it in place and the ranks' parameter digests are compared; a
+  // rank that resumed from another rank's file says so through `warn`. nullopt on every rank
+  // when no rank has one (ResumeOptions::strict: throws). Throws a one-line
+  // std::runtime_error when the file arrived damaged, is another model's, or the ranks differ.
+  std::optional<TrainingState> resumeLatest(
+      torch::nn::Module& model, torch::optim::Optimizer& optimizer, const Context& ctx,
+      const ResumeOptions& options = {},
       const std::function<void(const std::string&)>& warn = {});
   // Checkpoint files, newest first.
   std::vector<std::string> list() const;

@@ -2,11 +2,12 @@
 # common/CMakeLists.txt build them; the wheel installs them and its CMake package
 # (cmake/dlrunSourceConfig.cmake.in) builds the same list against a user's own LibTorch.
 set(DLRUN_COMMON_SOURCES common/env.cc common/local_address.cc common/cpus.cc common/files.cc)
-# LibTorch-free: environment parsing, agent link, crash traces, sampler, shared-memory allreduce,
-# NVTX ranges.
+# LibTorch-free: environment parsing, agent link, crash traces, shared-memory allreduce, NVTX
+# ranges.
 set(DLRUN_DIST_ENV_SOURCES worker/src/dist_env.cc worker/src/agent_link.cc worker/src/crash_trace.cc
-  worker/src/sampler.cc worker/src/shm_allreduce.cc worker/src/nvtx_ranges.cc)
-# LibTorch: process groups, DDP, LR schedule, checkpoints, SyncBatchNorm.
+  worker/src/shm_allreduce.cc worker/src/nvtx_ranges.cc)
+# LibTorch: process groups, DDP, LR schedule, checkpoints, SyncBatchNorm, the sampler (its
+# shuffle is torch.randperm, as PyTorch's DistributedSampler).
 set(DLRUN_WORKER_SOURCES worker/src/init.cc worker/src/ddp.cc worker/src/ddp_reduce.cc
   worker/src/ddp_join.cc worker/src/lr_schedule.cc
-  worker/src/checkpoint.cc worker/src/sync_batch_norm.cc)
+  worker/src/checkpoint.cc worker/src/sync_batch_norm.cc worker/src/sampler.cc)

@@ -222,8 +222,26 @@ int RunSyncBatchNorm() {
   return 0;
 }
 
+// Ranks built with different bucket caps (issue 40): DDP's construction fails on every rank
+// with one line naming the setting and each rank's value, never a hang.
+int RunMismatch() {
+  auto ctx = dlrun::worker::init();
+  torch::manual_seed(7);
+  Net model(false, false, false);
+  DDPOptions opts;
+  opts.bucket_cap_mb = ctx.rank() == 0 ? 25 : 5;
+  try {
+    DistributedDataParallel ddp(model, ctx.pg, opts);
+  } catch (const std::runtime_error& e) {
+    std::printf("ddp_check refused: %s\n", e.what());
+    return 3;
+  }
+  return Fail("different bucket caps were accepted");
+}
+
 int Run(const std::string& mode) {
   if (mode == "syncbn") return RunSyncBatchNorm();
+  if (mode == "mismatch") return RunMismatch();
   auto ctx = dlrun::worker::init();
   const int rank = ctx.rank(), world = ctx.worldSize();
   torch::set_default_dtype(caffe2::TypeMeta::Make<double>());

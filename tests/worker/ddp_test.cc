@@ -105,6 +105,25 @@ TEST(DdpTwoRanks, SharedMemoryAndGlooBothMatchTheReference) {
   }
 }
 
+// Ranks with different DDPOptions (a bucket cap of 25 MB on rank 0, 5 on rank 1): one line
+// on every rank naming the setting and both values, and the job ends, on the shared-memory
+// path and on Gloo (it used to hang on the first, and abort on a size mismatch on the second).
+TEST(DdpTwoRanks, DifferentBucketCapsAreOneLineOnEveryRankNotAHang) {
+  for (const char* shm : {"1", "0"}) {
+    int rc = -1;
+    const std::string out = RunCheck("mismatch", &rc, shm);
+    EXPECT_NE(rc, 0) << out;
+    for (const char* rank : {"[rank 0]", "[rank 1]"}) {
+      EXPECT_NE(out.find(std::string(rank) +
+                         ": ddp_check refused: DistributedDataParallel: DDPOptions::bucket_cap_mb "
+                         "differs across ranks (rank 0 has 25, rank 1 has 5); every rank must "
+                         "build DDP with the same options"),
+                std::string::npos)
+          << "DLRUN_DDP_SHM=" << shm << "\n" << out;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
                          ::testing::Values("adam", "nosync", "buffers-on", "buffers-off",
                                            "unused-error", "unused-ok", "reload",

@@ -118,6 +118,55 @@ std::vector<std::vector<size_t>> AssignBucketsInReadyOrder(const std::vector<int
 }
 
 
+// Every rank builds the same DDP: the same parameter count and shapes, and the same
+// DDPOptions (differing bucket caps hang the shared-memory path and abort Gloo on a size
+// mismatch). One allgather of a few numbers; a difference is the same one-line error on every
+// rank, naming the setting and each rank's value.
+static void CheckSameEverywhere(c10d::ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                         const DDPOptions& o) {
+  uint64_t shapes = params.size();
+  for (const auto& p : params) {
+    for (int64_t d : p.sizes()) shapes = shapes * 1000003 + static_cast<uint64_t>(d);
+  }
+  const std::vector<std::pair<const char*, double>> mine = {
+      {"the parameters (count or shapes)", static_cast<double>(shapes % (uint64_t{1} << 52))},
+      {"bucket_cap_mb", o.bucket_cap_mb},
+      {"first_bucket_cap_mb", o.first_bucket_cap_mb},
+      {"broadcast_buffers", o.broadcast_buffers},
+      {"find_unused_parameters", o.find_unused_parameters},
+      {"gradient_as_bucket_view", o.gradient_as_bucket_view},
+      {"shared_memory_allreduce", o.shared_memory_allreduce},
+      {"rebuild_buckets_in_ready_order", o.rebuild_buckets_in_ready_order},
+      {"fp16_compression", o.fp16_compression},
+      {"static_graph", o.static_graph}};
+  const int64_t n = static_cast<int64_t>(mine.size());
+  torch::Tensor values = torch::empty({n}, torch::kDouble);
+  for (int64_t i = 0; i < n; ++i) values[i] = mine[i].second;
+  std::vector<std::vector<torch::Tensor>> all(1);
+  for (int r = 0; r < pg.getSize(); ++r) all[0].push_back(torch::empty({n}, torch::kDouble));
+  std::vector<torch::Tensor> in{values};
+  pg.allgather(all, in)->wait();
+  for (int64_t i = 0; i < n; ++i) {
+    bool same = true;
+    for (int r = 1; r < pg.getSize(); ++r) {
+      same &= all[0][r][i].item<double>() == all[0][0][i].item<double>();
+    }
+    if (same) continue;
+    if (i == 0) {
+      throw std::runtime_error(
+          "DistributedDataParallel: the ranks' models have different parameters (count or "
+          "shapes); every rank must build the same model");
+    }
+    std::vector<std::string> each;
+    for (int r = 0; r < pg.getSize(); ++r) {
+      each.push_back(lite::StrCat("rank ", r, " has ", all[0][r][i].item<double>()));
+    }
+    throw std::runtime_error(lite::StrCat("DistributedDataParallel: DDPOptions::", mine[i].first,
+                                          " differs across ranks (", lite::StrJoin(each, ", "),
+                                          "); every rank must build DDP with the same options"));
+  }
+}
+
 DistributedDataParallelBase::DistributedDataParallelBase(
     std::shared_ptr<torch::nn::Module> module, c10::intrusive_ptr<c10d::ProcessGroup> pg,
     DDPOptions options)
@@ -136,21 +185,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(
     names.push_back(p.key());
     params.push_back(p.value());
   }
-  {
-    int64_t sig = static_cast<int64_t>(params.size());
-    for (auto& p : params) sig = sig * 1000003 + p.numel();
-    std::vector<torch::Tensor> mine{torch::tensor({sig})};
-    std::vector<std::vector<torch::Tensor>> all(1);
-    for (int r = 0; r < m.pg->getSize(); ++r) all[0].push_back(torch::zeros({1}, torch::kLong));
-    m.pg->allgather(all, mine)->wait();
-    for (int r = 0; r < m.pg->getSize(); ++r) {
-      if (all[0][r].item<int64_t>() != sig) {
-        throw std::runtime_error(lite::StrCat(
-            "DistributedDataParallel: rank ", r, " has a model with different parameters (count "
-            "or shapes) than rank ", m.pg->getRank(), "; every rank must build the same model"));
-      }
-    }
-  }
+  CheckSameEverywhere(*m.pg, params, options);
 
   // Rank 0's parameters and buffers everywhere.
   for (auto& b : module_->buffers()) m.buffers.push_back(b);

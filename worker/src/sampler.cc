@@ -1,8 +1,10 @@
 #include "dlrun/sampler.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <numeric>
-#include <random>
 #include <stdexcept>
 #include <string>
 
@@ -25,13 +27,13 @@ int64_t DistributedSampler::numSamples() const {
 std::vector<int64_t> DistributedSampler::indices() const {
   std::vector<int64_t> all(o_.dataset_size);
   std::iota(all.begin(), all.end(), 0);
-  if (o_.shuffle) {
-    // The same permutation on every rank: seeded by seed + epoch only.
-    std::mt19937_64 gen(o_.seed + static_cast<uint64_t>(epoch_));
-    for (int64_t i = o_.dataset_size - 1; i > 0; --i) {
-      std::uniform_int_distribution<int64_t> pick(0, i);
-      std::swap(all[i], all[pick(gen)]);
-    }
+  if (o_.shuffle && o_.dataset_size > 0) {
+    // The same permutation on every rank, and PyTorch's: torch.randperm(n) from a CPU
+    // generator seeded with seed + epoch, as torch.utils.data.DistributedSampler draws it.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(o_.seed + static_cast<uint64_t>(epoch_));
+    const torch::Tensor perm = torch::randperm(o_.dataset_size, gen, torch::kLong);
+    const int64_t* p = perm.data_ptr<int64_t>();
+    all.assign(p, p + o_.dataset_size);
   }
   const int64_t total = numSamples() * o_.world_size;
   if (static_cast<int64_t>(all.size()) > total) {

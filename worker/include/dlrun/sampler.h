@@ -1,5 +1,6 @@
 // DistributedSampler: which dataset indices this rank visits in an epoch, as PyTorch's
-// torch.utils.data.DistributedSampler: an epoch-seeded shuffle shared by all ranks, padded
+// torch.utils.data.DistributedSampler, index for index for the same seed and epoch (the shuffle
+// is torch.randperm from a generator seeded with seed + epoch, shared by all ranks), padded
 // (repeating the first indices) or truncated (drop_last) to a multiple of the world size, then
 // every world_size-th index starting at the rank.
 #pragma once

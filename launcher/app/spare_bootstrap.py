@@ -7,8 +7,9 @@
 # Python worker's start) and torch._dynamo (PyTorch 2.x's DistributedDataParallel imports it,
 # with sympy and ~900 modules, when the first one is built: ~1 s that a promoted spare would
 # otherwise spend after the fault), so the spare takes no CPU from the workers it stands beside.
-# The main thread waits for the worker's environment on contract::kSpareFd, then for the
-# imports, replaces the environment, makes a rank other than 0 wait for rank 0's store port
+# The main thread waits for the worker's environment on contract::kSpareFd, replaces the
+# environment, then waits for the imports (raised to normal priority, or replaced by a cold
+# start when they are starved), makes a rank other than 0 wait for rank 0's store port
 # before its TCPStore client connects, and runs the script as `python SCRIPT` does (or the
 # module, as `python -m`).
 import os, sys, threading
@@ -36,14 +37,45 @@ while True:
 os.close(fd)
 if not data:
     os._exit(0)
-_dlrun_warming.join()
-del _dlrun_warming, _dlrun_warm
 os.environ.clear()
 for kv in bytes(data).split(b"\0"):
     key, eq, value = kv.partition(b"=")
     if key and eq:
         os.environb[key] = value
 del data, chunk
+# Promoted before the imports finished: they must not go on at idle priority on a busy node (a
+# spare is never slower than no spare). Raised to normal priority where allowed (CAP_SYS_NICE,
+# or RLIMIT_NICE); else, when the imports get under a quarter of a CPU, this process becomes a
+# cold start (the same pid, its command line without this bootstrap).
+if _dlrun_warming.is_alive():
+    def _dlrun_cpu_s(tid):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                rest = f.read().rpartition(")")[2].split()
+            return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+    _tid = _dlrun_warming.native_id
+    try:
+        os.sched_setscheduler(_tid, os.SCHED_OTHER, os.sched_param(0))
+        sys.stderr.write("dlrun: the warm spare was promoted before its imports finished; "
+                         "they go on at normal priority\n")
+    except OSError:
+        import time
+        while _dlrun_warming.is_alive():
+            _before = _dlrun_cpu_s(_tid)
+            _dlrun_warming.join(0.2)
+            _after = _dlrun_cpu_s(_tid)
+            if (_dlrun_warming.is_alive() and _before is not None and _after is not None and
+                    _after - _before < 0.05):
+                sys.stderr.write(f"dlrun: the warm spare's imports got {(_after - _before) / 0.2:.0%} "
+                                 "of a CPU at idle priority (a busy node): starting cold instead\n")
+                sys.stderr.flush()
+                _orig = getattr(sys, "orig_argv", [sys.executable, "-c"])
+                _flags = _orig[1:_orig.index("-c")] if "-c" in _orig else []
+                os.execv(sys.executable, [_orig[0]] + _flags + sys.argv[1:])
+_dlrun_warming.join()
+del _dlrun_warming, _dlrun_warm
 # Ranks other than 0 meet rank 0's TCPStore. Promoted together, one may get there before rank 0
 # has bound it, and TCPStore's client then backs off for up to a second: wait for the port first.
 try:

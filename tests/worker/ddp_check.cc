@@ -263,7 +263,7 @@ int Run(const std::string& mode) {
   opts.fp16_compression = mode == "fp16";
   DistributedDataParallel ddp(model, ctx.pg, opts);
   CountingAllreduce* counting = nullptr;
-  if (mode == "hook") {
+  if (mode == "hook" || mode == "nosync-forward") {
     auto hook = std::make_unique<CountingAllreduce>(ctx.pg);
     counting = hook.get();
     ddp.registerCommHook(std::move(hook));
@@ -312,6 +312,17 @@ int Run(const std::string& mode) {
       }
       ddp.prepareForward();
       torch::mse_loss(model->forward(mine(1, x)), mine(1, y)).backward();
+    } else if (mode == "nosync-forward") {
+      // The Python habit: only the forward under the guard, backward after it ended. The
+      // forward decides, as in PyTorch: the first backward stays local (the hook counts one
+      // reduced backward a step).
+      torch::Tensor local;
+      {
+        auto guard = ddp.noSync();
+        local = torch::mse_loss(ddp(mine(0, x)), mine(0, y));
+      }
+      local.backward();
+      torch::mse_loss(ddp(mine(1, x)), mine(1, y)).backward();
     } else if (mode.rfind("unused", 0) == 0) {
       ddp.prepareForward();
       try {
@@ -339,7 +350,7 @@ int Run(const std::string& mode) {
     // batches that is the mean over the global batch (summed over micro-batches for nosync).
     ref_opt->zero_grad();
     torch::Tensor ref_loss;
-    if (mode == "nosync") {
+    if (mode == "nosync" || mode == "nosync-forward") {
       ref_loss = torch::zeros({});
       for (int mb = 0; mb < 2; ++mb) {
         ref_loss = ref_loss + torch::mse_loss(reference->forward(x[mb]), y[mb]);

@@ -125,7 +125,8 @@ TEST(DdpTwoRanks, DifferentBucketCapsAreOneLineOnEveryRankNotAHang) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
-                         ::testing::Values("adam", "nosync", "buffers-on", "buffers-off",
+                         ::testing::Values("adam", "nosync", "nosync-forward", "buffers-on",
+                                           "buffers-off",
                                            "unused-error", "unused-ok", "reload",
                                            "reorder", "fp16", "hook", "syncbn"));
 

@@ -266,6 +266,7 @@ void DistributedDataParallelBase::prepareForward() {
   }
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(m.mu);
+  m.forward_no_sync = m.no_sync;  // this forward's backward syncs unless the guard is on now
   m.forward_at = now;
   m.broadcast_s = std::chrono::duration<double>(now - start).count();
 }

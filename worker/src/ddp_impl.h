@@ -13,6 +13,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -52,6 +53,11 @@ struct DistributedDataParallelBase::Impl {
   std::vector<torch::Tensor> buffers;
   std::mutex mu;  // hooks of different parameters may run on different autograd threads
   bool no_sync = false;
+  // Whether the guard was on at the last forward through the wrapper (prepareForward), until
+  // its backward ends: as in PyTorch, that forward decides whether its backward syncs. A
+  // backward after model->forward() called directly goes by the guard at backward time.
+  std::optional<bool> forward_no_sync;
+  bool local_backward_queued = false;  // a local-only backward's end is queued
   // The step's split for telemetry (guarded by mu): when forward began (after the buffer
   // broadcast), how long that broadcast waited, and the last reduced step's figures.
   std::chrono::steady_clock::time_point forward_at{};

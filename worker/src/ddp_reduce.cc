@@ -206,7 +206,17 @@ void DistributedDataParallelBase::Impl::LaunchReady() {
 
 void DistributedDataParallelBase::Impl::OnGradReady(size_t i) {
   std::lock_guard<std::mutex> lock(mu);
-  if (no_sync) return;
+  if (forward_no_sync.value_or(no_sync)) {
+    if (!local_backward_queued) {  // this backward stays local; the next forward decides anew
+      local_backward_queued = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] {
+        std::lock_guard<std::mutex> l(mu);
+        local_backward_queued = false;
+        forward_no_sync.reset();
+      });
+    }
+    return;
+  }
   Slot& s = slots[i];
   if (!callback_queued) {
     callback_queued = true;
@@ -288,6 +298,7 @@ void DistributedDataParallelBase::Impl::SetUpSharedMemory() {
 void DistributedDataParallelBase::Impl::Finalize() {
   const auto backward_done = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu);
+  forward_no_sync.reset();
   std::vector<std::string> missing;
   const bool recording = options.static_graph && !graph_recorded;
   for (Slot& s : slots) {

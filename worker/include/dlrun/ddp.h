@@ -114,7 +114,11 @@ class DistributedDataParallelBase {
   void prepareForward();
 
   // While the guard lives, backward accumulates gradients locally without communicating; the
-  // first backward after it reduces the accumulated sum.
+  // first backward after it reduces the accumulated sum. As PyTorch's no_sync(), the forward
+  // decides: a backward whose forward went through the wrapper (ddp(x), prepareForward())
+  // inside the guard stays local even when the guard ended before backward (the Python habit:
+  // only the forward under the guard), and one whose forward came after the guard syncs. After
+  // model->forward() called directly, the guard at backward time decides.
   class NoSyncGuard {
    public:
     explicit NoSyncGuard(DistributedDataParallelBase* d);

@@ -339,6 +339,10 @@ if attempt == "0":
                 open(f"{out}/spare", "w").write(found[0])
                 break
             time.sleep(0.05)
+        # And, when asked, until the spare's imports have left a file (bounded as above).
+        wait_file = os.environ.get("PROBE_WAIT_FILE")
+        while wait_file and not os.path.exists(wait_file) and time.monotonic() < deadline:
+            time.sleep(0.05)
     sys.exit(1)
 print("hello from attempt", attempt, flush=True)
 )py";
@@ -386,13 +390,17 @@ TEST(DlrunStandalone, AWarmSpareImportsTorchAtIdlePriority) {
   std::filesystem::create_directories(dir + "/fake/torch");
   {
     std::ofstream(dir + "/fake/torch/__init__.py")
-        << "import os\nopen(os.environ['PROBE_OUT'] + '/policy', 'w')"
-           ".write(str(os.sched_getscheduler(0)))\n";
+        << "import os\np = os.sched_getscheduler(0)\nout = os.environ['PROBE_OUT']\n"
+           "with open(out + '/policy.tmp', 'w') as f:\n    f.write(str(p))\n"
+           "os.rename(out + '/policy.tmp', out + '/policy')\n";
   }
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts",
                              "1", prog, dir, "wait-for-spare"},
                             {{"PYTHON_EXEC", TEST_PYTHON},
                              {"PYTHONPATH", dir + "/fake"},
+                             // The worker fails once the spare's import ran: a spare promoted
+                             // before it would run it at normal priority (by design).
+                             {"PROBE_WAIT_FILE", dir + "/policy"},
                              {"PROBE_OUT", dir}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(ReadKeyValues(dir + "/attempt1")["warm"], "True") << r.output;

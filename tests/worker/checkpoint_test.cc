@@ -4,14 +4,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <thread>
 
 #include "dlrun/checkpoint.h"
 #include "checkpoint_testing.h"
@@ -19,6 +17,7 @@
 #include "dlrun/sampler.h"
 #include "dlrun/worker.h"
 #include "gtest/gtest.h"
+#include "worker/ranks_in_threads.h"
 #include "multiproc/subprocess.h"
 
 namespace dlrun::worker {
@@ -189,7 +188,6 @@ TEST(Checkpoint, AnotherModelsCheckpointIsSkippedUntouchedAndASaveErrorThrowsOne
 // every rank. Two ranks as two threads, Gloo over one HashStore.
 TEST(Checkpoint, TheCollectiveResumeTakesTheNewestStepAnyRankHoldsAndEveryRankLoadsIt) {
   const std::string root = testing::MakeTempDir();
-  auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> failures(2);
   std::vector<torch::Tensor> saved(2);
   {  // rank 0 wrote steps 10 and 20 into its own directory; rank 1 wrote step 30 into its own
@@ -205,12 +203,8 @@ TEST(Checkpoint, TheCollectiveResumeTakesTheNewestStepAnyRankHoldsAndEveryRankLo
     CheckpointManager(CheckpointOptions{.dir = root + "/r1-later"}).save(b, opt_b, {.step = 30});
     saved[1] = b.l->weight.clone();
   }
-  auto rank_main = [&](int rank) {
-    Context ctx;
-    ctx.env.rank = rank;
-    ctx.env.world_size = 2;
-    ctx.store = store;
-    ctx.pg = makeGlooGroup(store, rank, 2, "127.0.0.1", std::chrono::seconds(30));
+  testing::RunRanksInThreads(2, [&](Context& ctx) {
+    const int rank = ctx.rank();
     std::string& f = failures[rank];
     std::vector<std::string> warnings;
     auto warn = [&](const std::string& w) { warnings.push_back(w); };
@@ -246,10 +240,7 @@ TEST(Checkpoint, TheCollectiveResumeTakesTheNewestStepAnyRankHoldsAndEveryRankLo
                                    "/none-" + std::to_string(rank) + " (strict resume)";
       if (e.what() != expected) f += std::string("strict's message: ") + e.what() + "; ";
     }
-  };
-  std::thread other(rank_main, 1);
-  rank_main(0);
-  other.join();
+  });
   EXPECT_EQ(failures[0], "");
   EXPECT_EQ(failures[1], "");
 }
@@ -266,12 +257,7 @@ TEST(Checkpoint, AResumeAtAnotherWorldSizeConvertsThePositionOrRefuses) {
       .save(a, opt, {.step = 30, .epoch_position = 60, .world_size = 2});
   CheckpointManager(CheckpointOptions{.dir = dir + "/w3"})
       .save(a, opt, {.step = 9, .epoch_position = 1, .world_size = 3});
-  {
-    auto store = c10::make_intrusive<c10d::HashStore>();
-    Context one;
-    one.env.world_size = 1;
-    one.store = store;
-    one.pg = makeGlooGroup(store, 0, 1, "127.0.0.1", std::chrono::seconds(30));
+  testing::RunRanksInThreads(1, [&](Context& one) {
     std::vector<std::string> warnings;
     auto st = CheckpointManager(CheckpointOptions{.dir = dir + "/w2"})
                   .resumeLatest(a, opt, one, {},
@@ -283,15 +269,10 @@ TEST(Checkpoint, AResumeAtAnotherWorldSizeConvertsThePositionOrRefuses) {
                             "checkpoint of step 30 was written at world size 2, this run has 1: "
                             "the position in the epoch, 60 samples per rank there, is 120 per "
                             "rank here (120 in all)"});
-  }
-  auto store = c10::make_intrusive<c10d::HashStore>();
+  });
   std::vector<std::string> said(2);
-  auto rank_main = [&](int rank) {
-    Context ctx;
-    ctx.env.rank = rank;
-    ctx.env.world_size = 2;
-    ctx.store = store;
-    ctx.pg = makeGlooGroup(store, rank, 2, "127.0.0.1", std::chrono::seconds(30));
+  testing::RunRanksInThreads(2, [&](Context& ctx) {
+    const int rank = ctx.rank();
     Tiny m;
     torch::optim::Adam o(m.parameters(), 0.1);
     try {
@@ -300,10 +281,7 @@ TEST(Checkpoint, AResumeAtAnotherWorldSizeConvertsThePositionOrRefuses) {
     } catch (const std::runtime_error& e) {
       said[rank] = e.what();
     }
-  };
-  std::thread other(rank_main, 1);
-  rank_main(0);
-  other.join();
+  });
   const std::string refusal =
       "checkpoint of step 9 was written at world size 3 with 1 samples per rank into the epoch "
       "(3 in all), which does not split over 2 ranks: resume at a world size that divides it, "

@@ -10,10 +10,6 @@
 #include <fstream>
 #include <set>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-
-#include <thread>
-
 #include "dlrun/checkpoint.h"
 #include "dlrun/data_sampler.h"
 #include "dlrun/worker.h"
@@ -21,6 +17,7 @@
 #include "dlrun/sampler.h"
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
+#include "worker/ranks_in_threads.h"
 
 namespace dlrun::worker {
 namespace {
@@ -124,14 +121,9 @@ TEST(DataLoaderSampler, TheLoaderSeesTheSamplersIndicesAndAResumeStartsMidEpoch)
 
 // The context's small collectives between two ranks (two threads, Gloo over one HashStore).
 TEST(ContextCollectives, AllReduceGatherBroadcastBarrierAndRanksAgree) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> failures(2);
-  auto rank_main = [&](int rank) {
-    Context ctx;
-    ctx.env.rank = rank;
-    ctx.env.world_size = 2;
-    ctx.store = store;
-    ctx.pg = makeGlooGroup(store, rank, 2, "127.0.0.1", std::chrono::seconds(30));
+  testing::RunRanksInThreads(2, [&](Context& ctx) {
+    const int rank = ctx.rank();
     std::string& f = failures[rank];
     if (ctx.allReduce(torch::tensor({rank + 1.0})).item<double>() != 3.0) f += "allReduce; ";
     if (ctx.allReduce(torch::tensor({rank + 1.0}), c10d::ReduceOp::MAX).item<double>() != 2.0) {
@@ -150,10 +142,7 @@ TEST(ContextCollectives, AllReduceGatherBroadcastBarrierAndRanksAgree) {
     } catch (const std::invalid_argument& e) {
       if (std::string(e.what()) != "broadcast: root 2 is not a rank of this 2-rank group") f += e.what();
     }
-  };
-  std::thread other(rank_main, 1);
-  rank_main(0);
-  other.join();
+  });
   EXPECT_EQ(failures[0], "");
   EXPECT_EQ(failures[1], "");
 }

@@ -268,6 +268,21 @@ void ConvertPosition(TrainingState* st, int world,
   st->world_size = world;
 }
 
+// Where a resume's warnings go: the caller's function, else stderr.
+using Warn = std::function<void(const std::string&)>;
+Warn WarnTo(const Warn& to) {
+  if (to) return to;
+  return [](const std::string& w) {
+    std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
+  };
+}
+
+// A checkpoint file's bytes (empty when unreadable: FileProblem then names it).
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 }  // namespace
 
 void CheckpointManager::save(const torch::nn::Module& model,
@@ -310,17 +325,10 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer,
     const std::function<void(const std::string&)>& warn_to) {
   ScopedRange range("checkpoint load");
-  const auto warn = [&](const std::string& w) {
-    if (warn_to) {
-      warn_to(w);
-    } else {
-      std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
-    }
-  };
+  const auto warn = WarnTo(warn_to);
   const auto load_start = std::chrono::steady_clock::now();
   for (const std::string& path : list()) {
-    std::ifstream in(path, std::ios::binary);
-    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string data = ReadWhole(path);
     const std::string problem = FileProblem(data);
     if (!problem.empty()) {
       warn(lite::StrCat("checkpoint ", path, " skipped: ", problem));
@@ -347,20 +355,13 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer, const Context& ctx,
     const ResumeOptions& options, const std::function<void(const std::string&)>& warn_to) {
   ScopedRange range("checkpoint load");
-  const auto warn = [&](const std::string& w) {
-    if (warn_to) {
-      warn_to(w);
-    } else {
-      std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
-    }
-  };
+  const auto warn = WarnTo(warn_to);
   const auto load_start = std::chrono::steady_clock::now();
   // This rank's newest intact file, if any (its directory may be node-local, or empty).
   std::string mine;
   int64_t my_step = -1;
   for (const std::string& path : list()) {
-    std::ifstream in(path, std::ios::binary);
-    std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string data = ReadWhole(path);
     if (const std::string problem = FileProblem(data); !problem.empty()) {
       warn(lite::StrCat("checkpoint ", path, " skipped: ", problem));
       continue;

@@ -49,6 +49,17 @@ inline constexpr char kHeartbeatFd[] = "DLRUN_HEARTBEAT_FD";
 // whole environment (NUL-separated KEY=VALUE entries, then end of file) when it promotes the
 // spare to a worker. End of file with nothing written: the spare is not needed, exit 0.
 inline constexpr char kSpareFd[] = "DLRUN_SPARE_FD";
+// In-process recovery (docs/RECOVERY.md, "A fault costs one step"): the read end of a pipe on
+// which the agent writes one line per word to a surviving worker of a program that declared
+// in-process recovery (a step record "C recovery" on the heartbeat pipe):
+//   regroup <generation> <master_port>\n   a rank was lost; the group's next generation meets
+//                                          at MASTER_ADDR:<master_port>, same ranks and size
+inline constexpr char kControlFd[] = "DLRUN_CONTROL_FD";
+inline constexpr char kRegroupWord[] = "regroup";
+// Set in the environment of a process that replaces a lost rank in a running group: the
+// generation it joins. It takes the model and training state from a survivor instead of a
+// checkpoint (dlrun::worker::Recovery::receive, dlrun_report.recoverable).
+inline constexpr char kRecoveryGen[] = "DLRUN_RECOVERY_GEN";
 
 // --- set by `dlrun slurm --preemptible` job scripts, read by the worker library ----------------
 // "1": after a SIGUSR1 checkpoint, rank 0 runs `scontrol requeue $SLURM_JOB_ID`.

@@ -187,6 +187,9 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
       ->check(CLI::PositiveNumber);
   app.add_option("--fail-at-step", a.fail_at_step,
                  "testing: the last rank exits 1 at this step of the first attempt");
+  app.add_option("--fail-how", a.fail_how,
+                 "testing: how --fail-at-step fails: exit (exit 1) or kill (SIGKILL itself)")
+      ->check(CLI::IsMember({"exit", "kill"}));
 }
 
 }  // namespace

@@ -32,6 +32,7 @@ struct TrainArgs {
   int64_t lr_warmup_steps = 0;
   double end_lr = 0;
   int64_t fail_at_step = 0;  // fault injection for restart tests: exit 1 at this step once
+  std::string fail_how = "exit";  // --fail-at-step: "exit" (exit 1) or "kill" (SIGKILL itself)
   // From --config (the tutorial's epochs): 0 = not set.
   int64_t num_epochs = 0;
   int64_t nsamples = 0;      // training samples per epoch

@@ -117,7 +117,26 @@ void Trainer::BuildSchedule() {
 // newest checkpoint any rank holds (the directory may be shared or node-local: the file goes to
 // the ranks without it in one broadcast). Then wrap in DDP, as with PyTorch.
 void Trainer::Resume() {
-  if (!a_.checkpoint_dir.empty()) {
+  dlrun::worker::RecoveryHooks hooks;
+  hooks.capture = [this] {
+    dlrun::worker::TrainingState st;
+    if (scaler_->enabled()) {
+      st.values["amp.scale"] = scaler_->currentScale();
+      st.values["amp.good_steps"] = scaler_->goodSteps();
+    }
+    return st;
+  };
+  hooks.restore = [this](const dlrun::worker::TrainingState& st) {
+    const auto& v = st.values;
+    if (scaler_->enabled() && v.count("amp.scale") && v.count("amp.good_steps")) {
+      scaler_->restore(v.at("amp.scale").toDouble(), v.at("amp.good_steps").toInt());
+    }
+  };
+  recovery_ = std::make_unique<dlrun::worker::Recovery>(ctx_, *model_, *opt_, std::move(hooks));
+  if (recovery_->replacement()) {
+    // This process replaces a lost rank: the state comes from a survivor, not a checkpoint.
+    start_step_ = recovery_->receive().step;
+  } else if (!a_.checkpoint_dir.empty()) {
     ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
     const auto load_start = Clock::now();
     auto resumed = ckpt_->resumeLatest(*model_, *opt_, ctx_, {}, [&](const std::string& w) {
@@ -137,19 +156,42 @@ void Trainer::Resume() {
       }
     }
   }
+  if (!a_.checkpoint_dir.empty() && !ckpt_) {
+    ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
+  }
+  recovery_->commit(start_step_);
+  MakeDdp();
+  std::signal(SIGUSR1, OnSigusr1);
+}
+
+void Trainer::MakeDdp() {
   dlrun::worker::DDPOptions ddp_opts;
   ddp_opts.bucket_cap_mb = a_.bucket_cap_mb;
   ddp_opts.broadcast_buffers = a_.broadcast_buffers;
   ddp_opts.fp16_compression = a_.fp16_grad_compression;
+  ddp_.reset();  // after a recovery: the old group's engine goes first
   ddp_ = std::make_unique<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>>(model_, ctx_.pg, ddp_opts);
-  std::signal(SIGUSR1, OnSigusr1);
 }
 
-void Trainer::OpenData() {
-  // Where a resume at start_step_ picks the streams up: the batches the steps before it took,
-  // and the validation batches of the epochs they ended.
-  const int64_t train_batches = start_step_ * a_.accumulation_steps;
-  const int64_t val_batches = start_step_ / steps_per_epoch_ * val_steps_;
+// A peer was lost and the group regrouped: every rank now holds the state of step r.step. The
+// DDP engine is made anew over the new group, and the data streams go on after r.step, so the
+// interrupted step is done again with the same samples.
+void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
+  MakeDdp();
+  prefetched_.reset();
+  OpenData(r.step);
+  if (rank_ == 0) {
+    std::printf("recovered in process at step %ld (generation %d, %.3f s): going on with step "
+                "%ld\n", r.step, r.generation, r.seconds, r.step + 1);
+    std::fflush(stdout);
+  }
+}
+
+void Trainer::OpenData(int64_t at_step) {
+  // Where a resume at at_step picks the streams up: the batches the steps before it took, and
+  // the validation batches of the epochs they ended.
+  const int64_t train_batches = at_step * a_.accumulation_steps;
+  const int64_t val_batches = at_step / steps_per_epoch_ * val_steps_;
   auto open_loader = [&](const std::string& path, uint64_t seed, int64_t batches) {
     auto src = dlrun::examples::CropSource::Open(path, a_.data_size, a_.data_mode == "inmem");
     if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
@@ -172,7 +214,7 @@ void Trainer::OpenData() {
                                 a_.seed * 31 + rank_ + 1, val_batches);
     }
   }
-  if (!a_.tensorboard_dir.empty() && rank_ == 0) {
+  if (!a_.tensorboard_dir.empty() && rank_ == 0 && !tb_) {
     auto w = dlrun::examples::EventWriter::Open(a_.tensorboard_dir);
     if (!w.ok()) throw std::runtime_error(std::string(w.status().message()));
     tb_ = std::move(*w);
@@ -234,7 +276,7 @@ int Trainer::Finish() {
   std::vector<torch::Tensor> mine{torch::tensor({static_cast<int64_t>(final_digest)}, long_opts)};
   std::vector<std::vector<torch::Tensor>> all(1);
   for (int r = 0; r < world_; ++r) all[0].push_back(torch::zeros({1}, long_opts));
-  ctx_.pg->allgather(all, mine)->wait();
+  all[0] = ctx_.allGather(mine[0]);
   if (rank_ != 0) return 0;
   std::printf("Time taken for %ld steps is %.3f sec, avg %.3f samples/sec\n", timed_steps, secs,
               sps);
@@ -291,7 +333,7 @@ int Trainer::Run() {
   BuildModel();
   BuildSchedule();
   Resume();
-  OpenData();
+  OpenData(start_step_);
   PrintHeader();
   if (a_.benchy) return Benchy();
   t0_ = start_ = epoch_start_ = Clock::now();
@@ -300,8 +342,14 @@ int Trainer::Run() {
   }
   for (int64_t step = start_step_ + 1; step <= a_.max_steps; ++step) {
     if (step == start_step_ + a_.warmup_steps + 1) start_ = Clock::now();
-    Step(step);
-    if (step % steps_per_epoch_ == 0 || step == a_.max_steps) EndOfEpoch(step);
+    const auto r = recovery_->run([&] {
+      Step(step);  // commits the step after its optimizer update
+      if (step % steps_per_epoch_ == 0 || step == a_.max_steps) EndOfEpoch(step);
+    });
+    if (r.recovered) {
+      AfterRecovery(r);
+      step = r.step;  // the loop goes on with r.step + 1
+    }
   }
   return Finish();
 }

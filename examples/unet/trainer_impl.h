@@ -24,10 +24,12 @@
 #include "dlrun/checkpoint.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
+#include "dlrun/recovery.h"
 #include "dlrun/worker.h"
 #include "nlohmann/json.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/contract.h"
 #include "common/cpus.h"
 #include "unet/data.h"
 #include "unet/gpu.h"
@@ -103,7 +105,9 @@ class Trainer {
   void BuildModel();
   void BuildSchedule();
   void Resume();
-  void OpenData();
+  void OpenData(int64_t at_step);
+  void AfterRecovery(const dlrun::worker::Recovery::Outcome& r);
+  void MakeDdp();
   void PrintHeader();
   int Benchy();
   void SetThreads();
@@ -136,6 +140,8 @@ class Trainer {
   std::optional<dlrun::worker::CheckpointManager> ckpt_;
   int64_t start_step_ = 0;
   std::unique_ptr<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>> ddp_;
+  // In-process recovery (docs/RECOVERY.md): a lost rank costs the step it interrupted.
+  std::unique_ptr<dlrun::worker::Recovery> recovery_;
   std::unique_ptr<SyntheticData> synthetic_, synthetic_val_;
   std::unique_ptr<dlrun::examples::Prefetcher> loader_, loader_val_;
   std::unique_ptr<dlrun::examples::EventWriter> tb_;

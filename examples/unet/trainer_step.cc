@@ -48,7 +48,7 @@ double Trainer::Validate() {
   }
   std::vector<torch::Tensor> t{torch::tensor({sum / std::max<int64_t>(1, val_steps_)},
                                              torch::TensorOptions().device(device_))};
-  if (world_ > 1) ctx_.pg->allreduce(t)->wait();
+  if (world_ > 1) ctx_.allReduce(t[0]);
   return t[0].item<double>() / world_;
 }
 
@@ -163,8 +163,13 @@ torch::Tensor Trainer::MicroStep(int64_t step, bool sync, double* data_s) {
 // the same allreduce tells every rank whether any rank was asked to checkpoint (SIGUSR1), so
 // every rank decides alike.
 void Trainer::Step(int64_t step) {
-  if (step == a_.fail_at_step && ctx_.env.restart_count == 0 && rank_ == world_ - 1) {
-    std::fprintf(stderr, "train_unet: --fail-at-step %ld: exiting as asked\n", step);
+  // Once: not after a restart, and not in the process that replaced it (in-process recovery).
+  if (step == a_.fail_at_step && ctx_.env.restart_count == 0 && rank_ == world_ - 1 &&
+      std::getenv(dlrun::contract::kRecoveryGen) == nullptr) {
+    std::fprintf(stderr, "train_unet: --fail-at-step %ld: %s as asked\n", step,
+                 a_.fail_how == "kill" ? "SIGKILL" : "exiting");
+    std::fflush(stderr);
+    if (a_.fail_how == "kill") raise(SIGKILL);
     std::exit(1);
   }
   const auto step_start = Clock::now();
@@ -182,6 +187,13 @@ void Trainer::Step(int64_t step) {
     loss_sum = m == 0 ? l.to(torch::kFloat32) : loss_sum + l.to(torch::kFloat32);
   }
   const torch::Tensor loss = loss_sum / static_cast<double>(a_.accumulation_steps);
+  const double local_compute_s = Seconds(step_start) - data_s;  // forward, backward
+  dlrun::worker::heartbeat();
+  // The step's last collective comes before the optimizer update, so a peer lost in it leaves
+  // every survivor's state at the step before (in-process recovery redoes this one).
+  std::vector<torch::Tensor> l{torch::stack(
+      {loss, torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
+  if (world_ > 1) ctx_.allReduce(l[0]);
   std::optional<dlrun::worker::ScopedRange> opt_range(std::in_place, "optimizer step");
   const bool finite = scaler_->unscale(params_);
   if (finite) opt_->step();  // an overflow under AMP skips the step on every rank alike
@@ -191,11 +203,7 @@ void Trainer::Step(int64_t step) {
                 scaler_->enabled() ? " by the loss scaler" : "");
   }
   scaler_->update(finite);
-  const double local_compute_s = Seconds(step_start) - data_s;  // forward, backward, optimizer
-  dlrun::worker::heartbeat();
-  std::vector<torch::Tensor> l{torch::stack(
-      {loss, torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
-  if (world_ > 1) ctx_.pg->allreduce(l)->wait();
+  recovery_->commit(step);  // this step's state is complete on this rank
   const double mean_loss = l[0][0].item<double>() / world_;
   // The step record for dlrun's telemetry (docs/TELEMETRY.md); it is also the heartbeat.
   dlrun::worker::StepReport report;

@@ -93,6 +93,23 @@ void reportResume(long long step, double load_s) {
   }
 }
 
+namespace {
+void WriteRecord(const char* line, int n) {
+  const int fd = HeartbeatFd();
+  if (fd < 0 || n <= 0 || n >= 128) return;
+  (void)!write(fd, line, static_cast<size_t>(n));  // one write: atomic on a pipe
+}
+}  // namespace
+
+void declareInProcessRecovery() { WriteRecord("C recovery\n", 11); }
+
+void reportStateFromPeer(long long step, double seconds) {
+  char line[128];
+  const int n = std::snprintf(line, sizeof line, "P %lld %.6f\n", step < 0 ? 0 : step,
+                              std::isfinite(seconds) && seconds > 0 ? seconds : 0.0);
+  WriteRecord(line, n);
+}
+
 void heartbeat() {
   const int fd = HeartbeatFd();
   if (fd >= 0) {

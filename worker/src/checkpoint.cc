@@ -1,4 +1,5 @@
 #include "dlrun/checkpoint.h"
+#include "checkpoint_bytes.h"
 #include "checkpoint_testing.h"
 
 #include <fcntl.h>
@@ -284,6 +285,26 @@ std::string ReadWhole(const std::string& path) {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::string CheckpointBytes(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                            const TrainingState& state) {
+  const std::string payload = SerializeCheckpoint(model, optimizer, state);
+  std::string bytes(kMagic, sizeof kMagic);
+  PutU64(&bytes, payload.size());
+  PutU64(&bytes, detail::Fnv1a(payload.data(), payload.size()));
+  return bytes + payload;
+}
+
+std::string CheckpointBytesProblem(const std::string& data) { return FileProblem(data); }
+
+void LoadCheckpointBytesInPlace(const std::string& data, torch::nn::Module& model,
+                                torch::optim::Optimizer& optimizer, TrainingState* st) {
+  LoadCheckpointBytes(data, model, optimizer, st);
+}
+
+}  // namespace detail
 
 void CheckpointManager::save(const torch::nn::Module& model,
                              const torch::optim::Optimizer& optimizer,

@@ -25,6 +25,7 @@
 #include <thread>
 #include <utility>
 
+#include "group.h"
 #include "text.h"
 #include "shm_allreduce.h"
 
@@ -145,7 +146,7 @@ static void CheckSameEverywhere(c10d::ProcessGroup& pg, const std::vector<torch:
   std::vector<std::vector<torch::Tensor>> all(1);
   for (int r = 0; r < pg.getSize(); ++r) all[0].push_back(torch::empty({n}, torch::kDouble));
   std::vector<torch::Tensor> in{values};
-  pg.allgather(all, in)->wait();
+  detail::WaitWork(pg.allgather(all, in));
   for (int64_t i = 0; i < n; ++i) {
     bool same = true;
     for (int r = 1; r < pg.getSize(); ++r) {
@@ -257,7 +258,7 @@ void DistributedDataParallelBase::prepareForward() {
   if (m.join_active && m.pg->getSize() > 1) {
     // join(): "still training", matched by the flag a joined rank sends each round.
     std::vector<torch::Tensor> still{m.Flag(1)};
-    m.pg->allreduce(still)->wait();
+    detail::WaitWork(m.pg->allreduce(still));
   }
   if (m.options.broadcast_buffers && m.pg->getSize() > 1 && !m.buffers.empty()) {
     torch::NoGradGuard no_grad;

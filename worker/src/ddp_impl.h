@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dlrun/ddp.h"
+#include "group.h"
 #include "shm_allreduce.h"
 #include "text.h"
 

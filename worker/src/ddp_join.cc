@@ -18,7 +18,7 @@ int DistributedDataParallelBase::Impl::BufferRoot(bool training) {
   std::vector<torch::Tensor> t{Flag(training ? pg->getRank() : -1)};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
-  pg->allreduce(t, max)->wait();
+  detail::WaitWork(pg->allreduce(t, max));
   return static_cast<int>(t[0].item<int64_t>());
 }
 
@@ -28,7 +28,7 @@ void DistributedDataParallelBase::Impl::ShadowUntilAllJoined() {
   bool last_to_finish = true;
   for (;;) {
     std::vector<torch::Tensor> still{Flag(0)};
-    pg->allreduce(still)->wait();
+    detail::WaitWork(pg->allreduce(still));
     if (still[0].item<int64_t>() == 0) break;
     last_to_finish = false;
     if (options.broadcast_buffers && !buffers.empty()) {
@@ -54,7 +54,7 @@ void DistributedDataParallelBase::Impl::ShadowUntilAllJoined() {
   std::vector<torch::Tensor> root{Flag(last_to_finish ? pg->getRank() : -1)};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
-  pg->allreduce(root, max)->wait();
+  detail::WaitWork(pg->allreduce(root, max));
   std::vector<torch::Tensor> state;
   for (const Slot& s : slots) state.push_back(s.param);
   if (options.broadcast_buffers) state.insert(state.end(), buffers.begin(), buffers.end());

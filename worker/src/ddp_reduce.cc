@@ -100,7 +100,7 @@ void DistributedDataParallelBase::Impl::RebuildInReadyOrder() {
   for (size_t i = 0; i < n; ++i) o[i] = static_cast<int64_t>(ready_order[i]);
   if (pg->getSize() > 1) {
     std::vector<torch::Tensor> t{order};
-    pg->broadcast(t)->wait();
+    detail::WaitWork(pg->broadcast(t));
   }
   std::vector<size_t> agreed(n);
   std::vector<bool> seen(n, false);
@@ -274,16 +274,16 @@ void DistributedDataParallelBase::Impl::SetUpSharedMemory() {
   const int instance = instances++;
   std::vector<torch::Tensor> t{torch::tensor(
       {static_cast<int64_t>(want ? 1 : 0), static_cast<int64_t>(pg->getRank() == 0 ? getpid() : 0)})};
-  pg->allreduce(t)->wait();
+  detail::WaitWork(pg->allreduce(t));
   if (t[0][0].item<int64_t>() != world) return;
   const std::string name = lite::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", instance);
   auto created = ShmAllreduce::Create(
       name, pg->getRank(), world,
       // Pieces as large as 32 MiB of segment allow (2 sets of world + 1 areas).
       std::max<int64_t>(4096, std::min<int64_t>(max_bytes, (32 << 20) / (2 * (world + 1)))),
-      [this] { pg->barrier()->wait(); }, std::chrono::minutes(5));
+      [this] { detail::WaitWork(pg->barrier()); }, std::chrono::minutes(5));
   std::vector<torch::Tensor> ok{torch::tensor({static_cast<int64_t>(created.ok() ? 1 : 0)})};
-  pg->allreduce(ok)->wait();
+  detail::WaitWork(pg->allreduce(ok));
   if (ok[0].item<int64_t>() != world) {
     if (!created.ok()) {
       std::fprintf(stderr, "dlrun::worker DDP: %s; using Gloo's allreduce\n",
@@ -349,7 +349,7 @@ void DistributedDataParallelBase::Impl::AwaitBuckets() {
       endRange(std::exchange(b.range, 0));
       continue;
     }
-    if (b.work) b.work->wait();
+    if (b.work) detail::WaitWork(b.work);
     b.flat.mul_(scale);
     endRange(std::exchange(b.range, 0));
   }

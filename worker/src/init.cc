@@ -28,6 +28,7 @@
 #include "text.h"
 #include "dlrun/agent_link.h"
 #include "dlrun/worker.h"
+#include "group.h"
 #include "fnv1a.h"
 
 namespace dlrun::worker {
@@ -169,31 +170,10 @@ std::string ResolveBackend(const std::string& requested) {
   return requested;
 }
 
-Context init(const InitOptions& options) {
-  // A warm spare waits here for the attempt it will run (docs/RECOVERY.md).
-  std::optional<std::chrono::steady_clock::time_point> promoted_at;
-  if (awaitPromotion()) promoted_at = std::chrono::steady_clock::now();
-  if (options.keep_freed_memory) keepFreedMemory();
-  if (options.crash_trace) installCrashTrace();
-  Context ctx;
-  try {
-    ctx.env = ParseDistEnv(ProcessEnvironment());
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(e.what());  // init() reports its errors as runtime_error
-  }
-  ctx.promoted_at = promoted_at;
-  const DistEnv& e = ctx.env;
+namespace detail {
 
-  std::chrono::milliseconds timeout = options.timeout;
-  if (const char* t = std::getenv(contract::kInitTimeout)) {
-    double s = 0;
-    if (!lite::SimpleAtod(t, &s) || s <= 0) {
-      throw std::runtime_error(lite::StrCat("environment variable ", contract::kInitTimeout, "='", t,
-                                            "' is invalid: expected seconds > 0"));
-    }
-    timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-  }
-  const std::string backend = ResolveBackend(options.backend);
+void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::milliseconds timeout) {
+  const DistEnv& e = ctx.env;
   c10d::TCPStoreOptions so;
   // A single process has no one to meet: its store takes a free port, so a job that runs alone
   // (a test, a quick try) never fails on a MASTER_PORT another job on the node holds.
@@ -219,6 +199,36 @@ Context init(const InitOptions& options) {
   if (backend == "nccl") nccl = NcclBackend(ctx.store, e, timeout);
 #endif
   ctx.pg = MakeProcessGroup(ctx.store, e.rank, e.world_size, gloo, nccl);
+}
+
+}  // namespace detail
+
+Context init(const InitOptions& options) {
+  // A warm spare waits here for the attempt it will run (docs/RECOVERY.md).
+  std::optional<std::chrono::steady_clock::time_point> promoted_at;
+  if (awaitPromotion()) promoted_at = std::chrono::steady_clock::now();
+  if (options.keep_freed_memory) keepFreedMemory();
+  if (options.crash_trace) installCrashTrace();
+  Context ctx;
+  try {
+    ctx.env = ParseDistEnv(ProcessEnvironment());
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());  // init() reports its errors as runtime_error
+  }
+  ctx.promoted_at = promoted_at;
+
+  std::chrono::milliseconds timeout = options.timeout;
+  if (const char* t = std::getenv(contract::kInitTimeout)) {
+    double s = 0;
+    if (!lite::SimpleAtod(t, &s) || s <= 0) {
+      throw std::runtime_error(lite::StrCat("environment variable ", contract::kInitTimeout, "='", t,
+                                            "' is invalid: expected seconds > 0"));
+    }
+    timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+  const std::string backend = ResolveBackend(options.backend);
+  ctx.backend = backend;
+  detail::ConnectGroup(ctx, backend, timeout);
   profileCaptureAtStart();  // --profile nsys --profile-steps 0:B (dlrun/nvtx_ranges.h)
   return ctx;
 }
@@ -227,7 +237,7 @@ torch::Tensor Context::allReduce(torch::Tensor t, c10d::ReduceOp op) const {
   std::vector<torch::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
-  pg->allreduce(v, o)->wait();
+  detail::WaitWork(pg->allreduce(v, o));
   return t;
 }
 
@@ -235,7 +245,7 @@ std::vector<torch::Tensor> Context::allGather(const torch::Tensor& t) const {
   std::vector<torch::Tensor> in{t.contiguous()};
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < pg->getSize(); ++r) out[0].push_back(torch::empty_like(in[0]));
-  pg->allgather(out, in)->wait();
+  detail::WaitWork(pg->allgather(out, in));
   return out[0];
 }
 
@@ -247,11 +257,11 @@ torch::Tensor Context::broadcast(torch::Tensor t, int root) const {
   std::vector<torch::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  pg->broadcast(v, o)->wait();
+  detail::WaitWork(pg->broadcast(v, o));
   return t;
 }
 
-void Context::barrier() const { pg->barrier()->wait(); }
+void Context::barrier() const { detail::WaitWork(pg->barrier()); }
 
 std::vector<int> Context::ranksDiffering(uint64_t value) const {
   // The 64 bits as an int64 (Gloo has no uint64 allgather).

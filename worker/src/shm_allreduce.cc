@@ -1,5 +1,7 @@
 #include "shm_allreduce.h"
 
+#include "agent_word.h"
+
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
@@ -104,10 +106,16 @@ lite::Status ShmAllreduce::Barrier() {
     __builtin_ia32_pause();
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  const timespec slice{0, 100 * 1000 * 1000};
+  const timespec slice{0, 10 * 1000 * 1000};  // the agent's word within 10 ms
   while (h.generation.load(std::memory_order_acquire) == gen) {
     if (h.poisoned.load(std::memory_order_acquire) != 0) {
       return lite::AbortedError("another local rank gave up on the shared-memory allreduce");
+    }
+    if (detail::PeerLossAnnounced()) {  // in-process recovery: a rank of this group is gone
+      h.poisoned.store(1, std::memory_order_release);
+      Futex(&h.generation, FUTEX_WAKE, INT32_MAX, nullptr);
+      return lite::AbortedError("shared-memory allreduce given up: the dlrun agent said a peer "
+                                "was lost");
     }
     if (std::chrono::steady_clock::now() > deadline) {
       h.poisoned.store(1, std::memory_order_release);

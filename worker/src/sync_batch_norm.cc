@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "group.h"
 #include "text.h"
 
 namespace dlrun::worker {
@@ -20,13 +21,13 @@ struct AllreduceSum : torch::autograd::Function<AllreduceSum> {
                                c10d::ProcessGroup* pg) {
     ctx->saved_data["pg"] = reinterpret_cast<int64_t>(pg);
     std::vector<torch::Tensor> t{x.clone()};
-    pg->allreduce(t)->wait();
+    detail::WaitWork(pg->allreduce(t));
     return t[0];
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* pg = reinterpret_cast<c10d::ProcessGroup*>(ctx->saved_data["pg"].toInt());
     std::vector<torch::Tensor> t{grads[0].contiguous().clone()};
-    pg->allreduce(t)->wait();
+    detail::WaitWork(pg->allreduce(t));
     return {t[0], torch::Tensor()};
   }
 };

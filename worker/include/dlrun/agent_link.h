@@ -32,6 +32,13 @@ void reportStep(const StepReport& r);
 // after loading one. A no-op outside dlrun.
 void reportResume(long long step, double load_s);
 
+// In-process recovery (dlrun/recovery.h, docs/RECOVERY.md): tells the dlrun agent that this
+// worker can survive a peer's loss (a step record "C recovery"), and, after one, that it took
+// (or sent) the state of `step` from a peer in `seconds` ("P <step> <seconds>", the restart
+// ledger's "state from peer" phase). dlrun::worker::Recovery calls both. No-ops outside dlrun.
+void declareInProcessRecovery();
+void reportStateFromPeer(long long step, double seconds);
+
 // On a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL), writes the crashing thread's native
 // frames to stderr (module+offset and the symbol where the module exports one) before the
 // default action, so dlrun's failure report names the frame it died in (docs/STACKS.md,

@@ -42,6 +42,8 @@ struct Context {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   // A warm spare: when the agent promoted it (awaitPromotion() returned); unset otherwise.
   std::optional<std::chrono::steady_clock::time_point> promoted_at;
+  // The backend init() resolved ("gloo" or "nccl"); in-process recovery rebuilds the group with it.
+  std::string backend = "gloo";
   int rank() const { return env.rank; }
   int worldSize() const { return env.world_size; }
 

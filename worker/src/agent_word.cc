@@ -1,0 +1,121 @@
+#include "agent_word.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "common/contract.h"
+#include "text.h"
+
+namespace dlrun::worker::detail {
+namespace {
+
+struct Words {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Regroup> newest;       // the newest word, until a newer one
+  std::atomic<int> announced{0};       // its generation
+  std::atomic<int> current{0};
+  std::atomic<bool> watching{false};
+};
+
+Words& TheWords() {
+  static Words* w = [] {
+    auto* w = new Words;  // never destroyed: the reader thread may outlive main()
+    int gen = 0;
+    if (const char* v = std::getenv(contract::kRecoveryGen); v != nullptr && lite::SimpleAtoi(v, &gen)) {
+      w->current = gen;
+      w->announced = gen;
+    }
+    return w;
+  }();
+  return *w;
+}
+
+void Announce(const Regroup& r) {
+  Words& w = TheWords();
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (r.generation <= w.announced.load()) return;  // an old or repeated word
+    w.newest = r;
+    w.announced = r.generation;
+  }
+  w.cv.notify_all();
+}
+
+// "regroup <generation> <master_port>"; anything else is ignored (a newer agent's other words).
+void OnLine(const std::string& line) {
+  std::istringstream in(line);
+  std::string word;
+  Regroup r;
+  if (in >> word >> r.generation >> r.master_port && word == contract::kRegroupWord &&
+      r.generation > 0 && r.master_port > 0 && r.master_port < 65536) {
+    Announce(r);
+  }
+}
+
+void ReadWords(int fd) {
+  std::string pending;
+  char buf[512];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the agent is gone
+    pending.append(buf, static_cast<size_t>(n));
+    for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+      OnLine(pending.substr(0, nl));
+      pending.erase(0, nl + 1);
+    }
+    if (pending.size() > 4096) pending.clear();  // not a word of ours
+  }
+}
+
+}  // namespace
+
+bool WatchAgentWords() {
+  Words& w = TheWords();
+  std::lock_guard<std::mutex> lock(w.mu);
+  if (w.watching) return true;
+  const char* v = std::getenv(contract::kControlFd);
+  int fd = -1;
+  if (v == nullptr || !lite::SimpleAtoi(v, &fd) || fd < 0 || fcntl(fd, F_GETFD) < 0) return false;
+  fcntl(fd, F_SETFD, FD_CLOEXEC);  // not into the programs this worker starts
+  std::thread(ReadWords, fd).detach();
+  w.watching = true;
+  return true;
+}
+
+bool WatchingAgentWords() { return TheWords().watching.load(std::memory_order_relaxed); }
+
+bool PeerLossAnnounced() {
+  Words& w = TheWords();
+  return w.announced.load(std::memory_order_acquire) > w.current.load(std::memory_order_acquire);
+}
+
+int CurrentGeneration() { return TheWords().current.load(); }
+
+std::optional<Regroup> AwaitRegroup(std::chrono::milliseconds timeout) {
+  Words& w = TheWords();
+  std::unique_lock<std::mutex> lock(w.mu);
+  w.cv.wait_for(lock, timeout, [&] { return w.announced.load() > w.current.load(); });
+  if (w.announced.load() <= w.current.load() || !w.newest) return std::nullopt;
+  return w.newest;
+}
+
+void EnterGeneration(int generation) {
+  Words& w = TheWords();
+  std::lock_guard<std::mutex> lock(w.mu);
+  if (generation > w.current.load()) w.current = generation;
+}
+
+void AnnounceForTesting(const Regroup& r) { Announce(r); }
+
+}  // namespace dlrun::worker::detail

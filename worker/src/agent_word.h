@@ -1,0 +1,39 @@
+// The agent -> worker direction of the agent link (contract::kControlFd): what the dlrun agent
+// tells a surviving worker when a peer is lost, for in-process recovery (dlrun/recovery.h).
+// Internal to the worker library; no LibTorch here, so the shared-memory allreduce can poll it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+namespace dlrun::worker::detail {
+
+struct Regroup {
+  int generation = 0;
+  int master_port = 0;
+};
+
+// Starts, once per process, the thread that reads the agent's words from DLRUN_CONTROL_FD.
+// False outside dlrun (no control pipe): nothing is started.
+bool WatchAgentWords();
+// Whether WatchAgentWords() started the reader (the library's waits then poll for the word).
+bool WatchingAgentWords();
+
+// True while the agent has announced a generation newer than the one this process runs: every
+// collective of the old group is to be given up (a peer of it is gone). Cheap (one atomic load).
+bool PeerLossAnnounced();
+
+// The generation this process runs (DLRUN_RECOVERY_GEN for a replacement, else 0), and the
+// newest the agent announced.
+int CurrentGeneration();
+
+// Waits up to `timeout` for the agent's word of a generation newer than the current one.
+std::optional<Regroup> AwaitRegroup(std::chrono::milliseconds timeout);
+
+// The group of `generation` is built: collectives are no longer given up.
+void EnterGeneration(int generation);
+
+// Tests: the word as if the agent had written it.
+void AnnounceForTesting(const Regroup& r);
+
+}  // namespace dlrun::worker::detail

@@ -1,0 +1,168 @@
+// In-process recovery (dlrun/recovery.h): the survivors' regroup, the state transfer from one
+// survivor, and the abortable wait the library's collectives use.
+#include "dlrun/recovery.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "agent_word.h"
+#include "checkpoint_bytes.h"
+#include "dlrun/agent_link.h"
+#include "group.h"
+#include "text.h"
+
+namespace dlrun::worker {
+
+namespace detail {
+
+void WaitWork(const c10::intrusive_ptr<c10d::Work>& work) {
+  if (!WatchingAgentWords()) {
+    work->wait();
+    return;
+  }
+  for (;;) {
+    if (PeerLossAnnounced() && !work->isCompleted()) {
+      throw PeerLost("collective given up: the dlrun agent said a rank of the group was lost");
+    }
+    try {
+      work->wait(std::chrono::milliseconds(20));
+      return;
+    } catch (...) {
+      if (work->isCompleted()) throw;  // its own error, not the slice's timeout
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                   RecoveryHooks hooks, RecoveryOptions options)
+    : ctx_(ctx), model_(model), optimizer_(optimizer), hooks_(std::move(hooks)),
+      options_(options) {
+  enabled_ = detail::WatchAgentWords();
+  // Made at start-up: only a replacement starts in a generation after the first.
+  replacement_ = enabled_ && detail::CurrentGeneration() > 0;
+  if (enabled_) declareInProcessRecovery();
+}
+
+// Collective over ctx_: the lowest rank with the highest committed step sends model, optimizer
+// and state; every rank behind it (the replacement passes -1) loads them. Then the ranks'
+// parameters and buffers must agree bit for bit.
+TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
+  const int64_t best =
+      ctx_.allReduce(torch::tensor({my_step}, torch::kInt64), c10d::ReduceOp::MAX).item<int64_t>();
+  if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
+  const int root = static_cast<int>(
+      ctx_.allReduce(torch::tensor({my_step == best ? ctx_.rank() : ctx_.worldSize()}, torch::kInt64),
+                     c10d::ReduceOp::MIN)
+          .item<int64_t>());
+  *root_out = root;
+  std::string mine;
+  TrainingState st;
+  if (ctx_.rank() == root) {
+    if (hooks_.capture) st = hooks_.capture();
+    st.step = best;
+    st.world_size = ctx_.worldSize();
+    mine = detail::CheckpointBytes(model_, optimizer_, st);
+  }
+  const int64_t size =
+      ctx_.broadcast(torch::tensor({static_cast<int64_t>(mine.size())}, torch::kInt64), root)
+          .item<int64_t>();
+  torch::Tensor bytes = torch::empty({size}, torch::kUInt8);
+  if (ctx_.rank() == root) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  ctx_.broadcast(bytes, root);
+  *loaded = my_step < best;
+  if (*loaded) {
+    const std::string data(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(size));
+    if (const std::string problem = detail::CheckpointBytesProblem(data); !problem.empty()) {
+      throw std::runtime_error(lite::StrCat("recovery: the state of step ", best, " from rank ",
+                                            root, " arrived damaged: ", problem));
+    }
+    detail::LoadCheckpointBytesInPlace(data, model_, optimizer_, &st);
+    if (hooks_.restore) hooks_.restore(st);
+  }
+  std::vector<torch::Tensor> all = model_.parameters();
+  for (const torch::Tensor& b : model_.buffers()) all.push_back(b);
+  if (const std::vector<int> differ = ctx_.ranksDiffering(digest(all)); !differ.empty()) {
+    throw std::runtime_error(lite::StrCat("recovery: rank(s) ", lite::StrJoin(differ, ","),
+                                          " hold other parameters than rank 0 after the state "
+                                          "transfer from rank ", root, ": not going on with "
+                                          "replicas that differ"));
+  }
+  st.step = best;
+  return st;
+}
+
+TrainingState Recovery::receive() {
+  if (!replacement_) throw std::logic_error("Recovery::receive() outside a replacement process");
+  const auto t0 = std::chrono::steady_clock::now();
+  bool loaded = false;
+  int root = 0;
+  TrainingState st = Transfer(-1, &loaded, &root);
+  committed_ = st.step;
+  replacement_ = false;
+  reportStateFromPeer(st.step, SecondsSince(t0));
+  std::fprintf(stderr, "dlrun::worker: rank %d took the state of step %lld from rank %d in %.3f s "
+               "(generation %d)\n", ctx_.rank(), static_cast<long long>(st.step), root,
+               SecondsSince(t0), detail::CurrentGeneration());
+  return st;
+}
+
+void Recovery::Regroup(int generation, int master_port) {
+  // The old group is left as it is, not destroyed: its threads may still wait on a peer that
+  // is gone (until Gloo's own timeout), and destroying it would wait with them.
+  (void)ctx_.pg.release();
+  (void)ctx_.store.release();
+  ctx_.env.master_port = master_port;
+  detail::ConnectGroup(ctx_, ctx_.backend, options_.timeout);
+  detail::EnterGeneration(generation);
+}
+
+Recovery::Outcome Recovery::run(const std::function<void()>& body) {
+  if (!enabled_) {
+    body();
+    return {};
+  }
+  std::exception_ptr error;
+  std::string what;
+  try {
+    body();
+    return {};
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    what = FirstLine(e.what());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::optional<detail::Regroup> word = detail::AwaitRegroup(options_.word_timeout);
+  if (!word) std::rethrow_exception(error);  // not a peer's loss: the error stands
+  std::fprintf(stderr, "dlrun::worker: rank %d: a peer was lost (%s); joining generation %d\n",
+               ctx_.rank(), what.c_str(), word->generation);
+  try {
+    Regroup(word->generation, word->master_port);
+    bool loaded = false;
+    int root = 0;
+    const TrainingState st = Transfer(committed_, &loaded, &root);
+    committed_ = st.step;
+    const double secs = SecondsSince(t0);
+    reportStateFromPeer(st.step, secs);
+    return {true, st.step, word->generation, secs};
+  } catch (const std::exception& e) {
+    throw std::runtime_error(lite::StrCat("in-process recovery failed (generation ",
+                                          word->generation, "): ", FirstLine(e.what())));
+  }
+}
+
+}  // namespace dlrun::worker

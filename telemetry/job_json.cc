@@ -63,6 +63,7 @@ nlohmann::json LostJson(const JobTelemetry::Snapshot& s) {
               {"fault_step", c.fault_step >= 0 ? json(c.fault_step) : json()},
               {"resumed_step", c.resumed_step >= 0 ? json(c.resumed_step) : json()},
               {"resumed", c.resumed},
+              {"in_process", c.in_process},
               {"total_s", c.total_s()}});
     list.push_back(std::move(x));
   }

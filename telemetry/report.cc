@@ -18,8 +18,20 @@ namespace {
 // One line per restart: its cause and, where measured, what it cost by phase.
 std::string RestartLines(const JobTelemetry::Snapshot& s) {
   std::map<int, const RestartCost*> cost;
-  for (const RestartCost& c : s.restart_costs) cost[c.restart] = &c;
   std::string out;
+  for (const RestartCost& c : s.restart_costs) {
+    if (!c.in_process) {
+      cost[c.restart] = &c;
+      continue;
+    }
+    // In-process recoveries restart nothing: the survivors kept running (docs/RECOVERY.md).
+    absl::StrAppend(&out, absl::StrFormat(
+        "\n  in-process recovery after step %d: %.2f s lost (on %s): detection %.2f, start %.2f, "
+        "state from peer %.2f, %d step(s) recomputed %.2f",
+        c.fault_step, c.total_s(), c.host, c.detection_s, c.start_s, c.state_from_peer_s,
+        c.recomputed_steps, c.recomputed_s));
+    if (!c.resumed) absl::StrAppend(&out, " (so far)");
+  }
   const int n = std::max<int>(static_cast<int>(s.restart_causes.size()),
                               cost.empty() ? 0 : cost.rbegin()->first);
   for (int i = 1, shown = 0; i <= n && shown < 5; ++i) {

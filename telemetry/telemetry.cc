@@ -22,6 +22,7 @@ void RestartCost::Add(const RestartCost& b) {
   rendezvous_s += b.rendezvous_s;
   start_s += b.start_s;
   checkpoint_load_s += b.checkpoint_load_s;
+  state_from_peer_s += b.state_from_peer_s;
   recomputed_s += b.recomputed_s;
   recomputed_steps += b.recomputed_steps;
 }

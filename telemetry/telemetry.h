@@ -62,19 +62,22 @@ struct RestartCost {
   double rendezvous_s = 0;  // -> the new assignment
   double start_s = 0;       // -> the first step begins (process start, init), less the load
   double checkpoint_load_s = 0;
+  double state_from_peer_s = 0;  // in-process recovery: the state transfer from a survivor
   double recomputed_s = 0;  // steps done before the fault, computed again
   int64_t recomputed_steps = 0;
   int64_t fault_step = -1;    // the highest step finished before the fault
   int64_t resumed_step = -1;  // the checkpoint's step the workers reported (-1: none)
   bool resumed = false;       // a step past fault_step began (else the figures are so far)
+  bool in_process = false;    // the survivors kept running (in-process recovery)
   // The phases in order, with their names ("detection", ..., "recomputed"): the report's JSON
   // keys are the name + "_s", /metrics' labels the name.
-  std::array<std::pair<const char*, double>, 6> Phases() const {
+  std::array<std::pair<const char*, double>, 7> Phases() const {
     return {{{"detection", detection_s},
              {"stop", stop_s},
              {"rendezvous", rendezvous_s},
              {"start", start_s},
              {"checkpoint_load", checkpoint_load_s},
+             {"state_from_peer", state_from_peer_s},
              {"recomputed", recomputed_s}}};
   }
   double total_s() const {

@@ -30,6 +30,8 @@ void ToProto(const RestartCost& c, v1::RestartCost* x) {
   x->set_fault_step(c.fault_step);
   x->set_resumed_step(c.resumed_step);
   x->set_resumed(c.resumed);
+  x->set_state_from_peer_s(c.state_from_peer_s);
+  x->set_in_process(c.in_process);
 }
 
 void ToProto(const RankProfile& p, v1::RankProfile* x) {
@@ -66,7 +68,7 @@ void ToProto(const RankTelemetry& r, v1::RankTelemetry* x) {
 
 absl::StatusOr<RestartCost> FromProto(const v1::RestartCost& x) {
   for (double v : {x.detection_s(), x.stop_s(), x.rendezvous_s(), x.start_s(),
-                   x.checkpoint_load_s(), x.recomputed_s()}) {
+                   x.checkpoint_load_s(), x.recomputed_s(), x.state_from_peer_s()}) {
     if (!Finite(v) || v > 1e9) {
       return InvalidArgumentError(absl::StrCat("telemetry of restart ", x.restart(),
                                                " has a phase of ", v,
@@ -93,6 +95,8 @@ absl::StatusOr<RestartCost> FromProto(const v1::RestartCost& x) {
   c.fault_step = x.fault_step();
   c.resumed_step = x.resumed_step();
   c.resumed = x.resumed();
+  c.state_from_peer_s = x.state_from_peer_s();
+  c.in_process = x.in_process();
   return c;
 }
 

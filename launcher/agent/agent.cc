@@ -85,15 +85,21 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   telemetry_.GroupStarted(std::move(members), current_, assigned_at);
   fault_seen_at_.reset();
   stopped_at_.reset();
-  if (!options_.run_dir.empty()) {  // for `dlrun stacks`
-    const JobChannel::RdzvAddress rdzv = channel_->Address();
-    const WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, group,
-                         rdzv.endpoint, rdzv.token};
-    if (absl::Status s = run_dir_.WriteWorkers(wf); !s.ok()) {
-      spdlog::debug("{}", std::string(s.message()));
-    }
-  }
+  generation_ = 0;
+  recovery_deadline_.reset();
+  awaiting_state_.clear();
+  WriteWorkersFile(group);
   return absl::OkStatus();
+}
+
+void Agent::WriteWorkersFile(const std::vector<DumpTarget>& group) {
+  if (options_.run_dir.empty()) return;  // for `dlrun stacks`
+  const JobChannel::RdzvAddress rdzv = channel_->Address();
+  const WorkersFile wf{current_.run_id, options_.hostname, getpid(), attempt_, group,
+                       rdzv.endpoint, rdzv.token};
+  if (absl::Status s = run_dir_.WriteWorkers(wf); !s.ok()) {
+    spdlog::debug("{}", std::string(s.message()));
+  }
 }
 
 int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
@@ -139,6 +145,12 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         woken_ = true;
         break;
       case ProcEvent::Kind::kStep:
+        if (e.step.kind == 'C' || e.step.kind == 'P') {
+          for (Worker& w : workers_) {
+            if (w.pid == e.pid && w.alive) w.recoverable = true;
+          }
+          if (e.step.kind == 'P') StateFromPeer(e.pid, e.step.step);
+        }
         telemetry_.Step(e.pid, e.step);
         if (options_.profiler && e.step.kind == 'S') {
           for (const Worker& w : workers_) {
@@ -188,12 +200,19 @@ Agent::Watch Agent::WatchGroup() {
                            options_.hang_timeout.count(), " ms"),
               0};
     }
-    const int forwarded =
-        HandleEvents(processes_.Wait(std::min({next_check, next_hang, telemetry_.Due()})));
+    const int forwarded = HandleEvents(processes_.Wait(std::min(
+        {next_check, next_hang, telemetry_.Due(), recovery_deadline_.value_or(SteadyTime::max())})));
     telemetry_.MaybePublish();
     if (forwarded != 0) return {Outcome::kSignalled, "", forwarded};
-    for (const WorkerExit& e : exits_) {
-      if (e.failed()) return {Outcome::kFailed, "", 0};
+    const bool failed = std::any_of(exits_.begin(), exits_.end(),
+                                    [](const WorkerExit& e) { return e.failed(); });
+    if (failed && !RecoverInProcess()) return {Outcome::kFailed, "", 0};
+    if (recovery_deadline_ && clock_.Now() >= *recovery_deadline_) {
+      return {Outcome::kUnrecovered,
+              absl::StrCat("in-process recovery (generation ", generation_,
+                           ") did not end within ", options_.recovery_timeout.count(), " ms: ",
+                           awaiting_state_.size(), " rank(s) never said they hold the state"),
+              0};
     }
     if (clock_.Now() >= next_check) {
       std::string reason;
@@ -368,6 +387,12 @@ int Agent::RunAttempts() {
         break;
       case Watch::Outcome::kFailed:
         rc = AfterFailure();
+        break;
+      case Watch::Outcome::kUnrecovered:
+        spdlog::error("{}: restarting from the checkpoint instead", w.reason);
+        StopWithCapture("an in-process recovery that did not end");
+        telemetry_.MaybePublish(/*now_anyway=*/true);
+        if (!source_->OnFailure(w.reason, false)) return 1;
         break;
       case Watch::Outcome::kHung:
         spdlog::error("{}: stopping the worker group", w.reason);

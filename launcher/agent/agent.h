@@ -55,11 +55,14 @@ class Agent {
     bool alive = false;
     bool heartbeat_seen = false;
     SteadyTime last_heartbeat;
+    bool recoverable = false;  // declared in-process recovery (a "C recovery" record)
   };
   // How one attempt's supervision ended.
   struct Watch {
-    enum class Outcome { kSucceeded, kFailed, kHung, kSignalled, kRestart, kStop } outcome;
-    std::string reason;  // kRestart, kStop: the rendezvous' reason; kHung: what hung
+    enum class Outcome { kSucceeded, kFailed, kHung, kSignalled, kRestart, kStop, kUnrecovered } outcome;
+    // kRestart, kStop: the rendezvous' reason; kHung: what hung; kUnrecovered: why an
+    // in-process recovery did not finish
+    std::string reason;
     int signal = 0;      // kSignalled
   };
 
@@ -75,6 +78,14 @@ class Agent {
   // The verdict after every local worker succeeded: an exit code, or -1 to run again.
   int AfterSuccess();
   int AfterFailure();
+  // In-process recovery (agent_recovery.cc): whether the failed workers in exits_ can be
+  // replaced while the others keep running, and doing it (false: the ordinary failure path).
+  bool CanRecoverInProcess(std::string* why_not) const;
+  bool RecoverInProcess();
+  // A "state from peer" record of `pid`: the recovery in progress ends when every rank sent one.
+  void StateFromPeer(pid_t pid, int64_t step);
+  // The workers file for `dlrun stacks` (the group's ranks and pids).
+  void WriteWorkersFile(const std::vector<DumpTarget>& group);
   // Whether the first failure's stacks tell something (--capture-before-kill auto): not a plain
   // exception whose traceback is in its error file.
   bool FirstFailureTells() const;
@@ -114,6 +125,14 @@ class Agent {
   bool woken_ = false;
   bool passthrough_hint_given_ = false;  // NoteDeathByPassedOnSignal's advice, once per run
   std::vector<WorkerExit> exits_;
+  // In-process recovery: the generation of the group (0: as started), the recovery in progress
+  // (its deadline, the workers that have not yet said they hold the state), and the last one's
+  // lost rank and step (the same twice: the ordinary restart instead).
+  int generation_ = 0;
+  std::optional<SteadyTime> recovery_deadline_;
+  SteadyTime recovery_started_;
+  std::vector<pid_t> awaiting_state_;
+  std::optional<std::pair<int, int64_t>> last_recovered_;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
   RunDir run_dir_;  // the only way to the run directory's files

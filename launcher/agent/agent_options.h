@@ -63,6 +63,18 @@ struct AgentOptions {
   bool stdout_pty = false;  // workers' stdout on a pseudo-terminal (dlrun's stdout is one)
   // A warm spare per local rank, started this command (empty: none; SpawnSpec::spare_argv).
   std::vector<std::string> spare_argv;
+  // In-process recovery (docs/RECOVERY.md, "A fault costs one step"): when a worker of a
+  // program that declared it dies, the survivors keep running, the lost local rank starts again
+  // (or a spare takes its place), and the survivors are told the group's next generation on
+  // their control pipes. kRestart: always torchrun's stop-all-and-restart. Single-node groups.
+  enum class Recovery { kInProcess, kRestart };
+  Recovery recovery = Recovery::kInProcess;
+  // A recovery that has not ended (every rank's "state from peer" record) within this falls
+  // back to the ordinary restart.
+  Millis recovery_timeout{60000};
+  // A fresh port on the master address (the argument) for a recovery's new group, held until
+  // the agent ends; null: no in-process recovery.
+  std::function<int(const std::string&)> pick_master_port;
   // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
   bool exit_with_worker_code = false;
   std::string program_name = "worker";  // named in the failure block

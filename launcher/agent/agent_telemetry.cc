@@ -67,6 +67,25 @@ void AgentTelemetry::GroupStarted(std::vector<Member> members, const Assignment&
   }
 }
 
+void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t) {
+  ledger_.Stopped(t);
+  ledger_.GroupStarted(static_cast<int>(group.restart_count), t, clock_.Now());
+  for (const Member& m : members_) {  // a lost rank's CPU time stays counted
+    const bool kept = std::any_of(members.begin(), members.end(),
+                                  [&](const Member& n) { return n.pid == m.pid; });
+    if (auto it = cpu_seen_.find(m.pid); !kept && it != cpu_seen_.end()) {
+      cpu_base_[m.rank] += it->second;
+      cpu_seen_.erase(it);
+    }
+  }
+  members_ = std::move(members);
+  if (sampler_) {
+    std::vector<pid_t> pids;
+    for (const Member& m : members_) pids.push_back(m.pid);
+    sampler_->Watch(std::move(pids));
+  }
+}
+
 void AgentTelemetry::Exited(pid_t pid) {
   for (Member& m : members_) {
     if (m.pid == pid) m.alive = false;
@@ -80,6 +99,11 @@ void AgentTelemetry::Step(pid_t pid, const StepRecord& step) {
       ledger_.Resumed(step.step, step.step_s);
       continue;
     }
+    if (step.kind == 'P') {  // in-process recovery: the state came from a peer
+      ledger_.StateFromPeer(step.step, step.step_s);
+      continue;
+    }
+    if (step.kind != 'S') continue;  // 'C': a declaration
     ledger_.Step(step.step, step.step_s, clock_.Now());
     RankSteps& r = rank_steps_[m.rank];
     attempt_last_step_[m.rank] = step.step;

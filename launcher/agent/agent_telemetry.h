@@ -79,6 +79,9 @@ class AgentTelemetry {
   // The agent saw a fault (the restart ledger's span opens, restart_ledger.h), or finished
   // stopping the workers after one.
   void FaultSeen(SteadyTime t) { ledger_.FaultSeen(t); }
+  // In-process recovery: the group goes on as `members` (the lost ranks' new pids, the others
+  // the same processes) from `t`, without a stop or a rendezvous.
+  void Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t);
   void Stopped(SteadyTime t) { ledger_.Stopped(t); }
   void Exited(pid_t pid);
   void Step(pid_t pid, const StepRecord& step);

@@ -64,7 +64,7 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
 }
 
 // In the child, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void ExecChild(pid_t agent_pid, int out_w, int err_w, int hb_w, int spare_r,
+[[noreturn]] void ExecChild(pid_t agent_pid, int out_w, int err_w, int hb_w, int ctl_r, int spare_r,
                             const cpu_set_t* cpus, char** argv, char** envp,
                             const std::string& failure) {
   // Own process group (the agent signals everything a worker starts), die with the agent even
@@ -80,6 +80,7 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
   dup2(err_w, STDERR_FILENO);
   fcntl(hb_w, F_SETFD, 0);  // the heartbeat pipe survives exec
   fcntl(hb_w, F_SETFL, fcntl(hb_w, F_GETFL) | O_NONBLOCK);  // a full pipe never blocks a worker
+  fcntl(ctl_r, F_SETFD, 0);  // the agent's words (in-process recovery) survive exec too
   if (spare_r >= 0) fcntl(spare_r, F_SETFD, 0);  // a spare reads its environment here
   if (cpus != nullptr) sched_setaffinity(0, sizeof *cpus, cpus);
   execvpe(argv[0], argv, envp);
@@ -142,14 +143,16 @@ PosixProcesses::~PosixProcesses() {
 absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
     const std::vector<std::string>& argv_in, std::map<std::string, std::string> env,
     const std::vector<int>& cpu_list, bool pty, bool spare) {
-  int out_pipe[2], err_pipe[2], hb_pipe[2], spare_pipe[2] = {-1, -1};
+  int out_pipe[2], err_pipe[2], hb_pipe[2], ctl_pipe[2], spare_pipe[2] = {-1, -1};
   if (pty ? !OpenPty(out_pipe) : pipe2(out_pipe, O_CLOEXEC) != 0) {
     return absl::InternalError(std::strerror(errno));
   }
   if (pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
   if (pipe2(hb_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return absl::InternalError(std::strerror(errno));
+  if (pipe2(ctl_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
   if (spare && pipe2(spare_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
   env[contract::kHeartbeatFd] = std::to_string(hb_pipe[1]);
+  env[contract::kControlFd] = std::to_string(ctl_pipe[0]);
   if (spare) env[contract::kSpareFd] = std::to_string(spare_pipe[0]);
   std::vector<std::string> env_strings = MergedEnvironment(env);
   std::vector<char*> envp, argv;
@@ -166,13 +169,16 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
-    ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], spare_pipe[0],
+    ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], ctl_pipe[0], spare_pipe[0],
               cpu_list.empty() ? nullptr : &cpus, argv.data(), envp.data(), failure);
   }
   setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
   close(out_pipe[1]);
   close(err_pipe[1]);
   close(hb_pipe[1]);
+  close(ctl_pipe[0]);
+  // The agent never waits on a worker that does not read: a full pipe drops the word.
+  fcntl(ctl_pipe[1], F_SETFL, fcntl(ctl_pipe[1], F_GETFL) | O_NONBLOCK);
   if (spare) close(spare_pipe[0]);
   Started st;
   st.pid = pid;
@@ -180,13 +186,16 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
   st.err_fd = err_pipe[0];
   st.heartbeat_fd = hb_pipe[0];
   st.heartbeat_child_fd = hb_pipe[1];
+  st.control_fd = ctl_pipe[1];
+  st.control_child_fd = ctl_pipe[0];
   st.spare_fd = spare_pipe[1];
   return st;
 }
 
 void PosixProcesses::DiscardSpare(Spare* s) {
   kill(-s->proc.pid, SIGKILL);
-  for (int* fd : {&s->proc.out_fd, &s->proc.err_fd, &s->proc.heartbeat_fd, &s->proc.spare_fd}) {
+  for (int* fd : {&s->proc.out_fd, &s->proc.err_fd, &s->proc.heartbeat_fd, &s->proc.spare_fd,
+                  &s->proc.control_fd}) {
     CloseFd(fd);
   }
 }
@@ -207,6 +216,7 @@ std::optional<PosixProcesses::Started> PosixProcesses::Promote(const SpawnSpec& 
   // The worker's whole environment, as a cold start would have it, on the spare's pipe.
   std::map<std::string, std::string> env = spec.env;
   env[contract::kHeartbeatFd] = std::to_string(sp.proc.heartbeat_child_fd);
+  env[contract::kControlFd] = std::to_string(sp.proc.control_child_fd);
   std::string block;
   for (const std::string& kv : MergedEnvironment(env)) {
     block += kv;
@@ -270,6 +280,7 @@ absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
   c.out_fd = st->out_fd;
   c.err_fd = st->err_fd;
   c.heartbeat_fd = st->heartbeat_fd;
+  c.control_fd = st->control_fd;
   c.out = OpenStream(spec.console_prefix, spec.out);
   c.err = OpenStream(spec.console_prefix, spec.err);
   children_.push_back(std::move(c));
@@ -277,6 +288,18 @@ absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
 }
 
 void PosixProcesses::SignalGroup(pid_t pid, int sig) { kill(-pid, sig); }
+
+bool PosixProcesses::Tell(pid_t pid, const std::string& line) {
+  for (const Child& c : children_) {
+    if (c.pid != pid || c.control_fd < 0) continue;
+    ssize_t n;
+    do {
+      n = write(c.control_fd, line.data(), line.size());  // < PIPE_BUF: whole or nothing
+    } while (n < 0 && errno == EINTR);
+    return n == static_cast<ssize_t>(line.size());
+  }
+  return false;
+}
 
 Processes::SignalAction PosixProcesses::Disposition(pid_t pid, int sig) const {
   if (sig < 1 || sig > 64) return SignalAction::kUnknown;
@@ -428,6 +451,7 @@ void PosixProcesses::CloseOutputs() {
     CloseFd(&c.out_fd);
     CloseFd(&c.err_fd);
     CloseFd(&c.heartbeat_fd);
+    CloseFd(&c.control_fd);
     c.out->Finish();
     c.err->Finish();
     error_tails_[c.pid] = c.err->tail();
@@ -436,6 +460,9 @@ void PosixProcesses::CloseOutputs() {
 }
 
 std::string PosixProcesses::ErrorTail(pid_t pid) const {
+  for (const Child& c : children_) {  // a worker of the running group (in-process recovery)
+    if (c.pid == pid && c.err_fd < 0) return c.err->tail();
+  }
   auto it = error_tails_.find(pid);
   return it == error_tails_.end() ? "" : it->second;
 }

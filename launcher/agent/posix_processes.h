@@ -25,6 +25,7 @@ class PosixProcesses final : public Processes {
 
   absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) override;
   void SignalGroup(pid_t pid, int sig) override;
+  bool Tell(pid_t pid, const std::string& line) override;
   SignalAction Disposition(pid_t pid, int sig) const override;
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
   void Wake() override;
@@ -36,6 +37,7 @@ class PosixProcesses final : public Processes {
   struct Child {
     pid_t pid = -1;
     int out_fd = -1, err_fd = -1, heartbeat_fd = -1;
+    int control_fd = -1;  // the write end of its control pipe (contract::kControlFd)
     std::unique_ptr<LineStream> out, err;
     StepRecordReader records;
   };
@@ -44,6 +46,7 @@ class PosixProcesses final : public Processes {
     pid_t pid = -1;
     int out_fd = -1, err_fd = -1, heartbeat_fd = -1;
     int heartbeat_child_fd = -1;  // the heartbeat pipe's fd number in the process
+    int control_fd = -1, control_child_fd = -1;  // the control pipe: agent's end, process' fd
     int spare_fd = -1;            // a spare: the write end of its environment pipe
   };
   // A warm spare waiting for promotion, and what it must match to be promoted.

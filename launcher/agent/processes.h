@@ -54,6 +54,9 @@ class Processes {
   // Starts a worker in its own process group (pid == pgid).
   virtual absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) = 0;
   virtual void SignalGroup(pid_t pid, int sig) = 0;
+  // Writes `line` to the worker's control pipe (contract::kControlFd: the agent's words to a
+  // worker that declared in-process recovery). False when it could not be written whole.
+  virtual bool Tell(pid_t pid, const std::string& line) { return false; }
   // What the worker `pid` does on `sig`, as the kernel says (/proc/PID/status). The agent stops a
   // worker that ignores SIGINT (inherited from a shell's `dlrun ... &`) with SIGTERM instead of
   // waiting out the grace period, and warns when a passed-on SIGUSR1 meets no handler.

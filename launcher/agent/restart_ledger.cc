@@ -36,8 +36,10 @@ void RestartLedger::CloseGroup(SteadyTime t) {
   if (!o.in_group) return;
   // The failed group's time: its start (less its load) up to its first step, then recomputing.
   const SteadyTime first = o.first_begin ? std::clamp(*o.first_begin, o.mark, t) : t;
-  o.cost.start_s += std::max(0.0, Secs(o.mark, first) - o.load_s);
-  o.cost.checkpoint_load_s += std::min(o.load_s, Secs(o.mark, first));
+  const double before_first = Secs(o.mark, first);
+  o.cost.start_s += std::max(0.0, before_first - o.load_s - o.peer_s);
+  o.cost.checkpoint_load_s += std::min(o.load_s, before_first);
+  o.cost.state_from_peer_s += std::min(o.peer_s, std::max(0.0, before_first - o.load_s));
   o.cost.recomputed_s += Secs(first, t);
   o.in_group = false;
 }
@@ -59,6 +61,7 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.in_group = true;
   o.first_begin.reset();
   o.load_s = 0;
+  o.peer_s = 0;
   o.running = running;
 }
 
@@ -66,6 +69,13 @@ void RestartLedger::Resumed(int64_t step, double load_s) {
   if (!open_ || !open_->in_group) return;
   open_->cost.resumed_step = step;
   open_->load_s = std::max(open_->load_s, load_s);  // the ranks load side by side
+}
+
+void RestartLedger::StateFromPeer(int64_t step, double s) {
+  if (!open_ || !open_->in_group) return;
+  open_->cost.resumed_step = step;
+  open_->cost.in_process = true;
+  open_->peer_s = std::max(open_->peer_s, s);  // the ranks take it side by side
 }
 
 void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {

@@ -29,6 +29,7 @@ struct OpenRestart {
   bool in_group = false;  // a group runs since the fault
   std::optional<SteadyTime> first_begin;  // the first step of that group began
   double load_s = 0;                      // that group's checkpoint load (the slowest rank's)
+  double peer_s = 0;  // in-process recovery: the state transfer from a peer (the slowest rank's)
   SteadyTime running{};                   // that group's workers were running
 };
 
@@ -45,6 +46,8 @@ class RestartLedger {
   void Step(int64_t step, double step_s, SteadyTime now);
   // A worker said it resumed from the checkpoint of `step`; loading took `load_s`.
   void Resumed(int64_t step, double load_s);
+  // In-process recovery: a rank holds the state of `step`, from a peer in `s` seconds.
+  void StateFromPeer(int64_t step, double s);
 
   // Every restart so far, the one in progress last (its figures so far, resumed = false). A
   // fault that no new group followed is left out: the job ended there.

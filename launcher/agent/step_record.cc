@@ -16,9 +16,14 @@ bool Seconds(absl::string_view v, double* out) {
 
 std::optional<StepRecord> ParseStepRecord(const std::string& line) {
   std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-  if (!f.empty() && f[0] == "R") {
+  if (f.size() == 2 && f[0] == "C" && f[1] == "recovery") {
     StepRecord r;
-    r.kind = 'R';
+    r.kind = 'C';
+    return r;
+  }
+  if (!f.empty() && (f[0] == "R" || f[0] == "P")) {
+    StepRecord r;
+    r.kind = f[0][0];
     if (f.size() != 3 || !absl::SimpleAtoi(f[1], &r.step) || r.step < 0 ||
         !Seconds(f[2], &r.step_s)) {
       return std::nullopt;
@@ -54,7 +59,7 @@ void StepRecordReader::Feed(const char* data, size_t n, std::vector<StepRecord>*
   for (size_t i = 0; i < n; ++i) {
     const char c = data[i];
     if (!in_record_) {
-      if (c == 'S' || c == 'R') {  // anything else outside a record is a heartbeat byte
+      if (c == 'S' || c == 'R' || c == 'C' || c == 'P') {  // else: a heartbeat byte
         in_record_ = true;
         overlong_ = false;
         line_.assign(1, c);

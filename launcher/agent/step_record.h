@@ -3,6 +3,10 @@
 //   S <step> <samples> <step_s> [data_s=<s>] [compute_s=<s>] [sync_s=<s>] [loss=<x>]\n
 // and, once after a restart, what the worker resumed from (the restart ledger, TELEMETRY.md):
 //   R <step> <load_s>\n     resumed from the checkpoint of <step>, loading it took <load_s> s
+// and for in-process recovery (docs/RECOVERY.md):
+//   C recovery\n            this worker can survive a peer's loss (the agent keeps it then)
+//   P <step> <xfer_s>\n     after a peer's loss: this rank holds the state of <step>, taken from
+//                           (or sent to) a peer in <xfer_s> s since its collective gave up
 // At most kMaxStepRecord bytes, so one write() of it is atomic on a pipe. Bytes outside a
 // record are plain heartbeats, as before; a malformed record is counted and dropped.
 #pragma once
@@ -18,7 +22,8 @@ namespace dlrun::launcher {
 inline constexpr size_t kMaxStepRecord = 256;
 
 struct StepRecord {
-  // 'S': a step; 'R': a resume (`step`: the checkpoint's step, `step_s`: the load's seconds).
+  // 'S': a step; 'R': a resume (`step`: the checkpoint's step, `step_s`: the load's seconds);
+  // 'C': in-process recovery declared; 'P': state from peer (`step`, `step_s`: its seconds).
   char kind = 'S';
   int64_t step = 0;
   int64_t samples = 0;

@@ -321,6 +321,20 @@ const std::vector<Flag> kBaseFlags = {
      "auto (default): a Python worker that fails is replaced by a warm spare that has already "
      "imported torch; on: also other programs, started ahead and held in "
      "dlrun::worker::init() (they must read no rank variable before it); off: cold starts"},
+    {"recovery", "", true,
+     [](O& o, const std::string& v) {
+       if (v != "in-process" && v != "restart") {
+         return cli::BadValue("recovery", v, "in-process or restart");
+       }
+       o.recovery = v;
+       return absl::OkStatus();
+     },
+     "in-process (default): when a worker of a program that declared it (dlrun::worker::Recovery) "
+     "dies, the others keep running and the lost rank takes the state from a peer; restart: "
+     "always stop and restart the whole group, as torchrun (docs/RECOVERY.md)"},
+    {"recovery-timeout", "", true, DurationField("recovery-timeout", &O::recovery_timeout, false),
+     "seconds an in-process recovery may take before dlrun restarts the group from the "
+     "checkpoint instead (default 60)"},
     {"worker-exit-code", "", false, BoolField(&O::worker_exit_code),
      "exit with the failing worker's own code (128+N for a signal) instead of torchrun's 1"},
 };

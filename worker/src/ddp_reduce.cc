@@ -269,14 +269,18 @@ void DistributedDataParallelBase::Impl::SetUpSharedMemory() {
     if (t != torch::kFloat && t != torch::kDouble) want = false;
     max_bytes = std::max<int64_t>(max_bytes, b.flat.numel() * b.flat.element_size());
   }
-  // Everyone agrees, and learns rank 0's pid for a segment name unique on this host.
+  // Everyone agrees, and learns rank 0's pid and instance count for a segment name unique on
+  // this host (a process that replaced a lost rank has made fewer engines than the others).
   static std::atomic<int> instances{0};
   const int instance = instances++;
-  std::vector<torch::Tensor> t{torch::tensor(
-      {static_cast<int64_t>(want ? 1 : 0), static_cast<int64_t>(pg->getRank() == 0 ? getpid() : 0)})};
+  const bool zero = pg->getRank() == 0;
+  std::vector<torch::Tensor> t{torch::tensor({static_cast<int64_t>(want ? 1 : 0),
+                                              static_cast<int64_t>(zero ? getpid() : 0),
+                                              static_cast<int64_t>(zero ? instance : 0)})};
   detail::WaitWork(pg->allreduce(t));
   if (t[0][0].item<int64_t>() != world) return;
-  const std::string name = lite::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", instance);
+  const std::string name =
+      lite::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", t[0][2].item<int64_t>());
   auto created = ShmAllreduce::Create(
       name, pg->getRank(), world,
       // Pieces as large as 32 MiB of segment allow (2 sets of world + 1 areas).

@@ -59,40 +59,63 @@ Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimiz
 }
 
 // Collective over ctx_: the lowest rank with the highest committed step sends model, optimizer
-// and state; every rank behind it (the replacement passes -1) loads them. Then the ranks'
-// parameters and buffers must agree bit for bit.
+// and state, point to point, to every rank behind it (the replacement passes -1), which loads
+// them. Then the ranks' parameters and buffers must agree bit for bit.
 TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
-  const int64_t best =
-      ctx_.allReduce(torch::tensor({my_step}, torch::kInt64), c10d::ReduceOp::MAX).item<int64_t>();
+  auto t = std::chrono::steady_clock::now();
+  auto lap = [&t] {
+    const double s = SecondsSince(t);
+    t = std::chrono::steady_clock::now();
+    return s;
+  };
+  const std::vector<torch::Tensor> steps = ctx_.allGather(torch::tensor({my_step}, torch::kInt64));
+  int64_t best = -1;
+  int root = -1;
+  for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
+    const int64_t s = steps[static_cast<size_t>(r)].item<int64_t>();
+    if (s > best) best = s, root = r;
+  }
   if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
-  const int root = static_cast<int>(
-      ctx_.allReduce(torch::tensor({my_step == best ? ctx_.rank() : ctx_.worldSize()}, torch::kInt64),
-                     c10d::ReduceOp::MIN)
-          .item<int64_t>());
   *root_out = root;
-  std::string mine;
   TrainingState st;
-  if (ctx_.rank() == root) {
+  const int me = ctx_.rank();
+  constexpr int kTag = 0x5eed;
+  timing_ = {};
+  if (me == root) {
     if (hooks_.capture) st = hooks_.capture();
     st.step = best;
     st.world_size = ctx_.worldSize();
-    mine = detail::CheckpointBytes(model_, optimizer_, st);
+    const std::string mine = detail::CheckpointBytes(model_, optimizer_, st);
+    timing_.serialize_s = lap();
+    torch::Tensor size = torch::tensor({static_cast<int64_t>(mine.size())}, torch::kInt64);
+    torch::Tensor bytes = torch::from_blob(const_cast<char*>(mine.data()),
+                                           {static_cast<int64_t>(mine.size())}, torch::kUInt8);
+    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+    for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
+      if (steps[static_cast<size_t>(r)].item<int64_t>() >= best) continue;
+      std::vector<torch::Tensor> a{size}, b{bytes};
+      sends.push_back(ctx_.pg->send(a, r, kTag));
+      sends.push_back(ctx_.pg->send(b, r, kTag + 1));
+    }
+    for (auto& w : sends) w->wait();  // point to point: bounded by the group's timeout
+    timing_.send_s = lap();
   }
-  const int64_t size =
-      ctx_.broadcast(torch::tensor({static_cast<int64_t>(mine.size())}, torch::kInt64), root)
-          .item<int64_t>();
-  torch::Tensor bytes = torch::empty({size}, torch::kUInt8);
-  if (ctx_.rank() == root) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
-  ctx_.broadcast(bytes, root);
   *loaded = my_step < best;
   if (*loaded) {
-    const std::string data(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(size));
+    std::vector<torch::Tensor> size{torch::zeros({1}, torch::kInt64)};
+    ctx_.pg->recv(size, root, kTag)->wait();  // (a recv's wait cannot be sliced)
+    std::string data(static_cast<size_t>(size[0].item<int64_t>()), '\0');
+    std::vector<torch::Tensor> bytes{torch::from_blob(data.data(), {size[0].item<int64_t>()},
+                                                      torch::kUInt8)};
+    ctx_.pg->recv(bytes, root, kTag + 1)->wait();
+    timing_.send_s = lap();
     if (const std::string problem = detail::CheckpointBytesProblem(data); !problem.empty()) {
       throw std::runtime_error(lite::StrCat("recovery: the state of step ", best, " from rank ",
                                             root, " arrived damaged: ", problem));
     }
     detail::LoadCheckpointBytesInPlace(data, model_, optimizer_, &st);
     if (hooks_.restore) hooks_.restore(st);
+    timing_.load_s = lap();
   }
   std::vector<torch::Tensor> all = model_.parameters();
   for (const torch::Tensor& b : model_.buffers()) all.push_back(b);
@@ -102,6 +125,7 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
                                           "transfer from rank ", root, ": not going on with "
                                           "replicas that differ"));
   }
+  timing_.check_s = lap();
   st.step = best;
   return st;
 }
@@ -116,8 +140,9 @@ TrainingState Recovery::receive() {
   replacement_ = false;
   reportStateFromPeer(st.step, SecondsSince(t0));
   std::fprintf(stderr, "dlrun::worker: rank %d took the state of step %lld from rank %d in %.3f s "
-               "(generation %d)\n", ctx_.rank(), static_cast<long long>(st.step), root,
-               SecondsSince(t0), detail::CurrentGeneration());
+               "(generation %d; receive %.3f s, load %.3f s, check %.3f s)\n", ctx_.rank(),
+               static_cast<long long>(st.step), root, SecondsSince(t0),
+               detail::CurrentGeneration(), timing_.send_s, timing_.load_s, timing_.check_s);
   return st;
 }
 
@@ -154,10 +179,18 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
     Regroup(word->generation, word->master_port);
     bool loaded = false;
     int root = 0;
+    const auto regrouped = std::chrono::steady_clock::now();
     const TrainingState st = Transfer(committed_, &loaded, &root);
     committed_ = st.step;
     const double secs = SecondsSince(t0);
     reportStateFromPeer(st.step, secs);
+    if (ctx_.rank() == root) {
+      std::fprintf(stderr, "dlrun::worker: rank %d sent the state of step %lld in %.3f s after "
+                   "the loss (generation %d; new group %.3f s, serialize %.3f s, send %.3f s, "
+                   "check %.3f s)\n", ctx_.rank(), static_cast<long long>(st.step), secs,
+                   word->generation, std::chrono::duration<double>(regrouped - t0).count(),
+                   timing_.serialize_s, timing_.send_s, timing_.check_s);
+    }
     return {true, st.step, word->generation, secs};
   } catch (const std::exception& e) {
     throw std::runtime_error(lite::StrCat("in-process recovery failed (generation ",

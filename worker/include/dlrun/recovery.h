@@ -106,6 +106,9 @@ class Recovery {
   torch::optim::Optimizer& optimizer_;
   RecoveryHooks hooks_;
   RecoveryOptions options_;
+  struct Timing {
+    double serialize_s = 0, send_s = 0, load_s = 0, check_s = 0;
+  } timing_;
   bool enabled_ = false;
   bool replacement_ = false;
   int64_t committed_ = 0;

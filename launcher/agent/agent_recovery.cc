@@ -1,0 +1,165 @@
+// In-process recovery (agent.h; docs/RECOVERY.md, "A fault costs one step"): a worker of a
+// program that declared it dies; the survivors keep running, the lost local rank starts again
+// (a warm spare takes its place when there is one) with DLRUN_RECOVERY_GEN, and every survivor
+// is told the group's next generation on its control pipe. The recovery ends when every rank
+// said it holds the same state (a "P" record); anything else falls back to the ordinary
+// failure path: a failure during it, or no end within options_.recovery_timeout.
+#include <signal.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/contract.h"
+#include "launcher/agent/agent.h"
+#include "launcher/agent/spawn_spec.h"
+#include "spdlog/spdlog.h"
+
+namespace dlrun::launcher {
+
+bool Agent::CanRecoverInProcess(std::string* why_not) const {
+  if (options_.recovery == AgentOptions::Recovery::kRestart || !options_.pick_master_port) {
+    return false;  // not asked for: nothing to say
+  }
+  bool any_declared = false;
+  for (const Worker& w : workers_) any_declared = any_declared || w.recoverable;
+  if (!any_declared) return false;  // an undeclared program: torchrun's semantics, silently
+  if (recovery_deadline_) {
+    *why_not = "another rank failed during the in-process recovery";
+  } else if (current_.num_nodes != 1) {
+    *why_not = "in-process recovery is for single-node groups so far";
+  } else if (stopping_) {
+    *why_not = "the group is being stopped";
+  }
+  for (const Worker& w : workers_) {
+    if (why_not->empty() && !w.recoverable) {
+      *why_not = absl::StrCat("local rank ", w.local_rank, " did not declare in-process recovery");
+    }
+  }
+  int failed = 0;
+  for (const WorkerExit& e : exits_) {
+    if (!e.failed()) continue;
+    ++failed;
+    if (why_not->empty() && last_recovered_ && last_recovered_->first == e.global_rank &&
+        last_recovered_->second == telemetry_.LastStep(e.global_rank)) {
+      *why_not = absl::StrCat("rank ", e.global_rank, " failed at step ", last_recovered_->second,
+                              " again after an in-process recovery");
+    }
+  }
+  if (why_not->empty() && failed == static_cast<int>(workers_.size())) {
+    *why_not = "no rank survived";
+  }
+  return why_not->empty();
+}
+
+bool Agent::RecoverInProcess() {
+  std::string why_not;
+  if (!CanRecoverInProcess(&why_not)) {
+    if (!why_not.empty()) spdlog::warn("no in-process recovery: {}", why_not);
+    return false;
+  }
+  const SteadyTime t = clock_.Now();
+  telemetry_.FaultSeen(t);
+  const int port = options_.pick_master_port(current_.master_addr);
+  if (port <= 0) {
+    spdlog::warn("no in-process recovery: no free port for the new group on {}",
+                 current_.master_addr);
+    return false;
+  }
+  const int generation = generation_ + 1;
+  std::vector<WorkerExit> lost;
+  for (const WorkerExit& e : exits_) {
+    if (e.failed()) lost.push_back(e);
+  }
+  // What each lost rank left, read before its replacement gets a fresh error file.
+  std::vector<std::string> said;
+  for (const WorkerExit& e : lost) {
+    const ErrorRecord rec = run_dir_.ReadErrorRecord(attempt_, e.local_rank);
+    std::string what = rec.message.empty()
+                           ? (e.signal != 0 ? absl::StrCat("SIG", sigabbrev_np(e.signal))
+                                            : absl::StrCat("exit code ", e.exit_code))
+                           : rec.message.substr(0, rec.message.find('\n'));
+    said.push_back(absl::StrCat("rank ", e.global_rank, " (local rank ", e.local_rank, ", pid ",
+                                e.pid, "): ", what));
+    const Classification cls = ClassifyFailure(
+        e, absl::StrCat(rec.message, "\n", rec.traceback, "\n", processes_.ErrorTail(e.pid)), false);
+    telemetry_.NoteFailure({e.global_rank, options_.hostname, FailureClassName(cls.cls), what,
+                            {}, {}, {}});
+  }
+  Assignment next = current_;
+  next.master_port = port;
+  std::vector<std::string> replaced;
+  for (const WorkerExit& e : lost) {
+    SpawnSpec spec = MakeSpawnSpec(options_, next, run_dir_, attempt_, e.local_rank);
+    spec.env[contract::kRecoveryGen] = absl::StrCat(generation);
+    // The lost worker's logs stay: the replacement writes beside them.
+    for (StreamRoute* r : {&spec.out, &spec.err}) {
+      if (r->log_path.empty()) continue;
+      const size_t dot = r->log_path.rfind(".log");
+      r->log_path = absl::StrCat(r->log_path.substr(0, dot), ".gen", generation, ".log");
+    }
+    absl::StatusOr<pid_t> pid = processes_.Spawn(spec);
+    if (!pid.ok()) {
+      spdlog::warn("no in-process recovery: cannot start local rank {} again: {}", e.local_rank,
+                   std::string(pid.status().message()));
+      return false;
+    }
+    for (Worker& w : workers_) {
+      if (w.local_rank != e.local_rank) continue;
+      w.pid = *pid;
+      w.alive = true;
+      w.heartbeat_seen = false;
+      w.recoverable = true;  // the same program; it declares again at start
+      replaced.push_back(absl::StrCat("local rank ", w.local_rank, " as pid ", w.pid));
+    }
+  }
+  awaiting_state_.clear();
+  const std::string word = absl::StrCat(contract::kRegroupWord, " ", generation, " ", port, "\n");
+  for (Worker& w : workers_) {
+    awaiting_state_.push_back(w.pid);
+    bool replacement = false;
+    for (const WorkerExit& e : lost) replacement = replacement || e.local_rank == w.local_rank;
+    if (!replacement && w.alive && !processes_.Tell(w.pid, word)) {
+      spdlog::warn("in-process recovery: cannot tell local rank {} (pid {}) the new group",
+                   w.local_rank, w.pid);
+    }
+  }
+  // The lost ones are replaced: their exits are history, not this group's failure.
+  exits_.erase(std::remove_if(exits_.begin(), exits_.end(),
+                              [](const WorkerExit& e) { return e.failed(); }),
+               exits_.end());
+  current_ = next;
+  generation_ = generation;
+  recovery_started_ = t;
+  recovery_deadline_ = t + options_.recovery_timeout;
+  last_recovered_ = {lost.front().global_rank, telemetry_.LastStep(lost.front().global_rank)};
+  std::vector<AgentTelemetry::Member> members;
+  std::vector<DumpTarget> group;
+  for (const Worker& w : workers_) {
+    members.push_back({w.rank, w.local_rank, w.pid, true});
+    group.push_back({w.rank, w.local_rank, w.pid});
+  }
+  telemetry_.Replaced(std::move(members), current_, t);
+  WriteWorkersFile(group);
+  spdlog::warn("{}; in-process recovery: the {} other rank(s) keep running, {} (generation {}, "
+               "master port {})",
+               absl::StrJoin(said, "; "), workers_.size() - lost.size(),
+               absl::StrJoin(replaced, ", "), generation, port);
+  return true;
+}
+
+void Agent::StateFromPeer(pid_t pid, int64_t step) {
+  auto it = std::find(awaiting_state_.begin(), awaiting_state_.end(), pid);
+  if (it == awaiting_state_.end()) return;
+  awaiting_state_.erase(it);
+  if (!awaiting_state_.empty() || !recovery_deadline_) return;
+  recovery_deadline_.reset();
+  const double s =
+      std::chrono::duration<double>(clock_.Now() - recovery_started_).count();
+  spdlog::info("in-process recovery done: every rank holds the state of step {} (generation {}, "
+               "{:.3f} s after the fault)",
+               step, generation_, s);
+}
+
+}  // namespace dlrun::launcher

@@ -177,12 +177,14 @@ void Trainer::MakeDdp() {
 // DDP engine is made anew over the new group, and the data streams go on after r.step, so the
 // interrupted step is done again with the same samples.
 void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
+  const auto t = Clock::now();
   MakeDdp();
   prefetched_.reset();
   OpenData(r.step);
   if (rank_ == 0) {
-    std::printf("recovered in process at step %ld (generation %d, %.3f s): going on with step "
-                "%ld\n", r.step, r.generation, r.seconds, r.step + 1);
+    std::printf("recovered in process at step %ld (generation %d, %.3f s; DDP and data again "
+                "%.3f s): going on with step %ld\n", r.step, r.generation, r.seconds, Seconds(t),
+                r.step + 1);
     std::fflush(stdout);
   }
 }

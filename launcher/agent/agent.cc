@@ -147,7 +147,9 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
       case ProcEvent::Kind::kStep:
         if (e.step.kind == 'C' || e.step.kind == 'P') {
           for (Worker& w : workers_) {
-            if (w.pid == e.pid && w.alive) w.recoverable = true;
+            if (w.pid != e.pid || !w.alive) continue;
+            w.recoverable = true;
+            if (e.step.kind == 'C') SpareOnDeclaration(w.local_rank);
           }
           if (e.step.kind == 'P') StateFromPeer(e.pid, e.step.step);
         }

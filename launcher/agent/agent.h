@@ -84,6 +84,9 @@ class Agent {
   bool RecoverInProcess();
   // A "state from peer" record of `pid`: the recovery in progress ends when every rank sent one.
   void StateFromPeer(pid_t pid, int64_t step);
+  // A C++ program that declared in-process recovery can run as a warm spare (it meets
+  // init() first): one for `local_rank` from now on (options_.spares_on_declaration).
+  void SpareOnDeclaration(int local_rank);
   // The workers file for `dlrun stacks` (the group's ranks and pids).
   void WriteWorkersFile(const std::vector<DumpTarget>& group);
   // Whether the first failure's stacks tell something (--capture-before-kill auto): not a plain

@@ -75,6 +75,9 @@ struct AgentOptions {
   // A fresh port on the master address (the argument) for a recovery's new group, held until
   // the agent ends; null: no in-process recovery.
   std::function<int(const std::string&)> pick_master_port;
+  // --spare-workers auto (not off): a program that declares in-process recovery gets a warm
+  // spare per local rank (its own command, held in dlrun::worker::init()) from then on.
+  bool spares_on_declaration = true;
   // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
   bool exit_with_worker_code = false;
   std::string program_name = "worker";  // named in the failure block

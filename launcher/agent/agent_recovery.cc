@@ -149,6 +149,19 @@ bool Agent::RecoverInProcess() {
   return true;
 }
 
+void Agent::SpareOnDeclaration(int local_rank) {
+  if (!options_.spares_on_declaration || options_.recovery == AgentOptions::Recovery::kRestart) {
+    return;
+  }
+  if (options_.spare_argv.empty()) {
+    options_.spare_argv = options_.argv;  // every later spawn promotes and replaces a spare
+    telemetry_.SetWarmSpares(true);
+  } else if (options_.spare_argv != options_.argv) {
+    return;  // a Python worker's spares are in place already (spare_bootstrap)
+  }
+  processes_.KeepSpare(MakeSpawnSpec(options_, current_, run_dir_, attempt_, local_rank));
+}
+
 void Agent::StateFromPeer(pid_t pid, int64_t step) {
   auto it = std::find(awaiting_state_.begin(), awaiting_state_.end(), pid);
   if (it == awaiting_state_.end()) return;

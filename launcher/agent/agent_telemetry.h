@@ -86,6 +86,7 @@ class AgentTelemetry {
   void Exited(pid_t pid);
   void Step(pid_t pid, const StepRecord& step);
   void BadRecord() { ++bad_records_; }
+  void SetWarmSpares(bool on) { options_.warm_spares = on; }
   // A failed attempt's root cause, for --report-json's "failures" (root_cause.h's class names).
   struct Failure {
     int rank = 0;

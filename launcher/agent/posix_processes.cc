@@ -289,6 +289,11 @@ absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
 
 void PosixProcesses::SignalGroup(pid_t pid, int sig) { kill(-pid, sig); }
 
+void PosixProcesses::KeepSpare(const SpawnSpec& spec) {
+  if (spec.spare_argv.empty() || spares_.count(spec.local_rank) != 0) return;
+  pending_spares_[spec.local_rank] = {spec, SystemClock().Now() + spec.spare_after};
+}
+
 bool PosixProcesses::Tell(pid_t pid, const std::string& line) {
   for (const Child& c : children_) {
     if (c.pid != pid || c.control_fd < 0) continue;

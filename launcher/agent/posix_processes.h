@@ -26,6 +26,7 @@ class PosixProcesses final : public Processes {
   absl::StatusOr<pid_t> Spawn(const SpawnSpec& spec) override;
   void SignalGroup(pid_t pid, int sig) override;
   bool Tell(pid_t pid, const std::string& line) override;
+  void KeepSpare(const SpawnSpec& spec) override;
   SignalAction Disposition(pid_t pid, int sig) const override;
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
   void Wake() override;

@@ -57,6 +57,9 @@ class Processes {
   // Writes `line` to the worker's control pipe (contract::kControlFd: the agent's words to a
   // worker that declared in-process recovery). False when it could not be written whole.
   virtual bool Tell(pid_t pid, const std::string& line) { return false; }
+  // Starts a warm spare for spec.local_rank (spec.spare_argv) spec.spare_after from now, as
+  // Spawn does for a spec with spare_argv: for a worker started without one.
+  virtual void KeepSpare(const SpawnSpec& spec) {}
   // What the worker `pid` does on `sig`, as the kernel says (/proc/PID/status). The agent stops a
   // worker that ignores SIGINT (inherited from a shell's `dlrun ... &`) with SIGTERM instead of
   // waiting out the grace period, and warns when a passed-on SIGUSR1 meets no handler.

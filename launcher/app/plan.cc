@@ -310,6 +310,7 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   if (o.spare_workers != SpareWorkers::kOff) a->spare_argv = WarmSpareArgv(a->argv);
   if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
   a->telemetry.warm_spares = !a->spare_argv.empty();
+  a->spares_on_declaration = o.spare_workers != SpareWorkers::kOff;
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     // (insert_or_assign: GCC 12's -Wrestrict misfires on `= "1"` once this is inlined)

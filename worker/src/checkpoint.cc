@@ -109,15 +109,8 @@ std::vector<std::string> CheckpointManager::list() const {
 
 namespace {
 
-// The checkpoint's payload: the model, the optimizer, the training state and the CPU RNG.
-std::string SerializeCheckpoint(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                                const TrainingState& state) {
-  torch::serialize::OutputArchive archive;
-  torch::serialize::OutputArchive model_archive, optim_archive;
-  model.save(model_archive);
-  optimizer.save(optim_archive);
-  archive.write("model", model_archive);
-  archive.write("optimizer", optim_archive);
+// The training state and the CPU RNG.
+void WriteTrainingState(torch::serialize::OutputArchive& archive, const TrainingState& state) {
   archive.write("step", torch::tensor({state.step}));
   archive.write("epoch", torch::tensor({state.epoch}));
   archive.write("sampler_epoch", torch::tensor({state.sampler_epoch}));
@@ -133,6 +126,18 @@ std::string SerializeCheckpoint(const torch::nn::Module& model, const torch::opt
     std::lock_guard<std::mutex> lock(gen.mutex());
     archive.write("rng", gen.get_state());
   }
+}
+
+// The checkpoint's payload: the model, the optimizer, the training state and the CPU RNG.
+std::string SerializeCheckpoint(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                                const TrainingState& state) {
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive model_archive, optim_archive;
+  model.save(model_archive);
+  optimizer.save(optim_archive);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optim_archive);
+  WriteTrainingState(archive, state);
   std::ostringstream payload_stream;
   archive.save_to(payload_stream);
   return payload_stream.str();
@@ -302,6 +307,23 @@ std::string CheckpointBytesProblem(const std::string& data) { return FileProblem
 void LoadCheckpointBytesInPlace(const std::string& data, torch::nn::Module& model,
                                 torch::optim::Optimizer& optimizer, TrainingState* st) {
   LoadCheckpointBytes(data, model, optimizer, st);
+}
+
+std::string TrainingStateBytes(const TrainingState& state) {
+  torch::serialize::OutputArchive archive;
+  WriteTrainingState(archive, state);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+TrainingState TrainingStateFromBytes(const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in, torch::Device(torch::kCPU));
+  TrainingState st;
+  ReadTrainingState(archive, &st);
+  return st;
 }
 
 }  // namespace detail

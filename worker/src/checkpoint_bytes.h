@@ -19,5 +19,9 @@ std::string CheckpointBytesProblem(const std::string& data);
 // another model's, leaving the model as it was.
 void LoadCheckpointBytesInPlace(const std::string& data, torch::nn::Module& model,
                                 torch::optim::Optimizer& optimizer, TrainingState* st);
+// The training state alone (step, positions, the trainer's tensors and values, the CPU RNG) as
+// bytes, and back (restoring this process' CPU RNG), for the state transfer's small part.
+std::string TrainingStateBytes(const TrainingState& state);
+TrainingState TrainingStateFromBytes(const std::string& bytes);
 
 }  // namespace dlrun::worker::detail

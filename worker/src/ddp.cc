@@ -250,6 +250,7 @@ DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
 void DistributedDataParallelBase::prepareForward() {
   Impl& m = *impl_;
+  detail::ThrowIfPeerLost();  // in-process recovery: this step is to be done again anyway
   const auto start = std::chrono::steady_clock::now();
   if (m.join_active && m.no_sync) {
     // A joined rank answers one buffer broadcast and one reduced backward per forward.

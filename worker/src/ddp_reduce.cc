@@ -205,6 +205,8 @@ void DistributedDataParallelBase::Impl::LaunchReady() {
 }
 
 void DistributedDataParallelBase::Impl::OnGradReady(size_t i) {
+  // In-process recovery: the rest of this backward would be thrown away (a thrown hook ends it).
+  detail::ThrowIfPeerLost();
   std::lock_guard<std::mutex> lock(mu);
   if (forward_no_sync.value_or(no_sync)) {
     if (!local_backward_queued) {  // this backward stays local; the next forward decides anew

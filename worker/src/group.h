@@ -20,4 +20,8 @@ void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::millise
 // said is lost ends in PeerLost (dlrun/recovery.h) instead of waiting for Gloo's timeout.
 void WaitWork(const c10::intrusive_ptr<c10d::Work>& work);
 
+// Throws PeerLost when the agent said a peer of this group was lost: at the start of a forward
+// and in the backward's hooks, so a survivor stops computing a step that will be done again.
+void ThrowIfPeerLost();
+
 }  // namespace dlrun::worker::detail

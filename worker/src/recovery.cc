@@ -9,7 +9,7 @@
 #include <exception>
 
 #include "agent_word.h"
-#include "checkpoint_bytes.h"
+#include "state_transfer.h"
 #include "dlrun/agent_link.h"
 #include "group.h"
 #include "text.h"
@@ -31,8 +31,19 @@ void WaitWork(const c10::intrusive_ptr<c10d::Work>& work) {
       work->wait(std::chrono::milliseconds(20));
       return;
     } catch (...) {
-      if (work->isCompleted()) throw;  // its own error, not the slice's timeout
+      // The slice's timeout, or the work's own error; it may also have completed just after
+      // the slice ended: then its own wait returns, or throws its own error.
+      if (work->isCompleted()) {
+        work->wait();
+        return;
+      }
     }
+  }
+}
+
+void ThrowIfPeerLost() {
+  if (PeerLossAnnounced()) {
+    throw PeerLost("step given up: the dlrun agent said a rank of the group was lost");
   }
 }
 
@@ -78,45 +89,26 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
   if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
   *root_out = root;
   TrainingState st;
-  const int me = ctx_.rank();
-  constexpr int kTag = 0x5eed;
   timing_ = {};
-  if (me == root) {
+  detail::TransferTiming tt;
+  *loaded = my_step < best;
+  if (ctx_.rank() == root) {
     if (hooks_.capture) st = hooks_.capture();
     st.step = best;
     st.world_size = ctx_.worldSize();
-    const std::string mine = detail::CheckpointBytes(model_, optimizer_, st);
-    timing_.serialize_s = lap();
-    torch::Tensor size = torch::tensor({static_cast<int64_t>(mine.size())}, torch::kInt64);
-    torch::Tensor bytes = torch::from_blob(const_cast<char*>(mine.data()),
-                                           {static_cast<int64_t>(mine.size())}, torch::kUInt8);
-    std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+    std::vector<int> behind;
     for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
-      if (steps[static_cast<size_t>(r)].item<int64_t>() >= best) continue;
-      std::vector<torch::Tensor> a{size}, b{bytes};
-      sends.push_back(ctx_.pg->send(a, r, kTag));
-      sends.push_back(ctx_.pg->send(b, r, kTag + 1));
+      if (steps[static_cast<size_t>(r)].item<int64_t>() < best) behind.push_back(r);
     }
-    for (auto& w : sends) w->wait();  // point to point: bounded by the group's timeout
-    timing_.send_s = lap();
-  }
-  *loaded = my_step < best;
-  if (*loaded) {
-    std::vector<torch::Tensor> size{torch::zeros({1}, torch::kInt64)};
-    ctx_.pg->recv(size, root, kTag)->wait();  // (a recv's wait cannot be sliced)
-    std::string data(static_cast<size_t>(size[0].item<int64_t>()), '\0');
-    std::vector<torch::Tensor> bytes{torch::from_blob(data.data(), {size[0].item<int64_t>()},
-                                                      torch::kUInt8)};
-    ctx_.pg->recv(bytes, root, kTag + 1)->wait();
-    timing_.send_s = lap();
-    if (const std::string problem = detail::CheckpointBytesProblem(data); !problem.empty()) {
-      throw std::runtime_error(lite::StrCat("recovery: the state of step ", best, " from rank ",
-                                            root, " arrived damaged: ", problem));
-    }
-    detail::LoadCheckpointBytesInPlace(data, model_, optimizer_, &st);
+    detail::SendState(ctx_, model_, optimizer_, st, behind, &tt);
+  } else if (*loaded) {
+    st = detail::ReceiveState(ctx_, model_, optimizer_, root, &tt);
     if (hooks_.restore) hooks_.restore(st);
-    timing_.load_s = lap();
   }
+  timing_.serialize_s = tt.serialize_s;
+  timing_.send_s = tt.send_s;
+  timing_.load_s = tt.load_s;
+  lap();
   std::vector<torch::Tensor> all = model_.parameters();
   for (const torch::Tensor& b : model_.buffers()) all.push_back(b);
   if (const std::vector<int> differ = ctx_.ranksDiffering(digest(all)); !differ.empty()) {

@@ -1,0 +1,215 @@
+#include "state_transfer.h"
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "checkpoint_bytes.h"
+#include "text.h"
+
+namespace dlrun::worker::detail {
+namespace {
+
+constexpr int kTag = 0x5eed;
+enum Kind : int64_t { kNone = 0, kAdam = 1, kAdamW = 2, kSgd = 3 };
+
+double Since(std::chrono::steady_clock::time_point* t) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(now - *t).count();
+  *t = now;
+  return s;
+}
+
+// The optimizer's parameters in a fixed order (groups, then their parameters).
+std::vector<torch::Tensor> OptimizerParams(const torch::optim::Optimizer& o) {
+  std::vector<torch::Tensor> ps;
+  for (const auto& g : o.param_groups()) {
+    for (const torch::Tensor& p : g.params()) ps.push_back(p);
+  }
+  return ps;
+}
+
+// The state tensors of the optimizer's parameters in order, and per parameter (kind, step,
+// whether its optional tensor is there). False when a state is of a kind not known here.
+bool OptimizerTensors(const torch::optim::Optimizer& o, std::vector<torch::Tensor>* tensors,
+                      std::vector<int64_t>* layout) {
+  for (const torch::Tensor& p : OptimizerParams(o)) {
+    auto it = o.state().find(p.unsafeGetTensorImpl());
+    if (it == o.state().end()) {
+      layout->insert(layout->end(), {kNone, 0, 0});
+      continue;
+    }
+    auto adam_like = [&](auto* s, Kind kind) {
+      const bool max = s->max_exp_avg_sq().defined();
+      layout->insert(layout->end(), {kind, s->step(), max ? 1 : 0});
+      tensors->push_back(s->exp_avg());
+      tensors->push_back(s->exp_avg_sq());
+      if (max) tensors->push_back(s->max_exp_avg_sq());
+    };
+    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      adam_like(a, kAdam);
+    } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      adam_like(w, kAdamW);
+    } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      const bool m = s->momentum_buffer().defined();
+      layout->insert(layout->end(), {kSgd, 0, m ? 1 : 0});
+      if (m) tensors->push_back(s->momentum_buffer());
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A fresh state per `layout` (zeros, to be received into), replacing what the optimizer had.
+void PrimeOptimizer(torch::optim::Optimizer& o, const std::vector<int64_t>& layout) {
+  const std::vector<torch::Tensor> ps = OptimizerParams(o);
+  if (layout.size() != 3 * ps.size()) {
+    throw std::runtime_error(lite::StrCat("recovery: the sender's optimizer has ",
+                                          layout.size() / 3, " parameters, this one ", ps.size()));
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const int64_t kind = layout[3 * i], step = layout[3 * i + 1];
+    const bool extra = layout[3 * i + 2] != 0;
+    void* key = ps[i].unsafeGetTensorImpl();
+    auto zeros = [&] { return torch::zeros_like(ps[i], torch::MemoryFormat::Preserve); };
+    auto adam_like = [&](auto s) {
+      s->step(step);
+      s->exp_avg(zeros());
+      s->exp_avg_sq(zeros());
+      if (extra) s->max_exp_avg_sq(zeros());
+      o.state()[key] = std::move(s);
+    };
+    if (kind == kNone) {
+      o.state().erase(key);
+    } else if (kind == kAdam) {
+      adam_like(std::make_unique<torch::optim::AdamParamState>());
+    } else if (kind == kAdamW) {
+      adam_like(std::make_unique<torch::optim::AdamWParamState>());
+    } else if (kind == kSgd) {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      if (extra) s->momentum_buffer(zeros());
+      o.state()[key] = std::move(s);
+    } else {
+      throw std::runtime_error(lite::StrCat("recovery: unknown optimizer state kind ", kind));
+    }
+  }
+}
+
+// What the transfer moves as raw tensors: parameters, buffers, then the optimizer's state.
+std::vector<torch::Tensor> ModelTensors(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> v = model.parameters();
+  for (const torch::Tensor& b : model.buffers()) v.push_back(b);
+  return v;
+}
+
+void SendBytes(const Context& ctx, const std::string& bytes, const std::vector<int>& to, int tag,
+               std::vector<c10::intrusive_ptr<c10d::Work>>* sends, std::vector<torch::Tensor>* keep) {
+  keep->push_back(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64));
+  keep->push_back(torch::from_blob(const_cast<char*>(bytes.data()),
+                                   {static_cast<int64_t>(bytes.size())}, torch::kUInt8));
+  for (int r : to) {
+    std::vector<torch::Tensor> a{(*keep)[keep->size() - 2]}, b{keep->back()};
+    sends->push_back(ctx.pg->send(a, r, tag));
+    sends->push_back(ctx.pg->send(b, r, tag + 1));
+  }
+}
+
+std::string RecvBytes(const Context& ctx, int root, int tag) {
+  std::vector<torch::Tensor> size{torch::zeros({1}, torch::kInt64)};
+  ctx.pg->recv(size, root, tag)->wait();  // bounded by the group's timeout
+  std::string data(static_cast<size_t>(size[0].item<int64_t>()), '\0');
+  std::vector<torch::Tensor> bytes{
+      torch::from_blob(data.data(), {static_cast<int64_t>(data.size())}, torch::kUInt8)};
+  ctx.pg->recv(bytes, root, tag + 1)->wait();
+  return data;
+}
+
+}  // namespace
+
+void SendState(const Context& ctx, const torch::nn::Module& model,
+               const torch::optim::Optimizer& optimizer, const TrainingState& state,
+               const std::vector<int>& to, TransferTiming* timing) {
+  auto t = std::chrono::steady_clock::now();
+  std::vector<torch::Tensor> tensors = ModelTensors(model);
+  std::vector<int64_t> layout;
+  const bool raw = OptimizerTensors(optimizer, &tensors, &layout);
+  std::vector<int64_t> numels{raw ? 1 : 0};  // [raw?, numel of each raw tensor...]
+  for (const torch::Tensor& x : tensors) numels.push_back(raw ? x.numel() : 0);
+  TrainingState st = state;
+  st.tensors["dlrun.layout"] = torch::tensor(layout, torch::kInt64);
+  st.tensors["dlrun.numels"] = torch::tensor(numels, torch::kInt64);
+  std::vector<double> lrs;
+  for (const auto& g : optimizer.param_groups()) lrs.push_back(g.options().get_lr());
+  st.tensors["dlrun.lrs"] = torch::tensor(lrs, torch::kDouble);
+  const std::string meta = TrainingStateBytes(st);
+  const std::string whole = raw ? std::string() : CheckpointBytes(model, optimizer, state);
+  timing->serialize_s = Since(&t);
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<torch::Tensor> keep;
+  SendBytes(ctx, meta, to, kTag, &sends, &keep);
+  if (!raw) SendBytes(ctx, whole, to, kTag + 2, &sends, &keep);
+  for (int r : to) {
+    for (size_t i = 0; raw && i < tensors.size(); ++i) {
+      std::vector<torch::Tensor> one{tensors[i].is_contiguous() ? tensors[i] : tensors[i].contiguous()};
+      keep.push_back(one[0]);
+      sends.push_back(ctx.pg->send(one, r, kTag + 4));
+    }
+  }
+  for (auto& w : sends) w->wait();
+  timing->send_s = Since(&t);
+}
+
+TrainingState ReceiveState(const Context& ctx, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, int root, TransferTiming* timing) {
+  auto t = std::chrono::steady_clock::now();
+  TrainingState st = TrainingStateFromBytes(RecvBytes(ctx, root, kTag));  // the CPU RNG too
+  const torch::Tensor layout_t = st.tensors.at("dlrun.layout"), numels_t = st.tensors.at("dlrun.numels");
+  const torch::Tensor lrs = st.tensors.at("dlrun.lrs");
+  for (const char* k : {"dlrun.layout", "dlrun.numels", "dlrun.lrs"}) st.tensors.erase(k);
+  const std::vector<int64_t> numels(numels_t.data_ptr<int64_t>(),
+                                    numels_t.data_ptr<int64_t>() + numels_t.numel());
+  if (numels.empty() || numels[0] == 0) {  // an optimizer of another kind: the whole checkpoint
+    const std::string data = RecvBytes(ctx, root, kTag + 2);
+    timing->send_s = Since(&t);
+    if (const std::string problem = CheckpointBytesProblem(data); !problem.empty()) {
+      throw std::runtime_error(lite::StrCat("recovery: the state from rank ", root,
+                                            " arrived damaged: ", problem));
+    }
+    LoadCheckpointBytesInPlace(data, model, optimizer, &st);
+    timing->load_s = Since(&t);
+    return st;
+  }
+  PrimeOptimizer(optimizer, std::vector<int64_t>(layout_t.data_ptr<int64_t>(),
+                                                 layout_t.data_ptr<int64_t>() + layout_t.numel()));
+  std::vector<torch::Tensor> tensors = ModelTensors(model);
+  std::vector<int64_t> unused;
+  OptimizerTensors(optimizer, &tensors, &unused);
+  bool fits = tensors.size() + 1 == numels.size();
+  for (size_t i = 0; fits && i < tensors.size(); ++i) fits = tensors[i].numel() == numels[i + 1];
+  if (!fits) {  // the sender's sends then fail as this process exits: the ordinary restart
+    throw std::runtime_error(lite::StrCat("recovery: the state from rank ", root, " has ",
+                                          numels.size() - 1, " tensors, this model and optimizer ",
+                                          tensors.size(), " (or their sizes differ)"));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const bool direct = tensors[i].is_contiguous();
+    std::vector<torch::Tensor> one{
+        direct ? tensors[i] : torch::empty_like(tensors[i], torch::MemoryFormat::Contiguous)};
+    ctx.pg->recv(one, root, kTag + 4)->wait();
+    if (!direct) tensors[i].copy_(one[0]);
+  }
+  timing->send_s = Since(&t);
+  for (size_t g = 0; g < optimizer.param_groups().size() && g < static_cast<size_t>(lrs.numel()); ++g) {
+    optimizer.param_groups()[g].options().set_lr(lrs[static_cast<int64_t>(g)].item<double>());
+  }
+  timing->load_s = Since(&t);
+  return st;
+}
+
+}  // namespace dlrun::worker::detail

@@ -1,0 +1,32 @@
+// In-process recovery's state transfer (recovery.cc): one survivor sends the model, the
+// optimizer and the training state to the ranks that lost it, point to point over the new
+// group. The tensors go as they are, each straight into the receiver's tensor (no
+// serialization) for the optimizers whose state it knows (Adam, AdamW, SGD); any other
+// optimizer goes whole as checkpoint bytes. Internal to the worker library.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <vector>
+
+#include "dlrun/checkpoint.h"
+#include "dlrun/worker.h"
+
+namespace dlrun::worker::detail {
+
+struct TransferTiming {
+  double serialize_s = 0, send_s = 0, load_s = 0;
+};
+
+// On the sending rank: `state` (the training state of the step it holds) to every rank in `to`.
+void SendState(const Context& ctx, const torch::nn::Module& model,
+               const torch::optim::Optimizer& optimizer, const TrainingState& state,
+               const std::vector<int>& to, TransferTiming* timing);
+
+// On a receiving rank: the model and optimizer in place, the CPU RNG, and the training state
+// returned. Throws a one-line std::runtime_error when what arrives does not fit this model.
+TrainingState ReceiveState(const Context& ctx, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, int root, TransferTiming* timing);
+
+}  // namespace dlrun::worker::detail

@@ -190,6 +190,10 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
   app.add_option("--fail-how", a.fail_how,
                  "testing: how --fail-at-step fails: exit (exit 1) or kill (SIGKILL itself)")
       ->check(CLI::IsMember({"exit", "kill"}));
+  app.add_option("--fail-replacement", a.fail_replacement,
+                 "testing: the process replacing a lost rank (in-process recovery) hangs (never "
+                 "joins) or differs (changes a parameter after taking the state)")
+      ->check(CLI::IsMember({"hang", "differs"}));
 }
 
 }  // namespace

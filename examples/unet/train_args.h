@@ -33,6 +33,9 @@ struct TrainArgs {
   double end_lr = 0;
   int64_t fail_at_step = 0;  // fault injection for restart tests: exit 1 at this step once
   std::string fail_how = "exit";  // --fail-at-step: "exit" (exit 1) or "kill" (SIGKILL itself)
+  // Fault injection for in-process recovery's fallbacks: the process that replaces a lost rank
+  // "hangs" (never joins) or "differs" (takes the state, then changes a parameter).
+  std::string fail_replacement;
   // From --config (the tutorial's epochs): 0 = not set.
   int64_t num_epochs = 0;
   int64_t nsamples = 0;      // training samples per epoch

@@ -127,6 +127,10 @@ void Trainer::Resume() {
     return st;
   };
   hooks.restore = [this](const dlrun::worker::TrainingState& st) {
+    if (a_.fail_replacement == "differs") {  // testing: replicas that differ must be refused
+      torch::NoGradGuard no_grad;
+      params_[0].add_(1e-3);
+    }
     const auto& v = st.values;
     if (scaler_->enabled() && v.count("amp.scale") && v.count("amp.good_steps")) {
       scaler_->restore(v.at("amp.scale").toDouble(), v.at("amp.good_steps").toInt());
@@ -134,6 +138,11 @@ void Trainer::Resume() {
   };
   recovery_ = std::make_unique<dlrun::worker::Recovery>(ctx_, *model_, *opt_, std::move(hooks));
   if (recovery_->replacement()) {
+    if (a_.fail_replacement == "hang") {  // testing: a replacement that never joins
+      std::fprintf(stderr, "train_unet: --fail-replacement hang: not joining\n");
+      std::fflush(stderr);
+      for (;;) pause();
+    }
     // This process replaces a lost rank: the state comes from a survivor, not a checkpoint.
     start_step_ = recovery_->receive().step;
   } else if (!a_.checkpoint_dir.empty()) {

@@ -90,7 +90,7 @@ TEST(TrainUnet, ACppWorkerKilledIsReplacedByItsSpareHeldInInit) {
   const std::string dir = MakeTempDir();
   Started s = StartCommand(
       {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-       "--spare-workers", "on", TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4",
+       "--spare-workers", "on", "--recovery", "restart", TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4",
        "--data-size", "64", "--max-steps", "60", "--checkpoint-dir", dir + "/ckpt",
        "--checkpoint-every", "5", "--metrics-json", dir + "/m.json"},
       {{"OMP_NUM_THREADS", "1"}});
@@ -146,8 +146,8 @@ TEST(TrainUnet, ResumesAfterAForcedRestartAtTheRightStepAndLr) {
   // Checkpoints every 2 steps; the last rank dies at step 3 of the first attempt; dlrun
   // restarts both; they resume from step 2 and finish at step 5 with the schedule's LR.
   ProcResult r = RunCommand(
-      {DLRUN_BIN, "--nproc-per-node", "2", "--max-restarts", "1", TRAIN_UNET_BIN, "--synthetic",
-       "--base-channels", "4", "--max-steps", "5", "--checkpoint-dir", dir + "/ckpt",
+      {DLRUN_BIN, "--nproc-per-node", "2", "--max-restarts", "1", "--recovery", "restart",
+       TRAIN_UNET_BIN, "--synthetic", "--base-channels", "4", "--max-steps", "5", "--checkpoint-dir", dir + "/ckpt",
        "--checkpoint-every", "2", "--fail-at-step", "3", "--lr", "1e-3", "--end-lr", "1e-4",
        "--metrics-json", dir + "/m.json"},
       {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
@@ -187,7 +187,8 @@ TEST(TrainUnet, AResumeEndsBitIdenticalToTheUninterruptedRun) {
     for (int faulty = 0; faulty < 2; ++faulty) {
       const std::string tag = c.ranks + "-" + std::to_string(faulty);
       std::vector<std::string> cmd = {
-          DLRUN_BIN, "--nproc-per-node", c.ranks, "--max-restarts", "1", TRAIN_UNET_BIN,
+          DLRUN_BIN, "--nproc-per-node", c.ranks, "--max-restarts", "1", "--recovery", "restart",
+          TRAIN_UNET_BIN,
           "--base-channels", "4", "--max-steps", "6", "--yaml-config", dir + "/c.yaml",
           "--config", "resume_test", "--seed", "3", "--checkpoint-dir", dir + "/ckpt-" + tag, "--checkpoint-every", "2",
           "--metrics-json", dir + "/m-" + tag + ".json"};

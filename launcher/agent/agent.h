@@ -82,6 +82,9 @@ class Agent {
   // replaced while the others keep running, and doing it (false: the ordinary failure path).
   bool CanRecoverInProcess(std::string* why_not) const;
   bool RecoverInProcess();
+  std::vector<std::string> NoteLost(const std::vector<WorkerExit>& lost);
+  bool StartReplacements(const std::vector<WorkerExit>& lost, const Assignment& next,
+                         int generation, std::vector<std::string>* replaced);
   // A "state from peer" record of `pid`: the recovery in progress ends when every rank sent one.
   void StateFromPeer(pid_t pid, int64_t step);
   // A C++ program that declared in-process recovery can run as a warm spare (it meets

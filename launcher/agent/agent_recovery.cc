@@ -1,6 +1,6 @@
 // In-process recovery (agent.h; docs/RECOVERY.md, "A fault costs one step"): a worker of a
 // program that declared it dies; the survivors keep running, the lost local rank starts again
-// (a warm spare takes its place when there is one) with DLRUN_RECOVERY_GEN, and every survivor
+// (a warm spare takes its place when there is one) with contract::kRecoveryGen, and every survivor
 // is told the group's next generation on its control pipe. The recovery ends when every rank
 // said it holds the same state (a "P" record); anything else falls back to the ordinary
 // failure path: a failure during it, or no end within options_.recovery_timeout.
@@ -53,26 +53,9 @@ bool Agent::CanRecoverInProcess(std::string* why_not) const {
   return why_not->empty();
 }
 
-bool Agent::RecoverInProcess() {
-  std::string why_not;
-  if (!CanRecoverInProcess(&why_not)) {
-    if (!why_not.empty()) spdlog::warn("no in-process recovery: {}", why_not);
-    return false;
-  }
-  const SteadyTime t = clock_.Now();
-  telemetry_.FaultSeen(t);
-  const int port = options_.pick_master_port(current_.master_addr);
-  if (port <= 0) {
-    spdlog::warn("no in-process recovery: no free port for the new group on {}",
-                 current_.master_addr);
-    return false;
-  }
-  const int generation = generation_ + 1;
-  std::vector<WorkerExit> lost;
-  for (const WorkerExit& e : exits_) {
-    if (e.failed()) lost.push_back(e);
-  }
-  // What each lost rank left, read before its replacement gets a fresh error file.
+// One line per lost rank (what it left: its error file's first line, else its signal or
+// code), noted in the report's failures.
+std::vector<std::string> Agent::NoteLost(const std::vector<WorkerExit>& lost) {
   std::vector<std::string> said;
   for (const WorkerExit& e : lost) {
     const ErrorRecord rec = run_dir_.ReadErrorRecord(attempt_, e.local_rank);
@@ -87,9 +70,13 @@ bool Agent::RecoverInProcess() {
     telemetry_.NoteFailure({e.global_rank, options_.hostname, FailureClassName(cls.cls), what,
                             {}, {}, {}});
   }
-  Assignment next = current_;
-  next.master_port = port;
-  std::vector<std::string> replaced;
+  return said;
+}
+
+// Starts each lost local rank again (a warm spare when there is one) in generation
+// `generation` of the group `next`; false when one cannot be started.
+bool Agent::StartReplacements(const std::vector<WorkerExit>& lost, const Assignment& next,
+                              int generation, std::vector<std::string>* replaced) {
   for (const WorkerExit& e : lost) {
     SpawnSpec spec = MakeSpawnSpec(options_, next, run_dir_, attempt_, e.local_rank);
     spec.env[contract::kRecoveryGen] = absl::StrCat(generation);
@@ -111,16 +98,45 @@ bool Agent::RecoverInProcess() {
       w.alive = true;
       w.heartbeat_seen = false;
       w.recoverable = true;  // the same program; it declares again at start
-      replaced.push_back(absl::StrCat("local rank ", w.local_rank, " as pid ", w.pid));
+      replaced->push_back(absl::StrCat("local rank ", w.local_rank, " as pid ", w.pid));
     }
   }
+  return true;
+}
+
+bool Agent::RecoverInProcess() {
+  std::string why_not;
+  if (!CanRecoverInProcess(&why_not)) {
+    if (!why_not.empty()) spdlog::warn("no in-process recovery: {}", why_not);
+    return false;
+  }
+  const SteadyTime t = clock_.Now();
+  telemetry_.FaultSeen(t);
+  Assignment next = current_;
+  next.master_port = options_.pick_master_port(current_.master_addr);
+  if (next.master_port <= 0) {
+    spdlog::warn("no in-process recovery: no free port for the new group on {}",
+                 current_.master_addr);
+    return false;
+  }
+  const int generation = generation_ + 1;
+  std::vector<WorkerExit> lost;
+  for (const WorkerExit& e : exits_) {
+    if (e.failed()) lost.push_back(e);
+  }
+  const std::vector<std::string> said = NoteLost(lost);  // before the fresh error files
+  std::vector<std::string> replaced;
+  if (!StartReplacements(lost, next, generation, &replaced)) return false;
+  // Every survivor hears of the new group; every rank is to say it holds the state.
   awaiting_state_.clear();
-  const std::string word = absl::StrCat(contract::kRegroupWord, " ", generation, " ", port, "\n");
-  for (Worker& w : workers_) {
+  const std::string word =
+      absl::StrCat(contract::kRegroupWord, " ", generation, " ", next.master_port, "\n");
+  for (const Worker& w : workers_) {
     awaiting_state_.push_back(w.pid);
-    bool replacement = false;
-    for (const WorkerExit& e : lost) replacement = replacement || e.local_rank == w.local_rank;
-    if (!replacement && w.alive && !processes_.Tell(w.pid, word)) {
+    const bool replacement = std::any_of(lost.begin(), lost.end(), [&](const WorkerExit& e) {
+      return e.local_rank == w.local_rank;
+    });
+    if (!replacement && !processes_.Tell(w.pid, word)) {
       spdlog::warn("in-process recovery: cannot tell local rank {} (pid {}) the new group",
                    w.local_rank, w.pid);
     }
@@ -145,7 +161,7 @@ bool Agent::RecoverInProcess() {
   spdlog::warn("{}; in-process recovery: the {} other rank(s) keep running, {} (generation {}, "
                "master port {})",
                absl::StrJoin(said, "; "), workers_.size() - lost.size(),
-               absl::StrJoin(replaced, ", "), generation, port);
+               absl::StrJoin(replaced, ", "), generation, next.master_port);
   return true;
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "dlrun/data_sampler.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
+#include "dlrun/recovery.h"
 #include "dlrun/sync_batch_norm.h"
 #include "dlrun/worker.h"
 
@@ -106,6 +109,31 @@ void CheckpointSample(const dlrun::worker::Context& ctx, Net model, torch::optim
   st.values["best_loss"] = best_loss;              // ... and values (any c10::IValue)
   if (ctx.rank() == 0) ckpt.save(*model, opt, st); // throws std::runtime_error on failure
   if (auto resumed = ckpt.resumeLatest(*model, opt)) step = resumed->step;
+}
+
+// recovery.h
+void RecoverySample(dlrun::worker::Context& ctx, Net model, torch::optim::Optimizer& optimizer,
+                    dlrun::worker::CheckpointManager& ckpt, int64_t steps,
+                    const std::function<void(dlrun::worker::DistributedDataParallel<Net>&, int64_t)>&
+                        train_step) {
+  dlrun::worker::Recovery recovery(ctx, *model, optimizer);
+  int64_t start = 0;
+  if (recovery.replacement()) {
+    start = recovery.receive().step;  // before the DDP wrapper, as the survivors
+  } else if (auto st = ckpt.resumeLatest(*model, optimizer, ctx)) {
+    start = st->step;
+  }
+  auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
+  for (int64_t step = start + 1; step <= steps; ++step) {
+    const auto r = recovery.run([&] {
+      train_step(*ddp, step);  // its collectives all come before optimizer.step()
+      recovery.commit(step);   // right after optimizer.step()
+    });
+    if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
+      ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
+      step = r.step;  // the loop goes on with r.step + 1: the interrupted step again
+    }
+  }
 }
 
 // data_sampler.h

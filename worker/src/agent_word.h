@@ -13,7 +13,7 @@ struct Regroup {
   int master_port = 0;
 };
 
-// Starts, once per process, the thread that reads the agent's words from DLRUN_CONTROL_FD.
+// Starts, once per process, the thread that reads the agent's words from contract::kControlFd.
 // False outside dlrun (no control pipe): nothing is started.
 bool WatchAgentWords();
 // Whether WatchAgentWords() started the reader (the library's waits then poll for the word).
@@ -23,7 +23,7 @@ bool WatchingAgentWords();
 // collective of the old group is to be given up (a peer of it is gone). Cheap (one atomic load).
 bool PeerLossAnnounced();
 
-// The generation this process runs (DLRUN_RECOVERY_GEN for a replacement, else 0), and the
+// The generation this process runs (contract::kRecoveryGen's for a replacement, else 0), and the
 // newest the agent announced.
 int CurrentGeneration();
 

@@ -5,19 +5,22 @@
 // state from a survivor (one broadcast); every rank checks that it holds the same parameters,
 // and the interrupted step is done again. No checkpoint is read.
 //
-//   dlrun::worker::Recovery recovery(ctx, *model, optimizer, {.capture = ..., .restore = ...});
+//   dlrun::worker::Recovery recovery(ctx, *model, optimizer);
 //   int64_t start = 0;
-//   if (recovery.replacement()) start = recovery.receive().step;   // before the DDP wrapper
-//   else if (auto st = ckpt.resumeLatest(*model, optimizer, ctx)) start = st->step;
-//   auto ddp = std::make_unique<DistributedDataParallel<Net>>(model, ctx.pg);
+//   if (recovery.replacement()) {
+//     start = recovery.receive().step;  // before the DDP wrapper, as the survivors
+//   } else if (auto st = ckpt.resumeLatest(*model, optimizer, ctx)) {
+//     start = st->step;
+//   }
+//   auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
 //   for (int64_t step = start + 1; step <= steps; ++step) {
 //     const auto r = recovery.run([&] {
-//       train_step(step);          // its collectives all come before optimizer.step()
-//       recovery.commit(step);     // right after optimizer.step()
+//       train_step(*ddp, step);  // its collectives all come before optimizer.step()
+//       recovery.commit(step);   // right after optimizer.step()
 //     });
-//     if (r.recovered) {           // ctx.pg is the new group; rank state is the survivor's
-//       ddp = std::make_unique<DistributedDataParallel<Net>>(model, ctx.pg);
-//       step = r.step;             // go on after the last step every rank completed
+//     if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
+//       ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
+//       step = r.step;  // the loop goes on with r.step + 1: the interrupted step again
 //     }
 //   }
 //

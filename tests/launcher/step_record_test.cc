@@ -52,6 +52,31 @@ TEST(StepRecord, AResumeRecordSaysTheCheckpointsStepAndItsLoadTime) {
   EXPECT_EQ(out[1].kind, 'S');
 }
 
+// In-process recovery (docs/RECOVERY.md): the declaration, and the state taken from a peer.
+TEST(StepRecord, RecoveryRecordsDeclareItAndSayTheStateFromAPeer) {
+  EXPECT_EQ(ParseStepRecord("C recovery")->kind, 'C');
+  auto p = ParseStepRecord("P 12 0.125");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->kind, 'P');
+  EXPECT_EQ(p->step, 12);
+  EXPECT_DOUBLE_EQ(p->step_s, 0.125);
+  for (const char* bad : {"C", "C restart", "C recovery now", "P 12", "P -1 0.1", "P 12 x"}) {
+    EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
+  }
+  StepRecordReader reader;
+  std::vector<StepRecord> out;
+  const std::string stream = "hC recovery
+hP 3 0.5
+hS 4 1 0.1
+";
+  reader.Feed(stream.data(), stream.size(), &out);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].kind, 'C');
+  EXPECT_EQ(out[1].kind, 'P');
+  EXPECT_EQ(out[2].kind, 'S');
+  EXPECT_EQ(reader.bad(), 0);
+}
+
 TEST(StepRecordReader, SplitsRecordsAcrossReadsAmongHeartbeatBytesAndCountsBadOnes) {
   StepRecordReader reader;
   std::vector<StepRecord> out;

@@ -157,6 +157,20 @@ class FakeProcesses final : public Processes {
     }
     return out;
   }
+  // The agent's words on the workers' control pipes (in-process recovery), in order, and what a
+  // worker does when it hears one.
+  std::vector<std::pair<pid_t, std::string>> told;
+  std::function<void(FakeProcesses&, pid_t, const std::string&)> on_tell =
+      [](FakeProcesses&, pid_t, const std::string&) {};
+  bool Tell(pid_t pid, const std::string& line) override {
+    Proc* p = Find(pid);
+    if (p == nullptr || p->exited) return false;
+    told.emplace_back(pid, line);
+    on_tell(*this, pid, line);
+    return true;
+  }
+  std::vector<SpawnSpec> kept_spares;
+  void KeepSpare(const SpawnSpec& spec) override { kept_spares.push_back(spec); }
   void Wake() override { At(milliseconds(0), {ProcEvent::Kind::kWake, -1, 0, 0, {}}); }
   void CloseOutputs() override { ++close_outputs_calls; }
   // What a test says a worker wrote to stderr, and the cgroup's OOM-kill count.

@@ -1,0 +1,117 @@
+// In-process recovery in the agent's loop (agent_recovery.cc; docs/RECOVERY.md): a worker of a
+// program that declared it dies, the others keep running, the lost local rank starts again in
+// the group's next generation, the survivors are told it on their control pipes; the fallbacks
+// to the ordinary restart.
+#include <signal.h>
+
+#include "gtest/gtest.h"
+#include "agent/harness.h"
+
+namespace dlrun::launcher::testing {
+namespace {
+
+StepRecord Declared() {
+  StepRecord r;
+  r.kind = 'C';
+  return r;
+}
+
+StepRecord FromPeer(int64_t step) {
+  StepRecord r;
+  r.kind = 'P';
+  r.step = step;
+  r.step_s = 0.05;
+  return r;
+}
+
+// Three workers that declare in-process recovery and step every second; local rank 1 of the
+// first group is SIGKILLed at 2.5 s. A survivor answers the word with its "P" record after
+// 50 ms; a replacement sends its own 200 ms after it starts unless `replacement_joins` is false.
+// Everyone still running ends with 0 at 20 s of its own.
+void Declaring(Harness& h, bool replacement_joins, bool declares = true) {
+  h.options.pick_master_port = [](const std::string&) { return 45000; };
+  h.options.recovery_timeout = seconds(5);
+  h.procs.on_spawn = [=](FakeProcesses& f, FakeProcesses::Proc& p) {
+    const bool replacement = p.spec.env.count("DLRUN_RECOVERY_GEN") != 0;
+    if (declares) f.RecordAfter(p.pid, milliseconds(100), Declared());
+    StepRecord s;
+    s.samples = 1;
+    s.step_s = 1;
+    f.StepsEvery(p.pid, seconds(1), seconds(5), s);
+    if (replacement && replacement_joins) f.RecordAfter(p.pid, milliseconds(200), FromPeer(2));
+    if (p.attempt == 0 && p.spec.local_rank == 1 && !replacement) {
+      f.KilledAfter(p.pid, milliseconds(2500), SIGKILL);
+    } else if (!replacement || replacement_joins) {
+      f.ExitAfter(p.pid, seconds(20), 0);
+    }
+  };
+  h.procs.on_tell = [](FakeProcesses& f, pid_t pid, const std::string&) {
+    f.RecordAfter(pid, milliseconds(50), FromPeer(2));
+  };
+}
+
+TEST(AgentInProcessRecovery, TheSurvivorsKeepRunningAndHearTheNewGroup) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/0), 0);
+  ASSERT_EQ(h.procs.procs.size(), 4u);  // 3 workers and one replacement, no second group
+  const auto& lost = h.procs.procs[1];
+  const auto& replacement = h.procs.procs[3];
+  EXPECT_EQ(replacement.spec.local_rank, 1);
+  EXPECT_EQ(replacement.spec.env.at("DLRUN_RECOVERY_GEN"), "1");
+  EXPECT_EQ(replacement.spec.env.at("MASTER_PORT"), "45000");
+  EXPECT_EQ(replacement.spec.env.at("RANK"), "1");
+  EXPECT_EQ(replacement.spec.env.at("TORCHELASTIC_RESTART_COUNT"), "0");
+  // The two survivors heard the word; the lost one and the replacement did not.
+  ASSERT_EQ(h.procs.told.size(), 2u);
+  for (const auto& [pid, word] : h.procs.told) {
+    EXPECT_NE(pid, lost.pid);
+    EXPECT_NE(pid, replacement.pid);
+    EXPECT_EQ(word, "regroup 1 45000\n");
+  }
+  // No survivor was stopped.
+  for (int i : {0, 2}) EXPECT_TRUE(h.procs.SentTo(h.procs.procs[i].pid).empty()) << i;
+  // A C++ program that declares it gets warm spares, one per local rank.
+  EXPECT_EQ(h.procs.kept_spares.size(), 4u);  // three at the declarations, one for the replacement
+  EXPECT_EQ(h.procs.kept_spares[0].spare_argv, h.options.argv);
+}
+
+TEST(AgentInProcessRecovery, AReplacementThatNeverSaysItHoldsTheStateEndsInTheRestart) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/false);
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 0);
+  // Three workers, the replacement, then a second group of three after the recovery timed out.
+  ASSERT_EQ(h.procs.procs.size(), 7u);
+  EXPECT_EQ(h.procs.groups_started(), 2);
+  // The survivors and the replacement were stopped (SIGTERM) when the 5 s bound passed.
+  for (int i : {0, 2, 3}) {
+    const auto s = h.procs.SentTo(h.procs.procs[i].pid);
+    ASSERT_FALSE(s.empty()) << i;
+    EXPECT_EQ(s[0].sig, SIGTERM) << i;
+    EXPECT_GE(s[0].at, milliseconds(2500 + 5000)) << i;
+  }
+  EXPECT_EQ(h.procs.procs[4].spec.env.count("DLRUN_RECOVERY_GEN"), 0u);
+  EXPECT_EQ(h.procs.procs[4].spec.env.at("TORCHELASTIC_RESTART_COUNT"), "1");
+}
+
+TEST(AgentInProcessRecovery, AProgramThatDidNotDeclareItRestartsAsUnderTorchrun) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/false);
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 0);
+  EXPECT_TRUE(h.procs.told.empty());
+  EXPECT_EQ(h.procs.groups_started(), 2);
+  EXPECT_TRUE(h.procs.kept_spares.empty());
+}
+
+TEST(AgentInProcessRecovery, RecoveryRestartRestartsEvenADeclaringProgram) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  h.options.recovery = AgentOptions::Recovery::kRestart;
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 0);
+  EXPECT_TRUE(h.procs.told.empty());
+  EXPECT_EQ(h.procs.groups_started(), 2);
+  EXPECT_TRUE(h.procs.kept_spares.empty());
+}
+
+}  // namespace
+}  // namespace dlrun::launcher::testing

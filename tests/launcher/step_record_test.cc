@@ -65,10 +65,7 @@ TEST(StepRecord, RecoveryRecordsDeclareItAndSayTheStateFromAPeer) {
   }
   StepRecordReader reader;
   std::vector<StepRecord> out;
-  const std::string stream = "hC recovery
-hP 3 0.5
-hS 4 1 0.1
-";
+  const std::string stream = "hC recovery\nhP 3 0.5\nhS 4 1 0.1\n";
   reader.Feed(stream.data(), stream.size(), &out);
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0].kind, 'C');

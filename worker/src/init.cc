@@ -179,12 +179,23 @@ void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::millise
   // (a test, a quick try) never fails on a MASTER_PORT another job on the node holds.
   so.port = e.world_size == 1 ? 0 : static_cast<uint16_t>(e.master_port);
   so.isServer = e.rank == 0;
+  // Under torchrun the agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True): every rank is
+  // a client, and each attempt's keys live under their own prefix, as torch.distributed's env://
+  // does; a restarted group must not find the last attempt's Gloo addresses.
+  const char* agent_store = std::getenv(contract::kUseAgentStore);
+  const bool torchrun_store = agent_store != nullptr && std::string(agent_store) == "True" &&
+                              e.world_size > 1;
+  if (torchrun_store) so.isServer = false;
   so.numWorkers = e.world_size;
   so.waitWorkers = false;
   so.timeout = timeout;
-  if (e.rank != 0) AwaitListener(e.master_addr, e.master_port, timeout);
+  if (e.rank != 0 || torchrun_store) AwaitListener(e.master_addr, e.master_port, timeout);
   try {
     ctx.store = c10::make_intrusive<c10d::TCPStore>(e.master_addr, so);
+    if (torchrun_store) {
+      ctx.store = c10::make_intrusive<c10d::PrefixStore>(
+          lite::StrCat("/worker/attempt_", e.restart_count), ctx.store);
+    }
   } catch (const std::exception& ex) {
     std::string what = ex.what();
     what = what.substr(0, what.find('\n'));

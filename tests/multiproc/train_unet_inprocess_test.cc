@@ -144,5 +144,24 @@ TEST(InProcessRecovery, ReplicasThatDifferAreRefusedAndTheGroupRestarts) {
   EXPECT_EQ(m["param_digests"][0], m["param_digests"][3]);
 }
 
+// Under torchrun (which declares nothing to dlrun::worker: torchrun's own restart), a restarted
+// C++ group meets at torchrun's agent store, its keys under the attempt's prefix, as
+// torch.distributed's env:// does (TORCHELASTIC_USE_AGENT_STORE=True); it used to wait out the
+// 5 min store timeout on the last attempt's Gloo addresses.
+TEST(InProcessRecovery, UnderTorchrunARestartedCppGroupMeetsAtTheAgentsStore) {
+  const std::string dir = MakeTempDir();
+  ProcResult r = RunCommand(
+      {TEST_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+       "--max-restarts", "1", "--monitor-interval", "0.1", "--no-python", TRAIN_UNET_BIN,
+       "--synthetic", "--base-channels", "4", "--max-steps", "4", "--checkpoint-every", "2",
+       "--checkpoint-dir", dir + "/ckpt", "--fail-at-step", "3", "--metrics-json",
+       dir + "/m.json"},
+      {{"OMP_NUM_THREADS", "1"}, {"DLRUN_INIT_TIMEOUT", "60"}}, std::chrono::seconds(200));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from step 2"), std::string::npos) << r.output;
+  auto m = nlohmann::json::parse(ReadFile(dir + "/m.json"));
+  EXPECT_EQ(m["start_step"], 2);
+}
+
 }  // namespace
 }  // namespace dlrun::testing

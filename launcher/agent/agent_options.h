@@ -78,6 +78,9 @@ struct AgentOptions {
   // --spare-workers auto (not off): a program that declares in-process recovery gets a warm
   // spare per local rank (its own command, held in dlrun::worker::init()) from then on.
   bool spares_on_declaration = true;
+  // The job may span one node only (--nnodes 1): in-process recovery applies. An elastic job
+  // (--nnodes 1:2) that is down to one node restarts through its rendezvous as before.
+  bool single_node_job = true;
   // Exit with the root cause's own code (128+N for a signal) instead of torchrun's 1.
   bool exit_with_worker_code = false;
   std::string program_name = "worker";  // named in the failure block

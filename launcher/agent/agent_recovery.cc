@@ -27,8 +27,8 @@ bool Agent::CanRecoverInProcess(std::string* why_not) const {
   if (!any_declared) return false;  // an undeclared program: torchrun's semantics, silently
   if (recovery_deadline_) {
     *why_not = "another rank failed during the in-process recovery";
-  } else if (current_.num_nodes != 1) {
-    *why_not = "in-process recovery is for single-node groups so far";
+  } else if (!options_.single_node_job || current_.num_nodes != 1) {
+    *why_not = "in-process recovery is for single-node jobs (--nnodes 1) so far";
   } else if (stopping_) {
     *why_not = "the group is being stopped";
   }
@@ -166,7 +166,8 @@ bool Agent::RecoverInProcess() {
 }
 
 void Agent::SpareOnDeclaration(int local_rank) {
-  if (!options_.spares_on_declaration || options_.recovery == AgentOptions::Recovery::kRestart) {
+  if (!options_.spares_on_declaration || !options_.single_node_job ||
+      options_.recovery == AgentOptions::Recovery::kRestart) {
     return;
   }
   if (options_.spare_argv.empty()) {

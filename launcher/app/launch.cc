@@ -93,6 +93,7 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
     a.recovery = AgentOptions::Recovery::kRestart;
   }
   a.recovery_timeout = o.recovery_timeout;
+  a.single_node_job = o.max_nodes == 1;
   Agent agent(std::move(a), std::move(backend->link), **processes, SystemClock());
   const int rc = agent.Run();
   UnregisterRun(index, getpid());

@@ -103,6 +103,18 @@ TEST(AgentInProcessRecovery, AProgramThatDidNotDeclareItRestartsAsUnderTorchrun)
   EXPECT_TRUE(h.procs.kept_spares.empty());
 }
 
+// An elastic job (--nnodes 1:2) down to one node restarts through its rendezvous as before: no
+// in-process recovery, no spares on declaration.
+TEST(AgentInProcessRecovery, AJobThatMaySpanNodesRestartsAsBefore) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  h.options.single_node_job = false;
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 0);
+  EXPECT_TRUE(h.procs.told.empty());
+  EXPECT_EQ(h.procs.groups_started(), 2);
+  EXPECT_TRUE(h.procs.kept_spares.empty());
+}
+
 TEST(AgentInProcessRecovery, RecoveryRestartRestartsEvenADeclaringProgram) {
   Harness h(3);
   Declaring(h, /*replacement_joins=*/true);

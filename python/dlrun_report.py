@@ -238,6 +238,50 @@ def report_step(step, samples, step_s, data_s=None, compute_s=None, sync_s=None,
         pass  # a full pipe: the agent has enough to read
 
 
+def _record(line):
+    """One record line on dlrun's pipe (dlrun_recovery's declaration and state records)."""
+    fd = _pipe()
+    if fd < 0:
+        return
+    try:
+        os.write(fd, (line + "\n").encode())
+    except OSError:
+        pass
+
+
+def _tcp_sockets():
+    """{inode: fd} of this process's TCP sockets that are not listening (Linux /proc)."""
+    inodes = set()
+    for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] != "0A":  # 0A: LISTEN
+                        inodes.add(fields[9])
+        except OSError:
+            pass
+    found = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            found[link[8:-1]] = int(fd)
+    return found
+
+
+# The sockets open before the program made its process group (dlrun_recovery shuts down the
+# group's own on a peer's loss, never these); only where dlrun passed the control pipe.
+_tcp_at_import = _tcp_sockets() if "DLRUN_CONTROL_FD" in os.environ else {}
+
+
 def report_resume(step, load_s):
     """Says this attempt resumed from the checkpoint of `step` (the last step it holds), and
     that loading it took `load_s` seconds. Call it once, after loading a checkpoint: dlrun's

@@ -1,5 +1,6 @@
 """dlrun's Python helper as a package: `import dlrun` gives what `import dlrun_report` gives
-(report_step, report_resume, timed, heartbeat, Preemption, dump_collectives_on_failure).
+(report_step, report_resume, timed, heartbeat, Preemption, dump_collectives_on_failure), and
+dlrun.Recoverable, the in-process recovery of dlrun_recovery.py (imported when first used).
 
 The code lives in the single standard-library file dlrun_report.py next to this package, kept
 for offline clusters (copy it anywhere on PYTHONPATH, or rely on dlrun, which puts its copy on
@@ -26,3 +27,11 @@ __all__ = [
     "timed",
 ]
 __version__ = "0.21.0"
+
+
+def __getattr__(name):
+    # dlrun.Recoverable (dlrun_recovery.py) imports torch: only when asked for.
+    if name in ("Recoverable", "is_replacement"):
+        import dlrun_recovery
+        return getattr(dlrun_recovery, name)
+    raise AttributeError("module 'dlrun' has no attribute %r" % name)

@@ -1,0 +1,306 @@
+"""In-process recovery for torch.distributed programs run by dlrun (docs/RECOVERY.md, "A fault
+costs one step"): when a rank dies, the others keep their processes, dlrun starts the lost rank
+again, and it takes the state from a survivor; at most the interrupted step is done again, and
+no checkpoint is read.
+
+    import dlrun_recovery
+    dist.init_process_group("gloo")
+    rec = dlrun_recovery.Recoverable(model, optimizer, scheduler)   # builds rec.ddp
+    for step in rec.steps(total, start=first_step):   # a replacement starts where its peers are
+        with rec.step():                              # a peer lost inside: the step again
+            loss = loss_fn(rec.ddp(inputs(step)), targets(step))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+
+`model` is the plain module: Recoverable wraps it in DistributedDataParallel (keyword arguments
+in `ddp=`) and wraps it again after a recovery, so use `rec.ddp` each step, not a copy of it.
+The objects after the optimizer (an LR scheduler, a sampler, anything with state_dict() and
+load_state_dict()) travel with the model and optimizer to the replacement. A step's data must
+follow from the step number (and the rank), as with a DistributedSampler and set_epoch.
+
+How it works: dlrun's agent writes `regroup <generation> <master_port>` on the pipe named by
+DLRUN_CONTROL_FD; a thread here shuts down the process group's connections at once (so no
+collective waits for Gloo's timeout; import dlrun_recovery, or dlrun, before making the group:
+the connections made after the import are the group's), the step's exception is caught, the group is made again on the new port, the
+lowest rank holding the newest step sends model, optimizer and state to every rank behind it,
+every rank checks it holds the same parameters, and the step is done again. A recovery that
+cannot finish raises, the program ends, and dlrun restarts the group from the checkpoint as it
+would have without this. Outside dlrun, or with `--recovery restart`, nothing of this runs.
+"""
+import hashlib
+import io
+import os
+import socket
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import dlrun_report
+
+
+class _Words:
+    """The agent's words on DLRUN_CONTROL_FD, read by a daemon thread."""
+
+    def __init__(self, fd):
+        self.cond = threading.Condition()
+        self.newest = None  # (generation, master_port)
+        self.taken = 0      # the generation this process has joined
+        self.group_sockets = {}  # {inode: fd}: the connections of the current process group
+        threading.Thread(target=self._read, args=(fd,), daemon=True,
+                         name="dlrun-words").start()
+
+    def _read(self, fd):
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            for line in iter(f.readline, b""):
+                parts = line.decode(errors="replace").split()
+                if len(parts) != 3 or parts[0] != "regroup" or not all(p.isdigit() for p in parts[1:]):
+                    continue  # another word: a newer agent's
+                gen, port = int(parts[1]), int(parts[2])
+                with self.cond:
+                    if gen <= self.taken or (self.newest and gen <= self.newest[0]):
+                        continue
+                    self.newest = (gen, port)
+                    self.cond.notify_all()
+                    sockets = dict(self.group_sockets)
+                _end_group(sockets)
+
+    def pending(self):
+        with self.cond:
+            return self.newest if self.newest and self.newest[0] > self.taken else None
+
+    def wait(self, timeout):
+        with self.cond:
+            self.cond.wait_for(lambda: self.newest and self.newest[0] > self.taken, timeout)
+        return self.pending()
+
+
+def _end_group(sockets):
+    """Every collective of the current group ends in an error at once, also one waiting on a
+    live peer that waits on the lost one (it would wait for Gloo's timeout; ProcessGroupGloo's
+    abort() does not end a wait of DDP's reducer): its connections are shut down under it.
+    Listening sockets are left alone (Gloo's listener aborts the process on a failed accept)."""
+    open_now = dlrun_report._tcp_sockets()
+    for inode, fd in sockets.items():
+        if open_now.get(inode) != fd:
+            continue  # closed meanwhile, its fd maybe reused
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+            s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        except OSError:
+            pass
+    try:
+        dist.distributed_c10d._get_default_group().abort()
+    except Exception:  # no group, or one that cannot abort: the shutdown did it
+        pass
+
+
+def _group_sockets(before):
+    """The TCP connections made since `before` (a dlrun_report._tcp_sockets())."""
+    return {i: fd for i, fd in dlrun_report._tcp_sockets().items() if i not in before}
+
+
+def _digest(module):
+    h = hashlib.blake2b(digest_size=8)
+    for t in list(module.parameters()) + list(module.buffers()):
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+class Recoverable:
+    """A DDP model, its optimizer and state that survive the loss of a rank (module docstring)."""
+
+    def __init__(self, model, optimizer, *stateful, ddp=None, word_timeout=3.0, timeout=60.0):
+        self.module, self.optimizer, self.stateful = model, optimizer, stateful
+        self.ddp_kwargs = dict(ddp or {})
+        self.word_timeout, self.timeout = word_timeout, timeout
+        self.backend = dist.get_backend()
+        self.committed = -1   # the last step this rank finished
+        self.recoveries = 0
+        self._current = None
+        self._peer_layout = None
+        fd = int(os.environ.get("DLRUN_CONTROL_FD", "-1"))
+        self._words = _Words(fd) if fd >= 0 else None
+        gen = int(os.environ.get("DLRUN_RECOVERY_GEN", "0") or 0)
+        self.replacement = self._words is not None and gen > 0
+        if self._words is not None:
+            self._words.taken = gen
+            # The group the program made after importing dlrun_report (dlrun_recovery imports it).
+            self._words.group_sockets = _group_sockets(dlrun_report._tcp_at_import)
+            dlrun_report._record("C recovery")
+        if self.replacement:  # started in place of a lost rank: the state comes from a peer
+            t0 = time.monotonic()
+            root = self._transfer()
+            secs = time.monotonic() - t0
+            dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
+            print("dlrun_recovery: rank %d took the state of step %d from rank %d in %.3f s "
+                  "(generation %d)" % (dist.get_rank(), self.committed, root, secs, gen),
+                  file=sys.stderr, flush=True)
+            self.ddp = _ddp_like_peers(self.module, self.ddp_kwargs, self._peer_layout)
+        else:
+            self.ddp = DistributedDataParallel(self.module, **self.ddp_kwargs)
+
+    def steps(self, total, start=0):
+        """Yields the step numbers from `start` (a replacement: from the step after the one it
+        received) to total - 1; a step interrupted by a peer's loss comes again."""
+        if self.committed < 0:
+            self.committed = start - 1
+        while self.committed + 1 < total:
+            if self._words is not None and self._words.pending():
+                self._recover(None)  # told between two steps: regroup before computing
+            self._current = self.committed + 1
+            yield self._current
+
+    def step(self):
+        """The context of one step: a peer lost inside it ends in a recovery, and steps()
+        yields the same step again; any other error goes on up."""
+        return _Step(self)
+
+    def _recover(self, error):
+        t0 = time.monotonic()
+        word = self._words.wait(self.word_timeout) if self._words is not None else None
+        if word is None:
+            return False  # not a peer's loss: the error stands
+        gen, port = word
+        what = str(error).splitlines()[0] if error is not None else "told between steps"
+        print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
+              % (dist.get_rank(), what[:200], gen), file=sys.stderr, flush=True)
+        try:
+            dist.distributed_c10d._abort_process_group()
+            os.environ["MASTER_PORT"] = str(port)
+            self._words.taken = gen
+            before = dlrun_report._tcp_sockets()
+            dist.init_process_group(self.backend, timeout=_timedelta(self.timeout))
+            with self._words.cond:
+                self._words.group_sockets = _group_sockets(before)
+            for p in self.module.parameters():
+                p.grad = None  # the interrupted step's half-reduced gradients
+            root = self._transfer()
+            # The same DDP on the new group: its buckets as they were (a new one's would sum
+            # in another order, and the run would no longer be bit for bit the one without a
+            # fault); the interrupted step's state is reset.
+            self.ddp._update_process_group(dist.distributed_c10d._get_default_group())
+        except Exception as e:
+            raise RuntimeError("in-process recovery failed (generation %d): %s"
+                               % (gen, str(e).splitlines()[0] if str(e) else type(e).__name__))
+        secs = time.monotonic() - t0
+        self.recoveries += 1
+        dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
+        if dist.get_rank() == root:
+            print("dlrun_recovery: rank %d sent the state of step %d in %.3f s after the loss "
+                  "(generation %d)" % (root, self.committed, secs, gen), file=sys.stderr,
+                  flush=True)
+        return True
+
+    def _transfer(self):
+        """Collective: the lowest rank with the newest committed step sends its state to every
+        rank behind it; then every rank must hold the same parameters. Returns the sender."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mine = torch.tensor([self.committed], dtype=torch.int64)
+        held = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(held, mine)
+        held = [int(t.item()) for t in held]
+        best = max(held)
+        root = held.index(best)
+        if best < 0:
+            raise RuntimeError("no rank holds a state to send")
+        if rank == root:
+            buf = io.BytesIO()
+            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "stateful": [s.state_dict() for s in self.stateful],
+                        "layout": _bucket_layout(self.ddp)}, buf)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+            for r in (r for r in range(world) if held[r] < best):
+                dist.send(torch.tensor([data.numel()], dtype=torch.int64), r)
+                dist.send(data, r)
+        elif held[rank] < best:
+            n = torch.zeros(1, dtype=torch.int64)
+            dist.recv(n, root)
+            data = torch.empty(int(n.item()), dtype=torch.uint8)
+            dist.recv(data, root)
+            state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            for s, sd in zip(self.stateful, state["stateful"]):
+                s.load_state_dict(sd)
+            self._peer_layout = state["layout"]
+        digests = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(digests, torch.tensor([_digest(self.module)], dtype=torch.int64))
+        differ = [str(r) for r, d in enumerate(digests) if int(d.item()) != int(digests[0].item())]
+        if differ:
+            raise RuntimeError("rank(s) %s hold other parameters than rank 0 after the state "
+                               "transfer from rank %d: not going on with replicas that differ"
+                               % (",".join(differ), root))
+        self.committed = best
+        return root
+
+
+class _Step:
+    def __init__(self, rec):
+        self.rec = rec
+
+    def __enter__(self):
+        return self.rec._current
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            self.rec.committed = self.rec._current
+            return False
+        if not isinstance(value, Exception) or self.rec._words is None:
+            return False
+        return self.rec._recover(value)
+
+
+def _bucket_layout(ddp):
+    """The order DDP rebuilt its gradient buckets in (None before its rebuild, or no DDP)."""
+    if ddp is None:
+        return None
+    data = ddp._get_ddp_logging_data()
+    order = data.get("prev_iteration_grad_ready_order_indices", "")
+    if not data.get("has_rebuilt_buckets") or not order:
+        return None
+    return [int(i) for i in order.split(",")]
+
+
+def _ddp_like_peers(module, kwargs, order):
+    """A DDP whose gradient buckets are those its peers rebuilt theirs to (`order`: the order
+    their gradients became ready in), as DDP's reducer rebuilds them after its first step, so
+    every rank sums the same elements in the same order as before the fault."""
+    if order is None:  # they have not rebuilt theirs yet (the fault came in the first step)
+        return DistributedDataParallel(module, **dict(kwargs, init_sync=False))
+    compute = dist._compute_bucket_assignment_by_size
+
+    def rebuilt(params, limits, expect_sparse, *rest):
+        # The reducer's rebuild: a first bucket of 1 MiB, then bucket_cap_mb each.
+        cap = int(kwargs.get("bucket_cap_mb", 25) * 1024 * 1024)
+        first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024)
+        ordered = [params[i] for i in order]
+        sparse = [expect_sparse[i] for i in order] if expect_sparse else []
+        buckets, caps = compute(ordered, [first, cap], sparse, order)
+        # The DDP constructor reverses the bucket list it gets; the reducer's rebuild does not.
+        return list(reversed(buckets)), list(reversed(caps))
+
+    dist._compute_bucket_assignment_by_size = rebuilt
+    try:
+        # No collective: the peers keep their DDP; the state came from them, digests checked.
+        ddp = DistributedDataParallel(module, **dict(kwargs, init_sync=False))
+    finally:
+        dist._compute_bucket_assignment_by_size = compute
+    return ddp  # it rebuilds after its first step, as its peers' do after a new group
+
+
+def _timedelta(seconds):
+    import datetime
+    return datetime.timedelta(seconds=seconds)
+
+
+def is_replacement():
+    """True in a process dlrun started in place of a lost rank (it will take the state from a
+    peer when Recoverable is made: loading a checkpoint before that is time lost)."""
+    return "DLRUN_CONTROL_FD" in os.environ and int(os.environ.get("DLRUN_RECOVERY_GEN", "0") or 0) > 0

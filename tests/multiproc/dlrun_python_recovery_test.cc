@@ -1,0 +1,107 @@
+// In-process recovery of a Python program (python/dlrun_recovery.py; docs/RECOVERY.md, "A fault
+// costs one step"): a 4-rank gloo DDP trainer (tests/python/recoverable_train.py) whose last
+// rank is SIGKILLed keeps its other three processes, the lost rank takes the state from a
+// survivor, no step is done twice, and the run ends bit-identical to the run without a fault.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <set>
+
+#include "multiproc/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace dlrun::testing {
+namespace {
+
+struct TrainRun {
+  ProcResult result;
+  std::map<int, std::set<int>> pids;     // rank -> the pids that said "rank R pid P"
+  std::map<int, std::string> digests;    // rank -> its last digest
+  nlohmann::json report;
+};
+
+TrainRun Train(const std::string& dir, const std::string& tag, int kill_step) {
+  std::map<std::string, std::string> env = {{"PYTHON_EXEC", TEST_PYTHON},
+                                            {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"},
+                                            {"OMP_NUM_THREADS", "1"}};
+  if (kill_step >= 0) {
+    env["KILL_RANK"] = "3";
+    env["KILL_STEP"] = std::to_string(kill_step);
+  }
+  TrainRun run;
+  run.result = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "4", "--report-json",
+                           dir + "/report-" + tag + ".json",
+                           std::string(SOURCE_DIR) + "/tests/python/recoverable_train.py", "24",
+                           "0.02"},
+                          env, std::chrono::seconds(240));
+  const std::regex pid_line(R"(rank (\d) pid (\d+))"), digest_line(R"(rank (\d) digest (-?\d+))");
+  const std::string& out = run.result.output;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_line);
+       it != std::sregex_iterator(); ++it) {
+    run.pids[std::stoi((*it)[1])].insert(std::stoi((*it)[2]));
+  }
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), digest_line);
+       it != std::sregex_iterator(); ++it) {
+    run.digests[std::stoi((*it)[1])] = (*it)[2];
+  }
+  if (run.result.exit_code == 0) {
+    run.report = nlohmann::json::parse(ReadFile(dir + "/report-" + tag + ".json"));
+  }
+  return run;
+}
+
+TEST(PythonInProcessRecovery, AKilledRankCostsNoStepAndTheRunEndsBitIdentical) {
+  const std::string dir = MakeTempDir();
+  const TrainRun clean = Train(dir, "clean", -1);
+  ASSERT_EQ(clean.result.exit_code, 0) << clean.result.output;
+  ASSERT_EQ(clean.digests.size(), 4u) << clean.result.output;
+  const TrainRun fault = Train(dir, "fault", 16);
+  const std::string& out = fault.result.output;
+  ASSERT_EQ(fault.result.exit_code, 0) << out;
+  ASSERT_NE(out.find("rank 3 killed at"), std::string::npos) << out;
+  EXPECT_NE(out.find("in-process recovery: the 3 other rank(s) keep running, local rank 3 as pid"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("dlrun_recovery: rank 3 took the state of step 15 from rank 0"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("in-process recovery done: every rank holds the state of step 15"),
+            std::string::npos) << out;
+  EXPECT_EQ(out.find("restart 1:"), std::string::npos) << out;
+  // The survivors' processes are those of the start; the lost rank has a second one.
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(fault.pids.at(rank).size(), 1u) << out;
+  EXPECT_EQ(fault.pids.at(3).size(), 2u) << out;
+  // Every rank ends where the run without the fault ended, bit for bit.
+  ASSERT_EQ(fault.digests.size(), 4u) << out;
+  for (const auto& [rank, digest] : fault.digests) {
+    EXPECT_EQ(digest, clean.digests.at(0)) << "rank " << rank << "\n" << out;
+  }
+  // The ledger: in process, no checkpoint read, nothing computed again.
+  ASSERT_EQ(fault.report["lost"]["restarts"].size(), 1u) << fault.report["lost"].dump();
+  const auto& c = fault.report["lost"]["restarts"][0];
+  EXPECT_TRUE(c["in_process"].get<bool>()) << c.dump();
+  EXPECT_EQ(c["resumed_step"], 15) << c.dump();
+  EXPECT_EQ(c["checkpoint_load_s"].get<double>(), 0) << c.dump();
+  EXPECT_GT(c["state_from_peer_s"].get<double>(), 0) << c.dump();
+  EXPECT_LE(c["recomputed_steps"].get<int>(), 1) << c.dump();
+}
+
+// Without dlrun's control pipe (--recovery restart) the wrapper changes nothing: the group
+// restarts as torchrun's would, and the program, which keeps no checkpoint, starts over.
+TEST(PythonInProcessRecovery, RecoveryRestartRestartsTheGroup) {
+  const std::string dir = MakeTempDir();
+  std::map<std::string, std::string> env = {{"PYTHON_EXEC", TEST_PYTHON},
+                                            {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"},
+                                            {"OMP_NUM_THREADS", "1"}, {"KILL_RANK", "1"},
+                                            {"KILL_STEP", "3"}};
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--recovery",
+                             "restart", "--max-restarts", "1",
+                             std::string(SOURCE_DIR) + "/tests/python/recoverable_train.py", "5"},
+                            env, std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("in-process recovery"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restart 1:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 digest"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace dlrun::testing

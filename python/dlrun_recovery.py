@@ -121,6 +121,7 @@ class Recoverable:
         self.ddp_kwargs = dict(ddp or {})
         self.word_timeout, self.timeout = word_timeout, timeout
         self.backend = dist.get_backend()
+        self.rank = dist.get_rank()  # the same in every generation
         self.committed = -1   # the last step this rank finished
         self.recoveries = 0
         self._current = None
@@ -168,6 +169,7 @@ class Recoverable:
         if word is None:
             return False  # not a peer's loss: the error stands
         gen, port = word
+        t_word = time.monotonic()
         what = str(error).splitlines()[0] if error is not None else "told between steps"
         print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
               % (dist.get_rank(), what[:200], gen), file=sys.stderr, flush=True)
@@ -175,12 +177,15 @@ class Recoverable:
             dist.distributed_c10d._abort_process_group()
             os.environ["MASTER_PORT"] = str(port)
             self._words.taken = gen
+            if self.rank != 0:
+                _await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port, self.timeout)
             before = dlrun_report._tcp_sockets()
             dist.init_process_group(self.backend, timeout=_timedelta(self.timeout))
             with self._words.cond:
                 self._words.group_sockets = _group_sockets(before)
             for p in self.module.parameters():
                 p.grad = None  # the interrupted step's half-reduced gradients
+            t_group = time.monotonic()
             root = self._transfer()
             # The same DDP on the new group: its buckets as they were (a new one's would sum
             # in another order, and the run would no longer be bit for bit the one without a
@@ -194,8 +199,9 @@ class Recoverable:
         dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
         if dist.get_rank() == root:
             print("dlrun_recovery: rank %d sent the state of step %d in %.3f s after the loss "
-                  "(generation %d)" % (root, self.committed, secs, gen), file=sys.stderr,
-                  flush=True)
+                  "(generation %d; the word %.3f s, new group %.3f s, transfer %.3f s)"
+                  % (root, self.committed, secs, gen, t_word - t0, t_group - t_word,
+                     time.monotonic() - t_group), file=sys.stderr, flush=True)
         return True
 
     def _transfer(self):
@@ -293,6 +299,18 @@ def _ddp_like_peers(module, kwargs, order):
     finally:
         dist._compute_bucket_assignment_by_size = compute
     return ddp  # it rebuilds after its first step, as its peers' do after a new group
+
+
+def _await_store(host, port, timeout):
+    """Waits until rank 0 listens on its new store's port: TCPStore's own client, refused,
+    backs off for up to a second, and rank 0 makes its store only once it has heard the word."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.005)
 
 
 def _timedelta(seconds):

@@ -46,6 +46,9 @@ records the same history but never dumps it; after
 this rank dumps it when an exception ends the program (a Gloo timeout) or dlrun stops it, and
 dlrun's failure report says which collective the ranks disagree on.
 
+In-process recovery (docs/RECOVERY.md): dlrun_recovery.Recoverable, in dlrun_recovery.py beside
+this file (it imports torch; this file does not).
+
 Profiling (docs/PROFILING.md): in the ranks dlrun's `--profile torch --profile-ranks R` names,
 report_step runs the PyTorch profiler over `--profile-steps A:B` (or from the import to the
 exit) and writes a Chrome trace where dlrun lists it; under `--profile nsys` with a step range
@@ -151,22 +154,26 @@ _data_wait = None  # seconds waited in timed() since the last report_step (None:
 
 
 def _batch_size(batch):
-    """The samples in a batch: a tensor's first dimension, or that of the first element of a
-    list, tuple or dict (a DataLoader's usual collations); 1 when unknown."""
-    for _ in range(3):
-        if isinstance(batch, dict) and batch:
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, (list, tuple)) and batch:
-            batch = batch[0]
-        else:
-            break
-    shape = getattr(batch, "shape", None)
-    if shape is not None and len(shape) > 0:
-        return int(shape[0])
-    try:
-        return len(batch)
-    except TypeError:
-        return 1
+    """The samples in a batch: the leading dimension of its first tensor (an array with at least
+    one dimension), looked for through lists, tuples and dicts (a DataLoader's usual
+    collations: `(x, y)`, `(step, x, y)`, `{"image": ..., "label": ...}`); else the length of
+    a list of plain samples; 1 when unknown."""
+    stack = [batch]
+    seen = 0
+    while stack and seen < 64:
+        item = stack.pop(0)
+        seen += 1
+        shape = getattr(item, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    if isinstance(batch, list) and batch and not any(
+            isinstance(b, (list, tuple, dict)) or hasattr(b, "shape") for b in batch):
+        return len(batch)  # a list of plain samples (file names, strings)
+    return 1
 
 
 class timed:
@@ -175,11 +182,13 @@ class timed:
     `report=True` each step is reported for you when the next batch is asked for (and the last
     at the end): step_s from one request to the next, the batch's samples, step numbers from
     `start_step`; `loss` may be set on the iterator (`it.loss = loss.item()`) to go with it.
-    Costs two clock reads per batch."""
+    The samples of a batch are the leading dimension of its first tensor; `samples=N` says it
+    instead (a batch whose first tensor is not batched). Costs two clock reads per batch."""
 
-    def __init__(self, loader, report=False, start_step=1):
+    def __init__(self, loader, report=False, start_step=1, samples=None):
         self._loader = loader
         self._report = report
+        self._samples = None if samples is None else int(samples)
         self._step = int(start_step)
         self.loss = None
 
@@ -201,7 +210,8 @@ class timed:
                 return
             wait = clock() - t0
             _data_wait = (_data_wait or 0.0) + wait
-            last = (t0, wait, _batch_size(batch) if self._report else 0)
+            size = self._samples if self._samples is not None else _batch_size(batch)
+            last = (t0, wait, size if self._report else 0)
             yield batch
 
     def _emit(self, last, now):

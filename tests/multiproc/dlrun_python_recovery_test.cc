@@ -21,17 +21,20 @@ struct TrainRun {
   nlohmann::json report;
 };
 
-TrainRun Train(const std::string& dir, const std::string& tag, int kill_step) {
-  std::map<std::string, std::string> env = {{"PYTHON_EXEC", TEST_PYTHON},
-                                            {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"},
-                                            {"OMP_NUM_THREADS", "1"}};
+TrainRun Train(const std::string& dir, const std::string& tag, int kill_step,
+               std::map<std::string, std::string> env = {}) {
+  env.insert({{"PYTHON_EXEC", TEST_PYTHON},
+              {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"},
+              {"OMP_NUM_THREADS", "1"},
+              {"CKPT_DIR", dir + "/ckpt-" + tag},
+              {"CKPT_EVERY", "5"}});
   if (kill_step >= 0) {
     env["KILL_RANK"] = "3";
     env["KILL_STEP"] = std::to_string(kill_step);
   }
   TrainRun run;
-  run.result = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "4", "--report-json",
-                           dir + "/report-" + tag + ".json",
+  run.result = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "4", "--max-restarts",
+                           "1", "--report-json", dir + "/report-" + tag + ".json",
                            std::string(SOURCE_DIR) + "/tests/python/recoverable_train.py", "24",
                            "0.02"},
                           env, std::chrono::seconds(240));
@@ -67,6 +70,7 @@ TEST(PythonInProcessRecovery, AKilledRankCostsNoStepAndTheRunEndsBitIdentical) {
   EXPECT_NE(out.find("in-process recovery done: every rank holds the state of step 15"),
             std::string::npos) << out;
   EXPECT_EQ(out.find("restart 1:"), std::string::npos) << out;
+  EXPECT_EQ(out.find("resumed from step"), std::string::npos) << out;
   // The survivors' processes are those of the start; the lost rank has a second one.
   for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(fault.pids.at(rank).size(), 1u) << out;
   EXPECT_EQ(fault.pids.at(3).size(), 2u) << out;
@@ -83,6 +87,29 @@ TEST(PythonInProcessRecovery, AKilledRankCostsNoStepAndTheRunEndsBitIdentical) {
   EXPECT_EQ(c["checkpoint_load_s"].get<double>(), 0) << c.dump();
   EXPECT_GT(c["state_from_peer_s"].get<double>(), 0) << c.dump();
   EXPECT_LE(c["recomputed_steps"].get<int>(), 1) << c.dump();
+}
+
+// A replacement whose parameters differ from its peers' after the transfer: every rank refuses
+// to go on, in one line, and the group restarts from the checkpoint and ends where the run
+// without a fault does.
+TEST(PythonInProcessRecovery, ReplicasThatDifferAreRefusedAndTheGroupRestarts) {
+  const std::string dir = MakeTempDir();
+  const TrainRun clean = Train(dir, "clean", -1);
+  ASSERT_EQ(clean.result.exit_code, 0) << clean.result.output;
+  const TrainRun r = Train(dir, "differs", 16, {{"FAIL_REPLACEMENT", "differs"}});
+  const std::string& out = r.result.output;
+  ASSERT_EQ(r.result.exit_code, 0) << out;
+  EXPECT_NE(out.find("FAIL_REPLACEMENT=differs: parameters changed"), std::string::npos) << out;
+  EXPECT_NE(out.find("in-process recovery failed (generation 1): rank(s) 3 hold other "
+                     "parameters than rank 0 after the state transfer from rank 0: not going on "
+                     "with replicas that differ"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("restart 1:"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 0 resumed from step 14"), std::string::npos) << out;
+  ASSERT_EQ(r.digests.size(), 4u) << out;
+  for (const auto& [rank, digest] : r.digests) {
+    EXPECT_EQ(digest, clean.digests.at(0)) << "rank " << rank << "\n" << out;
+  }
 }
 
 // Without dlrun's control pipe (--recovery restart) the wrapper changes nothing: the group

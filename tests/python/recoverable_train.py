@@ -4,6 +4,10 @@ bench/inprocess_recovery): an MLP, AdamW and a StepLR schedule, each step's data
 
 usage: recoverable_train.py STEPS [STEP_S]
 KILL_RANK=R KILL_STEP=N: rank R SIGKILLs itself at the start of step N (its first process).
+FAIL_REPLACEMENT=differs: the replacement's state is changed as it arrives (its parameters differ
+from its peers'), so the recovery must refuse to go on.
+CKPT_DIR=D CKPT_EVERY=K: rank 0 writes a checkpoint every K steps (atomically), and a start that
+is not a replacement resumes from it ("resumed from step S"), for the restart comparisons.
 Lines: "rank R pid P" at start, "rank R step N began T" per step (T: unix seconds), "rank R
 killed at T" before the kill, "rank R digest D recoveries K" at the end."""
 import os
@@ -25,12 +29,39 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-rec = dlrun_recovery.Recoverable(model, opt, sched)
+ckpt_dir, ckpt_every = os.environ.get("CKPT_DIR"), int(os.environ.get("CKPT_EVERY", "0"))
+path = os.path.join(ckpt_dir, "latest.pt") if ckpt_dir else None
+start = 0
+if path and os.path.exists(path) and not dlrun_recovery.is_replacement():
+    t0 = time.monotonic()
+    state = torch.load(path)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    start = state["step"] + 1
+    dlrun_report.report_resume(state["step"], time.monotonic() - t0)
+    print("rank %d resumed from step %d" % (rank, state["step"]), flush=True)
+
+
+class Differs:
+    """Stateful: changes a parameter of the model when the state from a peer is loaded."""
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        with torch.no_grad():
+            next(model.parameters()).add_(1e-3)
+        print("rank %d: FAIL_REPLACEMENT=differs: parameters changed" % rank, flush=True)
+
+
+extra = [Differs()] if os.environ.get("FAIL_REPLACEMENT") == "differs" else []
+rec = dlrun_recovery.Recoverable(model, opt, sched, *extra)
 print("rank %d pid %d" % (rank, os.getpid()), flush=True)
 kill_rank = int(os.environ.get("KILL_RANK", "-1"))
 kill_step = int(os.environ.get("KILL_STEP", "-1"))
 first = not rec.replacement and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-for step in rec.steps(steps):
+for step in rec.steps(steps, start=start):
     with rec.step():
         began = time.time()
         if rank == kill_rank and step == kill_step and first:
@@ -46,6 +77,11 @@ for step in rec.steps(steps):
         time.sleep(step_s)
         dlrun_report.report_step(step, samples=16, step_s=time.time() - began, loss=loss.item())
         print("rank %d step %d began %.6f" % (rank, step, began), flush=True)
+    if path and rank == 0 and ckpt_every and (step + 1) % ckpt_every == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(), "step": step}, path + ".tmp")
+        os.replace(path + ".tmp", path)
 print("rank %d digest %d recoveries %d" % (rank, dlrun_recovery._digest(model), rec.recoveries),
       flush=True)
 dist.destroy_process_group()

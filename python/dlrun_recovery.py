@@ -65,10 +65,13 @@ class _Words:
                 with self.cond:
                     if gen <= self.taken or (self.newest and gen <= self.newest[0]):
                         continue
+                    sockets = dict(self.group_sockets)
+                # Before the main thread hears of it: it makes the next group's sockets, whose
+                # fds may be those of the old group's just closed.
+                _end_group(sockets)
+                with self.cond:
                     self.newest = (gen, port)
                     self.cond.notify_all()
-                    sockets = dict(self.group_sockets)
-                _end_group(sockets)
 
     def pending(self):
         with self.cond:
@@ -83,8 +86,9 @@ class _Words:
 def _end_group(sockets):
     """Every collective of the current group ends in an error at once, also one waiting on a
     live peer that waits on the lost one (it would wait for Gloo's timeout; ProcessGroupGloo's
-    abort() does not end a wait of DDP's reducer): its connections are shut down under it.
-    Listening sockets are left alone (Gloo's listener aborts the process on a failed accept)."""
+    abort() does not end a wait of DDP's reducer): its connections are shut down under it. The
+    main thread aborts and forgets the group once its step has failed. Listening sockets are left
+    alone (Gloo's listener aborts the process on a failed accept)."""
     open_now = dlrun_report._tcp_sockets()
     for inode, fd in sockets.items():
         if open_now.get(inode) != fd:
@@ -95,10 +99,6 @@ def _end_group(sockets):
             s.close()
         except OSError:
             pass
-    try:
-        dist.distributed_c10d._get_default_group().abort()
-    except Exception:  # no group, or one that cannot abort: the shutdown did it
-        pass
 
 
 def _group_sockets(before):
@@ -126,6 +126,7 @@ class Recoverable:
         self.recoveries = 0
         self._current = None
         self._peer_layout = None
+        self._old_groups = []
         fd = int(os.environ.get("DLRUN_CONTROL_FD", "-1"))
         self._words = _Words(fd) if fd >= 0 else None
         gen = int(os.environ.get("DLRUN_RECOVERY_GEN", "0") or 0)
@@ -174,7 +175,13 @@ class Recoverable:
         print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
               % (dist.get_rank(), what[:200], gen), file=sys.stderr, flush=True)
         try:
-            dist.distributed_c10d._abort_process_group()
+            c10d = dist.distributed_c10d
+            old = c10d._get_default_group()
+            # Kept, never destroyed: destroying rank 0's old TCPStore server waits for its
+            # thread, and the new group would wait with it.
+            self._old_groups.append((old, c10d._world.pg_map.get(old)))
+            c10d._abort_process_group()
+            t_abort = time.monotonic()
             os.environ["MASTER_PORT"] = str(port)
             self._words.taken = gen
             if self.rank != 0:
@@ -199,9 +206,10 @@ class Recoverable:
         dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
         if dist.get_rank() == root:
             print("dlrun_recovery: rank %d sent the state of step %d in %.3f s after the loss "
-                  "(generation %d; the word %.3f s, new group %.3f s, transfer %.3f s)"
-                  % (root, self.committed, secs, gen, t_word - t0, t_group - t_word,
-                     time.monotonic() - t_group), file=sys.stderr, flush=True)
+                  "(generation %d; the word %.3f s, old group aborted %.3f s, new group %.3f s, "
+                  "transfer %.3f s)" % (root, self.committed, secs, gen, t_word - t0,
+                                        t_abort - t_word, t_group - t_abort,
+                                        time.monotonic() - t_group), file=sys.stderr, flush=True)
         return True
 
     def _transfer(self):

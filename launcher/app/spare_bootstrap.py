@@ -79,7 +79,9 @@ del _dlrun_warming, _dlrun_warm
 # Ranks other than 0 meet rank 0's TCPStore. Promoted together, one may get there before rank 0
 # has bound it, and TCPStore's client then backs off for up to a second: wait for the port first.
 try:
-    from torch.distributed import rendezvous as _rdzv
+    # The module (torch.distributed.rendezvous is also the name of its function, which
+    # `from torch.distributed import rendezvous` gives: then this patch never took effect).
+    _rdzv = sys.modules["torch.distributed.rendezvous"]
     def _dlrun_store_wait(create):
         def wait_then_create(hostname, port, rank, world_size, timeout, *args, **kwargs):
             if rank != 0:

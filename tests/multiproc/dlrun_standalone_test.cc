@@ -328,6 +328,8 @@ with open(f"{out}/attempt{attempt}", "w") as f:
     f.write(f"file={__file__}\n")
     f.write(f"argv0={sys.argv[0]}\n")
     f.write(f"warm={b'-c' in cmdline}\n")
+    rz = sys.modules.get("torch.distributed.rendezvous")
+    f.write(f"store_create={getattr(getattr(rz, '_create_c10d_store', None), '__name__', None)}\n")
 if attempt == "0":
     if sys.argv[2] == "wait-for-spare":
         # Fail only once the agent has started a spare beside this worker (bounded wait).
@@ -371,6 +373,9 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   EXPECT_EQ(second["argv0"], "probe.py");
   EXPECT_EQ(first["warm"], "False");
   EXPECT_EQ(second["warm"], "True") << r.output;
+  // A spare waits for rank 0's store port before its TCPStore client tries it (a refused
+  // client backs off for up to a second; the patch once silently did not take).
+  EXPECT_EQ(second["store_create"], "wait_then_create") << r.output;
   EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
   EXPECT_EQ(second["name"], "__main__");
   EXPECT_EQ(second["argv"], dir + " wait-for-spare");

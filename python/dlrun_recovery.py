@@ -135,6 +135,11 @@ class Recoverable:
             self._words.taken = gen
             # The group the program made after importing dlrun_report (dlrun_recovery imports it).
             self._words.group_sockets = _group_sockets(dlrun_report._tcp_at_import)
+            if not self._words.group_sockets and dist.get_world_size() > 1:
+                print("dlrun_recovery: rank %d: no connection of the process group was found (was "
+                      "dlrun_recovery imported after init_process_group?); after a peer's loss a "
+                      "survivor may wait for Gloo's timeout, and dlrun then restarts the group"
+                      % self.rank, file=sys.stderr, flush=True)
             dlrun_report._record("C recovery")
         if self.replacement:  # started in place of a lost rank: the state comes from a peer
             t0 = time.monotonic()

@@ -5,8 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <regex>
+#include <cctype>
 #include <set>
+#include <sstream>
 
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
@@ -38,15 +39,23 @@ TrainRun Train(const std::string& dir, const std::string& tag, int kill_step,
                            std::string(SOURCE_DIR) + "/tests/python/recoverable_train.py", "24",
                            "0.02"},
                           env, std::chrono::seconds(240));
-  const std::regex pid_line(R"(rank (\d) pid (\d+))"), digest_line(R"(rank (\d) digest (-?\d+))");
-  const std::string& out = run.result.output;
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_line);
-       it != std::sregex_iterator(); ++it) {
-    run.pids[std::stoi((*it)[1])].insert(std::stoi((*it)[2]));
-  }
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), digest_line);
-       it != std::sregex_iterator(); ++it) {
-    run.digests[std::stoi((*it)[1])] = (*it)[2];
+  // Lines "rank R pid P" and "rank R digest D recoveries K" (behind dlrun's "[rank R]: ").
+  std::istringstream lines(run.result.output);
+  for (std::string line; std::getline(lines, line);) {
+    for (const char* key : {" pid ", " digest "}) {
+      const size_t at = line.find(key);
+      const size_t r = at == std::string::npos ? at : line.rfind("rank ", at);
+      if (r == std::string::npos || at != r + 6 || !std::isdigit(line[r + 5])) continue;
+      const int rank = line[r + 5] - '0';
+      std::istringstream value(line.substr(at + std::string(key).size()));
+      std::string v;
+      value >> v;
+      if (std::string(key) == " pid ") {
+        run.pids[rank].insert(std::stoi(v));
+      } else {
+        run.digests[rank] = v;
+      }
+    }
   }
   if (run.result.exit_code == 0) {
     run.report = nlohmann::json::parse(ReadFile(dir + "/report-" + tag + ".json"));

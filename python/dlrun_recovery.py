@@ -29,6 +29,7 @@ every rank checks it holds the same parameters, and the step is done again. A re
 cannot finish raises, the program ends, and dlrun restarts the group from the checkpoint as it
 would have without this. Outside dlrun, or with `--recovery restart`, nothing of this runs.
 """
+import datetime
 import hashlib
 import io
 import os
@@ -129,7 +130,7 @@ class Recoverable:
         self._old_groups = []
         fd = int(os.environ.get("DLRUN_CONTROL_FD", "-1"))
         self._words = _Words(fd) if fd >= 0 else None
-        gen = int(os.environ.get("DLRUN_RECOVERY_GEN", "0") or 0)
+        gen = _generation()
         self.replacement = self._words is not None and gen > 0
         if self._words is not None:
             self._words.taken = gen
@@ -147,7 +148,7 @@ class Recoverable:
             secs = time.monotonic() - t0
             dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
             print("dlrun_recovery: rank %d took the state of step %d from rank %d in %.3f s "
-                  "(generation %d)" % (dist.get_rank(), self.committed, root, secs, gen),
+                  "(generation %d)" % (self.rank, self.committed, root, secs, gen),
                   file=sys.stderr, flush=True)
             self.ddp = _ddp_like_peers(self.module, self.ddp_kwargs, self._peer_layout)
         else:
@@ -178,7 +179,7 @@ class Recoverable:
         t_word = time.monotonic()
         what = str(error).splitlines()[0] if error is not None else "told between steps"
         print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
-              % (dist.get_rank(), what[:200], gen), file=sys.stderr, flush=True)
+              % (self.rank, what[:200], gen), file=sys.stderr, flush=True)
         try:
             c10d = dist.distributed_c10d
             old = c10d._get_default_group()
@@ -192,7 +193,7 @@ class Recoverable:
             if self.rank != 0:
                 _await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port, self.timeout)
             before = dlrun_report._tcp_sockets()
-            dist.init_process_group(self.backend, timeout=_timedelta(self.timeout))
+            dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=self.timeout))
             with self._words.cond:
                 self._words.group_sockets = _group_sockets(before)
             for p in self.module.parameters():
@@ -202,14 +203,14 @@ class Recoverable:
             # The same DDP on the new group: its buckets as they were (a new one's would sum
             # in another order, and the run would no longer be bit for bit the one without a
             # fault); the interrupted step's state is reset.
-            self.ddp._update_process_group(dist.distributed_c10d._get_default_group())
+            self.ddp._update_process_group(c10d._get_default_group())
         except Exception as e:
             raise RuntimeError("in-process recovery failed (generation %d): %s"
                                % (gen, str(e).splitlines()[0] if str(e) else type(e).__name__))
         secs = time.monotonic() - t0
         self.recoveries += 1
         dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
-        if dist.get_rank() == root:
+        if self.rank == root:
             print("dlrun_recovery: rank %d sent the state of step %d in %.3f s after the loss "
                   "(generation %d; the word %.3f s, old group aborted %.3f s, new group %.3f s, "
                   "transfer %.3f s)" % (root, self.committed, secs, gen, t_word - t0,
@@ -326,12 +327,12 @@ def _await_store(host, port, timeout):
             time.sleep(0.005)
 
 
-def _timedelta(seconds):
-    import datetime
-    return datetime.timedelta(seconds=seconds)
+def _generation():
+    """The group generation dlrun started this process in (DLRUN_RECOVERY_GEN; 0: the first)."""
+    return int(os.environ.get("DLRUN_RECOVERY_GEN", "0") or 0)
 
 
 def is_replacement():
     """True in a process dlrun started in place of a lost rank (it will take the state from a
     peer when Recoverable is made: loading a checkpoint before that is time lost)."""
-    return "DLRUN_CONTROL_FD" in os.environ and int(os.environ.get("DLRUN_RECOVERY_GEN", "0") or 0) > 0
+    return "DLRUN_CONTROL_FD" in os.environ and _generation() > 0

@@ -308,6 +308,29 @@ def report_resume(step, load_s):
         pass
 
 
+class pause:
+    """Declares work that is not a training step, so dlrun's hang detection does not count it
+    (an evaluation loop, a checkpoint save, a long data preparation):
+
+        with dlrun_report.pause("eval"):
+            evaluate(model)
+
+    While it lasts, the rank's missing step records are no hang; the next step is judged
+    from the end of the pause. `what` is one word, shown when a rank hangs inside it."""
+
+    def __init__(self, what="pause"):
+        word = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(what))[:64]
+        self.what = word or "pause"
+
+    def __enter__(self):
+        _record("Z pause " + self.what)
+        return self
+
+    def __exit__(self, *exc):
+        _record("Z resume")
+        return False
+
+
 def heartbeat():
     """Tells dlrun this worker is alive (for --hang-timeout), without a step record."""
     fd = _pipe()

@@ -39,6 +39,7 @@ Batch Trainer::NextValBatch() {
 }
 
 double Trainer::Validate() {
+  const dlrun::worker::HangPause pause("eval");  // not a step: hang detection waits
   torch::NoGradGuard no_grad;
   double sum = 0;
   for (int64_t i = 0; i < val_steps_; ++i) {
@@ -54,6 +55,7 @@ double Trainer::Validate() {
 
 void Trainer::Save(int64_t step) {
   if (!ckpt_ || rank_ != 0) return;
+  const dlrun::worker::HangPause pause("checkpoint");
   try {
     dlrun::worker::TrainingState state{.step = step, .world_size = world_};
     if (scaler_->enabled()) {  // the AMP loss scale (CUDA), so a resume goes on with it

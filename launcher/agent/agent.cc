@@ -27,6 +27,7 @@ Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& cl
       channel_(std::move(link.channel)),
       processes_(processes),
       clock_(clock),
+      hang_(options_.hang),
       run_dir_(*options_.file_system, options_.run_dir, options_.keep_run_dir, options_.log_dir),
       telemetry_(options_.telemetry, options_.hostname, *channel_, clock_,
                  *options_.file_system),
@@ -77,7 +78,12 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     }
   }
   std::vector<DumpTarget> group;
-  for (const Worker& w : workers_) group.push_back({w.rank, w.local_rank, w.pid});
+  std::vector<pid_t> pids;
+  for (const Worker& w : workers_) {
+    group.push_back({w.rank, w.local_rank, w.pid});
+    pids.push_back(w.pid);
+  }
+  hang_.Start(pids, clock_.Now());
   spdlog::info("{}", GroupTable(current_, group,
                                 {fault_seen_at_, stopped_at_, assigned_at, clock_.Now()}));
   std::vector<AgentTelemetry::Member> members;
@@ -120,6 +126,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
           x.stopped = stopping_;
           NoteDeathByPassedOnSignal(x);
           telemetry_.Exited(e.pid);
+          hang_.Exited(e.pid);
           if (options_.profiler && options_.profiler->Wants(w.rank)) {
             options_.profiler->Exited(w.rank);
           }
@@ -127,11 +134,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         }
         break;
       case ProcEvent::Kind::kHeartbeat:
-        for (Worker& w : workers_) {
-          if (w.pid != e.pid) continue;
-          w.heartbeat_seen = true;
-          w.last_heartbeat = clock_.Now();
-        }
+        hang_.Beat(e.pid, clock_.Now());
         break;
       case ProcEvent::Kind::kSignal:
         if (IsPassthrough(e.signal)) {
@@ -154,6 +157,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
           if (e.step.kind == 'P') StateFromPeer(e.pid, e.step.step);
         }
         telemetry_.Step(e.pid, e.step);
+        hang_.Record(e.pid, e.step, clock_.Now());
         if (options_.profiler && e.step.kind == 'S') {
           for (const Worker& w : workers_) {
             if (w.pid == e.pid && options_.profiler->Wants(w.rank)) {
@@ -176,32 +180,13 @@ int Agent::AliveCount() const {
   return n;
 }
 
-const Agent::Worker* Agent::FindHung(SteadyTime* next) const {
-  *next = SteadyTime::max();
-  if (options_.hang_timeout.count() == 0) return nullptr;
-  const SteadyTime now = clock_.Now();
-  for (const Worker& w : workers_) {
-    if (!w.alive || !w.heartbeat_seen) continue;
-    const SteadyTime due = w.last_heartbeat + options_.hang_timeout;
-    if (due <= now) return &w;
-    *next = std::min(*next, due);
-  }
-  return nullptr;
-}
-
 Agent::Watch Agent::WatchGroup() {
   using Outcome = Watch::Outcome;
   const Millis interval = source_->check_interval();
   SteadyTime next_check = interval.count() > 0 ? clock_.Now() + interval : SteadyTime::max();
   while (AliveCount() > 0) {
     SteadyTime next_hang;
-    if (const Worker* hung = FindHung(&next_hang)) {
-      return {Outcome::kHung,
-              absl::StrCat("rank ", current_.rank_offset + hung->local_rank, " (local rank ",
-                           hung->local_rank, ", pid ", hung->pid, ") hung: no heartbeat for ",
-                           options_.hang_timeout.count(), " ms"),
-              0};
-    }
+    if (std::optional<Watch> hung = CheckHangs(&next_hang)) return *hung;
     const int forwarded = HandleEvents(processes_.Wait(std::min(
         {next_check, next_hang, telemetry_.Due(), recovery_deadline_.value_or(SteadyTime::max())})));
     telemetry_.MaybePublish();
@@ -264,6 +249,8 @@ void Agent::StopGroup(int first_signal) {
       sig = SIGTERM;
     }
     processes_.SignalGroup(w.pid, sig);
+    // A stopped worker (SIGSTOP) would keep the signal pending for the whole grace period.
+    if (processes_.Stopped(w.pid)) processes_.SignalGroup(w.pid, SIGCONT);
   }
   WaitForGroup(clock_.Now() + options_.grace);
   for (const Worker& w : workers_) {
@@ -397,11 +384,7 @@ int Agent::RunAttempts() {
         if (!source_->OnFailure(w.reason, false)) return 1;
         break;
       case Watch::Outcome::kHung:
-        spdlog::error("{}: stopping the worker group", w.reason);
-        StopWithCapture("a hang");
-        telemetry_.MaybePublish(/*now_anyway=*/true);
-        if (!source_->OnFailure(w.reason, false)) return kHangExitCode;
-        spdlog::warn("restarting worker group after a hang");
+        rc = AfterHang(w.reason, w.rank);
         break;
       case Watch::Outcome::kSignalled:
         spdlog::warn("received SIG{}: forwarding to workers and stopping", sigabbrev_np(w.signal));

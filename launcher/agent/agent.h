@@ -37,7 +37,7 @@ namespace dlrun::launcher {
 
 class Agent {
  public:
-  // dlrun's exit code when a hung worker (see hang_timeout) ends the job.
+  // dlrun's exit code when a hang (hang_watch.h) ends the job.
   static constexpr int kHangExitCode = 124;
   Agent(AgentOptions options, JobLink link, Processes& processes, Clock& clock);
   // Runs until the job ends; returns the exit code for dlrun: 0; 1 when workers failed (as
@@ -53,17 +53,16 @@ class Agent {
     int rank = 0;  // global, in its attempt
     pid_t pid = -1;
     bool alive = false;
-    bool heartbeat_seen = false;
-    SteadyTime last_heartbeat;
     bool recoverable = false;  // declared in-process recovery (a "C recovery" record)
   };
   // How one attempt's supervision ended.
   struct Watch {
     enum class Outcome { kSucceeded, kFailed, kHung, kSignalled, kRestart, kStop, kUnrecovered } outcome;
-    // kRestart, kStop: the rendezvous' reason; kHung: what hung; kUnrecovered: why an
+    // kRestart, kStop: the rendezvous' reason; kHung: why it hung; kUnrecovered: why an
     // in-process recovery did not finish
     std::string reason;
     int signal = 0;      // kSignalled
+    int rank = -1;       // kHung: the rank detected
   };
 
   // `assigned_at`: when the assignment arrived (for the restart's timing line).
@@ -107,8 +106,16 @@ class Agent {
   void StopWithCapture(const std::string& why);
   std::vector<DumpTarget> LiveTargets() const;
   std::vector<int> Ranks() const;  // the group's global ranks on this node
-  // A worker whose heartbeats stopped, or nullptr; `next` gets the next hang deadline.
-  const Worker* FindHung(SteadyTime* next) const;
+  // Hang detection (agent_hang.cc): a hung worker or group now (a kHung watch whose reason
+  // names it), else nullopt with `next` the next time to look; once per idle spell, a line
+  // saying where every rank is.
+  std::optional<Watch> CheckHangs(SteadyTime* next);
+  // The hang path: the stacks of every rank, the culprit named from them (else `rank`, the one
+  // detected), the group stopped; the exit code, or -1 to run again.
+  int AfterHang(const std::string& reason, int rank);
+  // The live ranks' stacks now, and what they say of a hang.
+  HangVerdict WhereRanksAre();
+  std::vector<int> StoppedRanks() const;
   absl::StatusOr<Assignment> NextAssignment(int* signal);
   bool IsPassthrough(int sig) const;
   // Passes `sig` (SIGUSR1, SIGUSR2: the job goes on) to every live worker.
@@ -141,6 +148,8 @@ class Agent {
   std::optional<std::pair<int, int64_t>> last_recovered_;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
+  HangWatch hang_;
+  SteadyTime next_cpu_{};  // when hang_ next reads the workers' CPU use
   RunDir run_dir_;  // the only way to the run directory's files
   AgentTelemetry telemetry_;  // after channel_ and clock_, which it uses
   Forensics forensics_;       // after run_dir_ and telemetry_

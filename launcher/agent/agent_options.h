@@ -17,6 +17,7 @@
 #include "launcher/base/file_system.h"
 #include "launcher/agent/agent_telemetry.h"
 #include "launcher/agent/clock.h"
+#include "launcher/agent/hang_watch.h"
 #include "launcher/profile/profiler.h"
 #include "launcher/stacks/stacks.h"
 
@@ -50,10 +51,10 @@ struct AgentOptions {
   bool virtual_local_rank = false;  // LOCAL_RANK=0 in every worker (torchrun 2.x)
   std::vector<int> redirects;      // per local rank; empty = 0
   std::vector<int> console_ranks;  // empty = all
-  // Hang detection: a worker that has sent at least one heartbeat (dlrun::worker::heartbeat()
-  // or any byte written to the heartbeat pipe, contract::kHeartbeatFd) and then none for this
-  // long is treated as failed. Zero: off.
-  Millis hang_timeout{0};
+  // Hang detection (hang_watch.h): by step records and idle CPU by default; with a timeout, a
+  // worker that has sent at least one heartbeat (dlrun::worker::heartbeat() or any byte written
+  // to the heartbeat pipe, contract::kHeartbeatFd) and then none for that long is hung too.
+  HangOptions hang;
   std::vector<std::vector<int>> worker_cpus;  // per local rank (empty: no pinning)
   std::vector<std::string> gpus;  // one device id per local rank -> CUDA_VISIBLE_DEVICES
   std::map<std::string, std::string> extra_env;  // for every worker (e.g. PYTHONUNBUFFERED=1)

@@ -116,6 +116,15 @@ class AgentTelemetry {
     return it == attempt_last_step_.end() ? -1 : it->second;
   }
 
+  // Each current worker's CPU use over the sampler's last period, in cores (with its children);
+  // empty before the sampler's first reads, or without the sampler.
+  std::map<pid_t, std::optional<double>> CpuCores() const {
+    std::map<pid_t, std::optional<double>> out;
+    if (!sampler_) return out;
+    for (const auto& [pid, s] : sampler_->Latest()) out[pid] = s.cpu_utilization;
+    return out;
+  }
+
   // When the next publication is due (never, with telemetry off).
   SteadyTime Due() const;
   // Publishes this node's figures when the period has passed, or now with `now_anyway`;

@@ -19,18 +19,23 @@ std::optional<Forensics::Capture> Forensics::CaptureBeforeKill(const std::vector
 }
 
 std::shared_future<StackReport> Forensics::FinishCapture(Capture c, int attempt, int failed_rank,
-                                                         std::string what) {
+                                                         std::string what,
+                                                         std::vector<int> suspects) {
   auto keep = [this, c = std::move(c), attempt, name = options_.name_frames, failed_rank,
-               what = std::move(what), when = clock_.WallSeconds()]() mutable {
+               what = std::move(what), suspects = std::move(suspects),
+               when = clock_.WallSeconds()]() mutable {
     if (name) name(&c.ranks);
     const size_t n = c.ranks.size();
     StackReport r = GroupStacks(std::move(c.ranks));
+    if (!suspects.empty()) r.suspects = suspects;
     r.took_s = c.took_s;
     const std::string where = run_dir_.WriteStacks(attempt, r);
     spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,
                  c.why, r.took_s,
                  r.suspects.empty() ? std::string("no suspects")
-                                    : absl::StrCat("suspects: ranks ", RankRanges(r.suspects)),
+                                    : absl::StrCat(r.suspects.size() == 1 ? "suspects: rank "
+                                                                          : "suspects: ranks ",
+                                                   RankRanges(r.suspects)),
                  where);
     if (failed_rank >= 0) {
       if (const std::string others = WhereTheOthersWere(r, failed_rank); !others.empty()) {

@@ -325,6 +325,15 @@ Processes::SignalAction PosixProcesses::Disposition(pid_t pid, int sig) const {
   return found == 2 ? action : SignalAction::kUnknown;
 }
 
+bool PosixProcesses::Stopped(pid_t pid) const {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');  // the name in parentheses may hold anything
+  return paren != std::string::npos && paren + 2 < stat.size() &&
+         stat[paren + 2] == 'T';
+}
+
 void PosixProcesses::Wake() {
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof one);

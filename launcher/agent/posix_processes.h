@@ -28,6 +28,7 @@ class PosixProcesses final : public Processes {
   bool Tell(pid_t pid, const std::string& line) override;
   void KeepSpare(const SpawnSpec& spec) override;
   SignalAction Disposition(pid_t pid, int sig) const override;
+  bool Stopped(pid_t pid) const override;
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
   void Wake() override;
   void CloseOutputs() override;

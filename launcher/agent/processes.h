@@ -65,6 +65,9 @@ class Processes {
   // waiting out the grace period, and warns when a passed-on SIGUSR1 meets no handler.
   enum class SignalAction { kDefault, kIgnored, kCaught, kUnknown };
   virtual SignalAction Disposition(pid_t pid, int sig) const { return SignalAction::kUnknown; }
+  // Whether the worker `pid` is stopped by a signal (SIGSTOP, SIGTSTP; /proc/PID/stat's state
+  // T): hang detection names such a rank the culprit.
+  virtual bool Stopped(pid_t pid) const { return false; }
   // Blocks until at least one event or `deadline` (time_point::max(): no deadline). An empty
   // result means the deadline passed.
   virtual std::vector<ProcEvent> Wait(SteadyTime deadline) = 0;

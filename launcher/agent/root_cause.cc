@@ -77,6 +77,7 @@ const char* FailureClassName(FailureClass c) {
     case FailureClass::kHostOom: return "host_oom";
     case FailureClass::kCollectiveTimeout: return "collective_timeout";
     case FailureClass::kPeerLost: return "peer_lost";
+    case FailureClass::kHang: return "hang";
   }
   return "exit";
 }
@@ -151,7 +152,8 @@ bool RepeatsTheLast(const FailureSignature& last, const FailureSignature& now) {
   switch (now.cls) {
     case FailureClass::kCudaOom:
     case FailureClass::kHostOom:
-    case FailureClass::kSegfault: return true;
+    case FailureClass::kSegfault:
+    case FailureClass::kHang: return true;
     case FailureClass::kExit: return now.step >= 0 && last.message == now.message;
     default: return false;
   }
@@ -176,6 +178,11 @@ std::string FailureAdvice(FailureClass c) {
     case FailureClass::kCollectiveTimeout:
       return "a collective timed out: one rank was late or stuck (`dlrun stacks` shows where), "
              "or the network between nodes is down";
+    case FailureClass::kHang:
+      return "the stacks before the stop are in the run directory (attempt_K/stacks.txt); while "
+             "a job hangs, `dlrun stacks` shows where every rank is, and a program declares a "
+             "long pause (evaluation, checkpoint) with dlrun_report.pause() or "
+             "dlrun::worker::HangPause";
     default:
       return "";
   }

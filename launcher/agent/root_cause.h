@@ -50,6 +50,7 @@ enum class FailureClass {
   kHostOom,            // SIGKILL while the memory cgroup's OOM-kill count went up
   kCollectiveTimeout,  // an NCCL/Gloo collective timed out (its watchdog, or Gloo's "Timed out")
   kPeerLost,           // a peer's connection closed or reset, or the communicator aborted
+  kHang,               // hang detection stopped it (hang_watch.h): no step, heartbeat or CPU use
 };
 const char* FailureClassName(FailureClass c);
 
@@ -76,8 +77,8 @@ struct FailureSignature {
 };
 // Whether `now` repeats `last`, so that restarting again would only repeat it too: the same
 // class, the same rank, within one step of it (or both before any step record), for the classes
-// a restart does not change: CUDA and host OOM, segfault; and a plain exit with the same message
-// at a known step. Signals, timeouts and lost peers come from outside and never count.
+// a restart does not change: CUDA and host OOM, segfault, a hang; and a plain exit with the
+// same message at a known step. Signals, timeouts and lost peers come from outside and never count.
 bool RepeatsTheLast(const FailureSignature& last, const FailureSignature& now);
 
 struct RootCause {

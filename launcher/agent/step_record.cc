@@ -21,6 +21,17 @@ std::optional<StepRecord> ParseStepRecord(const std::string& line) {
     r.kind = 'C';
     return r;
   }
+  if (f.size() == 3 && f[0] == "Z" && f[1] == "pause") {
+    StepRecord r;
+    r.kind = 'Z';
+    r.what = std::string(f[2]);
+    return r;
+  }
+  if (f.size() == 2 && f[0] == "Z" && f[1] == "resume") {
+    StepRecord r;
+    r.kind = 'z';
+    return r;
+  }
   if (!f.empty() && (f[0] == "R" || f[0] == "P")) {
     StepRecord r;
     r.kind = f[0][0];

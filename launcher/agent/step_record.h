@@ -7,6 +7,10 @@
 //   C recovery\n            this worker can survive a peer's loss (the agent keeps it then)
 //   P <step> <xfer_s>\n     after a peer's loss: this rank holds the state of <step>, taken from
 //                           (or sent to) a peer in <xfer_s> s since its collective gave up
+// and around work that is not a step (an evaluation, a checkpoint save), so hang detection
+// does not count it (docs/USAGE.md, "Hangs"):
+//   Z pause <what>\n         from now on, until "Z resume"
+//   Z resume\n
 // At most kMaxStepRecord bytes, so one write() of it is atomic on a pipe. Bytes outside a
 // record are plain heartbeats, as before; a malformed record is counted and dropped.
 #pragma once
@@ -23,8 +27,10 @@ inline constexpr size_t kMaxStepRecord = 256;
 
 struct StepRecord {
   // 'S': a step; 'R': a resume (`step`: the checkpoint's step, `step_s`: the load's seconds);
-  // 'C': in-process recovery declared; 'P': state from peer (`step`, `step_s`: its seconds).
+  // 'C': in-process recovery declared; 'P': state from peer (`step`, `step_s`: its seconds);
+  // 'Z': a pause of hang detection begins (`what`: why), 'z': it ends.
   char kind = 'S';
+  std::string what;
   int64_t step = 0;
   int64_t samples = 0;
   double step_s = 0;

@@ -340,7 +340,9 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   a.nproc = nproc;
   SplitSignals(o.signals_to_handle, &a);
   a.grace = o.grace_period;
-  a.hang_timeout = o.hang_timeout;
+  a.hang.timeout = o.hang_timeout;
+  a.hang.on = o.hang_detect;
+  a.hang.step_floor = o.hang_floor;
   a.capture_before_kill = o.capture_before_kill;
   const StackTools tools = FindStackTools();
   a.dump_stacks = [tools, host = m.hostname](const std::vector<DumpTarget>& targets,

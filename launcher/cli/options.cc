@@ -240,7 +240,23 @@ const std::vector<Flag> kBaseFlags = {
      "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "
      "are passed on without stopping the job)"},
     {"hang-timeout", "", true, DurationField("hang-timeout", &O::hang_timeout, true),
-     "restart workers whose dlrun::worker heartbeats stop this long (0: off)"},
+     "stop and restart a worker whose heartbeats (dlrun::worker::heartbeat(), step records) "
+     "stop this long, or a group of programs that never heartbeat when every rank is idle "
+     "that long (0: off)"},
+    {"hang-detect", "", true,
+     [](O& o, const std::string& v) {
+       if (v != "on" && v != "off") return cli::BadValue("hang-detect", v, "on or off");
+       o.hang_detect = v == "on";
+       return absl::OkStatus();
+     },
+     absl::StrCat("on (default): a rank that sends step records and has not finished one for ",
+                  defaults::kHangStepFactor, " x its p99 step gap (at least --hang-floor) is "
+                  "stopped, named from every rank's stack, and restarted; a group idle ",
+                  defaults::kHangIdleBound.count() / 1000, " s gets one line saying where every "
+                  "rank is; off: only --hang-timeout")},
+    {"hang-floor", "", true, DurationField("hang-floor", &O::hang_floor, false),
+     absl::StrCat("the least time without a step record before a rank counts as hung (default ",
+                  defaults::kHangStepFloor.count() / 1000, ")")},
     {"capture-before-kill", "", true,
      [](O& o, const std::string& v) {
        auto m = ParseCaptureMode(v);

@@ -93,6 +93,8 @@ struct LaunchOptions : cli::CommandLine {  // command: PROGRAM ARGS...
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given
   std::chrono::milliseconds grace_period = defaults::kGracePeriod;  // SIGTERM -> SIGKILL
   std::chrono::milliseconds hang_timeout{0};      // 0: off
+  bool hang_detect = true;                        // --hang-detect on|off
+  std::chrono::milliseconds hang_floor = defaults::kHangStepFloor;  // --hang-floor
   CaptureMode capture_before_kill = CaptureMode::kAuto;  // --capture-before-kill
   // --profile, --profile-ranks, --profile-steps, --profile-args (docs/PROFILING.md).
   ProfileSpec profile;

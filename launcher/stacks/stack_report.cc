@@ -370,16 +370,24 @@ bool IsLibraryFile(const std::string& file) {
 
 std::string Basename(const std::string& f) { return f.substr(f.rfind('/') + 1); }
 
-// "all_reduce at train.py:45": the program's innermost line and what it called there.
-std::string Where(const std::vector<StackFrame>& frames) {
+}  // namespace
+
+std::string WhereInProgram(const std::vector<StackFrame>& frames) {
   // py-spy finds no Python frame in an interpreter that is shutting down.
   if (frames.empty()) return "no frames (exiting)";
   for (size_t i = 0; i < frames.size(); ++i) {
     const StackFrame& f = frames[i];
     if (f.line <= 0 || IsLibraryFile(f.file)) continue;
     const std::string at = absl::StrCat(Basename(f.file), ":", f.line);
-    return i == 0 ? absl::StrCat(f.function, " at ", at)
-                  : absl::StrCat(frames[i - 1].function, " at ", at);
+    if (i == 0) return absl::StrCat(f.function, " at ", at);
+    // What it called: the library's outermost function that is not a decorator's wrapper
+    // (torch.distributed's collectives are called through one).
+    size_t callee = i - 1;
+    while (callee > 0 && (absl::StrContains(frames[callee].function, "wrapper") ||
+                          absl::StrContains(frames[callee].function, "<locals>"))) {
+      --callee;
+    }
+    return absl::StrCat(frames[callee].function, " at ", at);
   }
   for (const StackFrame& f : frames) {  // else the innermost frame that has a name
     if (f.function != "??") return f.Render();
@@ -387,13 +395,11 @@ std::string Where(const std::vector<StackFrame>& frames) {
   return frames.front().Render();
 }
 
-}  // namespace
-
 std::string WhereTheOthersWere(const StackReport& r, int rank) {
   std::map<std::string, std::vector<int>> where;
   for (const RankStack& s : r.ranks) {
     if (s.rank == rank || !s.missing.empty() || s.threads.empty()) continue;
-    where[Where(s.threads.front().frames)].push_back(s.rank);
+    where[WhereInProgram(s.threads.front().frames)].push_back(s.rank);
   }
   if (where.empty()) return "";
   int others = 0;

@@ -135,6 +135,22 @@ std::string FormatStackReport(const StackReport& r);
 // callee), grouped when they were in different places. Empty when nothing was read.
 std::string WhereTheOthersWere(const StackReport& r, int rank);
 
+// "all_reduce at train.py:45": the program's innermost line (outside the Python library and
+// site-packages) and what it called there; else the innermost named frame.
+std::string WhereInProgram(const std::vector<StackFrame>& frames);
+
+// Which ranks hold a hung group up, from a dump of every rank (hang_verdict.cc): a rank whose
+// main thread is in a collective (a frame of torch.distributed or of autograd's backward, or a
+// native Gloo, NCCL, c10d or all-reduce frame) waits for the others; the ranks that are not,
+// and those stopped by a signal (`stopped`), are the culprits. None when every rank waits (a
+// rank may be gone) or nothing was read.
+struct HangVerdict {
+  std::vector<int> culprits;
+  // Where each rank is, culprits first: "rank 1 is in sleep at hang.py:10; rank 0 waits in
+  // all_reduce at hang.py:12".
+  std::string where;
+};
+HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped);
 
 // "0-2,4,6-7".
 std::string RankRanges(std::vector<int> ranks);

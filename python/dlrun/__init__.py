@@ -1,6 +1,7 @@
 """dlrun's Python helper as a package: `import dlrun` gives what `import dlrun_report` gives
-(report_step, report_resume, timed, heartbeat, Preemption, dump_collectives_on_failure), and
-dlrun.Recoverable, the in-process recovery of dlrun_recovery.py (imported when first used).
+(report_step, report_resume, timed, heartbeat, pause, Preemption,
+dump_collectives_on_failure), and dlrun.Recoverable, the in-process recovery of
+dlrun_recovery.py (imported when first used).
 
 The code lives in the single standard-library file dlrun_report.py next to this package, kept
 for offline clusters (copy it anywhere on PYTHONPATH, or rely on dlrun, which puts its copy on
@@ -12,6 +13,7 @@ from dlrun_report import (
     Preemption,
     dump_collectives_on_failure,
     heartbeat,
+    pause,
     report_resume,
     report_step,
     timed,
@@ -21,6 +23,7 @@ __all__ = [
     "Preemption",
     "dump_collectives_on_failure",
     "heartbeat",
+    "pause",
     "report",
     "report_resume",
     "report_step",

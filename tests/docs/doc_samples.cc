@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "dlrun/agent_link.h"
 #include "dlrun/checkpoint.h"
 #include "dlrun/data_sampler.h"
 #include "dlrun/ddp.h"
@@ -172,6 +173,11 @@ loss.backward();                         // returns with gradients averaged
 optimizer.step();
 }
 
+// dlrun/agent_link.h: HangPause.
+void HangPauseSample(const std::function<void()>& evaluate) {
+  { dlrun::worker::HangPause pause("eval"); evaluate(); }
+}
+
 }  // namespace
 
 int main(int argc, char**) {
@@ -189,6 +195,7 @@ int main(int argc, char**) {
     JoinSample(ctx, model, opt, {});
     sync_bn_sample::Net sync_bn_net(ctx.pg);
     sync_bn_net(torch::zeros({2, 3, 8, 8}));
+    HangPauseSample([] {});
   }
   return 0;
 }

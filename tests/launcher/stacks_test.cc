@@ -162,6 +162,30 @@ TEST(Stacks, OneStackHasNoSuspectsAndATieGoesToTheGroupWithTheLowestRank) {
   EXPECT_TRUE(GroupStacks({}).groups.empty());
 }
 
+TEST(HangVerdict, TheRankOutsideACollectiveIsTheCulpritAndEveryRankIsPlaced) {
+  const std::string dist = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py";
+  std::vector<RankStack> ranks = {
+      Rank(0, "a", {Frame("all_reduce", dist, 2800), Frame("main", "/job/hang.py", 12)}),
+      Rank(1, "a", {Frame("main", "/job/hang.py", 10)}),
+      Rank(2, "a", {Frame("all_reduce", dist, 2800), Frame("main", "/job/hang.py", 12)})};
+  HangVerdict v = NameHung(GroupStacks(ranks), {});
+  EXPECT_EQ(v.culprits, std::vector<int>{1});
+  EXPECT_EQ(v.where, "rank 1 is in main at hang.py:10; ranks 0,2 wait in all_reduce at hang.py:12");
+  // Rank 0 is the odd one out by stack, rank 1 by what it does: the verdict goes by the latter.
+  ranks = {Rank(0, "a", {Frame("main", "/job/hang.py", 10)}),
+           Rank(1, "a", {Frame("all_reduce", dist, 2800), Frame("main", "/job/hang.py", 12)})};
+  EXPECT_EQ(NameHung(GroupStacks(ranks), {}).culprits, std::vector<int>{0});
+  // A native wait (train_unet's all-reduce) counts as one; a stopped rank is a culprit whatever
+  // its stack says.
+  ranks = {Rank(0, "a", {Frame("dlrun::worker::ShmAllreduce::Run", "shm_allreduce.cc", 90)}),
+           Rank(1, "a", {Frame("dlrun::worker::ShmAllreduce::Run", "shm_allreduce.cc", 90)})};
+  v = NameHung(GroupStacks(ranks), {1});
+  EXPECT_EQ(v.culprits, std::vector<int>{1});
+  EXPECT_NE(v.where.find("rank 1 is stopped by a signal"), std::string::npos) << v.where;
+  // Every rank waits: nobody to name (a rank may be gone).
+  EXPECT_TRUE(NameHung(GroupStacks(ranks), {}).culprits.empty());
+}
+
 TEST(Stacks, NodesDumpsTravelAsJsonAndComeBackTheSame) {
   std::vector<RankStack> ranks = {Rank(3, "b", {kAllReduce, kMain45})};
   ranks[0].pause_ms = 12.5;

@@ -74,6 +74,19 @@ TEST(StepRecord, RecoveryRecordsDeclareItAndSayTheStateFromAPeer) {
   EXPECT_EQ(reader.bad(), 0);
 }
 
+TEST(StepRecord, APauseOfHangDetectionAndItsEnd) {
+  auto p = ParseStepRecord("Z pause eval");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->kind, 'Z');
+  EXPECT_EQ(p->what, "eval");
+  auto r = ParseStepRecord("Z resume");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->kind, 'z');
+  EXPECT_FALSE(ParseStepRecord("Z pause"));
+  EXPECT_FALSE(ParseStepRecord("Z pause a b"));
+  EXPECT_FALSE(ParseStepRecord("Z resume now"));
+}
+
 TEST(StepRecordReader, SplitsRecordsAcrossReadsAmongHeartbeatBytesAndCountsBadOnes) {
   StepRecordReader reader;
   std::vector<StepRecord> out;

@@ -5,7 +5,11 @@ tests). HANG_KIND=segv makes that rank die of SIGSEGV instead, and the others wa
 store rather than in all_reduce (Gloo would end their all_reduce at once when the peer dies, so
 their stacks would race the capture; NCCL's would wait for its timeout). COLLECTIVE_TIMEOUT=S
 gives the group that timeout, FLIGHT_RECORDER=1 has every rank dump its collective history
-through dlrun_report when it fails or is stopped."""
+through dlrun_report when it fails or is stopped. HANG_KIND=stop: that rank stops itself with
+SIGSTOP; HANG_KIND=loader: that rank reads a DataLoader whose worker process deadlocks (a lock
+taken twice). REPORT_STEPS=1: every rank sends a step record after each all_reduce (dlrun_report),
+and a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0) does not stall but ends after its
+HANG_STEP + 5 steps."""
 import datetime
 import os
 import signal
@@ -16,10 +20,27 @@ import torch
 import torch.distributed as dist
 
 
+class _DeadlockedDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import threading
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()  # the loader worker's deadlock
+
+
 def stall(rank, kind):
     print(f"hang_probe: rank {rank} waiting", flush=True)
     if kind == "segv":
         os.kill(os.getpid(), signal.SIGSEGV)  # the crash's line
+    if kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)  # the stopped rank's line
+    if kind == "loader":
+        loader = torch.utils.data.DataLoader(_DeadlockedDataset(), num_workers=1)
+        for _ in loader:  # the rank whose loader is deadlocked
+            pass
     time.sleep(3600)  # the stalled rank's line
 
 
@@ -43,6 +64,11 @@ def main():
     hang_step = int(os.environ.get("HANG_STEP", "30"))
     kind = os.environ.get("HANG_KIND", "sleep")
     t = torch.ones(4)
+    report = None
+    if os.environ.get("REPORT_STEPS"):
+        import dlrun_report as report
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            hang_step = -1  # the restarted attempt runs through
     for step in range(1, 10**9):
         if rank == hang_rank and step == hang_step:
             stall(rank, kind)
@@ -50,8 +76,12 @@ def main():
             print(f"hang_probe: rank {rank} waiting", flush=True)
             if kind == "segv":
                 wait_for_peer()
+        t0 = time.perf_counter()
         dist.all_reduce(t)  # where the others wait for a stalled rank
-        if step > hang_step + 5:
+        if report:
+            report.report_step(step, 1, time.perf_counter() - t0)
+            time.sleep(0.05)
+        if step > (hang_step if hang_step > 0 else 25) + 5:
             break
     dist.destroy_process_group()
     return 0

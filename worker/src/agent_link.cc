@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cerrno>
@@ -102,6 +103,21 @@ void WriteRecord(const char* line, int n) {
 }  // namespace
 
 void declareInProcessRecovery() { WriteRecord("C recovery\n", 11); }
+
+HangPause::HangPause(const char* what) {
+  char line[96];
+  int n = std::snprintf(line, sizeof line, "Z pause ");
+  for (const char* c = what; c != nullptr && *c != '\0' && n < 72; ++c) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(*c)) || *c == '.' || *c == '_' ||
+                    *c == '-';
+    line[n++] = ok ? *c : '_';
+  }
+  if (n == 8) n += std::snprintf(line + n, sizeof line - 8, "pause");
+  line[n++] = '\n';
+  WriteRecord(line, n);
+}
+
+HangPause::~HangPause() { WriteRecord("Z resume\n", 9); }
 
 void reportStateFromPeer(long long step, double seconds) {
   char line[128];

@@ -32,6 +32,18 @@ void reportStep(const StepReport& r);
 // after loading one. A no-op outside dlrun.
 void reportResume(long long step, double load_s);
 
+// Declares work that is not a training step (an evaluation, a checkpoint save), so the
+// agent's hang detection does not count it (docs/USAGE.md, "Hangs"): while an object lives, the
+// rank's missing step records are no hang. `what`: one word, e.g. "eval". A no-op outside dlrun.
+//   { dlrun::worker::HangPause pause("eval"); evaluate(); }
+class HangPause {
+ public:
+  explicit HangPause(const char* what);
+  ~HangPause();
+  HangPause(const HangPause&) = delete;
+  HangPause& operator=(const HangPause&) = delete;
+};
+
 // In-process recovery (dlrun/recovery.h, docs/RECOVERY.md): tells the dlrun agent that this
 // worker can survive a peer's loss (a step record "C recovery"), and, after one, that it took
 // (or sent) the state of `step` from a peer in `seconds` ("P <step> <seconds>", the restart

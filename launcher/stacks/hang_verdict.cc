@@ -1,0 +1,79 @@
+// NameHung (stacks.h): which ranks of a hung group hold the others up, from their stacks.
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "launcher/stacks/stacks.h"
+
+namespace dlrun::launcher {
+namespace {
+
+bool Contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+
+// A frame that waits for the other ranks: Python in torch.distributed (a collective, a store, a
+// barrier) or in autograd's engine (DDP's backward waits for its all-reduces there); native in
+// Gloo, NCCL, c10d or an all-reduce of dlrun::worker's.
+bool Waits(const StackFrame& f) {
+  if (Contains(f.file, "torch/distributed/") || Contains(f.file, "torch/autograd/") ||
+      Contains(f.file, "torch/nn/parallel/distributed.py")) {
+    return true;
+  }
+  std::string fn = f.function;
+  std::transform(fn.begin(), fn.end(), fn.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* part : {"gloo::", "c10d::", "nccl", "allreduce", "all_reduce", "barrier",
+                           "broadcast", "allgather", "all_gather", "reduce_scatter", "alltoall",
+                           "all_to_all", "processgroup"}) {
+    if (Contains(fn, part)) return true;
+  }
+  return false;
+}
+
+std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankRanges(ranks));
+}
+
+}  // namespace
+
+HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
+  const std::set<int> stopped_set(stopped.begin(), stopped.end());
+  // Where, per phrase, who: the culprits' phrases and the waiting ones apart.
+  std::map<std::string, std::vector<int>> culprit_at, waiting_at;
+  std::vector<int> culprits, unread;
+  for (const RankStack& s : r.ranks) {
+    if (stopped_set.count(s.rank)) {
+      culprits.push_back(s.rank);
+      culprit_at["stopped by a signal (SIGSTOP?)"].push_back(s.rank);
+      continue;
+    }
+    if (!s.missing.empty() || s.threads.empty()) {
+      unread.push_back(s.rank);
+      continue;
+    }
+    const std::vector<StackFrame>& frames = s.threads.front().frames;
+    const bool waits = std::any_of(frames.begin(), frames.end(), Waits);
+    (waits ? waiting_at : culprit_at)[WhereInProgram(frames)].push_back(s.rank);
+    if (!waits) culprits.push_back(s.rank);
+  }
+  HangVerdict v;
+  std::vector<std::string> parts;
+  for (const auto& [where, ranks] : culprit_at) {
+    parts.push_back(absl::StrCat(Ranks(ranks), ranks.size() == 1 ? " is " : " are ",
+                                 where.rfind("stopped", 0) == 0 ? "" : "in ", where));
+  }
+  for (const auto& [where, ranks] : waiting_at) {
+    parts.push_back(absl::StrCat(Ranks(ranks), ranks.size() == 1 ? " waits in " : " wait in ",
+                                 where));
+  }
+  if (!unread.empty()) parts.push_back(absl::StrCat(Ranks(unread), ": stack not read"));
+  v.where = absl::StrJoin(parts, "; ");
+  // Everyone busy elsewhere than a collective: the dump cannot tell who holds whom.
+  if (!waiting_at.empty() || !stopped_set.empty()) v.culprits = culprits;
+  std::sort(v.culprits.begin(), v.culprits.end());
+  return v;
+}
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,135 @@
+// Hang detection with real processes (docs/USAGE.md, "Hangs"): a 2-rank Gloo job
+// (tests/python/hang_probe.py) whose rank 1 stops taking part while rank 0 waits in all_reduce,
+// read by the real py-spy. With no flags the agent says where every rank is within a minute;
+// with step records it stops, names, captures and restarts; --hang-timeout acts on a group
+// that never heartbeats; a SIGSTOPped rank is named as such.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "multiproc/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace dlrun::testing {
+namespace {
+
+const std::string kProbe = std::string(SOURCE_DIR) + "/tests/python/hang_probe.py";
+
+// The line of hang_probe.py that carries `marker`, as "hang_probe.py:N".
+std::string ProbeLine(const std::string& marker) {
+  std::ifstream in(kProbe);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    if (line.find(marker) != std::string::npos) return "hang_probe.py:" + std::to_string(n);
+  }
+  ADD_FAILURE() << "no '" << marker << "' in " << kProbe;
+  return "";
+}
+
+std::map<std::string, std::string> ProbeEnv(const std::string& tmp,
+                                            std::map<std::string, std::string> more) {
+  more.insert({{"TMPDIR", tmp},
+               {"PYTHONPATH", std::string(SOURCE_DIR) + "/python"},
+               {"OMP_NUM_THREADS", "1"},
+               {"HANG_RANK", "1"},
+               {"HANG_STEP", "5"}});
+  return more;
+}
+
+// The log line that has `needle`, or "".
+std::string LineWith(const std::string& out, const std::string& needle) {
+  const size_t at = out.find(needle);
+  if (at == std::string::npos) return "";
+  const size_t begin = out.rfind('\n', at) + 1;
+  return out.substr(begin, out.find('\n', at) - begin);
+}
+
+TEST(DlrunHang, WithNoFlagsAnIdleGroupGetsOneLineSayingWhereEveryRankIsWithinAMinute) {
+  const std::string tmp = MakeTempDir();
+  Started job = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TEST_PYTHON,
+                              kProbe},
+                             ProbeEnv(tmp, {}));
+  ASSERT_TRUE(ReadUntil(job, "hang_probe: rank", 2, std::chrono::seconds(90))) << job.output;
+  const auto hung_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(ReadUntil(job, "every rank has used under", 1, std::chrono::seconds(60)))
+      << job.output;
+  const double after_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - hung_at).count();
+  EXPECT_LT(after_s, 60) << job.output;
+  const std::string line = LineWith(job.output, "every rank has used under");
+  EXPECT_NE(line.find("rank 1 is in stall at " + ProbeLine("the stalled rank's line")),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find("rank 0 waits in all_reduce at"), std::string::npos) << line;
+  EXPECT_NE(line.find(ProbeLine("where the others wait for a stalled rank")), std::string::npos)
+      << line;
+  // Said, not acted on: the job still runs.
+  EXPECT_EQ(Count(job.output, "stopping the worker group"), 0u) << job.output;
+  kill(job.pid, SIGTERM);
+  FinishCommand(job, std::chrono::seconds(60));
+  std::filesystem::remove_all(tmp);
+}
+
+TEST(DlrunHang, ARankWhoseStepRecordsStopIsNamedFromTheStacksCapturedAndRestarted) {
+  const std::string tmp = MakeTempDir();
+  const std::string report = tmp + "/report.json";
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-floor",
+                             "3", "--max-restarts", "1", "--report-json", report, TEST_PYTHON,
+                             kProbe},
+                            ProbeEnv(tmp, {{"REPORT_STEPS", "1"}, {"HANG_STEP", "12"}}),
+                            std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // Both ranks' records stop; the stacks say which one holds the other up.
+  const std::string line = LineWith(r.output, "stopping the worker group");
+  EXPECT_NE(line.find("rank 1 hung"), std::string::npos) << line;
+  EXPECT_NE(line.find("no step record for"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 1 is in stall at"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 0 waits in all_reduce at"), std::string::npos) << line;
+  EXPECT_NE(r.output.find("suspects: rank 1;"), std::string::npos) << r.output;  // the capture
+  EXPECT_NE(r.output.find("restarting the worker group after a hang: 1 of 1"), std::string::npos)
+      << r.output;
+  const nlohmann::json j = nlohmann::json::parse(ReadFile(report), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << ReadFile(report);
+  ASSERT_TRUE(j.contains("failures") && j["failures"].size() == 1) << j.dump();
+  EXPECT_EQ(j["failures"][0]["rank"], 1) << j.dump();
+  EXPECT_EQ(j["failures"][0]["class"], "hang") << j.dump();
+  std::filesystem::remove_all(tmp);
+}
+
+TEST(DlrunHang, HangTimeoutForAProgramThatNeverHeartbeatsSaysSoAndStopsTheIdleGroup) {
+  const std::string tmp = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2",
+                             "--hang-timeout", "4", TEST_PYTHON, kProbe},
+                            ProbeEnv(tmp, {}), std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  EXPECT_EQ(Count(r.output, "--hang-timeout 4 s: no rank has sent a heartbeat"), 1u) << r.output;
+  const std::string line = LineWith(r.output, "stopping the worker group");
+  EXPECT_NE(line.find("rank 1 hung: every rank has used under"), std::string::npos) << line;
+  EXPECT_NE(r.output.find("job failed. Root cause (first failure): rank 1 hung"),
+            std::string::npos)
+      << r.output;
+  std::filesystem::remove_all(tmp);
+}
+
+TEST(DlrunHang, ASigstoppedRankIsNamedAndTheGroupStopsWithoutWaitingOutTheGrace) {
+  const std::string tmp = MakeTempDir();
+  const auto t0 = std::chrono::steady_clock::now();
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2",
+                             "--hang-timeout", "4", TEST_PYTHON, kProbe},
+                            ProbeEnv(tmp, {{"HANG_KIND", "stop"}}), std::chrono::seconds(180));
+  const double took_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  const std::string line = LineWith(r.output, "stopping the worker group");
+  EXPECT_NE(line.find("rank 1 hung"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 1 is stopped by a signal"), std::string::npos) << line;
+  EXPECT_EQ(Count(r.output, "did not stop within"), 0u) << r.output;  // SIGCONT after SIGTERM
+  EXPECT_LT(took_s, 30 + 10) << r.output;
+  std::filesystem::remove_all(tmp);
+}
+
+}  // namespace
+}  // namespace dlrun::testing

@@ -167,6 +167,19 @@ std::string DefaultPython(const EnvLookup& env) {
                      std::filesystem::is_directory(bin + "/../conda-meta", ec);
     if (env && access(beside.c_str(), X_OK) == 0) return beside;
   }
+  // python3 from PATH, as an absolute path (torchrun's workers run sys.executable): `dlrun
+  // stacks` and `dlrun profile` then find the py-spy of the workers' environment beside it
+  // from a shell that does not have that environment on its PATH.
+  const std::optional<std::string> path = env("PATH");
+  for (absl::string_view dir : absl::StrSplit(path.value_or(""), ':')) {
+    if (dir.empty() || dir[0] != '/') continue;
+    const std::string candidate = absl::StrCat(dir, "/python3");
+    struct stat st {};
+    if (access(candidate.c_str(), X_OK) == 0 && stat(candidate.c_str(), &st) == 0 &&
+        S_ISREG(st.st_mode)) {
+      return candidate;
+    }
+  }
   return "python3";
 }
 

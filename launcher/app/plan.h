@@ -75,7 +75,8 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a);
 Assignment StaticAssignment(const LaunchOptions& o, int nproc);
 
 // The workers' interpreter: PYTHON_EXEC, else python3 beside dlrun when dlrun lives in a virtual
-// or conda environment (it was pip-installed there), else python3 on PATH.
+// or conda environment (it was pip-installed there), else python3 on PATH as an absolute path
+// (the first in an absolute directory of the environment's PATH), else plain "python3".
 std::string DefaultPython(const EnvLookup& env);
 
 // The directory of dlrun's Python helper (dlrun_report.py) for the dlrun at `exe`:

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <fstream>
 
 #include "gtest/gtest.h"
@@ -109,6 +111,28 @@ TEST(Plan, PythonProgramsRunUnderTheInterpreter) {
   o.module = false;
   o.command = {"./train"};
   EXPECT_EQ(WorkerArgv(o, "python3"), o.command);
+}
+
+TEST(Plan, TheDefaultInterpreterIsPython3FromPathMadeAbsoluteSoPySpyIsFoundBesideIt) {
+  const std::string root = dlrun::testing::MakeTempDir("python");
+  const std::string bin = root + "/venv/bin";
+  std::filesystem::create_directories(bin);
+  std::ofstream(bin + "/python3") << "#!/bin/sh\n";
+  std::filesystem::permissions(bin + "/python3", std::filesystem::perms::owner_all);
+  std::map<std::string, std::string> vars = {
+      {"PATH", "relative/bin:" + root + "/none:" + bin + ":/usr/bin"}};
+  auto env = [&vars](std::string_view k) -> std::optional<std::string> {
+    auto it = vars.find(std::string(k));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+  EXPECT_EQ(DefaultPython(env), bin + "/python3");
+  vars["PYTHON_EXEC"] = "/opt/py/bin/python";
+  EXPECT_EQ(DefaultPython(env), "/opt/py/bin/python");
+  vars.erase("PYTHON_EXEC");
+  vars["PATH"] = "relative/bin";
+  EXPECT_EQ(DefaultPython(env), "python3");  // nothing absolute to find: as given
+  std::filesystem::remove_all(root);
 }
 
 TEST(Plan, WarmSparesOnlyForPythonScriptsAndModules) {

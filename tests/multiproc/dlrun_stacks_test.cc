@@ -85,6 +85,28 @@ TEST(DlrunStacks, TheRankThatStoppedIsTheSuspectAndTheOthersAreGroupedInAllReduc
   EXPECT_NE(text.output.find("ranks 0-1,3 (node "), std::string::npos) << text.output;
 }
 
+// A script run by the default interpreter (python3 from the job's PATH, a virtual environment's)
+// is read from a shell that does not have that environment on its PATH: the workers' interpreter
+// is an absolute path, and its environment's py-spy is beside it.
+TEST(DlrunStacks, AScriptsStacksAreReadFromAShellWithoutTheWorkersEnvironmentOnPath) {
+  const std::string tmp = MakeTempDir();
+  const std::string venv_bin = std::filesystem::path(TEST_PYTHON).parent_path().string();
+  Started job = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", kProbe},
+                             {{"TMPDIR", tmp},
+                              {"HANG_RANK", "1"},
+                              {"PATH", venv_bin + ":/usr/bin:/bin"},
+                              {"PYTHON_EXEC", ""}});
+  ASSERT_TRUE(ReadUntil(job, "hang_probe: rank", 2, std::chrono::seconds(90))) << job.output;
+  ProcResult r = RunCommand({DLRUN_BIN, "stacks"}, {{"TMPDIR", tmp}, {"PATH", "/usr/bin:/bin"}},
+                            std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("no py-spy"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(ProbeLine("the stalled rank's line")), std::string::npos) << r.output;
+  kill(job.pid, SIGTERM);
+  FinishCommand(job, std::chrono::seconds(60));
+  std::filesystem::remove_all(tmp);
+}
+
 // A rank stopped with SIGSTOP: py-spy reads it without attaching, so its frames are there; the
 // command never waits on it past its bound either way.
 TEST(DlrunStacks, ARankStoppedWithSigstopIsReadOrNamedMissingWithinTheBound) {

@@ -77,6 +77,7 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
       options_.profiler->Started(w.rank, w.pid);
     }
   }
+  if (attempt_ == 0 && current_.rank_offset == 0) WarnOfProfileRanksNotInTheJob();
   std::vector<DumpTarget> group;
   std::vector<pid_t> pids;
   for (const Worker& w : workers_) {
@@ -96,6 +97,19 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   awaiting_state_.clear();
   WriteWorkersFile(group);
   return absl::OkStatus();
+}
+
+void Agent::WarnOfProfileRanksNotInTheJob() const {
+  if (!options_.profiler) return;
+  std::vector<int> beyond;
+  for (int r : options_.profiler->Ranks()) {
+    if (r >= current_.world_size) beyond.push_back(r);
+  }
+  if (beyond.empty()) return;
+  spdlog::warn("--profile-ranks: the job has ranks 0-{} (world size {}): {} {} not profiled",
+               current_.world_size - 1, current_.world_size,
+               absl::StrCat(beyond.size() == 1 ? "rank " : "ranks ", RankRanges(beyond)),
+               beyond.size() == 1 ? "is" : "are");
 }
 
 void Agent::WriteWorkersFile(const std::vector<DumpTarget>& group) {

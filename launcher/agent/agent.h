@@ -89,6 +89,8 @@ class Agent {
   // A C++ program that declared in-process recovery can run as a warm spare (it meets
   // init() first): one for `local_rank` from now on (options_.spares_on_declaration).
   void SpareOnDeclaration(int local_rank);
+  // --profile-ranks that the job does not have: one line, at the first group (node 0).
+  void WarnOfProfileRanksNotInTheJob() const;
   // The workers file for `dlrun stacks` (the group's ranks and pids).
   void WriteWorkersFile(const std::vector<DumpTarget>& group);
   // Whether the first failure's stacks tell something (--capture-before-kill auto): not a plain

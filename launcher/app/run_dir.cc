@@ -37,6 +37,10 @@ absl::StatusOr<std::string> MakeRunDir(const LaunchOptions& o, const std::string
   if (base.empty()) base = absl::StrCat(tmp, "/dlrun-", getuid(), "/logs");
   std::error_code ec;
   std::filesystem::create_directories(base, ec);
+  if (ec) {  // a read-only or missing parent: its own reason, not mkdtemp's ENOENT below
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create the log directory '", base, "': ", ec.message()));
+  }
   std::string templ = RunLogDirTemplate(base, run_id, hostname, o.max_nodes > 1);
   if (mkdtemp(templ.data()) == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a log directory in '", base,

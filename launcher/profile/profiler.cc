@@ -153,6 +153,7 @@ class ToolProfiler : public RankProfiler {
   }
 
   bool Wants(int rank) const override { return spec_.Wants(rank); }
+  std::vector<int> Ranks() const override { return spec_.ranks; }
 
   std::vector<std::string> Argv(int rank, const std::vector<std::string>& argv) const override {
     if (spec_.tool != ProfileTool::kNsys) return argv;
@@ -187,6 +188,7 @@ class ToolProfiler : public RankProfiler {
     auto it = ranks_.find(rank);
     if (it == ranks_.end()) return;
     Rank& r = it->second;
+    r.stepped = true;
     switch (r.window.Step(step)) {
       case CaptureWindow::Action::kStart:
         if (spec_.tool == ProfileTool::kPerf) Control(&r, "enable");
@@ -225,6 +227,13 @@ class ToolProfiler : public RankProfiler {
       r.pending = false;
       if (!r.seen) continue;
       telemetry::RankProfile p = r.result;
+      if (spec_.steps && !r.stepped && p.path.empty()) {
+        // The window opens at a step record: without any, nothing was captured.
+        p.note = absl::StrCat("no capture: --profile-steps ", spec_.steps->first, ":",
+                              spec_.steps->last, " counts step records and rank ", rank,
+                              " sent none (Python: dlrun_report.report_step or "
+                              "timed(report=True); C++: dlrun::worker::reportStep)");
+      }
       p.rank = rank;
       p.host = hostname_;
       p.tool = ProfileToolName(spec_.tool);
@@ -253,6 +262,7 @@ class ToolProfiler : public RankProfiler {
     int ctl_fd = -1, ack_fd = -1;  // perf's control fifos
     bool pending = false;          // a capture to turn into files
     bool captured_steps = false;
+    bool stepped = false;  // a step record came
     std::string note;
     telemetry::RankProfile result;
   };

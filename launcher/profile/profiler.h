@@ -24,6 +24,8 @@ class RankProfiler {
  public:
   virtual ~RankProfiler() = default;
   virtual bool Wants(int rank) const = 0;
+  // The ranks asked for (--profile-ranks): the agent warns about those the job does not have.
+  virtual std::vector<int> Ranks() const { return {}; }
   // A profiled rank's command line and the variables it gets on top of the others'.
   virtual std::vector<std::string> Argv(int rank, const std::vector<std::string>& argv) const {
     return argv;

@@ -22,6 +22,7 @@ namespace {
 
 // How often a join that is held says what it waits for.
 constexpr std::chrono::seconds kProgressEvery{15};
+constexpr std::chrono::seconds kFirstProgress{3};
 
 int64_t Ms(rdzv::Duration d) { return d.count(); }
 
@@ -269,9 +270,18 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     auto joined = std::async(std::launch::async,
                              [this] { return client_->Join(node_, o_.config.join_timeout); });
     const SteadyTime start = clock_.Now();
-    while (joined.wait_for(kProgressEvery) == std::future_status::timeout) {
+    // The first line comes early when the host cannot be reached: a port that another program
+    // holds is said in seconds, not after the first 15.
+    bool first = true;
+    while (joined.wait_for(first ? kFirstProgress : kProgressEvery) ==
+           std::future_status::timeout) {
       const double waited = std::chrono::duration<double>(clock_.Now() - start).count();
       auto st = client_->Status();
+      if (first && st.ok()) {  // reachable: the usual lines, every kProgressEvery
+        first = false;
+        continue;
+      }
+      first = false;
       if (!st.ok()) {
         spdlog::info("waiting for the rendezvous at {} ({:.0f} s): {}", client_->endpoint(),
                      waited, std::string(st.status().message()));

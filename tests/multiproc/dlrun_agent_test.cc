@@ -110,6 +110,21 @@ TEST(DlrunAgent, OutputIsPrefixedFilteredAndLogged) {
   EXPECT_EQ(quiet_logs, 1);
 }
 
+// A --log-dir that cannot be made says why (not mkdtemp's "No such file or directory" after
+// the real failure), in one line, before any worker starts.
+TEST(DlrunAgent, ALogDirThatCannotBeMadeSaysWhy) {
+  const std::string dir = MakeTempDir();
+  const std::string file = dir + "/a-file";
+  std::ofstream(file) << "x";
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", file + "/logs",
+                             "sh", "-c", "echo started"},
+                            {}, kDeadline);
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // bad input, as a bad flag
+  EXPECT_EQ(r.output, "dlrun: cannot create the log directory '" + file +
+                          "/logs': Not a directory\n");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DlrunAgent, HungWorkerIsRestarted) {
   // The worker heartbeats once, then hangs; on the restart it succeeds.
   ProcResult r = RunCommand(

@@ -1,6 +1,10 @@
 // Two dlrun agents on this machine meet at the gRPC rendezvous (one hosts it in-process),
 // as two nodes would: ranks, restarts after a worker failure, and DDP training across them.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -81,6 +85,34 @@ TEST(DlrunMultiNode, AnUnresolvableEndpointFailsAtOnceAndAWaitingJoinSaysWhatItW
       << alone.output;
   kill(alone.pid, SIGTERM);
   EXPECT_NE(FinishCommand(alone, kDeadline), 0);
+}
+
+// A rendezvous endpoint whose port another program holds (it takes TCP connections, never
+// speaks gRPC) is said in the first seconds, not as "is the port open?" every 15 s.
+TEST(DlrunMultiNode, AnEndpointThatAnotherProgramHoldsIsSaidInSeconds) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 64), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string endpoint = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  const auto start = std::chrono::steady_clock::now();
+  Started s = StartCommand({DLRUN_BIN, "--nnodes", "2", "--rdzv-backend", "c10d",
+                            "--rdzv-endpoint", endpoint, "--rdzv-id", "x", "/bin/true"},
+                           {{"DLRUN_RDZV_TOKEN", "test-token-123"}});
+  EXPECT_TRUE(ReadUntil(s, "(the port answers, but not as a dlrun rendezvous: another program "
+                           "holds it, or the endpoint names the wrong port)",
+                        1, std::chrono::seconds(30)))
+      << s.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(12)) << s.output;
+  EXPECT_EQ(s.output.find("is the port open?"), std::string::npos) << s.output;
+  kill(s.pid, SIGTERM);
+  EXPECT_NE(FinishCommand(s, kDeadline), 0);
+  close(fd);
 }
 
 TEST(DlrunMultiNode, TwoAgentsTimesTwoWorkersGetRanks0To3ExactlyOnce) {

@@ -81,6 +81,27 @@ TEST(DlrunProfile, PySpyProfilesOnlyTheListedRankAndItsFlameGraphNamesTheHotFunc
                                        ec));
 }
 
+// What does not profile says so: a listed rank the job does not have, and a step range for a
+// program that sends no step records (its window never opens).
+TEST(DlrunProfile, RanksTheJobDoesNotHaveAndAStepRangeWithoutStepRecordsAreSaid) {
+  Job j;
+  ProcResult r = j.Run({"--nproc-per-node", "2", "--profile", "py-spy", "--profile-ranks", "0,5",
+                        "--profile-steps", "2:3"},
+                       {TEST_PYTHON, "-c", "import time; time.sleep(1)"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Count(r.output, "--profile-ranks: the job has ranks 0-1 (world size 2): rank 5 is "
+                            "not profiled"),
+            1u)
+      << r.output;
+  const json rep = ReadJson(j.report);
+  ASSERT_TRUE(rep.is_object()) << r.output;
+  ASSERT_EQ(rep["profile_details"].size(), 1u) << rep.dump();
+  EXPECT_TRUE(absl::StrContains(rep["profile_details"][0]["note"].get<std::string>(),
+                                "no capture: --profile-steps 2:3 counts step records and rank 0 "
+                                "sent none"))
+      << rep["profile_details"].dump();
+}
+
 TEST(DlrunProfile, TheTorchProfilerTracesTheStepRangeOfTheListedRank) {
   Job j;
   ProcResult r = j.Run({"--nproc-per-node", "2", "--profile", "torch", "--profile-ranks", "0",

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <algorithm>
@@ -111,6 +112,27 @@ std::vector<std::string> WarmSpareArgv(const std::vector<std::string>& argv) {
   out.push_back("-c");
   out.push_back(absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd}}));
   out.insert(out.end(), argv.begin() + static_cast<long>(i), argv.end());
+  return out;
+}
+
+std::vector<std::string> SpareArgvFromFile(const std::vector<std::string>& spare_argv,
+                                           const std::string& dir) {
+  const std::string code = absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd}});
+  auto at = std::find(spare_argv.begin(), spare_argv.end(), code);
+  const std::string path = absl::StrCat(dir, "/spare_bootstrap.py");
+  if (at == spare_argv.end() || dir.empty() || path.find_first_of("'\\\n") != std::string::npos) {
+    return spare_argv;
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << code;
+    if (!out.flush()) return spare_argv;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return spare_argv;
+  std::vector<std::string> out = spare_argv;
+  out[static_cast<size_t>(at - spare_argv.begin())] =
+      absl::StrCat("exec(open('", path, "').read())");
   return out;
 }
 

@@ -55,6 +55,11 @@ bool RunsPython(const LaunchOptions& o);
 // spare_bootstrap.py) that imports torch ahead of need, then waits on kSpareFd for the worker's
 // environment and runs the script or module as __main__ with the same arguments.
 std::vector<std::string> WarmSpareArgv(const std::vector<std::string>& argv);
+// The same spare command with its bootstrap in DIR/spare_bootstrap.py (the run directory), so
+// its `ps` line is "python -u -c exec(open('DIR/spare_bootstrap.py').read()) train.py", not
+// the 2 KB script; as given when the file cannot be written.
+std::vector<std::string> SpareArgvFromFile(const std::vector<std::string>& spare_argv,
+                                           const std::string& dir);
 
 // OMP_NUM_THREADS for the workers: 0 (leave it) when the user set it or with one worker (as
 // torchrun), else CPUs / workers (torchrun: 1; more is faster and never oversubscribes).

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <fstream>
+#include <iterator>
 
 #include "gtest/gtest.h"
 #include "tests/common/temp_dir.h"
@@ -167,6 +168,25 @@ TEST(Plan, WarmSparesOnlyForPythonScriptsAndModules) {
            {"python3"}}) {
     EXPECT_TRUE(WarmSpareArgv(argv).empty()) << argv[0] << " " << (argv.size() > 1 ? argv[1] : "");
   }
+}
+
+TEST(Plan, TheSparesBootstrapGoesIntoTheRunDirectoryAndItsCommandNamesTheFile) {
+  const std::string dir = dlrun::testing::MakeTempDir("spare");
+  const std::vector<std::string> inline_argv = WarmSpareArgv({"python3", "-u", "train.py"});
+  const std::vector<std::string> short_argv = SpareArgvFromFile(inline_argv, dir);
+  ASSERT_EQ(short_argv.size(), inline_argv.size());
+  EXPECT_EQ(short_argv[2], "-c");
+  EXPECT_EQ(short_argv[3], "exec(open('" + dir + "/spare_bootstrap.py').read())");
+  EXPECT_EQ(short_argv[4], "train.py");
+  std::ifstream in(dir + "/spare_bootstrap.py");
+  const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(written, inline_argv[3]);  // the same code, DLRUN_SPARE_FD filled in
+  // Nowhere to write it, or a path Python's quotes would not hold: the command as given.
+  EXPECT_EQ(SpareArgvFromFile(inline_argv, dir + "/missing"), inline_argv);
+  std::filesystem::create_directories(dir + "/it's");
+  EXPECT_EQ(SpareArgvFromFile(inline_argv, dir + "/it's"), inline_argv);
+  EXPECT_EQ(SpareArgvFromFile({"./train_unet"}, dir), std::vector<std::string>{"./train_unet"});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Plan, ThreadsSignalsRunDirAndStaticAssignment) {

@@ -328,6 +328,7 @@ with open(f"{out}/attempt{attempt}", "w") as f:
     f.write(f"file={__file__}\n")
     f.write(f"argv0={sys.argv[0]}\n")
     f.write(f"warm={b'-c' in cmdline}\n")
+    f.write(f"cmdline_bytes={sum(len(a) + 1 for a in cmdline)}\n")
     rz = sys.modules.get("torch.distributed.rendezvous")
     f.write(f"store_create={getattr(getattr(rz, '_create_c10d_store', None), '__name__', None)}\n")
 if attempt == "0":
@@ -335,7 +336,7 @@ if attempt == "0":
         # Fail only once the agent has started a spare beside this worker (bounded wait).
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            found = subprocess.run(["pgrep", "-P", str(os.getppid()), "-f", "DLRUN_SPARE_FD"],
+            found = subprocess.run(["pgrep", "-P", str(os.getppid()), "-f", "spare_bootstrap"],
                                    capture_output=True, text=True).stdout.split()
             if found:
                 open(f"{out}/spare", "w").write(found[0])
@@ -377,6 +378,8 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   // client backs off for up to a second; the patch once silently did not take).
   EXPECT_EQ(second["store_create"], "wait_then_create") << r.output;
   EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
+  // Its `ps` line names the bootstrap's file, not the whole script.
+  EXPECT_LT(std::stoi(second["cmdline_bytes"]), 400) << second["cmdline_bytes"];
   EXPECT_EQ(second["name"], "__main__");
   EXPECT_EQ(second["argv"], dir + " wait-for-spare");
   EXPECT_EQ(second["spare_fd"], "unset");

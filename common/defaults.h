@@ -34,14 +34,16 @@ inline constexpr std::chrono::milliseconds kStacksBound{5000};
 // hung when no record has come for max(kHangStepFactor x the p99 of its gaps between records,
 // kHangStepFloor), once it has sent kHangMinSteps (the first steps, with their warm-up, are
 // learnt from, not judged). Any program: when every rank has used under kHangIdleCores of
-// CPU for kHangIdleBound, the agent says where each rank is (one line, from a stack dump); with
+// CPU, and every GPU the node's NVML sees has been under kHangIdleGpu busy, for
+// kHangIdleBound, the agent says where each rank is (one line, from a stack dump); with
 // --hang-timeout it then stops the group. Measured on train_unet (bench/RESULTS.md, "Hang
 // detection"): the longest gap between two records over 10 minutes, checkpoint saves included,
-// stays under 3 x p99, so 20 leaves room for a slower node.
+// was 1.3 x p99, so 20 leaves room for a slower node.
 inline constexpr double kHangStepFactor = 20;
 inline constexpr std::chrono::milliseconds kHangStepFloor{60000};
 inline constexpr int kHangMinSteps = 5;
 inline constexpr double kHangIdleCores = 0.05;
+inline constexpr double kHangIdleGpu = 0.05;
 inline constexpr std::chrono::milliseconds kHangIdleBound{30000};
 
 }  // namespace dlrun::defaults

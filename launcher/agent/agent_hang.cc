@@ -30,7 +30,7 @@ std::optional<Agent::Watch> Agent::CheckHangs(SteadyTime* next) {
   const HangOptions& o = options_.hang;
   const SteadyTime now = clock_.Now();
   if (now >= next_cpu_) {
-    hang_.Cpu(telemetry_.CpuCores(), now);
+    hang_.Cpu(telemetry_.CpuCores(), now, telemetry_.GpuUtilizationMax());
     next_cpu_ = now + defaults::kTelemetryWindow;
   }
   const double timeout_s = std::chrono::duration<double>(o.timeout).count();

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -123,6 +124,15 @@ class AgentTelemetry {
     if (!sampler_) return out;
     for (const auto& [pid, s] : sampler_->Latest()) out[pid] = s.cpu_utilization;
     return out;
+  }
+
+  // The busiest GPU's utilisation (0..1) in the sampler's last read; 0 without GPUs.
+  double GpuUtilizationMax() const {
+    double m = 0;
+    if (sampler_) {
+      for (const telemetry::GpuTelemetry& g : sampler_->Gpus()) m = std::max(m, g.utilization);
+    }
+    return m;
   }
 
   // When the next publication is due (never, with telemetry off).

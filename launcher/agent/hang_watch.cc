@@ -101,8 +101,9 @@ std::optional<HangWatch::Hung> HangWatch::Check(SteadyTime now, SteadyTime* next
   return hung;
 }
 
-void HangWatch::Cpu(const std::map<pid_t, std::optional<double>>& cores, SteadyTime now) {
-  bool all_idle = !workers_.empty();
+void HangWatch::Cpu(const std::map<pid_t, std::optional<double>>& cores, SteadyTime now,
+                    double gpu_utilization) {
+  bool all_idle = !workers_.empty() && gpu_utilization < options_.idle_gpu;
   for (auto& [pid, w] : workers_) {
     auto it = cores.find(pid);
     if (it != cores.end() && it->second) {

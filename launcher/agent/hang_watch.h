@@ -28,6 +28,7 @@ struct HangOptions {
   Millis step_floor = defaults::kHangStepFloor;  // --hang-floor
   int min_steps = defaults::kHangMinSteps;
   double idle_cores = defaults::kHangIdleCores;
+  double idle_gpu = defaults::kHangIdleGpu;  // utilisation, 0..1
   Millis idle_bound = defaults::kHangIdleBound;
 };
 
@@ -42,8 +43,10 @@ class HangWatch {
   // Any byte on a worker's heartbeat pipe; a record ('S' steps, 'Z'/'z' pauses).
   void Beat(pid_t pid, SteadyTime now);
   void Record(pid_t pid, const StepRecord& r, SteadyTime now);
-  // The workers' CPU use over the last sampling period, in cores (absent: not sampled yet).
-  void Cpu(const std::map<pid_t, std::optional<double>>& cores, SteadyTime now);
+  // The workers' CPU use over the last sampling period, in cores (absent: not sampled yet), and
+  // the busiest GPU's utilisation (0..1; 0 without GPUs): a GPU at work is no idle group.
+  void Cpu(const std::map<pid_t, std::optional<double>>& cores, SteadyTime now,
+           double gpu_utilization = 0);
 
   struct Hung {
     pid_t pid = -1;

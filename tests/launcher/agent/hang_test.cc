@@ -137,5 +137,42 @@ TEST(AgentHang, AHangAtTheSameStepTwiceEndsTheJobInsteadOfRestartingAgain) {
   EXPECT_EQ(h.procs.groups_started(), 2);
 }
 
+TEST(HangWatch, AGroupIsIdleOnlyWhenEveryRankAndEveryGpuIsQuietAndNoneIsPaused) {
+  const SteadyTime t0 = SteadyTime() + std::chrono::hours(1);
+  HangOptions o;
+  HangWatch w(o);
+  w.Start({11, 12}, t0);
+  EXPECT_FALSE(w.IdleFor(t0 + seconds(1)));  // not sampled yet
+  w.Cpu({{11, 0.01}, {12, 0.0}}, t0 + seconds(1));
+  w.Cpu({{11, 0.01}, {12, 0.0}}, t0 + seconds(31));
+  EXPECT_EQ(*w.IdleFor(t0 + seconds(31)), seconds(30));
+  EXPECT_TRUE(w.IdleWorthALine(t0 + seconds(31)));
+  EXPECT_FALSE(w.IdleIsHang(t0 + seconds(31)));  // no --hang-timeout: a line, no action
+  w.MarkIdleReported();
+  EXPECT_FALSE(w.IdleWorthALine(t0 + seconds(40)));  // once per spell
+  // A GPU at work, one busy rank, one not sampled, one paused: no idle group.
+  w.Cpu({{11, 0.01}, {12, 0.0}}, t0 + seconds(41), /*gpu_utilization=*/0.9);
+  EXPECT_FALSE(w.IdleFor(t0 + seconds(41)));
+  w.Cpu({{11, 0.01}, {12, 0.0}}, t0 + seconds(42));
+  w.Cpu({{11, 0.8}, {12, 0.0}}, t0 + seconds(43));
+  EXPECT_FALSE(w.IdleFor(t0 + seconds(43)));
+  w.Start({21, 22}, t0 + seconds(50));
+  w.Cpu({{21, 0.0}}, t0 + seconds(51));
+  EXPECT_FALSE(w.IdleFor(t0 + seconds(51)));
+  StepRecord pause;
+  pause.kind = 'Z';
+  pause.what = "eval";
+  w.Record(22, pause, t0 + seconds(52));
+  w.Cpu({{21, 0.0}, {22, 0.0}}, t0 + seconds(53));
+  EXPECT_FALSE(w.IdleFor(t0 + seconds(53)));
+  // With --hang-timeout the idle group is a hang at the timeout.
+  o.timeout = seconds(5);
+  HangWatch t(o);
+  t.Start({31}, t0);
+  t.Cpu({{31, 0.0}}, t0 + seconds(1));
+  EXPECT_FALSE(t.IdleIsHang(t0 + seconds(5)));
+  EXPECT_TRUE(t.IdleIsHang(t0 + seconds(6)));
+}
+
 }  // namespace
 }  // namespace dlrun::launcher::testing

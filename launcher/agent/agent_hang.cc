@@ -34,7 +34,15 @@ std::optional<Agent::Watch> Agent::CheckHangs(SteadyTime* next) {
     next_cpu_ = now + defaults::kTelemetryWindow;
   }
   const double timeout_s = std::chrono::duration<double>(o.timeout).count();
-  if (hang_.TimeoutNeverArmed(now)) {
+  const bool sampled = options_.telemetry.on && options_.telemetry.sample_processes;
+  const bool never_armed = hang_.TimeoutNeverArmed(now);
+  if (never_armed && !sampled) {
+    spdlog::warn("--hang-timeout {:g} s: no rank has sent a heartbeat or step record in its "
+                 "first {:g} s, and with --telemetry off nothing samples their CPU use, so it "
+                 "cannot take effect; call dlrun_report.heartbeat() (Python) or "
+                 "dlrun::worker::heartbeat() (C++) each step",
+                 timeout_s, timeout_s);
+  } else if (never_armed) {
     spdlog::warn("--hang-timeout {:g} s: no rank has sent a heartbeat or step record in its "
                  "first {:g} s, so the timeout applies only to the whole group idle (every rank "
                  "under {:g} of a core) that long; for a per-rank timeout, call "
@@ -72,7 +80,8 @@ int Agent::AfterHang(const std::string& reason, int rank) {
     v.culprits = stopped;
   }
   std::vector<int> culprits = v.culprits;
-  if (culprits.empty() && rank >= 0) culprits = {rank};
+  // Every rank here waits in a collective: the one holding them up is not on this node.
+  if (culprits.empty() && rank >= 0 && !v.all_wait) culprits = {rank};
   const std::string who =
       culprits.empty()
           ? absl::StrCat("the group (ranks ", RankRanges(Ranks()), ")")
@@ -81,8 +90,12 @@ int Agent::AfterHang(const std::string& reason, int rank) {
       rank < 0 || (culprits.size() == 1 && culprits[0] == rank)
           ? reason
           : absl::StrCat("rank ", rank, ": ", reason);
-  const std::string message =
-      absl::StrCat(who, " hung: ", detected, v.where.empty() ? "" : "; ", v.where);
+  const std::string message = absl::StrCat(
+      who, " hung: ", detected,
+      v.all_wait ? "; every rank on this node waits in a collective: the rank holding them up "
+                   "is on another node, or gone"
+                 : "",
+      v.where.empty() ? "" : "; ", v.where);
   spdlog::error("{}: stopping the worker group", message);
   StopGroup(SIGTERM);
   const int culprit = culprits.empty() ? (workers_.empty() ? 0 : workers_[0].rank) : culprits[0];

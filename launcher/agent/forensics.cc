@@ -20,14 +20,14 @@ std::optional<Forensics::Capture> Forensics::CaptureBeforeKill(const std::vector
 
 std::shared_future<StackReport> Forensics::FinishCapture(Capture c, int attempt, int failed_rank,
                                                          std::string what,
-                                                         std::vector<int> suspects) {
+                                                         std::optional<std::vector<int>> suspects) {
   auto keep = [this, c = std::move(c), attempt, name = options_.name_frames, failed_rank,
                what = std::move(what), suspects = std::move(suspects),
                when = clock_.WallSeconds()]() mutable {
     if (name) name(&c.ranks);
     const size_t n = c.ranks.size();
     StackReport r = GroupStacks(std::move(c.ranks));
-    if (!suspects.empty()) r.suspects = suspects;
+    if (suspects) r.suspects = *suspects;
     r.took_s = c.took_s;
     const std::string where = run_dir_.WriteStacks(attempt, r);
     spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,

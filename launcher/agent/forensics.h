@@ -38,10 +38,11 @@ class Forensics {
   // libraries' symbol tables: seconds): names, groups, writes attempt `attempt`'s
   // stacks.{json,txt}, logs the suspects and, for a failure of `failed_rank` (>= 0), "WHAT; the
   // other N ranks were in F at file:line".
-  // `suspects`: who the agent already named (a hang's culprits), instead of the odd ones out.
-  std::shared_future<StackReport> FinishCapture(Capture c, int attempt, int failed_rank = -1,
-                                                std::string what = "",
-                                                std::vector<int> suspects = {});
+  // `suspects`: who the agent already named (a hang's culprits, maybe none), instead of the odd
+  // ones out.
+  std::shared_future<StackReport> FinishCapture(
+      Capture c, int attempt, int failed_rank = -1, std::string what = "",
+      std::optional<std::vector<int>> suspects = std::nullopt);
   // Every FinishCapture done: their files and lines come before the report and the run
   // directory's end.
   void WaitForCaptures();

@@ -72,6 +72,7 @@ HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
   v.where = absl::StrJoin(parts, "; ");
   // Everyone busy elsewhere than a collective: the dump cannot tell who holds whom.
   if (!waiting_at.empty() || !stopped_set.empty()) v.culprits = culprits;
+  v.all_wait = culprit_at.empty() && !waiting_at.empty();
   std::sort(v.culprits.begin(), v.culprits.end());
   return v;
 }

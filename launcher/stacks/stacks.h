@@ -149,6 +149,7 @@ struct HangVerdict {
   // Where each rank is, culprits first: "rank 1 is in sleep at hang.py:10; rank 0 waits in
   // all_reduce at hang.py:12".
   std::string where;
+  bool all_wait = false;  // every rank read waits in a collective (and none is stopped)
 };
 HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped);
 

@@ -182,8 +182,11 @@ TEST(HangVerdict, TheRankOutsideACollectiveIsTheCulpritAndEveryRankIsPlaced) {
   v = NameHung(GroupStacks(ranks), {1});
   EXPECT_EQ(v.culprits, std::vector<int>{1});
   EXPECT_NE(v.where.find("rank 1 is stopped by a signal"), std::string::npos) << v.where;
-  // Every rank waits: nobody to name (a rank may be gone).
-  EXPECT_TRUE(NameHung(GroupStacks(ranks), {}).culprits.empty());
+  EXPECT_FALSE(v.all_wait);
+  // Every rank waits: nobody to name (the one holding them up is elsewhere, or gone).
+  v = NameHung(GroupStacks(ranks), {});
+  EXPECT_TRUE(v.culprits.empty());
+  EXPECT_TRUE(v.all_wait);
 }
 
 TEST(Stacks, NodesDumpsTravelAsJsonAndComeBackTheSame) {

@@ -76,8 +76,10 @@ TEST(DlrunHang, WithNoFlagsAnIdleGroupGetsOneLineSayingWhereEveryRankIsWithinAMi
 TEST(DlrunHang, ARankWhoseStepRecordsStopIsNamedFromTheStacksCapturedAndRestarted) {
   const std::string tmp = MakeTempDir();
   const std::string report = tmp + "/report.json";
+  // A floor of 8 s: short for the test, long enough that a loaded machine (sanitizers, tests in
+  // parallel) stalling a healthy rank between its records is not taken for the hang.
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-floor",
-                             "3", "--max-restarts", "1", "--report-json", report, TEST_PYTHON,
+                             "8", "--max-restarts", "1", "--report-json", report, TEST_PYTHON,
                              kProbe},
                             ProbeEnv(tmp, {{"REPORT_STEPS", "1"}, {"HANG_STEP", "12"}}),
                             std::chrono::seconds(180));

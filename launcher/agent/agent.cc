@@ -108,8 +108,7 @@ void Agent::WarnOfProfileRanksNotInTheJob() const {
   if (beyond.empty()) return;
   spdlog::warn("--profile-ranks: the job has ranks 0-{} (world size {}): {} {} not profiled",
                current_.world_size - 1, current_.world_size,
-               absl::StrCat(beyond.size() == 1 ? "rank " : "ranks ", RankRanges(beyond)),
-               beyond.size() == 1 ? "is" : "are");
+               RanksPhrase(beyond), beyond.size() == 1 ? "is" : "are");
 }
 
 void Agent::WriteWorkersFile(const std::vector<DumpTarget>& group) {

@@ -77,6 +77,8 @@ class Agent {
   // The verdict after every local worker succeeded: an exit code, or -1 to run again.
   int AfterSuccess();
   int AfterFailure();
+  // Whether `now` repeats the last attempt's root failure (RepeatsTheLast); it becomes the last.
+  bool RepeatsLastFailure(const FailureSignature& now);
   // In-process recovery (agent_recovery.cc): whether the failed workers in exits_ can be
   // replaced while the others keep running, and doing it (false: the ordinary failure path).
   bool CanRecoverInProcess(std::string* why_not) const;

@@ -38,6 +38,12 @@ void Agent::StopWithCapture(const std::string& why) {
   if (capture) forensics_.FinishCapture(*std::move(capture), attempt_);
 }
 
+bool Agent::RepeatsLastFailure(const FailureSignature& now) {
+  const bool repeated = last_failure_ && RepeatsTheLast(*last_failure_, now);
+  last_failure_ = now;
+  return repeated;
+}
+
 bool Agent::FirstFailureTells() const {
   for (const WorkerExit& e : exits_) {
     if (!e.failed() || e.stopped) continue;
@@ -111,11 +117,8 @@ int Agent::AfterFailure() {
   const std::string& cause = failure.cause;
   std::shared_future<std::string> stacks_json;
   if (capture) {
-    std::shared_future<StackReport> kept =
-        forensics_.FinishCapture(*std::move(capture), attempt_, first.global_rank, cause);
-    stacks_json = std::async(std::launch::deferred, [kept] {
-                    return StackReportJson(kept.get());
-                  }).share();
+    stacks_json = Forensics::JsonWhenRead(
+        forensics_.FinishCapture(*std::move(capture), attempt_, first.global_rank, cause));
   }
   telemetry_.NoteFailure({first.global_rank, options_.hostname, FailureClassName(cls.cls), message,
                           stacks_json, forensics_.ReadFlightRecorder(attempt_, Ranks()),
@@ -125,9 +128,7 @@ int Agent::AfterFailure() {
   const FailureSignature signature{cls.cls, first.global_rank,
                                    telemetry_.LastStep(first.global_rank),
                                    message.substr(0, message.find('\n'))};
-  const bool repeated = last_failure_ && RepeatsTheLast(*last_failure_, signature);
-  last_failure_ = signature;
-  if (repeated) {
+  if (RepeatsLastFailure(signature)) {
     spdlog::error("rank {} failed the same way twice ({}{}): not restarting, a restart would "
                   "repeat it",
                   first.global_rank, FailureClassName(cls.cls),

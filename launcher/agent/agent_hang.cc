@@ -35,19 +35,17 @@ std::optional<Agent::Watch> Agent::CheckHangs(SteadyTime* next) {
   }
   const double timeout_s = std::chrono::duration<double>(o.timeout).count();
   const bool sampled = options_.telemetry.on && options_.telemetry.sample_processes;
-  const bool never_armed = hang_.TimeoutNeverArmed(now);
-  if (never_armed && !sampled) {
+  if (hang_.TimeoutNeverArmed(now)) {
+    const std::string what =
+        sampled ? absl::StrFormat("so the timeout applies only to the whole group idle (every "
+                                  "rank under %g of a core) that long; for a per-rank timeout,",
+                                  o.idle_cores)
+                : std::string("and with --telemetry off nothing samples their CPU use, so it "
+                              "cannot take effect;");
     spdlog::warn("--hang-timeout {:g} s: no rank has sent a heartbeat or step record in its "
-                 "first {:g} s, and with --telemetry off nothing samples their CPU use, so it "
-                 "cannot take effect; call dlrun_report.heartbeat() (Python) or "
+                 "first {:g} s, {} call dlrun_report.heartbeat() (Python) or "
                  "dlrun::worker::heartbeat() (C++) each step",
-                 timeout_s, timeout_s);
-  } else if (never_armed) {
-    spdlog::warn("--hang-timeout {:g} s: no rank has sent a heartbeat or step record in its "
-                 "first {:g} s, so the timeout applies only to the whole group idle (every rank "
-                 "under {:g} of a core) that long; for a per-rank timeout, call "
-                 "dlrun_report.heartbeat() (Python) or dlrun::worker::heartbeat() (C++) each step",
-                 timeout_s, timeout_s, o.idle_cores);
+                 timeout_s, timeout_s, what);
   }
   std::optional<HangWatch::Hung> hung = hang_.Check(now, next);
   *next = std::min(*next, next_cpu_);
@@ -85,7 +83,7 @@ int Agent::AfterHang(const std::string& reason, int rank) {
   const std::string who =
       culprits.empty()
           ? absl::StrCat("the group (ranks ", RankRanges(Ranks()), ")")
-          : absl::StrCat(culprits.size() == 1 ? "rank " : "ranks ", RankRanges(culprits));
+          : RanksPhrase(culprits);
   const std::string detected =
       rank < 0 || (culprits.size() == 1 && culprits[0] == rank)
           ? reason
@@ -101,11 +99,8 @@ int Agent::AfterHang(const std::string& reason, int rank) {
   const int culprit = culprits.empty() ? (workers_.empty() ? 0 : workers_[0].rank) : culprits[0];
   std::shared_future<std::string> stacks_json;
   if (capture) {
-    std::shared_future<StackReport> kept =
-        forensics_.FinishCapture(*std::move(capture), attempt_, -1, "", culprits);
-    stacks_json = std::async(std::launch::deferred, [kept] {
-                    return StackReportJson(kept.get());
-                  }).share();
+    stacks_json = Forensics::JsonWhenRead(
+        forensics_.FinishCapture(*std::move(capture), attempt_, -1, "", culprits));
   }
   telemetry_.MaybePublish(/*now_anyway=*/true);
   telemetry_.NoteFailure({culprit, options_.hostname, FailureClassName(FailureClass::kHang),
@@ -113,9 +108,7 @@ int Agent::AfterHang(const std::string& reason, int rank) {
                           {}});
   const FailureSignature signature{FailureClass::kHang, culprit, telemetry_.LastStep(culprit),
                                    who};
-  const bool repeated = last_failure_ && RepeatsTheLast(*last_failure_, signature);
-  last_failure_ = signature;
-  if (repeated) {
+  if (RepeatsLastFailure(signature)) {
     spdlog::error("{} hung the same way twice (at step {}): not restarting, a restart would "
                   "repeat it",
                   who, signature.step);

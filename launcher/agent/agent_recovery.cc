@@ -96,7 +96,7 @@ bool Agent::StartReplacements(const std::vector<WorkerExit>& lost, const Assignm
       if (w.local_rank != e.local_rank) continue;
       w.pid = *pid;
       w.alive = true;
-      hang_.Add(w.pid, clock_.Now());
+      hang_.Add(w.pid);
       w.recoverable = true;  // the same program; it declares again at start
       replaced->push_back(absl::StrCat("local rank ", w.local_rank, " as pid ", w.pid));
     }

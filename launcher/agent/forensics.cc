@@ -33,9 +33,7 @@ std::shared_future<StackReport> Forensics::FinishCapture(Capture c, int attempt,
     spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,
                  c.why, r.took_s,
                  r.suspects.empty() ? std::string("no suspects")
-                                    : absl::StrCat(r.suspects.size() == 1 ? "suspects: rank "
-                                                                          : "suspects: ranks ",
-                                                   RankRanges(r.suspects)),
+                                    : absl::StrCat("suspects: ", RanksPhrase(r.suspects)),
                  where);
     if (failed_rank >= 0) {
       if (const std::string others = WhereTheOthersWere(r, failed_rank); !others.empty()) {
@@ -50,6 +48,10 @@ std::shared_future<StackReport> Forensics::FinishCapture(Capture c, int attempt,
   std::shared_future<StackReport> f = std::async(std::launch::async, std::move(keep)).share();
   captures_.push_back(f);
   return f;
+}
+
+std::shared_future<std::string> Forensics::JsonWhenRead(std::shared_future<StackReport> kept) {
+  return std::async(std::launch::deferred, [kept] { return StackReportJson(kept.get()); }).share();
 }
 
 void Forensics::WaitForCaptures() {

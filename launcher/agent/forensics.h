@@ -43,6 +43,8 @@ class Forensics {
   std::shared_future<StackReport> FinishCapture(
       Capture c, int attempt, int failed_rank = -1, std::string what = "",
       std::optional<std::vector<int>> suspects = std::nullopt);
+  // A finished capture's StackReportJson, made when first read (the report), not before.
+  static std::shared_future<std::string> JsonWhenRead(std::shared_future<StackReport> kept);
   // Every FinishCapture done: their files and lines come before the report and the run
   // directory's end.
   void WaitForCaptures();

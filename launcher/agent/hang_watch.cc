@@ -19,11 +19,10 @@ void HangWatch::Start(const std::vector<pid_t>& pids, SteadyTime now) {
   for (pid_t p : pids) workers_[p] = Worker{};
 }
 
-void HangWatch::Add(pid_t pid, SteadyTime now) {
+void HangWatch::Add(pid_t pid) {
   workers_[pid] = Worker{};
   idle_since_.reset();  // a replacement starts busy
   idle_reported_ = false;
-  (void)now;
 }
 
 void HangWatch::Exited(pid_t pid) { workers_.erase(pid); }
@@ -126,7 +125,7 @@ std::optional<Millis> HangWatch::IdleFor(SteadyTime now) const {
 }
 
 bool HangWatch::IdleWorthALine(SteadyTime now) const {
-  if (idle_reported_ || (!options_.on && options_.timeout.count() == 0)) return false;
+  if (idle_reported_) return false;
   const std::optional<Millis> idle = IdleFor(now);
   if (!idle) return false;
   return (options_.on && *idle >= options_.idle_bound) || IdleIsHang(now);

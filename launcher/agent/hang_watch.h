@@ -2,7 +2,7 @@
 // worker's heartbeats, step records and CPU use, and when a worker or the whole group counts
 // as hung. Pure bookkeeping on the agent's clock: the agent feeds it and acts on its answers
 // (a stack dump to name the culprit, then the ordinary restart), so it is unit-tested with the
-// fake clock (tests/launcher/agent/hang_watch_test.cc).
+// fake clock (tests/launcher/agent/hang_test.cc).
 #pragma once
 
 #include <sys/types.h>
@@ -38,7 +38,7 @@ class HangWatch {
 
   // A new group of `pids` runs from `now`; Add: one worker (a replacement) joins it.
   void Start(const std::vector<pid_t>& pids, SteadyTime now);
-  void Add(pid_t pid, SteadyTime now);
+  void Add(pid_t pid);
   void Exited(pid_t pid);
   // Any byte on a worker's heartbeat pipe; a record ('S' steps, 'Z'/'z' pauses).
   void Beat(pid_t pid, SteadyTime now);

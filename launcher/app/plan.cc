@@ -84,6 +84,11 @@ extern const char* const kSpareBootstrap;
 
 namespace {
 
+// The bootstrap with the spare's pipe variable filled in.
+std::string SpareBootstrapCode() {
+  return absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd}});
+}
+
 bool IsPythonInterpreter(const std::string& path) {
   absl::string_view base(path);
   base.remove_prefix(path.rfind('/') + 1);  // npos + 1 == 0: no '/'
@@ -110,14 +115,14 @@ std::vector<std::string> WarmSpareArgv(const std::vector<std::string>& argv) {
   }
   std::vector<std::string> out(argv.begin(), argv.begin() + static_cast<long>(i));
   out.push_back("-c");
-  out.push_back(absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd}}));
+  out.push_back(SpareBootstrapCode());
   out.insert(out.end(), argv.begin() + static_cast<long>(i), argv.end());
   return out;
 }
 
 std::vector<std::string> SpareArgvFromFile(const std::vector<std::string>& spare_argv,
                                            const std::string& dir) {
-  const std::string code = absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd}});
+  const std::string code = SpareBootstrapCode();
   auto at = std::find(spare_argv.begin(), spare_argv.end(), code);
   const std::string path = absl::StrCat(dir, "/spare_bootstrap.py");
   if (at == spare_argv.end() || dir.empty() || path.find_first_of("'\\\n") != std::string::npos) {

@@ -175,19 +175,16 @@ std::optional<FrVerdict> FirstDisagreement(const std::vector<FrRank>& ranks,
       const bool in = it != groups[v.group].end() && it->second.count(v.seq);
       (in ? v.entered : v.never_entered).push_back(r.rank);
     }
-    v.text = absl::StrCat(v.never_entered.size() == 1 ? "rank " : "ranks ",
-                          RankRanges(v.never_entered), " never entered ", v.op, " #", v.seq,
+    v.text = absl::StrCat(RanksPhrase(v.never_entered), " never entered ", v.op, " #", v.seq,
                           " of group ", v.group, v.group_desc.empty() ? "" : " (" + v.group_desc + ")",
-                          "; ", v.entered.size() == 1 ? "rank " : "ranks ", RankRanges(v.entered),
-                          " did", no_dump);
+                          "; ", RanksPhrase(v.entered), " did", no_dump);
     return v;
   }
   v.agree = true;
   FindUnfinished(groups, &v);
   if (!v.not_completed.empty()) {
     v.text = absl::StrCat("every rank entered ", v.op, " #", v.seq, " of group ", v.group,
-                          "; it never completed on ", v.not_completed.size() == 1 ? "rank " : "ranks ",
-                          RankRanges(v.not_completed), no_dump);
+                          "; it never completed on ", RanksPhrase(v.not_completed), no_dump);
   } else {
     v.text = absl::StrCat("the ranks' collective histories agree", no_dump);
   }

@@ -32,10 +32,6 @@ bool Waits(const StackFrame& f) {
   return false;
 }
 
-std::string Ranks(const std::vector<int>& ranks) {
-  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankRanges(ranks));
-}
-
 }  // namespace
 
 HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
@@ -61,14 +57,14 @@ HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
   HangVerdict v;
   std::vector<std::string> parts;
   for (const auto& [where, ranks] : culprit_at) {
-    parts.push_back(absl::StrCat(Ranks(ranks), ranks.size() == 1 ? " is " : " are ",
+    parts.push_back(absl::StrCat(RanksPhrase(ranks), ranks.size() == 1 ? " is " : " are ",
                                  where.rfind("stopped", 0) == 0 ? "" : "in ", where));
   }
   for (const auto& [where, ranks] : waiting_at) {
-    parts.push_back(absl::StrCat(Ranks(ranks), ranks.size() == 1 ? " waits in " : " wait in ",
+    parts.push_back(absl::StrCat(RanksPhrase(ranks), ranks.size() == 1 ? " waits in " : " wait in ",
                                  where));
   }
-  if (!unread.empty()) parts.push_back(absl::StrCat(Ranks(unread), ": stack not read"));
+  if (!unread.empty()) parts.push_back(absl::StrCat(RanksPhrase(unread), ": stack not read"));
   v.where = absl::StrJoin(parts, "; ");
   // Everyone busy elsewhere than a collective: the dump cannot tell who holds whom.
   if (!waiting_at.empty() || !stopped_set.empty()) v.culprits = culprits;

@@ -298,12 +298,9 @@ std::string StackReportJson(const StackReport& r, int indent) {
   return j.dump(indent);
 }
 
-namespace {
-// "rank 2", "ranks 0-1,3".
-std::string Ranks(const std::vector<int>& ranks) {
+std::string RanksPhrase(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", RankRanges(ranks));
 }
-}  // namespace
 
 std::string StackSummaryJson(const StackReport& r, const std::string& host, const std::string& why,
                              double when_s, size_t max_bytes) {
@@ -339,13 +336,13 @@ std::string FormatStackReport(const StackReport& r) {
   std::vector<int> read;
   for (const StackGroup& g : r.groups) read.insert(read.end(), g.ranks.begin(), g.ranks.end());
   if (!r.suspects.empty()) {
-    absl::StrAppend(&out, "suspects: ", Ranks(r.suspects), " (the stack differs from ",
+    absl::StrAppend(&out, "suspects: ", RanksPhrase(r.suspects), " (the stack differs from ",
                     read.size() - r.suspects.size(), " other rank(s))\n");
   } else if (r.groups.size() == 1) {
     absl::StrAppend(&out, "no suspects: every rank read has the same stack\n");
   }
   for (const StackGroup& g : r.groups) {
-    absl::StrAppend(&out, "\n", Ranks(g.ranks), " (node ", absl::StrJoin(g.hosts, ", "),
+    absl::StrAppend(&out, "\n", RanksPhrase(g.ranks), " (node ", absl::StrJoin(g.hosts, ", "),
                     "):\n");
     for (const std::string& f : g.frames) absl::StrAppend(&out, "    ", f, "\n");
   }
@@ -410,7 +407,7 @@ std::string WhereTheOthersWere(const StackReport& r, int rank) {
   }
   std::vector<std::string> parts;
   for (const auto& [w, ranks] : where) {
-    parts.push_back(absl::StrCat(Ranks(ranks), " in ", w));
+    parts.push_back(absl::StrCat(RanksPhrase(ranks), " in ", w));
   }
   return absl::StrCat("the other ", others, " ranks were in ", where.size(), " places: ",
                       absl::StrJoin(parts, "; "));

@@ -155,6 +155,8 @@ HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped);
 
 // "0-2,4,6-7".
 std::string RankRanges(std::vector<int> ranks);
+// "rank 2", "ranks 0-1,3".
+std::string RanksPhrase(const std::vector<int>& ranks);
 
 // What the agent tells `dlrun stacks` about its run: RUN_DIR/workers.json, rewritten (atomically)
 // whenever a worker group starts.

@@ -6,9 +6,9 @@
 #include <signal.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "gtest/gtest.h"
+#include "multiproc/marked_line.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
 
@@ -18,16 +18,7 @@ namespace {
 const std::string kProbe = std::string(SOURCE_DIR) + "/tests/python/hang_probe.py";
 
 // The line of hang_probe.py that carries `marker`, as "hang_probe.py:N".
-std::string ProbeLine(const std::string& marker) {
-  std::ifstream in(kProbe);
-  int n = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++n;
-    if (line.find(marker) != std::string::npos) return "hang_probe.py:" + std::to_string(n);
-  }
-  ADD_FAILURE() << "no '" << marker << "' in " << kProbe;
-  return "";
-}
+std::string ProbeLine(const std::string& marker) { return MarkedLine(kProbe, marker); }
 
 std::map<std::string, std::string> ProbeEnv(const std::string& tmp,
                                             std::map<std::string, std::string> more) {

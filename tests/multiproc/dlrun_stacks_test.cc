@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "absl/strings/match.h"
+#include "multiproc/marked_line.h"
 #include "multiproc/subprocess.h"
 
 namespace dlrun::testing {
@@ -19,19 +20,8 @@ using nlohmann::json;
 
 const std::string kProbe = std::string(SOURCE_DIR) + "/tests/python/hang_probe.py";
 
-// The line of hang_probe.py that carries `marker` (a comment at its end, or on the line
-// before it when the comment ends with ':'), as "hang_probe.py:N".
-std::string ProbeLine(const std::string& marker) {
-  std::ifstream in(kProbe);
-  int n = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++n;
-    if (line.find(marker) == std::string::npos) continue;
-    return "hang_probe.py:" + std::to_string(line.back() == ':' ? n + 1 : n);
-  }
-  ADD_FAILURE() << "no '" << marker << "' in " << kProbe;
-  return "";
-}
+// The line of hang_probe.py that carries `marker`, as "hang_probe.py:N".
+std::string ProbeLine(const std::string& marker) { return MarkedLine(kProbe, marker); }
 
 bool HasFrame(const json& frames, const std::string& needle) {
   for (const json& f : frames) {

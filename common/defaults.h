@@ -46,4 +46,17 @@ inline constexpr double kHangIdleCores = 0.05;
 inline constexpr double kHangIdleGpu = 0.05;
 inline constexpr std::chrono::milliseconds kHangIdleBound{30000};
 
+// Preflight (docs/USAGE.md "Preflight"): each node's checks before it joins a round. The compute
+// probe multiplies kPreflightGemmSize-square float matrices on one core for kPreflightQuick
+// (--preflight full: kPreflightFull) and reports GFLOP/s; the rendezvous leaves out a node whose
+// figure is under kPreflightSlowRatio x the round's median (the upper median: with two nodes,
+// the faster one), or fails the job when the round cannot do without it. A node whose
+// checkpoint directory has under kPreflightMinFreeBytes free, or whose GPUs report
+// uncorrected ECC errors or retired pages pending, fails its own check.
+inline constexpr int kPreflightGemmSize = 96;
+inline constexpr std::chrono::milliseconds kPreflightQuick{400};
+inline constexpr std::chrono::milliseconds kPreflightFull{3000};
+inline constexpr double kPreflightSlowRatio = 0.5;
+inline constexpr unsigned long long kPreflightMinFreeBytes = 1ULL << 30;
+
 }  // namespace dlrun::defaults

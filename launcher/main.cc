@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   if (args[0] == "rdzv-server") return dl::RdzvServerMain(rest);
   if (args[0] == "stacks") return dl::StacksMain(rest);
   if (args[0] == "profile") return dl::ProfileMain(rest);
+  if (args[0] == "preflight") return dl::PreflightMain(rest);
+  if (args[0] == "bad-nodes") return dl::BadNodesMain(rest);
   if (args[0] == "--cmake-prefix-path" && rest.empty()) return dl::CmakePrefixPathMain();
   if (args[0] == "env") return dl::LaunchMain(rest, /*env_only=*/true);
   return dl::LaunchMain(args, /*env_only=*/false);

@@ -122,6 +122,7 @@ class ClientImpl final : public RendezvousClient {
     node->set_nproc(n.nproc);
     node->set_slurm_node_id(n.slurm_node_id);
     node->set_master_port(n.master_port);
+    node->set_preflight_gflops(n.preflight_gflops);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     ctx.set_wait_for_ready(true);  // the server may not be up yet: wait for it within timeout

@@ -72,6 +72,11 @@ absl::StatusOr<NodeInfo> NodeFromProto(const v1::NodeIdentity& n) {
   out.nproc = static_cast<int>(n.nproc());
   out.slurm_node_id = n.slurm_node_id();
   out.master_port = static_cast<int>(n.master_port());
+  if (!std::isfinite(n.preflight_gflops()) || n.preflight_gflops() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node.preflight_gflops is ", n.preflight_gflops(), " (expected a finite figure >= 0)"));
+  }
+  out.preflight_gflops = n.preflight_gflops();
   return out;
 }
 

@@ -111,6 +111,7 @@ absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint
   }
   // Running.
   const bool is_member = FindMember(node.node_id) != nullptr;
+  if (!is_member && RefuseSlowScaleUp(p, out)) return absl::OkStatus();
   if (!is_member && static_cast<int>(members_.size()) >= config_.max_nodes) {
     waiting_.push_back(std::move(p));  // full: held until a round opens for another reason
     return absl::OkStatus();
@@ -192,6 +193,7 @@ void StateMachine::MaybeClose(TimePoint now, Deliveries* out) {
 }
 
 void StateMachine::Close(TimePoint now, Deliveries* out) {
+  if (!LeaveOutSlowNodes(out)) return;
   // Deterministic node ranks: by Slurm node id when every node knows it; else the hosting
   // agent first (the rendezvous and MASTER_ADDR on one machine, as under torchrun), then by
   // node id, with a numeric "host:pid" suffix compared as a number.

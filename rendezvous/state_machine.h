@@ -97,6 +97,9 @@ class StateMachine {
                  Deliveries* out);
   void MaybeClose(TimePoint now, Deliveries* out);
   void Close(TimePoint now, Deliveries* out);
+  // The preflight's verdict on the joining nodes; false when it failed the job.
+  bool LeaveOutSlowNodes(Deliveries* out);
+  bool RefuseSlowScaleUp(Pending& p, Deliveries* out);
   void Fail(const std::string& reason, Deliveries* out);
   const Member* FindMember(const std::string& node_id) const;
   std::string JoinedHosts() const;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/assignment.h"
+#include "common/defaults.h"
 
 namespace dlrun::rdzv {
 
@@ -35,7 +36,14 @@ struct Config {
   // The hosting agent's node id: it gets node rank 0 (and so MASTER_ADDR) when the nodes have
   // no Slurm/PMIx/pod order; empty for a stand-alone server.
   std::string first_node_id;
+  // The preflight (docs/USAGE.md "Preflight and bad nodes"): a joining node whose compute probe
+  // is under this fraction of the round's upper median is left out.
+  double preflight_slow_ratio = defaults::kPreflightSlowRatio;
 };
+
+// How a join left out by the preflight is answered (FAILED_PRECONDITION): the agent that gets
+// it records its node as bad (launcher/base/bad_nodes.h) and exits.
+inline constexpr char kLeftOutByPreflight[] = "left out by the preflight: ";
 
 // What a survivor tells a new host after the old one was lost (docs/FAILOVER.md).
 struct ResumeInfo {
@@ -52,6 +60,7 @@ struct NodeInfo {
   int nproc = 1;
   int slurm_node_id = -1;  // SLURM_NODEID when known
   int master_port = 0;     // port this agent reserved for the c10d store
+  double preflight_gflops = 0;  // the preflight's compute probe (0: none)
   ResumeInfo resume;       // set on a failover join
 };
 

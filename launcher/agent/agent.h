@@ -79,6 +79,8 @@ class Agent {
   int AfterFailure();
   // Whether `now` repeats the last attempt's root failure (RepeatsTheLast); it becomes the last.
   bool RepeatsLastFailure(const FailureSignature& now);
+  // A failure HardwareFault named: the second puts this node in options_.bad_nodes_files.
+  void NoteHardwareFault(const std::string& what);
   // In-process recovery (agent_recovery.cc): whether the failed workers in exits_ can be
   // replaced while the others keep running, and doing it (false: the ordinary failure path).
   bool CanRecoverInProcess(std::string* why_not) const;
@@ -152,6 +154,7 @@ class Agent {
   std::optional<std::pair<int, int64_t>> last_recovered_;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
+  int hardware_faults_ = 0;  // this node's workers' failures that point at the node
   HangWatch hang_;
   SteadyTime next_cpu_{};  // when hang_ next reads the workers' CPU use
   RunDir run_dir_;  // the only way to the run directory's files

@@ -5,12 +5,14 @@
 #include <string.h>
 
 #include <cstdio>
+#include <ctime>
 #include <future>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "launcher/agent/agent.h"
+#include "launcher/base/bad_nodes.h"
 #include "launcher/stacks/crash_trace.h"
 #include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
@@ -36,6 +38,17 @@ void Agent::StopWithCapture(const std::string& why) {
       forensics_.CaptureBeforeKill(LiveTargets(), /*telling=*/true, why);
   StopGroup(SIGTERM);
   if (capture) forensics_.FinishCapture(*std::move(capture), attempt_);
+}
+
+void Agent::NoteHardwareFault(const std::string& what) {
+  if (++hardware_faults_ != 2) return;
+  const BadNode bad{options_.hostname, static_cast<int64_t>(std::time(nullptr)),
+                    absl::StrCat("workers failed twice with a hardware fault, the last ", what)};
+  RecordBadNode(*options_.file_system, options_.bad_nodes_files, bad);
+  spdlog::warn("this node ({}) goes into the bad-node list: its workers failed twice with a "
+               "hardware fault, the last {} (`dlrun slurm` excludes it; `dlrun bad-nodes "
+               "--clear {}` forgets it)",
+               options_.hostname, what, options_.hostname);
 }
 
 bool Agent::RepeatsLastFailure(const FailureSignature& now) {
@@ -105,13 +118,15 @@ int Agent::AfterFailure() {
   const int64_t oom_kills = processes_.OomKills();
   const bool oom_killed =
       oom_kills >= 0 && oom_kills_at_spawn_ >= 0 && oom_kills > oom_kills_at_spawn_;
-  auto class_of = [&](const WorkerExit& e) {
+  auto text_of = [&](const WorkerExit& e) {
     const ErrorRecord rec = error_of(e.local_rank);
-    return ClassifyFailure(
-        e, absl::StrCat(rec.message, "\n", rec.traceback, "\n", processes_.ErrorTail(e.pid)),
-        oom_killed);
+    return absl::StrCat(rec.message, "\n", rec.traceback, "\n", processes_.ErrorTail(e.pid));
   };
+  auto class_of = [&](const WorkerExit& e) { return ClassifyFailure(e, text_of(e), oom_killed); };
   const Classification cls = class_of(first);
+  if (const std::string hw = HardwareFault(cls, text_of(first)); !hw.empty()) {
+    NoteHardwareFault(hw);
+  }
   const FailureDescription failure = DescribeFailure(root, !error_of(first.local_rank).message.empty());
   const std::string& message = failure.message;
   const std::string& cause = failure.cause;

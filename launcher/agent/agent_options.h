@@ -40,6 +40,9 @@ struct AgentOptions {
   // Where the run directory, the error files and --report-json are read and written: the
   // agent touches no file but through it (tests: a MemoryFileSystem).
   FileSystem* file_system = &PosixFileSystem();
+  // Where this node goes when its workers fail twice with a hardware fault (root_cause.h
+  // HardwareFault): the user's bad-node list and --log-dir's (launcher/base/bad_nodes.h).
+  std::vector<std::string> bad_nodes_files;
   // Output: every line is prefixed "[rank N]: " on the console. With log_dir, each worker's
   // streams also go to LOG_DIR/attempt_K/LOCAL_RANK/{stdout,stderr}.log. redirects[lr] are
   // torchrun's 0-3 (1 stdout, 2 stderr, 3 both): redirected streams leave the console.

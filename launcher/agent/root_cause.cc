@@ -144,6 +144,23 @@ Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool 
   return c;
 }
 
+std::string HardwareFault(const Classification& c, std::string_view text) {
+  if (c.cls == FailureClass::kCudaOom) return "";  // the program's batch, not the node
+  if (c.cls == FailureClass::kHostOom) return "the host's OOM killer";
+  if (HasAny(text, {"uncorrectable ECC error", "ECCUncorrectable", "Xid", "GPU is lost",
+                    "fallen off the bus", "GPU_IS_LOST"})) {
+    return "a GPU fault (ECC, XID or a lost GPU)";
+  }
+  if (HasAny(text, {"CUDA error", "CUBLAS_STATUS_EXECUTION_FAILED", "cudaError"})) {
+    return "a CUDA error";
+  }
+  if (c.cls == FailureClass::kSegfault &&
+      HasAny(text, {"libcuda", "libnvidia", "libnccl", "libcudnn", "libcublas"})) {
+    return "a segfault in a CUDA library";
+  }
+  return "";
+}
+
 bool RepeatsTheLast(const FailureSignature& last, const FailureSignature& now) {
   if (last.cls != now.cls || last.rank != now.rank) return false;
   const bool near = (last.step < 0 && now.step < 0) ||

@@ -20,6 +20,9 @@ int RunaiMain(const std::vector<std::string>& args);
 int RdzvServerMain(const std::vector<std::string>& args);
 // `dlrun stacks [options]`: the stacks of a running job's workers (app/stacks_main.cc).
 int StacksMain(const std::vector<std::string>& args);
+// `dlrun preflight` and `dlrun bad-nodes` (app/node_main.cc).
+int PreflightMain(const std::vector<std::string>& args);
+int BadNodesMain(const std::vector<std::string>& args);
 // `dlrun profile`: py-spy or perf on ranks of a running job (launcher/app/profile_main.cc).
 int ProfileMain(const std::vector<std::string>& args);
 

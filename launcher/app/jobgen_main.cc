@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,10 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "launcher/base/bad_nodes.h"
+#include "launcher/base/file_system.h"
 #include "common/contract.h"
 #include "launcher/app/commands.h"
 #include "launcher/cli/flags.h"
@@ -77,6 +82,23 @@ void WarnWithoutPreemptionHook(const std::vector<std::string>& command) {
 
 }  // namespace
 
+// The user's bad-node list joins --exclude (one line says which hosts).
+static void ExcludeBadNodes(SlurmJobOptions* o) {
+  const auto bad = ReadBadNodes(PosixFileSystem(), BadNodesPath());
+  std::vector<std::string> hosts = absl::StrSplit(o->exclude, ',', absl::SkipEmpty());
+  std::vector<std::string> added;
+  for (const BadNode& n : bad) {
+    if (std::find(hosts.begin(), hosts.end(), n.host) != hosts.end()) continue;
+    hosts.push_back(n.host);
+    added.push_back(n.host);
+  }
+  if (added.empty()) return;
+  o->exclude = absl::StrJoin(hosts, ",");
+  o->bad_nodes = static_cast<int>(added.size());
+  std::fprintf(stderr, "dlrun: excluding %s, found bad before (dlrun bad-nodes lists them, "
+               "--clear forgets them)\n", absl::StrJoin(added, ",").c_str());
+}
+
 int SlurmMain(const std::vector<std::string>& args) {
   auto o = ParseSlurmArgs(args);
   if (!o.ok()) return Fail(o.status());
@@ -84,6 +106,7 @@ int SlurmMain(const std::vector<std::string>& args) {
   if (o->version) return Print(cli::VersionText());
   if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
   if (o->preemptible) WarnWithoutPreemptionHook(o->command);
+  ExcludeBadNodes(&*o);
   const std::string script = RenderSlurmScript(*o, kSlurmTemplate);
   std::string path = o->script_path;
   if (path.empty() && o->submit) path = absl::StrCat("dlrun-", o->job_name, ".sbatch");
@@ -119,6 +142,15 @@ int RunaiMain(const std::vector<std::string>& args) {
   if (o->help) return Print(RunaiUsage());
   if (o->version) return Print(cli::VersionText());
   for (const std::string& w : o->warnings) std::fprintf(stderr, "dlrun: warning: %s\n", w.c_str());
+  for (const BadNode& n : ReadBadNodes(PosixFileSystem(), BadNodesPath())) {
+    o->avoid_nodes.push_back(n.host);
+  }
+  if (!o->avoid_nodes.empty()) {
+    std::fprintf(stderr,
+                 "dlrun: %s found bad before (dlrun bad-nodes): the manifest (-o) keeps the pods "
+                 "off them; the runai command line cannot\n",
+                 absl::StrJoin(o->avoid_nodes, ",").c_str());
+  }
   std::fputs(RenderRunaiCommand(*o).c_str(), stdout);
   const std::string token_prefix = absl::StrCat(contract::kRdzvToken, "=");
   bool token = false;

@@ -35,6 +35,10 @@ struct Nvml::Api {
   int (*util)(void*, NvmlUtilization*) = nullptr;
   int (*procs)(void*, unsigned*, NvmlProcessInfo*) = nullptr;  // optional (older drivers)
   int (*shutdown)() = nullptr;
+  // Health (optional: a driver or GPU without them leaves the figure unset).
+  int (*ecc)(void*, int, int, unsigned long long*) = nullptr;
+  int (*retired_pending)(void*, int*) = nullptr;
+  int (*remapped)(void*, unsigned*, unsigned*, unsigned*, unsigned*) = nullptr;
 };
 
 std::unique_ptr<Nvml> Nvml::Load() {
@@ -54,6 +58,12 @@ std::unique_ptr<Nvml> Nvml::Load() {
   a->procs = reinterpret_cast<int (*)(void*, unsigned*, NvmlProcessInfo*)>(
       dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
   a->shutdown = reinterpret_cast<int (*)()>(dlsym(lib, "nvmlShutdown"));
+  a->ecc = reinterpret_cast<int (*)(void*, int, int, unsigned long long*)>(
+      dlsym(lib, "nvmlDeviceGetTotalEccErrors"));
+  a->retired_pending =
+      reinterpret_cast<int (*)(void*, int*)>(dlsym(lib, "nvmlDeviceGetRetiredPagesPendingStatus"));
+  a->remapped = reinterpret_cast<int (*)(void*, unsigned*, unsigned*, unsigned*, unsigned*)>(
+      dlsym(lib, "nvmlDeviceGetRemappedRows"));
   if (!init || !a->count || !a->handle || !a->mem || !a->util || !a->shutdown || init() != 0) {
     dlclose(lib);
     return nullptr;
@@ -96,6 +106,28 @@ std::optional<std::vector<NvmlGpu>> Nvml::Query(size_t max_gpus, bool with_proce
     out.push_back(std::move(g));
   }
   return out;
+}
+
+std::optional<NvmlHealth> Nvml::Health(int index) const {
+  void* d = nullptr;
+  if (index < 0 || api_->handle(static_cast<unsigned>(index), &d) != 0) return std::nullopt;
+  NvmlHealth h;
+  constexpr int kUncorrected = 1, kVolatile = 0;  // nvmlMemoryErrorType_t, nvmlEccCounterType_t
+  unsigned long long ecc = 0;
+  if (api_->ecc != nullptr && api_->ecc(d, kUncorrected, kVolatile, &ecc) == 0) {
+    h.ecc_uncorrected = ecc;
+  }
+  int pending = 0;
+  if (api_->retired_pending != nullptr && api_->retired_pending(d, &pending) == 0) {
+    h.retired_pages_pending = pending != 0;
+  }
+  unsigned corrected = 0, uncorrected = 0, remap_pending = 0, remap_failed = 0;
+  if (api_->remapped != nullptr &&
+      api_->remapped(d, &corrected, &uncorrected, &remap_pending, &remap_failed) == 0) {
+    h.row_remap_pending = remap_pending != 0;
+    h.row_remap_failed = remap_failed != 0;
+  }
+  return h;
 }
 
 }  // namespace dlrun::launcher

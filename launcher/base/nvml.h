@@ -21,6 +21,14 @@ struct NvmlGpu {
   std::vector<std::pair<pid_t, uint64_t>> processes;  // compute processes, GPU memory in bytes
 };
 
+// One GPU's health for the preflight (app/preflight.h); a figure NVML could not give is unset.
+struct NvmlHealth {
+  std::optional<uint64_t> ecc_uncorrected;     // volatile count, since the driver loaded
+  std::optional<bool> retired_pages_pending;   // pages waiting for retirement (before Ampere)
+  std::optional<bool> row_remap_pending;       // a row remap waiting for a reset (Ampere on)
+  std::optional<bool> row_remap_failed;        // a row remap failed: the GPU needs service
+};
+
 class Nvml {
  public:
   // Loaded and initialised (nvmlInit is slow on real drivers: keep the object), or nullptr when
@@ -33,6 +41,8 @@ class Nvml {
   // The first `max_gpus` GPUs now, with their compute processes when asked (and the driver has
   // nvmlDeviceGetComputeRunningProcesses_v3); nullopt when NVML cannot count the devices.
   std::optional<std::vector<NvmlGpu>> Query(size_t max_gpus, bool with_processes) const;
+  // GPU `index`'s health; nullopt when NVML has no such GPU.
+  std::optional<NvmlHealth> Health(int index) const;
 
  private:
   struct Api;

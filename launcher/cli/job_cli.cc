@@ -80,6 +80,8 @@ const std::vector<cli::Flag<SlurmJobOptions>> kSlurmFlags = {
     {"account", "A", true, WordField<O>("account", &O::account), "account (sbatch -A)"},
     {"constraint", "C", true, WordField<O>("constraint", &O::constraint), "node features (sbatch -C)"},
     {"qos", "", true, WordField<O>("qos", &O::qos), "quality of service"},
+    {"exclude", "x", true, WordField<O>("exclude", &O::exclude),
+     "hosts to keep the job off (sbatch -x); the nodes of `dlrun bad-nodes` are added"},
     {"mem", "", true, WordField<O>("mem", &O::mem), "memory per node, e.g. 64G"},
     {"output", "", true, WordField<O>("output", &O::output), "output file pattern (default dlrun-%j.out)"},
     {"sbatch-option", "", true, AddSbatchOption, "one more #SBATCH line, e.g. --mail-type=END (repeatable)"},

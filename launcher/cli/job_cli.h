@@ -23,6 +23,10 @@ struct SlurmJobOptions : cli::CommandLine {
   std::string time = "01:00:00";
   std::string job_name = "dlrun";
   std::string partition, account, constraint, qos, mem;
+  // sbatch --exclude: the hosts given, then those of the user's bad-node list
+  // (launcher/base/bad_nodes.h) that SlurmMain adds; `bad_nodes` counts the latter.
+  std::string exclude;
+  int bad_nodes = 0;
   std::string output = "dlrun-%j.out";
   std::vector<std::string> sbatch_options;  // extra "--opt=value" lines, verbatim
   bool preemptible = false;
@@ -71,6 +75,9 @@ struct RunaiJobOptions : cli::CommandLine {
   std::vector<std::string> env;  // K=V
   std::string dlrun_path = "dlrun";
   std::string manifest_path;  // -o FILE
+  // Hosts the pods keep off (the manifest's node anti-affinity): the user's bad-node list
+  // (launcher/base/bad_nodes.h), which RunaiMain fills in.
+  std::vector<std::string> avoid_nodes;
   // Lines for stderr (e.g. a CPU request outside 8 to 24 per GPU); the command is still valid.
   std::vector<std::string> warnings;
 };

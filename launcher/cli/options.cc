@@ -254,6 +254,14 @@ const std::vector<Flag> kBaseFlags = {
                   "stopped, named from every rank's stack, and restarted; a group idle ",
                   defaults::kHangIdleBound.count() / 1000, " s gets one line saying where every "
                   "rank is; off: only --hang-timeout")},
+    {"preflight", "", true,
+     [](O& o, const std::string& v) {
+       auto m = ParsePreflightMode(v);
+       if (m.ok()) o.preflight = *m;
+       return m.status();
+     },
+     "off|quick|full: check this node before it joins (GPU health, disk space, a compute probe "
+     "the rendezvous compares across the round); default quick for multi-node jobs, else off"},
     {"hang-floor", "", true, DurationField("hang-floor", &O::hang_floor, false),
      absl::StrCat("the least time without a step record before a rank counts as hung (default ",
                   defaults::kHangStepFloor.count() / 1000, ")")},
@@ -479,6 +487,8 @@ std::string UsageText() {
       "       dlrun runai [...] -- CMD  print the Run:ai command (-o: manifest) running CMD\n"
       "       dlrun stacks [...]        the stacks of a running job's workers\n"
       "       dlrun profile --ranks L   py-spy or perf on ranks of a running job\n"
+      "       dlrun preflight [...]     check this node (GPUs' health, disk, a compute probe)\n"
+      "       dlrun bad-nodes [--clear] the nodes your jobs found bad (dlrun slurm excludes them)\n"
       "       dlrun --cmake-prefix-path the prefix of the C++ worker library's CMake package\n\n"
       "Starts one worker per slot with the torchrun worker environment (RANK, LOCAL_RANK,\n"
       "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). Flags accept '-' or '_' and fall back to\n"

@@ -17,6 +17,7 @@
 #include "launcher/cli/flags.h"
 #include "launcher/cli/rdzv_conf.h"
 #include "launcher/base/capture_mode.h"
+#include "launcher/base/preflight.h"
 #include "launcher/base/profile_spec.h"
 
 namespace dlrun::launcher {
@@ -96,6 +97,8 @@ struct LaunchOptions : cli::CommandLine {  // command: PROGRAM ARGS...
   bool hang_detect = true;                        // --hang-detect on|off
   std::chrono::milliseconds hang_floor = defaults::kHangStepFloor;  // --hang-floor
   CaptureMode capture_before_kill = CaptureMode::kAuto;  // --capture-before-kill
+  // --preflight (launcher/base/preflight.h); unset: quick for a multi-node job, off on one node.
+  std::optional<PreflightMode> preflight;
   // --profile, --profile-ranks, --profile-steps, --profile-args (docs/PROFILING.md).
   ProfileSpec profile;
   GpuSpec gpus;

@@ -76,6 +76,17 @@ std::string RenderRunaiManifest(const RunaiJobOptions& o) {
     absl::StrAppend(&s, "    ", kind, ":\n      replicas: ", replicas,
                     "\n      restartPolicy: OnFailure\n      template:\n        spec:\n");
     if (!o.project.empty()) absl::StrAppend(&s, "          schedulerName: runai-scheduler\n");
+    if (!o.avoid_nodes.empty()) {  // nodes found bad before (dlrun bad-nodes)
+      absl::StrAppend(&s,
+                      "          affinity:\n            nodeAffinity:\n"
+                      "              requiredDuringSchedulingIgnoredDuringExecution:\n"
+                      "                nodeSelectorTerms:\n                - matchExpressions:\n"
+                      "                  - key: kubernetes.io/hostname\n"
+                      "                    operator: NotIn\n                    values:\n");
+      for (const std::string& h : o.avoid_nodes) {
+        absl::StrAppend(&s, "                    - ", YamlQuote(h), "\n");
+      }
+    }
     absl::StrAppend(&s, "          containers:\n          - name: pytorch\n            image: ",
                     YamlQuote(o.image), "\n            command:\n");
     for (const auto& a : RunaiPodCommand(o)) absl::StrAppend(&s, "            - ", YamlQuote(a), "\n");

@@ -52,6 +52,10 @@ std::string SbatchLines(const SlurmJobOptions& o) {
   if (!o.account.empty()) line(absl::StrCat("--account=", o.account), "");
   if (!o.constraint.empty()) line(absl::StrCat("--constraint=", o.constraint), "");
   if (!o.qos.empty()) line(absl::StrCat("--qos=", o.qos), "");
+  if (!o.exclude.empty()) {
+    line(absl::StrCat("--exclude=", o.exclude),
+         o.bad_nodes > 0 ? absl::StrCat(o.bad_nodes, " found bad before (dlrun bad-nodes)") : "");
+  }
   if (!o.mem.empty()) line(absl::StrCat("--mem=", o.mem), "");
   line(absl::StrCat("--output=", o.output), "%j is the job id");
   if (o.preemptible) {

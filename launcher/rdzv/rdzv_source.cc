@@ -5,13 +5,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <future>
 #include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "launcher/base/bad_nodes.h"
 #include "launcher/detect/net.h"
 #include "launcher/rdzv/failover.h"
 #include "launcher/rdzv/rdzv_loader.h"
@@ -90,6 +93,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     node_.address = o_.local_addr;
     node_.nproc = o_.nproc;
     node_.slurm_node_id = o_.slurm_node_id;
+    node_.preflight_gflops = o_.preflight_gflops;
     if (hosted_) epoch_ = hosted_->epoch();
     SwitchTo(o_.endpoint);
   }
@@ -114,6 +118,10 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     }
     if (lost_) return FailOver();
     auto a = JoinCurrent(rdzv::ResumeInfo{});
+    if (!a.ok() && absl::StrContains(a.status().message(), rdzv::kLeftOutByPreflight)) {
+      RecordBadNode(PosixFileSystem(), o_.bad_nodes_files,  // the preflight left it out
+                    {o_.hostname, std::time(nullptr), std::string(a.status().message())});
+    }
     if (!a.ok() && absl::IsUnavailable(a.status()) && round_ > 0 && CanFailOver()) {
       // The host went away while this node waited in a round: fail over from here.
       spdlog::warn("{}: failing over", std::string(a.status().message()));

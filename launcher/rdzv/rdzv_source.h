@@ -37,6 +37,11 @@ struct RdzvSourceOptions {
   std::string is_host = "auto";
   rdzv::TlsConfig tls;  // from the environment (rendezvous/tls.h)
   telemetry::TelemetryOptions telemetry;  // for the aggregate, when this agent hosts
+  // The preflight (launcher/base/preflight.h): this node's compute probe (0: none), sent with
+  // each join; when the round leaves this node out, it is recorded in each of these bad-node
+  // lists (launcher/base/bad_nodes.h) and the join fails with the reason.
+  double preflight_gflops = 0;
+  std::vector<std::string> bad_nodes_files;
 };
 
 // Starts the hosted server when this agent hosts it, and the client (the plugin's, on the

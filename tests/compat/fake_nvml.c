@@ -99,3 +99,35 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void* handle, unsigned* count, nvmlP
   *count = n;
   return n <= room ? 0 : 7; /* NVML_ERROR_INSUFFICIENT_SIZE */
 }
+
+/* Health, for the preflight: FAKE_NVML_ECC="gpu_index:uncorrected,..." (GPUs not named: 0) and
+ * FAKE_NVML_REMAP_PENDING="gpu_index,..." (a row remap waiting for a reset). */
+static int listed(const char* var, unsigned gpu, unsigned long long* value) {
+  const char* spec = getenv(var);
+  for (const char* p = spec; p != NULL && *p != '\0';) {
+    unsigned i = 0;
+    unsigned long long v = 1;
+    if (sscanf(p, "%u:%llu", &i, &v) < 1) return 0;
+    if (i == gpu) {
+      *value = v;
+      return 1;
+    }
+    p = strchr(p, ',');
+    if (p != NULL) ++p;
+  }
+  return 0;
+}
+int nvmlDeviceGetTotalEccErrors(void* handle, int type, int counter, unsigned long long* count) {
+  (void)type;
+  (void)counter;
+  *count = 0;
+  listed("FAKE_NVML_ECC", (unsigned)(unsigned long)handle - 1, count);
+  return 0;
+}
+int nvmlDeviceGetRemappedRows(void* handle, unsigned* corr, unsigned* unc, unsigned* pending,
+                              unsigned* failed) {
+  unsigned long long v = 0;
+  *corr = *unc = *failed = 0;
+  *pending = listed("FAKE_NVML_REMAP_PENDING", (unsigned)(unsigned long)handle - 1, &v) ? 1 : 0;
+  return 0;
+}

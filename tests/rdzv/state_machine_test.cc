@@ -381,5 +381,90 @@ TEST_F(RestartRounds, AllNodesLeavingSuccessfullyEndsTheJob) {
   EXPECT_EQ(sm_->phase(), StateMachine::Phase::kSucceeded);
 }
 
+// The preflight's compute probe travels with each join; the round leaves out a node far under
+// its median when it can do without it, else the job fails naming it.
+using PreflightRound = StateMachineTest;
+
+TEST_F(PreflightRound, LeavesOutASlowNodeWhenTheRoundCanDoWithoutIt) {
+  Make({.min_nodes = 2, .max_nodes = 3});
+  for (const auto& [id, gflops] : std::map<std::string, double>{{"a", 10}, {"b", 2}, {"c", 9}}) {
+    NodeInfo n = Node(id);
+    n.preflight_gflops = gflops;
+    Deliveries out;
+    ASSERT_TRUE(sm_->Join(n, ++ticket_, now_,
+                          [this, id = id](absl::StatusOr<Assignment> a) { results_[id] = a; },
+                          &out)
+                    .ok());
+    Run(out);
+  }
+  ASSERT_EQ(results_.size(), 3u);
+  ASSERT_FALSE(results_.at("b").ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(results_.at("b").status()));
+  EXPECT_EQ(results_.at("b").status().message(),
+            std::string(kLeftOutByPreflight) +
+                "node host-b: compute probe 2.00 GFLOP/s, under 50% of the round's median 9.00");
+  ASSERT_TRUE(results_.at("a").ok());
+  EXPECT_EQ(results_.at("a")->num_nodes, 2);
+  EXPECT_EQ(results_.at("c")->world_size, 4);
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+
+  // A slow node that would scale the running round up is refused at once: no new round.
+  const uint64_t round = sm_->round();
+  NodeInfo late = Node("d");
+  late.preflight_gflops = 3;
+  Deliveries out;
+  ASSERT_TRUE(sm_->Join(late, ++ticket_, now_,
+                        [this](absl::StatusOr<Assignment> a) { results_["d"] = a; }, &out)
+                  .ok());
+  Run(out);
+  ASSERT_TRUE(results_.count("d"));
+  EXPECT_NE(results_.at("d").status().message().find("node host-d: compute probe 3.00 GFLOP/s"),
+            std::string::npos)
+      << results_.at("d").status();
+  EXPECT_EQ(sm_->round(), round);
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+}
+
+TEST_F(PreflightRound, FailsTheJobWhenTheSlowNodeIsNeededAndKeepsNodesWithoutAFigure) {
+  Make({.min_nodes = 2, .max_nodes = 2});
+  NodeInfo fast = Node("a"), slow = Node("b");
+  fast.preflight_gflops = 8;
+  slow.preflight_gflops = 1.5;  // of two, the median is the faster one
+  for (const NodeInfo& n : {fast, slow}) {
+    Deliveries out;
+    ASSERT_TRUE(sm_->Join(n, ++ticket_, now_,
+                          [this, id = n.node_id](absl::StatusOr<Assignment> a) {
+                            results_[id] = a;
+                          },
+                          &out)
+                    .ok());
+    Run(out);
+  }
+  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_EQ(results_.at("b").status().message(),  // the slow node records itself as bad
+            std::string(kLeftOutByPreflight) +
+                "node host-b: compute probe 1.50 GFLOP/s, under 50% of the round's median 8.00");
+  ASSERT_FALSE(results_.at("a").ok());
+  EXPECT_NE(results_.at("a").status().message().find(
+                "the preflight found a slow node the round cannot do without (--nnodes needs at "
+                "least 2): node host-b: compute probe 1.50 GFLOP/s"),
+            std::string::npos)
+      << results_.at("a").status();
+
+  // A node without a figure (--preflight off) is never judged.
+  Make({.min_nodes = 2, .max_nodes = 2});
+  results_.clear();
+  Join("x");
+  NodeInfo only = Node("y");
+  only.preflight_gflops = 0.1;
+  Deliveries out;
+  ASSERT_TRUE(sm_->Join(only, ++ticket_, now_,
+                        [this](absl::StatusOr<Assignment> a) { results_["y"] = a; }, &out)
+                  .ok());
+  Run(out);
+  ASSERT_TRUE(results_.at("y").ok()) << results_.at("y").status();
+  EXPECT_EQ(results_.at("x")->num_nodes, 2);
+}
+
 }  // namespace
 }  // namespace dlrun::rdzv

@@ -3,6 +3,7 @@
 // 128 + N. Workers the agent stopped are never the cause.
 #include "gtest/gtest.h"
 #include "launcher/agent/root_cause.h"
+#include "launcher/base/bad_nodes.h"
 #include "agent/harness.h"
 #include "absl/strings/str_cat.h"
 
@@ -217,6 +218,50 @@ TEST(AgentRootCause, LikeTorchrunDlrunExitsWithOneUnlessAskedForTheWorkersCode) 
     f.ExitAfter(p.pid, seconds(1), 7);
   };
   EXPECT_EQ(h.RunStatic(0), 1);
+}
+
+
+TEST(RootCause, HardwareFaultsPointAtTheNodeNotTheProgram) {
+  const WorkerExit segv{.local_rank = 0, .pid = 1, .signal = SIGSEGV};
+  const WorkerExit exit1{.local_rank = 0, .pid = 1, .exit_code = 1};
+  auto fault = [](const WorkerExit& e, std::string_view text, bool oom = false) {
+    return HardwareFault(ClassifyFailure(e, text, oom), text);
+  };
+  EXPECT_EQ(fault(exit1, "RuntimeError: CUDA error: an illegal memory access was encountered"),
+            "a CUDA error");
+  EXPECT_EQ(fault(exit1, "CUDA error: uncorrectable ECC error encountered"),
+            "a GPU fault (ECC, XID or a lost GPU)");
+  EXPECT_EQ(fault(segv, "#0 0x7f in ?? () from /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+            "a segfault in a CUDA library");
+  EXPECT_EQ(fault({.local_rank = 0, .pid = 1, .signal = SIGKILL}, "", /*oom=*/true),
+            "the host's OOM killer");
+  EXPECT_EQ(fault(exit1, "torch.OutOfMemoryError: CUDA out of memory."), "");  // the batch
+  EXPECT_EQ(fault(segv, "#0 in my_kernel () at train.cc:12"), "");             // the program
+  EXPECT_EQ(fault(exit1, "ValueError: bad input"), "");
+}
+
+// Two hardware faults on this node put it in the bad-node lists, once.
+TEST(AgentRootCause, TwoHardwareFaultsPutTheNodeInTheBadNodeList) {
+  Harness h(2);
+  h.options.bad_nodes_files = {"/home/u/.cache/dlrun/bad_nodes.tsv"};
+  h.options.hostname = "gpu07";
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.spec.local_rank == 1 && p.attempt < 3) {
+      f.error_tails[p.pid] = "RuntimeError: CUDA error: unspecified launch failure\n";
+      f.ExitAfter(p.pid, seconds(1), 1);
+    }
+  };
+  ::testing::internal::CaptureStdout();
+  h.RunStatic(/*max_restarts=*/1);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  const auto bad = ReadBadNodes(h.procs.files, h.options.bad_nodes_files[0]);
+  ASSERT_EQ(bad.size(), 1u) << out;
+  EXPECT_EQ(bad[0].host, "gpu07");
+  EXPECT_EQ(bad[0].reason, "workers failed twice with a hardware fault, the last a CUDA error");
+  EXPECT_NE(out.find("goes into the bad-node list: its workers failed twice with a hardware "
+                     "fault, the last a CUDA error"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

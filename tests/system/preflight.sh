@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The preflight finds a slow node before step 0: two agents in two network namespaces (a veth
+# pair), node B with its own host name and its CPU throttled by a cgroup to a quarter of a core.
+#   elastic (--nnodes 1:2): B is named and left out in under 10 s, and A trains alone;
+#   not elastic (--nnodes 2): the job fails at once on both nodes, naming B.
+# B goes into the user's bad-node list (HOME is the test's), the next `dlrun slurm` excludes
+# it, and `dlrun bad-nodes --clear` forgets it. Not a Slurm test: it needs root, iproute2 and a
+# cgroup cpu controller (v1 or v2).
+set -euo pipefail
+: "${DLRUN:?}" "${TRAIN_UNET:?}"
+command -v ip >/dev/null || { echo "FAIL (preflight): ip (iproute2) is missing" >&2; exit 1; }
+work=$(mktemp -d /var/tmp/dlrun-preflight.XXXXXX)
+id=$$
+nsa="dlrun-fa-$id"
+nsb="dlrun-fb-$id"
+slow_host="dlrun-slow-$id"
+net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250)).0"
+addra="${net%.0}.1"
+addrb="${net%.0}.2"
+export HOME="$work/home"
+unset XDG_CACHE_HOME
+if [[ -e /sys/fs/cgroup/cgroup.controllers ]]; then  # cgroup v2
+  cg="/sys/fs/cgroup/dlrun-slow-$id"
+  echo +cpu >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+  mkdir "$cg"
+  echo "25000 100000" >"$cg/cpu.max"
+else
+  cg="/sys/fs/cgroup/cpu/dlrun-slow-$id"
+  mkdir "$cg"
+  echo 100000 >"$cg/cpu.cfs_period_us"
+  echo 25000 >"$cg/cpu.cfs_quota_us"
+fi
+cleanup() {
+  for ns in "$nsa" "$nsb"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  rmdir "$cg" 2>/dev/null || true
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL (preflight): $*" >&2
+  for f in "$work"/*.log; do
+    [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 30 >&2; }
+  done
+  exit 1
+}
+ip netns add "$nsa"
+ip netns add "$nsb"
+ip link add "vfa-$id" netns "$nsa" type veth peer name "vfb-$id" netns "$nsb"
+ip -n "$nsa" addr add "$addra/24" dev "vfa-$id"
+ip -n "$nsb" addr add "$addrb/24" dev "vfb-$id"
+for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
+ip -n "$nsa" link set "vfa-$id" up
+ip -n "$nsb" link set "vfb-$id" up
+
+port=29400
+agent() {  # agent NS ADDR LOG NNODES [slow]: one agent; B's in the throttled cgroup (joined
+  # before `ip netns exec`, which mounts a sysfs of the namespace's) with its own host name
+  local outer=() inner=()
+  if [[ ${5:-} == slow ]]; then
+    outer=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg")
+    inner=(unshare --uts sh -c 'hostname "$0" && exec "$@"' "$slow_host")
+  fi
+  "${outer[@]}" ip netns exec "$1" "${inner[@]}" env OMP_NUM_THREADS=1 DLRUN_RDZV_TOKEN="preflight-$id" \
+    timeout 120 "$DLRUN" --nnodes "$4" --nproc-per-node 2 --rdzv-backend c10d \
+    --rdzv-endpoint "$addra:$port" --rdzv-id "pre$id$4" --local-addr "$2" --preflight quick \
+    --rdzv-conf "last_call_timeout=5" -- \
+    "$TRAIN_UNET" --synthetic --base-channels 4 --data-size 64 --local-batch-size 1 \
+    --max-steps 3 >"$3" 2>&1
+}
+
+# Elastic: B is left out, A trains alone.
+start=$SECONDS
+agent "$nsa" "$addra" "$work/a1.log" 1:2 & pa=$!
+agent "$nsb" "$addrb" "$work/b1.log" 1:2 slow & pb=$!
+rcb=0; wait "$pb" || rcb=$?
+took=$((SECONDS - start))
+((rcb == 1)) || fail "elastic: B exited with $rcb, expected 1"
+grep -q "left out by the preflight: node $slow_host: compute probe .* GFLOP/s, under 50% of the round's median" \
+  "$work/b1.log" || fail "elastic: B's log does not say why it was left out"
+((took < 10)) || fail "elastic: B was left out after $took s (expected under 10 s)"
+rca=0; wait "$pa" || rca=$?
+((rca == 0)) || fail "elastic: A exited with $rca"
+grep -q "preflight (quick): .*compute .* GFLOP/s on one core" "$work/a1.log" ||
+  fail "elastic: A's log has no preflight line"
+grep -qE "node 0 of 1" "$work/a1.log" || fail "elastic: A did not train as the only node"
+
+# Not elastic: the round needs B, so the job fails at once on both nodes.
+start=$SECONDS
+agent "$nsa" "$addra" "$work/a2.log" 2 & pa=$!
+agent "$nsb" "$addrb" "$work/b2.log" 2 slow & pb=$!
+rca=0; wait "$pa" || rca=$?
+rcb=0; wait "$pb" || rcb=$?
+took=$((SECONDS - start))
+((rca == 1 && rcb == 1)) || fail "not elastic: A exited with $rca and B with $rcb, expected 1 and 1"
+grep -q "the preflight found a slow node the round cannot do without (--nnodes needs at least 2): node $slow_host" \
+  "$work/a2.log" || fail "not elastic: A's log does not name B"
+((took < 10)) || fail "not elastic: the job failed after $took s (expected under 10 s)"
+
+# Remembered: the list has B (not A), `dlrun slurm` excludes it, --clear forgets it.
+list=$("$DLRUN" bad-nodes)
+grep -q "^$slow_host  since .* left out by the preflight" <<<"$list" || fail "dlrun bad-nodes: '$list'"
+grep -q "^$(hostname) " <<<"$list" && fail "dlrun bad-nodes lists the healthy node: '$list'"
+"$DLRUN" slurm --nodes 2 -o "$work/job.sbatch" -- train.py 2>"$work/slurm.err" ||
+  fail "dlrun slurm failed: $(cat "$work/slurm.err")"
+grep -q "^#SBATCH --exclude=$slow_host " "$work/job.sbatch" || fail "no --exclude for $slow_host"
+grep -q "excluding $slow_host, found bad before" "$work/slurm.err" || fail "dlrun slurm said nothing"
+"$DLRUN" bad-nodes --clear "$slow_host" | grep -q "cleared 1 node" || fail "--clear"
+"$DLRUN" slurm --nodes 2 -- train.py 2>/dev/null | grep -q -- "--exclude" && fail "still excluded"
+echo "PASS (preflight): the throttled node was left out (elastic) or failed the job (not), in under 10 s; dlrun slurm excluded it until cleared"
+rm -rf "$work"

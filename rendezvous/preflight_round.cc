@@ -3,6 +3,8 @@
 // fails the job when the round cannot do without it. Part of the StateMachine
 // (state_machine.h), in its own file.
 #include <algorithm>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,9 +28,23 @@ std::string SlowVerdict(const NodeInfo& n, double bound, double ratio) {
                          n.hostname, n.preflight_gflops, ratio * 100, bound / ratio);
 }
 
+// Whether two of `nodes` share a host name: agents on one machine share its CPUs, so their
+// probes measure each other, not the machine (tests run several "nodes" on one host).
+template <typename T, typename Node>
+bool SharesAHost(const std::vector<T>& nodes, Node node_of) {
+  std::set<std::string> hosts;
+  for (const T& n : nodes) {
+    if (!hosts.insert(node_of(n).hostname).second) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool StateMachine::LeaveOutSlowNodes(Deliveries* out) {
+  if (SharesAHost(joining_, [](const Pending& p) -> const NodeInfo& { return p.node; })) {
+    return true;
+  }
   std::vector<double> figures;
   for (const Pending& p : joining_) figures.push_back(p.node.preflight_gflops);
   const double ratio = config_.preflight_slow_ratio;
@@ -59,6 +75,9 @@ bool StateMachine::LeaveOutSlowNodes(Deliveries* out) {
 // the members do not restart for it.
 bool StateMachine::RefuseSlowScaleUp(Pending& p, Deliveries* out) {
   if (p.node.preflight_gflops <= 0) return false;
+  std::vector<NodeInfo> round{p.node};
+  for (const Member& m : members_) round.push_back(m.node);
+  if (SharesAHost(round, [](const NodeInfo& n) -> const NodeInfo& { return n; })) return false;
   std::vector<double> figures{p.node.preflight_gflops};
   for (const Member& m : members_) figures.push_back(m.node.preflight_gflops);
   const double bound = SlowBound(figures, config_.preflight_slow_ratio);

@@ -148,11 +148,15 @@ std::string HardwareFault(const Classification& c, std::string_view text) {
   if (c.cls == FailureClass::kCudaOom) return "";  // the program's batch, not the node
   if (c.cls == FailureClass::kHostOom) return "the host's OOM killer";
   if (HasAny(text, {"uncorrectable ECC error", "ECCUncorrectable", "Xid", "GPU is lost",
-                    "fallen off the bus", "GPU_IS_LOST"})) {
-    return "a GPU fault (ECC, XID or a lost GPU)";
+                    "fallen off the bus", "GPU_IS_LOST", "uncorrectable NVLink error"})) {
+    return "a GPU fault (ECC, XID, NVLink or a lost GPU)";
   }
-  if (HasAny(text, {"CUDA error", "CUBLAS_STATUS_EXECUTION_FAILED", "cudaError"})) {
-    return "a CUDA error";
+  // CUDA errors that a program's own bug does not cause (a device-side assert or an illegal
+  // address is the program's: not counted).
+  if (HasAny(text, {"CUDA error: unspecified launch failure", "CUDA error: hardware stack error",
+                    "busy or unavailable", "CUDA error: system not yet initialized",
+                    "CUDA error: the launch timed out"})) {
+    return "a CUDA error the device caused";
   }
   if (c.cls == FailureClass::kSegfault &&
       HasAny(text, {"libcuda", "libnvidia", "libnccl", "libcudnn", "libcublas"})) {

@@ -63,9 +63,11 @@ struct Classification {
 // `oom_killed`: the memory cgroup's OOM-kill count went up while its group ran.
 Classification ClassifyFailure(const WorkerExit& e, std::string_view text, bool oom_killed);
 // A failure that points at the node rather than the program (docs/USAGE.md "Preflight and bad
-// nodes"): a CUDA error other than out of memory, an uncorrectable ECC error, an XID or a lost
-// GPU, a segfault inside a CUDA library, or the host's OOM killer. What it was, in a few words;
-// empty when the failure does not point at the node.
+// nodes"): an uncorrectable ECC or NVLink error, an XID or a lost GPU, a CUDA error a program's
+// bug does not cause (an unspecified launch failure, a device busy or unavailable; not a
+// device-side assert, an illegal address or out of memory), a segfault inside a CUDA library,
+// or the host's OOM killer. What it was, in a few words; empty when it does not point at the
+// node.
 std::string HardwareFault(const Classification& c, std::string_view text);
 // The last non-blank line of a worker's stderr tail (what a failure without an error file
 // said), or empty.

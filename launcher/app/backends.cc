@@ -76,7 +76,7 @@ absl::StatusOr<JobLink> GrpcBackend(const BackendInputs& in) {
   r.config.max_nodes = o.max_nodes;
   r.config.max_restarts = o.max_restarts;
   r.telemetry = TelemetryOptionsFrom(o);
-  r.preflight_gflops = in.plan.preflight_gflops;
+  r.preflight = in.plan.preflight;
   r.bad_nodes_files = in.plan.bad_nodes_files;
   o.rdzv_conf.ApplyTo(&r.config);
   r.is_host = o.rdzv_conf.is_host;

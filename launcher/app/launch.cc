@@ -43,7 +43,7 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
 
   auto plan = PlanLaunch(o, machine, env);
   if (!plan.ok()) return Fail(plan.status());
-  if (absl::Status s = RunLaunchPreflight(o, machine.hostname, &*plan); !s.ok()) return FailRun(s);
+  PlanPreflight(o, machine.hostname, &*plan);
   AgentOptions& a = plan->agent;
 
   // Block the signals the agent handles before any thread exists (the rendezvous client starts

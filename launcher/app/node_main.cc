@@ -47,34 +47,33 @@ int GpusNeeded(const LaunchOptions& o, int nproc) {
 
 }  // namespace
 
-absl::Status RunLaunchPreflight(const LaunchOptions& o, const std::string& hostname,
-                                LaunchPlan* plan) {
+void PlanPreflight(const LaunchOptions& o, const std::string& hostname, LaunchPlan* plan) {
   const PreflightMode mode =
       o.preflight.value_or(o.max_nodes > 1 ? PreflightMode::kQuick : PreflightMode::kOff);
   if (!o.log_dir.empty()) plan->bad_nodes_files.push_back(o.log_dir + "/bad_nodes.tsv");
   plan->bad_nodes_files.push_back(BadNodesPath());
   plan->agent.bad_nodes_files = plan->bad_nodes_files;
-  if (mode == PreflightMode::kOff) return absl::OkStatus();
+  if (mode == PreflightMode::kOff) return;
   PreflightAsk ask;
   ask.mode = mode;
   ask.gpus_needed = GpusNeeded(o, plan->nproc);
   ask.checkpoint_dir = CheckpointDirOf(o.command, o.log_dir.empty() ? "." : o.log_dir);
-  const auto start = std::chrono::steady_clock::now();
-  const auto nvml = Nvml::Load();
-  const PreflightReport r = RunPreflight(ask, nvml.get());
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string failures = r.Failures();
-  if (!failures.empty()) {
-    const std::string reason = absl::StrCat("preflight: ", failures);
-    RecordBadNode(PosixFileSystem(), plan->bad_nodes_files, {hostname, std::time(nullptr), reason});
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the preflight failed on this node (", hostname, "): ", failures,
-        "; recorded in the bad-node list (dlrun bad-nodes; --preflight off skips the checks)"));
-  }
-  spdlog::info("preflight ({}): {}", PreflightModeName(mode), Summary(r, took));
-  plan->preflight_gflops = r.gflops;
-  return absl::OkStatus();
+  plan->preflight = [ask, hostname, files = plan->bad_nodes_files]() -> absl::StatusOr<double> {
+    const auto start = std::chrono::steady_clock::now();
+    const auto nvml = Nvml::Load();
+    const PreflightReport r = RunPreflight(ask, nvml.get());
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (const std::string failures = r.Failures(); !failures.empty()) {
+      RecordBadNode(PosixFileSystem(), files,
+                    {hostname, std::time(nullptr), absl::StrCat("preflight: ", failures)});
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the preflight failed on this node (", hostname, "): ", failures,
+          "; recorded in the bad-node list (dlrun bad-nodes; --preflight off skips the checks)"));
+    }
+    spdlog::info("preflight ({}): {}", PreflightModeName(ask.mode), Summary(r, took));
+    return r.gflops;
+  };
 }
 
 int PreflightMain(const std::vector<std::string>& args) {

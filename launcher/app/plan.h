@@ -3,6 +3,7 @@
 // files go), as pure functions, so unit tests reach every rule without starting anything.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,9 +22,9 @@ struct LaunchPlan {
   std::string run_id;  // --rdzv-id, or a fresh one for a standalone job
   AgentOptions agent;  // all but the run directory, the metrics server and the profiler
   std::string profile_tool;  // --profile's executable (profiler.h FindProfileTool)
-  // Set by RunLaunchPreflight: the compute probe's figure for the rendezvous (0: none), and the
-  // bad-node lists this node goes into when the round leaves it out.
-  double preflight_gflops = 0;
+  // Set by PlanPreflight: the preflight the rendezvous runs before its first join (unset: off),
+  // and the bad-node lists this node goes into.
+  std::function<absl::StatusOr<double>()> preflight;
   std::vector<std::string> bad_nodes_files;
 };
 // The plan for options `o` on machine `m`: the program is checked (one clear error, not a worker
@@ -31,10 +32,10 @@ struct LaunchPlan {
 // acting on them named (one info line each).
 absl::StatusOr<LaunchPlan> PlanLaunch(const LaunchOptions& o, const Machine& m,
                                       const EnvLookup& env);
-// The preflight before this node joins (--preflight; app/node_main.cc): a failed check records
-// the node as bad and is a FAILED_PRECONDITION naming it; else the plan gets the figure.
-absl::Status RunLaunchPreflight(const LaunchOptions& o, const std::string& hostname,
-                                LaunchPlan* plan);
+// The preflight this node runs before it joins (--preflight; app/node_main.cc), and the
+// bad-node lists: a failed check records the node as bad and is a FAILED_PRECONDITION naming
+// it; else the compute probe's figure goes with the join.
+void PlanPreflight(const LaunchOptions& o, const std::string& hostname, LaunchPlan* plan);
 
 // --nproc-per-node as a count, given the machine's GPUs and CPUs.
 absl::StatusOr<int> ResolveNprocPerNode(const NprocSpec& spec, int num_gpus, int num_cpus);

@@ -9,6 +9,7 @@
 #include <future>
 #include <optional>
 #include <random>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -93,7 +94,6 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     node_.address = o_.local_addr;
     node_.nproc = o_.nproc;
     node_.slurm_node_id = o_.slurm_node_id;
-    node_.preflight_gflops = o_.preflight_gflops;
     if (hosted_) epoch_ = hosted_->epoch();
     SwitchTo(o_.endpoint);
   }
@@ -107,8 +107,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   }
 
   absl::StatusOr<Assignment> Next() override {
-    // The port this node's rank 0 would use, held (not listening) until the next round so no
-    // other process takes it before the store binds it.
+    // This node's rank-0 port, held (not listening) until the next round: no one else takes it.
     port_ = ReservePort("0.0.0.0");
     node_.master_port = port_.port();
     if (!redirect_.empty()) {
@@ -117,6 +116,10 @@ class RdzvSource final : public MembershipSource, public JobChannel {
       redirect_.clear();
     }
     if (lost_) return FailOver();
+    absl::StatusOr<double> gflops = node_.preflight_gflops;  // the preflight: before the first join
+    if (o_.preflight) gflops = std::exchange(o_.preflight, nullptr)();
+    if (!gflops.ok()) return gflops.status();
+    node_.preflight_gflops = *gflops;
     auto a = JoinCurrent(rdzv::ResumeInfo{});
     if (!a.ok() && absl::StrContains(a.status().message(), rdzv::kLeftOutByPreflight)) {
       RecordBadNode(PosixFileSystem(), o_.bad_nodes_files,  // the preflight left it out

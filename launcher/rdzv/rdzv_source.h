@@ -1,6 +1,7 @@
 // Membership from dlrun's gRPC rendezvous (multi-node): join, heartbeat, report failures.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,10 +38,11 @@ struct RdzvSourceOptions {
   std::string is_host = "auto";
   rdzv::TlsConfig tls;  // from the environment (rendezvous/tls.h)
   telemetry::TelemetryOptions telemetry;  // for the aggregate, when this agent hosts
-  // The preflight (launcher/base/preflight.h): this node's compute probe (0: none), sent with
-  // each join; when the round leaves this node out, it is recorded in each of these bad-node
-  // lists (launcher/base/bad_nodes.h) and the join fails with the reason.
-  double preflight_gflops = 0;
+  // The preflight (launcher/base/preflight.h), run once before the first join: its error ends
+  // the join; its figure (the compute probe, GFLOP/s) goes with every join. When the round
+  // leaves this node out, it is recorded in each of these bad-node lists
+  // (launcher/base/bad_nodes.h) and the join fails with the reason.
+  std::function<absl::StatusOr<double>()> preflight;
   std::vector<std::string> bad_nodes_files;
 };
 

@@ -4,7 +4,7 @@ Every rank takes the GPU of its LOCAL_RANK, joins an NCCL group, and for STEPS s
 (dlrun_report), so the agent's NVML sampler sees the GPU busy. Prints "gpu_probe: rank R on GPU
 NAME, all_reduce sum S" at the end. GPU_FAULT=1 instead triggers a device-side assert (an index
 out of range on the GPU), which surfaces as "RuntimeError: CUDA error: device-side assert
-triggered": what the agent counts as a hardware fault."""
+triggered": the program's own bug, which the agent must not count as a fault of the node."""
 import os
 import time
 

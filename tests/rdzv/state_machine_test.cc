@@ -466,5 +466,23 @@ TEST_F(PreflightRound, FailsTheJobWhenTheSlowNodeIsNeededAndKeepsNodesWithoutAFi
   EXPECT_EQ(results_.at("x")->num_nodes, 2);
 }
 
+// Agents on one machine (one host name) share its CPUs: their probes are not compared.
+TEST_F(PreflightRound, NodesOnOneHostAreNotCompared) {
+  Make({.min_nodes = 2, .max_nodes = 2});
+  for (const auto& [id, gflops] : std::map<std::string, double>{{"a", 10}, {"b", 1}}) {
+    NodeInfo n = Node(id);
+    n.hostname = "one-machine";
+    n.preflight_gflops = gflops;
+    Deliveries out;
+    ASSERT_TRUE(sm_->Join(n, ++ticket_, now_,
+                          [this, id = id](absl::StatusOr<Assignment> a) { results_[id] = a; },
+                          &out)
+                    .ok());
+    Run(out);
+  }
+  ASSERT_TRUE(results_.at("b").ok()) << results_.at("b").status();
+  EXPECT_EQ(results_.at("a")->num_nodes, 2);
+}
+
 }  // namespace
 }  // namespace dlrun::rdzv

@@ -227,10 +227,14 @@ TEST(RootCause, HardwareFaultsPointAtTheNodeNotTheProgram) {
   auto fault = [](const WorkerExit& e, std::string_view text, bool oom = false) {
     return HardwareFault(ClassifyFailure(e, text, oom), text);
   };
-  EXPECT_EQ(fault(exit1, "RuntimeError: CUDA error: an illegal memory access was encountered"),
-            "a CUDA error");
+  EXPECT_EQ(fault(exit1, "RuntimeError: CUDA error: unspecified launch failure"),
+            "a CUDA error the device caused");
   EXPECT_EQ(fault(exit1, "CUDA error: uncorrectable ECC error encountered"),
-            "a GPU fault (ECC, XID or a lost GPU)");
+            "a GPU fault (ECC, XID, NVLink or a lost GPU)");
+  // The program's own bugs.
+  EXPECT_EQ(fault(exit1, "RuntimeError: CUDA error: an illegal memory access was encountered"),
+            "");
+  EXPECT_EQ(fault(exit1, "RuntimeError: CUDA error: device-side assert triggered"), "");
   EXPECT_EQ(fault(segv, "#0 0x7f in ?? () from /usr/lib/x86_64-linux-gnu/libcuda.so.1"),
             "a segfault in a CUDA library");
   EXPECT_EQ(fault({.local_rank = 0, .pid = 1, .signal = SIGKILL}, "", /*oom=*/true),
@@ -257,9 +261,10 @@ TEST(AgentRootCause, TwoHardwareFaultsPutTheNodeInTheBadNodeList) {
   const auto bad = ReadBadNodes(h.procs.files, h.options.bad_nodes_files[0]);
   ASSERT_EQ(bad.size(), 1u) << out;
   EXPECT_EQ(bad[0].host, "gpu07");
-  EXPECT_EQ(bad[0].reason, "workers failed twice with a hardware fault, the last a CUDA error");
+  EXPECT_EQ(bad[0].reason,
+            "workers failed twice with a hardware fault, the last a CUDA error the device caused");
   EXPECT_NE(out.find("goes into the bad-node list: its workers failed twice with a hardware "
-                     "fault, the last a CUDA error"),
+                     "fault, the last a CUDA error the device caused"),
             std::string::npos)
       << out;
 }

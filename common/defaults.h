@@ -46,7 +46,7 @@ inline constexpr double kHangIdleCores = 0.05;
 inline constexpr double kHangIdleGpu = 0.05;
 inline constexpr std::chrono::milliseconds kHangIdleBound{30000};
 
-// Preflight (docs/USAGE.md "Preflight"): each node's checks before it joins a round. The compute
+// Preflight (docs/USAGE.md "Preflight and bad nodes"): each node's checks before it joins a round. The compute
 // probe multiplies kPreflightGemmSize-square float matrices on one core for kPreflightQuick
 // (--preflight full: kPreflightFull) and reports GFLOP/s; the rendezvous leaves out a node whose
 // figure is under kPreflightSlowRatio x the round's median (the upper median: with two nodes,

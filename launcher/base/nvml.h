@@ -21,7 +21,7 @@ struct NvmlGpu {
   std::vector<std::pair<pid_t, uint64_t>> processes;  // compute processes, GPU memory in bytes
 };
 
-// One GPU's health for the preflight (app/preflight.h); a figure NVML could not give is unset.
+// One GPU's health for the preflight (base/preflight.h); a figure NVML could not give is unset.
 struct NvmlHealth {
   std::optional<uint64_t> ecc_uncorrected;     // volatile count, since the driver loaded
   std::optional<bool> retired_pages_pending;   // pages waiting for retirement (before Ampere)

@@ -80,10 +80,8 @@ void WarnWithoutPreemptionHook(const std::vector<std::string>& command) {
                script.c_str());
 }
 
-}  // namespace
-
 // The user's bad-node list joins --exclude (one line says which hosts).
-static void ExcludeBadNodes(SlurmJobOptions* o) {
+void ExcludeBadNodes(SlurmJobOptions* o) {
   const auto bad = ReadBadNodes(PosixFileSystem(), BadNodesPath());
   std::vector<std::string> hosts = absl::StrSplit(o->exclude, ',', absl::SkipEmpty());
   std::vector<std::string> added;
@@ -98,6 +96,8 @@ static void ExcludeBadNodes(SlurmJobOptions* o) {
   std::fprintf(stderr, "dlrun: excluding %s, found bad before (dlrun bad-nodes lists them, "
                "--clear forgets them)\n", absl::StrJoin(added, ",").c_str());
 }
+
+}  // namespace
 
 int SlurmMain(const std::vector<std::string>& args) {
   auto o = ParseSlurmArgs(args);

@@ -78,15 +78,32 @@ void Trainer::ResolveSizes() {
   val_steps_ = a_.nsamples_val > 0 ? std::max<int64_t>(1, a_.nsamples_val / global_batch_) : 0;
 }
 
-void Trainer::BuildModel() {
+// The model and its optimizer are built before init(): a warm spare waits inside init() until
+// it is promoted, so a spare has them built already when it replaces a lost rank (only the
+// group and the state from a peer are left). The environment gives the local rank and size.
+void Trainer::Init() {
+  dlrun::worker::DistEnv env;
+  try {
+    env = dlrun::worker::ParseDistEnv(dlrun::worker::ProcessEnvironment());
+  } catch (const std::invalid_argument&) {
+    // init() below reports it, in its own words.
+  }
+  SetThreads(env.local_world_size);
+  BuildModel(env.local_rank);
+  ctx_ = dlrun::worker::init();
+  init_done_s_ = ctx_.promoted_at ? Seconds(*ctx_.promoted_at) : SecondsSinceProcessStart();
+}
+
+void Trainer::BuildModel(int local_rank) {
   torch::manual_seed(a_.seed);  // identical init everywhere; rank 0's values are broadcast anyway
   model_ = dlrun::examples::UNet(
       dlrun::examples::UNetOptions{4, 5, a_.base_channels, a_.checkpoint_activations});
   // The GPU path (never run here: no GPU): the rank's device, cuDNN/TF32, channels-last,
   // autocast with loss scaling. On the CPU only channels-last can be asked for.
-  device_ = dlrun::examples::PickDevice(a_.device, ctx_.env.local_rank);
+  device_ = dlrun::examples::PickDevice(a_.device, local_rank);
   dlrun::examples::ConfigureBackends(device_, a_.tf32);
   model_->to(device_);
+  model_->setBetweenLevels(dlrun::worker::interruptionPoint);  // a lost peer: give up at once
   channels_last_ = a_.channels_last < 0 ? device_.is_cuda() : a_.channels_last > 0;
   if (channels_last_) dlrun::examples::ToChannelsLast(model_->parameters());
   scaler_ = std::make_unique<dlrun::examples::GradScaler>(a_.amp && device_.is_cuda());
@@ -137,7 +154,8 @@ void Trainer::Resume() {
     }
   };
   recovery_ = std::make_unique<dlrun::worker::Recovery>(ctx_, *model_, *opt_, std::move(hooks));
-  if (recovery_->replacement()) {
+  const bool from_peer = recovery_->replacement();
+  if (from_peer) {
     if (a_.fail_replacement == "hang") {  // testing: a replacement that never joins
       std::fprintf(stderr, "train_unet: --fail-replacement hang: not joining\n");
       std::fflush(stderr);
@@ -169,12 +187,13 @@ void Trainer::Resume() {
     ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
   }
   recovery_->commit(start_step_);
-  MakeDdp();
+  MakeDdp(/*init_sync=*/!from_peer);
   std::signal(SIGUSR1, OnSigusr1);
 }
 
-void Trainer::MakeDdp() {
+void Trainer::MakeDdp(bool init_sync) {
   dlrun::worker::DDPOptions ddp_opts;
+  ddp_opts.init_sync = init_sync;
   ddp_opts.bucket_cap_mb = a_.bucket_cap_mb;
   ddp_opts.broadcast_buffers = a_.broadcast_buffers;
   ddp_opts.fp16_compression = a_.fp16_grad_compression;
@@ -187,7 +206,7 @@ void Trainer::MakeDdp() {
 // interrupted step is done again with the same samples.
 void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
   const auto t = Clock::now();
-  MakeDdp();
+  MakeDdp(/*init_sync=*/false);  // the transfer ended with every rank's digest equal
   prefetched_.reset();
   OpenData(r.step);
   if (rank_ == 0) {
@@ -255,9 +274,9 @@ void Trainer::PrintHeader() {
 // The thread budget: a rank's loader threads plus its intra-op threads fit the CPUs allocated
 // to it (the CPUs this process may use, over the ranks of this node), unless the user chose
 // the loader threads. Synthetic data needs no loader threads.
-void Trainer::SetThreads() {
+void Trainer::SetThreads(int local_world_size) {
   const dlrun::CpuAllocation cpus = dlrun::AllocatedCpus();
-  const int local_world = std::max(1, ctx_.env.local_world_size);
+  const int local_world = std::max(1, local_world_size);
   cpus_per_rank_ = std::max(1, static_cast<int>(cpus.cpus / local_world));
   loader_threads_ = a_.data.empty() ? 0 : a_.num_data_workers;
   if (loader_threads_ > 0 && !a_.num_data_workers_given) {
@@ -339,9 +358,8 @@ int Trainer::Finish() {
 }
 
 int Trainer::Run() {
+  Init();
   ResolveSizes();
-  SetThreads();
-  BuildModel();
   BuildSchedule();
   Resume();
   OpenData(start_step_);

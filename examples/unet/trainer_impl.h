@@ -94,23 +94,22 @@ int64_t PeakRssBytes();
 // step loop with its per-epoch reports, or benchy's throughput trials.
 class Trainer {
  public:
-  explicit Trainer(TrainArgs a)
-      : a_(std::move(a)), ctx_(dlrun::worker::init()) {
-    init_done_s_ = ctx_.promoted_at ? Seconds(*ctx_.promoted_at) : SecondsSinceProcessStart();
-  }
+  explicit Trainer(TrainArgs a) : a_(std::move(a)) {}
   int Run();
 
  private:
+  void Init();
   void ResolveSizes();
-  void BuildModel();
+  void BuildModel(int local_rank);
   void BuildSchedule();
   void Resume();
   void OpenData(int64_t at_step);
   void AfterRecovery(const dlrun::worker::Recovery::Outcome& r);
-  void MakeDdp();
+  // init_sync false where every rank holds the same state already (after a state transfer).
+  void MakeDdp(bool init_sync);
   void PrintHeader();
   int Benchy();
-  void SetThreads();
+  void SetThreads(int local_world_size);
   void Step(int64_t step);
   torch::Tensor MicroStep(int64_t step, bool sync, double* data_s);
   void AfterStep(int64_t step, double mean_loss, bool signalled);

@@ -114,18 +114,22 @@ void UNetImpl::resetParameters() {
 
 torch::Tensor UNetImpl::forward(torch::Tensor x) {
   if (!checkpoint_ || !torch::GradMode::is_enabled()) {
-    auto c1 = down1_->forward(x);
-    auto c2 = down2_->forward(c1);
-    auto c3 = down3_->forward(c2);
-    auto c4 = down4_->forward(c3);
-    auto c5 = down5_->forward(c4);
-    x = down6_->forward(c5);
-    x = up6_->forward(x);
-    x = up5_->forward(torch::cat({x, c5}, 1));
-    x = up4_->forward(torch::cat({x, c4}, 1));
-    x = up3_->forward(torch::cat({x, c3}, 1));
-    x = up2_->forward(torch::cat({x, c2}, 1));
-    x = last_->forward(torch::cat({x, c1}, 1));
+    auto level = [this](auto&& fn) {
+      if (between_levels_) between_levels_();
+      return fn();
+    };
+    auto c1 = level([&] { return down1_->forward(x); });
+    auto c2 = level([&] { return down2_->forward(c1); });
+    auto c3 = level([&] { return down3_->forward(c2); });
+    auto c4 = level([&] { return down4_->forward(c3); });
+    auto c5 = level([&] { return down5_->forward(c4); });
+    x = level([&] { return down6_->forward(c5); });
+    x = level([&] { return up6_->forward(x); });
+    x = level([&] { return up5_->forward(torch::cat({x, c5}, 1)); });
+    x = level([&] { return up4_->forward(torch::cat({x, c4}, 1)); });
+    x = level([&] { return up3_->forward(torch::cat({x, c3}, 1)); });
+    x = level([&] { return up2_->forward(torch::cat({x, c2}, 1)); });
+    x = level([&] { return last_->forward(torch::cat({x, c1}, 1)); });
     return torch::tanh(x);
   }
   // The same levels, each recomputed in backward. The functions live as long as the module
@@ -146,10 +150,21 @@ torch::Tensor UNetImpl::forward(torch::Tensor x) {
   std::vector<torch::Tensor> c{x};
   torch::nn::Module* down[] = {down1_.ptr().get(), down2_.ptr().get(), down3_.ptr().get(),
                                down4_.ptr().get(), down5_.ptr().get(), down6_.ptr().get()};
-  for (int i = 0; i < 6; ++i) c.push_back(Level(levels_[i], {c.back()}, *down[i]));
+  auto between = [this] {
+    if (between_levels_) between_levels_();
+  };
+  for (int i = 0; i < 6; ++i) {
+    between();
+    c.push_back(Level(levels_[i], {c.back()}, *down[i]));
+  }
+  between();
   x = Level(levels_[6], {c[6]}, *up6_);
   torch::nn::Module* up[] = {up5_.ptr().get(), up4_.ptr().get(), up3_.ptr().get(), up2_.ptr().get()};
-  for (int i = 0; i < 4; ++i) x = Level(levels_[7 + i], {x, c[5 - i]}, *up[i]);
+  for (int i = 0; i < 4; ++i) {
+    between();
+    x = Level(levels_[7 + i], {x, c[5 - i]}, *up[i]);
+  }
+  between();
   // The last level is not recomputed: its backward runs first, at the peak, where recomputing
   // would hold its activations twice (the kept output and the recomputed one) and save nothing.
   return levels_[11]({x, c[1]});

@@ -34,12 +34,16 @@ class UNetImpl : public torch::nn::Module {
   // The spatial size must be a multiple of 64 (six stride-2 down-samplings to 1).
   static constexpr int64_t kSizeMultiple = 64;
   void setCheckpointActivations(bool on) { checkpoint_ = on; }
+  // Called between the levels of forward (the trainer passes dlrun::worker::interruptionPoint,
+  // so a step given up for a lost peer stops within a level, not at the end of forward).
+  void setBetweenLevels(std::function<void()> fn) { between_levels_ = std::move(fn); }
 
  private:
   // One level: `fn` on `inputs`, through CheckpointFunction when checkpointing.
   torch::Tensor Level(const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& fn,
                       std::vector<torch::Tensor> inputs, torch::nn::Module& params_of);
   bool checkpoint_ = false;
+  std::function<void()> between_levels_;
   std::vector<std::function<torch::Tensor(const std::vector<torch::Tensor>&)>> levels_;
   torch::nn::Sequential down1_{nullptr}, down2_{nullptr}, down3_{nullptr}, down4_{nullptr},
       down5_{nullptr}, down6_{nullptr};

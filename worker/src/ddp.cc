@@ -139,7 +139,8 @@ static void CheckSameEverywhere(c10d::ProcessGroup& pg, const std::vector<torch:
       {"shared_memory_allreduce", o.shared_memory_allreduce},
       {"rebuild_buckets_in_ready_order", o.rebuild_buckets_in_ready_order},
       {"fp16_compression", o.fp16_compression},
-      {"static_graph", o.static_graph}};
+      {"static_graph", o.static_graph},
+      {"init_sync", o.init_sync}};
   const int64_t n = static_cast<int64_t>(mine.size());
   torch::Tensor values = torch::empty({n}, torch::kDouble);
   for (int64_t i = 0; i < n; ++i) values[i] = mine[i].second;
@@ -188,11 +189,11 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   }
   CheckSameEverywhere(*m.pg, params, options);
 
-  // Rank 0's parameters and buffers everywhere.
+  // Rank 0's parameters and buffers everywhere (init_sync).
   for (auto& b : module_->buffers()) m.buffers.push_back(b);
   std::vector<torch::Tensor> state = params;
   state.insert(state.end(), m.buffers.begin(), m.buffers.end());
-  if (m.pg->getSize() > 1 && !state.empty()) {
+  if (options.init_sync && m.pg->getSize() > 1 && !state.empty()) {
     c10d::broadcast_coalesced(m.pg, state, 250 * 1024 * 1024, 0);
   }
 

@@ -291,7 +291,7 @@ uint64_t digest(const std::vector<torch::Tensor>& tensors) {
   uint64_t h = detail::kFnv1aOffset;
   for (const auto& t : tensors) {
     torch::Tensor c = t.detach().contiguous().cpu();
-    h = detail::Fnv1a(c.data_ptr(), c.numel() * c.element_size(), h);
+    h = detail::WordHash(c.data_ptr(), c.numel() * c.element_size(), h);
   }
   return h;
 }

@@ -49,6 +49,8 @@ void ThrowIfPeerLost() {
 
 }  // namespace detail
 
+void interruptionPoint() { detail::ThrowIfPeerLost(); }
+
 namespace {
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {

@@ -63,6 +63,10 @@ struct DDPOptions {
   // unused parameters need no find_unused_parameters (they count as ready, reduced as zeros),
   // and a bucket starts once each of its gradients has arrived as many times as recorded.
   bool static_graph = false;
+  // PyTorch's init_sync: rank 0's parameters and buffers are broadcast when DDP is built. False
+  // where every rank is known to hold the same state already (after an in-process recovery,
+  // whose transfer ends with a digest check); the parameter and option check stays.
+  bool init_sync = true;
 };
 
 // Communication hooks: what replaces a bucket's allreduce (PyTorch's register_comm_hook, with

@@ -52,6 +52,13 @@ class PeerLost : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A point where a long computation may give up the step at once when the agent said a peer
+// was lost: throws PeerLost then (Recovery::run catches it), costs one atomic load otherwise.
+// The library's collectives and DistributedDataParallel's forward and gradient hooks are such
+// points already; a trainer adds it between the layers of a forward that runs for long on the
+// CPU (train_unet: between the U-Net's levels), so a survivor stops within a layer.
+void interruptionPoint();
+
 struct RecoveryOptions {
   // A step that threw without the agent's word: how long to wait for it before the exception
   // stands (the agent writes it within milliseconds of a worker's death).

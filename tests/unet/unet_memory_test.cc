@@ -1,7 +1,10 @@
 // The U-Net's activation checkpointing: the same forward and the same gradients as without it,
-// through the recomputation in backward, for inputs and every parameter.
+// through the recomputation in backward, for inputs and every parameter; and its forward given
+// up between levels for in-process recovery.
 #include <torch/torch.h>
 
+#include "agent_word.h"  // worker/src: the agent's word, for tests
+#include "dlrun/recovery.h"
 #include "gtest/gtest.h"
 #include "unet/unet.h"
 
@@ -47,6 +50,39 @@ TEST(UNetCheckpointing, NoGradForwardIsPlainAndInputGradientsFlow) {
   net->forward(x).sum().backward();
   ASSERT_TRUE(x.grad().defined());
   EXPECT_GT(x.grad().abs().sum().item<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace dlrun::examples
+
+namespace dlrun::examples {
+namespace {
+
+// In-process recovery (docs/RECOVERY.md): train_unet calls dlrun::worker::interruptionPoint()
+// between the U-Net's levels, so a survivor in the middle of a long CPU forward gives the step
+// up at the next level once the agent said a peer was lost, and runs as before once the new
+// generation is entered. Nothing is given up without the word.
+TEST(UNetInterruption, AForwardGivesUpAtTheNextLevelOnceAPeerLossIsAnnounced) {
+  for (const bool checkpoint : {false, true}) {
+    UNet net(UNetOptions{4, 5, 4, checkpoint});
+    int levels = 0;
+    net->setBetweenLevels([&] {
+      ++levels;
+      dlrun::worker::interruptionPoint();
+    });
+    const torch::Tensor x = torch::randn({1, 4, 64, 64, 64});
+    EXPECT_NO_THROW(net->forward(x));
+    EXPECT_EQ(levels, 12) << "checkpoint " << checkpoint;
+    const int next = dlrun::worker::detail::CurrentGeneration() + 1;
+    dlrun::worker::detail::AnnounceForTesting({next, 12345});
+    levels = 0;
+    EXPECT_THROW(net->forward(x), dlrun::worker::PeerLost);
+    EXPECT_EQ(levels, 1) << "given up at the first level, checkpoint " << checkpoint;
+    dlrun::worker::detail::EnterGeneration(next);
+    levels = 0;
+    EXPECT_NO_THROW(net->forward(x));
+    EXPECT_EQ(levels, 12);
+  }
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // against a single-process reference computed on every rank. Exit 0 and "ddp_check ok" on
 // success, 1 with the reason otherwise.
 //   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok|reload|reorder|fp16|
-//                    hook|syncbn
+//                    hook|syncbn|init-sync
 // The twin modes train what tests/worker/ddp_twin.py trains with PyTorch's Python DDP and write
 // each rank's final parameters (float64, registration order) to DIR/cc-rank<RANK>.bin:
 //   ddp_check --mode twin-fp16|twin-bf16|twin-static|twin-join --out DIR
@@ -241,9 +241,30 @@ int RunMismatch() {
   return Fail("different bucket caps were accepted");
 }
 
+// DDPOptions::init_sync: false keeps each rank's own parameters (after an in-process recovery
+// they agree already), the default broadcasts rank 0's.
+int RunInitSync() {
+  auto ctx = dlrun::worker::init();
+  torch::manual_seed(7 + ctx.rank());  // every rank its own values
+  Net model(false, false, false);
+  DDPOptions off;
+  off.init_sync = false;
+  { DistributedDataParallel ddp(model, ctx.pg, off); }
+  if (ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) {
+    return Fail("init_sync = false broadcast rank 0's parameters");
+  }
+  { DistributedDataParallel ddp(model, ctx.pg); }
+  if (!ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) {
+    return Fail("the default init_sync left the ranks' parameters apart");
+  }
+  std::printf("ddp_check ok: init-sync, rank %d\n", ctx.rank());
+  return 0;
+}
+
 int Run(const std::string& mode) {
   if (mode == "syncbn") return RunSyncBatchNorm();
   if (mode == "mismatch") return RunMismatch();
+  if (mode == "init-sync") return RunInitSync();
   auto ctx = dlrun::worker::init();
   const int rank = ctx.rank(), world = ctx.worldSize();
   torch::set_default_dtype(caffe2::TypeMeta::Make<double>());

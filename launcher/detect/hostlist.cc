@@ -37,9 +37,12 @@ absl::Status ExpandItem(const std::string& list, const std::string& item, size_t
           return Bad(list, absl::StrCat("'", range, "' is not a number or range"));
         }
       }
-      absl::SimpleAtoi(lohi[0], &lo);
-      hi = lo;
-      if (lohi.size() == 2) absl::SimpleAtoi(lohi[1], &hi);
+      // Digits only, at most 18 of them: the conversions cannot fail, but are checked anyway.
+      if (!absl::SimpleAtoi(lohi[0], &lo) ||
+          (lohi.size() == 2 && !absl::SimpleAtoi(lohi[1], &hi))) {
+        return Bad(list, absl::StrCat("'", range, "' is not a number or range"));
+      }
+      if (lohi.size() == 1) hi = lo;
       if (hi < lo) return Bad(list, absl::StrCat("range '", range, "' runs backwards"));
       if (hi - lo >= max_hosts) return Bad(list, absl::StrCat("more than ", max_hosts, " hosts"));
       const size_t width = lohi[0].size();

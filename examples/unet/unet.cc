@@ -115,7 +115,7 @@ void UNetImpl::resetParameters() {
 torch::Tensor UNetImpl::forward(torch::Tensor x) {
   if (!checkpoint_ || !torch::GradMode::is_enabled()) {
     auto level = [this](auto&& fn) {
-      if (between_levels_) between_levels_();
+      BetweenLevels();
       return fn();
     };
     auto c1 = level([&] { return down1_->forward(x); });
@@ -150,21 +150,18 @@ torch::Tensor UNetImpl::forward(torch::Tensor x) {
   std::vector<torch::Tensor> c{x};
   torch::nn::Module* down[] = {down1_.ptr().get(), down2_.ptr().get(), down3_.ptr().get(),
                                down4_.ptr().get(), down5_.ptr().get(), down6_.ptr().get()};
-  auto between = [this] {
-    if (between_levels_) between_levels_();
-  };
   for (int i = 0; i < 6; ++i) {
-    between();
+    BetweenLevels();
     c.push_back(Level(levels_[i], {c.back()}, *down[i]));
   }
-  between();
+  BetweenLevels();
   x = Level(levels_[6], {c[6]}, *up6_);
   torch::nn::Module* up[] = {up5_.ptr().get(), up4_.ptr().get(), up3_.ptr().get(), up2_.ptr().get()};
   for (int i = 0; i < 4; ++i) {
-    between();
+    BetweenLevels();
     x = Level(levels_[7 + i], {x, c[5 - i]}, *up[i]);
   }
-  between();
+  BetweenLevels();
   // The last level is not recomputed: its backward runs first, at the peak, where recomputing
   // would hold its activations twice (the kept output and the recomputed one) and save nothing.
   return levels_[11]({x, c[1]});

@@ -42,6 +42,9 @@ class UNetImpl : public torch::nn::Module {
   // One level: `fn` on `inputs`, through CheckpointFunction when checkpointing.
   torch::Tensor Level(const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& fn,
                       std::vector<torch::Tensor> inputs, torch::nn::Module& params_of);
+  void BetweenLevels() const {
+    if (between_levels_) between_levels_();
+  }
   bool checkpoint_ = false;
   std::function<void()> between_levels_;
   std::vector<std::function<torch::Tensor(const std::vector<torch::Tensor>&)>> levels_;

@@ -52,12 +52,6 @@ TEST(UNetCheckpointing, NoGradForwardIsPlainAndInputGradientsFlow) {
   EXPECT_GT(x.grad().abs().sum().item<double>(), 0.0);
 }
 
-}  // namespace
-}  // namespace dlrun::examples
-
-namespace dlrun::examples {
-namespace {
-
 // In-process recovery (docs/RECOVERY.md): train_unet calls dlrun::worker::interruptionPoint()
 // between the U-Net's levels, so a survivor in the middle of a long CPU forward gives the step
 // up at the next level once the agent said a peer was lost, and runs as before once the new

@@ -23,7 +23,8 @@ inline uint64_t Fnv1a(const void* data, size_t n, uint64_t h = kFnv1aOffset) {
 // 30-90 MB a replica check reads; not the checkpoint format's checksum.
 inline uint64_t WordHash(const void* data, size_t n, uint64_t h = kFnv1aOffset) {
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t lane[4] = {h, h ^ 0x9e3779b97f4a7c15ull, h ^ 0xc2b2ae3d27d4eb4full, h ^ 0x165667b19e3779f9ull};
+  uint64_t lane[4] = {h, h ^ 0x9e3779b97f4a7c15ull, h ^ 0xc2b2ae3d27d4eb4full,
+                      h ^ 0x165667b19e3779f9ull};
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
     for (int k = 0; k < 4; ++k) {

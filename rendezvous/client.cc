@@ -75,6 +75,17 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& endpoint, const 
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
 
+RegroupNotice NoticeFromProto(const v1::RegroupNotice& n) {
+  RegroupNotice r;
+  r.round = n.round();
+  r.generation = static_cast<int>(n.generation());
+  r.master_port = static_cast<int>(n.master_port());
+  for (uint32_t rank : n.lost_ranks()) r.lost_ranks.push_back(static_cast<int>(rank));
+  r.reason = n.reason();
+  r.asked_by = n.asked_by();
+  return r;
+}
+
 class ClientImpl final : public RendezvousClient {
  public:
   explicit ClientImpl(const ClientOptions& o) : o_(o) {
@@ -102,6 +113,7 @@ class ClientImpl final : public RendezvousClient {
     channel_ = grpc::CreateCustomChannel(o.endpoint, creds, args);
     stub_ = v1::Rendezvous::NewStub(channel_);
     job_ = v1::JobChannel::NewStub(channel_);
+    regroup_ = v1::Regroup::NewStub(channel_);
   }
 
   absl::StatusOr<JoinResult> Join(const NodeInfo& n, Duration timeout) override {
@@ -275,6 +287,45 @@ class ClientImpl final : public RendezvousClient {
     return snap;
   }
 
+  absl::StatusOr<RegroupNotice> AskRegroup(const std::string& node_id,
+                                           const RegroupAsk& ask) override {
+    v1::RegroupRequest req;
+    FillAuth(req.mutable_auth());
+    req.set_node_id(node_id);
+    req.set_round(ask.round);
+    req.set_generation(static_cast<uint32_t>(ask.generation));
+    for (int r : ask.lost_ranks) req.add_lost_ranks(static_cast<uint32_t>(r));
+    req.set_master_port(static_cast<uint32_t>(ask.master_port));
+    req.set_reason(ask.reason);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    v1::RegroupNotice resp;
+    absl::Status s = Check(regroup_->Ask(&ctx, req, &resp), "regroup");
+    if (!s.ok()) return s;
+    return NoticeFromProto(resp);
+  }
+
+  absl::StatusOr<RegroupNotice> WatchRegroup(const std::string& node_id,
+                                             const RegroupNotice& known, Duration timeout,
+                                             const CancelHook& on_call) override {
+    v1::WatchRegroupRequest req;
+    FillAuth(req.mutable_auth());
+    req.set_node_id(node_id);
+    req.set_round(known.round);
+    req.set_generation(static_cast<uint32_t>(known.generation));
+    req.set_master_port(static_cast<uint32_t>(known.master_port));
+    req.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout + o_.rpc_timeout);
+    on_call([&ctx] { ctx.TryCancel(); });
+    v1::RegroupNotice resp;
+    const grpc::Status gs = regroup_->Watch(&ctx, req, &resp);
+    on_call({});
+    absl::Status s = Check(gs, "regroup watch");
+    if (!s.ok()) return s;
+    return NoticeFromProto(resp);
+  }
+
   void set_epoch(uint64_t epoch) override { epoch_.store(epoch); }
   const std::string& endpoint() const override { return o_.endpoint; }
 
@@ -296,6 +347,7 @@ class ClientImpl final : public RendezvousClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;  // membership
   std::unique_ptr<v1::JobChannel::Stub> job_;    // the job channel, on the same connection
+  std::unique_ptr<v1::Regroup::Stub> regroup_;   // in-process recovery across nodes
   std::atomic<uint64_t> epoch_{0};
 };
 

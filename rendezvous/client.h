@@ -2,6 +2,7 @@
 // per agent, safe to use from several threads.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -57,6 +58,21 @@ class RendezvousClient {
   // This node's answer to DiagnosticsAsk::request.
   virtual absl::Status PostDiagnostics(uint64_t request_id, const NodeStacksReply& stacks) {
     return absl::UnimplementedError("stacks");
+  }
+  // In-process recovery across nodes (proto `service Regroup`; docs/RECOVERY.md): ask for the
+  // round's next generation, or post its port; the answer is the regroup as it stands.
+  virtual absl::StatusOr<RegroupNotice> AskRegroup(const std::string& node_id,
+                                                   const RegroupAsk& ask) {
+    return absl::UnimplementedError("regroup");
+  }
+  // Held until the job's regroup differs from `known` (its round, generation and port) or
+  // `timeout` passed. `on_call` is called with a function that cancels the call while it is
+  // held, and with an empty one when it returns.
+  using CancelHook = std::function<void(std::function<void()>)>;
+  virtual absl::StatusOr<RegroupNotice> WatchRegroup(const std::string& node_id,
+                                                     const RegroupNotice& known, Duration timeout,
+                                                     const CancelHook& on_call) {
+    return absl::UnimplementedError("regroup");
   }
   // The highest host epoch this agent has seen, sent with every call.
   virtual void set_epoch(uint64_t epoch) = 0;

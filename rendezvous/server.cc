@@ -132,6 +132,37 @@ class ChannelService final : public v1::JobChannel::CallbackService {
   std::function<void()> on_change_;
 };
 
+class RegroupService final : public v1::Regroup::CallbackService {
+ public:
+  RegroupService(RegroupHandler* g, std::function<void()> on_change)
+      : g_(g), on_change_(std::move(on_change)) {}
+
+  grpc::ServerUnaryReactor* Ask(grpc::CallbackServerContext* ctx, const v1::RegroupRequest* req,
+                                v1::RegroupNotice* resp) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpc(g_->Ask(*req, ctx->peer(), resp)));
+    return r;
+  }
+
+  grpc::ServerUnaryReactor* Watch(grpc::CallbackServerContext* ctx,
+                                  const v1::WatchRegroupRequest* req,
+                                  v1::RegroupNotice* resp) override {
+    auto* r = ctx->DefaultReactor();
+    // Finished by an Ask, a new round or the timer (Tick) at the timeout; the timer must learn
+    // the new deadline.
+    g_->Watch(*req, ctx->peer(), [r, resp](const absl::Status& s, const v1::RegroupNotice& n) {
+      if (s.ok()) *resp = n;
+      r->Finish(ToGrpc(s));
+    });
+    on_change_();
+    return r;
+  }
+
+ private:
+  RegroupHandler* g_;
+  std::function<void()> on_change_;
+};
+
 std::optional<TimePoint> Earlier(std::optional<TimePoint> a, std::optional<TimePoint> b) {
   if (!a) return b;
   if (!b) return a;
@@ -144,8 +175,10 @@ class ServerImpl final : public RendezvousServer {
       : ack_grace_(o.handler.config.heartbeat_interval * (2 * o.handler.config.heartbeat_misses)),
         handler_(std::move(o.handler)),
         channel_(handler_),
+        regroup_(handler_),
         service_(&handler_, [this] { Poke(); }),
-        channel_service_(&channel_, [this] { Poke(); }) {}
+        channel_service_(&channel_, [this] { Poke(); }),
+        regroup_service_(&regroup_, [this] { Poke(); }) {}
 
   absl::Status Init(const std::string& listen, const TlsConfig& tls) {
     grpc::ServerBuilder b;
@@ -160,6 +193,7 @@ class ServerImpl final : public RendezvousServer {
     b.AddListeningPort(listen, creds, &port_);
     b.RegisterService(&service_);
     b.RegisterService(&channel_service_);
+    b.RegisterService(&regroup_service_);
     b.SetMaxReceiveMessageSize(kMaxMessageBytes);
     // gRPC sets SO_REUSEPORT by default: two agents on one host could then both "own" the
     // endpoint. Off, so the second bind fails and that agent becomes a client.
@@ -181,6 +215,7 @@ class ServerImpl final : public RendezvousServer {
   int port() const override { return port_; }
   Handler& handler() override { return handler_; }
   ChannelHandler& channel() override { return channel_; }
+  RegroupHandler& regroup() override { return regroup_; }
 
   void Shutdown() override {
     {
@@ -224,7 +259,9 @@ class ServerImpl final : public RendezvousServer {
     std::unique_lock<std::mutex> l(mu_);
     while (!stopping_) {
       l.unlock();
-      std::optional<TimePoint> next = Earlier(handler_.Tick(), channel_.Tick());
+      // The membership first: a round it opens ends the regroups' watches at once.
+      std::optional<TimePoint> next = handler_.Tick();
+      next = Earlier(Earlier(next, channel_.Tick()), regroup_.Tick());
       l.lock();
       cv_.notify_all();  // WaitForJobEnd re-checks the phase
       const uint64_t seen = changes_;
@@ -240,8 +277,10 @@ class ServerImpl final : public RendezvousServer {
   const Duration ack_grace_;
   Handler handler_;
   ChannelHandler channel_;
+  RegroupHandler regroup_;
   Service service_;
   ChannelService channel_service_;
+  RegroupService regroup_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::thread timer_;

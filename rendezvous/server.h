@@ -1,5 +1,6 @@
 // The rendezvous gRPC server: thin callback-API services over Handler (membership) and
-// ChannelHandler (the job channel), plus the timer thread
+// ChannelHandler (the job channel) and RegroupHandler (in-process recovery across nodes), plus the
+// timer thread
 // that drives the state machine's deadlines. A pending Join holds no thread.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/job_channel.h"
+#include "rendezvous/regroup.h"
 #include "rendezvous/tls.h"
 
 namespace dlrun::rdzv {
@@ -28,6 +30,7 @@ class RendezvousServer {
   virtual int port() const = 0;
   virtual Handler& handler() = 0;
   virtual ChannelHandler& channel() = 0;
+  virtual RegroupHandler& regroup() = 0;
   // Stops accepting calls, finishes pending ones with UNAVAILABLE, joins the timer thread.
   virtual void Shutdown() = 0;
   // Blocks until the job has failed or succeeded (false if `timeout` passes first), then for

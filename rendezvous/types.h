@@ -137,6 +137,27 @@ struct FailureReply {
   bool restarts_exhausted = false;
 };
 
+// In-process recovery across nodes (proto `service Regroup`; docs/RECOVERY.md): the round's
+// latest regroup as the job knows it.
+struct RegroupNotice {
+  uint64_t round = 0;
+  int generation = 0;   // 0: none in this round
+  int master_port = 0;  // 0: not posted yet
+  std::vector<int> lost_ranks;
+  std::string reason;
+  std::string asked_by;  // node id
+};
+
+// A node's ask for generation `generation` after losing `lost_ranks` (empty: the node of global
+// rank 0 posting `master_port`, the new group's port).
+struct RegroupAsk {
+  uint64_t round = 0;
+  int generation = 0;
+  std::vector<int> lost_ranks;
+  int master_port = 0;
+  std::string reason;
+};
+
 struct StatusSnapshot {
   uint64_t round = 0;
   std::string phase;

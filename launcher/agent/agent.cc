@@ -25,6 +25,8 @@ Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& cl
     : options_(std::move(options)),
       source_(std::move(link.membership)),
       channel_(std::move(link.channel)),
+      regroup_(options_.recovery == AgentOptions::Recovery::kRestart ? nullptr
+                                                                     : std::move(link.regroup)),
       processes_(processes),
       clock_(clock),
       hang_(options_.hang),
@@ -32,7 +34,9 @@ Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& cl
       telemetry_(options_.telemetry, options_.hostname, *channel_, clock_,
                  *options_.file_system),
       forensics_(options_, run_dir_, telemetry_, clock_),
-      diagnostics_(options_, *channel_, telemetry_) {}
+      diagnostics_(options_, *channel_, telemetry_) {
+  if (regroup_) regroup_->Watch([procs = &processes_] { procs->Wake(); });
+}
 
 bool Agent::IsPassthrough(int sig) const {
   const auto& p = options_.passthrough_signals;
@@ -204,15 +208,12 @@ Agent::Watch Agent::WatchGroup() {
         {next_check, next_hang, telemetry_.Due(), recovery_deadline_.value_or(SteadyTime::max())})));
     telemetry_.MaybePublish();
     if (forwarded != 0) return {Outcome::kSignalled, "", forwarded};
+    if (std::optional<Watch> out = FollowRegroup()) return *out;
     const bool failed = std::any_of(exits_.begin(), exits_.end(),
                                     [](const WorkerExit& e) { return e.failed(); });
     if (failed && !RecoverInProcess()) return {Outcome::kFailed, "", 0};
     if (recovery_deadline_ && clock_.Now() >= *recovery_deadline_) {
-      return {Outcome::kUnrecovered,
-              absl::StrCat("in-process recovery (generation ", generation_,
-                           ") did not end within ", options_.recovery_timeout.count(), " ms: ",
-                           awaiting_state_.size(), " rank(s) never said they hold the state"),
-              0};
+      return {Outcome::kUnrecovered, UnrecoveredReason(), 0};
     }
     if (clock_.Now() >= next_check) {
       std::string reason;

@@ -86,6 +86,20 @@ class Agent {
   bool CanRecoverInProcess(std::string* why_not) const;
   bool RecoverInProcess();
   std::vector<std::string> NoteLost(const std::vector<WorkerExit>& lost);
+  // The group's generation `generation` over `next`: `lost` started again, the survivors told;
+  // `said`: what was lost, for the line; `t`: the fault.
+  bool BeginGeneration(const Assignment& next, int generation, const std::vector<WorkerExit>& lost,
+                       const std::vector<std::string>& said, SteadyTime t);
+  // Across nodes (regroup_): this node's loss asked of the job, whose answer FollowRegroup takes;
+  // `port`: the new group's, when this node holds global rank 0 (else 0).
+  bool AskToRegroup(const std::vector<WorkerExit>& lost, const std::vector<std::string>& said,
+                    int port, SteadyTime t);
+  // The job's regroup, once its port is known, begun here (another node's loss too); this node
+  // of global rank 0 posts the port. A watch outcome when it cannot take part.
+  std::optional<Watch> FollowRegroup();
+  bool AcrossNodes() const { return regroup_ != nullptr && !options_.single_node_job; }
+  // Why the recovery in progress did not end in time.
+  std::string UnrecoveredReason() const;
   bool StartReplacements(const std::vector<WorkerExit>& lost, const Assignment& next,
                          int generation, std::vector<std::string>* replaced);
   // A "state from peer" record of `pid`: the recovery in progress ends when every rank sent one.
@@ -132,6 +146,7 @@ class Agent {
   AgentOptions options_;
   std::shared_ptr<MembershipSource> source_;
   std::shared_ptr<JobChannel> channel_;
+  std::shared_ptr<RegroupLink> regroup_;  // null: a single-node job, or one that cannot regroup
   Processes& processes_;
   Clock& clock_;
   Assignment current_;
@@ -152,6 +167,11 @@ class Agent {
   SteadyTime recovery_started_;
   std::vector<pid_t> awaiting_state_;
   std::optional<std::pair<int, int64_t>> last_recovered_;
+  // Across nodes: this node's lost workers and their lines, while the job's answer is awaited;
+  // the generation whose port this node (of global rank 0) posted.
+  std::vector<WorkerExit> pending_lost_;
+  std::vector<std::string> pending_said_;
+  int posted_for_ = 0;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
   int hardware_faults_ = 0;  // this node's workers' failures that point at the node

@@ -27,8 +27,8 @@ bool Agent::CanRecoverInProcess(std::string* why_not) const {
   if (!any_declared) return false;  // an undeclared program: torchrun's semantics, silently
   if (recovery_deadline_) {
     *why_not = "another rank failed during the in-process recovery";
-  } else if (!options_.single_node_job || current_.num_nodes != 1) {
-    *why_not = "in-process recovery is for single-node jobs (--nnodes 1) so far";
+  } else if (!options_.single_node_job && !regroup_) {
+    *why_not = "this job's nodes cannot regroup (a static multi-node rendezvous)";
   } else if (stopping_) {
     *why_not = "the group is being stopped";
   }
@@ -112,19 +112,30 @@ bool Agent::RecoverInProcess() {
   }
   const SteadyTime t = clock_.Now();
   telemetry_.FaultSeen(t);
-  Assignment next = current_;
-  next.master_port = options_.pick_master_port(current_.master_addr);
-  if (next.master_port <= 0) {
-    spdlog::warn("no in-process recovery: no free port for the new group on {}",
-                 current_.master_addr);
-    return false;
+  // The new group's port: this node's pick alone, or across nodes the pick of global rank 0's.
+  int port = 0;
+  if (!AcrossNodes() || current_.rank_offset == 0) {
+    port = options_.pick_master_port(current_.master_addr);
+    if (port <= 0) {
+      spdlog::warn("no in-process recovery: no free port for the new group on {}",
+                   current_.master_addr);
+      return false;
+    }
   }
-  const int generation = generation_ + 1;
   std::vector<WorkerExit> lost;
   for (const WorkerExit& e : exits_) {
     if (e.failed()) lost.push_back(e);
   }
   const std::vector<std::string> said = NoteLost(lost);  // before the fresh error files
+  if (AcrossNodes()) return AskToRegroup(lost, said, port, t);
+  Assignment next = current_;
+  next.master_port = port;
+  return BeginGeneration(next, generation_ + 1, lost, said, t);
+}
+
+bool Agent::BeginGeneration(const Assignment& next, int generation,
+                            const std::vector<WorkerExit>& lost,
+                            const std::vector<std::string>& said, SteadyTime t) {
   std::vector<std::string> replaced;
   if (!StartReplacements(lost, next, generation, &replaced)) return false;
   // Every survivor hears of the new group; every rank is to say it holds the state.
@@ -149,7 +160,9 @@ bool Agent::RecoverInProcess() {
   generation_ = generation;
   recovery_started_ = t;
   recovery_deadline_ = t + options_.recovery_timeout;
-  last_recovered_ = {lost.front().global_rank, telemetry_.LastStep(lost.front().global_rank)};
+  if (!lost.empty()) {
+    last_recovered_ = {lost.front().global_rank, telemetry_.LastStep(lost.front().global_rank)};
+  }
   std::vector<AgentTelemetry::Member> members;
   std::vector<DumpTarget> group;
   for (const Worker& w : workers_) {
@@ -158,15 +171,97 @@ bool Agent::RecoverInProcess() {
   }
   telemetry_.Replaced(std::move(members), current_, t);
   WriteWorkersFile(group);
-  spdlog::warn("{}; in-process recovery: the {} other rank(s) keep running, {} (generation {}, "
+  spdlog::warn("{}; in-process recovery: the {} other rank(s) {}keep running, {} (generation {}, "
                "master port {})",
                absl::StrJoin(said, "; "), workers_.size() - lost.size(),
-               absl::StrJoin(replaced, ", "), generation, next.master_port);
+               AcrossNodes() ? "of this node " : "",
+               replaced.empty() ? "none to replace here" : absl::StrJoin(replaced, ", "),
+               generation, next.master_port);
   return true;
 }
 
+bool Agent::AskToRegroup(const std::vector<WorkerExit>& lost, const std::vector<std::string>& said,
+                         int port, SteadyTime t) {
+  std::vector<int> ranks;
+  for (const WorkerExit& e : lost) ranks.push_back(e.global_rank);
+  const absl::StatusOr<RegroupLink::Notice> asked =
+      regroup_->Ask(generation_ + 1, ranks, port, absl::StrJoin(said, "; "));
+  if (!asked.ok()) {
+    spdlog::warn("no in-process recovery: the job did not regroup: {}",
+                 std::string(asked.status().message()));
+    return false;
+  }
+  pending_lost_ = lost;
+  pending_said_ = said;
+  exits_.erase(std::remove_if(exits_.begin(), exits_.end(),
+                              [](const WorkerExit& e) { return e.failed(); }),
+               exits_.end());
+  recovery_started_ = t;
+  recovery_deadline_ = t + options_.recovery_timeout;
+  spdlog::info("in-process recovery across nodes: generation {} asked of the job{}",
+               generation_ + 1, port > 0 ? absl::StrCat(" (master port ", port, ")") : "");
+  return true;
+}
+
+std::optional<Agent::Watch> Agent::FollowRegroup() {
+  if (!AcrossNodes()) return std::nullopt;
+  RegroupLink::Notice n = regroup_->Latest();
+  if (n.generation <= generation_) return std::nullopt;
+  if (n.master_port == 0 && current_.rank_offset == 0 && posted_for_ != n.generation) {
+    posted_for_ = n.generation;  // global rank 0's node picks the new group's port
+    const int port = options_.pick_master_port ? options_.pick_master_port(current_.master_addr) : 0;
+    absl::StatusOr<RegroupLink::Notice> posted =
+        port > 0 ? regroup_->Ask(n.generation, {}, port, "")
+                 : absl::UnavailableError(absl::StrCat("no free port on ", current_.master_addr));
+    if (!posted.ok()) {
+      return Watch{Watch::Outcome::kUnrecovered,
+                   absl::StrCat("cannot post the port of generation ", n.generation, ": ",
+                                posted.status().message()),
+                   0};
+    }
+    n = *posted;
+  }
+  if (n.master_port == 0) return std::nullopt;  // posted soon by global rank 0's node
+  const SteadyTime t = pending_lost_.empty() ? clock_.Now() : recovery_started_;
+  std::vector<std::string> said = std::move(pending_said_);
+  if (pending_lost_.empty()) {  // another node's loss
+    telemetry_.FaultSeen(t);
+    said = {absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason, " (on node ",
+                         n.asked_by, ")")};
+    for (const Worker& w : workers_) {
+      if (!w.recoverable || !w.alive) {
+        return Watch{Watch::Outcome::kUnrecovered,
+                     absl::StrCat(said.front(), ": local rank ", w.local_rank,
+                                  w.alive ? " did not declare in-process recovery" : " is gone"),
+                     0};
+      }
+    }
+  }
+  Assignment next = current_;
+  next.master_port = n.master_port;
+  const std::vector<WorkerExit> lost = std::move(pending_lost_);
+  pending_lost_.clear();
+  pending_said_.clear();
+  if (!BeginGeneration(next, n.generation, lost, said, t)) {
+    return Watch{Watch::Outcome::kUnrecovered,
+                 absl::StrCat("generation ", n.generation, " could not start here"), 0};
+  }
+  return std::nullopt;
+}
+
+std::string Agent::UnrecoveredReason() const {
+  if (!pending_lost_.empty()) {
+    return absl::StrCat("in-process recovery: generation ", generation_ + 1,
+                        " asked of the job did not begin within ",
+                        options_.recovery_timeout.count(), " ms (its master port never came)");
+  }
+  return absl::StrCat("in-process recovery (generation ", generation_, ") did not end within ",
+                      options_.recovery_timeout.count(), " ms: ", awaiting_state_.size(),
+                      " rank(s) never said they hold the state");
+}
+
 void Agent::SpareOnDeclaration(int local_rank) {
-  if (!options_.spares_on_declaration || !options_.single_node_job ||
+  if (!options_.spares_on_declaration || (!options_.single_node_job && !regroup_) ||
       options_.recovery == AgentOptions::Recovery::kRestart) {
     return;
   }

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
 #include "launcher/agent/job_channel.h"
+#include "launcher/agent/regroup_link.h"
 
 namespace dlrun::launcher {
 
@@ -43,9 +44,12 @@ class MembershipSource {
 struct JobLink {
   std::shared_ptr<MembershipSource> membership;
   std::shared_ptr<JobChannel> channel;
+  // In-process recovery across nodes (null: this job's nodes cannot regroup; a single-node job
+  // needs not).
+  std::shared_ptr<RegroupLink> regroup;
   template <class Both>
   static JobLink Of(std::shared_ptr<Both> both) {
-    return {both, both};
+    return {both, both, nullptr};
   }
 };
 

@@ -1,7 +1,5 @@
 #include "launcher/rdzv/rdzv_source.h"
 
-#include <filesystem>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +16,8 @@
 #include "launcher/base/bad_nodes.h"
 #include "launcher/detect/net.h"
 #include "launcher/rdzv/failover.h"
+#include "launcher/rdzv/rdzv_endpoints.h"
+#include "launcher/rdzv/rdzv_regroup.h"
 #include "launcher/rdzv/rdzv_loader.h"
 #include "spdlog/spdlog.h"
 
@@ -30,56 +30,7 @@ constexpr std::chrono::seconds kFirstProgress{3};
 
 int64_t Ms(rdzv::Duration d) { return d.count(); }
 
-// This agent's identity at the rendezvous.
-// host:pid/pid-namespace: agents in containers on one host (each the PID 1 of a namespace of its
-// own: Slurm's --container, pyxis) must not share an id, and a pid alone does not tell them apart.
-std::string NodeId(const RdzvSourceOptions& o) {
-  static const std::string pidns = [] {
-    std::error_code ec;
-    const std::string link = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
-    const size_t open = link.find('['), close = link.find(']');
-    if (ec || open == std::string::npos || close == std::string::npos) return std::string();
-    return absl::StrCat("/", link.substr(open + 1, close - open - 1));
-  }();
-  return absl::StrCat(o.hostname, ":", getpid(), pidns);
-}
-
-std::string CandidateList(const RdzvSourceOptions& o) {
-  return o.candidates.size() > 1 ? absl::StrJoin(o.candidates, ",") : "";
-}
-
-// How long an agent that starts asks a peer whether it already hosts this job.
-constexpr std::chrono::milliseconds kPeerProbeTimeout{500};
 constexpr int kHostAttempts = 6;  // an agent that may host: tries while nobody serves
-
-// A client of this job's rendezvous at `endpoint`. A heartbeat slower than one interval counts
-// as missed (at least 100 ms, for very short test intervals).
-rdzv::ClientOptions ClientFor(const RdzvSourceOptions& o, const std::string& endpoint) {
-  rdzv::ClientOptions c;
-  c.endpoint = endpoint;
-  c.heartbeat_timeout = std::max(rdzv::Duration(100), o.config.heartbeat_interval);
-  c.run_id = o.run_id;
-  c.token = o.token;
-  c.tls = o.tls;
-  c.candidates = CandidateList(o);
-  return c;
-}
-
-// A host of this job's rendezvous at `endpoint` with `epoch`, run by this agent.
-rdzv::HostOptions HostFor(const RdzvSourceOptions& o, const std::string& endpoint,
-                          uint64_t epoch) {
-  rdzv::HostOptions h;
-  h.config = o.config;
-  h.run_id = o.run_id;
-  h.token = o.token;
-  h.tls = o.tls;
-  h.listen_address = endpoint;
-  h.epoch = epoch;
-  h.host_node_id = NodeId(o);
-  h.candidates = CandidateList(o);
-  h.telemetry = o.telemetry;
-  return h;
-}
 
 // Membership from the gRPC rendezvous, with host failover (docs/FAILOVER.md): when the host
 // stops answering for the liveness limit, the survivors pick the next candidate, which hosts a
@@ -88,7 +39,10 @@ class RdzvSource final : public MembershipSource, public JobChannel {
  public:
   RdzvSource(RdzvSourceOptions o, rdzv::Api* api, std::unique_ptr<rdzv::HostedRendezvous> hosted,
              Clock& clock)
-      : o_(std::move(o)), api_(api), clock_(clock), hosted_(std::move(hosted)) {
+      : o_(std::move(o)), api_(api), clock_(clock), hosted_(std::move(hosted)),
+        regroup_(std::make_shared<RdzvRegroup>(
+            [api, o = o_](const std::string& at) { return api->CreateClient(ClientFor(o, at)); },
+            NodeId(o_))) {
     node_.node_id = NodeId(o_);
     node_.hostname = o_.hostname;
     node_.address = o_.local_addr;
@@ -97,6 +51,8 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     if (hosted_) epoch_ = hosted_->epoch();
     SwitchTo(o_.endpoint);
   }
+
+  const std::shared_ptr<RdzvRegroup>& regroup() const { return regroup_; }
 
   ~RdzvSource() override {
     if (!hosted_) return;
@@ -318,6 +274,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     last_ok_ = clock_.Now();
     lost_ = false;
     if (hosted_) hosted_->SetPeers(PeerEndpoints());
+    regroup_->Begin(client_->endpoint(), round_, epoch_);
     a.max_restarts = o_.config.max_restarts;
     a.run_id = o_.run_id;
     a.role = o_.role;
@@ -407,6 +364,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   rdzv::Api* api_;
   Clock& clock_;  // the liveness limit of the host is measured on it
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
+  std::shared_ptr<RdzvRegroup> regroup_;  // in-process recovery across nodes
   std::optional<telemetry::NodeTelemetry> telemetry_;  // the latest Publish
   uint64_t published_ = 0, sent_ = 0;  // Publish calls; the count when last sent
   std::unique_ptr<rdzv::RendezvousClient> client_;
@@ -426,21 +384,6 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   std::string redirect_;  // the host stepped down: the next Next() joins here
   PortReservation port_;
 };
-
-// A host of this job already serving at one of `peers` (a node that comes back after the
-// job failed over must join it, not host a second one): its endpoint, or empty.
-std::string FindServingPeer(rdzv::Api* api, const RdzvSourceOptions& o) {
-  for (const std::string& peer : o.peers) {
-    if (peer == o.endpoint) continue;
-    rdzv::ClientOptions c = ClientFor(o, peer);
-    c.rpc_timeout = kPeerProbeTimeout;
-    auto st = api->CreateClient(c)->Status();
-    if (st.ok() && (st->phase == "running" || st->phase == "joining")) {
-      return st->redirect.empty() ? peer : st->redirect;
-    }
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -494,7 +437,10 @@ absl::StatusOr<JobLink> MakeRendezvousSource(RdzvSourceOptions o, rdzv::Api& api
     }
     if (o.is_host == "true") return s.status();
   }
-  return JobLink::Of(std::make_shared<RdzvSource>(std::move(o), api, std::move(hosted), clock));
+  auto source = std::make_shared<RdzvSource>(std::move(o), api, std::move(hosted), clock);
+  JobLink link = JobLink::Of(source);
+  link.regroup = source->regroup();
+  return link;
 }
 
 }  // namespace dlrun::launcher

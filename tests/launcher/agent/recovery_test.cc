@@ -103,8 +103,8 @@ TEST(AgentInProcessRecovery, AProgramThatDidNotDeclareItRestartsAsUnderTorchrun)
   EXPECT_TRUE(h.procs.kept_spares.empty());
 }
 
-// An elastic job (--nnodes 1:2) down to one node restarts through its rendezvous as before: no
-// in-process recovery, no spares on declaration.
+// A job that may span nodes whose nodes cannot regroup (no RegroupLink: a static multi-node
+// rendezvous) restarts as before: no in-process recovery, no spares on declaration.
 TEST(AgentInProcessRecovery, AJobThatMaySpanNodesRestartsAsBefore) {
   Harness h(3);
   Declaring(h, /*replacement_joins=*/true);
@@ -123,6 +123,132 @@ TEST(AgentInProcessRecovery, RecoveryRestartRestartsEvenADeclaringProgram) {
   EXPECT_TRUE(h.procs.told.empty());
   EXPECT_EQ(h.procs.groups_started(), 2);
   EXPECT_TRUE(h.procs.kept_spares.empty());
+}
+
+
+// Across nodes (RegroupLink; docs/RECOVERY.md, "Across nodes"): the job's regroup as a script.
+// An ask is recorded and answered with `answer_port` (the port global rank 0's node posts; 0:
+// not yet), or refused; from `remote_at` on, Latest() shows another node's loss.
+class FakeRegroup final : public RegroupLink {
+ public:
+  explicit FakeRegroup(FakeClock& clock) : clock_(clock) {}
+  void Watch(std::function<void()> wake) override { watched = true; }
+  Notice Latest() override {
+    if (remote_at && clock_.Elapsed() >= *remote_at && notice.generation == 0) notice = remote;
+    return notice;
+  }
+  absl::StatusOr<Notice> Ask(int generation, const std::vector<int>& lost, int master_port,
+                             const std::string& reason) override {
+    asks.push_back({generation, master_port, lost, reason, "this"});
+    if (refuse) return absl::AbortedError("the regroup to generation 1 is under way");
+    if (!lost.empty()) notice = {generation, master_port > 0 ? master_port : answer_port, lost,
+                                 reason, "this"};
+    if (lost.empty()) notice.master_port = master_port;
+    return notice;
+  }
+
+  bool watched = false, refuse = false;
+  int answer_port = 46000;
+  std::optional<milliseconds> remote_at;
+  Notice remote, notice;
+  std::vector<Notice> asks;
+
+ private:
+  FakeClock& clock_;
+};
+
+// Node 1 of 2 (ranks 3-5), or node 0 (ranks 0-2) with `holds_rank_zero`, of a job that can
+// regroup.
+int RunAcrossNodes(Harness& h, std::shared_ptr<FakeRegroup> regroup, bool holds_rank_zero,
+                   int max_restarts = 1) {
+  h.options.single_node_job = false;
+  Assignment a;
+  a.num_nodes = 2;
+  a.node_rank = holds_rank_zero ? 0 : 1;
+  a.rank_offset = holds_rank_zero ? 0 : 3;
+  a.world_size = 6;
+  a.local_world_size = h.options.nproc;
+  JobLink link = MakeStaticSource(a, max_restarts, nullptr);
+  link.regroup = std::move(regroup);
+  return h.Run(std::move(link));
+}
+
+TEST(AgentInProcessRecovery, ALossOnANodeIsAskedOfTheJobAndReplacedOnceThePortIsPosted) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
+  EXPECT_TRUE(regroup->watched);
+  ASSERT_EQ(regroup->asks.size(), 1u);
+  EXPECT_EQ(regroup->asks[0].generation, 1);
+  EXPECT_EQ(regroup->asks[0].master_port, 0);  // global rank 0's node picks it
+  EXPECT_EQ(regroup->asks[0].lost_ranks, std::vector<int>{4});
+  EXPECT_NE(regroup->asks[0].reason.find("rank 4 (local rank 1"), std::string::npos)
+      << regroup->asks[0].reason;
+  ASSERT_EQ(h.procs.procs.size(), 4u);  // no second group
+  const auto& replacement = h.procs.procs[3];
+  EXPECT_EQ(replacement.spec.env.at("MASTER_PORT"), "46000");
+  EXPECT_EQ(replacement.spec.env.at("DLRUN_RECOVERY_GEN"), "1");
+  EXPECT_EQ(replacement.spec.env.at("RANK"), "4");
+  ASSERT_EQ(h.procs.told.size(), 2u);
+  for (const auto& [pid, word] : h.procs.told) EXPECT_EQ(word, "regroup 1 46000\n");
+  EXPECT_EQ(h.procs.kept_spares.size(), 4u);  // warm spares across nodes too
+}
+
+TEST(AgentInProcessRecovery, AnotherNodesLossRegroupsEverySurvivorHere) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.RecordAfter(p.pid, milliseconds(100), Declared());
+    StepRecord s;
+    s.samples = 1;
+    s.step_s = 1;
+    f.StepsEvery(p.pid, seconds(1), seconds(5), s);
+    f.ExitAfter(p.pid, seconds(20), 0);  // nothing fails here
+  };
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  regroup->remote_at = milliseconds(2500);
+  regroup->remote = {1, 46000, {0}, "rank 0 (local rank 0, pid 7): SIGKILL", "node-a"};
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
+  EXPECT_TRUE(regroup->asks.empty());
+  EXPECT_EQ(h.procs.procs.size(), 3u);  // nothing to replace here
+  ASSERT_EQ(h.procs.told.size(), 3u);
+  for (const auto& [pid, word] : h.procs.told) EXPECT_EQ(word, "regroup 1 46000\n");
+  for (int i : {0, 1, 2}) EXPECT_TRUE(h.procs.SentTo(h.procs.procs[i].pid).empty()) << i;
+}
+
+TEST(AgentInProcessRecovery, TheNodeOfGlobalRankZeroPostsTheNewGroupsPort) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.RecordAfter(p.pid, milliseconds(100), Declared());
+    StepRecord s;
+    s.samples = 1;
+    s.step_s = 1;
+    f.StepsEvery(p.pid, seconds(1), seconds(5), s);
+    f.ExitAfter(p.pid, seconds(20), 0);
+  };
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  regroup->remote_at = milliseconds(2500);
+  regroup->remote = {1, 0, {4}, "rank 4 (local rank 1, pid 9): SIGKILL", "node-b"};
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/true), 0);
+  ASSERT_EQ(regroup->asks.size(), 1u);
+  EXPECT_EQ(regroup->asks[0].generation, 1);
+  EXPECT_EQ(regroup->asks[0].master_port, 45000);  // its pick_master_port
+  EXPECT_TRUE(regroup->asks[0].lost_ranks.empty());
+  ASSERT_EQ(h.procs.told.size(), 3u);
+  for (const auto& [pid, word] : h.procs.told) EXPECT_EQ(word, "regroup 1 45000\n");
+}
+
+TEST(AgentInProcessRecovery, AnAskTheJobRefusesEndsInTheRestart) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  regroup->refuse = true;
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
+  EXPECT_EQ(regroup->asks.size(), 1u);
+  EXPECT_TRUE(h.procs.told.empty());
+  EXPECT_EQ(h.procs.groups_started(), 2);
 }
 
 }  // namespace

@@ -1,0 +1,53 @@
+// RegroupLink over dlrun's rendezvous (proto `service Regroup`; docs/RECOVERY.md, "Across
+// nodes"): a thread holds a Watch open on the round's host, so a regroup another node asks for
+// reaches this agent within a round trip, not a heartbeat interval.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "launcher/agent/regroup_link.h"
+#include "rendezvous/client.h"
+
+namespace dlrun::launcher {
+
+class RdzvRegroup final : public RegroupLink {
+ public:
+  using MakeClient =
+      std::function<std::unique_ptr<rdzv::RendezvousClient>(const std::string& endpoint)>;
+  RdzvRegroup(MakeClient make_client, std::string node_id);
+  ~RdzvRegroup() override;  // cancels the held watch and joins its thread
+
+  // A round closed at `endpoint` (RdzvSource's join): the watch follows it there.
+  void Begin(const std::string& endpoint, uint64_t round, uint64_t epoch);
+
+  void Watch(std::function<void()> wake) override;
+  Notice Latest() override;
+  absl::StatusOr<Notice> Ask(int generation, const std::vector<int>& lost_ranks, int master_port,
+                             const std::string& reason) override;
+
+ private:
+  void StopThread();
+  void StartThreadLocked();
+  void Loop(std::shared_ptr<rdzv::RendezvousClient> client, uint64_t round);
+  // Takes `n` as the latest when it is this round's and differs; returns whether it did.
+  bool Take(const rdzv::RegroupNotice& n);
+
+  const MakeClient make_client_;
+  const std::string node_id_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<rdzv::RendezvousClient> client_;  // guarded by mu_
+  uint64_t round_ = 0;                              // guarded by mu_
+  rdzv::RegroupNotice latest_;                      // guarded by mu_
+  std::function<void()> wake_;                      // guarded by mu_
+  std::function<void()> cancel_;  // guarded by mu_: cancels the watch held now
+  bool stop_ = false;             // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace dlrun::launcher

@@ -1,0 +1,158 @@
+// In-process recovery across nodes, the job's side (rendezvous/regroup.h), over real gRPC on
+// loopback: a node's ask reaches the other's held watch, global rank 0's node posts the port,
+// a second ask and bad requests are refused, a new round ends the watches.
+#include <future>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "rendezvous/client.h"
+#include "rendezvous/server.h"
+#include "tests/rdzv/test_client.h"
+
+namespace dlrun::rdzv {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class RegroupGrpc : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ServerOptions o;
+    o.handler.config.min_nodes = o.handler.config.max_nodes = 2;
+    o.handler.config.max_restarts = 3;
+    o.handler.run_id = "run";
+    o.handler.token = "tok";
+    auto s = RendezvousServer::Start(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    a_ = RendezvousClient::Create(Opts(server_->port()));
+    b_ = RendezvousClient::Create(Opts(server_->port()));
+    auto join = [](RendezvousClient* c, const std::string& id) {
+      NodeInfo n;
+      n.node_id = n.hostname = id;
+      n.address = "127.0.0.1";
+      n.nproc = 2;
+      return c->Join(n, seconds(30));
+    };
+    auto ja = std::async(std::launch::async, join, a_.get(), "node-a");
+    auto jb = join(b_.get(), "node-b");
+    ASSERT_TRUE(jb.ok()) << jb.status();
+    ASSERT_TRUE(ja.get().ok());
+  }
+  // A watch held on its own thread from what `known` says.
+  std::future<absl::StatusOr<RegroupNotice>> WatchFrom(const RegroupNotice& known,
+                                                       milliseconds timeout = seconds(20)) {
+    return std::async(std::launch::async, [this, known, timeout] {
+      return a_->WatchRegroup("node-a", known, timeout, [](std::function<void()>) {});
+    });
+  }
+  static RegroupAsk Lost(int generation, std::vector<int> ranks, uint64_t round = 1) {
+    return {round, generation, std::move(ranks), 0, "rank 3 (local rank 1, pid 9): SIGKILL"};
+  }
+
+  std::unique_ptr<RendezvousServer> server_;
+  std::unique_ptr<RendezvousClient> a_, b_;
+};
+
+TEST_F(RegroupGrpc, AnAskReachesTheHeldWatchAndThePostedPortReachesItAgain) {
+  RegroupNotice known;
+  known.round = 1;
+  auto held = WatchFrom(known);
+  ASSERT_EQ(held.wait_for(milliseconds(200)), std::future_status::timeout);  // nothing yet
+  auto asked = b_->AskRegroup("node-b", Lost(1, {3}));
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->master_port, 0);
+  ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
+  auto seen = held.get();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->round, 1u);
+  EXPECT_EQ(seen->generation, 1);
+  EXPECT_EQ(seen->master_port, 0);
+  EXPECT_EQ(seen->lost_ranks, std::vector<int>{3});
+  EXPECT_EQ(seen->asked_by, "node-b");
+  EXPECT_EQ(seen->reason, "rank 3 (local rank 1, pid 9): SIGKILL");
+
+  auto again = WatchFrom(*seen);  // node-b's side now waits for the port
+  ASSERT_EQ(again.wait_for(milliseconds(100)), std::future_status::timeout);
+  auto posted = a_->AskRegroup("node-a", {1, 1, {}, 41000, ""});
+  ASSERT_TRUE(posted.ok()) << posted.status();
+  EXPECT_EQ(posted->master_port, 41000);
+  ASSERT_EQ(again.wait_for(seconds(10)), std::future_status::ready);
+  auto ported = again.get();
+  ASSERT_TRUE(ported.ok()) << ported.status();
+  EXPECT_EQ(ported->master_port, 41000);
+  // The next loss asks for generation 2.
+  EXPECT_TRUE(b_->AskRegroup("node-b", Lost(2, {2})).ok());
+}
+
+TEST_F(RegroupGrpc, ASecondAskForTheSameGenerationIsRefused) {
+  ASSERT_TRUE(b_->AskRegroup("node-b", Lost(1, {3})).ok());
+  auto second = a_->AskRegroup("node-a", Lost(1, {0}));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(second.status().message().find("is under way"), std::string_view::npos)
+      << second.status();
+  ASSERT_TRUE(a_->AskRegroup("node-a", {1, 1, {}, 41000, ""}).ok());
+  auto skipped = a_->AskRegroup("node-a", Lost(3, {0}));
+  EXPECT_EQ(skipped.status().code(), absl::StatusCode::kAborted);
+  // The port once posted stays: another is refused.
+  auto other_port = a_->AskRegroup("node-a", {1, 1, {}, 41001, ""});
+  EXPECT_EQ(other_port.status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(RegroupGrpc, BadRequestsAreRefusedWithTheFieldNamed) {
+  auto zero = b_->AskRegroup("node-b", Lost(0, {3}));
+  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(zero.status().message().find("generation 0"), std::string_view::npos);
+  auto empty = b_->AskRegroup("node-b", {1, 1, {}, 0, ""});
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  auto port = b_->AskRegroup("node-b", {1, 1, {3}, 70000, ""});
+  EXPECT_EQ(port.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(port.status().message().find("master_port 70000"), std::string_view::npos);
+  auto stale = b_->AskRegroup("node-b", Lost(1, {3}, /*round=*/7));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  RendezvousClient::CancelHook none = [](std::function<void()>) {};
+  auto no_timeout = a_->WatchRegroup("node-a", {}, milliseconds(0), none);
+  EXPECT_EQ(no_timeout.status().code(), absl::StatusCode::kInvalidArgument);
+  auto wrong_token = RendezvousClient::Create(Opts(server_->port(), "guess"));
+  EXPECT_EQ(wrong_token->AskRegroup("node-b", Lost(1, {3})).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // None of it changed the regroup: generation 1 is still free.
+  EXPECT_TRUE(b_->AskRegroup("node-b", Lost(1, {3})).ok());
+}
+
+TEST_F(RegroupGrpc, AWatchEndsAtItsTimeoutAndWhenANewRoundOpens) {
+  RegroupNotice known;
+  known.round = 1;
+  auto quiet = WatchFrom(known, milliseconds(50));
+  ASSERT_EQ(quiet.wait_for(seconds(10)), std::future_status::ready);
+  auto same = quiet.get();
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->generation, 0);
+  auto held = WatchFrom(known);
+  ASSERT_EQ(held.wait_for(milliseconds(100)), std::future_status::timeout);
+  ASSERT_TRUE(b_->ReportFailure("node-b", 1, "worker 3 exited with 1", false).ok());
+  ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
+  auto next = held.get();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->round, 2u);
+  EXPECT_EQ(next->generation, 0);
+}
+
+TEST_F(RegroupGrpc, ACancelledWatchReturnsAtOnce) {
+  std::promise<std::function<void()>> cancel;
+  auto held = std::async(std::launch::async, [&] {
+    bool first = true;
+    return a_->WatchRegroup("node-a", {1, 0, 0, {}, "", ""}, seconds(20),
+                            [&](std::function<void()> c) {
+                              if (first) cancel.set_value(std::move(c));
+                              first = false;
+                            });
+  });
+  cancel.get_future().get()();
+  ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(held.get().status().code(), absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace dlrun::rdzv

@@ -105,7 +105,7 @@ absl::Status RegroupHandler::Ask(const v1::RegroupRequest& req, const std::strin
 }
 
 void RegroupHandler::Watch(const v1::WatchRegroupRequest& req, const std::string& peer,
-                           WatchDone done) {
+                           uint64_t ticket, WatchDone done) {
   if (absl::Status s = membership_.Authorize(req.auth(), peer); !s.ok()) return done(s, {});
   if (auto s = CheckString("node_id", req.node_id(), 256, true); !s.ok()) {
     return done(membership_.Refuse(s, peer), {});
@@ -120,12 +120,21 @@ void RegroupHandler::Watch(const v1::WatchRegroupRequest& req, const std::string
   Answers answers;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    watchers_.push_back({req.round(), req.generation(), req.master_port(),
+    watchers_.push_back({ticket, req.round(), req.generation(), req.master_port(),
                          membership_.Now() + std::chrono::milliseconds(req.timeout_ms()),
                          std::move(done)});
     answers = Due(membership_.Now(), round);
   }
   for (auto& [d, notice] : answers) d(absl::OkStatus(), notice);
+}
+
+bool RegroupHandler::CancelWatch(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = std::find_if(watchers_.begin(), watchers_.end(),
+                         [&](const Watcher& w) { return w.ticket == ticket; });
+  if (it == watchers_.end()) return false;
+  watchers_.erase(it);
+  return true;
 }
 
 std::optional<TimePoint> RegroupHandler::Tick() {

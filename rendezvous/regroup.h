@@ -32,15 +32,21 @@ class RegroupHandler {
                    v1::RegroupNotice* resp);
 
   // `done` runs exactly once: when the round's regroup differs from the caller's (generation,
-  // port), the round is over, or timeout_ms passed (Tick); at once for a refused request.
+  // port), the round is over, or timeout_ms passed (Tick); at once for a refused request;
+  // never once CancelWatch(ticket) returned true.
   using WatchDone = std::function<void(const absl::Status&, const v1::RegroupNotice&)>;
-  void Watch(const v1::WatchRegroupRequest& req, const std::string& peer, WatchDone done);
+  void Watch(const v1::WatchRegroupRequest& req, const std::string& peer, uint64_t ticket,
+             WatchDone done);
+  // The caller of a held watch went away, or the server shuts down: forget it. Returns whether
+  // it was still held (then the caller finishes the call itself).
+  bool CancelWatch(uint64_t ticket);
 
   // Answers the watches that are due; returns the next timeout.
   std::optional<TimePoint> Tick();
 
  private:
   struct Watcher {
+    uint64_t ticket = 0;
     uint64_t round = 0;
     uint32_t generation = 0, master_port = 0;
     TimePoint deadline;

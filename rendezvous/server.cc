@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <thread>
 
@@ -147,13 +148,30 @@ class RegroupService final : public v1::Regroup::CallbackService {
   grpc::ServerUnaryReactor* Watch(grpc::CallbackServerContext* ctx,
                                   const v1::WatchRegroupRequest* req,
                                   v1::RegroupNotice* resp) override {
-    auto* r = ctx->DefaultReactor();
-    // Finished by an Ask, a new round or the timer (Tick) at the timeout; the timer must learn
-    // the new deadline.
-    g_->Watch(*req, ctx->peer(), [r, resp](const absl::Status& s, const v1::RegroupNotice& n) {
-      if (s.ok()) *resp = n;
-      r->Finish(ToGrpc(s));
-    });
+    // A reactor that hears the client go away (or the server shut down) while the watch is held.
+    class Reactor : public grpc::ServerUnaryReactor {
+     public:
+      Reactor(RegroupHandler* g, uint64_t ticket) : g_(g), ticket_(ticket) {}
+      void OnCancel() override {
+        if (g_->CancelWatch(ticket_)) {
+          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "regroup watch cancelled"));
+        }
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      RegroupHandler* g_;
+      const uint64_t ticket_;
+    };
+    const uint64_t ticket = next_ticket_.fetch_add(1);
+    auto* r = new Reactor(g_, ticket);
+    // Finished by an Ask, a new round or the timer (Tick) at the timeout; nothing may touch `r`
+    // after Watch. The timer must learn the new deadline.
+    g_->Watch(*req, ctx->peer(), ticket,
+              [r, resp](const absl::Status& s, const v1::RegroupNotice& n) {
+                if (s.ok()) *resp = n;
+                r->Finish(ToGrpc(s));
+              });
     on_change_();
     return r;
   }
@@ -161,6 +179,7 @@ class RegroupService final : public v1::Regroup::CallbackService {
  private:
   RegroupHandler* g_;
   std::function<void()> on_change_;
+  std::atomic<uint64_t> next_ticket_{1};
 };
 
 std::optional<TimePoint> Earlier(std::optional<TimePoint> a, std::optional<TimePoint> b) {

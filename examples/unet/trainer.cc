@@ -197,6 +197,7 @@ void Trainer::MakeDdp(bool init_sync) {
   ddp_opts.bucket_cap_mb = a_.bucket_cap_mb;
   ddp_opts.broadcast_buffers = a_.broadcast_buffers;
   ddp_opts.fp16_compression = a_.fp16_grad_compression;
+  if (ddp_ && !init_sync) ddp_opts.ready_order = ddp_->readyOrder();  // the same sums as before
   ddp_.reset();  // after a recovery: the old group's engine goes first
   ddp_ = std::make_unique<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>>(model_, ctx_.pg, ddp_opts);
 }

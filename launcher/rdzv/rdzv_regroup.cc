@@ -22,9 +22,9 @@ RegroupLink::Notice FromRdzv(const rdzv::RegroupNotice& n) {
 RdzvRegroup::RdzvRegroup(MakeClient make_client, std::string node_id)
     : make_client_(std::move(make_client)), node_id_(std::move(node_id)) {}
 
-RdzvRegroup::~RdzvRegroup() { StopThread(); }
+RdzvRegroup::~RdzvRegroup() { Stop(); }
 
-void RdzvRegroup::StopThread() {
+void RdzvRegroup::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -37,7 +37,7 @@ void RdzvRegroup::StopThread() {
 }
 
 void RdzvRegroup::Begin(const std::string& endpoint, uint64_t round, uint64_t epoch) {
-  StopThread();
+  Stop();
   std::shared_ptr<rdzv::RendezvousClient> client = make_client_(endpoint);
   client->set_epoch(epoch);
   std::lock_guard<std::mutex> lock(mu_);

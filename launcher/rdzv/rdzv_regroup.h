@@ -25,13 +25,15 @@ class RdzvRegroup final : public RegroupLink {
   // A round closed at `endpoint` (RdzvSource's join): the watch follows it there.
   void Begin(const std::string& endpoint, uint64_t round, uint64_t epoch);
 
+  // Ends the watch (its held call cancelled) until the next Begin.
+  void Stop();
+
   void Watch(std::function<void()> wake) override;
   Notice Latest() override;
   absl::StatusOr<Notice> Ask(int generation, const std::vector<int>& lost_ranks, int master_port,
                              const std::string& reason) override;
 
  private:
-  void StopThread();
   void StartThreadLocked();
   void Loop(std::shared_ptr<rdzv::RendezvousClient> client, uint64_t round);
   // Takes `n` as the latest when it is this round's and differs; returns whether it did.

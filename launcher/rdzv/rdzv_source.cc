@@ -55,6 +55,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   const std::shared_ptr<RdzvRegroup>& regroup() const { return regroup_; }
 
   ~RdzvSource() override {
+    regroup_->Stop();  // its held watch first: a server shuts down after its calls end
     if (!hosted_) return;
     // If the job has ended, keep serving a few heartbeats until every node has heard it, so no
     // agent is cut off and mistakes the hosting agent's exit for a lost rendezvous.

@@ -154,5 +154,17 @@ TEST_F(RegroupGrpc, ACancelledWatchReturnsAtOnce) {
   EXPECT_EQ(held.get().status().code(), absl::StatusCode::kCancelled);
 }
 
+// A held watch does not keep the server from shutting down (the hosting agent's exit).
+TEST_F(RegroupGrpc, AHeldWatchLetsTheServerShutDown) {
+  RegroupNotice known;
+  known.round = 1;
+  auto held = WatchFrom(known);
+  ASSERT_EQ(held.wait_for(milliseconds(100)), std::future_status::timeout);
+  auto shutdown = std::async(std::launch::async, [this] { server_->Shutdown(); });
+  ASSERT_EQ(shutdown.wait_for(seconds(10)), std::future_status::ready);
+  ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(held.get().ok());
+}
+
 }  // namespace
 }  // namespace dlrun::rdzv

@@ -19,3 +19,32 @@ follow_until() {
   rm -f "$fifo"
   return $found
 }
+
+# netns_pair TAG: two network namespaces joined by a veth pair, each with its own address on a
+# fresh /24 and its loopback up; sets ns_a ns_b addr_a addr_b link_a link_b. netns_pair_down
+# kills what runs in them and deletes them (an EXIT trap's job). Needs root and iproute2.
+netns_pair() {
+  command -v ip >/dev/null || { echo "FAIL: ip (iproute2) is missing" >&2; return 1; }
+  ns_a="dlrun-$1-$$-a"
+  ns_b="dlrun-$1-$$-b"
+  link_a="v$1a$$"  # interface names: at most 15 characters
+  link_b="v$1b$$"
+  local net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250))" ns
+  addr_a="$net.1"
+  addr_b="$net.2"
+  ip netns add "$ns_a"
+  ip netns add "$ns_b"
+  ip link add "$link_a" netns "$ns_a" type veth peer name "$link_b" netns "$ns_b"
+  ip -n "$ns_a" addr add "$addr_a/24" dev "$link_a"
+  ip -n "$ns_b" addr add "$addr_b/24" dev "$link_b"
+  for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+  ip -n "$ns_a" link set "$link_a" up
+  ip -n "$ns_b" link set "$link_b" up
+}
+netns_pair_down() {
+  local ns p
+  for ns in "$ns_a" "$ns_b"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}

@@ -2,7 +2,7 @@
 // against a single-process reference computed on every rank. Exit 0 and "ddp_check ok" on
 // success, 1 with the reason otherwise.
 //   ddp_check --mode adam|nosync|buffers-on|buffers-off|unused-error|unused-ok|reload|reorder|fp16|
-//                    hook|syncbn|init-sync
+//                    hook|syncbn|init-sync|ready-order
 // The twin modes train what tests/worker/ddp_twin.py trains with PyTorch's Python DDP and write
 // each rank's final parameters (float64, registration order) to DIR/cc-rank<RANK>.bin:
 //   ddp_check --mode twin-fp16|twin-bf16|twin-static|twin-join --out DIR
@@ -261,8 +261,37 @@ int RunInitSync() {
   return 0;
 }
 
+// DDPOptions::ready_order (the wrapper made anew after an in-process recovery): every rank takes
+// the order of the lowest rank that has one (rank 1 has none, as a replacement), its buckets
+// start in it with no rebuild, and readyOrder() gives it back.
+int RunReadyOrder() {
+  auto ctx = dlrun::worker::init();
+  torch::manual_seed(7);
+  Net model(false, false, false);
+  std::vector<size_t> order;  // registration order: PyTorch's first buckets are the reverse
+  std::string first;
+  for (const auto& p : model->named_parameters()) {
+    if (!p.value().requires_grad()) continue;
+    if (order.empty()) first = p.key();
+    order.push_back(order.size());
+  }
+  DDPOptions opts;
+  opts.init_sync = false;
+  if (ctx.rank() == 0) opts.ready_order = order;
+  DistributedDataParallel ddp(model, ctx.pg, opts);
+  if (ddp.readyOrder() != order) return Fail("the ranks did not take rank 0's bucket order");
+  if (ddp.buckets().front().parameters.front() != first) {
+    return Fail("the first bucket does not start with the order's first parameter " + first);
+  }
+  DistributedDataParallel fresh(model, ctx.pg);  // no order given: PyTorch's, until a step
+  if (!fresh.readyOrder().empty()) return Fail("a fresh wrapper claims an agreed order");
+  std::printf("ddp_check ok: ready-order, rank %d\n", ctx.rank());
+  return 0;
+}
+
 int Run(const std::string& mode) {
   if (mode == "syncbn") return RunSyncBatchNorm();
+  if (mode == "ready-order") return RunReadyOrder();
   if (mode == "mismatch") return RunMismatch();
   if (mode == "init-sync") return RunInitSync();
   auto ctx = dlrun::worker::init();

@@ -128,7 +128,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
                          ::testing::Values("adam", "nosync", "nosync-forward", "buffers-on",
                                            "buffers-off",
                                            "unused-error", "unused-ok", "reload",
-                                           "reorder", "fp16", "hook", "syncbn", "init-sync"));
+                                           "reorder", "fp16", "hook", "syncbn", "init-sync",
+                                           "ready-order"));
 
 std::vector<double> ReadDoubles(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

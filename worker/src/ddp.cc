@@ -203,9 +203,19 @@ DistributedDataParallelBase::DistributedDataParallelBase(
     m.slots[i].name = names[i];
     m.slots[i].param = params[i];
   }
-  auto layout = AssignBuckets(m.SlotBytes(), Impl::CapBytes(options.first_bucket_cap_mb),
-                              Impl::CapBytes(options.bucket_cap_mb));
-  for (auto& bucket : layout) std::reverse(bucket.begin(), bucket.end());
+  // After an in-process recovery: the order the former wrappers settled on, without a rebuild.
+  if (!options.init_sync) m.ready_order = m.AgreeOnReadyOrder(m.slots.size());
+  m.rebuilt = !m.ready_order.empty();
+  std::vector<std::vector<size_t>> layout;
+  if (m.rebuilt) {
+    layout = AssignBucketsInReadyOrder(m.SlotBytes(), m.ready_order,
+                                       Impl::CapBytes(options.first_bucket_cap_mb),
+                                       Impl::CapBytes(options.bucket_cap_mb));
+  } else {
+    layout = AssignBuckets(m.SlotBytes(), Impl::CapBytes(options.first_bucket_cap_mb),
+                           Impl::CapBytes(options.bucket_cap_mb));
+    for (auto& bucket : layout) std::reverse(bucket.begin(), bucket.end());
+  }
   m.BuildBuckets(layout);
   for (size_t i = 0; i < m.slots.size(); ++i) {
     Impl::Slot& s = m.slots[i];
@@ -291,6 +301,11 @@ DistributedDataParallelBase::NoSyncGuard::~NoSyncGuard() {
 }
 
 const std::vector<BucketInfo>& DistributedDataParallelBase::buckets() const { return impl_->info; }
+
+std::vector<size_t> DistributedDataParallelBase::readyOrder() const {
+  const bool agreed = impl_->rebuilt && impl_->options.rebuild_buckets_in_ready_order;
+  return agreed ? impl_->ready_order : std::vector<size_t>{};
+}
 
 std::string DistributedDataParallelBase::bucketReport() const {
   std::string backend = "process group";

@@ -67,7 +67,8 @@ struct DistributedDataParallelBase::Impl {
   bool callback_queued = false;
   size_t next_launch = 0;
   bool rebuilt = false;             // buckets re-packed in ready order (after the first step)
-  std::vector<size_t> ready_order;  // slots as their gradients arrived, until then
+  // Slots as their gradients arrived, until the rebuild; then the order every rank agreed on.
+  std::vector<size_t> ready_order;
   std::unique_ptr<c10d::CommHookInterface> hook;  // replaces the allreduce when set
   bool graph_recorded = false;  // static_graph: the first step's record is in the slots
   bool join_active = false;     // inside a JoinGuard
@@ -94,6 +95,9 @@ struct DistributedDataParallelBase::Impl {
   // Once, after the first reduced backward: the buckets in the order rank 0 saw gradients
   // arrive (every rank must use the same buckets, and ranks may see different orders).
   void RebuildInReadyOrder();
+  // DDPOptions::ready_order as every rank agrees on it (init_sync false): the lowest rank's
+  // that has one, else empty. Collective.
+  std::vector<size_t> AgreeOnReadyOrder(size_t n);
 
   std::vector<int64_t> SlotBytes() const;
   static int64_t CapBytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }

@@ -92,30 +92,66 @@ void DistributedDataParallelBase::Impl::BuildBuckets(const std::vector<std::vect
   }
 }
 
-void DistributedDataParallelBase::Impl::RebuildInReadyOrder() {
-  const size_t n = slots.size();
-  if (ready_order.size() != n) return;
-  torch::Tensor order = torch::empty({static_cast<int64_t>(n)}, torch::kLong);
+namespace {
+
+// `o` as a permutation of 0..n-1, or the error every rank must build the same model.
+std::vector<size_t> CheckedOrder(const torch::Tensor& order, int64_t src) {
+  const size_t n = static_cast<size_t>(order.numel());
   auto o = order.accessor<int64_t, 1>();
-  for (size_t i = 0; i < n; ++i) o[i] = static_cast<int64_t>(ready_order[i]);
-  if (pg->getSize() > 1) {
-    std::vector<torch::Tensor> t{order};
-    detail::WaitWork(pg->broadcast(t));
-  }
   std::vector<size_t> agreed(n);
   std::vector<bool> seen(n, false);
   for (size_t i = 0; i < n; ++i) {
     const int64_t k = o[i];
     if (k < 0 || static_cast<size_t>(k) >= n || seen[k]) {
       throw std::runtime_error(lite::StrCat(
-          "DistributedDataParallel: rank 0's gradient order names parameter index ", k,
+          "DistributedDataParallel: rank ", src, "'s gradient order names parameter index ", k,
           " of ", n, " twice or out of range; every rank must build the same model"));
     }
     seen[k] = true;
     agreed[i] = static_cast<size_t>(k);
   }
-  BuildBuckets(AssignBucketsInReadyOrder(SlotBytes(), agreed, CapBytes(options.first_bucket_cap_mb),
+  return agreed;
+}
+
+torch::Tensor OrderTensor(const std::vector<size_t>& order, size_t n) {
+  torch::Tensor t = torch::zeros({static_cast<int64_t>(n)}, torch::kLong);
+  auto o = t.accessor<int64_t, 1>();
+  for (size_t i = 0; i < order.size() && i < n; ++i) o[i] = static_cast<int64_t>(order[i]);
+  return t;
+}
+
+}  // namespace
+
+void DistributedDataParallelBase::Impl::RebuildInReadyOrder() {
+  const size_t n = slots.size();
+  if (ready_order.size() != n) return;
+  torch::Tensor order = OrderTensor(ready_order, n);
+  if (pg->getSize() > 1) {
+    std::vector<torch::Tensor> t{order};
+    detail::WaitWork(pg->broadcast(t));
+  }
+  ready_order = CheckedOrder(order, 0);
+  BuildBuckets(AssignBucketsInReadyOrder(SlotBytes(), ready_order,
+                                         CapBytes(options.first_bucket_cap_mb),
                                          CapBytes(options.bucket_cap_mb)));
+}
+
+std::vector<size_t> DistributedDataParallelBase::Impl::AgreeOnReadyOrder(size_t n) {
+  const std::vector<size_t>& mine = options.ready_order;
+  const bool has = mine.size() == n && n > 0;
+  if (pg->getSize() == 1) return has ? CheckedOrder(OrderTensor(mine, n), 0) : mine;
+  std::vector<torch::Tensor> who{
+      torch::full({1}, has ? pg->getRank() : pg->getSize(), torch::kLong)};
+  c10d::AllreduceOptions lowest;
+  lowest.reduceOp = c10d::ReduceOp::MIN;
+  detail::WaitWork(pg->allreduce(who, lowest));
+  const int64_t src = who[0].item<int64_t>();
+  if (src >= pg->getSize()) return {};  // no rank has one: PyTorch's order, then the rebuild
+  std::vector<torch::Tensor> order{OrderTensor(has ? mine : std::vector<size_t>{}, n)};
+  c10d::BroadcastOptions from;
+  from.rootRank = src;
+  detail::WaitWork(pg->broadcast(order, from));
+  return CheckedOrder(order[0], src);
 }
 
 std::vector<int64_t> DistributedDataParallelBase::Impl::SlotBytes() const {
@@ -372,9 +408,12 @@ void DistributedDataParallelBase::Impl::EndStep() {
     }
   }
   if (!rebuilt) {
-    if (options.rebuild_buckets_in_ready_order) RebuildInReadyOrder();
+    if (options.rebuild_buckets_in_ready_order) {
+      RebuildInReadyOrder();  // keeps the agreed order (readyOrder())
+    } else {
+      ready_order.clear();
+    }
     rebuilt = true;
-    ready_order.clear();
   }
   StartIteration();
   heartbeat();  // one reduced backward = one step of progress for the agent's hang check

@@ -67,6 +67,13 @@ struct DDPOptions {
   // where every rank is known to hold the same state already (after an in-process recovery,
   // whose transfer ends with a digest check); the parameter and option check stays.
   bool init_sync = true;
+  // The bucket order a former wrapper of the same model settled on (its readyOrder()), for the
+  // wrapper made anew after an in-process recovery: with init_sync false, every rank takes the
+  // order of the lowest rank that has one (a replacement has none), and the buckets start in
+  // it with no rebuild. The order decides which rank sums which part of a bucket first in
+  // Gloo's ring, so the same order keeps a recovered run bit-identical to one without the fault.
+  // Ignored with init_sync true; not part of the options every rank must share.
+  std::vector<size_t> ready_order;
 };
 
 // Communication hooks: what replaces a bucket's allreduce (PyTorch's register_comm_hook, with
@@ -182,6 +189,9 @@ class DistributedDataParallelBase {
 
   // The current buckets, in launch order (after the first step: the observed ready order).
   const std::vector<BucketInfo>& buckets() const;
+  // The parameter order the buckets were re-packed in (rank 0's ready order), once they were;
+  // else empty. For DDPOptions::ready_order.
+  std::vector<size_t> readyOrder() const;
   std::string bucketReport() const;  // one line for logs
   torch::nn::Module& module() { return *module_; }
 

@@ -66,10 +66,11 @@ RegroupLink::Notice RdzvRegroup::Latest() {
 
 bool RdzvRegroup::Take(const rdzv::RegroupNotice& n) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (n.round != round_ ||
-      (n.generation == latest_.generation && n.master_port == latest_.master_port)) {
-    return false;
-  }
+  // Only forward: an ask's answer may arrive after a watch brought the port already.
+  const bool newer = n.generation > latest_.generation ||
+                     (n.generation == latest_.generation && latest_.master_port == 0 &&
+                      n.master_port != 0);
+  if (n.round != round_ || !newer) return false;
   latest_ = n;
   return true;
 }

@@ -36,7 +36,8 @@ class RdzvRegroup final : public RegroupLink {
  private:
   void StartThreadLocked();
   void Loop(std::shared_ptr<rdzv::RendezvousClient> client, uint64_t round);
-  // Takes `n` as the latest when it is this round's and differs; returns whether it did.
+  // Takes `n` as the latest when it is this round's and newer (a later generation, or the port
+  // of this one); returns whether it did.
   bool Take(const rdzv::RegroupNotice& n);
 
   const MakeClient make_client_;

@@ -298,7 +298,9 @@ class ClientImpl final : public RendezvousClient {
     req.set_master_port(static_cast<uint32_t>(ask.master_port));
     req.set_reason(ask.reason);
     grpc::ClientContext ctx;
-    SetDeadline(&ctx);
+    // As a heartbeat: a host that cannot answer within an interval is no place to regroup, and
+    // the agent waits for the answer before it restarts instead.
+    ctx.set_deadline(std::chrono::system_clock::now() + o_.heartbeat_timeout);
     v1::RegroupNotice resp;
     absl::Status s = Check(regroup_->Ask(&ctx, req, &resp), "regroup");
     if (!s.ok()) return s;

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# In a 2-node job, SIGKILL of one worker mid-training restarts the workers on both nodes and the
-# job completes, resumed from the newest checkpoint (the step count continues).
+# In a 2-node Slurm job, SIGKILL of one train_unet worker mid-training: train_unet declares
+# in-process recovery, so only the lost rank starts again (a warm spare) and takes the state from
+# a peer while the other three keep running; no round opens, no checkpoint is read, and the job
+# completes its 16 steps (docs/RECOVERY.md, "Across nodes"). The restart from a checkpoint across
+# nodes is host_loss.sh's and container_job.sh's.
 source "$(dirname "$0")/lib.sh"
 
 "$DLRUN" slurm --nodes 2 --nproc-per-node 2 --time 10 --rdzv-port "$(free_port)" -o job.sbatch \
@@ -9,16 +12,19 @@ source "$(dirname "$0")/lib.sh"
   --metrics-json "$work/m.json" 2>/dev/null
 submit job.sbatch 300
 wait_for_line "$out" "checkpoint saved at step 4" 120
-victim=$(pgrep -f "^$TRAIN_UNET .*$work/ckpt" | head -n 1)
-[[ -n "$victim" ]] || fail "no worker process found"
+# A worker from the agents' rank tables (warm spares run the same command line).
+victim=$(awk '/local_rank  rank  pid/ {t=1; next} t && NF==3 && $2 == 2 {print $3; exit}' "$out")
+[[ -n "$victim" ]] || fail "no rank 2 in the rank tables"
 kill -KILL "$victim"
-echo "killed worker pid $victim"
+echo "killed rank 2, pid $victim"
 finish
 
-grep -q "restart 1: node 0 of 2" "$out" || fail "node 0 did not restart its workers"
-grep -q "restart 1: node 1 of 2" "$out" || fail "node 1 did not restart its workers"
-grep -q -E "resumed from step (4|8|12)" "$out" || fail "no resume from a checkpoint"
+n=$(count "in-process recovery: .*\(generation 1, master port" "$out")
+((n == 2)) || fail "$n agent(s) began generation 1, expected both"
+n=$(count "in-process recovery done: every rank holds the state" "$out")
+((n == 2)) || fail "$n agent(s) saw the recovery end, expected both"
+grep -q "rank 2 (local rank 0, pid $victim)" "$out" || fail "no line names the lost rank 2"
+! grep -q -E "restart 1: node|resumed from step" "$out" || fail "a restart or a checkpoint read"
 grep -q '"steps": 16' m.json || fail "metrics: the planned 16 steps"
-start=$(sed -n 's/.*"start_step": \([0-9]*\).*/\1/p' m.json)
-((start >= 4)) || fail "final run started at step $start, expected >= 4"
-pass "restart on both nodes, resumed at step $start, 16 steps"
+grep -q '"start_step": 0' m.json || fail "metrics: the run did not start at step 0 once"
+pass "rank 2 (pid $victim) replaced in process on a 2-node Slurm job; no restart, 16 steps"

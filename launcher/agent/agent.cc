@@ -212,6 +212,8 @@ Agent::Watch Agent::WatchGroup() {
     const bool failed = std::any_of(exits_.begin(), exits_.end(),
                                     [](const WorkerExit& e) { return e.failed(); });
     if (failed && !RecoverInProcess()) return {Outcome::kFailed, "", 0};
+    // Across nodes, the answer to this node's own ask may carry the port already.
+    if (std::optional<Watch> out = failed ? FollowRegroup() : std::nullopt) return *out;
     if (recovery_deadline_ && clock_.Now() >= *recovery_deadline_) {
       return {Outcome::kUnrecovered, UnrecoveredReason(), 0};
     }

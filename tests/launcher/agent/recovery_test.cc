@@ -4,6 +4,8 @@
 // to the ordinary restart.
 #include <signal.h>
 
+#include <optional>
+
 #include "gtest/gtest.h"
 #include "agent/harness.h"
 
@@ -193,6 +195,27 @@ TEST(AgentInProcessRecovery, ALossOnANodeIsAskedOfTheJobAndReplacedOnceThePortIs
   ASSERT_EQ(h.procs.told.size(), 2u);
   for (const auto& [pid, word] : h.procs.told) EXPECT_EQ(word, "regroup 1 46000\n");
   EXPECT_EQ(h.procs.kept_spares.size(), 4u);  // warm spares across nodes too
+}
+
+// The node of global rank 0 sends its port with its own ask: the generation begins at once, not
+// at the loop's next event.
+TEST(AgentInProcessRecovery, TheNodeOfRankZeroBeginsAtOnceWithThePortItAskedWith) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);
+  std::optional<milliseconds> replaced_at;
+  h.procs.on_spawn = [&, inner = h.procs.on_spawn](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.spec.env.count("DLRUN_RECOVERY_GEN")) replaced_at = h.clock.Elapsed();
+    inner(f, p);
+  };
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/true), 0);
+  ASSERT_EQ(regroup->asks.size(), 1u);
+  EXPECT_EQ(regroup->asks[0].master_port, 45000);
+  EXPECT_EQ(regroup->asks[0].lost_ranks, std::vector<int>{1});
+  ASSERT_TRUE(replaced_at.has_value());
+  EXPECT_EQ(*replaced_at, milliseconds(2500));  // the kill's moment
+  ASSERT_EQ(h.procs.told.size(), 2u);
+  for (const auto& [pid, word] : h.procs.told) EXPECT_EQ(word, "regroup 1 45000\n");
 }
 
 TEST(AgentInProcessRecovery, AnotherNodesLossRegroupsEverySurvivorHere) {

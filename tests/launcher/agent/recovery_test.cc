@@ -29,8 +29,8 @@ StepRecord FromPeer(int64_t step) {
 // Three workers that declare in-process recovery and step every second; local rank 1 of the
 // first group is SIGKILLed at 2.5 s. A survivor answers the word with its "P" record after
 // 50 ms; a replacement sends its own 200 ms after it starts unless `replacement_joins` is false.
-// Everyone still running ends with 0 at 20 s of its own.
-void Declaring(Harness& h, bool replacement_joins, bool declares = true) {
+// Everyone still running ends with 0 at 20 s of its own. `kills` false: no worker fails here.
+void Declaring(Harness& h, bool replacement_joins, bool declares = true, bool kills = true) {
   h.options.pick_master_port = [](const std::string&) { return 45000; };
   h.options.recovery_timeout = seconds(5);
   h.procs.on_spawn = [=](FakeProcesses& f, FakeProcesses::Proc& p) {
@@ -41,7 +41,7 @@ void Declaring(Harness& h, bool replacement_joins, bool declares = true) {
     s.step_s = 1;
     f.StepsEvery(p.pid, seconds(1), seconds(5), s);
     if (replacement && replacement_joins) f.RecordAfter(p.pid, milliseconds(200), FromPeer(2));
-    if (p.attempt == 0 && p.spec.local_rank == 1 && !replacement) {
+    if (kills && p.attempt == 0 && p.spec.local_rank == 1 && !replacement) {
       f.KilledAfter(p.pid, milliseconds(2500), SIGKILL);
     } else if (!replacement || replacement_joins) {
       f.ExitAfter(p.pid, seconds(20), 0);
@@ -220,15 +220,7 @@ TEST(AgentInProcessRecovery, TheNodeOfRankZeroBeginsAtOnceWithThePortItAskedWith
 
 TEST(AgentInProcessRecovery, AnotherNodesLossRegroupsEverySurvivorHere) {
   Harness h(3);
-  Declaring(h, /*replacement_joins=*/true);
-  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
-    f.RecordAfter(p.pid, milliseconds(100), Declared());
-    StepRecord s;
-    s.samples = 1;
-    s.step_s = 1;
-    f.StepsEvery(p.pid, seconds(1), seconds(5), s);
-    f.ExitAfter(p.pid, seconds(20), 0);  // nothing fails here
-  };
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
   auto regroup = std::make_shared<FakeRegroup>(h.clock);
   regroup->remote_at = milliseconds(2500);
   regroup->remote = {1, 46000, {0}, "rank 0 (local rank 0, pid 7): SIGKILL", "node-a"};
@@ -242,15 +234,7 @@ TEST(AgentInProcessRecovery, AnotherNodesLossRegroupsEverySurvivorHere) {
 
 TEST(AgentInProcessRecovery, TheNodeOfGlobalRankZeroPostsTheNewGroupsPort) {
   Harness h(3);
-  Declaring(h, /*replacement_joins=*/true);
-  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
-    f.RecordAfter(p.pid, milliseconds(100), Declared());
-    StepRecord s;
-    s.samples = 1;
-    s.step_s = 1;
-    f.StepsEvery(p.pid, seconds(1), seconds(5), s);
-    f.ExitAfter(p.pid, seconds(20), 0);
-  };
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
   auto regroup = std::make_shared<FakeRegroup>(h.clock);
   regroup->remote_at = milliseconds(2500);
   regroup->remote = {1, 0, {4}, "rank 4 (local rank 1, pid 9): SIGKILL", "node-b"};

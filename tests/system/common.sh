@@ -43,7 +43,8 @@ netns_pair() {
 }
 netns_pair_down() {
   local ns p
-  for ns in "$ns_a" "$ns_b"; do
+  for ns in "${ns_a:-}" "${ns_b:-}"; do
+    [[ -n "$ns" ]] || continue  # an EXIT trap set before the pair was made
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
     ip netns del "$ns" 2>/dev/null || true
   done

@@ -10,8 +10,8 @@ set -euo pipefail
 : "${DLRUN:?}" "${TRAIN_UNET:?}"
 source "$(dirname "$0")/common.sh"  # follow_until, netns_pair
 work=$(mktemp -d /var/tmp/dlrun-inprocess2.XXXXXX)
-netns_pair ip2
 trap netns_pair_down EXIT
+netns_pair ip2
 fail() {
   echo "FAIL (inprocess_2node): $*" >&2
   for f in "$work"/*.log; do

@@ -8,22 +8,10 @@
 # Not a Slurm test: it only needs root and iproute2.
 set -euo pipefail
 : "${DLRUN:?}" "${TRAIN_UNET:?}"
-command -v ip >/dev/null || { echo "FAIL (partition): ip (iproute2) is missing" >&2; exit 1; }
-source "$(dirname "$0")/common.sh"  # follow_until
+source "$(dirname "$0")/common.sh"  # follow_until, netns_pair
 work=$(mktemp -d /var/tmp/dlrun-partition.XXXXXX)
 id=$$
-nsa="dlrun-pa-$id"
-nsb="dlrun-pb-$id"
-net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250)).0"
-addra="${net%.0}.1"
-addrb="${net%.0}.2"
-cleanup() {
-  for ns in "$nsa" "$nsb"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-}
-trap cleanup EXIT
+trap netns_pair_down EXIT
 fail() {
   echo "FAIL (partition): $*" >&2
   for f in "$work"/a.log "$work"/b.log; do
@@ -31,46 +19,39 @@ fail() {
   done
   exit 1
 }
-ip netns add "$nsa"
-ip netns add "$nsb"
-ip link add "vpa-$id" netns "$nsa" type veth peer name "vpb-$id" netns "$nsb"
-ip -n "$nsa" addr add "$addra/24" dev "vpa-$id"
-ip -n "$nsb" addr add "$addrb/24" dev "vpb-$id"
-for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
-ip -n "$nsa" link set "vpa-$id" up
-ip -n "$nsb" link set "vpb-$id" up
+netns_pair pa
 
 port=29400
 steps=150
 agent() {  # agent NS ADDR LOG
   ip netns exec "$1" env OMP_NUM_THREADS=1 DLRUN_RDZV_TOKEN="partition-$id" \
     timeout 400 "$DLRUN" --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d \
-    --rdzv-endpoint "$addra:$port,$addrb:$port" --rdzv-id "part$id" --local-addr "$2" \
+    --rdzv-endpoint "$addr_a:$port,$addr_b:$port" --rdzv-id "part$id" --local-addr "$2" \
     --rdzv-conf "last_call_timeout=1,heartbeat_interval=0.5,heartbeat_misses=4" \
     --max-restarts 10 --grace-period 2 -- \
     "$TRAIN_UNET" --synthetic --base-channels 4 --data-size 64 --local-batch-size 1 \
     --max-steps "$steps" --checkpoint-dir "$work/ckpt" --checkpoint-every 5 \
     --metrics-json "$work/m.json" >"$3" 2>&1
 }
-agent "$nsa" "$addra" "$work/a.log" & pa=$!
-follow_until "$work/a.log" "hosting the rendezvous on $addra:$port" 60 || fail "A did not host"
-agent "$nsb" "$addrb" "$work/b.log" & pb=$!
+agent "$ns_a" "$addr_a" "$work/a.log" & pa=$!
+follow_until "$work/a.log" "hosting the rendezvous on $addr_a:$port" 60 || fail "A did not host"
+agent "$ns_b" "$addr_b" "$work/b.log" & pb=$!
 follow_until "$work/a.log" "checkpoint saved at step 10" 180 || fail "no training before the cut"
 
 # The cut: A's link down for longer than the liveness limit (0.5 s x 4 = 2 s), until B has
 # taken over with epoch 2 and trained a step alone.
 mark_b=$(($(wc -l <"$work/b.log") + 1))
-ip -n "$nsa" link set "vpa-$id" down
+ip -n "$ns_a" link set "$link_a" down
 echo "cut A's link at $(date +%T.%N)"
-follow_until "$work/b.log" "taking over the rendezvous at $addrb:$port \(epoch 2\)" 60 "$mark_b" ||
+follow_until "$work/b.log" "taking over the rendezvous at $addr_b:$port \(epoch 2\)" 60 "$mark_b" ||
   fail "B did not take over"
 follow_until "$work/b.log" "restart [0-9]+: node 0 of 1" 60 "$mark_b" || fail "B did not run alone"
 mark_a=$(($(wc -l <"$work/a.log") + 1))
-ip -n "$nsa" link set "vpa-$id" up
+ip -n "$ns_a" link set "$link_a" up
 echo "healed at $(date +%T.%N)"
 
 # A learns of epoch 2, steps down and joins B; the next round has both nodes.
-follow_until "$work/a.log" "joining the newer rendezvous host at $addrb:$port|stepped down" 60 \
+follow_until "$work/a.log" "joining the newer rendezvous host at $addr_b:$port|stepped down" 60 \
   "$mark_a" || fail "A did not step down after the heal"
 follow_until "$work/a.log" "restart [0-9]+: node [01] of 2" 120 "$mark_a" ||
   fail "A did not re-join as one of 2 nodes"

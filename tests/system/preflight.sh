@@ -8,15 +8,10 @@
 # cgroup cpu controller (v1 or v2).
 set -euo pipefail
 : "${DLRUN:?}" "${TRAIN_UNET:?}"
-command -v ip >/dev/null || { echo "FAIL (preflight): ip (iproute2) is missing" >&2; exit 1; }
+source "$(dirname "$0")/common.sh"  # netns_pair
 work=$(mktemp -d /var/tmp/dlrun-preflight.XXXXXX)
 id=$$
-nsa="dlrun-fa-$id"
-nsb="dlrun-fb-$id"
 slow_host="dlrun-slow-$id"
-net="10.$((RANDOM % 200 + 20)).$((RANDOM % 250)).0"
-addra="${net%.0}.1"
-addrb="${net%.0}.2"
 export HOME="$work/home"
 unset XDG_CACHE_HOME
 if [[ -e /sys/fs/cgroup/cgroup.controllers ]]; then  # cgroup v2
@@ -31,10 +26,7 @@ else
   echo 25000 >"$cg/cpu.cfs_quota_us"
 fi
 cleanup() {
-  for ns in "$nsa" "$nsb"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
+  netns_pair_down
   rmdir "$cg" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -45,14 +37,7 @@ fail() {
   done
   exit 1
 }
-ip netns add "$nsa"
-ip netns add "$nsb"
-ip link add "vfa-$id" netns "$nsa" type veth peer name "vfb-$id" netns "$nsb"
-ip -n "$nsa" addr add "$addra/24" dev "vfa-$id"
-ip -n "$nsb" addr add "$addrb/24" dev "vfb-$id"
-for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done
-ip -n "$nsa" link set "vfa-$id" up
-ip -n "$nsb" link set "vfb-$id" up
+netns_pair pf
 
 port=29400
 agent() {  # agent NS ADDR LOG NNODES [slow]: one agent; B's in the throttled cgroup (joined
@@ -64,7 +49,7 @@ agent() {  # agent NS ADDR LOG NNODES [slow]: one agent; B's in the throttled cg
   fi
   "${outer[@]}" ip netns exec "$1" "${inner[@]}" env OMP_NUM_THREADS=1 DLRUN_RDZV_TOKEN="preflight-$id" \
     timeout 120 "$DLRUN" --nnodes "$4" --nproc-per-node 2 --rdzv-backend c10d \
-    --rdzv-endpoint "$addra:$port" --rdzv-id "pre$id$4" --local-addr "$2" --preflight quick \
+    --rdzv-endpoint "$addr_a:$port" --rdzv-id "pre$id$4" --local-addr "$2" --preflight quick \
     --rdzv-conf "last_call_timeout=5" -- \
     "$TRAIN_UNET" --synthetic --base-channels 4 --data-size 64 --local-batch-size 1 \
     --max-steps 3 >"$3" 2>&1
@@ -72,8 +57,8 @@ agent() {  # agent NS ADDR LOG NNODES [slow]: one agent; B's in the throttled cg
 
 # Elastic: B is left out, A trains alone.
 start=$SECONDS
-agent "$nsa" "$addra" "$work/a1.log" 1:2 & pa=$!
-agent "$nsb" "$addrb" "$work/b1.log" 1:2 slow & pb=$!
+agent "$ns_a" "$addr_a" "$work/a1.log" 1:2 & pa=$!
+agent "$ns_b" "$addr_b" "$work/b1.log" 1:2 slow & pb=$!
 rcb=0; wait "$pb" || rcb=$?
 took=$((SECONDS - start))
 ((rcb == 1)) || fail "elastic: B exited with $rcb, expected 1"
@@ -88,8 +73,8 @@ grep -qE "node 0 of 1" "$work/a1.log" || fail "elastic: A did not train as the o
 
 # Not elastic: the round needs B, so the job fails at once on both nodes.
 start=$SECONDS
-agent "$nsa" "$addra" "$work/a2.log" 2 & pa=$!
-agent "$nsb" "$addrb" "$work/b2.log" 2 slow & pb=$!
+agent "$ns_a" "$addr_a" "$work/a2.log" 2 & pa=$!
+agent "$ns_b" "$addr_b" "$work/b2.log" 2 slow & pb=$!
 rca=0; wait "$pa" || rca=$?
 rcb=0; wait "$pb" || rcb=$?
 took=$((SECONDS - start))

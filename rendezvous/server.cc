@@ -17,31 +17,33 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// A reactor for a call held open (a join until its round closes, a regroup watch) that hears its
+// client go away, or the server shut down: `cancel` forgets the held call and says whether it
+// was still held, and then this finishes it (else whoever answered it did).
+class HeldCallReactor final : public grpc::ServerUnaryReactor {
+ public:
+  HeldCallReactor(std::function<bool()> cancel, const char* why)
+      : cancel_(std::move(cancel)), why_(why) {}
+  void OnCancel() override {
+    if (cancel_()) Finish(grpc::Status(grpc::StatusCode::CANCELLED, why_));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  std::function<bool()> cancel_;
+  const char* why_;
+};
+
 class Service final : public v1::Rendezvous::CallbackService {
  public:
   Service(Handler* h, std::function<void()> on_change) : h_(h), on_change_(std::move(on_change)) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override {
-    // A reactor that can hear the client go away while its join is pending.
-    class Reactor : public grpc::ServerUnaryReactor {
-     public:
-      Reactor(Handler* h, std::string node_id, uint64_t ticket)
-          : h_(h), node_id_(std::move(node_id)), ticket_(ticket) {}
-      void OnCancel() override {
-        if (h_->CancelJoin(node_id_, ticket_)) {
-          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "join cancelled by the client"));
-        }
-      }
-      void OnDone() override { delete this; }
-
-     private:
-      Handler* h_;
-      std::string node_id_;
-      const uint64_t ticket_;
-    };
     const uint64_t ticket = h_->NewTicket();
-    auto* r = new Reactor(h_, req->node().node_id(), ticket);
+    auto* r = new HeldCallReactor([h = h_, node = req->node().node_id(),
+                                   ticket] { return h->CancelJoin(node, ticket); },
+                                  "join cancelled by the client");
     // Nothing may touch `r` after Join: the round can close inside it and end the call.
     h_->Join(*req, ctx->peer(), ticket, [r, resp](const absl::Status& s, const v1::JoinResponse& jr) {
       if (s.ok()) *resp = jr;
@@ -148,23 +150,9 @@ class RegroupService final : public v1::Regroup::CallbackService {
   grpc::ServerUnaryReactor* Watch(grpc::CallbackServerContext* ctx,
                                   const v1::WatchRegroupRequest* req,
                                   v1::RegroupNotice* resp) override {
-    // A reactor that hears the client go away (or the server shut down) while the watch is held.
-    class Reactor : public grpc::ServerUnaryReactor {
-     public:
-      Reactor(RegroupHandler* g, uint64_t ticket) : g_(g), ticket_(ticket) {}
-      void OnCancel() override {
-        if (g_->CancelWatch(ticket_)) {
-          Finish(grpc::Status(grpc::StatusCode::CANCELLED, "regroup watch cancelled"));
-        }
-      }
-      void OnDone() override { delete this; }
-
-     private:
-      RegroupHandler* g_;
-      const uint64_t ticket_;
-    };
     const uint64_t ticket = next_ticket_.fetch_add(1);
-    auto* r = new Reactor(g_, ticket);
+    auto* r = new HeldCallReactor([g = g_, ticket] { return g->CancelWatch(ticket); },
+                                  "regroup watch cancelled");
     // Finished by an Ask, a new round or the timer (Tick) at the timeout; nothing may touch `r`
     // after Watch. The timer must learn the new deadline.
     g_->Watch(*req, ctx->peer(), ticket,

@@ -20,7 +20,13 @@ The objects after the optimizer (an LR scheduler, a sampler, anything with state
 load_state_dict()) travel with the model and optimizer to the replacement. A step's data must
 follow from the step number (and the rank), as with a DistributedSampler and set_epoch.
 
-How it works: dlrun's agent writes `regroup <generation> <master_port>` on the pipe named by
+A node lost from a job started with `--nnodes MIN:MAX` (every node's workers using this): the
+survivors go on at the smaller world size in the same way, each with its new rank (RANK,
+WORLD_SIZE and MASTER_ADDR in os.environ and `rec.rank` follow; a DistributedSampler made anew
+from them, or one that reads dist.get_rank()/get_world_size() each epoch, follows too).
+
+How it works: dlrun's agent writes `regroup <generation> <master_port>` (and, after a node's
+loss, `<rank> <world_size> <master_addr>`) on the pipe named by
 DLRUN_CONTROL_FD; a thread here shuts down the process group's connections at once (so no
 collective waits for Gloo's timeout; import dlrun_recovery, or dlrun, before making the group:
 the connections made after the import are the group's), the step's exception is caught, the group is made again on the new port, the
@@ -50,7 +56,7 @@ class _Words:
 
     def __init__(self, fd):
         self.cond = threading.Condition()
-        self.newest = None  # (generation, master_port)
+        self.newest = None  # (generation, master_port, place): place (rank, world, addr) or None
         self.taken = 0      # the generation this process has joined
         self.group_sockets = {}  # {inode: fd}: the connections of the current process group
         threading.Thread(target=self._read, args=(fd,), daemon=True,
@@ -60,9 +66,11 @@ class _Words:
         with os.fdopen(fd, "rb", buffering=0) as f:
             for line in iter(f.readline, b""):
                 parts = line.decode(errors="replace").split()
-                if len(parts) != 3 or parts[0] != "regroup" or not all(p.isdigit() for p in parts[1:]):
+                if (len(parts) not in (3, 6) or parts[0] != "regroup"
+                        or not all(p.isdigit() for p in parts[1:5])):
                     continue  # another word: a newer agent's
                 gen, port = int(parts[1]), int(parts[2])
+                place = (int(parts[3]), int(parts[4]), parts[5]) if len(parts) == 6 else None
                 with self.cond:
                     if gen <= self.taken or (self.newest and gen <= self.newest[0]):
                         continue
@@ -71,7 +79,7 @@ class _Words:
                 # fds may be those of the old group's just closed.
                 _end_group(sockets)
                 with self.cond:
-                    self.newest = (gen, port)
+                    self.newest = (gen, port, place)
                     self.cond.notify_all()
 
     def pending(self):
@@ -122,7 +130,7 @@ class Recoverable:
         self.ddp_kwargs = dict(ddp or {})
         self.word_timeout, self.timeout = word_timeout, timeout
         self.backend = dist.get_backend()
-        self.rank = dist.get_rank()  # the same in every generation
+        self.rank = dist.get_rank()  # the same in every generation unless a node is lost
         self.committed = -1   # the last step this rank finished
         self.recoveries = 0
         self._current = None
@@ -175,7 +183,7 @@ class Recoverable:
         word = self._words.wait(self.word_timeout) if self._words is not None else None
         if word is None:
             return False  # not a peer's loss: the error stands
-        gen, port = word
+        gen, port, place = word
         t_word = time.monotonic()
         what = str(error).splitlines()[0] if error is not None else "told between steps"
         print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
@@ -189,6 +197,10 @@ class Recoverable:
             c10d._abort_process_group()
             t_abort = time.monotonic()
             os.environ["MASTER_PORT"] = str(port)
+            if place is not None:  # a node was lost: this rank's new place
+                self.rank = place[0]
+                os.environ.update(RANK=str(place[0]), WORLD_SIZE=str(place[1]),
+                                  MASTER_ADDR=place[2])
             self._words.taken = gen
             if self.rank != 0:
                 _await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port, self.timeout)

@@ -83,6 +83,12 @@ RegroupNotice NoticeFromProto(const v1::RegroupNotice& n) {
   for (uint32_t rank : n.lost_ranks()) r.lost_ranks.push_back(static_cast<int>(rank));
   r.reason = n.reason();
   r.asked_by = n.asked_by();
+  for (const v1::NodePlace& p : n.places()) {
+    r.places.push_back({p.node_id(), static_cast<int>(p.node_rank()),
+                        static_cast<int>(p.rank_offset())});
+  }
+  r.world_size = static_cast<int>(n.world_size());
+  r.master_addr = n.master_addr();
   return r;
 }
 
@@ -149,11 +155,13 @@ class ClientImpl final : public RendezvousClient {
     return r;
   }
 
-  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) override {
+  absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
+                                           bool in_process) override {
     v1::HeartbeatRequest req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);
     req.set_round(round);
+    req.set_in_process(in_process);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + o_.heartbeat_timeout);
     v1::HeartbeatResponse resp;

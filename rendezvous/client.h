@@ -32,7 +32,9 @@ class RendezvousClient {
   // Blocks until the round closes, the job fails, or `timeout` passes. A host that stepped down
   // answers with a redirect instead of an assignment.
   virtual absl::StatusOr<JoinResult> Join(const NodeInfo& node, Duration timeout) = 0;
-  virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round) = 0;
+  // `in_process`: every worker of this node declared in-process recovery (docs/RECOVERY.md).
+  virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
+                                                   bool in_process = false) = 0;
   // `fatal`: stop the job instead of opening a new round (a failure that repeats).
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                                      const std::string& reason, bool fatal) = 0;

@@ -229,7 +229,7 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
     }
     const TimePoint now = options_.now();
     if (!options_.host_node_id.empty() && req.node_id() == options_.host_node_id) host_heard_ = now;
-    r = machine_.Heartbeat(req.node_id(), req.round(), now);
+    r = machine_.Heartbeat(req.node_id(), req.round(), now, req.in_process());
   }
   if (!r.ok()) return Refuse(r.status(), peer);
   resp->set_epoch(options_.epoch);
@@ -307,9 +307,20 @@ bool Handler::StepDown(const std::string& endpoint, uint64_t epoch) {
   return true;
 }
 
+void Handler::WatchEnded(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  machine_.WatchEnded(node_id, options_.now());
+}
+
+void Handler::Heard(const std::string& node_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  machine_.Heard(node_id, options_.now());
+}
+
 std::optional<TimePoint> Handler::Tick() {
   Deliveries out;
   std::optional<TimePoint> next;
+  std::optional<Shrink> shrink;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const TimePoint now = options_.now();
@@ -323,8 +334,10 @@ std::optional<TimePoint> Handler::Tick() {
       host_heard_ = now;
     }
     machine_.Tick(now, &out);
+    shrink = machine_.TakeShrink();
     next = machine_.NextDeadline();
     if (options_.telemetry && (machine_.round() != telemetry_round_ ||
+                               machine_.world_size() != telemetry_world_ ||
                                machine_.restart_count() != telemetry_restarts_ ||
                                static_cast<int>(machine_.phase()) != telemetry_phase_)) {
       telemetry_phase_ = static_cast<int>(machine_.phase());
@@ -333,6 +346,7 @@ std::optional<TimePoint> Handler::Tick() {
       }
       telemetry_round_ = machine_.round();
       telemetry_restarts_ = machine_.restart_count();
+      telemetry_world_ = machine_.world_size();
       options_.telemetry->SetJob(options_.run_id, machine_.round(), machine_.world_size(),
                                  machine_.num_members(), machine_.restart_count());
       switch (machine_.phase()) {
@@ -346,6 +360,7 @@ std::optional<TimePoint> Handler::Tick() {
     }
   }
   Deliver(out);
+  if (shrink && on_shrink_) on_shrink_(*shrink);
   return next;
 }
 

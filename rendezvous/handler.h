@@ -80,6 +80,14 @@ class Handler {
 
   // Runs the state machine's timers; returns the next time it needs to run.
   std::optional<TimePoint> Tick();
+  // In-process recovery across nodes (rendezvous/regroup.h): a member's regroup watch ended
+  // without an answer, or it opened one; and who hears of a round that goes on without a lost
+  // node (called outside the lock, from Tick). Set the listener before serving.
+  void WatchEnded(const std::string& node_id);
+  void Heard(const std::string& node_id);
+  void SetShrinkListener(std::function<void(const Shrink&)> listener) {
+    on_shrink_ = std::move(listener);
+  }
   StateMachine::Phase phase();
   bool EndAcknowledged();
   uint64_t round();
@@ -110,6 +118,8 @@ class Handler {
   uint64_t telemetry_round_ = 0;
   int telemetry_restarts_ = 0;
   int telemetry_phase_ = -1;
+  int telemetry_world_ = -1;
+  std::function<void(const Shrink&)> on_shrink_;
 };
 
 // Converts between the proto and the plain types.

@@ -43,7 +43,34 @@ absl::Status CheckRequest(const v1::RegroupRequest& req) {
 
 }  // namespace
 
-RegroupHandler::RegroupHandler(Handler& membership) : membership_(membership) {}
+RegroupHandler::RegroupHandler(Handler& membership) : membership_(membership) {
+  membership_.SetShrinkListener([this](const Shrink& s) { OnShrink(s); });
+}
+
+void RegroupHandler::OnShrink(const Shrink& shrink) {
+  Answers answers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    v1::RegroupNotice& cur = Current(shrink.round);
+    // A regroup under way (its port not posted yet) is overtaken: the new generation covers it.
+    cur.set_generation(cur.generation() + 1);
+    cur.set_master_port(0);
+    cur.clear_lost_ranks();
+    cur.set_reason(shrink.reason);
+    cur.set_asked_by("the rendezvous host");
+    cur.clear_places();
+    for (const NodePlace& p : shrink.places) {
+      v1::NodePlace* out = cur.add_places();
+      out->set_node_id(p.node_id);
+      out->set_node_rank(static_cast<uint32_t>(p.node_rank));
+      out->set_rank_offset(static_cast<uint32_t>(p.rank_offset));
+    }
+    cur.set_world_size(static_cast<uint32_t>(shrink.world_size));
+    cur.set_master_addr(shrink.master_addr);
+    answers = Due(membership_.Now(), membership_.round());
+  }
+  for (auto& [done, notice] : answers) done(absl::OkStatus(), notice);
+}
 
 v1::RegroupNotice& RegroupHandler::Current(uint64_t round) {
   if (current_.round() != round) {
@@ -69,6 +96,9 @@ absl::Status RegroupHandler::Apply(const v1::RegroupRequest& req, uint64_t round
     cur.set_generation(g);
     cur.set_master_port(req.master_port());
     *cur.mutable_lost_ranks() = req.lost_ranks();
+    cur.clear_places();  // the same nodes, ranks and size
+    cur.set_world_size(0);
+    cur.clear_master_addr();
     cur.set_reason(req.reason());
     cur.set_asked_by(req.node_id());
     return absl::OkStatus();
@@ -116,11 +146,12 @@ void RegroupHandler::Watch(const v1::WatchRegroupRequest& req, const std::string
                                    peer),
                 {});
   }
+  membership_.Heard(req.node_id());
   const uint64_t round = membership_.round();
   Answers answers;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    watchers_.push_back({ticket, req.round(), req.generation(), req.master_port(),
+    watchers_.push_back({ticket, req.node_id(), req.round(), req.generation(), req.master_port(),
                          membership_.Now() + std::chrono::milliseconds(req.timeout_ms()),
                          std::move(done)});
     answers = Due(membership_.Now(), round);
@@ -128,12 +159,23 @@ void RegroupHandler::Watch(const v1::WatchRegroupRequest& req, const std::string
   for (auto& [d, notice] : answers) d(absl::OkStatus(), notice);
 }
 
-bool RegroupHandler::CancelWatch(uint64_t ticket) {
+int RegroupHandler::HeldWatches() {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = std::find_if(watchers_.begin(), watchers_.end(),
-                         [&](const Watcher& w) { return w.ticket == ticket; });
-  if (it == watchers_.end()) return false;
-  watchers_.erase(it);
+  return static_cast<int>(watchers_.size());
+}
+
+bool RegroupHandler::CancelWatch(uint64_t ticket) {
+  std::string node_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(watchers_.begin(), watchers_.end(),
+                           [&](const Watcher& w) { return w.ticket == ticket; });
+    if (it == watchers_.end()) return false;
+    node_id = std::move(it->node_id);
+    watchers_.erase(it);
+  }
+  // Its caller went away: the agent's process, most likely, and with it the node's workers.
+  membership_.WatchEnded(node_id);
   return true;
 }
 

@@ -44,9 +44,17 @@ class RegroupHandler {
   // Answers the watches that are due; returns the next timeout.
   std::optional<TimePoint> Tick();
 
+  // A node was lost and the round goes on without it (Handler's shrink listener, set by the
+  // constructor): the round's next generation, with the survivors' places; its port comes
+  // from the node that now holds global rank 0, as after an ask.
+  void OnShrink(const Shrink& shrink);
+  // How many watches are held now (tests wait on it).
+  int HeldWatches();
+
  private:
   struct Watcher {
     uint64_t ticket = 0;
+    std::string node_id;
     uint64_t round = 0;
     uint32_t generation = 0, master_port = 0;
     TimePoint deadline;

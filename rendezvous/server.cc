@@ -151,8 +151,14 @@ class RegroupService final : public v1::Regroup::CallbackService {
                                   const v1::WatchRegroupRequest* req,
                                   v1::RegroupNotice* resp) override {
     const uint64_t ticket = next_ticket_.fetch_add(1);
-    auto* r = new HeldCallReactor([g = g_, ticket] { return g->CancelWatch(ticket); },
-                                  "regroup watch cancelled");
+    // A cancelled watch may make its node lost soon (Handler::WatchEnded): the timer must learn.
+    auto* r = new HeldCallReactor(
+        [g = g_, ticket, poke = on_change_] {
+          const bool held = g->CancelWatch(ticket);
+          poke();
+          return held;
+        },
+        "regroup watch cancelled");
     // Finished by an Ask, a new round or the timer (Tick) at the timeout; nothing may touch `r`
     // after Watch. The timer must learn the new deadline.
     g_->Watch(*req, ctx->peer(), ticket,

@@ -234,7 +234,7 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
     offset += p.node.nproc;
     member_index_[p.node.node_id] = members_.size();
     known_.insert(p.node.node_id);
-    members_.push_back({std::move(p.node), now, false});
+    members_.push_back({std::move(p.node), now, false, false, std::nullopt});
     out->push_back({std::move(p.cb), std::move(a)});
   }
   joining_.clear();
@@ -258,7 +258,7 @@ void StateMachine::Fail(const std::string& reason, Deliveries* out) {
 }
 
 absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_id, uint64_t round,
-                                                       TimePoint now) {
+                                                       TimePoint now, bool in_process) {
   if (!known_.count(node_id)) {
     return absl::NotFoundError(absl::StrCat("node id '", node_id, "' has never been a member"));
   }
@@ -279,6 +279,7 @@ absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_i
   auto it = member_index_.find(node_id);
   if (phase_ == Phase::kRunning && round == round_ && it != member_index_.end()) {
     members_[it->second].last_seen = now;
+    members_[it->second].in_process = in_process;
     r.action = Action::kContinue;
     return r;
   }
@@ -371,33 +372,7 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
     return;
   }
   if (phase_ != Phase::kRunning) return;
-  const Duration limit = config_.heartbeat_interval * config_.heartbeat_misses;
-  std::vector<std::string> dead;
-  for (const Member& m : members_) {
-    if (now - m.last_seen > limit) {
-      dead.push_back(absl::StrCat(m.node.hostname, " (", m.node.node_id, ")"));
-    }
-  }
-  if (dead.empty()) return;
-  // Drop the dead from the membership so the new round does not wait for them.
-  std::vector<Member> alive;
-  for (Member& m : members_) {
-    if (now - m.last_seen <= limit) alive.push_back(std::move(m));
-  }
-  members_ = std::move(alive);
-  member_index_.clear();
-  for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
-  const int survivors = static_cast<int>(members_.size() + waiting_.size());
-  const std::string what =
-      absl::StrCat("lost ", dead.size(), " node(s) to missed heartbeats: ", absl::StrJoin(dead, ", "));
-  if (survivors < config_.min_nodes) {
-    ++round_;
-    Fail(absl::StrCat(what, "; ", survivors, " node(s) left, below the minimum of ",
-                      config_.min_nodes),
-         out);
-    return;
-  }
-  OpenRound(now, what, /*counts_as_restart=*/true, out);
+  DropLost(now, out);
 }
 
 std::optional<TimePoint> StateMachine::NextDeadline() const {
@@ -411,10 +386,15 @@ std::optional<TimePoint> StateMachine::NextDeadline() const {
     return next;
   }
   if (phase_ != Phase::kRunning || members_.empty()) return std::nullopt;
-  TimePoint oldest = TimePoint::max();
-  for (const Member& m : members_) oldest = std::min(oldest, m.last_seen);
-  if (oldest == TimePoint::max()) return std::nullopt;
-  return oldest + config_.heartbeat_interval * config_.heartbeat_misses + Duration(1);
+  TimePoint next = TimePoint::max();
+  for (const Member& m : members_) {
+    next = std::min(next, m.last_seen + config_.liveness_limit() + Duration(1));
+    if (m.in_process && !m.left && m.watch_ended && m.last_seen <= *m.watch_ended) {
+      next = std::min(next, *m.watch_ended + config_.watch_grace);
+    }
+  }
+  if (next == TimePoint::max()) return std::nullopt;
+  return next;
 }
 
 void StateMachine::ExtendLiveness(TimePoint now) {

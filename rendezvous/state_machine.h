@@ -42,8 +42,17 @@ class StateMachine {
   // still pending (then the caller finishes the call itself).
   bool CancelJoin(const std::string& node_id, uint64_t ticket);
 
+  // `in_process`: every worker of the node declared in-process recovery (docs/RECOVERY.md).
   absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
-                                           TimePoint now);
+                                           TimePoint now, bool in_process = false);
+  // A member's held regroup watch ended without an answer (its caller went away): unless it is
+  // heard from again (a heartbeat, a new watch) within config.watch_grace, it is lost.
+  void WatchEnded(const std::string& node_id, TimePoint now);
+  // A member of the running round was heard from (e.g. it opened a regroup watch).
+  void Heard(const std::string& node_id, TimePoint now);
+  // A node lost while every survivor recovers in process and enough are left: the round goes
+  // on without it (no new round); the regroup that tells the survivors, taken once.
+  std::optional<Shrink> TakeShrink();
   // `fatal`: the job fails now instead of opening a new round (a failure that repeats).
   absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                              const std::string& reason, TimePoint now,
@@ -88,7 +97,15 @@ class StateMachine {
     NodeInfo node;
     TimePoint last_seen;
     bool left = false;
+    bool in_process = false;                // its workers declared in-process recovery
+    std::optional<TimePoint> watch_ended;  // its regroup watch's caller went away
   };
+  // Lost: silent past the liveness limit, or its watch ended and nothing heard since.
+  bool IsLost(const Member& m, TimePoint now) const;
+  // Drops the lost members; the survivors go on in the same round when they all recover in
+  // process, else a new round opens (or the job fails below min_nodes).
+  void DropLost(TimePoint now, Deliveries* out);
+  void ShrinkRound(const std::string& what);
 
   void AddJoining(Pending p, Deliveries* out);
   // A survivor's first join at a new host: take over the lost host's round and restart count.
@@ -128,6 +145,7 @@ class StateMachine {
   std::unordered_set<std::string> told_end_;  // nodes that got a STOP or FINISHED reply
   // After a failover: how many survivors the first round waits for before closing at once.
   int expected_survivors_ = 0;
+  std::optional<Shrink> shrink_;  // not yet taken
 };
 
 }  // namespace dlrun::rdzv

@@ -31,6 +31,10 @@ struct Config {
   Duration heartbeat_interval{std::chrono::seconds(1)};
   int heartbeat_misses = 5;
   Duration liveness_limit() const { return heartbeat_interval * heartbeat_misses; }
+  // A member that recovers in process whose regroup watch ended (its connection closed: the
+  // agent's process is gone) and that is not heard from again within this is lost at once, not
+  // after the liveness limit. A live agent watches again within 0.2 s after a failed watch.
+  Duration watch_grace{std::chrono::milliseconds(400)};
   int max_restarts = 0;
   std::vector<std::string> expected_hosts;  // e.g. from Slurm, for error messages
   // The hosting agent's node id: it gets node rank 0 (and so MASTER_ADDR) when the nodes have
@@ -137,6 +141,24 @@ struct FailureReply {
   bool restarts_exhausted = false;
 };
 
+// A node's place in the group after its membership changed within a round.
+struct NodePlace {
+  std::string node_id;
+  int node_rank = 0;
+  int rank_offset = 0;
+};
+
+// The survivors of a lost node go on in the same round (every one of them recovers in
+// process): who is left and where, for the regroup that tells them.
+struct Shrink {
+  uint64_t round = 0;
+  std::vector<std::string> lost;  // "host (node id)"
+  std::vector<NodePlace> places;
+  int world_size = 0;
+  std::string master_addr;
+  std::string reason;  // one line
+};
+
 // In-process recovery across nodes (proto `service Regroup`; docs/RECOVERY.md): the round's
 // latest regroup as the job knows it.
 struct RegroupNotice {
@@ -146,6 +168,11 @@ struct RegroupNotice {
   std::vector<int> lost_ranks;
   std::string reason;
   std::string asked_by;  // node id
+  // Set when a node was lost and the survivors go on in the same round without it: every
+  // remaining node's place, the new world size and master address (empty: nothing moved).
+  std::vector<NodePlace> places;
+  int world_size = 0;
+  std::string master_addr;
 };
 
 // A node's ask for generation `generation` after losing `lost_ranks` (empty: the node of global

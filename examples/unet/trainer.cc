@@ -205,15 +205,24 @@ void Trainer::MakeDdp(bool init_sync) {
 // A peer was lost and the group regrouped: every rank now holds the state of step r.step. The
 // DDP engine is made anew over the new group, and the data streams go on after r.step, so the
 // interrupted step is done again with the same samples.
+// A lost node: the survivors go on at the smaller world size with their local batch (the
+// global batch shrinks with it; the LR schedule and the epochs' length stay as they were), each
+// rank's data stream now the one of its new rank.
 void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
   const auto t = Clock::now();
+  if (r.resized) {
+    rank_ = ctx_.rank();
+    world_ = ctx_.worldSize();
+    global_batch_ = a_.local_batch_size * world_ * a_.accumulation_steps;
+  }
   MakeDdp(/*init_sync=*/false);  // the transfer ended with every rank's digest equal
   prefetched_.reset();
   OpenData(r.step);
   if (rank_ == 0) {
     std::printf("recovered in process at step %ld (generation %d, %.3f s; DDP and data again "
-                "%.3f s): going on with step %ld\n", r.step, r.generation, r.seconds, Seconds(t),
-                r.step + 1);
+                "%.3f s): going on with step %ld%s\n", r.step, r.generation, r.seconds, Seconds(t),
+                r.step + 1,
+                r.resized ? absl::StrCat(" on ", world_, " rank(s)").c_str() : "");
     std::fflush(stdout);
   }
 }

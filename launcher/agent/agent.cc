@@ -98,6 +98,7 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   stopped_at_.reset();
   generation_ = 0;
   recovery_deadline_.reset();
+  TellInProcess();
   awaiting_state_.clear();
   WriteWorkersFile(group);
   return absl::OkStatus();
@@ -172,6 +173,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
             if (e.step.kind == 'C') SpareOnDeclaration(w.local_rank);
           }
           if (e.step.kind == 'P') StateFromPeer(e.pid, e.step.step);
+          TellInProcess();
         }
         telemetry_.Step(e.pid, e.step);
         hang_.Record(e.pid, e.step, clock_.Now());

@@ -97,6 +97,9 @@ class Agent {
   // The job's regroup, once its port is known, begun here (another node's loss too); this node
   // of global rank 0 posts the port. A watch outcome when it cannot take part.
   std::optional<Watch> FollowRegroup();
+  bool TakePlace(const RegroupLink::Notice& n, Assignment* next) const;
+  // Tells the job (regroup_) whether every worker here declared in-process recovery.
+  void TellInProcess();
   bool AcrossNodes() const { return regroup_ != nullptr && !options_.single_node_job; }
   // Why the recovery in progress did not end in time.
   std::string UnrecoveredReason() const;

@@ -138,15 +138,21 @@ bool Agent::BeginGeneration(const Assignment& next, int generation,
                             const std::vector<std::string>& said, SteadyTime t) {
   std::vector<std::string> replaced;
   if (!StartReplacements(lost, next, generation, &replaced)) return false;
-  // Every survivor hears of the new group; every rank is to say it holds the state.
+  // Every survivor hears of the new group; every rank is to say it holds the state. When the
+  // group's nodes changed (a node lost), the word carries each rank's new place.
   awaiting_state_.clear();
-  const std::string word =
-      absl::StrCat(contract::kRegroupWord, " ", generation, " ", next.master_port, "\n");
-  for (const Worker& w : workers_) {
+  const bool moved = next.world_size != current_.world_size ||
+                     next.rank_offset != current_.rank_offset ||
+                     next.master_addr != current_.master_addr;
+  for (Worker& w : workers_) {
     awaiting_state_.push_back(w.pid);
+    w.rank = next.rank_offset + w.local_rank;
     const bool replacement = std::any_of(lost.begin(), lost.end(), [&](const WorkerExit& e) {
       return e.local_rank == w.local_rank;
     });
+    std::string word = absl::StrCat(contract::kRegroupWord, " ", generation, " ", next.master_port);
+    if (moved) absl::StrAppend(&word, " ", w.rank, " ", next.world_size, " ", next.master_addr);
+    word += "\n";
     if (!replacement && !processes_.Tell(w.pid, word)) {
       spdlog::warn("in-process recovery: cannot tell local rank {} (pid {}) the new group",
                    w.local_rank, w.pid);
@@ -203,16 +209,38 @@ bool Agent::AskToRegroup(const std::vector<WorkerExit>& lost, const std::vector<
   return true;
 }
 
+// A node lost and the job going on without it: this node's new place in `next`; false when it
+// was left out.
+bool Agent::TakePlace(const RegroupLink::Notice& n, Assignment* next) const {
+  for (const RegroupLink::Notice::Place& p : n.places) {
+    if (p.node_id != regroup_->node_id()) continue;
+    next->node_rank = p.node_rank;
+    next->rank_offset = p.rank_offset;
+    next->num_nodes = static_cast<int>(n.places.size());
+    next->world_size = n.world_size;
+    next->master_addr = n.master_addr;
+    return true;
+  }
+  return false;
+}
+
 std::optional<Agent::Watch> Agent::FollowRegroup() {
   if (!AcrossNodes()) return std::nullopt;
   RegroupLink::Notice n = regroup_->Latest();
   if (n.generation <= generation_) return std::nullopt;
-  if (n.master_port == 0 && current_.rank_offset == 0 && posted_for_ != n.generation) {
+  Assignment next = current_;
+  if (!n.places.empty() && !TakePlace(n, &next)) {
+    return Watch{Watch::Outcome::kUnrecovered,
+                 absl::StrCat("generation ", n.generation, " goes on without this node (",
+                              n.reason, ")"),
+                 0};
+  }
+  if (n.master_port == 0 && next.rank_offset == 0 && posted_for_ != n.generation) {
     posted_for_ = n.generation;  // global rank 0's node picks the new group's port
-    const int port = options_.pick_master_port ? options_.pick_master_port(current_.master_addr) : 0;
+    const int port = options_.pick_master_port ? options_.pick_master_port(next.master_addr) : 0;
     absl::StatusOr<RegroupLink::Notice> posted =
         port > 0 ? regroup_->Ask(n.generation, {}, port, "")
-                 : absl::UnavailableError(absl::StrCat("no free port on ", current_.master_addr));
+                 : absl::UnavailableError(absl::StrCat("no free port on ", next.master_addr));
     if (!posted.ok()) {
       return Watch{Watch::Outcome::kUnrecovered,
                    absl::StrCat("cannot post the port of generation ", n.generation, ": ",
@@ -226,8 +254,11 @@ std::optional<Agent::Watch> Agent::FollowRegroup() {
   std::vector<std::string> said = std::move(pending_said_);
   if (pending_lost_.empty()) {  // another node's loss
     telemetry_.FaultSeen(t);
-    said = {absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason, " (on node ",
-                         n.asked_by, ")")};
+    said = {n.places.empty()
+                ? absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason, " (on node ",
+                               n.asked_by, ")")
+                : absl::StrCat(n.reason, "; the job goes on with ", n.world_size, " rank(s) on ",
+                               n.places.size(), " node(s)")};
     for (const Worker& w : workers_) {
       if (!w.recoverable || !w.alive) {
         return Watch{Watch::Outcome::kUnrecovered,
@@ -237,7 +268,6 @@ std::optional<Agent::Watch> Agent::FollowRegroup() {
       }
     }
   }
-  Assignment next = current_;
   next.master_port = n.master_port;
   const std::vector<WorkerExit> lost = std::move(pending_lost_);
   pending_lost_.clear();
@@ -258,6 +288,13 @@ std::string Agent::UnrecoveredReason() const {
   return absl::StrCat("in-process recovery (generation ", generation_, ") did not end within ",
                       options_.recovery_timeout.count(), " ms: ", awaiting_state_.size(),
                       " rank(s) never said they hold the state");
+}
+
+void Agent::TellInProcess() {
+  if (!AcrossNodes()) return;
+  bool all = !workers_.empty() && static_cast<bool>(options_.pick_master_port);
+  for (const Worker& w : workers_) all = all && w.recoverable;
+  regroup_->SetInProcess(all);
 }
 
 void Agent::SpareOnDeclaration(int local_rank) {

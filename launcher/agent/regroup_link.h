@@ -21,6 +21,17 @@ class RegroupLink {
     std::vector<int> lost_ranks;
     std::string reason;    // the asking node's one line
     std::string asked_by;  // its node id
+    // A node lost and the survivors going on without it: each remaining node's place (node id,
+    // node rank, rank offset), the new world size and master address. Empty: nothing moved.
+    struct Place {
+      std::string node_id;
+      int node_rank = 0;
+      int rank_offset = 0;
+      bool operator==(const Place&) const = default;
+    };
+    std::vector<Place> places;
+    int world_size = 0;
+    std::string master_addr;
     bool operator==(const Notice&) const = default;
   };
   virtual ~RegroupLink() = default;
@@ -34,6 +45,11 @@ class RegroupLink {
   // regroup came first, the round is over, the rendezvous is unreachable): restart instead.
   virtual absl::StatusOr<Notice> Ask(int generation, const std::vector<int>& lost_ranks,
                                      int master_port, const std::string& reason) = 0;
+  // Every worker of this node declared in-process recovery: the job may then go on without a
+  // lost node instead of opening a new round (said with the node's heartbeats).
+  virtual void SetInProcess(bool in_process) = 0;
+  // This node's id in the job (Notice::places names nodes by it).
+  virtual std::string node_id() const = 0;
 };
 
 }  // namespace dlrun::launcher

@@ -8,7 +8,8 @@
 #include "common/contract.h"
 
 namespace dlrun::launcher {
-namespace {
+// Named, not anonymous: Nvml::Api's fields use them (-Wsubobject-linkage in a unity build).
+namespace nvml_abi {
 
 // The NVML types used, declared here so no NVML header is needed to build.
 struct NvmlMemory {
@@ -25,7 +26,8 @@ struct NvmlProcessInfo {  // nvmlProcessInfo_t (v2/v3 layout)
 
 constexpr unsigned kMaxProcesses = 64;
 
-}  // namespace
+}  // namespace nvml_abi
+using namespace nvml_abi;  // NOLINT: this file's own declarations
 
 struct Nvml::Api {
   void* lib = nullptr;

@@ -14,7 +14,16 @@ constexpr std::chrono::seconds kWatchFor{30};
 constexpr std::chrono::milliseconds kRetryAfter{200};
 
 RegroupLink::Notice FromRdzv(const rdzv::RegroupNotice& n) {
-  return {n.generation, n.master_port, n.lost_ranks, n.reason, n.asked_by};
+  RegroupLink::Notice out;
+  out.generation = n.generation;
+  out.master_port = n.master_port;
+  out.lost_ranks = n.lost_ranks;
+  out.reason = n.reason;
+  out.asked_by = n.asked_by;
+  for (const rdzv::NodePlace& p : n.places) out.places.push_back({p.node_id, p.node_rank, p.rank_offset});
+  out.world_size = n.world_size;
+  out.master_addr = n.master_addr;
+  return out;
 }
 
 }  // namespace

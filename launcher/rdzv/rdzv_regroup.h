@@ -3,6 +3,7 @@
 // reaches this agent within a round trip, not a heartbeat interval.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -32,6 +33,9 @@ class RdzvRegroup final : public RegroupLink {
   Notice Latest() override;
   absl::StatusOr<Notice> Ask(int generation, const std::vector<int>& lost_ranks, int master_port,
                              const std::string& reason) override;
+  void SetInProcess(bool in_process) override { in_process_.store(in_process); }
+  bool in_process() const { return in_process_.load(); }
+  std::string node_id() const override { return node_id_; }
 
  private:
   void StartThreadLocked();
@@ -51,6 +55,7 @@ class RdzvRegroup final : public RegroupLink {
   std::function<void()> cancel_;  // guarded by mu_: cancels the watch held now
   bool stop_ = false;             // guarded by mu_
   std::thread thread_;
+  std::atomic<bool> in_process_{false};
 };
 
 }  // namespace dlrun::launcher

@@ -118,7 +118,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
       *reason = lost_reason_;
       return Verdict::kRestart;
     }
-    auto r = client_->Heartbeat(node_.node_id, round_);
+    auto r = client_->Heartbeat(node_.node_id, round_, regroup_->in_process());
     const auto now = clock_.Now();
     if (!r.ok()) {
       const auto silent = std::chrono::duration_cast<rdzv::Duration>(now - last_ok_);

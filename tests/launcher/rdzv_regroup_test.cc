@@ -31,7 +31,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
   absl::StatusOr<rdzv::JoinResult> Join(const rdzv::NodeInfo&, rdzv::Duration) override {
     return absl::UnimplementedError("join");
   }
-  absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t) override {
+  absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t, bool) override {
     return absl::UnimplementedError("heartbeat");
   }
   absl::StatusOr<rdzv::FailureReply> ReportFailure(const std::string&, uint64_t,

@@ -32,7 +32,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
   absl::StatusOr<rdzv::JoinResult> Join(const rdzv::NodeInfo&, rdzv::Duration) override {
     return s_.join;
   }
-  absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t) override {
+  absl::StatusOr<rdzv::HeartbeatReply> Heartbeat(const std::string&, uint64_t, bool) override {
     ++s_.heartbeats;
     if (!s_.heartbeat_ok) return absl::UnavailableError("connection refused");
     return rdzv::HeartbeatReply{};

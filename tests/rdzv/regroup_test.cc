@@ -19,7 +19,8 @@ class RegroupGrpc : public ::testing::Test {
  protected:
   void SetUp() override {
     ServerOptions o;
-    o.handler.config.min_nodes = o.handler.config.max_nodes = 2;
+    o.handler.config.min_nodes = min_nodes_;
+    o.handler.config.max_nodes = 2;
     o.handler.config.max_restarts = 3;
     o.handler.run_id = "run";
     o.handler.token = "tok";
@@ -53,6 +54,13 @@ class RegroupGrpc : public ::testing::Test {
 
   std::unique_ptr<RendezvousServer> server_;
   std::unique_ptr<RendezvousClient> a_, b_;
+  int min_nodes_ = 2;
+};
+
+// --nnodes 1:2: the job may go on with one node.
+class RegroupGrpcElastic : public RegroupGrpc {
+ protected:
+  RegroupGrpcElastic() { min_nodes_ = 1; }
 };
 
 TEST_F(RegroupGrpc, AnAskReachesTheHeldWatchAndThePostedPortReachesItAgain) {
@@ -143,7 +151,9 @@ TEST_F(RegroupGrpc, ACancelledWatchReturnsAtOnce) {
   std::promise<std::function<void()>> cancel;
   auto held = std::async(std::launch::async, [&] {
     bool first = true;
-    return a_->WatchRegroup("node-a", {1, 0, 0, {}, "", ""}, seconds(20),
+    RegroupNotice known;
+    known.round = 1;
+    return a_->WatchRegroup("node-a", known, seconds(20),
                             [&](std::function<void()> c) {
                               if (first) cancel.set_value(std::move(c));
                               first = false;
@@ -164,6 +174,55 @@ TEST_F(RegroupGrpc, AHeldWatchLetsTheServerShutDown) {
   ASSERT_EQ(shutdown.wait_for(seconds(10)), std::future_status::ready);
   ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
   EXPECT_FALSE(held.get().ok());
+}
+
+// A node's agent process ends (its held watch's connection closes): with every node recovering in
+// process, the host leaves the node out of the running round within the watch grace, and the
+// other node's watch hears its new place; the lost node, were it alive, is told to re-join.
+TEST_F(RegroupGrpcElastic, ANodeWhoseWatchEndsIsLeftOutAndTheSurvivorHearsItsPlace) {
+  ASSERT_TRUE(a_->Heartbeat("node-a", 1, /*in_process=*/true).ok());
+  ASSERT_TRUE(b_->Heartbeat("node-b", 1, /*in_process=*/true).ok());
+  RegroupNotice known;
+  known.round = 1;
+  auto held = WatchFrom(known);
+  std::promise<std::function<void()>> cancel;
+  auto b_watch = std::async(std::launch::async, [&] {
+    bool first = true;
+    return b_->WatchRegroup("node-b", known, seconds(20), [&](std::function<void()> c) {
+      if (first) cancel.set_value(std::move(c));
+      first = false;
+    });
+  });
+  std::function<void()> end_b = cancel.get_future().get();
+  // Both watches held at the host before node-b's ends.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+  while (server_->regroup().HeldWatches() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(server_->regroup().HeldWatches(), 2);
+  const auto ended = std::chrono::steady_clock::now();
+  end_b();
+  ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - ended).count();
+  auto seen = held.get();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->round, 1u);
+  EXPECT_EQ(seen->generation, 1);
+  EXPECT_EQ(seen->master_port, 0);  // posted by node-a, rank 0's node
+  ASSERT_EQ(seen->places.size(), 1u);
+  EXPECT_EQ(seen->places[0].node_id, "node-a");
+  EXPECT_EQ(seen->places[0].rank_offset, 0);
+  EXPECT_EQ(seen->world_size, 2);
+  EXPECT_EQ(seen->master_addr, "127.0.0.1");
+  EXPECT_NE(seen->reason.find("node-b, its connection closed"), std::string::npos) << seen->reason;
+  EXPECT_LT(took, 5.0);  // well before the liveness limit (5 s), whatever the machine's load
+  auto posted = a_->AskRegroup("node-a", {1, 1, {}, 41000, ""});
+  ASSERT_TRUE(posted.ok()) << posted.status();
+  EXPECT_EQ(posted->places.size(), 1u);  // the port joins the same regroup
+  auto hb = b_->Heartbeat("node-b", 1, true);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->action, Action::kRestart);
+  EXPECT_EQ(b_watch.get().status().code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace

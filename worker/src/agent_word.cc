@@ -51,15 +51,25 @@ void Announce(const Regroup& r) {
   w.cv.notify_all();
 }
 
-// "regroup <generation> <master_port>"; anything else is ignored (a newer agent's other words).
+// "regroup <generation> <master_port> [<rank> <world_size> <master_addr>]"; anything else is
+// ignored (a newer agent's other words).
 void OnLine(const std::string& line) {
   std::istringstream in(line);
   std::string word;
   Regroup r;
-  if (in >> word >> r.generation >> r.master_port && word == contract::kRegroupWord &&
-      r.generation > 0 && r.master_port > 0 && r.master_port < 65536) {
-    Announce(r);
+  if (!(in >> word >> r.generation >> r.master_port) || word != contract::kRegroupWord ||
+      r.generation <= 0 || r.master_port <= 0 || r.master_port >= 65536) {
+    return;
   }
+  std::string addr;
+  int rank = -1, world = 0;
+  if (in >> rank >> world >> addr) {
+    if (rank < 0 || world <= 0 || rank >= world) return;
+    r.rank = rank;
+    r.world_size = world;
+    r.master_addr = addr;
+  }
+  Announce(r);
 }
 
 void ReadWords(int fd) {

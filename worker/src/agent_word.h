@@ -5,12 +5,17 @@
 
 #include <chrono>
 #include <optional>
+#include <string>
 
 namespace dlrun::worker::detail {
 
 struct Regroup {
   int generation = 0;
   int master_port = 0;
+  // Set (rank >= 0) when the group's nodes changed: this rank's new place and master address.
+  int rank = -1;
+  int world_size = 0;
+  std::string master_addr;
 };
 
 // Starts, once per process, the thread that reads the agent's words from contract::kControlFd.

@@ -140,14 +140,19 @@ TrainingState Recovery::receive() {
   return st;
 }
 
-void Recovery::Regroup(int generation, int master_port) {
+void Recovery::Regroup(const detail::Regroup& word) {
   // The old group is left as it is, not destroyed: its threads may still wait on a peer that
   // is gone (until Gloo's own timeout), and destroying it would wait with them.
   (void)ctx_.pg.release();
   (void)ctx_.store.release();
-  ctx_.env.master_port = master_port;
+  ctx_.env.master_port = word.master_port;
+  if (word.rank >= 0) {  // a node was lost: this rank's new place
+    ctx_.env.rank = word.rank;
+    ctx_.env.world_size = word.world_size;
+    ctx_.env.master_addr = word.master_addr;
+  }
   detail::ConnectGroup(ctx_, ctx_.backend, options_.timeout);
-  detail::EnterGeneration(generation);
+  detail::EnterGeneration(word.generation);
 }
 
 Recovery::Outcome Recovery::run(const std::function<void()>& body) {
@@ -170,7 +175,7 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
   std::fprintf(stderr, "dlrun::worker: rank %d: a peer was lost (%s); joining generation %d\n",
                ctx_.rank(), what.c_str(), word->generation);
   try {
-    Regroup(word->generation, word->master_port);
+    Regroup(*word);
     bool loaded = false;
     int root = 0;
     const auto regrouped = std::chrono::steady_clock::now();
@@ -185,7 +190,7 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
                    word->generation, std::chrono::duration<double>(regrouped - t0).count(),
                    timing_.serialize_s, timing_.send_s, timing_.check_s);
     }
-    return {true, st.step, word->generation, secs};
+    return {true, st.step, word->generation, secs, word->rank >= 0};
   } catch (const std::exception& e) {
     throw std::runtime_error(lite::StrCat("in-process recovery failed (generation ",
                                           word->generation, "): ", FirstLine(e.what())));

@@ -5,8 +5,10 @@
 #include <signal.h>
 
 #include <optional>
+#include <utility>
 
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 #include "agent/harness.h"
 
 namespace dlrun::launcher::testing {
@@ -128,6 +130,17 @@ TEST(AgentInProcessRecovery, RecoveryRestartRestartsEvenADeclaringProgram) {
 }
 
 
+RegroupLink::Notice MakeNotice(int generation, int port, std::vector<int> lost, std::string reason,
+                               std::string asked_by = "this") {
+  RegroupLink::Notice n;
+  n.generation = generation;
+  n.master_port = port;
+  n.lost_ranks = std::move(lost);
+  n.reason = std::move(reason);
+  n.asked_by = std::move(asked_by);
+  return n;
+}
+
 // Across nodes (RegroupLink; docs/RECOVERY.md, "Across nodes"): the job's regroup as a script.
 // An ask is recorded and answered with `answer_port` (the port global rank 0's node posts; 0:
 // not yet), or refused; from `remote_at` on, Latest() shows another node's loss.
@@ -137,19 +150,24 @@ class FakeRegroup final : public RegroupLink {
   void Watch(std::function<void()> wake) override { watched = true; }
   Notice Latest() override {
     if (remote_at && clock_.Elapsed() >= *remote_at && notice.generation == 0) notice = remote;
-    return notice;
+    if (!new_round_after_read || notice.generation == 0) return notice;
+    remote_at.reset();  // the restart's new round begins with no regroup
+    return std::exchange(notice, Notice{});
   }
   absl::StatusOr<Notice> Ask(int generation, const std::vector<int>& lost, int master_port,
                              const std::string& reason) override {
-    asks.push_back({generation, master_port, lost, reason, "this"});
+    asks.push_back(MakeNotice(generation, master_port, lost, reason));
     if (refuse) return absl::AbortedError("the regroup to generation 1 is under way");
-    if (!lost.empty()) notice = {generation, master_port > 0 ? master_port : answer_port, lost,
-                                 reason, "this"};
+    if (!lost.empty()) {
+      notice = MakeNotice(generation, master_port > 0 ? master_port : answer_port, lost, reason);
+    }
     if (lost.empty()) notice.master_port = master_port;
     return notice;
   }
+  void SetInProcess(bool yes) override { in_process = yes; }
+  std::string node_id() const override { return "this"; }
 
-  bool watched = false, refuse = false;
+  bool watched = false, refuse = false, in_process = false, new_round_after_read = false;
   int answer_port = 46000;
   std::optional<milliseconds> remote_at;
   Notice remote, notice;
@@ -223,7 +241,7 @@ TEST(AgentInProcessRecovery, AnotherNodesLossRegroupsEverySurvivorHere) {
   Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
   auto regroup = std::make_shared<FakeRegroup>(h.clock);
   regroup->remote_at = milliseconds(2500);
-  regroup->remote = {1, 46000, {0}, "rank 0 (local rank 0, pid 7): SIGKILL", "node-a"};
+  regroup->remote = MakeNotice(1, 46000, {0}, "rank 0 (local rank 0, pid 7): SIGKILL", "node-a");
   EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
   EXPECT_TRUE(regroup->asks.empty());
   EXPECT_EQ(h.procs.procs.size(), 3u);  // nothing to replace here
@@ -237,7 +255,7 @@ TEST(AgentInProcessRecovery, TheNodeOfGlobalRankZeroPostsTheNewGroupsPort) {
   Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
   auto regroup = std::make_shared<FakeRegroup>(h.clock);
   regroup->remote_at = milliseconds(2500);
-  regroup->remote = {1, 0, {4}, "rank 4 (local rank 1, pid 9): SIGKILL", "node-b"};
+  regroup->remote = MakeNotice(1, 0, {4}, "rank 4 (local rank 1, pid 9): SIGKILL", "node-b");
   EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/true), 0);
   ASSERT_EQ(regroup->asks.size(), 1u);
   EXPECT_EQ(regroup->asks[0].generation, 1);
@@ -254,6 +272,47 @@ TEST(AgentInProcessRecovery, AnAskTheJobRefusesEndsInTheRestart) {
   regroup->refuse = true;
   EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
   EXPECT_EQ(regroup->asks.size(), 1u);
+  EXPECT_TRUE(h.procs.told.empty());
+  EXPECT_EQ(h.procs.groups_started(), 2);
+}
+
+// A node lost whole (node 0, ranks 0-2): the host leaves it out and the job goes on with this
+// node alone, which now holds global rank 0, posts the port and tells each rank its new place.
+TEST(AgentInProcessRecovery, ANodeLostElsewhereGivesEveryRankHereItsNewPlace) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  regroup->remote_at = milliseconds(2500);
+  regroup->remote = MakeNotice(1, 0, {}, "lost 1 node(s): host-a (node-a, its connection closed)",
+                               "the rendezvous host");
+  regroup->remote.places = {{"this", 0, 0}};
+  regroup->remote.world_size = 3;
+  regroup->remote.master_addr = "10.0.0.2";
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
+  EXPECT_TRUE(regroup->in_process);  // said once every worker here declared it
+  ASSERT_EQ(regroup->asks.size(), 1u);  // the port, from the new rank 0's node
+  EXPECT_EQ(regroup->asks[0].master_port, 45000);
+  EXPECT_EQ(h.procs.procs.size(), 3u);  // nothing replaced, nothing restarted
+  ASSERT_EQ(h.procs.told.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& [pid, word] = h.procs.told[i];
+    const int local = pid == h.procs.procs[0].pid ? 0 : pid == h.procs.procs[1].pid ? 1 : 2;
+    EXPECT_EQ(word, absl::StrCat("regroup 1 45000 ", local, " 3 10.0.0.2\n"));
+  }
+}
+
+TEST(AgentInProcessRecovery, ANodeTheJobGoesOnWithoutRestarts) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  regroup->remote_at = milliseconds(2500);
+  regroup->remote = MakeNotice(1, 0, {}, "lost 1 node(s): this host (missed heartbeats)",
+                               "the rendezvous host");
+  regroup->remote.places = {{"node-a", 0, 0}};
+  regroup->remote.world_size = 3;
+  regroup->new_round_after_read = true;
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
+  EXPECT_TRUE(regroup->asks.empty());
   EXPECT_TRUE(h.procs.told.empty());
   EXPECT_EQ(h.procs.groups_started(), 2);
 }

@@ -45,6 +45,10 @@
 
 namespace dlrun::worker {
 
+namespace detail {
+struct Regroup;  // the agent's word (internal)
+}  // namespace detail
+
 // Thrown by the library's collectives (Context's, DistributedDataParallel's) when the agent said
 // a peer of the group was lost while they waited.
 class PeerLost : public std::runtime_error {
@@ -102,6 +106,9 @@ class Recovery {
     int64_t step = 0;        // recovered: the step the ranks hold now (go on with step + 1)
     int generation = 0;      // recovered: the group's generation
     double seconds = 0;      // recovered: from the exception to the state agreed
+    // A node was lost and the job goes on without it: this rank's place changed (ctx.rank(),
+    // ctx.worldSize() are the new ones). Rank-dependent streams (data shards, seeds) follow.
+    bool resized = false;
   };
   // Runs `body`; a peer lost during it is a recovery (Outcome::recovered) instead of an
   // exception. Other exceptions, and any exception when recovery is not enabled, propagate.
@@ -109,7 +116,8 @@ class Recovery {
 
  private:
   TrainingState Transfer(int64_t my_step, bool* loaded, int* root);
-  void Regroup(int generation, int master_port);
+  // Joins the group the agent's word names (a new place in it when a node was lost).
+  void Regroup(const detail::Regroup& word);
 
   Context& ctx_;
   torch::nn::Module& model_;

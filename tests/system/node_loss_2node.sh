@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A node lost whole (docs/RECOVERY.md, "A node lost"): two agents in two network namespaces,
+# --nnodes 1:2, train_unet on 2 ranks each. Every process of node B is SIGKILLed in the middle of
+# a step (its agent, workers and spares: the machine gone). Node A's ranks keep their processes
+# and go on at world size 2 in the same round: no checkpoint read, no new round, every step
+# done, the two ranks' final parameters equal. Not a Slurm test: it only needs root and iproute2.
+set -euo pipefail
+: "${DLRUN:?}" "${TRAIN_UNET:?}"
+source "$(dirname "$0")/common.sh"  # follow_until, netns_pair
+work=$(mktemp -d /var/tmp/dlrun-nodeloss.XXXXXX)
+trap netns_pair_down EXIT
+netns_pair nl2
+fail() {
+  echo "FAIL (node_loss_2node): $*" >&2
+  for f in "$work"/*.log; do
+    [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 30 >&2; }
+  done
+  exit 1
+}
+steps=14
+agent() {  # agent NS ADDR LOG
+  ip netns exec "$1" env OMP_NUM_THREADS=1 DLRUN_RDZV_TOKEN="nodeloss-$$" \
+    timeout 300 "$DLRUN" --nnodes 1:2 --nproc-per-node 2 --rdzv-backend c10d \
+    --rdzv-endpoint "$addr_a:29400" --rdzv-id nodeloss --local-addr "$2" --max-restarts 2 -- \
+    "$TRAIN_UNET" --synthetic --base-channels 4 --data-size 64 --local-batch-size 1 \
+    --max-steps "$steps" --checkpoint-every 5 --checkpoint-dir "$work/ckpt.$1" \
+    --metrics-json "$work/metrics.json" >"$3" 2>&1
+}
+a="$work/a.log" b="$work/b.log"
+agent "$ns_a" "$addr_a" "$a" & pa=$!
+follow_until "$a" "hosting the rendezvous on $addr_a:29400" 60 || fail "A did not host"
+agent "$ns_b" "$addr_b" "$b" & pb=$!
+follow_until "$a" "step 5/$steps" 180 || fail "no step 5"
+for p in $(ip netns pids "$ns_b"); do kill -KILL "$p" 2>/dev/null || true; done
+wait "$pb" || true
+wait "$pa" || fail "A exited with $?"
+
+grep -q "lost 1 node(s): .*its connection closed" "$a" ||
+  fail "A did not say node B was lost when its connection closed"
+grep -q "the job goes on with 2 rank(s) on 1 node(s)" "$a" || fail "A's job did not go on without B"
+grep -q "in-process recovery done: every rank holds the state" "$a" || fail "the recovery did not end"
+grep -q "recovered in process at step [0-9]* .* on 2 rank(s)" "$a" || fail "rank 0 did not go on"
+! grep -q -E "restart 1: node|resumed from step|new round" "$a" ||
+  fail "a restart, a round or a checkpoint read on A"
+grep -q "step $steps/$steps" "$a" || fail "A did not finish its steps"
+# Both of A's first workers ran to the end: none named lost.
+for p in $(awk '/local_rank  rank  pid/ {t=1; next} t && NF==3 {print $3; next} {t=0}' "$a"); do
+  ! grep -q "(local rank [0-9]*, pid $p)" "$a" || fail "survivor $p was named lost"
+done
+digests=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["param_digests"]
+print(len(d), len(set(d)))' "$work/metrics.json")
+[[ "$digests" == "2 1" ]] || fail "final digests: $digests (ranks, distinct), expected 2 ranks, 1 digest"
+echo "PASS (node_loss_2node): node B lost whole; node A's 2 ranks went on in process at world" \
+  "size 2 in the same round, no checkpoint read, digests equal"
+rm -rf "$work"

@@ -54,6 +54,8 @@ inline constexpr char kSpareFd[] = "DLRUN_SPARE_FD";
 // in-process recovery (a step record "C recovery" on the heartbeat pipe):
 //   regroup <generation> <master_port>\n   a rank was lost; the group's next generation meets
 //                                          at MASTER_ADDR:<master_port>, same ranks and size
+//   regroup <generation> <master_port> <rank> <world_size> <master_addr>\n
+//                                          a node was lost: the same, with this rank's new place
 inline constexpr char kControlFd[] = "DLRUN_CONTROL_FD";
 inline constexpr char kRegroupWord[] = "regroup";
 // Set in the environment of a process that replaces a lost rank in a running group: the

@@ -84,8 +84,8 @@ RegroupNotice NoticeFromProto(const v1::RegroupNotice& n) {
   r.reason = n.reason();
   r.asked_by = n.asked_by();
   for (const v1::NodePlace& p : n.places()) {
-    r.places.push_back({p.node_id(), static_cast<int>(p.node_rank()),
-                        static_cast<int>(p.rank_offset())});
+    r.places.push_back(
+        {p.node_id(), static_cast<int>(p.node_rank()), static_cast<int>(p.rank_offset())});
   }
   r.world_size = static_cast<int>(n.world_size());
   r.master_addr = n.master_addr();

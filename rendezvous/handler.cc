@@ -336,10 +336,10 @@ std::optional<TimePoint> Handler::Tick() {
     machine_.Tick(now, &out);
     shrink = machine_.TakeShrink();
     next = machine_.NextDeadline();
-    if (options_.telemetry && (machine_.round() != telemetry_round_ ||
-                               machine_.world_size() != telemetry_world_ ||
-                               machine_.restart_count() != telemetry_restarts_ ||
-                               static_cast<int>(machine_.phase()) != telemetry_phase_)) {
+    if (options_.telemetry &&
+        (machine_.round() != telemetry_round_ || machine_.world_size() != telemetry_world_ ||
+         machine_.restart_count() != telemetry_restarts_ ||
+         static_cast<int>(machine_.phase()) != telemetry_phase_)) {
       telemetry_phase_ = static_cast<int>(machine_.phase());
       if (machine_.restart_count() > telemetry_restarts_) {
         options_.telemetry->AddRestartCause(machine_.restart_reason());

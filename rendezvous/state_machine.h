@@ -97,7 +97,7 @@ class StateMachine {
     NodeInfo node;
     TimePoint last_seen;
     bool left = false;
-    bool in_process = false;                // its workers declared in-process recovery
+    bool in_process = false;               // its workers declared in-process recovery
     std::optional<TimePoint> watch_ended;  // its regroup watch's caller went away
   };
   // Lost: silent past the liveness limit, or its watch ended and nothing heard since.

@@ -47,9 +47,8 @@ void StateMachine::DropLost(TimePoint now, Deliveries* out) {
     return;
   }
   const bool in_process = !members_.empty() && waiting_.empty() &&
-                          std::all_of(members_.begin(), members_.end(), [](const Member& m) {
-                            return m.in_process && !m.left;
-                          });
+                          std::all_of(members_.begin(), members_.end(),
+                                      [](const Member& m) { return m.in_process && !m.left; });
   if (in_process) {
     shrink_ = Shrink{round_, dead, {}, 0, "", what};
     ShrinkRound(what);

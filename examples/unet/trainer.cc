@@ -219,10 +219,11 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
   prefetched_.reset();
   OpenData(r.step);
   if (rank_ == 0) {
-    std::printf("recovered in process at step %ld (generation %d, %.3f s; DDP and data again "
-                "%.3f s): going on with step %ld%s\n", r.step, r.generation, r.seconds, Seconds(t),
-                r.step + 1,
-                r.resized ? absl::StrCat(" on ", world_, " rank(s)").c_str() : "");
+    std::printf(
+        "recovered in process at step %ld (generation %d, %.3f s; DDP and data again "
+        "%.3f s): going on with step %ld%s\n",
+        r.step, r.generation, r.seconds, Seconds(t), r.step + 1,
+        r.resized ? absl::StrCat(" on ", world_, " rank(s)").c_str() : "");
     std::fflush(stdout);
   }
 }

@@ -230,10 +230,10 @@ std::optional<Agent::Watch> Agent::FollowRegroup() {
   if (n.generation <= generation_) return std::nullopt;
   Assignment next = current_;
   if (!n.places.empty() && !TakePlace(n, &next)) {
-    return Watch{Watch::Outcome::kUnrecovered,
-                 absl::StrCat("generation ", n.generation, " goes on without this node (",
-                              n.reason, ")"),
-                 0};
+    return Watch{
+        Watch::Outcome::kUnrecovered,
+        absl::StrCat("generation ", n.generation, " goes on without this node (", n.reason, ")"),
+        0};
   }
   if (n.master_port == 0 && next.rank_offset == 0 && posted_for_ != n.generation) {
     posted_for_ = n.generation;  // global rank 0's node picks the new group's port
@@ -254,11 +254,10 @@ std::optional<Agent::Watch> Agent::FollowRegroup() {
   std::vector<std::string> said = std::move(pending_said_);
   if (pending_lost_.empty()) {  // another node's loss
     telemetry_.FaultSeen(t);
-    said = {n.places.empty()
-                ? absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason, " (on node ",
-                               n.asked_by, ")")
-                : absl::StrCat(n.reason, "; the job goes on with ", n.world_size, " rank(s) on ",
-                               n.places.size(), " node(s)")};
+    said = {n.places.empty() ? absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason,
+                                            " (on node ", n.asked_by, ")")
+                             : absl::StrCat(n.reason, "; the job goes on with ", n.world_size,
+                                            " rank(s) on ", n.places.size(), " node(s)")};
     for (const Worker& w : workers_) {
       if (!w.recoverable || !w.alive) {
         return Watch{Watch::Outcome::kUnrecovered,

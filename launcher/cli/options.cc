@@ -21,7 +21,7 @@ namespace {
 
 using cli::BadValue;
 using Flag = cli::Flag<LaunchOptions>;
-using LO = LaunchOptions;
+using O = LaunchOptions;
 
 absl::StatusOr<StdSpec> ParseStd(const std::string& flag, const std::string& v) {
   const std::string expected = "0-3 (0 none, 1 stdout, 2 stderr, 3 both) or RANK:0-3,...";
@@ -44,8 +44,8 @@ absl::StatusOr<StdSpec> ParseStd(const std::string& flag, const std::string& v) 
   return spec;
 }
 
-cli::Setter<LO> StdField(const std::string& flag, StdSpec LO::*field) {
-  return [=](LO& o, const std::string& v) {
+cli::Setter<O> StdField(const std::string& flag, StdSpec O::*field) {
+  return [=](O& o, const std::string& v) {
     auto s = ParseStd(flag, v);
     if (!s.ok()) return s.status();
     o.*field = *std::move(s);
@@ -53,7 +53,7 @@ cli::Setter<LO> StdField(const std::string& flag, StdSpec LO::*field) {
   };
 }
 
-absl::Status SetLocalRanksFilter(LO& o, const std::string& v) {
+absl::Status SetLocalRanksFilter(O& o, const std::string& v) {
   std::vector<int> ranks;
   for (absl::string_view item : absl::StrSplit(v, ',', absl::SkipEmpty())) {
     int r = 0;
@@ -67,7 +67,7 @@ absl::Status SetLocalRanksFilter(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetNnodes(LO& o, const std::string& v) {
+absl::Status SetNnodes(O& o, const std::string& v) {
   auto r = cli::ParseNodeRange("nnodes", v);
   if (!r.ok()) return r.status();
   o.min_nodes = r->min;
@@ -75,14 +75,14 @@ absl::Status SetNnodes(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetNproc(LO& o, const std::string& v) {
+absl::Status SetNproc(O& o, const std::string& v) {
   auto n = ParseNprocPerNode(v);
   if (!n.ok()) return n.status();
   o.nproc_per_node = *std::move(n);
   return absl::OkStatus();
 }
 
-absl::Status SetBackend(LO& o, const std::string& v) {
+absl::Status SetBackend(O& o, const std::string& v) {
   if (v == "etcd" || v == "etcd-v2") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--rdzv-backend ", v, " is not supported: dlrun brings its own rendezvous, with nothing "
@@ -96,7 +96,7 @@ absl::Status SetBackend(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetMasterPort(LO& o, const std::string& v) {
+absl::Status SetMasterPort(O& o, const std::string& v) {
   auto n = cli::ParseInt("master-port", v, 0, 65535);
   if (!n.ok()) return BadValue("master-port", v, "a port number 0-65535");
   o.master_port = *n;
@@ -104,7 +104,7 @@ absl::Status SetMasterPort(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetStartMethod(LO& o, const std::string& v) {
+absl::Status SetStartMethod(O& o, const std::string& v) {
   if (v != "spawn" && v != "fork" && v != "forkserver") {
     return BadValue("start-method", v, "spawn, fork or forkserver");
   }
@@ -112,7 +112,7 @@ absl::Status SetStartMethod(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetGpus(LO& o, const std::string& v) {
+absl::Status SetGpus(O& o, const std::string& v) {
   using M = GpuSpec::Mode;
   GpuSpec g;
   g.text = v;
@@ -132,7 +132,7 @@ absl::Status SetGpus(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetCpuAffinity(LO& o, const std::string& v) {
+absl::Status SetCpuAffinity(O& o, const std::string& v) {
   static const std::map<std::string, CpuAffinity> kModes = {{"none", CpuAffinity::kNone},
                                                             {"block", CpuAffinity::kBlock},
                                                             {"node", CpuAffinity::kNode},
@@ -145,7 +145,7 @@ absl::Status SetCpuAffinity(LO& o, const std::string& v) {
 
 // torchrun 2.x's --numa-binding: node and socket as here; exclusive (CPUs of one's own) is
 // dlrun's block; core-complex (L3 groups) is approximated by node.
-absl::Status SetNumaBinding(LO& o, const std::string& v) {
+absl::Status SetNumaBinding(O& o, const std::string& v) {
   if (v == "node" || v == "core-complex") {
     o.cpu_affinity = CpuAffinity::kNode;
   } else if (v == "socket") {
@@ -158,7 +158,7 @@ absl::Status SetNumaBinding(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetSpareWorkers(LO& o, const std::string& v) {
+absl::Status SetSpareWorkers(O& o, const std::string& v) {
   if (v != "auto" && v != "on" && v != "off") {
     return BadValue("spare-workers", v, "auto, on or off");
   }
@@ -168,7 +168,7 @@ absl::Status SetSpareWorkers(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetSignals(LO& o, const std::string& v) {
+absl::Status SetSignals(O& o, const std::string& v) {
   auto s = cli::ParseSignalList("signals-to-handle", v);
   if (!s.ok()) return s.status();
   o.signals_to_handle = *s;
@@ -176,13 +176,13 @@ absl::Status SetSignals(LO& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetPrintCompletion(LO& o, const std::string& v) {
+absl::Status SetPrintCompletion(O& o, const std::string& v) {
   if (v != "bash" && v != "zsh" && v != "tcsh") return BadValue("print-completion", v, "bash, zsh or tcsh");
   o.print_completion = v;
   return absl::OkStatus();
 }
 
-absl::Status SetTelemetry(LO& o, const std::string& v) {
+absl::Status SetTelemetry(O& o, const std::string& v) {
   if (v != "on" && v != "off") return BadValue("telemetry", v, "on or off");
   o.telemetry = v == "on";
   return absl::OkStatus();
@@ -198,53 +198,53 @@ constexpr int kMax = std::numeric_limits<int>::max();
 const std::vector<Flag> kBaseFlags = {
     {"nnodes", "", true, SetNnodes, "N or MIN:MAX nodes (default 1:1)"},
     {"nproc-per-node", "", true, SetNproc, "workers per node: auto | gpu | cpu | xpu | N (default 1)"},
-    {"standalone", "", false, BoolField(&LO::standalone),
+    {"standalone", "", false, BoolField(&O::standalone),
      "single node, local rendezvous on a free port"},
     {"rdzv-backend", "", true, SetBackend,
      "static (fixed node ranks) or c10d/grpc (dlrun's gRPC rendezvous)"},
-    {"rdzv-endpoint", "", true, StrField(&LO::rdzv_endpoint), "HOST[:PORT] of the rendezvous"},
-    {"rdzv-id", "", true, StrField(&LO::rdzv_id), "run id shared by all nodes of the job"},
+    {"rdzv-endpoint", "", true, StrField(&O::rdzv_endpoint), "HOST[:PORT] of the rendezvous"},
+    {"rdzv-id", "", true, StrField(&O::rdzv_id), "run id shared by all nodes of the job"},
     {"rdzv-conf", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        auto c = ParseRdzvConf(v);
        if (!c.ok()) return c.status();
        o.rdzv_conf = *std::move(c);
        return absl::OkStatus();
      },
      "KEY=VALUE,... rendezvous settings"},
-    {"max-restarts", "", true, IntField("max-restarts", &LO::max_restarts, 0, kMax),
+    {"max-restarts", "", true, IntField("max-restarts", &O::max_restarts, 0, kMax),
      "restarts of the worker group before the job fails (default 0)"},
-    {"monitor-interval", "", true, DurationField("monitor-interval", &LO::monitor_interval, true),
+    {"monitor-interval", "", true, DurationField("monitor-interval", &O::monitor_interval, true),
      "accepted for torchrun compatibility; dlrun sees worker exits at once"},
-    {"role", "", true, StrField(&LO::role), "worker role name (default 'default')"},
-    {"no-python", "", false, BoolField(&LO::no_python),
+    {"role", "", true, StrField(&O::role), "worker role name (default 'default')"},
+    {"no-python", "", false, BoolField(&O::no_python),
      "run PROGRAM directly even if it is a .py file"},
-    {"module", "m", false, BoolField(&LO::module), "run PROGRAM as 'python3 -m PROGRAM'"},
-    {"run-path", "", false, BoolField(&LO::run_path), "accepted; same as default"},
-    {"log-dir", "", true, StrField(&LO::log_dir), "directory for per-rank logs"},
-    {"redirects", "r", true, StdField("redirects", &LO::redirects),
+    {"module", "m", false, BoolField(&O::module), "run PROGRAM as 'python3 -m PROGRAM'"},
+    {"run-path", "", false, BoolField(&O::run_path), "accepted; same as default"},
+    {"log-dir", "", true, StrField(&O::log_dir), "directory for per-rank logs"},
+    {"redirects", "r", true, StdField("redirects", &O::redirects),
      "redirect worker streams to --log-dir files: 0 none, 1 stdout, 2 stderr, 3 both; "
      "LOCAL_RANK:N,... per rank (e.g. 0:3,1:1)"},
-    {"tee", "t", true, StdField("tee", &LO::tee),
+    {"tee", "t", true, StdField("tee", &O::tee),
      "tee worker streams to --log-dir files and the console: 0 none, 1 stdout, 2 stderr, "
      "3 both; LOCAL_RANK:N,... per rank"},
     {"local-ranks-filter", "", true, SetLocalRanksFilter,
      "only show output of these local ranks (e.g. 0,1)"},
-    {"node-rank", "", true, IntField("node-rank", &LO::node_rank, 0, kMax),
+    {"node-rank", "", true, IntField("node-rank", &O::node_rank, 0, kMax),
      "rank of this node (static rendezvous)"},
-    {"master-addr", "", true, StrField(&LO::master_addr), "address of node rank 0 (static)"},
+    {"master-addr", "", true, StrField(&O::master_addr), "address of node rank 0 (static)"},
     {"master-port", "", true, SetMasterPort,
      absl::StrCat("port of the c10d store on node rank 0 (static; default ", defaults::kMasterPort, ")")},
-    {"local-addr", "", true, StrField(&LO::local_addr), "address of this node"},
+    {"local-addr", "", true, StrField(&O::local_addr), "address of this node"},
     {"signals-to-handle", "", true, SetSignals,
      "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "
      "are passed on without stopping the job)"},
-    {"hang-timeout", "", true, DurationField("hang-timeout", &LO::hang_timeout, true),
+    {"hang-timeout", "", true, DurationField("hang-timeout", &O::hang_timeout, true),
      "stop and restart a worker whose heartbeats (dlrun::worker::heartbeat(), step records) "
      "stop this long, or a group of programs that never heartbeat when every rank is idle "
      "that long (0: off)"},
     {"hang-detect", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        if (v != "on" && v != "off") return cli::BadValue("hang-detect", v, "on or off");
        o.hang_detect = v == "on";
        return absl::OkStatus();
@@ -255,18 +255,18 @@ const std::vector<Flag> kBaseFlags = {
                   defaults::kHangIdleBound.count() / 1000, " s gets one line saying where every "
                   "rank is; off: only --hang-timeout")},
     {"preflight", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        auto m = ParsePreflightMode(v);
        if (m.ok()) o.preflight = *m;
        return m.status();
      },
      "off|quick|full: check this node before it joins (GPU health, disk space, a compute probe "
      "the rendezvous compares across the round); default quick for multi-node jobs, else off"},
-    {"hang-floor", "", true, DurationField("hang-floor", &LO::hang_floor, false),
+    {"hang-floor", "", true, DurationField("hang-floor", &O::hang_floor, false),
      absl::StrCat("the least time without a step record before a rank counts as hung (default ",
                   defaults::kHangStepFloor.count() / 1000, ")")},
     {"capture-before-kill", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        auto m = ParseCaptureMode(v);
        if (!m.ok()) return cli::BadValue("capture-before-kill", v, "auto, always or off");
        o.capture_before_kill = *m;
@@ -275,7 +275,7 @@ const std::vector<Flag> kBaseFlags = {
      "dump the live workers' stacks before a failed group is stopped: auto (default: after a "
      "hang, a crash by signal, a collective timeout or a lost peer), always, off"},
     {"profile", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        auto t = ParseProfileTool(v);
        if (!t.ok()) return t.status();
        o.profile.tool = *t;
@@ -285,7 +285,7 @@ const std::vector<Flag> kBaseFlags = {
      "for Python programs that import dlrun_report): one file per rank in the run's "
      "profile/ directory, named in the report (docs/PROFILING.md)"},
     {"profile-ranks", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        auto r = ParseRankList("profile-ranks", v);
        if (!r.ok()) return r.status();
        o.profile.ranks = *std::move(r);
@@ -293,7 +293,7 @@ const std::vector<Flag> kBaseFlags = {
      },
      "the global ranks to profile, e.g. 1 or 0,4-5 (the others start as without --profile)"},
     {"profile-steps", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        auto r = ParseStepRange(v);
        if (!r.ok()) return r.status();
        o.profile.steps = *r;
@@ -301,26 +301,26 @@ const std::vector<Flag> kBaseFlags = {
      },
      "A:B: capture only steps A to B, as the program's step records number them"},
     {"profile-args", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        auto r = SplitProfileArgs(v);
        if (!r.ok()) return r.status();
        o.profile.args = *std::move(r);
        return absl::OkStatus();
      },
      "more arguments for the profiler, e.g. \"--rate 200\" (py-spy) or \"-F 499\" (perf)"},
-    {"grace-period", "", true, DurationField("grace-period", &LO::grace_period, true),
+    {"grace-period", "", true, DurationField("grace-period", &O::grace_period, true),
      absl::StrCat("seconds between SIGTERM and SIGKILL when stopping workers (default ",
                   defaults::kGracePeriod.count() / 1000, ")")},
-    {"shutdown-timeout", "", true, DurationField("shutdown-timeout", &LO::grace_period, true),
+    {"shutdown-timeout", "", true, DurationField("shutdown-timeout", &O::grace_period, true),
      "torchrun 2.x's name for --grace-period"},
-    {"log-line-prefix-template", "", true, StrField(&LO::log_line_prefix_template),
+    {"log-line-prefix-template", "", true, StrField(&O::log_line_prefix_template),
      "console prefix of worker lines with ${role_name}, ${local_rank}, ${rank}, ${hostname} "
      "(default '[rank ${rank}]: ')"},
-    {"virtual-local-rank", "", false, BoolField(&LO::virtual_local_rank),
+    {"virtual-local-rank", "", false, BoolField(&O::virtual_local_rank),
      "LOCAL_RANK=0 in every worker, each seeing only its own GPU (implies --gpus per-worker)"},
-    {"duplicate-stdout-filters", "", true, StrField(&LO::duplicate_stdout_filters),
+    {"duplicate-stdout-filters", "", true, StrField(&O::duplicate_stdout_filters),
      "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
-    {"duplicate-stderr-filters", "", true, StrField(&LO::duplicate_stderr_filters),
+    {"duplicate-stderr-filters", "", true, StrField(&O::duplicate_stderr_filters),
      "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
     {"print-completion", "", true, SetPrintCompletion,
      "print a shell completion script (bash, zsh or tcsh) for dlrun's flags and exit"},
@@ -334,11 +334,11 @@ const std::vector<Flag> kBaseFlags = {
      "torchrun 2.x: node, socket, exclusive (= --cpu-affinity block), core-complex (~ node)"},
     {"start-method", "", true, SetStartMethod,
      "torchrun's spawn|fork|forkserver: accepted, no effect (dlrun starts processes itself)"},
-    {"logs-specs", "", true, StrField(&LO::logs_specs),
+    {"logs-specs", "", true, StrField(&O::logs_specs),
      "torchrun's LogsSpecs plug-in: accepted, no effect (dlrun's layout is torchrun's default)"},
-    {"event-log-handler", "", true, StrField(&LO::event_log_handler),
+    {"event-log-handler", "", true, StrField(&O::event_log_handler),
      "torchrun's event log handler: accepted, no effect"},
-    {"report-json", "", true, StrField(&LO::report_json),
+    {"report-json", "", true, StrField(&O::report_json),
      "write the end-of-job report (the job's on the rendezvous host or a single node, else "
      "this node's) to this file as JSON"},
     {"spare-workers", "", true, SetSpareWorkers,
@@ -346,7 +346,7 @@ const std::vector<Flag> kBaseFlags = {
      "imported torch; on: also other programs, started ahead and held in "
      "dlrun::worker::init() (they must read no rank variable before it); off: cold starts"},
     {"recovery", "", true,
-     [](LO& o, const std::string& v) {
+     [](O& o, const std::string& v) {
        if (v != "in-process" && v != "restart") {
          return cli::BadValue("recovery", v, "in-process or restart");
        }
@@ -356,10 +356,10 @@ const std::vector<Flag> kBaseFlags = {
      "in-process (default): when a worker of a program that declared it (dlrun::worker::Recovery) "
      "dies, the others keep running and the lost rank takes the state from a peer; restart: "
      "always stop and restart the whole group, as torchrun (docs/RECOVERY.md)"},
-    {"recovery-timeout", "", true, DurationField("recovery-timeout", &LO::recovery_timeout, false),
+    {"recovery-timeout", "", true, DurationField("recovery-timeout", &O::recovery_timeout, false),
      "seconds an in-process recovery may take before dlrun restarts the group from the "
      "checkpoint instead (default 60)"},
-    {"worker-exit-code", "", false, BoolField(&LO::worker_exit_code),
+    {"worker-exit-code", "", false, BoolField(&O::worker_exit_code),
      "exit with the failing worker's own code (128+N for a signal) instead of torchrun's 1"},
 };
 
@@ -369,7 +369,7 @@ std::vector<Flag> Flags() {
                "on (default): sample each worker's CPU and memory (and GPUs through NVML), "
                "aggregate step records job-wide, name stragglers, print the end-of-job report; "
                "off: none of it"});
-  cli::AddTelemetryFlags(&LO::telemetry_flags, &f);
+  cli::AddTelemetryFlags(&O::telemetry_flags, &f);
   return f;
 }
 

@@ -20,7 +20,8 @@ RegroupLink::Notice FromRdzv(const rdzv::RegroupNotice& n) {
   out.lost_ranks = n.lost_ranks;
   out.reason = n.reason;
   out.asked_by = n.asked_by;
-  for (const rdzv::NodePlace& p : n.places) out.places.push_back({p.node_id, p.node_rank, p.rank_offset});
+  for (const rdzv::NodePlace& p : n.places)
+    out.places.push_back({p.node_id, p.node_rank, p.rank_offset});
   out.world_size = n.world_size;
   out.master_addr = n.master_addr;
   return out;

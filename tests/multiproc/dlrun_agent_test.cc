@@ -17,7 +17,7 @@
 namespace dlrun::testing {
 namespace {
 
-constexpr auto kDeadline = std::chrono::seconds(60);
+constexpr auto kAgentDeadline = std::chrono::seconds(60);
 
 std::map<std::string, std::string> ParseEnv(const std::string& text) {
   std::map<std::string, std::string> m;
@@ -32,9 +32,8 @@ TEST(DlrunAgent, EveryTorchrunVariableForOneToFourWorkers) {
   for (int n = 1; n <= 4; ++n) {
     const std::string dir = MakeTempDir();
     ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", std::to_string(n), "--max-restarts",
-                               "2", "--role", "trainer", "sh", "-c",
-                               "env > " + dir + "/env.$RANK"},
-                              {}, kDeadline);
+                               "2", "--role", "trainer", "sh", "-c", "env > " + dir + "/env.$RANK"},
+                              {}, kAgentDeadline);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::set<std::string> ports;
     for (int rank = 0; rank < n; ++rank) {
@@ -81,10 +80,10 @@ std::vector<std::string> RunDirs(const std::string& log_dir) {
 
 TEST(DlrunAgent, OutputIsPrefixedFilteredAndLogged) {
   const std::string log_dir = MakeTempDir();
-  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--log-dir", log_dir,
-                             "--local-ranks-filter", "1", "sh", "-c",
-                             "echo out-$RANK; echo err-$RANK >&2"},
-                            {}, kDeadline);
+  ProcResult r =
+      RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--log-dir", log_dir, "--local-ranks-filter",
+                  "1", "sh", "-c", "echo out-$RANK; echo err-$RANK >&2"},
+                 {}, kAgentDeadline);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_EQ(RunDirs(log_dir).size(), 1u);
   const std::string logs = RunDirs(log_dir)[0];
@@ -95,9 +94,9 @@ TEST(DlrunAgent, OutputIsPrefixedFilteredAndLogged) {
   EXPECT_EQ(ReadFile(logs + "/attempt_0/0/stderr.log"), "err-0\n");
   EXPECT_EQ(ReadFile(logs + "/attempt_0/1/stdout.log"), "out-1\n");
   // --redirects 1: stdout goes to the files only.
-  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", log_dir, "-r", "1", "sh",
-                  "-c", "echo quiet; echo loud >&2"},
-                 {}, kDeadline);
+  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", log_dir, "-r", "1", "sh", "-c",
+                  "echo quiet; echo loud >&2"},
+                 {}, kAgentDeadline);
   EXPECT_EQ(r.output.find("quiet"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[rank 0]: loud"), std::string::npos) << r.output;
   // A second run with the same --log-dir keeps the first run's logs (torchrun's layout).
@@ -116,9 +115,9 @@ TEST(DlrunAgent, ALogDirThatCannotBeMadeSaysWhy) {
   const std::string dir = MakeTempDir();
   const std::string file = dir + "/a-file";
   std::ofstream(file) << "x";
-  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", file + "/logs",
-                             "sh", "-c", "echo started"},
-                            {}, kDeadline);
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--nproc-per-node", "1", "--log-dir", file + "/logs", "sh", "-c", "echo started"},
+      {}, kAgentDeadline);
   EXPECT_EQ(r.exit_code, 2) << r.output;  // bad input, as a bad flag
   EXPECT_EQ(r.output, "dlrun: cannot create the log directory '" + file +
                           "/logs': Not a directory\n");
@@ -127,23 +126,23 @@ TEST(DlrunAgent, ALogDirThatCannotBeMadeSaysWhy) {
 
 TEST(DlrunAgent, HungWorkerIsRestarted) {
   // The worker heartbeats once, then hangs; on the restart it succeeds.
-  ProcResult r = RunCommand(
-      {DLRUN_BIN, "--nproc-per-node", "2", "--hang-timeout", "0.5", "--max-restarts", "1", "bash",
-       "-c",
-       "printf h >&$DLRUN_HEARTBEAT_FD; [ $TORCHELASTIC_RESTART_COUNT = 1 ] && exit 0; "
-       "exec sleep 600"},
-      {}, kDeadline);
+  ProcResult r =
+      RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--hang-timeout", "0.5", "--max-restarts",
+                  "1", "bash", "-c",
+                  "printf h >&$DLRUN_HEARTBEAT_FD; [ $TORCHELASTIC_RESTART_COUNT = 1 ] && exit 0; "
+                  "exec sleep 600"},
+                 {}, kAgentDeadline);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("hung: no heartbeat for 0.5 s"), std::string::npos) << r.output;
   // A program that never heartbeats is not affected by --hang-timeout.
-  r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--hang-timeout", "0.05", "sh", "-c",
-                  "sleep 0.3"},
-                 {}, kDeadline);
+  r = RunCommand(
+      {DLRUN_BIN, "--nproc-per-node", "1", "--hang-timeout", "0.05", "sh", "-c", "sleep 0.3"}, {},
+      kAgentDeadline);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // Without restarts left the job fails with code 124.
   r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "--hang-timeout", "0.2", "bash", "-c",
                   "printf h >&$DLRUN_HEARTBEAT_FD; exec sleep 600"},
-                 {}, kDeadline);
+                 {}, kAgentDeadline);
   EXPECT_EQ(r.exit_code, 124) << r.output;
 }
 
@@ -152,9 +151,9 @@ TEST(DlrunAgent, Sigusr1IsPassedOnAndTheJobContinues) {
                             "SIGTERM,SIGINT,SIGUSR1", "bash", "-c",
                             "trap 'echo usr1-$RANK; exit 0' USR1; echo ready; "
                             "while :; do sleep 1 & wait $!; done"});
-  ASSERT_TRUE(ReadUntil(s, "ready", 2, kDeadline)) << s.output;
+  ASSERT_TRUE(ReadUntil(s, "ready", 2, kAgentDeadline)) << s.output;
   kill(s.pid, SIGUSR1);
-  EXPECT_EQ(FinishCommand(s, kDeadline), 0) << s.output;  // workers exited 0 after the signal
+  EXPECT_EQ(FinishCommand(s, kAgentDeadline), 0) << s.output;  // workers exited 0 after the signal
   EXPECT_NE(s.output.find("usr1-0"), std::string::npos) << s.output;
   EXPECT_NE(s.output.find("usr1-1"), std::string::npos) << s.output;
 }
@@ -168,9 +167,9 @@ TEST(DlrunAgent, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
       "echo '{\"message\":{\"message\":\"ValueError: the real cause\",\"extraInfo\":"
       "{\"timestamp\":\"500\"}}}' > $TORCHELASTIC_ERROR_FILE; trap 'exit 4' TERM; "
       "while :; do sleep 1 & wait $!; done";
-  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--grace-period", "5", "bash",
-                             "-c", script},
-                            {}, kDeadline);
+  ProcResult r =
+      RunCommand({DLRUN_BIN, "--nproc-per-node", "2", "--grace-period", "5", "bash", "-c", script},
+                 {}, kAgentDeadline);
   EXPECT_NE(r.exit_code, 0);
   // Rank 0 was stopped by the agent, so only rank 1's file counts here.
   EXPECT_NE(r.output.find("Root cause (first failure): rank 1"), std::string::npos) << r.output;
@@ -186,8 +185,8 @@ TEST(DlrunAgent, RootCauseIsTheEarliestErrorFileNotTheFirstExit) {
 TEST(DlrunAgent, ASyntaxErrorsRootCauseLineSaysTheException) {
   const std::string dir = MakeTempDir();
   std::ofstream(dir + "/broken.py") << "import os\ndef f(:\n    pass\n";
-  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "python3", dir + "/broken.py"},
-                            {}, kDeadline);
+  ProcResult r = RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "python3", dir + "/broken.py"}, {},
+                            kAgentDeadline);
   EXPECT_NE(r.exit_code, 0);
   const size_t at = r.output.find("Root cause (first failure): rank 0");
   ASSERT_NE(at, std::string::npos) << r.output;

@@ -15,7 +15,7 @@
 namespace dlrun::testing {
 namespace {
 
-constexpr auto kDeadline = std::chrono::seconds(90);
+constexpr auto kFailoverDeadline = std::chrono::seconds(90);
 constexpr int kSteps = 60;
 
 // A worker that makes kSteps steps of 50 ms, resuming from DIR/ckpt (written atomically by
@@ -56,7 +56,7 @@ void ExpectEveryStepDone(const std::string& dir, int steps = kSteps) {
 
 // Waits until `s` has printed `n` step lines in all.
 bool WaitForSteps(Started& s, size_t n) {
-  return ReadUntil(s, "]: step ", static_cast<int>(n), kDeadline);
+  return ReadUntil(s, "]: step ", static_cast<int>(n), kFailoverDeadline);
 }
 
 TEST(DlrunFailover, ThreeAgentsSurviveLosingTheHostAndThenTheNextHost) {
@@ -65,18 +65,19 @@ TEST(DlrunFailover, ThreeAgentsSurviveLosingTheHostAndThenTheNextHost) {
   const auto cmd = Agent(ep, "1:3", Worker(dir));
   Started agents[3];
   agents[0] = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(agents[0], "hosting the rendezvous", 1, kDeadline)) << agents[0].output;
+  ASSERT_TRUE(ReadUntil(agents[0], "hosting the rendezvous", 1, kFailoverDeadline))
+      << agents[0].output;
   agents[1] = StartCommand(cmd, kEnv);
   agents[2] = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(agents[0], "world size 3", 1, kDeadline)) << agents[0].output;
+  ASSERT_TRUE(ReadUntil(agents[0], "world size 3", 1, kFailoverDeadline)) << agents[0].output;
   ASSERT_TRUE(WaitForSteps(agents[0], 5)) << agents[0].output;
 
   // Lose the host (and its worker, which dies with its agent).
   kill(agents[0].pid, SIGKILL);
-  FinishCommand(agents[0], kDeadline);
+  FinishCommand(agents[0], kFailoverDeadline);
   int next_host = -1;
   for (int i : {1, 2}) {
-    ASSERT_TRUE(ReadUntil(agents[i], "world size 2", 1, kDeadline)) << agents[i].output;
+    ASSERT_TRUE(ReadUntil(agents[i], "world size 2", 1, kFailoverDeadline)) << agents[i].output;
     if (agents[i].output.find("taking over the rendezvous") != std::string::npos) next_host = i;
   }
   ASSERT_NE(next_host, -1) << agents[1].output << agents[2].output;
@@ -88,8 +89,8 @@ TEST(DlrunFailover, ThreeAgentsSurviveLosingTheHostAndThenTheNextHost) {
 
   // Then lose the new host: the last agent hosts and finishes alone.
   kill(agents[next_host].pid, SIGKILL);
-  FinishCommand(agents[next_host], kDeadline);
-  const int rc = FinishCommand(agents[last], kDeadline);
+  FinishCommand(agents[next_host], kFailoverDeadline);
+  const int rc = FinishCommand(agents[last], kFailoverDeadline);
   EXPECT_EQ(rc, 0) << agents[last].output;
   EXPECT_NE(agents[last].output.find("taking over the rendezvous"), std::string::npos)
       << agents[last].output;
@@ -103,7 +104,7 @@ TEST(DlrunFailover, BelowTheMinimumNodesAfterHostLossTheJobEndsNamingIt) {
   const std::string ep = absl::StrCat("127.0.0.1:", FreeTcpPort());
   const auto cmd = Agent(ep, "2:2", Worker(dir));
   Started host = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, kDeadline)) << host.output;
+  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, kFailoverDeadline)) << host.output;
   Started other = StartCommand(cmd, kEnv);
   ASSERT_TRUE(WaitForSteps(other, 3)) << other.output;
   // Rank 0 runs on the host and checkpoints before it prints a step: the sh workers do not
@@ -111,8 +112,8 @@ TEST(DlrunFailover, BelowTheMinimumNodesAfterHostLossTheJobEndsNamingIt) {
   // (seen under TSan's slowness).
   ASSERT_TRUE(WaitForSteps(host, 1)) << host.output;
   kill(host.pid, SIGKILL);
-  FinishCommand(host, kDeadline);
-  EXPECT_EQ(FinishCommand(other, kDeadline), 1) << other.output;
+  FinishCommand(host, kFailoverDeadline);
+  EXPECT_EQ(FinishCommand(other, kFailoverDeadline), 1) << other.output;
   EXPECT_NE(other.output.find("rendezvous host lost: " + ep + " stopped answering and 1 node(s) "
                               "of round 1 are left, below the minimum of 2 (--nnodes); "
                               "checkpoints are kept"),
@@ -130,10 +131,10 @@ TEST(DlrunFailover, AFailureThatRepeatsOnOneNodeStopsEveryNode) {
                                      "OutOfMemoryError: CUDA out of memory.' >&2; exit 1; fi; "
                                      "sleep 60"});
   Started host = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, kDeadline)) << host.output;
+  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, kFailoverDeadline)) << host.output;
   Started other = StartCommand(cmd, kEnv);
-  const int rc_other = FinishCommand(other, kDeadline);
-  const int rc_host = FinishCommand(host, kDeadline);
+  const int rc_other = FinishCommand(other, kFailoverDeadline);
+  const int rc_host = FinishCommand(host, kFailoverDeadline);
   const std::string both = host.output + other.output;
   EXPECT_EQ(rc_other, 1) << other.output;
   EXPECT_EQ(rc_host, 1) << host.output;
@@ -151,13 +152,14 @@ TEST(DlrunFailover, AnExplicitCandidateListFailsOverToTheNextEntry) {
   const std::string ep2 = absl::StrCat("127.0.0.1:", FreeTcpPort());
   const auto cmd = Agent(ep1 + "," + ep2, "1:2", Worker(dir));
   Started host = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous on " + ep1, 1, kDeadline)) << host.output;
+  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous on " + ep1, 1, kFailoverDeadline))
+      << host.output;
   Started other = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(other, "world size 2", 1, kDeadline)) << other.output;
+  ASSERT_TRUE(ReadUntil(other, "world size 2", 1, kFailoverDeadline)) << other.output;
   ASSERT_TRUE(WaitForSteps(other, 3)) << other.output;
   kill(host.pid, SIGKILL);
-  FinishCommand(host, kDeadline);
-  EXPECT_EQ(FinishCommand(other, kDeadline), 0) << other.output;
+  FinishCommand(host, kFailoverDeadline);
+  EXPECT_EQ(FinishCommand(other, kFailoverDeadline), 0) << other.output;
   EXPECT_NE(other.output.find("taking over the rendezvous at " + ep2 + " (epoch 2)"),
             std::string::npos)
       << other.output;
@@ -169,10 +171,10 @@ TEST(DlrunFailover, ACandidateListThatDiffersBetweenAgentsIsAnErrorNamingBoth) {
   const std::string ep2 = absl::StrCat("127.0.0.1:", FreeTcpPort());
   const std::string ep3 = absl::StrCat("127.0.0.1:", FreeTcpPort());
   Started host = StartCommand(Agent(ep1 + "," + ep2, "2", {"true"}), kEnv);
-  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, kDeadline)) << host.output;
-  ProcResult other = RunCommand(Agent(ep1 + "," + ep3, "2", {"true"}), kEnv, kDeadline);
+  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous", 1, kFailoverDeadline)) << host.output;
+  ProcResult other = RunCommand(Agent(ep1 + "," + ep3, "2", {"true"}), kEnv, kFailoverDeadline);
   kill(host.pid, SIGTERM);
-  FinishCommand(host, kDeadline);
+  FinishCommand(host, kFailoverDeadline);
   EXPECT_EQ(other.exit_code, 1) << other.output;
   EXPECT_NE(other.output.find("the rendezvous candidate lists disagree: this host has '" + ep1 +
                               "," + ep2 + "'"),
@@ -191,19 +193,21 @@ TEST(DlrunFailover, APartitionedHostThatComesBackJoinsTheNewerHost) {
   const std::string ep2 = absl::StrCat("127.0.0.1:", FreeTcpPort());
   const auto cmd = Agent(ep1 + "," + ep2, "1:2", Worker(dir, 4 * kSteps));
   Started host = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous on " + ep1, 1, kDeadline)) << host.output;
+  ASSERT_TRUE(ReadUntil(host, "hosting the rendezvous on " + ep1, 1, kFailoverDeadline))
+      << host.output;
   Started other = StartCommand(cmd, kEnv);
-  ASSERT_TRUE(ReadUntil(other, "world size 2", 1, kDeadline)) << other.output;
+  ASSERT_TRUE(ReadUntil(other, "world size 2", 1, kFailoverDeadline)) << other.output;
   kill(host.pid, SIGSTOP);
-  ASSERT_TRUE(ReadUntil(other, "taking over the rendezvous at " + ep2, 1, kDeadline))
+  ASSERT_TRUE(ReadUntil(other, "taking over the rendezvous at " + ep2, 1, kFailoverDeadline))
       << other.output;
-  ASSERT_TRUE(ReadUntil(other, "world size 1", 1, kDeadline)) << other.output;
+  ASSERT_TRUE(ReadUntil(other, "world size 1", 1, kFailoverDeadline)) << other.output;
   kill(host.pid, SIGCONT);
-  ASSERT_TRUE(ReadUntil(host, "stepping down", 1, kDeadline)) << host.output;
+  ASSERT_TRUE(ReadUntil(host, "stepping down", 1, kFailoverDeadline)) << host.output;
   // Healed: the other agent (host of epoch 2) runs a round of both nodes again.
-  ASSERT_TRUE(ReadUntil(other, "world size 2", 2, kDeadline)) << other.output << host.output;
-  EXPECT_EQ(FinishCommand(other, kDeadline), 0) << other.output;
-  EXPECT_EQ(FinishCommand(host, kDeadline), 0) << host.output;
+  ASSERT_TRUE(ReadUntil(other, "world size 2", 2, kFailoverDeadline))
+      << other.output << host.output;
+  EXPECT_EQ(FinishCommand(other, kFailoverDeadline), 0) << other.output;
+  EXPECT_EQ(FinishCommand(host, kFailoverDeadline), 0) << host.output;
   EXPECT_NE(host.output.find("joining the newer rendezvous host at " + ep2), std::string::npos)
       << host.output;
   ExpectEveryStepDone(dir, 4 * kSteps);

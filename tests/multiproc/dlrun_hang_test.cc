@@ -15,10 +15,10 @@
 namespace dlrun::testing {
 namespace {
 
-const std::string kProbe = std::string(SOURCE_DIR) + "/tests/python/hang_probe.py";
+const std::string kHangProbe = std::string(SOURCE_DIR) + "/tests/python/hang_probe.py";
 
 // The line of hang_probe.py that carries `marker`, as "hang_probe.py:N".
-std::string ProbeLine(const std::string& marker) { return MarkedLine(kProbe, marker); }
+std::string ProbeLine(const std::string& marker) { return MarkedLine(kHangProbe, marker); }
 
 std::map<std::string, std::string> ProbeEnv(const std::string& tmp,
                                             std::map<std::string, std::string> more) {
@@ -40,9 +40,9 @@ std::string LineWith(const std::string& out, const std::string& needle) {
 
 TEST(DlrunHang, WithNoFlagsAnIdleGroupGetsOneLineSayingWhereEveryRankIsWithinAMinute) {
   const std::string tmp = MakeTempDir();
-  Started job = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TEST_PYTHON,
-                              kProbe},
-                             ProbeEnv(tmp, {}));
+  Started job =
+      StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TEST_PYTHON, kHangProbe},
+                   ProbeEnv(tmp, {}));
   ASSERT_TRUE(ReadUntil(job, "hang_probe: rank", 2, std::chrono::seconds(90))) << job.output;
   const auto hung_at = std::chrono::steady_clock::now();
   ASSERT_TRUE(ReadUntil(job, "every rank has used under", 1, std::chrono::seconds(60)))
@@ -69,11 +69,10 @@ TEST(DlrunHang, ARankWhoseStepRecordsStopIsNamedFromTheStacksCapturedAndRestarte
   const std::string report = tmp + "/report.json";
   // A floor of 8 s: short for the test, long enough that a loaded machine (sanitizers, tests in
   // parallel) stalling a healthy rank between its records is not taken for the hang.
-  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-floor",
-                             "8", "--max-restarts", "1", "--report-json", report, TEST_PYTHON,
-                             kProbe},
-                            ProbeEnv(tmp, {{"REPORT_STEPS", "1"}, {"HANG_STEP", "12"}}),
-                            std::chrono::seconds(180));
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-floor", "8", "--max-restarts",
+       "1", "--report-json", report, TEST_PYTHON, kHangProbe},
+      ProbeEnv(tmp, {{"REPORT_STEPS", "1"}, {"HANG_STEP", "12"}}), std::chrono::seconds(180));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // Both ranks' records stop; the stacks say which one holds the other up.
   const std::string line = LineWith(r.output, "stopping the worker group");
@@ -94,8 +93,8 @@ TEST(DlrunHang, ARankWhoseStepRecordsStopIsNamedFromTheStacksCapturedAndRestarte
 
 TEST(DlrunHang, HangTimeoutForAProgramThatNeverHeartbeatsSaysSoAndStopsTheIdleGroup) {
   const std::string tmp = MakeTempDir();
-  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2",
-                             "--hang-timeout", "4", TEST_PYTHON, kProbe},
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-timeout",
+                             "4", TEST_PYTHON, kHangProbe},
                             ProbeEnv(tmp, {}), std::chrono::seconds(180));
   EXPECT_EQ(r.exit_code, 124) << r.output;
   EXPECT_EQ(Count(r.output, "--hang-timeout 4 s: no rank has sent a heartbeat"), 1u) << r.output;
@@ -110,8 +109,8 @@ TEST(DlrunHang, HangTimeoutForAProgramThatNeverHeartbeatsSaysSoAndStopsTheIdleGr
 TEST(DlrunHang, ASigstoppedRankIsNamedAndTheGroupStopsWithoutWaitingOutTheGrace) {
   const std::string tmp = MakeTempDir();
   const auto t0 = std::chrono::steady_clock::now();
-  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2",
-                             "--hang-timeout", "4", TEST_PYTHON, kProbe},
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-timeout",
+                             "4", TEST_PYTHON, kHangProbe},
                             ProbeEnv(tmp, {{"HANG_KIND", "stop"}}), std::chrono::seconds(180));
   const double took_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

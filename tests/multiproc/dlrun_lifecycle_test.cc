@@ -9,12 +9,12 @@
 namespace dlrun::testing {
 namespace {
 
-constexpr auto kDeadline = std::chrono::seconds(30);
+constexpr auto kLifecycleDeadline = std::chrono::seconds(30);
 
 // Starts 2 workers that print "ready <pid>" and then wait; returns their pids.
 std::vector<int> StartReadyWorkers(Started& s, const std::string& worker_script) {
   s = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "sh", "-c", worker_script});
-  EXPECT_TRUE(ReadUntil(s, "ready ", 2, kDeadline)) << s.output;
+  EXPECT_TRUE(ReadUntil(s, "ready ", 2, kLifecycleDeadline)) << s.output;
   std::vector<int> pids;
   for (absl::string_view line : absl::StrSplit(s.output, '\n')) {
     int pid = 0;
@@ -32,8 +32,9 @@ TEST(DlrunLifecycle, SigkillOfTheAgentLeavesNoWorkerAlive) {
   std::vector<int> pids = StartReadyWorkers(s, "echo ready $$; exec sleep 600");
   ASSERT_EQ(pids.size(), 2u);
   kill(s.pid, SIGKILL);
-  for (int pid : pids) EXPECT_TRUE(WaitForExit(pid, kDeadline)) << "worker " << pid << " survived";
-  FinishCommand(s, kDeadline);
+  for (int pid : pids)
+    EXPECT_TRUE(WaitForExit(pid, kLifecycleDeadline)) << "worker " << pid << " survived";
+  FinishCommand(s, kLifecycleDeadline);
 }
 
 TEST(DlrunLifecycle, SigtermIsForwardedAndEndsAllWorkers) {
@@ -43,11 +44,11 @@ TEST(DlrunLifecycle, SigtermIsForwardedAndEndsAllWorkers) {
       s, "trap 'echo got-term $RANK; exit 0' TERM; echo ready $$; while :; do sleep 1 & wait $!; done");
   ASSERT_EQ(pids.size(), 2u);
   kill(s.pid, SIGTERM);
-  const int rc = FinishCommand(s, kDeadline);
+  const int rc = FinishCommand(s, kLifecycleDeadline);
   EXPECT_EQ(rc, 128 + SIGTERM) << s.output;
   EXPECT_NE(s.output.find("got-term 0"), std::string::npos) << s.output;
   EXPECT_NE(s.output.find("got-term 1"), std::string::npos) << s.output;
-  for (int pid : pids) EXPECT_TRUE(WaitForExit(pid, kDeadline));
+  for (int pid : pids) EXPECT_TRUE(WaitForExit(pid, kLifecycleDeadline));
 }
 
 }  // namespace

@@ -19,7 +19,7 @@
 namespace dlrun::testing {
 namespace {
 
-constexpr auto kDeadline = std::chrono::seconds(120);
+constexpr auto kMultiNodeDeadline = std::chrono::seconds(120);
 
 struct TwoNodes {
   int rc[2] = {-1, -1};
@@ -45,8 +45,8 @@ TwoNodes RunTwoNodes(const std::vector<std::string>& program, const std::string&
   Started a = StartCommand(cmd, env);
   Started b = StartCommand(cmd, env);
   TwoNodes r;
-  r.rc[0] = FinishCommand(a, kDeadline);
-  r.rc[1] = FinishCommand(b, kDeadline);
+  r.rc[0] = FinishCommand(a, kMultiNodeDeadline);
+  r.rc[1] = FinishCommand(b, kMultiNodeDeadline);
   r.out[0] = a.output;
   r.out[1] = b.output;
   return r;
@@ -84,7 +84,7 @@ TEST(DlrunMultiNode, AnUnresolvableEndpointFailsAtOnceAndAWaitingJoinSaysWhatItW
                         1, std::chrono::seconds(60)))
       << alone.output;
   kill(alone.pid, SIGTERM);
-  EXPECT_NE(FinishCommand(alone, kDeadline), 0);
+  EXPECT_NE(FinishCommand(alone, kMultiNodeDeadline), 0);
 }
 
 // A rendezvous endpoint whose port another program holds (it takes TCP connections, never
@@ -111,7 +111,7 @@ TEST(DlrunMultiNode, AnEndpointThatAnotherProgramHoldsIsSaidInSeconds) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(12)) << s.output;
   EXPECT_EQ(s.output.find("is the port open?"), std::string::npos) << s.output;
   kill(s.pid, SIGTERM);
-  EXPECT_NE(FinishCommand(s, kDeadline), 0);
+  EXPECT_NE(FinishCommand(s, kMultiNodeDeadline), 0);
   close(fd);
 }
 

@@ -17,7 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kProbe = std::string(SOURCE_DIR) + "/tests/python/profile_probe.py";
+const std::string kProfileProbe = std::string(SOURCE_DIR) + "/tests/python/profile_probe.py";
 
 // "profile_probe: rank R cmdline=[...] parent=P profile=T" of rank `rank`, without the prefix.
 std::string ProbeLine(const std::string& output, int rank) {
@@ -54,7 +54,7 @@ TEST(DlrunProfile, PySpyProfilesOnlyTheListedRankAndItsFlameGraphNamesTheHotFunc
   // Steps 5-30 only: the import of torch before them would take most of a whole run's samples.
   ProcResult r = j.Run({"--nproc-per-node", "2", "--profile", "py-spy", "--profile-ranks", "1",
                         "--profile-steps", "5:30"},
-                       {TEST_PYTHON, kProbe, "40"});
+                       {TEST_PYTHON, kProfileProbe, "40"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json rep = ReadJson(j.report);
   ASSERT_TRUE(rep.is_object()) << r.output;
@@ -106,7 +106,7 @@ TEST(DlrunProfile, TheTorchProfilerTracesTheStepRangeOfTheListedRank) {
   Job j;
   ProcResult r = j.Run({"--nproc-per-node", "2", "--profile", "torch", "--profile-ranks", "0",
                         "--profile-steps", "3:5"},
-                       {TEST_PYTHON, kProbe, "8"});
+                       {TEST_PYTHON, kProfileProbe, "8"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const json rep = ReadJson(j.report);
   ASSERT_EQ(rep["profiles"].size(), 1u) << r.output;
@@ -131,7 +131,7 @@ TEST(DlrunProfile, NsysWrapsExactlyTheListedRanksWithTheDocumentedCommandLine) {
   const std::string log = j.tmp + "/nsys.log";
   ProcResult r = j.Run({"--nproc-per-node", "3", "--profile", "nsys", "--profile-ranks", "0,2",
                         "--profile-steps", "2:4", "--profile-args", "--trace cuda,nvtx"},
-                       {TEST_PYTHON, kProbe, "6"},
+                       {TEST_PYTHON, kProfileProbe, "6"},
                        {{"DLRUN_NSYS", std::string(SOURCE_DIR) + "/tests/multiproc/nsys_stub.sh"},
                         {"NSYS_STUB_LOG", log}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -144,9 +144,10 @@ TEST(DlrunProfile, NsysWrapsExactlyTheListedRanksWithTheDocumentedCommandLine) {
     const std::string stem = std::filesystem::path(rep["profiles"][std::to_string(rank)].get<std::string>())
                                  .replace_extension("").string();
     EXPECT_EQ(calls[i], "RANK=" + std::to_string(rank) + " DLRUN_PROFILE_STEPS=2:4 profile -o " +
-                            stem + " --force-overwrite true --capture-range=cudaProfilerApi "
+                            stem +
+                            " --force-overwrite true --capture-range=cudaProfilerApi "
                             "--capture-range-end=stop --trace cuda,nvtx -- " TEST_PYTHON " " +
-                            kProbe + " 6");
+                            kProfileProbe + " 6");
   }
   EXPECT_TRUE(absl::StrContains(ProbeLine(r.output, 1), "profile=none"));
   EXPECT_TRUE(absl::StrContains(ProbeLine(r.output, 2), "profile=nsys"));
@@ -156,14 +157,14 @@ TEST(DlrunProfile, AMissingToolIsOneLineAndNoWorkerStarts) {
   Job j;
   const std::string marker = j.tmp + "/started";
   ProcResult r = j.Run({"--nproc-per-node", "2", "--profile", "nsys", "--profile-ranks", "0"},
-                       {TEST_PYTHON, kProbe, "2", marker}, {{"PATH", "/usr/bin:/bin"}});
+                       {TEST_PYTHON, kProfileProbe, "2", marker}, {{"PATH", "/usr/bin:/bin"}});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output, "dlrun: --profile nsys: nsys is not installed (NVIDIA Nsight Systems, the "
                       "nsight-systems package of NVIDIA's CUDA repository; or set DLRUN_NSYS)\n");
   std::error_code ec;
   EXPECT_FALSE(std::filesystem::exists(marker, ec)) << "no worker started";
-  r = j.Run({"--profile", "perf", "--profile-ranks", "0"}, {TEST_PYTHON, kProbe, "2", marker},
-            {{"DLRUN_PERF", "/nonexistent/perf"}});
+  r = j.Run({"--profile", "perf", "--profile-ranks", "0"},
+            {TEST_PYTHON, kProfileProbe, "2", marker}, {{"DLRUN_PERF", "/nonexistent/perf"}});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(absl::StartsWith(r.output, "dlrun: --profile perf: perf is not installed (Debian: "
                                          "apt install linux-perf"))
@@ -177,10 +178,26 @@ TEST(DlrunProfile, AMissingToolIsOneLineAndNoWorkerStarts) {
 TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
   const std::string tmp_a = MakeTempDir(), tmp_b = MakeTempDir();
   const std::string ep = "127.0.0.1:" + std::to_string(FreeTcpPort());
-  const std::vector<std::string> cmd = {
-      DLRUN_BIN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-      "--rdzv-endpoint", ep, "--rdzv-id", "profile-job", "--rdzv-conf", "heartbeat_interval=0.5",
-      "--metrics-port", "0", "--metrics-addr", "127.0.0.1", TEST_PYTHON, kProbe, "1000000"};
+  const std::vector<std::string> cmd = {DLRUN_BIN,
+                                        "--nnodes",
+                                        "2",
+                                        "--nproc-per-node",
+                                        "1",
+                                        "--rdzv-backend",
+                                        "c10d",
+                                        "--rdzv-endpoint",
+                                        ep,
+                                        "--rdzv-id",
+                                        "profile-job",
+                                        "--rdzv-conf",
+                                        "heartbeat_interval=0.5",
+                                        "--metrics-port",
+                                        "0",
+                                        "--metrics-addr",
+                                        "127.0.0.1",
+                                        TEST_PYTHON,
+                                        kProfileProbe,
+                                        "1000000"};
   const std::map<std::string, std::string> token = {{"DLRUN_RDZV_TOKEN", "profile-test-token"}};
   auto env = [&](const std::string& tmp) {
     auto e = token;
@@ -280,9 +297,9 @@ TEST(DlrunProfile, LiveOnAJobOfTwoAgentsProfilesTheRankOnTheNodeThatRunsIt) {
 // workers file, and the run directory is kept after the job for the file.
 TEST(DlrunProfile, LiveOnASingleNodeJobAttachesFromTheWorkersFile) {
   Job j;
-  Started job = StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TEST_PYTHON,
-                              kProbe, "1000000"},
-                             {{"TMPDIR", j.tmp}});
+  Started job = StartCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TEST_PYTHON, kProfileProbe, "1000000"},
+      {{"TMPDIR", j.tmp}});
   struct StopJob {
     Started* job;
     ~StopJob() {

@@ -20,7 +20,7 @@
 namespace dlrun::testing {
 namespace {
 
-constexpr auto kDeadline = std::chrono::seconds(120);
+constexpr auto kTelemetryDeadline = std::chrono::seconds(120);
 
 std::map<std::string, std::string> PythonEnv() {
   return {{"PYTHON_EXEC", TEST_PYTHON},
@@ -38,7 +38,7 @@ nlohmann::json RunProbe(int pulse_rank, std::string* output) {
                             dir + "/report.json", std::string(SOURCE_DIR) +
                             "/tests/python/straggler_probe.py", "12", "0.08"},
                            PythonEnv());
-  EXPECT_TRUE(ReadUntil(s, "ready ", 4, kDeadline)) << s.output;
+  EXPECT_TRUE(ReadUntil(s, "ready ", 4, kTelemetryDeadline)) << s.output;
   int pid = -1;
   for (absl::string_view line : absl::StrSplit(s.output, '\n')) {
     const std::string prefix = "[rank " + std::to_string(pulse_rank) + "]: ready ";
@@ -59,7 +59,7 @@ nlohmann::json RunProbe(int pulse_rank, std::string* output) {
       }
     });
   }
-  const int rc = FinishCommand(s, kDeadline);
+  const int rc = FinishCommand(s, kTelemetryDeadline);
   done = true;
   if (pulses.joinable()) pulses.join();
   if (pid > 0) kill(pid, SIGCONT);
@@ -112,10 +112,10 @@ TEST(DlrunTelemetry, ASlowDataLoaderIsTimedAndGetsTheLoaderAdvice) {
   const std::string dir = MakeTempDir();
   // One rank: with two, the rank whose batch comes first waits for the other in the gradient
   // all-reduce, and the wait shows as its sync, not its data wait.
-  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--report-json",
-                             dir + "/r.json",
-                             std::string(SOURCE_DIR) + "/tests/python/slow_loader.py", "12", "0.05"},
-                            PythonEnv(), kDeadline);
+  ProcResult r = RunCommand(
+      {DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--report-json", dir + "/r.json",
+       std::string(SOURCE_DIR) + "/tests/python/slow_loader.py", "12", "0.05"},
+      PythonEnv(), kTelemetryDeadline);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(ReadFile(dir + "/r.json"));
   EXPECT_EQ(j["program"], "slow_loader.py");
@@ -137,12 +137,12 @@ TEST(DlrunTelemetry, ASlowDataLoaderIsTimedAndGetsTheLoaderAdvice) {
 TEST(DlrunTelemetry, ThePythonHelperImportsAsAPackage) {
   const std::string probe = std::string(SOURCE_DIR) + "/tests/python/import_probe.py";
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", probe},
-                            {{"PYTHON_EXEC", TEST_PYTHON}}, kDeadline);
+                            {{"PYTHON_EXEC", TEST_PYTHON}}, kTelemetryDeadline);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("dlrun from " + std::string(BUILD_SHARE_DIR) + "/python/dlrun/__init__.py"),
             std::string::npos)
       << r.output;
-  r = RunCommand({"env", "-u", "PYTHONPATH", TEST_PYTHON, probe}, {}, kDeadline);
+  r = RunCommand({"env", "-u", "PYTHONPATH", TEST_PYTHON, probe}, {}, kTelemetryDeadline);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("/site-packages/dlrun/__init__.py"), std::string::npos) << r.output;
 }
@@ -243,7 +243,7 @@ TEST(DlrunTelemetry, RdzvServerServesTheJobsMetricsAndReport) {
                                  std::to_string(port), "--nnodes", "2", "--run-id", "srv",
                                  "--metrics-port", "0", "--metrics-addr", "127.0.0.1"},
                                 env);
-  ASSERT_TRUE(ReadUntil(server, "job telemetry on http://127.0.0.1:", 1, kDeadline))
+  ASSERT_TRUE(ReadUntil(server, "job telemetry on http://127.0.0.1:", 1, kTelemetryDeadline))
       << server.output;
   int metrics_port = 0;
   {
@@ -278,8 +278,8 @@ TEST(DlrunTelemetry, RdzvServerServesTheJobsMetricsAndReport) {
     }
   }
   { std::ofstream(stop) << ""; }
-  for (Started& a : agents) EXPECT_EQ(FinishCommand(a, kDeadline), 0) << a.output;
-  EXPECT_EQ(FinishCommand(server, kDeadline), 0) << server.output;
+  for (Started& a : agents) EXPECT_EQ(FinishCommand(a, kTelemetryDeadline), 0) << a.output;
+  EXPECT_EQ(FinishCommand(server, kTelemetryDeadline), 0) << server.output;
   EXPECT_NE(metrics.find("dlrun_steps{rank=\"3\"}"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dlrun_world_size 4"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("dlrun_nodes 2"), std::string::npos) << metrics;

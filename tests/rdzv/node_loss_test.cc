@@ -18,8 +18,11 @@ class NodeLoss : public testing::StateMachineTest {
  protected:
   // Three nodes of 2, 3 and 2 ranks, every one recovering in process.
   void StartThree(int min_nodes = 1) {
-    Make({.min_nodes = min_nodes, .max_nodes = 3, .heartbeat_interval = seconds(1),
-          .heartbeat_misses = 5, .max_restarts = 3});
+    Make({.min_nodes = min_nodes,
+          .max_nodes = 3,
+          .heartbeat_interval = seconds(1),
+          .heartbeat_misses = 5,
+          .max_restarts = 3});
     Join("a", 2);
     Join("b", 3);
     Join("c", 2);

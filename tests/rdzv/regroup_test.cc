@@ -153,11 +153,10 @@ TEST_F(RegroupGrpc, ACancelledWatchReturnsAtOnce) {
     bool first = true;
     RegroupNotice known;
     known.round = 1;
-    return a_->WatchRegroup("node-a", known, seconds(20),
-                            [&](std::function<void()> c) {
-                              if (first) cancel.set_value(std::move(c));
-                              first = false;
-                            });
+    return a_->WatchRegroup("node-a", known, seconds(20), [&](std::function<void()> c) {
+      if (first) cancel.set_value(std::move(c));
+      first = false;
+    });
   });
   cancel.get_future().get()();
   ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
@@ -203,7 +202,8 @@ TEST_F(RegroupGrpcElastic, ANodeWhoseWatchEndsIsLeftOutAndTheSurvivorHearsItsPla
   const auto ended = std::chrono::steady_clock::now();
   end_b();
   ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - ended).count();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - ended).count();
   auto seen = held.get();
   ASSERT_TRUE(seen.ok()) << seen.status();
   EXPECT_EQ(seen->round, 1u);

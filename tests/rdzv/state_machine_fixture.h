@@ -31,9 +31,9 @@ class StateMachineTest : public ::testing::Test {
   void Join(const std::string& id, int nproc = 2, int slurm = -1) {
     results_.erase(id);
     Deliveries out;
-    absl::Status s = sm_->Join(Node(id, nproc, slurm), ++ticket_, now_,
-                               [this, id](absl::StatusOr<Assignment> a) { results_[id] = a; },
-                               &out);
+    absl::Status s = sm_->Join(
+        Node(id, nproc, slurm), ++ticket_, now_,
+        [this, id](absl::StatusOr<Assignment> a) { results_[id] = a; }, &out);
     ASSERT_TRUE(s.ok()) << s;
     Run(out);
   }

@@ -7,9 +7,9 @@
 #include <optional>
 #include <utility>
 
-#include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "agent/harness.h"
+#include "gtest/gtest.h"
 
 namespace dlrun::launcher::testing {
 namespace {
@@ -128,7 +128,6 @@ TEST(AgentInProcessRecovery, RecoveryRestartRestartsEvenADeclaringProgram) {
   EXPECT_EQ(h.procs.groups_started(), 2);
   EXPECT_TRUE(h.procs.kept_spares.empty());
 }
-
 
 RegroupLink::Notice MakeNotice(int generation, int port, std::vector<int> lost, std::string reason,
                                std::string asked_by = "this") {
@@ -289,7 +288,7 @@ TEST(AgentInProcessRecovery, ANodeLostElsewhereGivesEveryRankHereItsNewPlace) {
   regroup->remote.world_size = 3;
   regroup->remote.master_addr = "10.0.0.2";
   EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/false), 0);
-  EXPECT_TRUE(regroup->in_process);  // said once every worker here declared it
+  EXPECT_TRUE(regroup->in_process);     // said once every worker here declared it
   ASSERT_EQ(regroup->asks.size(), 1u);  // the port, from the new rank 0's node
   EXPECT_EQ(regroup->asks[0].master_port, 45000);
   EXPECT_EQ(h.procs.procs.size(), 3u);  // nothing replaced, nothing restarted
@@ -306,8 +305,8 @@ TEST(AgentInProcessRecovery, ANodeTheJobGoesOnWithoutRestarts) {
   Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
   auto regroup = std::make_shared<FakeRegroup>(h.clock);
   regroup->remote_at = milliseconds(2500);
-  regroup->remote = MakeNotice(1, 0, {}, "lost 1 node(s): this host (missed heartbeats)",
-                               "the rendezvous host");
+  regroup->remote =
+      MakeNotice(1, 0, {}, "lost 1 node(s): this host (missed heartbeats)", "the rendezvous host");
   regroup->remote.places = {{"node-a", 0, 0}};
   regroup->remote.world_size = 3;
   regroup->new_round_after_read = true;

@@ -389,9 +389,7 @@ std::optional<TimePoint> StateMachine::NextDeadline() const {
   TimePoint next = TimePoint::max();
   for (const Member& m : members_) {
     next = std::min(next, m.last_seen + config_.liveness_limit() + Duration(1));
-    if (m.in_process && !m.left && m.watch_ended && m.last_seen <= *m.watch_ended) {
-      next = std::min(next, *m.watch_ended + config_.watch_grace);
-    }
+    if (const std::optional<TimePoint> at = WatchLossAt(m)) next = std::min(next, *at);
   }
   if (next == TimePoint::max()) return std::nullopt;
   return next;

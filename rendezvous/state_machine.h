@@ -100,7 +100,10 @@ class StateMachine {
     bool in_process = false;               // its workers declared in-process recovery
     std::optional<TimePoint> watch_ended;  // its regroup watch's caller went away
   };
-  // Lost: silent past the liveness limit, or its watch ended and nothing heard since.
+  // When a member that recovers in process is lost because its watch ended and nothing was
+  // heard from it since (the watch grace after the end); nullopt when that does not apply.
+  std::optional<TimePoint> WatchLossAt(const Member& m) const;
+  // Lost: silent past the liveness limit, or WatchLossAt has passed.
   bool IsLost(const Member& m, TimePoint now) const;
   // Drops the lost members; the survivors go on in the same round when they all recover in
   // process, else a new round opens (or the job fails below min_nodes).

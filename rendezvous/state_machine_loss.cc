@@ -9,13 +9,25 @@
 
 namespace dlrun::rdzv {
 
+std::optional<TimePoint> StateMachine::WatchLossAt(const Member& m) const {
+  if (!m.in_process || m.left || !m.watch_ended || m.last_seen > *m.watch_ended) {
+    return std::nullopt;
+  }
+  return *m.watch_ended + config_.watch_grace;
+}
+
 bool StateMachine::IsLost(const Member& m, TimePoint now) const {
   if (now - m.last_seen > config_.liveness_limit()) return true;
-  return m.in_process && !m.left && m.watch_ended && m.last_seen <= *m.watch_ended &&
-         now >= *m.watch_ended + config_.watch_grace;
+  const std::optional<TimePoint> at = WatchLossAt(m);
+  return at && now >= *at;
 }
 
 void StateMachine::DropLost(TimePoint now, Deliveries* out) {
+  if (std::none_of(members_.begin(), members_.end(),
+                   [&](const Member& m) { return IsLost(m, now); })) {
+    return;
+  }
+  // Drop the dead from the membership so the new round does not wait for them.
   std::vector<std::string> dead;
   std::vector<Member> alive;
   for (Member& m : members_) {
@@ -28,11 +40,6 @@ void StateMachine::DropLost(TimePoint now, Deliveries* out) {
       alive.push_back(std::move(m));
     }
   }
-  if (dead.empty()) {
-    members_ = std::move(alive);
-    return;
-  }
-  // Drop the dead from the membership so the new round does not wait for them.
   members_ = std::move(alive);
   member_index_.clear();
   for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
@@ -50,7 +57,7 @@ void StateMachine::DropLost(TimePoint now, Deliveries* out) {
                           std::all_of(members_.begin(), members_.end(),
                                       [](const Member& m) { return m.in_process && !m.left; });
   if (in_process) {
-    shrink_ = Shrink{round_, dead, {}, 0, "", what};
+    shrink_ = Shrink{round_, {}, 0, "", what};
     ShrinkRound(what);
     return;
   }

@@ -152,7 +152,6 @@ struct NodePlace {
 // process): who is left and where, for the regroup that tells them.
 struct Shrink {
   uint64_t round = 0;
-  std::vector<std::string> lost;  // "host (node id)"
   std::vector<NodePlace> places;
   int world_size = 0;
   std::string master_addr;

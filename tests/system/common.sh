@@ -20,6 +20,21 @@ follow_until() {
   return $found
 }
 
+# fail_with_dlrun_lines NAME MESSAGE FILE...: "FAIL (NAME): MESSAGE", then the last 30 of each
+# FILE's lines that are dlrun's own (not a rank's), and exit 1.
+fail_with_dlrun_lines() {
+  local name=$1 msg=$2 f
+  shift 2
+  echo "FAIL ($name): $msg" >&2
+  for f in "$@"; do
+    [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 30 >&2; }
+  done
+  exit 1
+}
+
+# first_pids LOG: the pids of the first rank table an agent printed in LOG.
+first_pids() { awk '/local_rank  rank  pid/ {t=1; next} t && NF==3 {print $3; next} {t=0}' "$1"; }
+
 # netns_pair TAG: two network namespaces joined by a veth pair, each with its own address on a
 # fresh /24 and its loopback up; sets ns_a ns_b addr_a addr_b link_a link_b. netns_pair_down
 # kills what runs in them and deletes them (an EXIT trap's job). Needs root and iproute2.

@@ -8,17 +8,11 @@
 # Not a Slurm test: it only needs root and iproute2.
 set -euo pipefail
 : "${DLRUN:?}" "${TRAIN_UNET:?}"
-source "$(dirname "$0")/common.sh"  # follow_until, netns_pair
+source "$(dirname "$0")/common.sh"  # follow_until, netns_pair, fail_with_dlrun_lines, first_pids
 work=$(mktemp -d /var/tmp/dlrun-inprocess2.XXXXXX)
 trap netns_pair_down EXIT
 netns_pair ip2
-fail() {
-  echo "FAIL (inprocess_2node): $*" >&2
-  for f in "$work"/*.log; do
-    [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 30 >&2; }
-  done
-  exit 1
-}
+fail() { fail_with_dlrun_lines inprocess_2node "$*" "$work"/*.log; }
 steps=14
 train=("$TRAIN_UNET" --synthetic --base-channels 4 --data-size 64 --local-batch-size 1
   --max-steps "$steps" --checkpoint-every 5)
@@ -57,9 +51,8 @@ check() {
   [[ "$(digests "$work/$job.json")" == "$ref" ]] ||
     fail "$job: digests $(digests "$work/$job.json") differ from the fault-free run's $ref"
 }
-# The survivors' pids in the agents' first rank table are those that ran to the end: the job's
-# only table (no round opened), and none of them died.
-first_pids() { awk '/local_rank  rank  pid/ {t=1; next} t && NF==3 {print $3; next} {t=0}' "$1"; }
+# The survivors' pids in the agents' first rank table (first_pids) are those that ran to the
+# end: the job's only table (no round opened), and none of them died.
 
 # both JOB [TRAIN_UNET FLAGS...]: the job's two agents; A first, as the rendezvous' host.
 both() {

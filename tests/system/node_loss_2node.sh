@@ -6,17 +6,11 @@
 # done, the two ranks' final parameters equal. Not a Slurm test: it only needs root and iproute2.
 set -euo pipefail
 : "${DLRUN:?}" "${TRAIN_UNET:?}"
-source "$(dirname "$0")/common.sh"  # follow_until, netns_pair
+source "$(dirname "$0")/common.sh"  # follow_until, netns_pair, fail_with_dlrun_lines, first_pids
 work=$(mktemp -d /var/tmp/dlrun-nodeloss.XXXXXX)
 trap netns_pair_down EXIT
 netns_pair nl2
-fail() {
-  echo "FAIL (node_loss_2node): $*" >&2
-  for f in "$work"/*.log; do
-    [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 30 >&2; }
-  done
-  exit 1
-}
+fail() { fail_with_dlrun_lines node_loss_2node "$*" "$work"/*.log; }
 steps=14
 agent() {  # agent NS ADDR LOG
   ip netns exec "$1" env OMP_NUM_THREADS=1 DLRUN_RDZV_TOKEN="nodeloss-$$" \
@@ -44,7 +38,7 @@ grep -q "recovered in process at step [0-9]* .* on 2 rank(s)" "$a" || fail "rank
   fail "a restart, a round or a checkpoint read on A"
 grep -q "step $steps/$steps" "$a" || fail "A did not finish its steps"
 # Both of A's first workers ran to the end: none named lost.
-for p in $(awk '/local_rank  rank  pid/ {t=1; next} t && NF==3 {print $3; next} {t=0}' "$a"); do
+for p in $(first_pids "$a"); do
   ! grep -q "(local rank [0-9]*, pid $p)" "$a" || fail "survivor $p was named lost"
 done
 digests=$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["param_digests"]

@@ -8,7 +8,7 @@
 # cgroup cpu controller (v1 or v2).
 set -euo pipefail
 : "${DLRUN:?}" "${TRAIN_UNET:?}"
-source "$(dirname "$0")/common.sh"  # netns_pair
+source "$(dirname "$0")/common.sh"  # netns_pair, fail_with_dlrun_lines
 work=$(mktemp -d /var/tmp/dlrun-preflight.XXXXXX)
 id=$$
 slow_host="dlrun-slow-$id"
@@ -30,13 +30,7 @@ cleanup() {
   rmdir "$cg" 2>/dev/null || true
 }
 trap cleanup EXIT
-fail() {
-  echo "FAIL (preflight): $*" >&2
-  for f in "$work"/*.log; do
-    [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 30 >&2; }
-  done
-  exit 1
-}
+fail() { fail_with_dlrun_lines preflight "$*" "$work"/*.log; }
 netns_pair pf
 
 port=29400

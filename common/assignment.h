@@ -21,6 +21,10 @@ struct Assignment {
   std::string master_addr = "127.0.0.1";
   int master_port = defaults::kMasterPort;
   int restart_count = 0;
+  // > 0: this node was admitted into a running group at this generation of its in-process
+  // recovery (docs/RECOVERY.md, "A node that joins"): every local rank takes the state from a
+  // peer, and master_port is that generation's.
+  int recovery_generation = 0;
   int max_restarts = 0;
   std::string run_id = "none";
   std::string role = "default";

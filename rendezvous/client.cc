@@ -141,6 +141,7 @@ class ClientImpl final : public RendezvousClient {
     node->set_slurm_node_id(n.slurm_node_id);
     node->set_master_port(n.master_port);
     node->set_preflight_gflops(n.preflight_gflops);
+    node->set_in_process(n.in_process);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     ctx.set_wait_for_ready(true);  // the server may not be up yet: wait for it within timeout

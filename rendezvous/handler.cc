@@ -33,6 +33,7 @@ void ToProto(const Assignment& a, v1::Assignment* out) {
   out->set_master_addr(a.master_addr);
   out->set_master_port(a.master_port);
   out->set_restart_count(a.restart_count);
+  out->set_recovery_generation(static_cast<uint32_t>(a.recovery_generation));
 }
 
 Assignment FromProto(const v1::Assignment& a) {
@@ -46,6 +47,7 @@ Assignment FromProto(const v1::Assignment& a) {
   r.master_addr = a.master_addr();
   r.master_port = static_cast<int>(a.master_port());
   r.restart_count = static_cast<int>(a.restart_count());
+  r.recovery_generation = static_cast<int>(a.recovery_generation());
   return r;
 }
 
@@ -77,6 +79,7 @@ absl::StatusOr<NodeInfo> NodeFromProto(const v1::NodeIdentity& n) {
         "node.preflight_gflops is ", n.preflight_gflops(), " (expected a finite figure >= 0)"));
   }
   out.preflight_gflops = n.preflight_gflops();
+  out.in_process = n.in_process();
   return out;
 }
 
@@ -197,14 +200,26 @@ void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t
   };
   Deliveries out;
   absl::Status s;
+  std::optional<Resize> admitted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const TimePoint now = options_.now();
     if (!options_.host_node_id.empty() && node->node_id == options_.host_node_id) host_heard_ = now;
     s = machine_.Join(*node, ticket, now, cb, &out);
+    admitted = machine_.TakeResize();
   }
   Deliver(out);
   if (!s.ok()) cb(s);
+  if (admitted && on_resize_) on_resize_(*admitted);
+}
+
+void Handler::Admitted(uint64_t round, int generation, int port) {
+  Deliveries out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    machine_.Admitted(round, generation, port, &out);
+  }
+  Deliver(out);
 }
 
 bool Handler::CancelJoin(const std::string& node_id, uint64_t ticket) {
@@ -320,7 +335,7 @@ void Handler::Heard(const std::string& node_id) {
 std::optional<TimePoint> Handler::Tick() {
   Deliveries out;
   std::optional<TimePoint> next;
-  std::optional<Shrink> shrink;
+  std::optional<Resize> resize;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const TimePoint now = options_.now();
@@ -334,7 +349,7 @@ std::optional<TimePoint> Handler::Tick() {
       host_heard_ = now;
     }
     machine_.Tick(now, &out);
-    shrink = machine_.TakeShrink();
+    resize = machine_.TakeResize();
     next = machine_.NextDeadline();
     if (options_.telemetry &&
         (machine_.round() != telemetry_round_ || machine_.world_size() != telemetry_world_ ||
@@ -360,7 +375,7 @@ std::optional<TimePoint> Handler::Tick() {
     }
   }
   Deliver(out);
-  if (shrink && on_shrink_) on_shrink_(*shrink);
+  if (resize && on_resize_) on_resize_(*resize);
   return next;
 }
 

@@ -81,12 +81,14 @@ class Handler {
   // Runs the state machine's timers; returns the next time it needs to run.
   std::optional<TimePoint> Tick();
   // In-process recovery across nodes (rendezvous/regroup.h): a member's regroup watch ended
-  // without an answer, or it opened one; and who hears of a round that goes on without a lost
-  // node (called outside the lock, from Tick). Set the listener before serving.
+  // without an answer, or it opened one; who hears of a round that goes on without a lost node
+  // or with an admitted one (called outside the lock, from Tick or Join; set the listener
+  // before serving); and the new group's port posted after an admission (StateMachine::Admitted).
   void WatchEnded(const std::string& node_id);
   void Heard(const std::string& node_id);
-  void SetShrinkListener(std::function<void(const Shrink&)> listener) {
-    on_shrink_ = std::move(listener);
+  void Admitted(uint64_t round, int generation, int port);
+  void SetResizeListener(std::function<void(const Resize&)> listener) {
+    on_resize_ = std::move(listener);
   }
   StateMachine::Phase phase();
   bool EndAcknowledged();
@@ -119,7 +121,7 @@ class Handler {
   int telemetry_restarts_ = 0;
   int telemetry_phase_ = -1;
   int telemetry_world_ = -1;
-  std::function<void(const Shrink&)> on_shrink_;
+  std::function<void(const Resize&)> on_resize_;
 };
 
 // Converts between the proto and the plain types.

@@ -44,29 +44,30 @@ absl::Status CheckRequest(const v1::RegroupRequest& req) {
 }  // namespace
 
 RegroupHandler::RegroupHandler(Handler& membership) : membership_(membership) {
-  membership_.SetShrinkListener([this](const Shrink& s) { OnShrink(s); });
+  membership_.SetResizeListener([this](const Resize& s) { OnResize(s); });
 }
 
-void RegroupHandler::OnShrink(const Shrink& shrink) {
+void RegroupHandler::OnResize(const Resize& resize) {
   Answers answers;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    v1::RegroupNotice& cur = Current(shrink.round);
+    v1::RegroupNotice& cur = Current(resize.round);
     // A regroup under way (its port not posted yet) is overtaken: the new generation covers it.
     cur.set_generation(cur.generation() + 1);
     cur.set_master_port(0);
     cur.clear_lost_ranks();
-    cur.set_reason(shrink.reason);
+    cur.set_reason(resize.reason);
     cur.set_asked_by("the rendezvous host");
     cur.clear_places();
-    for (const NodePlace& p : shrink.places) {
+    for (const NodePlace& p : resize.places) {
       v1::NodePlace* out = cur.add_places();
       out->set_node_id(p.node_id);
       out->set_node_rank(static_cast<uint32_t>(p.node_rank));
       out->set_rank_offset(static_cast<uint32_t>(p.rank_offset));
     }
-    cur.set_world_size(static_cast<uint32_t>(shrink.world_size));
-    cur.set_master_addr(shrink.master_addr);
+    cur.set_world_size(static_cast<uint32_t>(resize.world_size));
+    cur.set_master_addr(resize.master_addr);
+    admitting_generation_ = resize.admitted.empty() ? 0 : cur.generation();
     answers = Due(membership_.Now(), membership_.round());
   }
   for (auto& [done, notice] : answers) done(absl::OkStatus(), notice);
@@ -76,6 +77,7 @@ v1::RegroupNotice& RegroupHandler::Current(uint64_t round) {
   if (current_.round() != round) {
     current_.Clear();
     current_.set_round(round);
+    admitting_generation_ = 0;
   }
   return current_;
 }
@@ -124,11 +126,20 @@ absl::Status RegroupHandler::Ask(const v1::RegroupRequest& req, const std::strin
   }
   Answers answers;
   absl::Status s;
+  uint32_t admitted = 0;  // the generation whose port this post brought, admitting a node
   {
     std::lock_guard<std::mutex> lock(mu_);
     s = Apply(req, round);
     *resp = current_;
     answers = Due(membership_.Now(), round);
+    if (s.ok() && admitting_generation_ != 0 && current_.generation() == admitting_generation_ &&
+        current_.master_port() != 0) {
+      admitted = admitting_generation_;
+      admitting_generation_ = 0;
+    }
+  }
+  if (admitted != 0) {
+    membership_.Admitted(round, static_cast<int>(admitted), static_cast<int>(resp->master_port()));
   }
   for (auto& [done, notice] : answers) done(absl::OkStatus(), notice);
   return s;

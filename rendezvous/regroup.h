@@ -44,10 +44,11 @@ class RegroupHandler {
   // Answers the watches that are due; returns the next timeout.
   std::optional<TimePoint> Tick();
 
-  // A node was lost and the round goes on without it (Handler's shrink listener, set by the
-  // constructor): the round's next generation, with the survivors' places; its port comes
-  // from the node that now holds global rank 0, as after an ask.
-  void OnShrink(const Shrink& shrink);
+  // A node was lost and the round goes on without it, or a node was admitted (Handler's
+  // resize listener, set by the constructor): the round's next generation, with the members'
+  // places; its port comes from the node that now holds global rank 0, as after an ask. Once
+  // an admission's port is posted, Handler::Admitted answers the admitted node's join.
+  void OnResize(const Resize& resize);
   // How many watches are held now (tests wait on it).
   int HeldWatches();
 
@@ -70,6 +71,9 @@ class RegroupHandler {
   Handler& membership_;
   std::mutex mu_;
   v1::RegroupNotice current_;      // guarded by mu_
+  // Guarded by mu_: the generation of current_ that admits a node (0: none); its port's post
+  // answers the node's join.
+  uint32_t admitting_generation_ = 0;
   std::vector<Watcher> watchers_;  // guarded by mu_
 };
 

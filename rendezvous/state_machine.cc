@@ -116,6 +116,10 @@ absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint
     waiting_.push_back(std::move(p));  // full: held until a round opens for another reason
     return absl::OkStatus();
   }
+  if (!is_member && p.node.in_process && CanAdmit()) {
+    Admit(std::move(p), now);  // the same round, the node takes the state from a peer
+    return absl::OkStatus();
+  }
   waiting_.push_back(std::move(p));
   OpenRound(now,
             is_member ? absl::StrCat("node ", node.hostname, " (", node.node_id, ") re-joined")
@@ -125,6 +129,7 @@ absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint
 }
 
 bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
+  if (CancelAdmission(node_id, ticket)) return true;
   auto it = joining_index_.find(node_id);
   if (it != joining_index_.end() && joining_[it->second].ticket == ticket) {
     const size_t i = it->second;
@@ -148,6 +153,10 @@ bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
 
 void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
                              Deliveries* out) {
+  if (admitting_) {  // the node being admitted joins the new round (unless it went away)
+    if (!admitting_->cancelled) waiting_.push_back(std::move(admitting_->pending));
+    admitting_.reset();
+  }
   ++round_;
   restart_reason_ = reason;
   phase_ = Phase::kJoining;
@@ -247,6 +256,10 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
 void StateMachine::Fail(const std::string& reason, Deliveries* out) {
   phase_ = Phase::kFailed;
   failure_reason_ = reason;
+  if (admitting_) {
+    if (!admitting_->cancelled) waiting_.push_back(std::move(admitting_->pending));
+    admitting_.reset();
+  }
   for (auto* list : {&joining_, &waiting_}) {
     for (Pending& p : *list) {
       out->push_back({std::move(p.cb),
@@ -372,6 +385,7 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
     return;
   }
   if (phase_ != Phase::kRunning) return;
+  if (admitting_ && now >= admitting_->deadline) return EndAdmission(now, out);
   DropLost(now, out);
 }
 
@@ -386,7 +400,7 @@ std::optional<TimePoint> StateMachine::NextDeadline() const {
     return next;
   }
   if (phase_ != Phase::kRunning || members_.empty()) return std::nullopt;
-  TimePoint next = TimePoint::max();
+  TimePoint next = admitting_ ? admitting_->deadline : TimePoint::max();
   for (const Member& m : members_) {
     next = std::min(next, m.last_seen + config_.liveness_limit() + Duration(1));
     if (const std::optional<TimePoint> at = WatchLossAt(m)) next = std::min(next, *at);

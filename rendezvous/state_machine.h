@@ -50,9 +50,13 @@ class StateMachine {
   void WatchEnded(const std::string& node_id, TimePoint now);
   // A member of the running round was heard from (e.g. it opened a regroup watch).
   void Heard(const std::string& node_id, TimePoint now);
-  // A node lost while every survivor recovers in process and enough are left: the round goes
-  // on without it (no new round); the regroup that tells the survivors, taken once.
-  std::optional<Shrink> TakeShrink();
+  // A node lost while every survivor recovers in process and enough are left, or a node
+  // admitted: the round goes on (no new round); the regroup that tells the members, taken once.
+  std::optional<Resize> TakeResize();
+  // The new group's port of `generation` was posted after a node's admission (rendezvous/
+  // regroup.h): its join is answered with its place, that port and the generation. Ignored
+  // for another round or when no node is being admitted.
+  void Admitted(uint64_t round, int generation, int port, Deliveries* out);
   // `fatal`: the job fails now instead of opening a new round (a failure that repeats).
   absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                              const std::string& reason, TimePoint now,
@@ -108,7 +112,18 @@ class StateMachine {
   // Drops the lost members; the survivors go on in the same round when they all recover in
   // process, else a new round opens (or the job fails below min_nodes).
   void DropLost(TimePoint now, Deliveries* out);
-  void ShrinkRound(const std::string& what);
+  void PlaceMembers(const std::string& what);
+  // A node admitted into the running round, until the new group's port is posted; after
+  // config.admit_timeout (or when its caller went away) it joins through a new round.
+  struct Admission {
+    Pending pending;
+    TimePoint deadline;
+    bool cancelled = false;
+  };
+  bool CanAdmit() const;
+  void Admit(Pending p, TimePoint now);
+  bool CancelAdmission(const std::string& node_id, uint64_t ticket);
+  void EndAdmission(TimePoint now, Deliveries* out);
 
   void AddJoining(Pending p, Deliveries* out);
   // A survivor's first join at a new host: take over the lost host's round and restart count.
@@ -148,7 +163,8 @@ class StateMachine {
   std::unordered_set<std::string> told_end_;  // nodes that got a STOP or FINISHED reply
   // After a failover: how many survivors the first round waits for before closing at once.
   int expected_survivors_ = 0;
-  std::optional<Shrink> shrink_;  // not yet taken
+  std::optional<Resize> resize_;  // not yet taken
+  std::optional<Admission> admitting_;
 };
 
 }  // namespace dlrun::rdzv

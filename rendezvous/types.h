@@ -35,6 +35,10 @@ struct Config {
   // agent's process is gone) and that is not heard from again within this is lost at once, not
   // after the liveness limit. A live agent watches again within 0.2 s after a failed watch.
   Duration watch_grace{std::chrono::milliseconds(400)};
+  // A node admitted into a running round whose members all recover in process waits this long
+  // for the new group's port (posted by global rank 0's node; within milliseconds as a rule);
+  // after it, the node joins through a new round instead. Meanwhile its silence does not count.
+  Duration admit_timeout{std::chrono::seconds(3)};
   int max_restarts = 0;
   std::vector<std::string> expected_hosts;  // e.g. from Slurm, for error messages
   // The hosting agent's node id: it gets node rank 0 (and so MASTER_ADDR) when the nodes have
@@ -65,6 +69,9 @@ struct NodeInfo {
   int slurm_node_id = -1;  // SLURM_NODEID when known
   int master_port = 0;     // port this agent reserved for the c10d store
   double preflight_gflops = 0;  // the preflight's compute probe (0: none)
+  // Its agent recovers in process where the program declares it (not --recovery restart): it
+  // may be admitted into a running round (docs/RECOVERY.md, "A node that joins").
+  bool in_process = false;
   ResumeInfo resume;       // set on a failover join
 };
 
@@ -148,14 +155,17 @@ struct NodePlace {
   int rank_offset = 0;
 };
 
-// The survivors of a lost node go on in the same round (every one of them recovers in
-// process): who is left and where, for the regroup that tells them.
-struct Shrink {
+// The running round's nodes changed and every member recovers in process, so the round goes
+// on: the survivors of a lost node without it, or the members with a node admitted into the
+// round (it takes the state from a peer). Who is in the group and where, for the regroup that
+// tells them.
+struct Resize {
   uint64_t round = 0;
   std::vector<NodePlace> places;
   int world_size = 0;
   std::string master_addr;
-  std::string reason;  // one line
+  std::string reason;    // one line
+  std::string admitted;  // the node id of the node admitted (empty: a node was lost)
 };
 
 // In-process recovery across nodes (proto `service Regroup`; docs/RECOVERY.md): the round's

@@ -65,8 +65,13 @@ void Agent::NoteDeathByPassedOnSignal(const WorkerExit& x) {
 absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   workers_.clear();
   oom_kills_at_spawn_ = processes_.OomKills();
+  // Admitted into a running group (docs/RECOVERY.md, "A node that joins"): every local rank
+  // takes the state from a peer in that generation, as a lost rank's replacement does.
+  const int admitted_at = current_.recovery_generation;
   for (int lr = 0; lr < options_.nproc; ++lr) {
-    auto pid = processes_.Spawn(MakeSpawnSpec(options_, current_, run_dir_, attempt_, lr));
+    SpawnSpec spec = MakeSpawnSpec(options_, current_, run_dir_, attempt_, lr);
+    if (admitted_at > 0) spec.env[contract::kRecoveryGen] = absl::StrCat(admitted_at);
+    auto pid = processes_.Spawn(spec);
     if (!pid.ok()) {
       return absl::InternalError(absl::StrCat("cannot start local rank ", lr, ": ",
                                               pid.status().message()));
@@ -96,10 +101,18 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   telemetry_.GroupStarted(std::move(members), current_, assigned_at);
   fault_seen_at_.reset();
   stopped_at_.reset();
-  generation_ = 0;
+  generation_ = admitted_at;
   recovery_deadline_.reset();
-  TellInProcess();
   awaiting_state_.clear();
+  if (admitted_at > 0) {
+    recovery_started_ = clock_.Now();
+    recovery_deadline_ = recovery_started_ + options_.recovery_timeout;
+    awaiting_state_ = pids;
+    spdlog::info("admitted into the running group at generation {} (master port {}): every "
+                 "rank here takes the state from a peer",
+                 admitted_at, current_.master_port);
+  }
+  TellInProcess();
   WriteWorkersFile(group);
   return absl::OkStatus();
 }

@@ -71,6 +71,7 @@ absl::StatusOr<JobLink> GrpcBackend(const BackendInputs& in) {
   r.nproc = in.plan.nproc;
   r.slurm_node_id = d.slurm_node_id;
   r.role = o.role;
+  r.in_process = o.recovery == "in-process";
   r.config.expected_hosts = d.expected_hosts;
   r.config.min_nodes = o.min_nodes;
   r.config.max_nodes = o.max_nodes;

@@ -48,6 +48,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     node_.address = o_.local_addr;
     node_.nproc = o_.nproc;
     node_.slurm_node_id = o_.slurm_node_id;
+    node_.in_process = o_.in_process;
     if (hosted_) epoch_ = hosted_->epoch();
     SwitchTo(o_.endpoint);
   }

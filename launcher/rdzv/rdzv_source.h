@@ -31,6 +31,9 @@ struct RdzvSourceOptions {
   int nproc = 1;
   int slurm_node_id = -1;
   std::string role = "default";
+  // The agent recovers in process where its program declares it (not --recovery restart): the
+  // job may admit this node into a running round (docs/RECOVERY.md, "A node that joins").
+  bool in_process = false;
   // Nodes, restarts, timeouts and liveness: the same Config the server runs with, so a hosted
   // rendezvous, `dlrun rdzv-server` and the agents agree on when a node is dead.
   rdzv::Config config;

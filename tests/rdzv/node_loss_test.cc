@@ -1,5 +1,5 @@
 // A node lost from a running round (docs/RECOVERY.md, "A node lost"): when every survivor's
-// workers recover in process, the round goes on without it (a Shrink for the regroup) instead of
+// workers recover in process, the round goes on without it (a Resize for the regroup) instead of
 // a new round; a member whose regroup watch ended is lost after the watch grace, not the
 // liveness limit. Fake clock, no threads.
 #include <optional>
@@ -41,7 +41,7 @@ TEST_F(NodeLoss, SurvivorsThatRecoverInProcessGoOnInTheSameRoundWithTheirNewPlac
   EXPECT_EQ(sm_->round(), 1u);
   EXPECT_EQ(sm_->restart_count(), 0);
   EXPECT_EQ(sm_->world_size(), 4);
-  std::optional<Shrink> s = sm_->TakeShrink();
+  std::optional<Resize> s = sm_->TakeResize();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->round, 1u);
   ASSERT_EQ(s->places.size(), 2u);
@@ -53,7 +53,7 @@ TEST_F(NodeLoss, SurvivorsThatRecoverInProcessGoOnInTheSameRoundWithTheirNewPlac
   EXPECT_EQ(s->world_size, 4);
   EXPECT_EQ(s->master_addr, "addr-a");
   EXPECT_NE(s->reason.find("host-b (b, missed heartbeats)"), std::string::npos) << s->reason;
-  EXPECT_FALSE(sm_->TakeShrink().has_value());  // taken once
+  EXPECT_FALSE(sm_->TakeResize().has_value());  // taken once
   // The survivors' heartbeats go on as before; the lost node's is told to re-join.
   auto hb = sm_->Heartbeat("a", 1, now_, true);
   ASSERT_TRUE(hb.ok());
@@ -69,7 +69,7 @@ TEST_F(NodeLoss, LosingTheFirstNodeMovesTheMasterAddress) {
     Advance(seconds(1));
     HeartbeatAll({"b", "c"}, true);
   }
-  std::optional<Shrink> s = sm_->TakeShrink();
+  std::optional<Resize> s = sm_->TakeResize();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->master_addr, "addr-b");
   EXPECT_EQ(s->places[0].rank_offset, 0);
@@ -85,7 +85,7 @@ TEST_F(NodeLoss, ASurvivorThatDoesNotRecoverInProcessOpensANewRound) {
   }
   EXPECT_EQ(sm_->round(), 2u);
   EXPECT_EQ(sm_->restart_count(), 1);
-  EXPECT_FALSE(sm_->TakeShrink().has_value());
+  EXPECT_FALSE(sm_->TakeResize().has_value());
 }
 
 TEST_F(NodeLoss, BelowTheMinimumTheJobFailsAsBefore) {
@@ -95,7 +95,7 @@ TEST_F(NodeLoss, BelowTheMinimumTheJobFailsAsBefore) {
     HeartbeatAll({"a", "c"}, true);
   }
   EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
-  EXPECT_FALSE(sm_->TakeShrink().has_value());
+  EXPECT_FALSE(sm_->TakeResize().has_value());
 }
 
 TEST_F(NodeLoss, AnEndedWatchLosesTheNodeAfterTheGraceNotTheLivenessLimit) {
@@ -104,9 +104,9 @@ TEST_F(NodeLoss, AnEndedWatchLosesTheNodeAfterTheGraceNotTheLivenessLimit) {
   ASSERT_TRUE(sm_->NextDeadline().has_value());
   EXPECT_EQ(*sm_->NextDeadline(), now_ + config_.watch_grace);
   Advance(config_.watch_grace - milliseconds(1));
-  EXPECT_FALSE(sm_->TakeShrink().has_value());
+  EXPECT_FALSE(sm_->TakeResize().has_value());
   Advance(milliseconds(1));
-  std::optional<Shrink> s = sm_->TakeShrink();
+  std::optional<Resize> s = sm_->TakeResize();
   ASSERT_TRUE(s.has_value());
   EXPECT_NE(s->reason.find("host-b (b, its connection closed)"), std::string::npos) << s->reason;
   EXPECT_EQ(s->world_size, 4);
@@ -121,7 +121,7 @@ TEST_F(NodeLoss, ANodeHeardFromAfterItsWatchEndedStays) {
   Advance(milliseconds(100));
   HeartbeatAll({"c"}, true);  // a heartbeat after the watch ended
   Advance(seconds(1));
-  EXPECT_FALSE(sm_->TakeShrink().has_value());
+  EXPECT_FALSE(sm_->TakeResize().has_value());
   EXPECT_EQ(sm_->world_size(), 7);
 }
 
@@ -133,7 +133,7 @@ TEST_F(NodeLoss, AnEndedWatchSaysNothingOfANodeThatDoesNotRecoverInProcessOrHasL
   ASSERT_TRUE(sm_->Leave("c", 1, /*success=*/true, now_, &out).ok());
   sm_->WatchEnded("c", now_);
   Advance(seconds(1));
-  EXPECT_FALSE(sm_->TakeShrink().has_value());
+  EXPECT_FALSE(sm_->TakeResize().has_value());
   EXPECT_EQ(sm_->round(), 1u);
   EXPECT_EQ(sm_->world_size(), 7);
 }

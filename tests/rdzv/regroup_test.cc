@@ -225,5 +225,76 @@ TEST_F(RegroupGrpcElastic, ANodeWhoseWatchEndsIsLeftOutAndTheSurvivorHearsItsPla
   EXPECT_EQ(b_watch.get().status().code(), absl::StatusCode::kCancelled);
 }
 
+TEST_F(RegroupGrpcElastic, ANodeThatJoinsIsAdmittedAndItsJoinAnsweredWithThePostedPort) {
+  ASSERT_TRUE(a_->Heartbeat("node-a", 1, /*in_process=*/true).ok());
+  ASSERT_TRUE(b_->Heartbeat("node-b", 1, /*in_process=*/true).ok());
+  // node-b's agent goes away (its held watch ends): the job goes on with node-a alone.
+  RegroupNotice known;
+  known.round = 1;
+  std::promise<std::function<void()>> cancel;
+  auto b_watch = std::async(std::launch::async, [&] {
+    bool first = true;
+    return b_->WatchRegroup("node-b", known, seconds(20), [&](std::function<void()> c) {
+      if (first) cancel.set_value(std::move(c));
+      first = false;
+    });
+  });
+  auto held = WatchFrom(known);
+  std::function<void()> end_b = cancel.get_future().get();
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+  while (server_->regroup().HeldWatches() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(server_->regroup().HeldWatches(), 2);
+  end_b();
+  ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
+  auto lost = held.get();
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  ASSERT_EQ(lost->places.size(), 1u);
+  ASSERT_TRUE(a_->AskRegroup("node-a", {1, 1, {}, 41000, ""}).ok());
+  b_watch.wait();
+
+  // node-b comes back as a new agent: admitted into round 1, its join held for the port.
+  auto c = RendezvousClient::Create(Opts(server_->port()));
+  auto joined = std::async(std::launch::async, [&] {
+    NodeInfo n;
+    n.node_id = n.hostname = "node-b2";
+    n.address = "127.0.0.2";
+    n.nproc = 2;
+    n.in_process = true;
+    return c->Join(n, seconds(30));
+  });
+  RegroupNotice at_one = *lost;
+  at_one.master_port = 41000;
+  auto grown = WatchFrom(at_one);
+  ASSERT_EQ(grown.wait_for(seconds(10)), std::future_status::ready);
+  auto g = grown.get();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->round, 1u);
+  EXPECT_EQ(g->generation, 2);
+  EXPECT_EQ(g->master_port, 0);
+  ASSERT_EQ(g->places.size(), 2u);
+  EXPECT_EQ(g->places[1].node_id, "node-b2");
+  EXPECT_EQ(g->places[1].rank_offset, 2);
+  EXPECT_EQ(g->world_size, 4);
+  EXPECT_NE(g->reason.find("joined the running round"), std::string::npos) << g->reason;
+  EXPECT_EQ(joined.wait_for(milliseconds(100)), std::future_status::timeout);
+  // node-a, rank 0's node, posts the port: the join returns with it and the generation.
+  ASSERT_TRUE(a_->AskRegroup("node-a", {1, 2, {}, 42000, ""}).ok());
+  ASSERT_EQ(joined.wait_for(seconds(10)), std::future_status::ready);
+  auto j = joined.get();
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->assignment.round, 1u);
+  EXPECT_EQ(j->assignment.node_rank, 1);
+  EXPECT_EQ(j->assignment.rank_offset, 2);
+  EXPECT_EQ(j->assignment.world_size, 4);
+  EXPECT_EQ(j->assignment.master_addr, "127.0.0.1");
+  EXPECT_EQ(j->assignment.master_port, 42000);
+  EXPECT_EQ(j->assignment.recovery_generation, 2);
+  auto hb = c->Heartbeat("node-b2", 1, true);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(hb->action, Action::kContinue);
+}
+
 }  // namespace
 }  // namespace dlrun::rdzv

@@ -17,7 +17,8 @@ class StateMachineTest : public ::testing::Test {
     config_ = c;
     sm_ = std::make_unique<StateMachine>(c, now_);
   }
-  static NodeInfo Node(const std::string& id, int nproc = 2, int slurm = -1) {
+  static NodeInfo Node(const std::string& id, int nproc = 2, int slurm = -1,
+                       bool in_process = false) {
     NodeInfo n;
     n.node_id = id;
     n.hostname = "host-" + id;
@@ -25,14 +26,15 @@ class StateMachineTest : public ::testing::Test {
     n.nproc = nproc;
     n.slurm_node_id = slurm;
     n.master_port = 1000 + static_cast<int>(id.size());
+    n.in_process = in_process;
     return n;
   }
   // Joins and records the eventual result under the node id.
-  void Join(const std::string& id, int nproc = 2, int slurm = -1) {
+  void Join(const std::string& id, int nproc = 2, int slurm = -1, bool in_process = false) {
     results_.erase(id);
     Deliveries out;
     absl::Status s = sm_->Join(
-        Node(id, nproc, slurm), ++ticket_, now_,
+        Node(id, nproc, slurm, in_process), ++ticket_, now_,
         [this, id](absl::StatusOr<Assignment> a) { results_[id] = a; }, &out);
     ASSERT_TRUE(s.ok()) << s;
     Run(out);

@@ -1,0 +1,172 @@
+// The running round's membership (state_machine.h). Who is lost, and what the round does
+// without them: a new round, the job's failure below min_nodes, or, when every survivor
+// recovers in process, the same round at the smaller size (docs/RECOVERY.md, "A node lost").
+// A node that joins while every member recovers in process is admitted into the same round at
+// the larger size, its join answered once the new group's port is posted ("A node that joins").
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "rendezvous/state_machine.h"
+
+namespace dlrun::rdzv {
+
+std::optional<TimePoint> StateMachine::WatchLossAt(const Member& m) const {
+  if (!m.in_process || m.left || !m.watch_ended || m.last_seen > *m.watch_ended) {
+    return std::nullopt;
+  }
+  return *m.watch_ended + config_.watch_grace;
+}
+
+bool StateMachine::IsLost(const Member& m, TimePoint now) const {
+  if (admitting_ && admitting_->pending.node.node_id == m.node.node_id) return false;  // waits
+  if (now - m.last_seen > config_.liveness_limit()) return true;
+  const std::optional<TimePoint> at = WatchLossAt(m);
+  return at && now >= *at;
+}
+
+void StateMachine::DropLost(TimePoint now, Deliveries* out) {
+  if (std::none_of(members_.begin(), members_.end(),
+                   [&](const Member& m) { return IsLost(m, now); })) {
+    return;
+  }
+  // Drop the dead from the membership so the new round does not wait for them.
+  std::vector<std::string> dead;
+  std::vector<Member> alive;
+  for (Member& m : members_) {
+    if (IsLost(m, now)) {
+      dead.push_back(absl::StrCat(m.node.hostname, " (", m.node.node_id,
+                                  now - m.last_seen > config_.liveness_limit()
+                                      ? ", missed heartbeats)"
+                                      : ", its connection closed)"));
+    } else {
+      alive.push_back(std::move(m));
+    }
+  }
+  members_ = std::move(alive);
+  member_index_.clear();
+  for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
+  const int survivors = static_cast<int>(members_.size() + waiting_.size());
+  const std::string what =
+      absl::StrCat("lost ", dead.size(), " node(s): ", absl::StrJoin(dead, ", "));
+  if (survivors < config_.min_nodes) {
+    ++round_;
+    Fail(absl::StrCat(what, "; ", survivors, " node(s) left, below the minimum of ",
+                      config_.min_nodes),
+         out);
+    return;
+  }
+  const bool in_process = !members_.empty() && waiting_.empty() &&
+                          std::all_of(members_.begin(), members_.end(),
+                                      [](const Member& m) { return m.in_process && !m.left; });
+  if (in_process) {
+    resize_ = Resize{round_, {}, 0, "", what, ""};
+    PlaceMembers(what);
+    return;
+  }
+  OpenRound(now, what, /*counts_as_restart=*/true, out);
+}
+
+// The members keep their order (node ranks close up after a loss; an admitted node comes last)
+// and the round; rank 0's node, first among them, hosts the group's store.
+void StateMachine::PlaceMembers(const std::string& what) {
+  int offset = 0;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    resize_->places.push_back({members_[i].node.node_id, static_cast<int>(i), offset});
+    offset += members_[i].node.nproc;
+  }
+  resize_->world_size = offset;
+  resize_->master_addr = members_.front().node.address;
+  restart_reason_ = what;
+}
+
+std::optional<Resize> StateMachine::TakeResize() {
+  std::optional<Resize> s = std::move(resize_);
+  resize_.reset();
+  return s;
+}
+
+bool StateMachine::CanAdmit() const {
+  return phase_ == Phase::kRunning && !admitting_ && !resize_ && waiting_.empty() &&
+         !members_.empty() && static_cast<int>(members_.size()) < config_.max_nodes &&
+         std::all_of(members_.begin(), members_.end(),
+                     [](const Member& m) { return m.in_process && !m.left; });
+}
+
+void StateMachine::Admit(Pending p, TimePoint now) {
+  const std::string what = absl::StrCat("node ", p.node.hostname, " (", p.node.node_id,
+                                        ") joined the running round");
+  member_index_[p.node.node_id] = members_.size();
+  members_.push_back({p.node, now, false, false, std::nullopt});
+  resize_ = Resize{round_, {}, 0, "", what, p.node.node_id};
+  PlaceMembers(what);
+  admitting_ = Admission{std::move(p), now + config_.admit_timeout, false};
+}
+
+void StateMachine::Admitted(uint64_t round, int generation, int port, Deliveries* out) {
+  if (!admitting_ || admitting_->cancelled || round != round_ || phase_ != Phase::kRunning) {
+    return;
+  }
+  Pending p = std::move(admitting_->pending);
+  admitting_.reset();
+  auto it = member_index_.find(p.node.node_id);
+  if (it == member_index_.end()) return;
+  Assignment a;
+  a.round = round_;
+  a.node_rank = static_cast<int>(it->second);
+  a.num_nodes = static_cast<int>(members_.size());
+  for (size_t i = 0; i < it->second; ++i) a.rank_offset += members_[i].node.nproc;
+  a.world_size = world_size();
+  a.local_world_size = p.node.nproc;
+  a.master_addr = members_.front().node.address;
+  a.master_port = port;
+  a.restart_count = restart_count_;
+  a.recovery_generation = generation;
+  known_.insert(p.node.node_id);
+  out->push_back({std::move(p.cb), std::move(a)});
+}
+
+bool StateMachine::CancelAdmission(const std::string& node_id, uint64_t ticket) {
+  if (!admitting_ || admitting_->cancelled || admitting_->pending.ticket != ticket ||
+      admitting_->pending.node.node_id != node_id) {
+    return false;
+  }
+  admitting_->cancelled = true;  // the survivors wait for it in vain: a new round (Tick)
+  admitting_->pending.cb = nullptr;
+  admitting_->deadline = TimePoint::min();
+  return true;
+}
+
+void StateMachine::EndAdmission(TimePoint now, Deliveries* out) {
+  const std::string host = admitting_->pending.node.hostname;
+  auto it = member_index_.find(admitting_->pending.node.node_id);
+  if (it != member_index_.end()) {
+    members_.erase(members_.begin() + static_cast<std::ptrdiff_t>(it->second));
+    member_index_.clear();
+    for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
+  }
+  const bool cancelled = admitting_->cancelled;
+  OpenRound(now,
+            cancelled ? absl::StrCat("node ", host, " went away while it was being admitted")
+                      : absl::StrCat("node ", host, " was not admitted into the running round "
+                                                    "within ", config_.admit_timeout.count(),
+                                     " ms (the new group's port never came)"),
+            /*counts_as_restart=*/false, out);
+}
+
+void StateMachine::WatchEnded(const std::string& node_id, TimePoint now) {
+  auto it = member_index_.find(node_id);
+  if (phase_ != Phase::kRunning || it == member_index_.end()) return;
+  Member& m = members_[it->second];
+  if (!m.left) m.watch_ended = now;
+}
+
+void StateMachine::Heard(const std::string& node_id, TimePoint now) {
+  auto it = member_index_.find(node_id);
+  if (it == member_index_.end()) return;
+  Member& m = members_[it->second];
+  m.last_seen = std::max(m.last_seen, now);
+  m.watch_ended.reset();
+}
+
+}  // namespace dlrun::rdzv

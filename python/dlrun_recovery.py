@@ -34,6 +34,13 @@ lowest rank holding the newest step sends model, optimizer and state to every ra
 every rank checks it holds the same parameters, and the step is done again. A recovery that
 cannot finish raises, the program ends, and dlrun restarts the group from the checkpoint as it
 would have without this. Outside dlrun, or with `--recovery restart`, nothing of this runs.
+
+NCCL (CUDA tensors, `init_process_group("nccl")`): the word aborts the communicator at once
+(ProcessGroup.abort(): ncclCommAbort, which ends the kernels waiting on the lost peer), the
+step's optimizer update waits for the step's collectives and gives the step up if the word came
+meanwhile (a summed gradient missing a peer is never applied), and the transfer runs on the
+GPU. Importing this under dlrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=0 unless set: PyTorch's
+watchdog would otherwise end the process at the lost peer's error before the group is rebuilt.
 """
 import datetime
 import hashlib
@@ -50,6 +57,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dlrun_report
 
+if "DLRUN_CONTROL_FD" in os.environ:
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+
 
 class _Words:
     """The agent's words on DLRUN_CONTROL_FD, read by a daemon thread."""
@@ -59,6 +69,7 @@ class _Words:
         self.newest = None  # (generation, master_port, place): place (rank, world, addr) or None
         self.taken = 0      # the generation this process has joined
         self.group_sockets = {}  # {inode: fd}: the connections of the current process group
+        self.nccl_group = None   # the current group when it runs NCCL: aborted at the word
         threading.Thread(target=self._read, args=(fd,), daemon=True,
                          name="dlrun-words").start()
 
@@ -75,9 +86,12 @@ class _Words:
                     if gen <= self.taken or (self.newest and gen <= self.newest[0]):
                         continue
                     sockets = dict(self.group_sockets)
+                    nccl = self.nccl_group
                 # Before the main thread hears of it: it makes the next group's sockets, whose
                 # fds may be those of the old group's just closed.
                 _end_group(sockets)
+                if nccl is not None:
+                    _abort_nccl(nccl)
                 with self.cond:
                     self.newest = (gen, port, place)
                     self.cond.notify_all()
@@ -110,6 +124,22 @@ def _end_group(sockets):
             pass
 
 
+def _abort_nccl(group):
+    """ncclCommAbort on the group's communicators: a kernel waiting on the lost peer ends, and
+    the main thread's wait on it with it."""
+    try:
+        group.abort()
+    except Exception as e:  # an abort that fails leaves the recovery's own bound to end it
+        print("dlrun_recovery: aborting the NCCL group: %s" % e, file=sys.stderr, flush=True)
+
+
+def _device(backend):
+    """Where the recovery's own collectives put their tensors: the GPU for NCCL."""
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _group_sockets(before):
     """The TCP connections made since `before` (a dlrun_report._tcp_sockets())."""
     return {i: fd for i, fd in dlrun_report._tcp_sockets().items() if i not in before}
@@ -130,6 +160,7 @@ class Recoverable:
         self.ddp_kwargs = dict(ddp or {})
         self.word_timeout, self.timeout = word_timeout, timeout
         self.backend = dist.get_backend()
+        self.device = _device(self.backend)
         self.rank = dist.get_rank()  # the same in every generation unless a node is lost
         self.committed = -1   # the last step this rank finished
         self.recoveries = 0
@@ -150,6 +181,9 @@ class Recoverable:
                       "survivor may wait for Gloo's timeout, and dlrun then restarts the group"
                       % self.rank, file=sys.stderr, flush=True)
             dlrun_report._record("C recovery")
+            if self.backend == "nccl":
+                self._words.nccl_group = dist.distributed_c10d._get_default_group()
+                optimizer.register_step_pre_hook(self._before_update)
         if self.replacement:  # started in place of a lost rank: the state comes from a peer
             t0 = time.monotonic()
             root = self._transfer()
@@ -172,6 +206,13 @@ class Recoverable:
                 self._recover(None)  # told between two steps: regroup before computing
             self._current = self.committed + 1
             yield self._current
+
+    def _before_update(self, optimizer, args, kwargs):
+        """NCCL: the step's collectives run behind the CPU; wait for them, and give the step up
+        when a peer was lost meanwhile (they were aborted: the gradients are not the sum)."""
+        torch.cuda.current_stream().synchronize()
+        if self._words.pending():
+            raise RuntimeError("a peer was lost during the step: its update is not applied")
 
     def step(self):
         """The context of one step: a peer lost inside it ends in a recovery, and steps()
@@ -208,6 +249,8 @@ class Recoverable:
             dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=self.timeout))
             with self._words.cond:
                 self._words.group_sockets = _group_sockets(before)
+                if self.backend == "nccl":
+                    self._words.nccl_group = c10d._get_default_group()
             for p in self.module.parameters():
                 p.grad = None  # the interrupted step's half-reduced gradients
             t_group = time.monotonic()
@@ -233,9 +276,9 @@ class Recoverable:
     def _transfer(self):
         """Collective: the lowest rank with the newest committed step sends its state to every
         rank behind it; then every rank must hold the same parameters. Returns the sender."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        mine = torch.tensor([self.committed], dtype=torch.int64)
-        held = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        rank, world, dev = dist.get_rank(), dist.get_world_size(), self.device
+        mine = torch.tensor([self.committed], dtype=torch.int64, device=dev)
+        held = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
         dist.all_gather(held, mine)
         held = [int(t.item()) for t in held]
         best = max(held)
@@ -247,23 +290,25 @@ class Recoverable:
             torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "stateful": [s.state_dict() for s in self.stateful],
                         "layout": _bucket_layout(self.ddp)}, buf)
-            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(dev)
             for r in (r for r in range(world) if held[r] < best):
-                dist.send(torch.tensor([data.numel()], dtype=torch.int64), r)
+                dist.send(torch.tensor([data.numel()], dtype=torch.int64, device=dev), r)
                 dist.send(data, r)
         elif held[rank] < best:
-            n = torch.zeros(1, dtype=torch.int64)
+            n = torch.zeros(1, dtype=torch.int64, device=dev)
             dist.recv(n, root)
-            data = torch.empty(int(n.item()), dtype=torch.uint8)
+            data = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
             dist.recv(data, root)
-            state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+            state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=False,
+                               map_location=dev if dev.type == "cuda" else None)
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             for s, sd in zip(self.stateful, state["stateful"]):
                 s.load_state_dict(sd)
             self._peer_layout = state["layout"]
-        digests = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(digests, torch.tensor([_digest(self.module)], dtype=torch.int64))
+        digests = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
+        dist.all_gather(digests, torch.tensor([_digest(self.module)], dtype=torch.int64,
+                                              device=dev))
         differ = [str(r) for r, d in enumerate(digests) if int(d.item()) != int(digests[0].item())]
         if differ:
             raise RuntimeError("rank(s) %s hold other parameters than rank 0 after the state "

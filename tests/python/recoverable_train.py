@@ -8,6 +8,9 @@ FAIL_REPLACEMENT=differs: the replacement's state is changed as it arrives (its 
 from its peers'), so the recovery must refuse to go on.
 CKPT_DIR=D CKPT_EVERY=K: rank 0 writes a checkpoint every K steps (atomically), and a start that
 is not a replacement resumes from it ("resumed from step S"), for the restart comparisons.
+BACKEND=nccl: the model and data on GPU LOCAL_RANK % the GPUs there, NCCL (scripts/gpu-nccl-recovery);
+with SHARE_GPU=1 the ranks share the GPUs, each told it is a host of its own (NCCL_HOSTID), which
+NCCL otherwise refuses ("Duplicate GPU detected"); their traffic then goes over sockets.
 Lines: "rank R pid P" at start, "rank R step N began T" per step (T: unix seconds), "rank R
 killed at T" before the kill, "rank R digest D recoveries K" at the end."""
 import os
@@ -23,10 +26,20 @@ import dlrun_report
 
 steps = int(sys.argv[1])
 step_s = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-dist.init_process_group("gloo")
+backend = os.environ.get("BACKEND", "gloo")
+dev = torch.device("cpu")
+if backend == "nccl":
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if os.environ.get("SHARE_GPU") == "1":
+        os.environ.update(NCCL_HOSTID="rank-%d-host" % local_rank, NCCL_P2P_DISABLE="1",
+                          NCCL_SHM_DISABLE="1")
+    dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+dist.init_process_group(backend)
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+model.to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
 ckpt_dir, ckpt_every = os.environ.get("CKPT_DIR"), int(os.environ.get("CKPT_EVERY", "0"))
@@ -34,7 +47,7 @@ path = os.path.join(ckpt_dir, "latest.pt") if ckpt_dir else None
 start = 0
 if path and os.path.exists(path) and not dlrun_recovery.is_replacement():
     t0 = time.monotonic()
-    state = torch.load(path)
+    state = torch.load(path, map_location=dev)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     sched.load_state_dict(state["scheduler"])
@@ -68,7 +81,7 @@ for step in rec.steps(steps, start=start):
             print("rank %d killed at %.6f" % (rank, time.time()), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         g = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randn(16, 32, generator=g)
+        x = torch.randn(16, 32, generator=g).to(dev)
         loss = torch.nn.functional.mse_loss(rec.ddp(x), x.sum(1, keepdim=True))
         opt.zero_grad()
         loss.backward()

@@ -94,8 +94,8 @@ bool StateMachine::CanAdmit() const {
 }
 
 void StateMachine::Admit(Pending p, TimePoint now) {
-  const std::string what = absl::StrCat("node ", p.node.hostname, " (", p.node.node_id,
-                                        ") joined the running round");
+  const std::string what =
+      absl::StrCat("node ", p.node.hostname, " (", p.node.node_id, ") joined the running round");
   member_index_[p.node.node_id] = members_.size();
   members_.push_back({p.node, now, false, false, std::nullopt});
   resize_ = Resize{round_, {}, 0, "", what, p.node.node_id};
@@ -148,9 +148,9 @@ void StateMachine::EndAdmission(TimePoint now, Deliveries* out) {
   const bool cancelled = admitting_->cancelled;
   OpenRound(now,
             cancelled ? absl::StrCat("node ", host, " went away while it was being admitted")
-                      : absl::StrCat("node ", host, " was not admitted into the running round "
-                                                    "within ", config_.admit_timeout.count(),
-                                     " ms (the new group's port never came)"),
+                      : absl::StrCat(
+                            "node ", host, " was not admitted into the running round within ",
+                            config_.admit_timeout.count(), " ms (the new group's port never came)"),
             /*counts_as_restart=*/false, out);
 }
 

@@ -108,9 +108,10 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
     recovery_started_ = clock_.Now();
     recovery_deadline_ = recovery_started_ + options_.recovery_timeout;
     awaiting_state_ = pids;
-    spdlog::info("admitted into the running group at generation {} (master port {}): every "
-                 "rank here takes the state from a peer",
-                 admitted_at, current_.master_port);
+    spdlog::info(
+        "admitted into the running group at generation {} (master port {}): every "
+        "rank here takes the state from a peer",
+        admitted_at, current_.master_port);
   }
   TellInProcess();
   WriteWorkersFile(group);

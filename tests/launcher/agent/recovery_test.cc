@@ -316,5 +316,60 @@ TEST(AgentInProcessRecovery, ANodeTheJobGoesOnWithoutRestarts) {
   EXPECT_EQ(h.procs.groups_started(), 2);
 }
 
+// A node admitted into the running round (docs/RECOVERY.md, "A node that joins"): its join's
+// assignment names the generation, and every local rank starts as a replacement of it.
+TEST(AgentInProcessRecovery, AnAdmittedNodeStartsEveryRankAsAReplacementOfItsGeneration) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
+  h.options.single_node_job = false;
+  Assignment a;
+  a.num_nodes = 2;
+  a.node_rank = 1;
+  a.rank_offset = 3;
+  a.world_size = 6;
+  a.local_world_size = 3;
+  a.master_addr = "10.0.0.1";
+  a.master_port = 47000;
+  a.recovery_generation = 2;
+  JobLink link = MakeStaticSource(a, /*max_restarts=*/0, nullptr);
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  link.regroup = regroup;
+  EXPECT_EQ(h.Run(std::move(link)), 0);
+  ASSERT_EQ(h.procs.procs.size(), 3u);  // one group, nothing restarted
+  for (int lr = 0; lr < 3; ++lr) {
+    const auto& env = h.procs.procs[lr].spec.env;
+    EXPECT_EQ(env.at("DLRUN_RECOVERY_GEN"), "2") << lr;
+    EXPECT_EQ(env.at("MASTER_PORT"), "47000") << lr;
+    EXPECT_EQ(env.at("RANK"), absl::StrCat(3 + lr)) << lr;
+    EXPECT_EQ(env.at("WORLD_SIZE"), "6") << lr;
+  }
+  EXPECT_TRUE(h.procs.told.empty());  // nobody here to tell: they start in the generation
+  EXPECT_TRUE(regroup->asks.empty());
+}
+
+// Another node admitted: every rank here is told its place in the grown group, and this node,
+// which holds global rank 0, posts the port (that post answers the new node's join).
+TEST(AgentInProcessRecovery, ANodeAdmittedElsewhereGrowsTheGroupHere) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
+  auto regroup = std::make_shared<FakeRegroup>(h.clock);
+  regroup->remote_at = milliseconds(2500);
+  regroup->remote = MakeNotice(1, 0, {}, "node host-c (node-c) joined the running round",
+                               "the rendezvous host");
+  regroup->remote.places = {{"this", 0, 0}, {"node-b", 1, 3}, {"node-c", 2, 6}};
+  regroup->remote.world_size = 9;
+  regroup->remote.master_addr = "127.0.0.1";
+  EXPECT_EQ(RunAcrossNodes(h, regroup, /*holds_rank_zero=*/true), 0);
+  ASSERT_EQ(regroup->asks.size(), 1u);
+  EXPECT_EQ(regroup->asks[0].master_port, 45000);
+  EXPECT_TRUE(regroup->asks[0].lost_ranks.empty());
+  EXPECT_EQ(h.procs.procs.size(), 3u);  // nothing replaced, nothing restarted
+  ASSERT_EQ(h.procs.told.size(), 3u);
+  for (const auto& [pid, word] : h.procs.told) {
+    const int local = pid == h.procs.procs[0].pid ? 0 : pid == h.procs.procs[1].pid ? 1 : 2;
+    EXPECT_EQ(word, absl::StrCat("regroup 1 45000 ", local, " 9 127.0.0.1\n"));
+  }
+}
+
 }  // namespace
 }  // namespace dlrun::launcher::testing

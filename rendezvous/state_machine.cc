@@ -153,10 +153,7 @@ bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
 
 void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
                              Deliveries* out) {
-  if (admitting_) {  // the node being admitted joins the new round (unless it went away)
-    if (!admitting_->cancelled) waiting_.push_back(std::move(admitting_->pending));
-    admitting_.reset();
-  }
+  ReleaseAdmission();  // the node being admitted joins the new round
   ++round_;
   restart_reason_ = reason;
   phase_ = Phase::kJoining;
@@ -256,10 +253,7 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
 void StateMachine::Fail(const std::string& reason, Deliveries* out) {
   phase_ = Phase::kFailed;
   failure_reason_ = reason;
-  if (admitting_) {
-    if (!admitting_->cancelled) waiting_.push_back(std::move(admitting_->pending));
-    admitting_.reset();
-  }
+  ReleaseAdmission();  // its join is answered with the failure below
   for (auto* list : {&joining_, &waiting_}) {
     for (Pending& p : *list) {
       out->push_back({std::move(p.cb),

@@ -123,6 +123,8 @@ class StateMachine {
   bool CanAdmit() const;
   void Admit(Pending p, TimePoint now);
   bool CancelAdmission(const std::string& node_id, uint64_t ticket);
+  // The node being admitted goes back to the held joins (unless its caller went away).
+  void ReleaseAdmission();
   void EndAdmission(TimePoint now, Deliveries* out);
 
   void AddJoining(Pending p, Deliveries* out);

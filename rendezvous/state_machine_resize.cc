@@ -137,6 +137,12 @@ bool StateMachine::CancelAdmission(const std::string& node_id, uint64_t ticket) 
   return true;
 }
 
+void StateMachine::ReleaseAdmission() {
+  if (!admitting_) return;
+  if (!admitting_->cancelled) waiting_.push_back(std::move(admitting_->pending));
+  admitting_.reset();
+}
+
 void StateMachine::EndAdmission(TimePoint now, Deliveries* out) {
   const std::string host = admitting_->pending.node.hostname;
   auto it = member_index_.find(admitting_->pending.node.node_id);

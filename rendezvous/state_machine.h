@@ -113,6 +113,10 @@ class StateMachine {
   // process, else a new round opens (or the job fails below min_nodes).
   void DropLost(TimePoint now, Deliveries* out);
   void PlaceMembers(const std::string& what);
+  // Every member's workers declared in-process recovery and none has left (false when empty).
+  bool AllRecoverInProcess() const;
+  // member_index_ made anew from members_ after members were dropped.
+  void IndexMembers();
   // A node admitted into the running round, until the new group's port is posted; after
   // config.admit_timeout (or when its caller went away) it joins through a new round.
   struct Admission {

@@ -44,8 +44,7 @@ void StateMachine::DropLost(TimePoint now, Deliveries* out) {
     }
   }
   members_ = std::move(alive);
-  member_index_.clear();
-  for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
+  IndexMembers();
   const int survivors = static_cast<int>(members_.size() + waiting_.size());
   const std::string what =
       absl::StrCat("lost ", dead.size(), " node(s): ", absl::StrJoin(dead, ", "));
@@ -56,10 +55,7 @@ void StateMachine::DropLost(TimePoint now, Deliveries* out) {
          out);
     return;
   }
-  const bool in_process = !members_.empty() && waiting_.empty() &&
-                          std::all_of(members_.begin(), members_.end(),
-                                      [](const Member& m) { return m.in_process && !m.left; });
-  if (in_process) {
+  if (waiting_.empty() && AllRecoverInProcess()) {
     resize_ = Resize{round_, {}, 0, "", what, ""};
     PlaceMembers(what);
     return;
@@ -86,11 +82,19 @@ std::optional<Resize> StateMachine::TakeResize() {
   return s;
 }
 
+bool StateMachine::AllRecoverInProcess() const {
+  return !members_.empty() && std::all_of(members_.begin(), members_.end(),
+                                          [](const Member& m) { return m.in_process && !m.left; });
+}
+
+void StateMachine::IndexMembers() {
+  member_index_.clear();
+  for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
+}
+
 bool StateMachine::CanAdmit() const {
   return phase_ == Phase::kRunning && !admitting_ && !resize_ && waiting_.empty() &&
-         !members_.empty() && static_cast<int>(members_.size()) < config_.max_nodes &&
-         std::all_of(members_.begin(), members_.end(),
-                     [](const Member& m) { return m.in_process && !m.left; });
+         static_cast<int>(members_.size()) < config_.max_nodes && AllRecoverInProcess();
 }
 
 void StateMachine::Admit(Pending p, TimePoint now) {
@@ -148,8 +152,7 @@ void StateMachine::EndAdmission(TimePoint now, Deliveries* out) {
   auto it = member_index_.find(admitting_->pending.node.node_id);
   if (it != member_index_.end()) {
     members_.erase(members_.begin() + static_cast<std::ptrdiff_t>(it->second));
-    member_index_.clear();
-    for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
+    IndexMembers();
   }
   const bool cancelled = admitting_->cancelled;
   OpenRound(now,

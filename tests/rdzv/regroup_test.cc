@@ -2,6 +2,7 @@
 // loopback: a node's ask reaches the other's held watch, global rank 0's node posts the port,
 // a second ask and bad requests are refused, a new round ends the watches.
 #include <future>
+#include <memory>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -47,6 +48,27 @@ class RegroupGrpc : public ::testing::Test {
     return std::async(std::launch::async, [this, known, timeout] {
       return a_->WatchRegroup("node-a", known, timeout, [](std::function<void()>) {});
     });
+  }
+  using Watching = std::future<absl::StatusOr<RegroupNotice>>;
+  // node-a and node-b each hold a watch from `known` on a thread of its own; returns once the
+  // host holds both (or after 10 s), with what ends node-b's call (its agent going away).
+  std::function<void()> HoldBothWatches(const RegroupNotice& known, Watching* a_watch,
+                                        Watching* b_watch) {
+    auto cancel = std::make_shared<std::promise<std::function<void()>>>();
+    *b_watch = std::async(std::launch::async, [this, known, cancel] {
+      bool first = true;
+      return b_->WatchRegroup("node-b", known, seconds(20), [&](std::function<void()> c) {
+        if (first) cancel->set_value(std::move(c));
+        first = false;
+      });
+    });
+    *a_watch = WatchFrom(known);
+    std::function<void()> end_b = cancel->get_future().get();
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+    while (server_->regroup().HeldWatches() < 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    return end_b;
   }
   static RegroupAsk Lost(int generation, std::vector<int> ranks, uint64_t round = 1) {
     return {round, generation, std::move(ranks), 0, "rank 3 (local rank 1, pid 9): SIGKILL"};
@@ -183,21 +205,9 @@ TEST_F(RegroupGrpcElastic, ANodeWhoseWatchEndsIsLeftOutAndTheSurvivorHearsItsPla
   ASSERT_TRUE(b_->Heartbeat("node-b", 1, /*in_process=*/true).ok());
   RegroupNotice known;
   known.round = 1;
-  auto held = WatchFrom(known);
-  std::promise<std::function<void()>> cancel;
-  auto b_watch = std::async(std::launch::async, [&] {
-    bool first = true;
-    return b_->WatchRegroup("node-b", known, seconds(20), [&](std::function<void()> c) {
-      if (first) cancel.set_value(std::move(c));
-      first = false;
-    });
-  });
-  std::function<void()> end_b = cancel.get_future().get();
+  Watching held, b_watch;
+  std::function<void()> end_b = HoldBothWatches(known, &held, &b_watch);
   // Both watches held at the host before node-b's ends.
-  const auto deadline = std::chrono::steady_clock::now() + seconds(10);
-  while (server_->regroup().HeldWatches() < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
   ASSERT_EQ(server_->regroup().HeldWatches(), 2);
   const auto ended = std::chrono::steady_clock::now();
   end_b();
@@ -231,20 +241,8 @@ TEST_F(RegroupGrpcElastic, ANodeThatJoinsIsAdmittedAndItsJoinAnsweredWithThePost
   // node-b's agent goes away (its held watch ends): the job goes on with node-a alone.
   RegroupNotice known;
   known.round = 1;
-  std::promise<std::function<void()>> cancel;
-  auto b_watch = std::async(std::launch::async, [&] {
-    bool first = true;
-    return b_->WatchRegroup("node-b", known, seconds(20), [&](std::function<void()> c) {
-      if (first) cancel.set_value(std::move(c));
-      first = false;
-    });
-  });
-  auto held = WatchFrom(known);
-  std::function<void()> end_b = cancel.get_future().get();
-  const auto deadline = std::chrono::steady_clock::now() + seconds(10);
-  while (server_->regroup().HeldWatches() < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
+  Watching held, b_watch;
+  std::function<void()> end_b = HoldBothWatches(known, &held, &b_watch);
   ASSERT_EQ(server_->regroup().HeldWatches(), 2);
   end_b();
   ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);

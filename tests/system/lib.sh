@@ -23,6 +23,9 @@ fail() {
 
 pass() { echo "PASS ($test_name): $*"; }
 
+# A command that ends the test through errexit says which, with the jobs' output, as fail does.
+trap 'rc=$?; fail "line $LINENO: exit $rc of: $BASH_COMMAND"' ERR
+
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 # wait_for_line FILE REGEX SECONDS: blocks until a line of FILE matches, or fails the test.

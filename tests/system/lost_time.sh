@@ -34,8 +34,11 @@ resumed=$(sed -n "${resume_line}s/.*resumed from step \([0-9]*\).*/\1/p" "$out")
 ((resumed == 10)) || fail "resumed from step $resumed (expected the checkpoint of step 10)"
 fault_step=$(head -n "$resume_line" "$out" | sed -n 's/.*step \([0-9]*\) began.*/\1/p' | sort -n | tail -n 1)
 # The first step past it, after the resume: where the job made progress again.
-next_began=$(tail -n "+$resume_line" "$out" |
-  awk -v f="$fault_step" '/step [0-9]+ began/ { for (i = 1; i < NF; i++) if ($i == "step" && $(i+1) > f) { print $(i+3); exit } }')
+# (awk reads the file itself: a reader that exits early would end a writer of a pipe with SIGPIPE,
+# and pipefail would end the test without a word.)
+next_began=$(awk -v f="$fault_step" -v from="$resume_line" 'NR >= from && found == "" && /step [0-9]+ began/ {
+  for (i = 1; i < NF; i++) if ($i == "step" && $(i+1) > f) { found = $(i+3); break } }
+  END { print found }' "$out")
 [[ -n "$next_began" ]] || fail "no step past $fault_step after the resume"
 
 # restart 1: <cause>; T s lost (on H): detection a, stop b, rendezvous c, start d, checkpoint

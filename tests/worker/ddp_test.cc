@@ -1,10 +1,11 @@
 // DDP pieces in one process: bucket layout against PyTorch's, and the two-rank checks run
 // under dlrun (ddp_check).
+#include <torch/torch.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <torch/torch.h>
+#include <regex>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "dlrun/ddp.h"
@@ -95,12 +96,17 @@ TEST(DdpTwoRanks, SharedMemoryAndGlooBothMatchTheReference) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("allreduce: shared memory"), std::string::npos) << out;
   EXPECT_NE(out.find("[rank 1]: ddp_check ok"), std::string::npos) << out;
+  // The segment is named after rank 0's pid (the agent's rank table: "  0  0  PID"); other
+  // tests running beside this one hold segments of their own.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("\\n  0 +0 +([0-9]+)\\n"))) << out;
+  const std::string segment = "dlrun-ddp-" + m[1].str() + "-";
   out = RunCheck("adam", &rc, "0");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("allreduce: gloo"), std::string::npos) << out;
   EXPECT_NE(out.find("[rank 1]: ddp_check ok"), std::string::npos) << out;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
-    EXPECT_EQ(e.path().filename().string().rfind("dlrun-ddp-", 0), std::string::npos)
+    EXPECT_EQ(e.path().filename().string().rfind(segment, 0), std::string::npos)
         << "left behind: " << e.path();
   }
 }

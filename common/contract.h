@@ -62,6 +62,10 @@ inline constexpr char kRegroupWord[] = "regroup";
 // generation it joins. It takes the model and training state from a survivor instead of a
 // checkpoint (dlrun::worker::Recovery::receive, dlrun_report.recoverable).
 inline constexpr char kRecoveryGen[] = "DLRUN_RECOVERY_GEN";
+// "1" when TORCH_NCCL_ASYNC_ERROR_HANDLING and NCCL_ASYNC_ERROR_HANDLING are dlrun's default (the
+// user set neither): dlrun_recovery then turns PyTorch's NCCL teardown off, whose watchdog would
+// end a survivor at the lost peer's error before the group is rebuilt.
+inline constexpr char kNcclErrorHandlingDefault[] = "DLRUN_NCCL_ERROR_HANDLING_DEFAULT";
 
 // --- set by `dlrun slurm --preemptible` job scripts, read by the worker library ----------------
 // "1": after a SIGUSR1 checkpoint, rank 0 runs `scontrol requeue $SLURM_JOB_ID`.

@@ -38,9 +38,11 @@ would have without this. Outside dlrun, or with `--recovery restart`, nothing of
 NCCL (CUDA tensors, `init_process_group("nccl")`): the word aborts the communicator at once
 (ProcessGroup.abort(): ncclCommAbort, which ends the kernels waiting on the lost peer), the
 step's optimizer update waits for the step's collectives and gives the step up if the word came
-meanwhile (a summed gradient missing a peer is never applied), and the transfer runs on the
-GPU. Importing this under dlrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=0 unless set: PyTorch's
-watchdog would otherwise end the process at the lost peer's error before the group is rebuilt.
+meanwhile or PyTorch saw the group fail (a summed gradient missing a peer is never applied), and
+the transfer runs on the
+GPU. Importing this under dlrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=0 unless the user set it
+(dlrun's own default is torchrun's 1): PyTorch's watchdog would otherwise end the process at the
+lost peer's error before the group is rebuilt.
 """
 import datetime
 import hashlib
@@ -58,7 +60,11 @@ from torch.nn.parallel import DistributedDataParallel
 import dlrun_report
 
 if "DLRUN_CONTROL_FD" in os.environ:
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    if os.environ.get("DLRUN_NCCL_ERROR_HANDLING_DEFAULT") == "1":  # dlrun's "1", not the user's
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        os.environ["NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    else:
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
 
 
 class _Words:
@@ -68,6 +74,7 @@ class _Words:
         self.cond = threading.Condition()
         self.newest = None  # (generation, master_port, place): place (rank, world, addr) or None
         self.taken = 0      # the generation this process has joined
+        self.heard = 0      # the newest generation heard of, set before the old group is ended
         self.group_sockets = {}  # {inode: fd}: the connections of the current process group
         self.nccl_group = None   # the current group when it runs NCCL: aborted at the word
         threading.Thread(target=self._read, args=(fd,), daemon=True,
@@ -87,6 +94,8 @@ class _Words:
                         continue
                     sockets = dict(self.group_sockets)
                     nccl = self.nccl_group
+                    # Before the abort: an NCCL sum it ends returns as if done (interrupted()).
+                    self.heard = max(self.heard, gen)
                 # Before the main thread hears of it: it makes the next group's sockets, whose
                 # fds may be those of the old group's just closed.
                 _end_group(sockets)
@@ -99,6 +108,12 @@ class _Words:
     def pending(self):
         with self.cond:
             return self.newest if self.newest and self.newest[0] > self.taken else None
+
+    def interrupted(self):
+        """A word came for a generation not joined yet: the group's collectives since may have
+        been ended by its abort, with partial sums."""
+        with self.cond:
+            return self.heard > self.taken
 
     def wait(self, timeout):
         with self.cond:
@@ -131,6 +146,16 @@ def _abort_nccl(group):
         group.abort()
     except Exception as e:  # an abort that fails leaves the recovery's own bound to end it
         print("dlrun_recovery: aborting the NCCL group: %s" % e, file=sys.stderr, flush=True)
+
+
+def _nccl_failed(group):
+    """True when PyTorch's watchdog saw the NCCL group fail (a lost peer, a timeout): its last
+    sums may have been ended under it, whoever aborted them."""
+    try:
+        err = group._get_backend(torch.device("cuda")).get_error()
+        return err != type(err).SUCCESS
+    except Exception:  # a PyTorch without ProcessGroupNCCL.get_error: the word alone tells
+        return False
 
 
 def _device(backend):
@@ -209,9 +234,11 @@ class Recoverable:
 
     def _before_update(self, optimizer, args, kwargs):
         """NCCL: the step's collectives run behind the CPU; wait for them, and give the step up
-        when a peer was lost meanwhile (they were aborted: the gradients are not the sum)."""
+        when a peer was lost meanwhile (they were aborted: the gradients are not the sum). The
+        word's thread marks the word before it aborts, so a sum the abort ended is never taken
+        for a finished one."""
         torch.cuda.current_stream().synchronize()
-        if self._words.pending():
+        if self._words.interrupted() or _nccl_failed(self._words.nccl_group):
             raise RuntimeError("a peer was lost during the step: its update is not applied")
 
     def step(self):

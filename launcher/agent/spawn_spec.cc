@@ -32,7 +32,10 @@ SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
   const std::string err = run_dir.FreshErrorFile(attempt, lr);
   spec.env = BuildWorkerEnv(current, lr, err, options.omp_threads, options.virtual_local_rank);
   for (const auto& [k, v] : options.extra_env) spec.env[k] = v;
-  for (const std::string& k : options.keep_inherited) spec.env.erase(k);
+  for (const std::string& k : options.keep_inherited) {
+    spec.env.erase(k);
+    spec.env.erase(contract::kNcclErrorHandlingDefault);  // the user's setting, not dlrun's
+  }
   if (lr < static_cast<int>(options.gpus.size())) {
     spec.env[contract::kCudaVisibleDevices] = options.gpus[lr];
   }

@@ -28,6 +28,7 @@ std::map<std::string, std::string> BuildWorkerEnv(const Assignment& a, int local
       {c::kUseAgentStore, "False"},
       {c::kNcclAsyncErrorHandling, "1"},
       {c::kNcclAsyncErrorHandlingOld, "1"},
+      {c::kNcclErrorHandlingDefault, "1"},
   };
   if (!error_file.empty()) env[c::kErrorFile] = error_file;
   if (omp_threads > 0) env[c::kOmpNumThreads] = std::to_string(omp_threads);

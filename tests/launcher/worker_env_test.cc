@@ -35,6 +35,7 @@ TEST(WorkerEnv, TorchrunContract) {
   EXPECT_EQ(env["TORCHELASTIC_ERROR_FILE"], "/tmp/e.json");
   EXPECT_EQ(env["OMP_NUM_THREADS"], "2");
   EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+  EXPECT_EQ(env["DLRUN_NCCL_ERROR_HANDLING_DEFAULT"], "1");
 }
 
 TEST(WorkerEnv, OmpThreadsLeftAloneWhenZero) {

@@ -53,6 +53,7 @@ TEST(DlrunAgent, EveryTorchrunVariableForOneToFourWorkers) {
       EXPECT_EQ(e["TORCHELASTIC_MAX_RESTARTS"], "2");
       EXPECT_EQ(e["TORCHELASTIC_USE_AGENT_STORE"], "False");
       EXPECT_EQ(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "1");
+      EXPECT_EQ(e["DLRUN_NCCL_ERROR_HANDLING_DEFAULT"], "1");
       EXPECT_FALSE(e["TORCHELASTIC_RUN_ID"].empty());
       EXPECT_NE(e["TORCHELASTIC_ERROR_FILE"].find("/" + rs + "/error.json"), std::string::npos);
       EXPECT_FALSE(e["DLRUN_HEARTBEAT_FD"].empty());
@@ -68,6 +69,20 @@ TEST(DlrunAgent, EveryTorchrunVariableForOneToFourWorkers) {
     }
     EXPECT_EQ(ports.size(), 1u);
   }
+}
+
+// A user's NCCL error handling reaches the workers as it is, and is not marked as dlrun's default
+// (which dlrun_recovery would turn off).
+TEST(DlrunAgent, TheUsersNcclErrorHandlingIsKeptAndNotMarkedAsDlrunsDefault) {
+  const std::string dir = MakeTempDir();
+  ProcResult r =
+      RunCommand({DLRUN_BIN, "--nproc-per-node", "1", "sh", "-c", "env > " + dir + "/env"},
+                 {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, kAgentDeadline);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto e = ParseEnv(ReadFile(dir + "/env"));
+  EXPECT_EQ(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "3");
+  EXPECT_EQ(e["NCCL_ASYNC_ERROR_HANDLING"], "1");
+  EXPECT_EQ(e.count("DLRUN_NCCL_ERROR_HANDLING_DEFAULT"), 0u);
 }
 
 // The run directories dlrun made under a --log-dir (torchrun's <run_id>_<random>), sorted.

@@ -254,8 +254,13 @@ class Recoverable:
         gen, port, place = word
         t_word = time.monotonic()
         what = str(error).splitlines()[0] if error is not None else "told between steps"
-        print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
-              % (self.rank, what[:200], gen), file=sys.stderr, flush=True)
+        if place is not None and place[1] > int(os.environ.get("WORLD_SIZE", "0")):
+            print("dlrun_recovery: rank %d: a node joined: the group grows to %d ranks (%s); "
+                  "joining generation %d" % (self.rank, place[1], what[:200], gen),
+                  file=sys.stderr, flush=True)
+        else:
+            print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
+                  % (self.rank, what[:200], gen), file=sys.stderr, flush=True)
         try:
             c10d = dist.distributed_c10d
             old = c10d._get_default_group()

@@ -64,6 +64,8 @@ nlohmann::json LostJson(const JobTelemetry::Snapshot& s) {
               {"resumed_step", c.resumed_step >= 0 ? json(c.resumed_step) : json()},
               {"resumed", c.resumed},
               {"in_process", c.in_process},
+              {"admission", c.admission},
+              {"generation", c.generation},
               {"total_s", c.total_s()}});
     list.push_back(std::move(x));
   }

@@ -24,12 +24,15 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
       cost[c.restart] = &c;
       continue;
     }
-    // In-process recoveries restart nothing: the survivors kept running (docs/RECOVERY.md).
-    absl::StrAppend(&out, absl::StrFormat(
-        "\n  in-process recovery after step %d: %.2f s lost (on %s): detection %.2f, start %.2f, "
-        "state from peer %.2f, %d step(s) recomputed %.2f",
-        c.fault_step, c.total_s(), c.host, c.detection_s, c.start_s, c.state_from_peer_s,
-        c.recomputed_steps, c.recomputed_s));
+    // In-process recoveries restart nothing: the survivors kept running (docs/RECOVERY.md). A
+    // node admitted into the running group costs the same phases, and is no fault.
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("\n  %s after step %d: %.2f s lost (on %s): detection %.2f, start %.2f, "
+                        "state from peer %.2f, %d step(s) recomputed %.2f",
+                        c.admission ? "a node admitted" : "in-process recovery", c.fault_step,
+                        c.total_s(), c.host, c.detection_s, c.start_s, c.state_from_peer_s,
+                        c.recomputed_steps, c.recomputed_s));
     if (!c.resumed) absl::StrAppend(&out, " (so far)");
   }
   const int n = std::max<int>(static_cast<int>(s.restart_causes.size()),

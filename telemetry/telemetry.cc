@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -277,16 +279,16 @@ JobTelemetry::Snapshot JobTelemetry::TakeSnapshot(TimePoint now) const {
   s.ranks = ranks_;
   s.max_world_size = max_world_size_;
   s.max_nodes = max_nodes_;
-  // Each restart as the node that lost the most to it saw it: the job resumes when its last
-  // node does.
-  std::map<int, RestartCost> costs;
+  // Each restart (and each in-process generation within it) as the node that lost the most to
+  // it saw it: the job resumes when its last node does.
+  std::map<std::pair<int, int>, RestartCost> costs;
   double lost_max = 0;
   for (const auto& [id, n] : nodes_seen_) {
     lost_max = std::max(lost_max, n.lost_s);
     s.productive_s = std::max(s.productive_s, n.productive_s);
     for (RestartCost c : n.restarts) {
       c.host = n.hostname;
-      auto [it, added] = costs.try_emplace(c.restart, c);
+      auto [it, added] = costs.try_emplace(std::make_pair(c.restart, c.generation), c);
       if (!added && c.total_s() > it->second.total_s()) it->second = c;
     }
   }

@@ -69,6 +69,8 @@ struct RestartCost {
   int64_t resumed_step = -1;  // the checkpoint's step the workers reported (-1: none)
   bool resumed = false;       // a step past fault_step began (else the figures are so far)
   bool in_process = false;    // the survivors kept running (in-process recovery)
+  bool admission = false;     // not a fault: a node joined the running group (in process)
+  int generation = 0;         // in process: the group generation it began (0: a restart)
   // The phases in order, with their names ("detection", ..., "recomputed"): the report's JSON
   // keys are the name + "_s", /metrics' labels the name.
   std::array<std::pair<const char*, double>, 7> Phases() const {

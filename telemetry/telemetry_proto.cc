@@ -32,6 +32,8 @@ void ToProto(const RestartCost& c, v1::RestartCost* x) {
   x->set_resumed(c.resumed);
   x->set_state_from_peer_s(c.state_from_peer_s);
   x->set_in_process(c.in_process);
+  x->set_admission(c.admission);
+  x->set_generation(static_cast<uint32_t>(c.generation));
 }
 
 void ToProto(const RankProfile& p, v1::RankProfile* x) {
@@ -76,11 +78,11 @@ absl::StatusOr<RestartCost> FromProto(const v1::RestartCost& x) {
     }
   }
   if (x.restart() < -1 || x.restarts() > (1u << 24) || x.recomputed_steps() >= (1ull << 62) ||
-      x.fault_step() < -1 || x.resumed_step() < -1) {
+      x.fault_step() < -1 || x.resumed_step() < -1 || x.generation() > (1u << 24)) {
     return InvalidArgumentError(absl::StrCat(
-        "telemetry restart ", x.restart(), " (", x.restarts(), " restarts, ",
-        x.recomputed_steps(), " steps recomputed, fault at step ", x.fault_step(),
-        ", resumed at ", x.resumed_step(), ") is out of range"));
+        "telemetry restart ", x.restart(), " (", x.restarts(), " restarts, ", x.recomputed_steps(),
+        " steps recomputed, fault at step ", x.fault_step(), ", resumed at ", x.resumed_step(),
+        ", generation ", x.generation(), ") is out of range"));
   }
   RestartCost c;
   c.restart = x.restart();
@@ -97,6 +99,8 @@ absl::StatusOr<RestartCost> FromProto(const v1::RestartCost& x) {
   c.resumed = x.resumed();
   c.state_from_peer_s = x.state_from_peer_s();
   c.in_process = x.in_process();
+  c.admission = x.admission();
+  c.generation = static_cast<int>(x.generation());
   return c;
 }
 

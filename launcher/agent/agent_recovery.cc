@@ -175,7 +175,7 @@ bool Agent::BeginGeneration(const Assignment& next, int generation,
     members.push_back({w.rank, w.local_rank, w.pid, true});
     group.push_back({w.rank, w.local_rank, w.pid});
   }
-  telemetry_.Replaced(std::move(members), current_, t);
+  telemetry_.Replaced(std::move(members), current_, t, generation);
   WriteWorkersFile(group);
   spdlog::warn("{}; in-process recovery: the {} other rank(s) {}keep running, {} (generation {}, "
                "master port {})",
@@ -252,8 +252,8 @@ std::optional<Agent::Watch> Agent::FollowRegroup() {
   if (n.master_port == 0) return std::nullopt;  // posted soon by global rank 0's node
   const SteadyTime t = pending_lost_.empty() ? clock_.Now() : recovery_started_;
   std::vector<std::string> said = std::move(pending_said_);
-  if (pending_lost_.empty()) {  // another node's loss
-    telemetry_.FaultSeen(t);
+  if (pending_lost_.empty()) {  // another node's loss, or a node admitted (the group grows)
+    telemetry_.FaultSeen(t, !n.places.empty() && n.world_size > current_.world_size);
     said = {n.places.empty() ? absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason,
                                             " (on node ", n.asked_by, ")")
                              : absl::StrCat(n.reason, "; the job goes on with ", n.world_size,

@@ -67,9 +67,10 @@ void AgentTelemetry::GroupStarted(std::vector<Member> members, const Assignment&
   }
 }
 
-void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t) {
+void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t,
+                              int generation) {
   ledger_.Stopped(t);
-  ledger_.GroupStarted(static_cast<int>(group.restart_count), t, clock_.Now());
+  ledger_.GroupStarted(static_cast<int>(group.restart_count), t, clock_.Now(), generation);
   for (const Member& m : members_) {  // a lost rank's CPU time stays counted
     const bool kept = std::any_of(members.begin(), members.end(),
                                   [&](const Member& n) { return n.pid == m.pid; });

@@ -79,10 +79,10 @@ class AgentTelemetry {
   void GroupStarted(std::vector<Member> members, const Assignment& group, SteadyTime assigned_at);
   // The agent saw a fault (the restart ledger's span opens, restart_ledger.h), or finished
   // stopping the workers after one.
-  void FaultSeen(SteadyTime t) { ledger_.FaultSeen(t); }
+  void FaultSeen(SteadyTime t, bool admission = false) { ledger_.FaultSeen(t, admission); }
   // In-process recovery: the group goes on as `members` (the lost ranks' new pids, the others
   // the same processes) from `t`, without a stop or a rendezvous.
-  void Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t);
+  void Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t, int generation);
   void Stopped(SteadyTime t) { ledger_.Stopped(t); }
   void Exited(pid_t pid);
   void Step(pid_t pid, const StepRecord& step);

@@ -16,14 +16,16 @@ SteadyTime Minus(SteadyTime t, double s) {
 
 }  // namespace
 
-void RestartLedger::FaultSeen(SteadyTime t) {
+void RestartLedger::FaultSeen(SteadyTime t, bool admission) {
   if (!open_) {
     open_.emplace();
+    open_->cost.admission = admission;
     // No step finished in this group: the fault is all there is to go by.
     const SteadyTime begin = last_end_ ? std::min(*last_end_, t) : t;
     open_->cost.detection_s = Secs(begin, t);
     open_->cost.fault_step = high_step_;
   } else {
+    open_->cost.admission = open_->cost.admission && admission;  // a fault meanwhile: a fault
     ++open_->cost.restarts;
     CloseGroup(t);
   }
@@ -50,7 +52,8 @@ void RestartLedger::Stopped(SteadyTime t) {
   open_->mark = std::max(open_->mark, t);
 }
 
-void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime running) {
+void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime running,
+                                 int generation) {
   last_end_.reset();
   counted_step_ = -1;
   if (!open_) return;
@@ -58,6 +61,7 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.cost.rendezvous_s += Secs(o.mark, assigned);
   o.mark = std::max(o.mark, assigned);
   o.cost.restart = restart;
+  o.cost.generation = generation;
   o.in_group = true;
   o.first_begin.reset();
   o.load_s = 0;

@@ -35,13 +35,15 @@ struct OpenRestart {
 
 class RestartLedger {
  public:
-  // The agent saw a fault (a worker failed, a hang, a new round) at `t`.
-  void FaultSeen(SteadyTime t);
+  // The agent saw a fault (a worker failed, a hang, a new round) at `t`; `admission`: no fault,
+  // a node joining the running group (the span is labelled so).
+  void FaultSeen(SteadyTime t, bool admission = false);
   // The old group has stopped.
   void Stopped(SteadyTime t);
   // A group runs: its assignment (restart count `restart`) arrived at `assigned`, its workers
   // were running at `running`.
-  void GroupStarted(int restart, SteadyTime assigned, SteadyTime running);
+  // `generation`: an in-process recovery's group generation (0: a restarted group).
+  void GroupStarted(int restart, SteadyTime assigned, SteadyTime running, int generation = 0);
   // A worker's step record arrived at `now` (the step's end): step `step` took `step_s`.
   void Step(int64_t step, double step_s, SteadyTime now);
   // A worker said it resumed from the checkpoint of `step`; loading took `load_s`.

@@ -119,6 +119,28 @@ TEST(RestartLedger, AFaultDuringTheRecoveryExtendsTheSameSpan) {
   EXPECT_NEAR(c.total_s(), 3.7 - 0.801, 1e-6) << "one outage, end to end";
 }
 
+// In process: no stop, no rendezvous; the span carries its generation, and a node admitted into
+// the running group is labelled as such unless a fault came during it.
+TEST(RestartLedger, AnAdmissionIsLabelledWithItsGenerationAndAFaultInItIsAFault) {
+  for (const bool fault_meanwhile : {false, true}) {
+    RestartLedger l;
+    Timeline tl;
+    EightSteps(l, tl);
+    l.FaultSeen(tl.at(0.85), /*admission=*/true);
+    if (fault_meanwhile) l.FaultSeen(tl.at(0.9));
+    l.Stopped(tl.at(0.95));
+    l.GroupStarted(0, tl.at(0.95), tl.at(0.95), /*generation=*/3);
+    l.StateFromPeer(8, 0.5);
+    l.Step(9, 0.1, tl.at(1.6));
+    const auto costs = l.Costs();
+    ASSERT_EQ(costs.size(), 1u);
+    EXPECT_EQ(costs[0].admission, !fault_meanwhile);
+    EXPECT_TRUE(costs[0].in_process);
+    EXPECT_EQ(costs[0].generation, 3);
+    EXPECT_NEAR(costs[0].state_from_peer_s, 0.5, 1e-6);
+  }
+}
+
 TEST(RestartLedger, WithoutStepRecordsTheStartRunsToTheWorkersStart) {
   RestartLedger l;
   Timeline tl;

@@ -403,6 +403,51 @@ TEST(Telemetry, EachRestartCostsWhatItsSlowestNodeLostAndGoodputIsKeptStepsOverW
   EXPECT_NEAR(std::stod(text.substr(g + 21)), 0.5, 1e-3);
 }
 
+// In-process spans within one restart are told apart by their generation (each counted once,
+// as its slowest node saw it), and a node's admission is named as such, through the proto.
+TEST(Telemetry, InProcessGenerationsAreEachCountedAndAnAdmissionIsNamed) {
+  FakeJob job(2);
+  job.t.SetJob("r", 0, 4, 2, 0);
+  auto in_process = [](int generation, double each, bool admission) {
+    telemetry::RestartCost c = Cost(0, 0, 20 * generation, -1);
+    c.recomputed_steps = 0;
+    c.detection_s = c.start_s = c.state_from_peer_s = each;
+    c.in_process = true;
+    c.admission = admission;
+    c.generation = generation;
+    return c;
+  };
+  telemetry::NodeTelemetry a, b;
+  a.hostname = "host-a";
+  b.hostname = "host-b";
+  a.restarts = {in_process(1, 0.1, false), in_process(2, 0.3, true)};
+  b.restarts = {in_process(1, 0.2, false), in_process(2, 0.1, true)};
+  job.now += milliseconds(10000);
+  for (telemetry::NodeTelemetry* n : {&a, &b}) {
+    v1::NodeTelemetry p;
+    ToProto(*n, &p);
+    auto back = telemetry::TelemetryFromProto(p);
+    ASSERT_TRUE(back.ok()) << back.status();
+    job.t.Update(n == &a ? "n0" : "n1", n->hostname, *back, job.now);
+  }
+  const auto snap = job.t.TakeSnapshot(job.now);
+  ASSERT_EQ(snap.restart_costs.size(), 2u);
+  EXPECT_EQ(snap.restart_costs[0].host, "host-b");
+  EXPECT_EQ(snap.restart_costs[1].host, "host-a");
+  EXPECT_NEAR(snap.lost_s, 3 * 0.2 + 3 * 0.3, 1e-9);
+  const std::string report = telemetry::FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("in-process recovery after step 20: 0.60 s lost (on host-b)"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("a node admitted after step 40: 0.90 s lost (on host-a)"),
+            std::string::npos)
+      << report;
+  const nlohmann::json j = nlohmann::json::parse(telemetry::SnapshotJson(snap, false));
+  EXPECT_FALSE(j["lost"]["restarts"][0]["admission"].get<bool>());
+  EXPECT_TRUE(j["lost"]["restarts"][1]["admission"].get<bool>());
+  EXPECT_EQ(j["lost"]["restarts"][1]["generation"], 2);
+}
+
 TEST(Telemetry, ARestartCostOutOfRangeIsRefusedNamingIt) {
   telemetry::NodeTelemetry n;
   n.restarts = {Cost(1, 0.1, 5, 0)};
@@ -419,7 +464,8 @@ TEST(Telemetry, ARestartCostOutOfRangeIsRefusedNamingIt) {
       << telemetry::TelemetryFromProto(p).status();
   p.mutable_restarts(0)->set_stop_s(0);
   p.mutable_restarts(0)->set_resumed_step(-7);
-  EXPECT_NE(telemetry::TelemetryFromProto(p).status().message().find("resumed at -7) is out of range"),
+  EXPECT_NE(telemetry::TelemetryFromProto(p).status().message().find(
+                "resumed at -7, generation 0) is out of range"),
             std::string::npos);
   v1::NodeTelemetry many;
   for (size_t i = 0; i <= telemetry::kMaxRestartCosts; ++i) many.add_restarts();

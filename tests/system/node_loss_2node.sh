@@ -47,6 +47,10 @@ grep -q "step $steps/$steps" "$a" || fail "A did not finish its steps"
 grep -q "node .* joined the running round; the job goes on with 4 rank(s) on 2 node(s)" "$a" ||
   fail "A did not hear of B's admission"
 grep -q "admitted into the running group at generation 2" "$b2" || fail "B was not admitted"
+grep -q "rank [01]: a node joined: the group grows to 4 ranks" "$a" ||
+  fail "A's ranks did not say the group grows"
+grep -q "in-process recovery after step [0-9]*: " "$a" || fail "A's report has no recovery"
+grep -q "a node admitted after step [0-9]*: " "$a" || fail "A's report does not name the admission"
 grep -q "rank [23] took the state of step [0-9]* from rank" "$b2" ||
   fail "B's ranks did not take the state from a peer"
 grep -q "recovered in process at step [0-9]* .* on 4 rank(s)" "$a" || fail "A did not grow to 4"

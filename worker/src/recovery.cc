@@ -172,8 +172,15 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::optional<detail::Regroup> word = detail::AwaitRegroup(options_.word_timeout);
   if (!word) std::rethrow_exception(error);  // not a peer's loss: the error stands
-  std::fprintf(stderr, "dlrun::worker: rank %d: a peer was lost (%s); joining generation %d\n",
-               ctx_.rank(), what.c_str(), word->generation);
+  if (word->world_size > ctx_.worldSize()) {  // a node admitted into the running group
+    std::fprintf(stderr,
+                 "dlrun::worker: rank %d: a node joined: the group grows to %d ranks (%s); "
+                 "joining generation %d\n",
+                 ctx_.rank(), word->world_size, what.c_str(), word->generation);
+  } else {
+    std::fprintf(stderr, "dlrun::worker: rank %d: a peer was lost (%s); joining generation %d\n",
+                 ctx_.rank(), what.c_str(), word->generation);
+  }
   try {
     Regroup(*word);
     bool loaded = false;

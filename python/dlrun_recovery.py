@@ -39,10 +39,9 @@ NCCL (CUDA tensors, `init_process_group("nccl")`): the word aborts the communica
 (ProcessGroup.abort(): ncclCommAbort, which ends the kernels waiting on the lost peer), the
 step's optimizer update waits for the step's collectives and gives the step up if the word came
 meanwhile or PyTorch saw the group fail (a summed gradient missing a peer is never applied), and
-the transfer runs on the
-GPU. Importing this under dlrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=0 unless the user set it
-(dlrun's own default is torchrun's 1): PyTorch's watchdog would otherwise end the process at the
-lost peer's error before the group is rebuilt.
+the transfer runs on the GPU. Importing this under dlrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=0
+unless the user set it (dlrun's own default is torchrun's 1): PyTorch's watchdog would otherwise
+abort the group at the lost peer's error, and end the process before the group is rebuilt.
 """
 import datetime
 import hashlib

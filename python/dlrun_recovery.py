@@ -44,6 +44,7 @@ unless the user set it (dlrun's own default is torchrun's 1): PyTorch's watchdog
 abort the group at the lost peer's error, and end the process before the group is rebuilt.
 """
 import datetime
+import gc
 import hashlib
 import io
 import os
@@ -210,7 +211,7 @@ class Recoverable:
                 optimizer.register_step_pre_hook(self._before_update)
         if self.replacement:  # started in place of a lost rank: the state comes from a peer
             t0 = time.monotonic()
-            root = self._transfer()
+            root = self._transfer(replacement=True)
             secs = time.monotonic() - t0
             dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
             print("dlrun_recovery: rank %d took the state of step %d from rank %d in %.3f s "
@@ -286,10 +287,13 @@ class Recoverable:
                 p.grad = None  # the interrupted step's half-reduced gradients
             t_group = time.monotonic()
             root = self._transfer()
-            # The same DDP on the new group: its buckets as they were (a new one's would sum
-            # in another order, and the run would no longer be bit for bit the one without a
-            # fault); the interrupted step's state is reset.
-            self.ddp._update_process_group(c10d._get_default_group())
+            # A new DDP on the new group, with the sender's buckets on every rank (the
+            # replacement's among them): a survivor's own may differ, when the fault came
+            # during the buckets' rebuild after the first step. The old one's hooks on the
+            # parameters go with its reducer.
+            self.ddp = None
+            gc.collect()
+            self.ddp = _ddp_like_peers(self.module, self.ddp_kwargs, self._peer_layout)
         except Exception as e:
             raise RuntimeError("in-process recovery failed (generation %d): %s"
                                % (gen, str(e).splitlines()[0] if str(e) else type(e).__name__))
@@ -304,23 +308,28 @@ class Recoverable:
                                         time.monotonic() - t_group), file=sys.stderr, flush=True)
         return True
 
-    def _transfer(self):
+    def _transfer(self, replacement=False):
         """Collective: the lowest rank with the newest committed step sends its state to every
-        rank behind it; then every rank must hold the same parameters. Returns the sender."""
+        rank behind it (a replacement is behind every survivor: a fault before the first step
+        sends the state the survivors started with), and its DDP bucket layout to every rank;
+        then every rank must hold the same parameters. Returns the sender."""
         rank, world, dev = dist.get_rank(), dist.get_world_size(), self.device
-        mine = torch.tensor([self.committed], dtype=torch.int64, device=dev)
+        mine = torch.tensor([-2 if replacement else self.committed], dtype=torch.int64,
+                            device=dev)
         held = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
         dist.all_gather(held, mine)
         held = [int(t.item()) for t in held]
         best = max(held)
         root = held.index(best)
-        if best < 0:
+        if best < -1:
             raise RuntimeError("no rank holds a state to send")
+        layout = [_bucket_layout(self.ddp) if rank == root else None]
+        dist.broadcast_object_list(layout, src=root, device=dev)
+        self._peer_layout = layout[0]
         if rank == root:
             buf = io.BytesIO()
             torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "stateful": [s.state_dict() for s in self.stateful],
-                        "layout": _bucket_layout(self.ddp)}, buf)
+                        "stateful": [s.state_dict() for s in self.stateful]}, buf)
             data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(dev)
             for r in (r for r in range(world) if held[r] < best):
                 dist.send(torch.tensor([data.numel()], dtype=torch.int64, device=dev), r)
@@ -336,7 +345,6 @@ class Recoverable:
             self.optimizer.load_state_dict(state["optimizer"])
             for s, sd in zip(self.stateful, state["stateful"]):
                 s.load_state_dict(sd)
-            self._peer_layout = state["layout"]
         digests = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
         dist.all_gather(digests, torch.tensor([_digest(self.module)], dtype=torch.int64,
                                               device=dev))
@@ -366,12 +374,14 @@ class _Step:
 
 
 def _bucket_layout(ddp):
-    """The order DDP rebuilt its gradient buckets in (None before its rebuild, or no DDP)."""
+    """The order DDP rebuilds its gradient buckets in, after its first step (None before it
+    has finished one, or no DDP). Every step after the first runs on the rebuilt buckets, also
+    the second when a fault stopped the rebuild in its forward on some rank: the state sent is
+    that of a step >= 0, and the step done again runs, on every rank, on these."""
     if ddp is None:
         return None
-    data = ddp._get_ddp_logging_data()
-    order = data.get("prev_iteration_grad_ready_order_indices", "")
-    if not data.get("has_rebuilt_buckets") or not order:
+    order = ddp._get_ddp_logging_data().get("prev_iteration_grad_ready_order_indices", "")
+    if not order:
         return None
     return [int(i) for i in order.split(",")]
 

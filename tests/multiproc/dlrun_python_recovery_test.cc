@@ -4,6 +4,7 @@
 // survivor, no step is done twice, and the run ends bit-identical to the run without a fault.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <cctype>
 #include <set>
@@ -96,6 +97,30 @@ TEST(PythonInProcessRecovery, AKilledRankCostsNoStepAndTheRunEndsBitIdentical) {
   EXPECT_EQ(c["checkpoint_load_s"].get<double>(), 0) << c.dump();
   EXPECT_GT(c["state_from_peer_s"].get<double>(), 0) << c.dump();
   EXPECT_LE(c["recomputed_steps"].get<int>(), 1) << c.dump();
+}
+
+// A fault in the first step (no rank has finished one: the replacement takes the state every rank
+// started with) and one in the second (the survivors rebuild DDP's buckets as it begins): each
+// recovered in process, and each run ends bit-identical to the run without a fault.
+TEST(PythonInProcessRecovery, AFaultInTheFirstOrSecondStepIsRecoveredInProcessToo) {
+  const std::string dir = MakeTempDir();
+  const TrainRun clean = Train(dir, "clean", -1);
+  ASSERT_EQ(clean.result.exit_code, 0) << clean.result.output;
+  for (int kill_step : {0, 1}) {
+    const std::string tag = "fault" + std::to_string(kill_step);
+    const TrainRun fault = Train(dir, tag, kill_step);
+    const std::string& out = fault.result.output;
+    ASSERT_EQ(fault.result.exit_code, 0) << out;
+    EXPECT_NE(out.find("in-process recovery done: every rank holds the state of step " +
+                       std::to_string(std::max(kill_step - 1, 0))),
+              std::string::npos) << out;
+    EXPECT_EQ(out.find("restart 1:"), std::string::npos) << out;
+    ASSERT_EQ(fault.digests.size(), 4u) << out;
+    for (const auto& [rank, digest] : fault.digests) {
+      EXPECT_EQ(digest, clean.digests.at(0)) << "kill at step " << kill_step << ", rank " << rank
+                                             << "\n" << out;
+    }
+  }
 }
 
 // A replacement whose parameters differ from its peers' after the transfer: every rank refuses

@@ -95,6 +95,32 @@ TEST(InProcessRecovery, AKilledRankCostsOneStepAndTheRunEndsBitIdentical) {
   EXPECT_EQ(b["start_step"], 0);
 }
 
+// A kill in the first step (the state sent is the one every rank started with) and in the second
+// (the first after DDP's buckets are laid out by their ready order): each recovered in process
+// and ends bit for bit where the run without the fault does.
+TEST(InProcessRecovery, AFaultInTheFirstOrSecondStepIsRecoveredInProcessToo) {
+  const std::string dir = MakeTempDir();
+  ProcResult clean = RunCommand(TrainUnet(dir, "clean", {}, {}, 4), {{"OMP_NUM_THREADS", "1"}},
+                                std::chrono::seconds(240));
+  ASSERT_EQ(clean.exit_code, 0) << clean.output;
+  const auto a = nlohmann::json::parse(ReadFile(dir + "/m-clean.json"));
+  for (int step : {1, 2}) {
+    const std::string tag = "fault" + std::to_string(step);
+    ProcResult r = RunCommand(
+        TrainUnet(dir, tag, {}, {"--fail-at-step", std::to_string(step), "--fail-how", "kill"}, 4),
+        {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(240));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(
+        r.output.find("rank 3 took the state of step " + std::to_string(step - 1) + " from rank 0"),
+        std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("restart 1:"), std::string::npos) << r.output;
+    const auto b = nlohmann::json::parse(ReadFile(dir + "/m-" + tag + ".json"));
+    EXPECT_EQ(a["param_digests"], b["param_digests"]) << "kill at step " << step;
+    EXPECT_EQ(b["param_digests"].size(), 4u);
+  }
+}
+
 // --recovery restart: torchrun's way even for a program that declares in-process recovery.
 TEST(InProcessRecovery, RecoveryRestartKeepsTorchrunsWay) {
   const std::string dir = MakeTempDir();

@@ -69,7 +69,7 @@ TEST(TrainUnet, TwoMicroBatchesOfOneEqualOneBatchOfTwo) {
   EXPECT_GT(std::abs(plain["grad_norm"].get<double>() - g1), 1e-4 * g1);
 }
 
-// --checkpoint-activations: the same gradients and loss within 1e-6, less peak memory: the
+// --checkpoint-activations: the same gradients within 1e-6, loss within 2e-5, less peak memory: the
 // most tensor memory allocated at once over the step (LibTorch's CPU allocation reports; RSS
 // is blurred by what the allocator keeps). 128^3 crops, where activations dominate.
 TEST(TrainUnet, ActivationCheckpointingKeepsTheGradientsAndLowersPeakMemory) {
@@ -89,7 +89,10 @@ TEST(TrainUnet, ActivationCheckpointingKeepsTheGradientsAndLowersPeakMemory) {
   EXPECT_EQ(m[1]["checkpoint_activations"], true);
   const double g = m[0]["grad_norm"].get<double>();
   EXPECT_NEAR(m[1]["grad_norm"].get<double>(), g, 1e-6 * g);
-  EXPECT_NEAR(m[1]["first_loss"].get<double>(), m[0]["first_loss"].get<double>(), 1e-6);
+  // The loss is a float32 mean over 2 x 128^3 voxels: the two runs' sums may differ in order
+  // (a loaded machine's thread split), 5e-6 of it seen once.
+  const double loss = m[0]["first_loss"].get<double>();
+  EXPECT_NEAR(m[1]["first_loss"].get<double>(), loss, 2e-5 * loss);
   const int64_t plain = m[0]["peak_allocated_bytes"].get<int64_t>();
   const int64_t ckpt = m[1]["peak_allocated_bytes"].get<int64_t>();
   EXPECT_GT(plain, int64_t{100} << 20);  // measured: activations and workspaces of the step

@@ -34,7 +34,9 @@ SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
   for (const auto& [k, v] : options.extra_env) spec.env[k] = v;
   for (const std::string& k : options.keep_inherited) {
     spec.env.erase(k);
-    spec.env.erase(contract::kNcclErrorHandlingDefault);  // the user's setting, not dlrun's
+    if (k == contract::kNcclAsyncErrorHandling || k == contract::kNcclAsyncErrorHandlingOld) {
+      spec.env.erase(contract::kNcclErrorHandlingDefault);  // the user's setting, not dlrun's
+    }
   }
   if (lr < static_cast<int>(options.gpus.size())) {
     spec.env[contract::kCudaVisibleDevices] = options.gpus[lr];

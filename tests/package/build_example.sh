@@ -28,8 +28,16 @@ else
 fi
 # Nothing but CMAKE_PREFIX_PATH: no Torch_DIR, no TORCH_CUDA_ARCH_LIST (the package sees to the
 # CUDA LibTorch's architecture probe).
+# The test's own speed-up, not the user's: through ccache where it is installed (a build of the
+# same sources from another temporary directory is then a cache hit; cmake/DlrunCcache.cmake).
+launcher=()
+if command -v ccache >/dev/null && [[ -z "${CCACHE_DISABLE:-}" ]]; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=15G \
+    CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+fi
 cmake -S "$src/examples/custom_trainer" -B "$tmp/ct" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" >"$tmp/configure.log" 2>&1 ||
+  -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" "${launcher[@]}" >"$tmp/configure.log" 2>&1 ||
   { cat "$tmp/configure.log"; echo "FAIL: the configure with CMAKE_PREFIX_PATH alone"; exit 1; }
 grep "dlrun" "$tmp/configure.log" || true
 ninja -C "$tmp/ct" -j 2 >"$tmp/build.log" 2>&1 || { tail -30 "$tmp/build.log"; exit 1; }

@@ -1,5 +1,27 @@
 # Helpers shared by the system tests (tests/system/*.sh) and bench/chaos (sourced).
 
+# Every system test that ends non-zero says so: a FAIL line naming the exit status and the
+# command that ended it, with the last lines of the test's logs, even when no check of its own
+# spoke (an errexit inside a function or a command substitution, a signal, a `set -u` slip). A
+# test's own failure message sets dlrun_failed (fail, fail_with_dlrun_lines), so it is not said
+# twice. Clean-ups go through on_exit CMD (run in order after that line), never `trap ... EXIT`,
+# which would replace this one.
+dlrun_failed=""
+dlrun_exit_cmds=()
+on_exit() { dlrun_exit_cmds+=("$1"); }
+_dlrun_at_exit() {
+  local rc=$? cmd=$BASH_COMMAND c f
+  if ((rc != 0)) && [[ -z "$dlrun_failed" ]]; then
+    echo "FAIL (${test_name:-$(basename "$0" .sh)}): ended with exit $rc, the last command: $cmd" >&2
+    for f in "${work:-/nonexistent}"/*.log "${work:-/nonexistent}"/*.out; do
+      [[ -e "$f" ]] && { echo "--- $f (last 30 lines)" >&2; tail -n 30 "$f" >&2; }
+    done
+  fi
+  for c in "${dlrun_exit_cmds[@]}"; do eval "$c" || true; done
+  exit "$rc"
+}
+trap _dlrun_at_exit EXIT
+
 # A port the kernel reports free on 127.0.0.1 now.
 free_port() {
   /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
@@ -25,6 +47,7 @@ follow_until() {
 fail_with_dlrun_lines() {
   local name=$1 msg=$2 f
   shift 2
+  dlrun_failed=1
   echo "FAIL ($name): $msg" >&2
   for f in "$@"; do
     [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 30 >&2; }

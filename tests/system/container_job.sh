@@ -10,7 +10,7 @@ source "$SOURCE_DIR/tests/package/podman.sh"
 base=$(base_image)
 podman_probe "$base"
 tag=localhost/dlrun-slurm-test:$$
-trap 'podman rmi -f "$tag" >/dev/null 2>&1 || true' EXIT
+on_exit 'podman rmi -f "$tag" >/dev/null 2>&1 || true'
 "$SOURCE_DIR/scripts/build-image" -t "$tag" --build-arg "BASE=$base" --build-arg TORCH= \
   "${PODMAN_FLAGS[@]}" >/dev/null 2>"$work/build-image.log" || { cat "$work/build-image.log"; fail "scripts/build-image"; }
 # The job's directory at the same path inside the containers: the program and its records.

@@ -14,6 +14,7 @@ mkdir -p "$work"
 cd "$work"
 
 fail() {
+  dlrun_failed=1
   echo "FAIL ($test_name): $*" >&2
   for f in "$work"/*.out; do
     [[ -e "$f" ]] && { echo "--- $f (last 60 lines)" >&2; tail -n 60 "$f" >&2; }

@@ -4,8 +4,11 @@
 # with its wall-clock begin and end) whose agent hosting the rendezvous is SIGKILLed a few steps
 # past the checkpoint of step 10. The survivor takes over and resumes from step 10. Its report
 # must give the restart's phases, summing to the time from the kill to the first step past the
-# fault's step (measured here, from the program's own clock) within 10%; the steps computed
-# again must be the ones between the checkpoint and the fault; and Slurm must record COMPLETED.
+# fault's step (measured here, from the program's own clock) within 10% (and 0.25 s: the ledger
+# and the program read the clock at different points of a step); the steps computed again must be
+# the ones between the checkpoint and the fault, their time the program's own for them; and Slurm
+# must record COMPLETED. Nothing here bounds how fast this machine is: a warm spare starts a worker
+# in 0.03 s, a loaded machine takes 0.3 s a step where the program sleeps 0.1 s.
 source "$(dirname "$0")/lib.sh"
 : "${TEST_PYTHON:?}"
 
@@ -40,6 +43,11 @@ next_began=$(awk -v f="$fault_step" -v from="$resume_line" 'NR >= from && found 
   for (i = 1; i < NF; i++) if ($i == "step" && $(i+1) > f) { found = $(i+3); break } }
   END { print found }' "$out")
 [[ -n "$next_began" ]] || fail "no step past $fault_step after the resume"
+# The program's own time for the steps computed again: from the first of them to that next step.
+first_again=$(awk -v s="$((resumed + 1))" -v from="$resume_line" 'NR >= from && found == "" && /step [0-9]+ began/ {
+  for (i = 1; i < NF; i++) if ($i == "step" && $(i+1) == s) { found = $(i+3); break } }
+  END { print found }' "$out")
+[[ -n "$first_again" ]] || fail "no step $((resumed + 1)) after the resume"
 
 # restart 1: <cause>; T s lost (on H): detection a, stop b, rendezvous c, start d, checkpoint
 # load e, N step(s) recomputed f (resumed from step R)
@@ -52,18 +60,24 @@ read -r total detection stop rdzv start load steps recomputed r_step < <(sed -E 
 ((steps == fault_step - resumed)) ||
   fail "the ledger counts $steps step(s) recomputed; the program ran $((resumed + 1))-$fault_step again"
 /usr/bin/python3 - "$total" "$detection" "$stop" "$rdzv" "$start" "$load" "$recomputed" \
-  "$kill_at" "$next_began" "$steps" <<'EOF' || fail "the ledger does not add up (above)"
+  "$kill_at" "$next_began" "$first_again" <<'EOF' || fail "the ledger does not add up (above)"
 import sys
-total, det, stop, rdzv, start, load, recomputed, kill_at, next_began = map(float, sys.argv[1:10])
-steps = int(sys.argv[10])
+total, det, stop, rdzv, start, load, recomputed, kill_at, next_began, first_again = map(
+    float, sys.argv[1:11])
 measured = next_began - kill_at
+again = next_began - first_again
 parts = det + stop + rdzv + start + load + recomputed
 print(f"ledger {total:.2f} s = {parts:.2f} s of phases; the program: {measured:.2f} s from the kill "
-      f"to the first new step")
-ok = abs(parts - total) <= 0.03  # two decimals each
-ok &= abs(total - measured) <= 0.1 * measured
-ok &= start > 0.2 and load >= 0  # a Python worker starts in more than 0.2 s; a tiny load
-ok &= abs(recomputed - 0.1 * steps) <= 0.1 * steps + 0.2  # 0.1 s a step, plus the all-reduces
-sys.exit(0 if ok else 1)
+      f"to the first new step; recomputed {recomputed:.2f} s, the program's {again:.2f} s")
+checks = {
+    "the phases sum to the total (two decimals each)": abs(parts - total) <= 0.03,
+    "the total is the program's loss": abs(total - measured) <= 0.1 * measured + 0.25,
+    "no phase is negative": min(det, stop, rdzv, start, load, recomputed) >= 0,
+    "the recomputed steps took the program's time": abs(recomputed - again) <= 0.1 * again + 0.25,
+}
+for name, ok in checks.items():
+    if not ok:
+        print(f"broken: {name}")
+sys.exit(0 if all(checks.values()) else 1)
 EOF
 pass "host loss after step $fault_step, resumed from $resumed: $line"

@@ -11,7 +11,7 @@ set -euo pipefail
 : "${DLRUN:?}" "${TRAIN_UNET:?}"
 source "$(dirname "$0")/common.sh"  # follow_until, netns_pair, fail_with_dlrun_lines, first_pids
 work=$(mktemp -d /var/tmp/dlrun-nodeloss.XXXXXX)
-trap netns_pair_down EXIT
+on_exit 'netns_pair_down'
 netns_pair nl2
 fail() { fail_with_dlrun_lines node_loss_2node "$*" "$work"/*.log; }
 steps=36

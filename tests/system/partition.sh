@@ -11,8 +11,9 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"  # follow_until, netns_pair
 work=$(mktemp -d /var/tmp/dlrun-partition.XXXXXX)
 id=$$
-trap netns_pair_down EXIT
+on_exit 'netns_pair_down'
 fail() {
+  dlrun_failed=1
   echo "FAIL (partition): $*" >&2
   for f in "$work"/a.log "$work"/b.log; do
     [[ -e "$f" ]] && { echo "--- $f (dlrun lines)" >&2; grep -v '^\[rank' "$f" | tail -n 40 >&2; }

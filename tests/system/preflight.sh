@@ -29,7 +29,7 @@ cleanup() {
   netns_pair_down
   rmdir "$cg" 2>/dev/null || true
 }
-trap cleanup EXIT
+on_exit 'cleanup'
 fail() { fail_with_dlrun_lines preflight "$*" "$work"/*.log; }
 netns_pair pf
 

@@ -20,7 +20,7 @@ cleanup() {
     ip netns del "$ns" 2>/dev/null || true
   done
 }
-trap cleanup EXIT
+on_exit 'cleanup'
 ip netns add "$ns0"
 ip netns add "$ns1"
 ip link add "veth0-$id" netns "$ns0" type veth peer name "veth1-$id" netns "$ns1"

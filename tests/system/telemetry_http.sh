@@ -19,8 +19,9 @@ cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
-trap cleanup EXIT
+on_exit 'cleanup'
 fail() {
+  dlrun_failed=1
   echo "FAIL (telemetry_http): $*" >&2
   for f in "$work"/*.log; do [[ -e "$f" ]] && { echo "--- $f" >&2; tail -n 40 "$f" >&2; }; done
   exit 1

@@ -34,6 +34,10 @@ struct InitOptions {
   bool keep_freed_memory = true;
   // A crash's native frames to stderr for dlrun's failure report (installCrashTrace()).
   bool crash_trace = true;
+  // Ignore SIGPIPE, as Python does at its start: a write to a peer that died (Gloo's sockets, the
+  // store's) then fails with EPIPE, which the recovery handles, instead of killing the survivor.
+  // A handler the program installed before init() is kept.
+  bool ignore_sigpipe = true;
 };
 
 struct Context {

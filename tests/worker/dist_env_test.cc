@@ -1,5 +1,11 @@
 #include "dlrun/dist_env.h"
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <map>
 
 #include <stdexcept>
@@ -94,3 +100,65 @@ TEST(DistEnv, ErrorsNameTheVariableAndValue) {
 
 }  // namespace
 }  // namespace dlrun::worker
+
+// SIGPIPE (issue: a C++ survivor died of it writing to a peer being replaced). Each case runs in
+// a child process, whose end says what the signal did: exit 0 when the write failed with EPIPE and
+// the process lived on, or the signal that ended it.
+namespace {
+int EndOfChild(void (*body)()) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    body();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+// A peer process holds the other end of a socket pair and is SIGKILLed; the survivor writes to it.
+void WriteToAKilledPeer() {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) _exit(10);
+  pid_t peer = fork();
+  if (peer == 0) {
+    close(sv[0]);
+    pause();
+    _exit(0);
+  }
+  close(sv[1]);
+  kill(peer, SIGKILL);
+  waitpid(peer, nullptr, 0);
+  char byte = 0;
+  if (write(sv[0], &byte, 1) != -1 || errno != EPIPE) _exit(11);
+}
+
+void OnPipe(int) {}
+}  // namespace
+
+TEST(WorkerSigpipe, ASurvivorWritingToAKilledPeerGetsEpipeAndLivesOn) {
+  EXPECT_EQ(EndOfChild([] {
+              signal(SIGPIPE, SIG_DFL);  // as dlrun starts a C++ worker
+              if (!dlrun::worker::ignoreSigpipeUnlessHandled()) _exit(12);
+              WriteToAKilledPeer();
+            }),
+            0);
+  // Without it, the same write ends the process: the case the library's init() now prevents.
+  EXPECT_EQ(EndOfChild([] {
+              signal(SIGPIPE, SIG_DFL);
+              WriteToAKilledPeer();
+            }),
+            -SIGPIPE);
+}
+
+TEST(WorkerSigpipe, AHandlerTheProgramInstalledIsKept) {
+  EXPECT_EQ(EndOfChild([] {
+              signal(SIGPIPE, OnPipe);
+              if (dlrun::worker::ignoreSigpipeUnlessHandled()) _exit(13);
+              struct sigaction now {};
+              sigaction(SIGPIPE, nullptr, &now);
+              if (now.sa_handler != OnPipe) _exit(14);
+              WriteToAKilledPeer();
+            }),
+            0);
+}

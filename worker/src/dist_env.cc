@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 
+#include <signal.h>
+
 #include <cstdlib>
 #include <limits>
 
@@ -138,5 +140,12 @@ DistEnv ParseDistEnv(const EnvLookup& env) {
 }
 
 std::string localAddressFor(const std::string& host) { return LocalAddressFor(host); }
+
+bool ignoreSigpipeUnlessHandled() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) != 0) return false;
+  if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return false;
+  return signal(SIGPIPE, SIG_IGN) != SIG_ERR;
+}
 
 }  // namespace dlrun::worker

@@ -17,7 +17,6 @@
 #endif
 
 #include <netdb.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -215,25 +214,15 @@ void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::millise
 
 }  // namespace detail
 
-namespace {
-// SIGPIPE's default kills the process at a write to a closed socket; dlrun starts C++ workers
-// with the default (an ignored signal would survive exec into any program), Python ignores it.
-void IgnoreSigpipeUnlessHandled() {
-  struct sigaction old {};
-  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
-      !(old.sa_flags & SA_SIGINFO)) {
-    signal(SIGPIPE, SIG_IGN);
-  }
-}
-}  // namespace
-
 Context init(const InitOptions& options) {
   // A warm spare waits here for the attempt it will run (docs/RECOVERY.md).
   std::optional<std::chrono::steady_clock::time_point> promoted_at;
   if (awaitPromotion()) promoted_at = std::chrono::steady_clock::now();
   if (options.keep_freed_memory) keepFreedMemory();
   if (options.crash_trace) installCrashTrace();
-  if (options.ignore_sigpipe) IgnoreSigpipeUnlessHandled();
+  // dlrun starts C++ workers with SIGPIPE's default (an ignored signal would survive exec into any
+  // program); a survivor's write to a lost peer's socket must fail with EPIPE, not kill it.
+  if (options.ignore_sigpipe) ignoreSigpipeUnlessHandled();
   Context ctx;
   try {
     ctx.env = ParseDistEnv(ProcessEnvironment());

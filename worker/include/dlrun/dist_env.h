@@ -37,4 +37,10 @@ DistEnv ParseDistEnv(const EnvLookup& env);
 // cannot be resolved or routed. No packet is sent.
 std::string localAddressFor(const std::string& host);
 
+// Sets SIGPIPE to be ignored when its disposition is the default (which kills the process at a
+// write to a socket or pipe whose reader is gone), as Python does at its start; a handler or an
+// ignore the program set is kept. init() calls it (InitOptions::ignore_sigpipe). Returns whether
+// it changed the disposition.
+bool ignoreSigpipeUnlessHandled();
+
 }  // namespace dlrun::worker

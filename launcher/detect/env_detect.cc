@@ -73,7 +73,8 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, const LaunchOp
   GivenFlags g;
   g.rdzv_endpoint = o->given.count("rdzv-endpoint") > 0;
   g.master_addr = o->given.count("master-addr") > 0;
-  g.placement = g.rdzv_endpoint || g.master_addr || o->given.count("node-rank") > 0;
+  g.node_rank = o->given.count("node-rank") > 0;
+  g.placement = g.rdzv_endpoint || g.master_addr || g.node_rank;
   g.nnodes = o->given.count("nnodes") > 0;
   g.rdzv_asked = o->given.count("rdzv-backend") > 0 && o->rdzv_backend != RdzvBackend::kStatic;
   // In this order: srun --mpi=pmix sets PMIx variables too, and Slurm's say more.

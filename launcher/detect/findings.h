@@ -36,6 +36,7 @@ struct GivenFlags {
   bool rdzv_endpoint = false;
   bool master_addr = false;
   bool nnodes = false;
+  bool node_rank = false;      // --node-rank
   bool rdzv_asked = false;     // --rdzv-backend other than static
 };
 

@@ -49,10 +49,20 @@ absl::StatusOr<std::optional<Findings>> DetectPod(const EnvLookup& env, const Gi
     f.rdzv_endpoint = absl::StrCat(*addr, ":", *port);
   } else if (!g.rdzv_asked) {
     // The operator's RANK is the pod index (master 0, worker i -> i+1), not a process rank.
-    auto rank = r.Int(r.Has(sched::kPetNodeRank) ? sched::kPetNodeRank : contract::kRank, 0);
-    if (!rank.ok()) return rank.status();
-    f.node_rank = *rank;
-    if (!g.nnodes) {
+    const char* index = r.Has(sched::kPetNodeRank) ? sched::kPetNodeRank
+                        : r.Has(contract::kRank)   ? contract::kRank
+                                                   : nullptr;
+    if (index) {
+      auto rank = r.Int(index, 0);
+      if (!rank.ok()) return rank.status();
+      f.node_rank = *rank;
+    } else if (!g.node_rank) {
+      return absl::FailedPreconditionError(
+          "in a Kubeflow PyTorchJob / Run:ai pod (PET_* set) but neither PET_NODE_RANK nor RANK "
+          "(the pod's index, the master pod 0) is set: set one, or pass --node-rank N, or "
+          "--rdzv-backend c10d with --rdzv-endpoint HOST:PORT");
+    }
+    if (!g.nnodes && r.Has(contract::kWorldSize)) {
       // WORLD_SIZE is replicas in older operators and replicas x nproc in newer ones.
       auto ws = r.Int(contract::kWorldSize, 1);
       if (!ws.ok()) return ws.status();

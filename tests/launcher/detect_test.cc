@@ -123,6 +123,20 @@ TEST(EnvDetect, KubeflowPodIndexIsTheNodeRank) {
   EXPECT_EQ(r.o.max_nodes, 4);
 }
 
+TEST(EnvDetect, APodWithoutItsIndexSaysWhatIsMissingNotThatAnUnsetRankIsInvalid) {
+  auto r = Detect({{"PET_NNODES", "2"}});
+  ASSERT_FALSE(r.d.ok());
+  const std::string msg(r.d.status().message());
+  EXPECT_NE(msg.find("neither PET_NODE_RANK nor RANK"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("=''"), std::string::npos) << msg;
+  // The index given on the command line instead.
+  r = Detect({{"PET_NNODES", "2"}}, {"--node-rank", "1", "--master-addr", "10.0.0.1", "--", "p"});
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  EXPECT_EQ(r.d->source, "kubeflow");
+  EXPECT_EQ(r.o.node_rank, 1);
+  EXPECT_EQ(r.o.max_nodes, 2);
+}
+
 TEST(EnvDetect, RunaiPodsJoinTheMasterPodsRendezvous) {
   // What `dlrun runai` makes every pod run: --rdzv-backend grpc, the endpoint from MASTER_ADDR.
   std::map<std::string, std::string> pod = {{"MASTER_ADDR", "train-master-0"},

@@ -94,8 +94,16 @@ absl::StatusOr<JobLink> StaticBackend(const BackendInputs& in) {
         "' for --nnodes: the static rendezvous needs a fixed node count N (use --rdzv-backend "
         "c10d for elastic MIN:MAX)"));
   }
-  return MakeStaticSource(StaticAssignment(o, in.plan.nproc), o.max_restarts, nullptr,
-                          TelemetryOptionsFrom(o));
+  Assignment base = StaticAssignment(o, in.plan.nproc);
+  // The workers would retry an address that does not resolve until their store's timeout (minutes,
+  // and again at each restart): said once, before any worker starts.
+  if (absl::Status s = ResolveHost(base.master_addr); !s.ok()) {
+    return absl::NotFoundError(absl::StrCat(
+        "the master address (--master-addr or MASTER_ADDR: node 0's, which every node's workers "
+        "connect to): ",
+        s.message()));
+  }
+  return MakeStaticSource(base, o.max_restarts, nullptr, TelemetryOptionsFrom(o));
 }
 
 // One node on loopback: a fresh port per attempt unless --master-port was given.

@@ -87,6 +87,23 @@ TEST(DlrunMultiNode, AnUnresolvableEndpointFailsAtOnceAndAWaitingJoinSaysWhatItW
   EXPECT_NE(FinishCommand(alone, kMultiNodeDeadline), 0);
 }
 
+// The static rendezvous: a master address that does not resolve is one line and exit 1 before any
+// worker starts (the workers would otherwise retry it until their store's timeout).
+TEST(DlrunMultiNode, AnUnresolvableMasterAddressOfTheStaticRendezvousFailsBeforeTheWorkers) {
+  const auto start = std::chrono::steady_clock::now();
+  ProcResult r = RunCommand({DLRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--master-addr",
+                             "nosuchhost.invalid", "--master-port", "29500", "/bin/echo",
+                             "a worker started"},
+                            {});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.rfind("dlrun: the master address (--master-addr or MASTER_ADDR: ", 0), 0u)
+      << r.output;
+  EXPECT_NE(r.output.find("cannot resolve 'nosuchhost.invalid': "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("a worker started"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
 // A rendezvous endpoint whose port another program holds (it takes TCP connections, never
 // speaks gRPC) is said in the first seconds, not as "is the port open?" every 15 s.
 TEST(DlrunMultiNode, AnEndpointThatAnotherProgramHoldsIsSaidInSeconds) {

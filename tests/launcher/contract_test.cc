@@ -17,6 +17,7 @@
 #include "common/contract.h"
 #include "common/scheduler_env.h"
 #include "gtest/gtest.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace {
 

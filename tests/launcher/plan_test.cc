@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/common/temp_dir.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::launcher {
 namespace {

@@ -13,6 +13,7 @@
 #include "launcher/cli/node_cli.h"
 #include "launcher/cli/options.h"
 #include "launcher/jobgen/job_script.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::launcher {
 namespace {

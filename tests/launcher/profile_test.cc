@@ -12,6 +12,7 @@
 #include "launcher/jobgen/job_script.h"
 #include "launcher/profile/flamegraph.h"
 #include "launcher/profile/profile.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::launcher {
 namespace {

@@ -13,6 +13,7 @@
 
 #include "common/contract.h"
 #include "common/cpus.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::launcher {
 namespace {
@@ -74,8 +75,10 @@ TEST(ResourceSampler, ABusyWorkerIsBusyAndAnIdleOneIsIdle) {
   waitpid(idle, nullptr, 0);
   ASSERT_TRUE(latest.count(busy) && latest[busy].cpu_utilization);
   ASSERT_TRUE(latest.count(idle) && latest[idle].cpu_utilization);
-  // Two cores shared with whatever else runs: busy is well above idle, idle near zero.
-  EXPECT_GT(*latest[busy].cpu_utilization, 0.3);
+  // Two cores shared with whatever else runs (ctest runs up to four tests at once): a spinning
+  // child gets a share of a core that depends on the machine's load (0.28 was seen beside three
+  // other tests), so busy is only asked to be clearly above idle, and idle near zero.
+  EXPECT_GT(*latest[busy].cpu_utilization, 0.1);
   EXPECT_LT(*latest[idle].cpu_utilization, 0.05);
   EXPECT_GT(latest[busy].rss_bytes, 0);
   EXPECT_GE(latest[busy].rss_peak_bytes, latest[busy].rss_bytes);
@@ -155,7 +158,7 @@ TEST(ResourceSampler, AWorkersChildProcessesCountInItsCpuAndMemory) {
   EXPECT_EQ(latest[parent].children, 1);
   EXPECT_GT(latest[parent].cpu_s, 0.3);  // the parent itself only waits
   ASSERT_TRUE(latest[parent].cpu_utilization);
-  EXPECT_GT(*latest[parent].cpu_utilization, 0.3);
+  EXPECT_GT(*latest[parent].cpu_utilization, 0.1);  // its child spins: a loaded machine's share
   EXPECT_GE(latest[parent].rss_peak_bytes, latest[parent].rss_bytes);
 }
 

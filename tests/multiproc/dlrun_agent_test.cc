@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
 namespace {

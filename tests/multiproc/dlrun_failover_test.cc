@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
 namespace {

@@ -11,6 +11,7 @@
 #include "multiproc/marked_line.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
 namespace {

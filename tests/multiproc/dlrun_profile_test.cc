@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
 namespace {
@@ -146,7 +147,7 @@ TEST(DlrunProfile, NsysWrapsExactlyTheListedRanksWithTheDocumentedCommandLine) {
     EXPECT_EQ(calls[i], "RANK=" + std::to_string(rank) + " DLRUN_PROFILE_STEPS=2:4 profile -o " +
                             stem +
                             " --force-overwrite true --capture-range=cudaProfilerApi "
-                            "--capture-range-end=stop --trace cuda,nvtx -- " TEST_PYTHON " " +
+                            "--capture-range-end=stop --trace cuda,nvtx -- " + TEST_PYTHON + " " +
                             kProfileProbe + " 6");
   }
   EXPECT_TRUE(absl::StrContains(ProbeLine(r.output, 1), "profile=none"));

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "multiproc/marked_line.h"
 #include "multiproc/subprocess.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
 namespace {

@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "multiproc/subprocess.h"
 #include "tests/common/temp_dir.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
 namespace {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
 namespace {

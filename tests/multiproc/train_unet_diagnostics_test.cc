@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 
 namespace dlrun::testing {
@@ -60,7 +61,7 @@ TEST(TrainUnet, PerfProfilesTheStepRangeOfRankZeroAndItsFlameGraphNamesTheConvol
   std::filesystem::remove_all(tmp);
 }
 
-#ifdef NVTX_RECORD_LIB
+#ifdef HAVE_NVTX_RECORD_LIB
 // One event of tests/worker/nvtx_record.cc's log: its kind, thread or range id, and name.
 struct NvtxEvent {
   std::string kind;  // push, pop, start, end, cudaProfilerStart, cudaProfilerStop

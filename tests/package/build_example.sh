@@ -32,7 +32,9 @@ fi
 # same sources from another temporary directory is then a cache hit; cmake/DlrunCcache.cmake).
 launcher=()
 if command -v ccache >/dev/null && [[ -z "${CCACHE_DISABLE:-}" ]]; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  # __FILE__ (in every TORCH_CHECK of the worker's sources) names this run's temporary
+  # directory: mapped away, or no run would find the last one's objects.
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache "-DCMAKE_CXX_FLAGS=-fmacro-prefix-map=$tmp/=")
   export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=15G \
     CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 fi

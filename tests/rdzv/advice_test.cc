@@ -11,6 +11,7 @@
 
 #include "nlohmann/json.hpp"
 #include "telemetry/telemetry.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::rdzv {
 namespace {

@@ -10,6 +10,7 @@
 #include "rendezvous/server.h"
 #include "rendezvous/tls.h"
 #include "tests/rdzv/test_client.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::rdzv {
 namespace {

@@ -3,6 +3,9 @@
 #
 #   tests/system/cluster.sh start DIR   writes DIR/slurm.conf, starts munged, slurmctld and two
 #                                      slurmd (node1, node2), waits until a 2-node step runs
+#   DLRUN_TEST_NODE_PREFIX=bnode ...   names the nodes bnode1, bnode2: a second cluster on the
+#                                      same machine (ctest runs two) whose nodes' cpuset cgroups
+#                                      (slurm_<node>) are its own
 #   tests/system/cluster.sh stop DIR    stops every daemon it started, by the pids it recorded
 #   tests/system/cluster.sh env DIR     prints the exports a shell needs to use the cluster
 #
@@ -18,6 +21,8 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+np=${DLRUN_TEST_NODE_PREFIX:-node}
+[[ "$np" =~ ^[a-z]+$ ]] || { echo "cluster.sh: DLRUN_TEST_NODE_PREFIX='$np' is invalid: expected lowercase letters" >&2; exit 2; }
 
 print_env() {
   echo "export SLURM_CONF=$dir/slurm.conf"
@@ -58,7 +63,7 @@ stop_all() {
   # The nodes' cpuset cgroups (task/cgroup): Slurm removes each job's, the nodes' own stay.
   # rmdir fails, harmlessly, while another test cluster on this machine uses them.
   if [[ -e "$dir/cgroup.conf" ]]; then
-    rmdir /sys/fs/cgroup/cpuset/slurm_node{1,2}/uid_*/ /sys/fs/cgroup/cpuset/slurm_node{1,2}/ \
+    rmdir /sys/fs/cgroup/cpuset/slurm_"$np"{1,2}/uid_*/ /sys/fs/cgroup/cpuset/slurm_"$np"{1,2}/ \
       2>/dev/null || true
   fi
 }
@@ -85,8 +90,8 @@ case "$dir/" in
     exit 2 ;;
 esac
 rm -rf "$dir/state" "$dir/spool" "$dir/log" "$dir/munge" "$dir/tmp"
-mkdir -p "$dir/state" "$dir/spool/node1" "$dir/spool/node2" "$dir/log" "$dir/munge" \
-  "$dir/pids" "$dir/tmp/node1" "$dir/tmp/node2"
+mkdir -p "$dir/state" "$dir/spool/${np}1" "$dir/spool/${np}2" "$dir/log" "$dir/munge" \
+  "$dir/pids" "$dir/tmp/${np}1" "$dir/tmp/${np}2"
 chmod 700 "$dir/munge"
 
 # munge: our own key, socket and daemon (the system's munged, if any, is left alone).
@@ -157,8 +162,8 @@ KillWait=5
 InactiveLimit=0
 SlurmdTimeout=60
 MessageTimeout=20
-NodeName=node[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=$port1,$port2 CPUs=$node_cpus RealMemory=2000 State=UNKNOWN
-PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
+NodeName=${np}[1-2] NodeHostname=$host NodeAddr=127.0.0.1 Port=$port1,$port2 CPUs=$node_cpus RealMemory=2000 State=UNKNOWN
+PartitionName=debug Nodes=${np}[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF
 # Slurm's own OCI containers (srun --container=BUNDLE; tests/system/container_job.sh): runc as
 # root, each node's containers in a runc state directory of its own (%n: the node).
@@ -176,12 +181,12 @@ else
   rm -f "$dir/oci.conf"
 fi
 # Slurm reads the ports of node[1-2] from a comma list in the same order.
-echo "cluster: $dir/slurm.conf (slurmctld port $ctld_port, node1 $port1, node2 $port2, host $host, $ncpus cores)"
+echo "cluster: $dir/slurm.conf (slurmctld port $ctld_port, ${np}1 $port1, ${np}2 $port2, host $host, $ncpus cores)"
 
 export SLURM_CONF="$dir/slurm.conf"
 slurmctld -D -i -f "$SLURM_CONF" >"$dir/log/slurmctld.out" 2>&1 &
 echo $! >"$dir/pids/slurmctld.pid"
-for n in node1 node2; do
+for n in "${np}1" "${np}2"; do
   # A private mount namespace whose /tmp is this node's own directory.
   unshare -m --propagation private sh -c \
     "mount --bind '$dir/tmp/$n' /tmp && exec slurmd -D -N $n -f '$SLURM_CONF'" \
@@ -197,7 +202,7 @@ if ! timeout 90 srun -N 2 -n 2 --time=1 hostname >"$dir/log/ready.out" 2>&1; the
   exit 1
 fi
 # Each node's mount namespace, to find what its jobs leave behind at stop.
-for n in node1 node2; do
+for n in "${np}1" "${np}2"; do
   readlink "/proc/$(cat "$dir/pids/slurmd-$n.pid")/ns/mnt" >"$dir/pids/slurmd-$n.mntns"
 done
 sinfo -N -o "%N %T %c" | sed 's/^/cluster: /'

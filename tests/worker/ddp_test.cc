@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "unet/unet.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::worker {
 namespace {

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "multiproc/subprocess.h"
 #include "worker/ranks_in_threads.h"
+#include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::worker {
 namespace {

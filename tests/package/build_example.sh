@@ -12,7 +12,10 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # The project's torch: what `python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)'`
 # says, as a user finds theirs.
-torch_prefix=$("$src/.venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+# Resolved: .venv is a link to the machine's shared torch environment, and its real path is the
+# same in every clone (so the test's compiles, whose include paths it is in, hit ccache across
+# clones: through the link each clone preprocessed LibTorch's headers under a path of its own).
+torch_prefix=$(realpath "$("$src/.venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')")
 if [[ "$build" == "--wheel" ]]; then
   whl=$(ls "$3"/dlrun-*.whl | head -1)
   python3 -m venv "$tmp/venv"
@@ -38,7 +41,10 @@ if command -v ccache >/dev/null && [[ -z "${CCACHE_DISABLE:-}" ]]; then
   export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=15G \
     CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 fi
-cmake -S "$src/examples/custom_trainer" -B "$tmp/ct" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+# The project copied out, as a user's own tree is (and under ccache's base directory, so its
+# compile is a hit from any clone).
+cp -r "$src/examples/custom_trainer" "$tmp/project"
+cmake -S "$tmp/project" -B "$tmp/ct" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix;$torch_prefix" "${launcher[@]}" >"$tmp/configure.log" 2>&1 ||
   { cat "$tmp/configure.log"; echo "FAIL: the configure with CMAKE_PREFIX_PATH alone"; exit 1; }
 grep "dlrun" "$tmp/configure.log" || true

@@ -43,6 +43,7 @@ the transfer runs on the GPU. Importing this under dlrun sets TORCH_NCCL_ASYNC_E
 unless the user set it (dlrun's own default is torchrun's 1): PyTorch's watchdog would otherwise
 abort the group at the lost peer's error, and end the process before the group is rebuilt.
 """
+import copy
 import datetime
 import gc
 import hashlib
@@ -173,15 +174,69 @@ def _group_sockets(before):
 def _digest(module):
     h = hashlib.blake2b(digest_size=8)
     for t in list(module.parameters()) + list(module.buffers()):
-        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+        h.update(_bytes(t))
     return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _bytes(t):
+    t = t.detach().cpu().reshape(-1).contiguous()
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _named_digests(module, stateful=(), buffers=True):
+    """(names, digests): one per parameter, buffer (unless not `buffers`), and tensor or number
+    in the state of each object after the optimizer, in a fixed order."""
+    names, digests = [], []
+
+    def add(name, data):
+        names.append(name)
+        h = hashlib.blake2b(data, digest_size=8).digest()
+        digests.append(int.from_bytes(h, "little", signed=True))
+
+    for n, t in module.named_parameters():
+        add("parameter %r" % n, _bytes(t))
+    if buffers:
+        for n, t in module.named_buffers():
+            add("buffer %r" % n, _bytes(t))
+    for i, s in enumerate(stateful):
+        for key, v in _flat(s.state_dict()):
+            what = "state %r of %s (after the optimizer, #%d)" % (key, type(s).__name__, i + 1)
+            if isinstance(v, torch.Tensor):
+                add(what, _bytes(v))
+            elif isinstance(v, (bool, int, float, str, type(None))):
+                add(what, repr(v).encode())
+    return names, digests
+
+
+def _flat(d, prefix=""):
+    if isinstance(d, dict):
+        for k in sorted(d, key=str):
+            yield from _flat(d[k], "%s%s%s" % (prefix, "." if prefix else "", k))
+    elif isinstance(d, (list, tuple)):
+        for i, v in enumerate(d):
+            yield from _flat(v, "%s[%d]" % (prefix, i))
+    else:
+        yield prefix, d
 
 
 class Recoverable:
     """A DDP model, its optimizer and state that survive the loss of a rank (module docstring)."""
 
-    def __init__(self, model, optimizer, *stateful, ddp=None, word_timeout=3.0, timeout=60.0):
-        self.module, self.optimizer, self.stateful = model, optimizer, stateful
+    def __init__(self, model, optimizer, *stateful, ddp=None, word_timeout=3.0, timeout=60.0,
+                 snapshot=True):
+        self.module, self.stateful = model, stateful
+        # One optimizer, or a list of them (a GAN's two, a model's parts).
+        self.optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+        self.optimizer = self.optimizers[0]
+        # Whole steps (docs/RECOVERY.md, "A step is whole or not at all"): a step given up is
+        # undone on the survivors, its updates among it when `snapshot` (the parameters and the
+        # optimizer state copied before each update: one more copy of them in memory); without
+        # it, a peer lost after an update and before the step's end is refused (the checkpoint).
+        self.snapshot = snapshot
+        self.updates = 0      # optimizer updates this rank applied, as of `committed`
+        self._txn = None      # the open step's undo record (_Txn)
+        self._grads_left = False  # the last whole step left gradients and made no update
+        self._refusal = None  # a program shape that cannot be recovered exactly, with its place
         self.ddp_kwargs = dict(ddp or {})
         self.word_timeout, self.timeout = word_timeout, timeout
         self.backend = dist.get_backend()
@@ -208,7 +263,9 @@ class Recoverable:
             dlrun_report._record("C recovery")
             if self.backend == "nccl":
                 self._words.nccl_group = dist.distributed_c10d._get_default_group()
-                optimizer.register_step_pre_hook(self._before_update)
+            for o in self.optimizers:
+                o.register_step_pre_hook(self._before_update)
+                o.register_step_post_hook(self._after_update)
         if self.replacement:  # started in place of a lost rank: the state comes from a peer
             t0 = time.monotonic()
             root = self._transfer(replacement=True)
@@ -233,20 +290,36 @@ class Recoverable:
             yield self._current
 
     def _before_update(self, optimizer, args, kwargs):
-        """NCCL: the step's collectives run behind the CPU; wait for them, and give the step up
-        when a peer was lost meanwhile (they were aborted: the gradients are not the sum). The
-        word's thread marks the word before it aborts, so a sum the abort ended is never taken
-        for a finished one."""
-        torch.cuda.current_stream().synchronize()
-        if self._words.interrupted() or _nccl_failed(self._words.nccl_group):
-            raise RuntimeError("a peer was lost during the step: its update is not applied")
+        """An optimizer's update begins. NCCL: the step's collectives run behind the CPU; wait
+        for them, and give the step up when a peer was lost meanwhile (they were aborted: the
+        gradients are not the sum). The word's thread marks the word before it aborts, so a sum
+        the abort ended is never taken for a finished one. Then the parameters and the
+        optimizer's state are copied, so that the step can still be given up after it."""
+        if self.backend == "nccl":
+            torch.cuda.current_stream().synchronize()
+            if self._words.interrupted() or _nccl_failed(self._words.nccl_group):
+                raise RuntimeError("a peer was lost during the step: its update is not applied")
+        if self._txn is None:
+            if self._refusal is None:
+                self._refusal = ("optimizer.step() ran outside `with rec.step()` (after step %d):"
+                                 " an update outside a step cannot be given up with it"
+                                 % self.committed)
+                print("dlrun_recovery: rank %d: %s; a peer's loss will restart the group from "
+                      "the checkpoint" % (self.rank, self._refusal), file=sys.stderr, flush=True)
+            return
+        self._txn.before_update(optimizer, self.snapshot)
+
+    def _after_update(self, optimizer, args, kwargs):
+        self.updates += 1
+        if self._txn is not None:
+            self._txn.updates += 1
 
     def step(self):
         """The context of one step: a peer lost inside it ends in a recovery, and steps()
         yields the same step again; any other error goes on up."""
         return _Step(self)
 
-    def _recover(self, error):
+    def _recover(self, error, txn=None):
         t0 = time.monotonic()
         word = self._words.wait(self.word_timeout) if self._words is not None else None
         if word is None:
@@ -262,6 +335,10 @@ class Recoverable:
             print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
                   % (self.rank, what[:200], gen), file=sys.stderr, flush=True)
         try:
+            if txn is not None:
+                txn.undo()  # the step given up: as if it had not begun
+            if self._refusal is not None:
+                raise RuntimeError("refused: " + self._refusal)
             c10d = dist.distributed_c10d
             old = c10d._get_default_group()
             # Kept, never destroyed: destroying rank 0's old TCPStore server waits for its
@@ -314,21 +391,45 @@ class Recoverable:
         sends the state the survivors started with), and its DDP bucket layout to every rank;
         then every rank must hold the same parameters. Returns the sender."""
         rank, world, dev = dist.get_rank(), dist.get_world_size(), self.device
-        mine = torch.tensor([-2 if replacement else self.committed], dtype=torch.int64,
-                            device=dev)
-        held = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
-        dist.all_gather(held, mine)
-        held = [int(t.item()) for t in held]
+        # Each rank's last whole step, its optimizer updates by then, whether gradients were
+        # left over from it without an update, and whether its program refuses.
+        mine = torch.tensor([-2 if replacement else self.committed, self.updates,
+                             int(self._grads_left), int(self._refusal is not None)],
+                            dtype=torch.int64, device=dev)
+        rows = [torch.zeros(4, dtype=torch.int64, device=dev) for _ in range(world)]
+        dist.all_gather(rows, mine)
+        rows = [[int(v) for v in t.tolist()] for t in rows]
+        held = [row[0] for row in rows]
         best = max(held)
         root = held.index(best)
         if best < -1:
             raise RuntimeError("no rank holds a state to send")
+        refusing = [str(r) for r, row in enumerate(rows) if row[3]]
+        if refusing:
+            raise RuntimeError("refused: " + (self._refusal or "rank(s) %s cannot recover "
+                                              "exactly (their lines say why)" % ",".join(refusing)))
+        if rows[root][2]:
+            raise RuntimeError("refused: step %d ended with gradients and no optimizer update "
+                               "(accumulated across steps, or an update skipped): gradients are "
+                               "not part of the state sent; one rec.step() per update makes it "
+                               "whole" % best)
+        buffers = [n for n, _ in self.module.named_buffers()]
+        if buffers and best >= 0 and rows[0][0] == -2:
+            raise RuntimeError("refused: rank 0 was lost, and with it the module's buffers as of "
+                               "step %d (%r...: running statistics, which DDP takes from rank 0 "
+                               "at each forward): no other rank holds them" % (best, buffers[0]))
+        counts = [str(r) for r, row in enumerate(rows) if row[0] == best and row[1] != rows[root][1]]
+        if counts:
+            raise RuntimeError("refused: rank(s) %s applied another number of optimizer updates "
+                               "by step %d than rank %d (%d): an update outside the step, or one "
+                               "applied twice" % (",".join(counts), best, root, rows[root][1]))
         layout = [_bucket_layout(self.ddp) if rank == root else None]
         dist.broadcast_object_list(layout, src=root, device=dev)
         self._peer_layout = layout[0]
         if rank == root:
             buf = io.BytesIO()
-            torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+            torch.save({"model": self.module.state_dict(),
+                        "optimizers": [o.state_dict() for o in self.optimizers],
                         "stateful": [s.state_dict() for s in self.stateful]}, buf)
             data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(dev)
             for r in (r for r in range(world) if held[r] < best):
@@ -342,19 +443,47 @@ class Recoverable:
             state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=False,
                                map_location=dev if dev.type == "cuda" else None)
             self.module.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            for o, sd in zip(self.optimizers, state["optimizers"]):
+                o.load_state_dict(sd)
             for s, sd in zip(self.stateful, state["stateful"]):
                 s.load_state_dict(sd)
-        digests = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
-        dist.all_gather(digests, torch.tensor([_digest(self.module)], dtype=torch.int64,
-                                              device=dev))
-        differ = [str(r) for r, d in enumerate(digests) if int(d.item()) != int(digests[0].item())]
-        if differ:
-            raise RuntimeError("rank(s) %s hold other parameters than rank 0 after the state "
-                               "transfer from rank %d: not going on with replicas that differ"
-                               % (",".join(differ), root))
+        synced = self.ddp_kwargs.get("forward_sync_buffers",
+                                     self.ddp_kwargs.get("broadcast_buffers", True))
+        if buffers and held[rank] < best and not synced:
+            print("dlrun_recovery: rank %d: its buffers (%r...), its own with DDP's "
+                  "broadcast_buffers off, were lost with its process: it goes on with rank %d's"
+                  % (rank, buffers[0], root), file=sys.stderr, flush=True)
+        self._check_replicas(root)
         self.committed = best
+        self.updates = rows[root][1]
+        self._grads_left = False
         return root
+
+    def _check_replicas(self, root):
+        """Collective: every rank must hold the same parameters and state of the objects after
+        the optimizer, bit for bit; else one line naming the first that differs. Not the
+        buffers: each rank's running statistics take in its own batch after DDP's broadcast
+        (of rank 0's, at each forward), so they differ between ranks at the end of a step."""
+        dev, world = self.device, dist.get_world_size()
+        names, digests = _named_digests(self.module, self.stateful, buffers=False)
+        counts = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
+        dist.all_gather(counts, torch.tensor([len(digests)], dtype=torch.int64, device=dev))
+        counts = [int(c.item()) for c in counts]
+        if len(set(counts)) > 1:
+            raise RuntimeError("rank(s) %s hold %s tensors of state, rank 0 %d: not going on with "
+                               "replicas that differ" % (",".join(str(r) for r, c in
+                                                        enumerate(counts) if c != counts[0]),
+                                                        "/".join(map(str, counts)), counts[0]))
+        mine = torch.tensor(digests, dtype=torch.int64, device=dev)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        every = [t.tolist() for t in every]
+        differ = [r for r in range(world) if every[r] != every[0]]
+        if differ:
+            first = next(i for i in range(len(names)) if every[differ[0]][i] != every[0][i])
+            raise RuntimeError("rank(s) %s hold other values than rank 0 after the state transfer "
+                               "from rank %d, first the %s: not going on with replicas that differ"
+                               % (",".join(map(str, differ)), root, names[first]))
 
 
 class _Step:
@@ -362,15 +491,79 @@ class _Step:
         self.rec = rec
 
     def __enter__(self):
-        return self.rec._current
+        rec = self.rec
+        rec._txn = _Txn(rec) if rec._words is not None else None
+        return rec._current
 
     def __exit__(self, kind, value, tb):
+        rec = self.rec
+        txn, rec._txn = rec._txn, None
         if kind is None:
-            self.rec.committed = self.rec._current
+            rec.committed = rec._current
+            # Gradients left without an update carry into the next step: state no transfer sends.
+            rec._grads_left = (txn is not None and txn.updates == 0 and
+                               any(p.grad is not None for p in rec.module.parameters()))
             return False
-        if not isinstance(value, Exception) or self.rec._words is None:
+        if not isinstance(value, Exception) or rec._words is None:
             return False
-        return self.rec._recover(value)
+        return rec._recover(value, txn)
+
+
+class _Txn:
+    """The undo record of one step (docs/RECOVERY.md, "A step is whole or not at all"): what the
+    step may change, as it was before. At the step's start: the module's buffers (a forward
+    updates BatchNorm's running statistics), the state of the objects after the optimizer (a
+    scheduler, an EMA, a loss scaler), the optimizers' hyperparameters (a scheduler sets the
+    learning rate) and the RNG; before each optimizer's update (its pre-hook): its parameters
+    and its state. A step given up puts them back, so the survivors hold their last whole step,
+    whatever the step did before the fault, after the update too."""
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.updates = 0
+        self.buffers = [b.detach().clone() for b in rec.module.buffers()]
+        self.stateful = [copy.deepcopy(s.state_dict()) for s in rec.stateful]
+        self.hyper = [[{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                       for g in o.param_groups] for o in rec.optimizers]
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state() if rec.device.type == "cuda" else None
+        self.before = []  # (optimizer, its parameters' copies or None, its state_dict's copy)
+
+    def before_update(self, optimizer, snapshot):
+        if any(o is optimizer for o, _, _ in self.before):
+            return  # a second update of it in the step: the copy from before the first holds
+        if not snapshot:
+            self.before.append((optimizer, None, None))
+            return
+        params = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
+        self.before.append((optimizer, params, copy.deepcopy(optimizer.state_dict())))
+
+    def undo(self):
+        rec = self.rec
+        with torch.no_grad():
+            for optimizer, params, state in self.before:
+                if params is None:
+                    raise RuntimeError(
+                        "refused: the peer was lost after this step's optimizer update (step %d),"
+                        " which Recoverable(snapshot=False) keeps no copy to undo"
+                        % (rec.committed + 1))
+                live = [p for g in optimizer.param_groups for p in g["params"]]
+                for p, saved in zip(live, params):
+                    p.copy_(saved)
+                optimizer.load_state_dict(state)
+            for b, saved in zip(rec.module.buffers(), self.buffers):
+                b.copy_(saved)
+        for o, groups in zip(rec.optimizers, self.hyper):
+            for g, saved in zip(o.param_groups, groups):
+                g.update(copy.deepcopy(saved))
+        for s, sd in zip(rec.stateful, self.stateful):
+            s.load_state_dict(sd)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state(self.cuda_rng)
+        rec.updates -= self.updates
+        for p in rec.module.parameters():
+            p.grad = None
 
 
 def _bucket_layout(ddp):

@@ -233,6 +233,13 @@ Agent::Watch Agent::WatchGroup() {
     if (recovery_deadline_ && clock_.Now() >= *recovery_deadline_) {
       return {Outcome::kUnrecovered, UnrecoveredReason(), 0};
     }
+    for (const WorkerExit& e : exits_) {  // it would never say it holds the state
+      if (recovery_deadline_ && !e.failed()) {
+        return {Outcome::kUnrecovered,
+                absl::StrCat("rank ", e.global_rank, " finished its work during the in-process "
+                             "recovery"), 0};
+      }
+    }
     if (clock_.Now() >= next_check) {
       std::string reason;
       const MembershipSource::Verdict verdict = source_->Check(&reason);

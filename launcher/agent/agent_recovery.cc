@@ -39,6 +39,9 @@ bool Agent::CanRecoverInProcess(std::string* why_not) const {
   }
   int failed = 0;
   for (const WorkerExit& e : exits_) {
+    if (why_not->empty() && !e.failed()) {  // a recovery needs every survivor in its loop
+      *why_not = absl::StrCat("rank ", e.global_rank, " already finished its work");
+    }
     if (!e.failed()) continue;
     ++failed;
     if (why_not->empty() && last_recovered_ && last_recovered_->first == e.global_rank &&

@@ -102,6 +102,9 @@ void AgentTelemetry::Step(pid_t pid, const StepRecord& step) {
     }
     if (step.kind == 'P') {  // in-process recovery: the state came from a peer
       ledger_.StateFromPeer(step.step, step.step_s);
+      // The rank holds that step whole: its progress also where it reports no steps (the
+      // rule "failed at the same step again after an in-process recovery" reads it).
+      attempt_last_step_[m.rank] = std::max(LastStep(m.rank), step.step);
       continue;
     }
     if (step.kind != 'S') continue;  // 'C': a declaration

@@ -1,0 +1,164 @@
+"""The conformance sweep's program (tests/multiproc/recovery_shapes_test.cc; docs/RECOVERY.md, "A
+step is whole or not at all"): a 2-rank gloo DDP trainer in one of the shapes users write, with
+dlrun_recovery, killed at every point of a step, one point after another in the same run.
+
+usage: shapes_train.py SHAPE STEPS
+SHAPE: one of SHAPES below (a program's shape: BatchNorm with DDP's broadcast_buffers on or
+off, a logging all-reduce after the update, an EMA, gradient accumulation, clipping, AMP's
+loss scaler skipping a step, two optimizers, an LR schedule, the model called directly beside
+the wrapper, an update outside the step).
+KILLS=STEP:RANK:POINT,...  the first process of RANK SIGKILLs itself at POINT of STEP (once per
+run: a marker in CKPT_DIR): start (before the forward), backward (in a gradient's hook),
+update (right after the optimizer's update, before the step's next collective), commit (after
+the step, before the next).
+CKPT_DIR: rank 0 writes a checkpoint (atomically) every 4 steps; a start that is not a
+replacement resumes from it ("resumed from step S"): the fall-back after a refusal.
+Lines: "rank R digest D buffers B recoveries K" at the end: D over every parameter and the
+state after the optimizer (the EMA, the scaler, the schedule), B over the module's buffers.
+"""
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+import dlrun_recovery
+
+SHAPES = ("plain", "bn", "bn_nobcast", "log_allreduce", "ema", "accumulate", "clip", "amp_skip",
+          "two_optimizers", "schedule", "direct_call", "update_outside")
+shape, steps = sys.argv[1], int(sys.argv[2])
+if shape not in SHAPES:
+    sys.exit("shapes_train.py: unknown shape %r (expected one of %s)" % (shape, ", ".join(SHAPES)))
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+bn = shape in ("bn", "bn_nobcast", "direct_call")
+layers = [torch.nn.Linear(8, 16)]
+if bn:
+    layers.append(torch.nn.BatchNorm1d(16))
+layers += [torch.nn.ReLU(), torch.nn.Linear(16, 1)]
+model = torch.nn.Sequential(*layers)
+if shape == "two_optimizers":
+    opts = [torch.optim.SGD(model[0].parameters(), lr=0.05, momentum=0.9),
+            torch.optim.Adam(model[2].parameters(), lr=1e-2)]
+else:
+    opts = [torch.optim.AdamW(model.parameters(), lr=1e-2)]
+stateful = []
+if shape == "schedule":
+    stateful.append(torch.optim.lr_scheduler.LambdaLR(opts[0], lambda s: min(1.0, (s + 1) / 5)))
+ema = None
+if shape == "ema":
+    ema = torch.optim.swa_utils.AveragedModel(
+        model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+    stateful.append(ema)
+scaler = None
+if shape == "amp_skip":
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=3)
+    stateful.append(scaler)
+
+ckpt_dir = os.environ["CKPT_DIR"]
+path = os.path.join(ckpt_dir, "latest.pt")
+start = 0
+if os.path.exists(path) and not dlrun_recovery.is_replacement():
+    state = torch.load(path, weights_only=False)
+    model.load_state_dict(state["model"])
+    for o, sd in zip(opts, state["optimizers"]):
+        o.load_state_dict(sd)
+    for s, sd in zip(stateful, state["stateful"]):
+        s.load_state_dict(sd)
+    start = state["step"] + 1
+    print("rank %d resumed from step %d" % (rank, state["step"]), flush=True)
+
+ddp_kwargs = {"broadcast_buffers": False} if shape == "bn_nobcast" else {}
+rec = dlrun_recovery.Recoverable(model, opts if len(opts) > 1 else opts[0], *stateful,
+                                 ddp=ddp_kwargs)
+kills = {}
+for k in filter(None, os.environ.get("KILLS", "").split(",")):
+    s, r, point = k.split(":")
+    kills[(int(s), point)] = int(r)
+
+
+def kill_here(step, point):
+    if kills.get((step, point)) != rank:
+        return
+    marker = os.path.join(ckpt_dir, "killed-%d-%s" % (step, point))
+    if os.path.exists(marker):
+        return
+    open(marker, "w").close()
+    print("rank %d killed at step %d, %s" % (rank, step, point), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def batch(step, micro=0):
+    g = torch.Generator().manual_seed(10000 * step + 100 * rank + micro)
+    x = torch.randn(8, 8, generator=g)
+    return x, x.sum(1, keepdim=True).tanh()
+
+
+current = [0]
+for o in opts:
+    o.register_step_post_hook(lambda *a: kill_here(current[0], "update"))
+hooked = next(model.parameters())
+hooked.register_hook(lambda g: (kill_here(current[0], "backward"), g)[1])
+os.makedirs(ckpt_dir, exist_ok=True)
+for step in rec.steps(steps, start=start):
+    current[0] = step
+    with rec.step():
+        kill_here(step, "start")
+        for o in opts:
+            o.zero_grad()
+        if shape == "accumulate":  # two micro-batches, one update: the sum only on the last
+            with rec.ddp.no_sync():
+                x, y = batch(step, 0)
+                (torch.nn.functional.mse_loss(rec.ddp(x), y) / 2).backward()
+            x, y = batch(step, 1)
+            loss = torch.nn.functional.mse_loss(rec.ddp(x), y) / 2
+        else:
+            x, y = batch(step)
+            loss = torch.nn.functional.mse_loss(rec.ddp(x), y)
+        if shape == "direct_call":  # the plain module beside the wrapper: its BatchNorm counts too
+            with torch.no_grad():
+                model(batch(step, 7)[0])
+        if scaler is not None:
+            if step % 5 == 3:
+                loss = loss * float("inf")  # the scaler skips this step's update
+            scaler.scale(loss).backward()
+            scaler.step(opts[0])
+            scaler.update()
+        else:
+            loss.backward()
+            if shape == "clip":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            if shape != "update_outside":
+                for o in opts:
+                    o.step()
+        if ema is not None:
+            ema.update_parameters(model)
+        for s in stateful:
+            if isinstance(s, torch.optim.lr_scheduler.LRScheduler):
+                s.step()
+        if shape in ("log_allreduce", "ema"):  # the loss for the log, summed after the update
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
+        if scaler is not None:
+            for o in opts:
+                o.zero_grad(set_to_none=True)
+    if shape == "update_outside":  # the update after the step's block: refused, never doubled
+        for o in opts:
+            o.step()
+    kill_here(step, "commit")
+    if rank == 0 and (step + 1) % 4 == 0:
+        torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in opts],
+                    "stateful": [s.state_dict() for s in stateful], "step": step}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+def digest(values):
+    return "%016x" % (hash(tuple(values)) & (2 ** 64 - 1))
+
+
+params = dlrun_recovery._named_digests(model, stateful, buffers=False)[1]
+buffers = dlrun_recovery._named_digests(model)[1][len(list(model.parameters())):]
+print("rank %d digest %s buffers %s recoveries %d" % (rank, digest(params), digest(buffers),
+                                                     rec.recoveries), flush=True)
+dist.destroy_process_group()

@@ -35,7 +35,7 @@ echo "--- ldd dlrun"; ldd /opt/v/bin/dlrun
 /opt/v/bin/dlrun --version
 /opt/v/bin/python -c 'import dlrun, dlrun_report; print("import dlrun", dlrun.__version__)'
 # dlrun_recovery imports torch (not in this root): it must be there, not importable here.
-/opt/v/bin/python -c 'import importlib.util as u; assert u.find_spec("dlrun_recovery"), "no dlrun_recovery in the wheel"'
+/opt/v/bin/python -c 'import importlib.util as u; assert u.find_spec("dlrun_recovery") and u.find_spec("dlrun_step"), "no dlrun_recovery or dlrun_step in the wheel"'
 echo "cmake prefix: \$(/opt/v/bin/dlrun --cmake-prefix-path) \$(/opt/v/bin/python -m dlrun --cmake-prefix-path)"
 # Standalone, without activating the environment: the workers get its python3.
 /opt/v/bin/dlrun --standalone --nproc-per-node 2 /work/wheel_prog.py /work/out1

@@ -1,0 +1,140 @@
+"""One step of a dlrun_recovery.Recoverable program as a transaction (docs/RECOVERY.md, "A step
+is whole or not at all"), and the digests the replicas are compared by. Internal to
+dlrun_recovery (beside it on the workers' PYTHONPATH and in the wheel)."""
+import copy
+import hashlib
+
+import torch
+import torch.distributed as dist
+
+
+class StepUndo:
+    """The undo record of one step (docs/RECOVERY.md, "A step is whole or not at all"): what the
+    step may change, as it was before. At the step's start: the module's buffers (a forward
+    updates BatchNorm's running statistics), the state of the objects after the optimizer (a
+    scheduler, an EMA, a loss scaler), the optimizers' hyperparameters (a scheduler sets the
+    learning rate) and the RNG; before each optimizer's update (its pre-hook): its parameters
+    and its state. A step given up puts them back, so the survivors hold their last whole step,
+    whatever the step did before the fault, after the update too."""
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.updates = 0
+        self.buffers = [b.detach().clone() for b in rec.module.buffers()]
+        self.stateful = [copy.deepcopy(s.state_dict()) for s in rec.stateful]
+        self.hyper = [[{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                       for g in o.param_groups] for o in rec.optimizers]
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state() if rec.device.type == "cuda" else None
+        self.before = []  # (optimizer, its parameters' copies or None, its state_dict's copy)
+
+    def before_update(self, optimizer, snapshot):
+        if any(o is optimizer for o, _, _ in self.before):
+            return  # a second update of it in the step: the copy from before the first holds
+        if not snapshot:
+            self.before.append((optimizer, None, None))
+            return
+        params = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
+        self.before.append((optimizer, params, copy.deepcopy(optimizer.state_dict())))
+
+    def undo(self):
+        rec = self.rec
+        with torch.no_grad():
+            for optimizer, params, state in self.before:
+                if params is None:
+                    raise RuntimeError(
+                        "refused: the peer was lost after this step's optimizer update (step %d),"
+                        " which Recoverable(snapshot=False) keeps no copy to undo"
+                        % (rec.committed + 1))
+                live = [p for g in optimizer.param_groups for p in g["params"]]
+                for p, saved in zip(live, params):
+                    p.copy_(saved)
+                optimizer.load_state_dict(state)
+            for b, saved in zip(rec.module.buffers(), self.buffers):
+                b.copy_(saved)
+        for o, groups in zip(rec.optimizers, self.hyper):
+            for g, saved in zip(o.param_groups, groups):
+                g.update(copy.deepcopy(saved))
+        for s, sd in zip(rec.stateful, self.stateful):
+            s.load_state_dict(sd)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state(self.cuda_rng)
+        rec.updates -= self.updates
+        for p in rec.module.parameters():
+            p.grad = None
+
+
+def digest(module):
+    h = hashlib.blake2b(digest_size=8)
+    for t in list(module.parameters()) + list(module.buffers()):
+        h.update(_bytes(t))
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def _bytes(t):
+    t = t.detach().cpu().reshape(-1).contiguous()
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def named_digests(module, stateful=(), buffers=True):
+    """(names, digests): one per parameter, buffer (unless not `buffers`), and tensor or number
+    in the state of each object after the optimizer, in a fixed order."""
+    names, digests = [], []
+
+    def add(name, data):
+        names.append(name)
+        h = hashlib.blake2b(data, digest_size=8).digest()
+        digests.append(int.from_bytes(h, "little", signed=True))
+
+    for n, t in module.named_parameters():
+        add("parameter %r" % n, _bytes(t))
+    if buffers:
+        for n, t in module.named_buffers():
+            add("buffer %r" % n, _bytes(t))
+    for i, s in enumerate(stateful):
+        for key, v in _flat(s.state_dict()):
+            what = "state %r of %s (after the optimizer, #%d)" % (key, type(s).__name__, i + 1)
+            if isinstance(v, torch.Tensor):
+                add(what, _bytes(v))
+            elif isinstance(v, (bool, int, float, str, type(None))):
+                add(what, repr(v).encode())
+    return names, digests
+
+
+def _flat(d, prefix=""):
+    if isinstance(d, dict):
+        for k in sorted(d, key=str):
+            yield from _flat(d[k], "%s%s%s" % (prefix, "." if prefix else "", k))
+    elif isinstance(d, (list, tuple)):
+        for i, v in enumerate(d):
+            yield from _flat(v, "%s[%d]" % (prefix, i))
+    else:
+        yield prefix, d
+
+
+def check_replicas(module, stateful, root, dev):
+    """Collective: every rank must hold the same parameters and state of the objects after
+    the optimizer, bit for bit; else one line naming the first that differs. Not the
+    buffers: each rank's running statistics take in its own batch after DDP's broadcast
+    (of rank 0's, at each forward), so they differ between ranks at the end of a step."""
+    world = dist.get_world_size()
+    names, digests = named_digests(module, stateful, buffers=False)
+    counts = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([len(digests)], dtype=torch.int64, device=dev))
+    counts = [int(c.item()) for c in counts]
+    if len(set(counts)) > 1:
+        raise RuntimeError("rank(s) %s hold %s tensors of state, rank 0 %d: not going on with "
+                           "replicas that differ" % (",".join(str(r) for r, c in
+                                                    enumerate(counts) if c != counts[0]),
+                                                    "/".join(map(str, counts)), counts[0]))
+    mine = torch.tensor(digests, dtype=torch.int64, device=dev)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    every = [t.tolist() for t in every]
+    differ = [r for r in range(world) if every[r] != every[0]]
+    if differ:
+        first = next(i for i in range(len(names)) if every[differ[0]][i] != every[0][i])
+        raise RuntimeError("rank(s) %s hold other values than rank 0 after the state transfer "
+                           "from rank %d, first the %s: not going on with replicas that differ"
+                           % (",".join(map(str, differ)), root, names[first]))

@@ -7,8 +7,8 @@
 # to its fault-free run (parameters and the state after the optimizer on every rank; the
 # buffers on every rank, or on rank 0 where they are each rank's own), every fault recovered
 # in process, or refused in one line and resumed from the checkpoint.
-#   recovery_shapes.sh SHAPE...
-# Environment: DLRUN, SOURCE_DIR, TEST_PYTHON.
+#   recovery_shapes.sh SHAPE...   (cxx_SHAPE: tests/worker/recovery_shape.cc's SHAPE)
+# Environment: DLRUN, SOURCE_DIR, TEST_PYTHON, RECOVERY_SHAPE (the C++ program).
 set -euo pipefail
 test_name=recovery_shapes
 source "$(dirname "$0")/common.sh"
@@ -24,18 +24,21 @@ EVERY_POINT=2:1:start,5:1:backward,8:1:update,11:1:commit
 # require every planned fault recovered in process and the run's end exact.
 run() {  # run TAG SHAPE KILLS: the run's output in $work/TAG.out, its exit status returned
   mkdir -p "$work/$1"
+  local program=("$SOURCE_DIR/tests/python/shapes_train.py" "$2" "$STEPS")
+  # cxx_SHAPE: the C++ program (tests/worker/recovery_shape.cc), its checkpoints in argv.
+  [[ "$2" == cxx_* ]] && program=("$RECOVERY_SHAPE" "${2#cxx_}" "$STEPS" "$work/$1")
   CKPT_DIR=$work/$1 KILLS=$3 timeout 300 "$DLRUN" --standalone --nproc-per-node 2 \
-    --max-restarts 3 "$SOURCE_DIR/tests/python/shapes_train.py" "$2" "$STEPS" >"$work/$1.out" 2>&1
+    --max-restarts 3 "${program[@]}" >"$work/$1.out" 2>&1
 }
 # ends TAG: "rank R digest D buffers B" of the last process of each rank, one per line.
 ends() { sed -n 's/^\[rank [0-9]*\]: \(rank [0-9]* digest [0-9a-f]* buffers [0-9a-f]*\).*/\1/p' "$work/$1.out" | sort -k2,2 -s | awk '{last[$2]=$0} END {for (r in last) print last[r]}' | sort; }
 check() {  # check SHAPE TAG WANT_DONE WANT_REFUSED
   local shape=$1 tag=$2 done refused clean got
   done=$(grep -c "in-process recovery done" "$work/$tag.out" || true)
-  refused=$(grep -v '^\[rank [0-9]*\]: \[rank' "$work/$tag.out" | grep -c "RuntimeError: \(in-process recovery failed (generation [0-9]*): \)\?refused: " || true)
+  refused=$(grep -v '^\[rank [0-9]*\]: \[rank' "$work/$tag.out" | grep -cE "(in-process recovery failed \(generation [0-9]+\): |RuntimeError: |recovery_shape: )refused: " || true)
   clean=$(ends "$shape-clean")
   got=$(ends "$tag")
-  if [[ "$shape" == bn_nobcast ]]; then  # each rank's own statistics: rank 0's must hold
+  if [[ "$shape" == *bn_nobcast ]]; then  # each rank's own statistics: rank 0's must hold
     clean=$(echo "$clean" | sed '/^rank [1-9]/ s/ buffers .*//')
     got=$(echo "$got" | sed '/^rank [1-9]/ s/ buffers .*//')
   fi
@@ -64,6 +67,14 @@ for shape in "$@"; do
         fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the rule" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 0 1
       ;;
+    cxx_direct_tail)  # optimizer.step() itself, then a collective: the kill after the update
+      # is refused (no copy to undo it), the others recovered in process
+      run "$shape-fault" "$shape" "$EVERY_POINT" ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      grep -q "refused: the parameters changed in step 8 before the peer's loss, not through Recovery::update()" "$work/$shape-fault.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the rule" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 3 1
+      ;;
     amp_skip)  # the step killed at "update" is one whose update the scaler skips: 3 faults
       run "$shape-fault" "$shape" "$EVERY_POINT" ||
         fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
@@ -75,7 +86,7 @@ for shape in "$@"; do
       check "$shape" "$shape-fault" 4 0
       ;;
   esac
-  if [[ "$shape" == bn* ]]; then  # rank 0 lost: its statistics with it: refused, the checkpoint
+  if [[ "$shape" == bn* || "$shape" == cxx_bn* ]]; then  # rank 0 lost: its statistics with it: refused, the checkpoint
     run "$shape-rank0" "$shape" 5:0:backward ||
       fail_with_dlrun_lines "$test_name" "$shape-rank0 failed" "$work/$shape-rank0.out"
     grep -q "refused: rank 0 was lost, and with it the module's buffers" "$work/$shape-rank0.out" ||

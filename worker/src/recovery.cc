@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <optional>
 
 #include "agent_word.h"
 #include "state_transfer.h"
@@ -59,7 +60,114 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// The sum of the parameters' version counters: any in-place change (an optimizer's update)
+// raises it.
+int64_t Versions(const torch::nn::Module& model) {
+  int64_t v = 0;
+  for (const torch::Tensor& p : model.parameters()) v += static_cast<int64_t>(p._version());
+  return v;
+}
+
+std::vector<torch::Tensor> Clones(const std::vector<torch::Tensor>& ts) {
+  std::vector<torch::Tensor> out;
+  out.reserve(ts.size());
+  for (const torch::Tensor& t : ts) out.push_back(t.detach().clone());
+  return out;
+}
+
+void CopyInto(const std::vector<torch::Tensor>& to, const std::vector<torch::Tensor>& from) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < to.size() && i < from.size(); ++i) to[i].copy_(from[i]);
+}
+
 }  // namespace
+
+// What a step changed, as it was before (docs/RECOVERY.md, "A step is whole or not at all").
+struct Recovery::StepUndo {
+  int64_t committed = 0;  // committed_ at the step's start
+  int64_t versions = 0;   // Versions() at the start, or at commit()
+  bool committed_in_step = false;
+  std::vector<torch::Tensor> buffers;  // at the start, or at commit()
+  std::vector<double> lrs;
+  torch::Tensor rng;
+  std::optional<TrainingState> trainer;  // hooks.capture() at the start, its tensors copied
+  bool updated = false;  // update() ran: the parameters and the optimizer before it
+  std::vector<torch::Tensor> params;
+  detail::OptimizerCopy optimizer;
+};
+
+void Recovery::commit(int64_t step) {
+  committed_ = step;
+  if (undo_) {  // what comes after it in the body is not done again: its changes are checked
+    undo_->committed_in_step = true;
+    undo_->versions = Versions(model_);
+    undo_->buffers = Clones(model_.buffers());
+  }
+}
+
+void Recovery::update() {
+  if (undo_ && !undo_->updated) {
+    undo_->params = Clones(model_.parameters());
+    undo_->optimizer = detail::CopyOptimizer(optimizer_);
+    undo_->updated = true;
+  }
+  optimizer_.step();
+}
+
+void Recovery::GiveUp() {
+  if (!undo_) return;
+  StepUndo& u = *undo_;
+  const int64_t step = u.committed + 1;
+  if (u.committed_in_step) {  // the step counts as done at commit(); only what followed it goes
+    if (Versions(model_) != u.versions) {
+      throw std::runtime_error(lite::StrCat(
+          "refused: the parameters changed after commit(", committed_, ") in the same step: that "
+          "change cannot be given up (commit() at the step's end, with update() for the update)"));
+    }
+    CopyInto(model_.buffers(), u.buffers);
+    return;
+  }
+  if (u.updated) {
+    if (!u.optimizer.known) {
+      throw std::runtime_error(lite::StrCat(
+          "refused: a peer was lost after step ", step, "'s update, and this optimizer's kind has "
+          "no copy to undo it (Adam, AdamW and SGD have)"));
+    }
+    CopyInto(model_.parameters(), u.params);
+    detail::RestoreOptimizer(optimizer_, u.optimizer);
+  } else if (Versions(model_) != u.versions) {
+    throw std::runtime_error(lite::StrCat(
+        "refused: the parameters changed in step ", step, " before the peer's loss, not through "
+        "Recovery::update() and not committed: no copy to undo them (update() in place of "
+        "optimizer.step(), or commit() right after it)"));
+  }
+  CopyInto(model_.buffers(), u.buffers);
+  if (u.trainer) hooks_.restore(*u.trainer);  // an EMA, the loss scale: as at the start
+  for (size_t g = 0; g < optimizer_.param_groups().size() && g < u.lrs.size(); ++g) {
+    optimizer_.param_groups()[g].options().set_lr(u.lrs[g]);
+  }
+  if (u.rng.defined()) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(u.rng);
+  }
+  for (torch::Tensor& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
+}
+
+std::string Recovery::FirstDiffering(int other) {
+  std::vector<int64_t> mine;
+  std::vector<std::string> names;
+  for (const auto& item : model_.named_parameters()) {
+    names.push_back(item.key());
+    mine.push_back(static_cast<int64_t>(digest({item.value()})));
+  }
+  const std::vector<torch::Tensor> all = ctx_.allGather(torch::tensor(mine, torch::kInt64));
+  const torch::Tensor theirs = all[static_cast<size_t>(other)], first = all[0];
+  for (int64_t i = 0; i < theirs.numel() && i < first.numel(); ++i) {
+    if (theirs[i].item<int64_t>() != first[i].item<int64_t>()) return names[static_cast<size_t>(i)];
+  }
+  return "";
+}
 
 Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                    RecoveryHooks hooks, RecoveryOptions options)
@@ -89,6 +197,13 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
     if (s > best) best = s, root = r;
   }
   if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
+  const auto buffers = model_.named_buffers();
+  if (!buffers.is_empty() && best > 0 && steps[0].item<int64_t>() < 0) {
+    throw std::runtime_error(lite::StrCat(
+        "refused: rank 0 was lost, and with it the module's buffers as of step ", best, " ('",
+        buffers.begin()->key(), "'...: running statistics, which DDP takes from rank 0 at each "
+        "forward): no other rank holds them"));
+  }
   *root_out = root;
   TrainingState st;
   timing_ = {};
@@ -111,13 +226,15 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
   timing_.send_s = tt.send_s;
   timing_.load_s = tt.load_s;
   lap();
-  std::vector<torch::Tensor> all = model_.parameters();
-  for (const torch::Tensor& b : model_.buffers()) all.push_back(b);
-  if (const std::vector<int> differ = ctx_.ranksDiffering(digest(all)); !differ.empty()) {
+  // The parameters, not the buffers: each rank's running statistics take in its own batch
+  // after DDP's broadcast of rank 0's, so they differ between ranks at the end of a step.
+  if (const std::vector<int> differ = ctx_.ranksDiffering(digest(model_.parameters()));
+      !differ.empty()) {
+    const std::string first = FirstDiffering(differ.front());
     throw std::runtime_error(lite::StrCat("recovery: rank(s) ", lite::StrJoin(differ, ","),
                                           " hold other parameters than rank 0 after the state "
-                                          "transfer from rank ", root, ": not going on with "
-                                          "replicas that differ"));
+                                          "transfer from rank ", root, ", first '", first,
+                                          "': not going on with replicas that differ"));
   }
   timing_.check_s = lap();
   st.step = best;
@@ -160,10 +277,25 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
     body();
     return {};
   }
+  undo_ = std::make_shared<StepUndo>();
+  undo_->committed = committed_;
+  undo_->versions = Versions(model_);
+  undo_->buffers = Clones(model_.buffers());
+  for (const auto& g : optimizer_.param_groups()) undo_->lrs.push_back(g.options().get_lr());
+  if (hooks_.capture && hooks_.restore) {  // the trainer's own state, as of the last commit
+    undo_->trainer = hooks_.capture();
+    for (auto& [name, t] : undo_->trainer->tensors) t = t.detach().clone();
+  }
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    undo_->rng = gen.get_state();
+  }
   std::exception_ptr error;
   std::string what;
   try {
     body();
+    undo_.reset();
     return {};
   } catch (const std::exception& e) {
     error = std::current_exception();
@@ -182,6 +314,8 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
                  ctx_.rank(), what.c_str(), word->generation);
   }
   try {
+    GiveUp();
+    undo_.reset();
     Regroup(*word);
     bool loaded = false;
     int root = 0;

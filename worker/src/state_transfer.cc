@@ -131,6 +131,23 @@ std::string RecvBytes(const Context& ctx, int root, int tag) {
 
 }  // namespace
 
+OptimizerCopy CopyOptimizer(const torch::optim::Optimizer& optimizer) {
+  OptimizerCopy c;
+  std::vector<torch::Tensor> live;
+  c.known = OptimizerTensors(optimizer, &live, &c.layout);
+  for (const torch::Tensor& t : live) c.tensors.push_back(t.clone());
+  return c;
+}
+
+void RestoreOptimizer(torch::optim::Optimizer& optimizer, const OptimizerCopy& copy) {
+  PrimeOptimizer(optimizer, copy.layout);
+  std::vector<torch::Tensor> live;
+  std::vector<int64_t> unused;
+  OptimizerTensors(optimizer, &live, &unused);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < live.size() && i < copy.tensors.size(); ++i) live[i].copy_(copy.tensors[i]);
+}
+
 void SendState(const Context& ctx, const torch::nn::Module& model,
                const torch::optim::Optimizer& optimizer, const TrainingState& state,
                const std::vector<int>& to, TransferTiming* timing) {

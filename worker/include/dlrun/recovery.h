@@ -38,6 +38,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <stdexcept>
 
 #include "dlrun/checkpoint.h"
@@ -96,10 +98,20 @@ class Recovery {
   // CPU RNG in place, calls hooks.restore, returns the state (its step: the last completed).
   TrainingState receive();
 
-  // The step whose optimizer update is done (call it right after optimizer.step()): a recovery
-  // goes on from the highest step a survivor committed.
-  void commit(int64_t step) { committed_ = step; }
+  // The step is complete on this rank: a recovery goes on from the highest step a survivor
+  // committed. Right after optimizer.step(), or at the end of the step's work when the update
+  // went through update(). Work after commit() in the same body is not done again at a
+  // recovery: keep it to what only reads the state (validation, logging); buffers it changed
+  // are put back, parameters it changed refuse the recovery.
+  void commit(int64_t step);
   int64_t committed() const { return committed_; }
+
+  // The optimizer's update inside run()'s body, in place of optimizer.step(): the parameters
+  // and the optimizer's state are copied first (one more copy of them in memory), so that a
+  // peer lost later in the same step (a collective after the update, an EMA's, a logging
+  // all-reduce) gives the whole step up; then commit() at the step's end (docs/RECOVERY.md,
+  // "A step is whole or not at all").
+  void update();
 
   struct Outcome {
     bool recovered = false;
@@ -110,12 +122,22 @@ class Recovery {
     // ctx.worldSize() are the new ones). Rank-dependent streams (data shards, seeds) follow.
     bool resized = false;
   };
-  // Runs `body`; a peer lost during it is a recovery (Outcome::recovered) instead of an
-  // exception. Other exceptions, and any exception when recovery is not enabled, propagate.
+  // Runs `body` (one step); a peer lost during it is a recovery (Outcome::recovered) instead of
+  // an exception. Other exceptions, and any exception when recovery is not enabled, propagate.
+  // A step given up is undone on this rank first: the module's buffers (BatchNorm's running
+  // statistics), the learning rates, the CPU RNG and the trainer's state (hooks.capture() at
+  // the body's start, given back through hooks.restore) as at the body's start, the parameters
+  // and the optimizer's state as before update(). What cannot be undone (the parameters changed
+  // without update() or after commit()) refuses the recovery in one line: the checkpoint.
   Outcome run(const std::function<void()>& body);
 
  private:
+  struct StepUndo;  // the open step's undo record (recovery.cc)
   TrainingState Transfer(int64_t my_step, bool* loaded, int* root);
+  // Puts back what the given-up step changed (StepUndo); throws the refusal when it cannot.
+  void GiveUp();
+  // The first parameter whose digest differs on rank `other` (collective); "" when none.
+  std::string FirstDiffering(int other);
   // Joins the group the agent's word names (a new place in it when a node was lost).
   void Regroup(const detail::Regroup& word);
 
@@ -130,6 +152,7 @@ class Recovery {
   bool enabled_ = false;
   bool replacement_ = false;
   int64_t committed_ = 0;
+  std::shared_ptr<StepUndo> undo_;
 };
 
 }  // namespace dlrun::worker

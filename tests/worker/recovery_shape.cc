@@ -1,0 +1,159 @@
+// The conformance sweep's C++ program (tests/system/recovery_shapes.sh; docs/RECOVERY.md, "A
+// step is whole or not at all"): a 2-rank dlrun::worker trainer with BatchNorm in one of the
+// shapes a LibTorch user writes, killed at points of a step, one after another in one run.
+//   recovery_shape SHAPE STEPS CHECKPOINT_DIR
+// SHAPE: bn (optimizer.step(), commit() right after it), bn_nobcast (the same, DDP's
+// broadcast_buffers off), log_allreduce (Recovery::update(), an EMA and a logging all-reduce
+// after it, commit() at the step's end), direct_tail (optimizer.step() itself, then the logging
+// all-reduce, then commit(): a peer lost in that all-reduce must be refused).
+// KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit).
+// Lines: "rank R digest D buffers B" at the end (parameters and the EMA; the buffers).
+#include <signal.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "dlrun/checkpoint.h"
+#include "dlrun/ddp.h"
+#include "dlrun/recovery.h"
+#include "dlrun/worker.h"
+
+namespace {
+
+struct NetImpl : torch::nn::Module {
+  torch::nn::Linear inp{nullptr}, out{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  NetImpl() {
+    inp = register_module("inp", torch::nn::Linear(8, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    out = register_module("out", torch::nn::Linear(16, 1));
+  }
+  torch::Tensor forward(torch::Tensor x) { return out(torch::relu(bn(inp(x)))); }
+};
+TORCH_MODULE(Net);
+
+std::map<std::pair<int64_t, std::string>, int> Kills() {
+  std::map<std::pair<int64_t, std::string>, int> kills;
+  std::stringstream all(std::getenv("KILLS") ? std::getenv("KILLS") : "");
+  for (std::string k; std::getline(all, k, ',');) {
+    const size_t a = k.find(':'), b = k.rfind(':');
+    if (a == std::string::npos || a == b) continue;
+    kills[{std::stoll(k.substr(0, a)), k.substr(b + 1)}] = std::stoi(k.substr(a + 1, b - a - 1));
+  }
+  return kills;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: recovery_shape bn|bn_nobcast|log_allreduce|direct_tail STEPS DIR\n");
+    return 2;
+  }
+  const std::string shape = argv[1], dir = argv[3];
+  const int64_t steps = std::stoll(argv[2]);
+  auto ctx = dlrun::worker::init();
+  const int rank = ctx.rank();
+  torch::manual_seed(0);
+  Net model;
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  std::vector<torch::Tensor> ema;
+  for (const auto& p : model->parameters()) ema.push_back(p.detach().clone());
+  dlrun::worker::RecoveryHooks hooks;
+  hooks.capture = [&] {
+    dlrun::worker::TrainingState st;
+    for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
+    return st;
+  };
+  hooks.restore = [&](const dlrun::worker::TrainingState& st) {
+    for (size_t i = 0; i < ema.size(); ++i) ema[i].copy_(st.tensors.at("ema." + std::to_string(i)));
+  };
+  dlrun::worker::Recovery recovery(ctx, *model, opt, hooks);
+  dlrun::worker::CheckpointManager ckpt({.dir = dir});
+  int64_t start = 0;
+  if (recovery.replacement()) {
+    start = recovery.receive().step;
+  } else if (auto st = ckpt.resumeLatest(*model, opt)) {
+    start = st->step;
+    hooks.restore(*st);
+    std::printf("rank %d resumed from step %ld\n", rank, start);
+  }
+  recovery.commit(start);
+  dlrun::worker::DDPOptions opts;
+  opts.broadcast_buffers = shape != "bn_nobcast";
+  opts.init_sync = !recovery.replacement() && start == 0;
+  auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg, opts);
+  const auto kills = Kills();
+  int64_t current = 0;
+  auto kill_here = [&](int64_t step, const std::string& point) {
+    auto it = kills.find({step, point});
+    const std::string marker = dir + "/killed-" + std::to_string(step) + "-" + point;
+    if (it == kills.end() || it->second != rank || access(marker.c_str(), F_OK) == 0) return;
+    std::ofstream(marker).put('\n');
+    std::printf("rank %d killed at step %ld, %s\n", rank, step, point.c_str());
+    std::fflush(stdout);
+    raise(SIGKILL);
+  };
+  model->parameters()[0].register_hook([&](torch::Tensor g) {
+    kill_here(current, "backward");
+    return g;
+  });
+  for (int64_t step = start + 1; step <= steps; ++step) {
+    current = step;
+    const auto r = recovery.run([&] {
+      kill_here(step, "start");
+      torch::Generator g = at::detail::createCPUGenerator(10000 * step + rank);
+      const torch::Tensor x = torch::randn({8, 8}, g);
+      opt.zero_grad();
+      const torch::Tensor loss = torch::mse_loss((*ddp)(x), x.sum(1, true).tanh());
+      loss.backward();
+      if (shape == "log_allreduce") {
+        recovery.update();
+      } else {
+        opt.step();
+      }
+      kill_here(step, "update");
+      if (shape == "bn" || shape == "bn_nobcast") recovery.commit(step);
+      {
+        torch::NoGradGuard no_grad;
+        const auto params = model->parameters();
+        for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
+      }
+      if (shape == "log_allreduce" || shape == "direct_tail") {
+        ctx.allReduce(loss.detach().clone());  // the loss for the log, after the update
+        recovery.commit(step);
+      }
+    });
+    if (r.recovered) {
+      opts.init_sync = false;
+      opts.ready_order = ddp->readyOrder();
+      ddp.reset();
+      ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg, opts);
+      step = r.step;
+      continue;
+    }
+    kill_here(step, "commit");
+    if (rank == 0 && step % 4 == 0) {
+      dlrun::worker::TrainingState st = hooks.capture();
+      st.step = step;
+      ckpt.save(*model, opt, st);
+    }
+  }
+  std::vector<torch::Tensor> state = model->parameters();
+  state.insert(state.end(), ema.begin(), ema.end());
+  std::printf("rank %d digest %016lx buffers %016lx\n", rank,
+              static_cast<unsigned long>(dlrun::worker::digest(state)),
+              static_cast<unsigned long>(dlrun::worker::digest(model->buffers())));
+  return 0;
+} catch (const std::exception& e) {
+  dlrun::worker::recordError(e.what());
+  std::fprintf(stderr, "recovery_shape: %s\n", e.what());
+  return 1;
+}

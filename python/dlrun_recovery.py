@@ -61,7 +61,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dlrun_report
 from dlrun_step import StepUndo as _Txn, check_replicas, digest as _digest
-from dlrun_step import named_digests as _named_digests  # noqa: F401 (tests use it)
 
 if "DLRUN_CONTROL_FD" in os.environ:
     if os.environ.get("DLRUN_NCCL_ERROR_HANDLING_DEFAULT") == "1":  # dlrun's "1", not the user's

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import dlrun_recovery
+import dlrun_step
 
 SHAPES = ("plain", "bn", "bn_nobcast", "log_allreduce", "ema", "accumulate", "clip", "amp_skip",
           "two_optimizers", "schedule", "direct_call", "update_outside")
@@ -157,8 +158,8 @@ def digest(values):
     return "%016x" % (hash(tuple(values)) & (2 ** 64 - 1))
 
 
-params = dlrun_recovery._named_digests(model, stateful, buffers=False)[1]
-buffers = dlrun_recovery._named_digests(model)[1][len(list(model.parameters())):]
+params = dlrun_step.named_digests(model, stateful, buffers=False)[1]
+buffers = dlrun_step.named_digests(model)[1][len(list(model.parameters())):]
 print("rank %d digest %s buffers %s recoveries %d" % (rank, digest(params), digest(buffers),
                                                      rec.recoveries), flush=True)
 dist.destroy_process_group()

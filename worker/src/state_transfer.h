@@ -29,7 +29,8 @@ void SendState(const Context& ctx, const torch::nn::Module& model,
 TrainingState ReceiveState(const Context& ctx, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, int root, TransferTiming* timing);
 
-// A copy of an optimizer's state and learning rates, for a step's undo (recovery.cc).
+// A copy of an optimizer's state (its learning rates are not in it), for a step's undo
+// (recovery.cc).
 struct OptimizerCopy {
   bool known = false;  // an optimizer whose state is known here (Adam, AdamW, SGD)
   std::vector<int64_t> layout;

@@ -129,6 +129,84 @@ TEST(AgentInProcessRecovery, RecoveryRestartRestartsEvenADeclaringProgram) {
   EXPECT_TRUE(h.procs.kept_spares.empty());
 }
 
+// A rank that has finished its work is not in the loop a recovery needs: a failure after it is
+// the ordinary restart, no word to anyone.
+TEST(AgentInProcessRecovery, AFailureAfterARankFinishedRestartsTheGroup) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true, /*declares=*/true, /*kills=*/false);
+  auto declaring = h.procs.on_spawn;
+  h.procs.on_spawn = [declaring](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.attempt == 0 && p.spec.local_rank == 0) {
+      f.RecordAfter(p.pid, milliseconds(100), Declared());
+      f.ExitAfter(p.pid, milliseconds(2000), 0);
+    } else if (p.attempt == 0 && p.spec.local_rank == 1) {
+      f.RecordAfter(p.pid, milliseconds(100), Declared());
+      f.KilledAfter(p.pid, milliseconds(2500), SIGKILL);
+    } else {
+      declaring(f, p);
+    }
+  };
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 0);
+  EXPECT_TRUE(h.procs.told.empty());
+  EXPECT_EQ(h.procs.groups_started(), 2);
+  for (const auto& p : h.procs.procs) EXPECT_EQ(p.spec.env.count("DLRUN_RECOVERY_GEN"), 0u);
+}
+
+// A rank that finishes while a recovery waits for the state would never say it holds it: the
+// recovery ends there, not at its bound (5 s here).
+TEST(AgentInProcessRecovery, ARankThatFinishesDuringTheRecoveryEndsItAtOnce) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/false);
+  auto declaring = h.procs.on_spawn;
+  h.procs.on_spawn = [declaring](FakeProcesses& f, FakeProcesses::Proc& p) {
+    if (p.attempt == 0 && p.spec.local_rank == 0) {
+      f.RecordAfter(p.pid, milliseconds(100), Declared());
+      f.ExitAfter(p.pid, milliseconds(3000), 0);
+    } else {
+      declaring(f, p);
+    }
+  };
+  h.procs.on_tell = [](FakeProcesses&, pid_t, const std::string&) {};  // no survivor answers
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), 0);
+  EXPECT_EQ(h.procs.groups_started(), 2);
+  // The survivor (local rank 2) and the replacement are stopped at rank 0's end, 3 s in.
+  for (int i : {2, 3}) {
+    const auto s = h.procs.SentTo(h.procs.procs[i].pid);
+    ASSERT_FALSE(s.empty()) << i;
+    EXPECT_EQ(s[0].sig, SIGTERM) << i;
+    EXPECT_GE(s[0].at, milliseconds(3000)) << i;
+    EXPECT_LT(s[0].at, milliseconds(2500 + 5000)) << i;
+  }
+}
+
+// A program that reports no steps: the replacement's "P" record is its progress, so the same
+// rank lost again after it holds a newer step is recovered in process again, not taken for a
+// failure at the same step.
+TEST(AgentInProcessRecovery, ARankLostAgainAfterItsStateFromAPeerIsRecoveredAgain) {
+  Harness h(3);
+  h.options.pick_master_port = [](const std::string&) { return 45000; };
+  h.options.recovery_timeout = seconds(5);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    const auto gen = p.spec.env.find("DLRUN_RECOVERY_GEN");
+    const int generation = gen == p.spec.env.end() ? 0 : std::stoi(gen->second);
+    f.RecordAfter(p.pid, milliseconds(100), Declared());
+    if (generation > 0) f.RecordAfter(p.pid, milliseconds(200), FromPeer(2 * generation));
+    if (p.spec.local_rank == 1 && generation < 2) {
+      f.KilledAfter(p.pid, milliseconds(2500), SIGKILL);  // no step records at all
+    } else {
+      f.ExitAfter(p.pid, seconds(20), 0);
+    }
+  };
+  h.procs.on_tell = [](FakeProcesses& f, pid_t pid, const std::string& word) {
+    f.RecordAfter(pid, milliseconds(50), FromPeer(word.rfind("regroup 1", 0) == 0 ? 2 : 4));
+  };
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/0), 0);
+  EXPECT_EQ(h.procs.groups_started(), 1);
+  ASSERT_EQ(h.procs.procs.size(), 5u);  // 3 workers, then local rank 1 twice more
+  EXPECT_EQ(h.procs.procs[3].spec.env.at("DLRUN_RECOVERY_GEN"), "1");
+  EXPECT_EQ(h.procs.procs[4].spec.env.at("DLRUN_RECOVERY_GEN"), "2");
+}
+
 RegroupLink::Notice MakeNotice(int generation, int port, std::vector<int> lost, std::string reason,
                                std::string asked_by = "this") {
   RegroupLink::Notice n;

@@ -28,15 +28,13 @@ survivors go on at the smaller world size in the same way, each with its new ran
 WORLD_SIZE and MASTER_ADDR in os.environ and `rec.rank` follow; a DistributedSampler made anew
 from them, or one that reads dist.get_rank()/get_world_size() each epoch, follows too).
 
-How it works: dlrun's agent writes `regroup <generation> <master_port>` (and, after a node's
-loss, `<rank> <world_size> <master_addr>`) on the pipe named by
-DLRUN_CONTROL_FD; a thread here shuts down the process group's connections at once (so no
-collective waits for Gloo's timeout; import dlrun_recovery, or dlrun, before making the group:
-the connections made after the import are the group's), the step's exception is caught, the group is made again on the new port, the
-lowest rank holding the newest step sends model, optimizer and state to every rank behind it,
-every rank checks it holds the same parameters, and the step is done again. A recovery that
-cannot finish raises, the program ends, and dlrun restarts the group from the checkpoint as it
-would have without this. Outside dlrun, or with `--recovery restart`, nothing of this runs.
+How it works (docs/RECOVERY.md): dlrun's agent writes the new generation and port (and a node's
+loss, the new place) on DLRUN_CONTROL_FD; a thread here shuts the group's connections at once
+(import this before init_process_group), the step's exception is caught and the step undone, the
+group made again, the newest state sent to every rank behind, the replicas compared, and the
+step done again. DDP communication hooks (rec.ddp.register_comm_hook) must match across ranks
+and go on to the new wrapper. A recovery that cannot finish raises, and dlrun restarts the group
+from the checkpoint. Outside dlrun, or with `--recovery restart`, nothing of this runs.
 
 NCCL (CUDA tensors, `init_process_group("nccl")`): the word aborts the communicator at once
 (ProcessGroup.abort(): ncclCommAbort, which ends the kernels waiting on the lost peer), the
@@ -60,7 +58,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import dlrun_report
-from dlrun_step import StepUndo as _Txn, check_replicas, digest as _digest
+from dlrun_step import (StepUndo as _Txn, await_store as _await_store, carry_comm_hooks,
+                        check_comm_hooks, check_replicas, comm_hooks, digest as _digest)
 
 if "DLRUN_CONTROL_FD" in os.environ:
     if os.environ.get("DLRUN_NCCL_ERROR_HANDLING_DEFAULT") == "1":  # dlrun's "1", not the user's
@@ -189,6 +188,7 @@ class Recoverable:
         self._txn = None      # the open step's undo record (_Txn)
         self._grads_left = False  # the last whole step left gradients and made no update
         self._refusal = None  # a program shape that cannot be recovered exactly, with its place
+        self._hooks_checked = False
         self.ddp_kwargs = dict(ddp or {})
         self.word_timeout, self.timeout = word_timeout, timeout
         self.backend = dist.get_backend()
@@ -320,9 +320,11 @@ class Recoverable:
             # replacement's among them): a survivor's own may differ, when the fault came
             # during the buckets' rebuild after the first step. The old one's hooks on the
             # parameters go with its reducer.
-            self.ddp = None
+            hooks, self.ddp = comm_hooks(self.ddp), None
             gc.collect()
             self.ddp = _ddp_like_peers(self.module, self.ddp_kwargs, self._peer_layout)
+            carry_comm_hooks(hooks, self.ddp)
+            self._hooks_checked = False  # against the replacement's, at the next step
         except Exception as e:
             raise RuntimeError("in-process recovery failed (generation %d): %s"
                                % (gen, str(e).splitlines()[0] if str(e) else type(e).__name__))
@@ -418,6 +420,9 @@ class _Step:
 
     def __enter__(self):
         rec = self.rec
+        if not rec._hooks_checked:  # collective: before any rank's first hooked backward
+            rec._refusal = rec._refusal or check_comm_hooks(rec.ddp)
+            rec._hooks_checked = True
         rec._txn = _Txn(rec) if rec._words is not None else None
         return rec._current
 
@@ -473,18 +478,6 @@ def _ddp_like_peers(module, kwargs, order):
     finally:
         dist._compute_bucket_assignment_by_size = compute
     return ddp  # it rebuilds after its first step, as its peers' do after a new group
-
-
-def _await_store(host, port, timeout):
-    """Waits until rank 0 listens on its new store's port: TCPStore's own client, refused,
-    backs off for up to a second, and rank 0 makes its store only once it has heard the word."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            socket.create_connection((host, port), timeout=1.0).close()
-            return
-        except OSError:
-            time.sleep(0.005)
 
 
 def _generation():

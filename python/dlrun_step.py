@@ -3,6 +3,8 @@ is whole or not at all"), and the digests the replicas are compared by. Internal
 dlrun_recovery (beside it on the workers' PYTHONPATH and in the wheel)."""
 import copy
 import hashlib
+import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -138,3 +140,64 @@ def check_replicas(module, stateful, root, dev):
         raise RuntimeError("rank(s) %s hold other values than rank 0 after the state transfer "
                            "from rank %d, first the %s: not going on with replicas that differ"
                            % (",".join(map(str, differ)), root, names[first]))
+
+
+# DDP communication hooks (docs/RECOVERY.md, "Communication hooks"). Their state is either none
+# or a process group (PyTorch's allreduce and compression hooks): the hook goes on with the
+# new group after a recovery. Any other state (PowerSGD's error feedback, a user's) is the
+# rank's own, not sent by the transfer: a recovery with it is refused.
+def comm_hooks(ddp):
+    """[(hook, state)] registered on `ddp` (DistributedDataParallel's own list)."""
+    return list(getattr(ddp, "_comm_hooks", []) or [])
+
+
+def describe_hooks(hooks):
+    """How the hooks are told apart across ranks: each hook's name and its state's type ("a
+    process group" for a group or None, the default group: the same after a recovery)."""
+    return [("%s.%s" % (getattr(h, "__module__", "?"), getattr(h, "__qualname__", repr(h))),
+             "a process group" if s is None or isinstance(s, dist.ProcessGroup)
+             else type(s).__name__) for h, s in hooks]
+
+
+def check_comm_hooks(ddp):
+    """Collective, once before the first step: every rank has the same hooks (name and state
+    type), else one line naming the ranks and hooks (a hook on some ranks only reduces
+    differently and hangs). Returns a refusal (str) for a hook whose state the transfer would
+    not carry, or None."""
+    mine = describe_hooks(comm_hooks(ddp))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    differ = [r for r, h in enumerate(every) if h != every[0]]
+    if differ:
+        raise RuntimeError("the DDP communication hooks differ across ranks: rank 0 has %s; %s; "
+                           "every rank must register the same hook (register_comm_hook) before "
+                           "its first step" % (_hooks_text(every[0]), "; ".join(
+                               "rank %d has %s" % (r, _hooks_text(every[r])) for r in differ)))
+    for name, state in mine:
+        if state != "a process group":
+            return ("the DDP communication hook %s keeps state of its own (%s), which the state "
+                    "transfer does not send" % (name, state))
+    return None
+
+
+def _hooks_text(hooks):
+    return ", ".join("%s (state %s)" % h for h in hooks) if hooks else "none"
+
+
+def carry_comm_hooks(hooks, ddp):
+    """The hooks of the DDP a recovery replaced, on the new one: a process group in their state
+    was the old generation's, so the new default group (None) takes its place."""
+    for hook, state in hooks:
+        ddp.register_comm_hook(None if isinstance(state, dist.ProcessGroup) else state, hook)
+
+
+def await_store(host, port, timeout):
+    """Waits until rank 0 listens on its new store's port: TCPStore's own client, refused,
+    backs off for up to a second, and rank 0 makes its store only once it has heard the word."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.005)

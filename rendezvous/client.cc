@@ -13,43 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "dlrun/proto/rendezvous.grpc.pb.h"
 #include "rendezvous/handler.h"
+#include "rendezvous/port_probe.h"
 
 namespace dlrun::rdzv {
 namespace {
-
-// Whether a plain TCP connection to `endpoint` ("host:port", "[v6]:port") is accepted within
-// 300 ms: what tells a port that another program holds from one nobody listens on.
-bool PortAnswers(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || endpoint.find("://") != std::string::npos) return false;
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), endpoint.substr(colon + 1).c_str(), &hints, &found) != 0) {
-    return false;
-  }
-  bool answers = false;
-  for (addrinfo* a = found; a != nullptr && !answers; a = a->ai_next) {
-    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      answers = true;
-    } else if (errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof err;
-      answers = poll(&p, 1, 300) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
-                err == 0;
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return answers;
-}
 
 // `channel` says whether a connection ever came up: a join that waited for one in vain reads
 // DEADLINE_EXCEEDED, which alone does not tell an unreachable server from a TLS mismatch.
@@ -62,10 +29,15 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& endpoint, const 
     msg = absl::StrCat(what, " to the rendezvous at ", endpoint, ": ", msg);
     const grpc_connectivity_state state = channel->GetState(false);
     // Never up as gRPC while the port takes TCP connections: something else listens there.
-    if (!tls && (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_CONNECTING) &&
-        PortAnswers(endpoint)) {
-      absl::StrAppend(&msg, " (the port answers, but not as a dlrun rendezvous: another "
-                            "program holds it, or the endpoint names the wrong port)");
+    // What answered is named where it can be: the process on this host, what it said.
+    std::optional<std::string> answers;
+    if (!tls && (state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_CONNECTING)) {
+      answers = WhatAnswers(endpoint);
+    }
+    if (answers) {
+      absl::StrAppend(&msg, " (the port answers, but not as a dlrun rendezvous",
+                      answers->empty() ? "" : absl::StrCat(": ", *answers),
+                      "; another program holds it, or the endpoint names the wrong port)");
     } else if (state == GRPC_CHANNEL_TRANSIENT_FAILURE) {
       absl::StrAppend(&msg, tls ? " (cannot connect: is it up, and does it use this job's TLS "
                                   "CA and certificates?)"

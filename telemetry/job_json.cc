@@ -176,7 +176,7 @@ nlohmann::json ProfileDetailJson(const RankProfile& p) {
   nlohmann::json hot = nlohmann::json::array();
   for (const auto& [frame, fraction] : p.hot) hot.push_back({{"frame", frame}, {"fraction", fraction}});
   return {{"rank", p.rank}, {"host", p.host}, {"tool", p.tool}, {"path", p.path},
-          {"hot", std::move(hot)}, {"note", p.note}};
+          {"hot", std::move(hot)}, {"note", p.note}, {"samples", p.samples}};
 }
 
 }  // namespace dlrun::telemetry

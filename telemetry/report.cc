@@ -26,14 +26,22 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
     }
     // In-process recoveries restart nothing: the survivors kept running (docs/RECOVERY.md). A
     // node admitted into the running group costs the same phases, and is no fault.
+    // Without a step record before the fault there is no step to name, and the span ran to
+    // the recovery's end (RestartLedger::RecoveryDone).
+    const std::string when = c.fault_step >= 0 ? absl::StrCat("after step ", c.fault_step)
+                                               : std::string("before any step record");
     absl::StrAppend(
         &out,
-        absl::StrFormat("\n  %s after step %d: %.2f s lost (on %s): detection %.2f, start %.2f, "
+        absl::StrFormat("\n  %s %s: %.2f s lost (on %s): detection %.2f, start %.2f, "
                         "state from peer %.2f, %d step(s) recomputed %.2f",
-                        c.admission ? "a node admitted" : "in-process recovery", c.fault_step,
+                        c.admission ? "a node admitted" : "in-process recovery", when,
                         c.total_s(), c.host, c.detection_s, c.start_s, c.state_from_peer_s,
                         c.recomputed_steps, c.recomputed_s));
-    if (!c.resumed) absl::StrAppend(&out, " (so far)");
+    if (!c.resumed) {
+      absl::StrAppend(&out, " (so far)");
+    } else if (c.fault_step < 0) {
+      absl::StrAppend(&out, " (no step records: counted up to the recovery's end)");
+    }
   }
   const int n = std::max<int>(static_cast<int>(s.restart_causes.size()),
                               cost.empty() ? 0 : cost.rbegin()->first);
@@ -108,6 +116,60 @@ Knobs KnobsFor(const std::string& program) {
           "or fewer DataLoader workers"};
 }
 
+// Restarts that cost more than 10% of the wall time: what to change for the phase that cost the
+// most (summed over the restarts); "checkpoint more often" only where recomputing was it.
+std::string RestartAdvice(const JobTelemetry::Snapshot& s) {
+  std::string head = "restarts cost more than 10% of the wall time";
+  if (s.warm_spares) absl::StrAppend(&head, " (warm spares were on)");
+  const RestartCost sum = SumOfRestartCosts(s.restart_costs);
+  std::string most;
+  double most_s = 0;
+  for (const auto& [name, secs] : sum.Phases()) {
+    if (secs > most_s) {
+      most = name;
+      most_s = secs;
+    }
+  }
+  if (most.empty()) {  // no phases measured: the general advice
+    return absl::StrCat(head, s.warm_spares ? ": checkpoint more often"
+                                            : ": checkpoint more often, or use warm spares "
+                                              "(--spare-workers)");
+  }
+  const std::string share =
+      absl::StrFormat(", %.0f%% of it (%.1f s) ", 100 * most_s / std::max(most_s, sum.total_s()),
+                      most_s);
+  if (most == "recomputed") {
+    return absl::StrCat(head, share, "recomputing steps done before the fault: checkpoint more "
+                                     "often");
+  }
+  if (most == "start") {
+    return absl::StrCat(
+        head, share, "the workers' start",
+        s.warm_spares ? ": a spare had been started, so this is the program's own work before its "
+                        "first step (imports, model build, data loader start): make that shorter"
+                      : ": use warm spares (--spare-workers)");
+  }
+  if (most == "checkpoint_load") {
+    return absl::StrCat(head, share, "loading the checkpoint: a smaller checkpoint, or one on a "
+                                     "node-local or faster file system");
+  }
+  if (most == "detection") {
+    return absl::StrCat(head, share, "noticing the fault: a lower --hang-timeout, or a shorter "
+                                     "timeout for the program's process group");
+  }
+  if (most == "stop") {
+    return absl::StrCat(head, share, "stopping the workers (the stacks captured before the kill "
+                                     "included): workers slow to exit on SIGTERM, or "
+                                     "--capture-before-kill off");
+  }
+  if (most == "rendezvous") {
+    return absl::StrCat(head, share, "the rendezvous: a shorter last_call_timeout (--rdzv-conf), "
+                                     "or every node ready sooner");
+  }
+  return absl::StrCat(head, share, "the state transfer from a peer: a smaller model state, or a "
+                                   "faster network between the nodes");
+}
+
 // Advice, from the guides this project grew from (docs/TELEMETRY.md, "Advice"): GPU
 // utilisation comes first; low utilisation with ranks waiting for data or with busy CPUs is data
 // loading, with idle CPUs it is something else. High GPU memory use is what the guides ask for.
@@ -159,13 +221,7 @@ std::vector<std::string> Advice(const JobTelemetry::Snapshot& s, const GpuSummar
     advice.push_back(absl::StrFormat("rank %d on %s was a straggler (%s): %s", st.rank, st.host,
                                      st.metric, st.hint));
   }
-  if (s.restarts > 0 && s.lost_s > 0.1 * s.wall_s) {
-    advice.push_back(s.warm_spares
-                         ? "restarts cost more than 10% of the wall time (warm spares were on): "
-                           "checkpoint more often"
-                         : "restarts cost more than 10% of the wall time: checkpoint more often, "
-                           "or use warm spares (--spare-workers)");
-  }
+  if (s.restarts > 0 && s.lost_s > 0.1 * s.wall_s) advice.push_back(RestartAdvice(s));
   return advice;
 }
 
@@ -233,7 +289,14 @@ std::string ProfileText(const RankProfile& p, absl::string_view indent) {
   for (const auto& [frame, fraction] : p.hot) {
     if (hot.size() < 3) hot.push_back(absl::StrFormat("%.0f%% in %s", 100 * fraction, frame));
   }
-  if (!hot.empty()) absl::StrAppend(&out, "\n", indent, "  rank ", p.rank, ": ", absl::StrJoin(hot, "; "));
+  if (hot.empty()) return out;
+  // The shares with what they are of: 50% of 4 samples is not 50% of 4,000.
+  absl::StrAppend(&out, "\n", indent, "  rank ", p.rank,
+                  p.samples > 0 ? absl::StrCat(" (", p.samples, " samples)") : std::string(),
+                  ": ", absl::StrJoin(hot, "; "));
+  if (p.samples > 0 && p.samples < kProfileFewSamples) {
+    absl::StrAppend(&out, " (few samples: the shares are rough; profile more steps or longer)");
+  }
   return out;
 }
 

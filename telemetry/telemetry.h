@@ -103,7 +103,10 @@ struct RankProfile {
   std::string path;  // the flame graph (perf, py-spy), report (nsys) or trace (torch)
   std::vector<std::pair<std::string, double>> hot;  // frame, share of the samples; largest first
   std::string note;  // why there is no file, or what is odd about it; empty when all went well
+  int64_t samples = 0;  // the samples `hot`'s shares are of (0: not known)
 };
+// Under this many samples a share is said to be rough (4 samples give 25% steps).
+inline constexpr int64_t kProfileFewSamples = 50;
 inline constexpr size_t kMaxProfileHotFrames = 8;
 inline constexpr size_t kMaxTelemetryProgramBytes = 256;
 

@@ -41,6 +41,7 @@ void ToProto(const RankProfile& p, v1::RankProfile* x) {
   x->set_tool(p.tool);
   x->set_path(p.path);
   x->set_note(p.note);
+  x->set_samples(static_cast<uint64_t>(std::max<int64_t>(0, p.samples)));
   for (const auto& [frame, fraction] : p.hot) {
     v1::ProfileHotFrame* h = x->add_hot();
     h->set_frame(frame);
@@ -122,6 +123,11 @@ absl::StatusOr<RankProfile> FromProto(const v1::RankProfile& x) {
   p.tool = x.tool();
   p.path = x.path();
   p.note = x.note();
+  if (x.samples() > (1ULL << 40)) {
+    return InvalidArgumentError(absl::StrCat(field, ".samples is ", x.samples(),
+                                             " (expected below 2^40)"));
+  }
+  p.samples = static_cast<int64_t>(x.samples());
   for (const v1::ProfileHotFrame& h : x.hot()) {
     if (auto s = CheckString(field + ".hot.frame", h.frame(), 512, true); !s.ok()) return s;
     if (!Finite(h.fraction()) || h.fraction() > 1) {

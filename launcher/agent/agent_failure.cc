@@ -147,7 +147,8 @@ int Agent::AfterFailure() {
     spdlog::error("rank {} failed the same way twice ({}{}): not restarting, a restart would "
                   "repeat it",
                   first.global_rank, FailureClassName(cls.cls),
-                  signature.step >= 0 ? absl::StrCat(" at step ", signature.step)
+                  signature.step >= 0
+                      ? absl::StrCat(" after step ", signature.step, ", its last reported")
                                       : std::string(" before its first step"));
     source_->OnFailure(absl::StrCat(cause, ", the same way as the attempt before"), true);
   } else if (source_->OnFailure(cause, false)) {

@@ -88,11 +88,17 @@ int Agent::AfterHang(const std::string& reason, int rank) {
       rank < 0 || (culprits.size() == 1 && culprits[0] == rank)
           ? reason
           : absl::StrCat("rank ", rank, ": ", reason);
+  // With every rank of the group here, none is on another node: they wait on each other.
+  const bool whole_group_here = current_.world_size == static_cast<int>(workers_.size());
   const std::string message = absl::StrCat(
       who, " hung: ", detected,
-      v.all_wait ? "; every rank on this node waits in a collective: the rank holding them up "
-                   "is on another node, or gone"
-                 : "",
+      !v.all_wait ? ""
+      : whole_group_here
+          ? "; every rank waits in a collective, and every rank of the job is on this node: "
+            "they wait on each other (a collective that some ranks do not call, or call in "
+            "another order or with other sizes)"
+          : "; every rank on this node waits in a collective: the rank holding them up is on "
+            "another node, or gone",
       v.where.empty() ? "" : "; ", v.where);
   spdlog::error("{}: stopping the worker group", message);
   StopGroup(SIGTERM);
@@ -109,9 +115,11 @@ int Agent::AfterHang(const std::string& reason, int rank) {
   const FailureSignature signature{FailureClass::kHang, culprit, telemetry_.LastStep(culprit),
                                    who};
   if (RepeatsLastFailure(signature)) {
-    spdlog::error("{} hung the same way twice (at step {}): not restarting, a restart would "
-                  "repeat it",
-                  who, signature.step);
+    spdlog::error("{} hung the same way twice ({}): not restarting, a restart would repeat it",
+                  who,
+                  signature.step >= 0
+                      ? absl::StrCat("after step ", signature.step, ", its last reported")
+                      : std::string("before its first step"));
     source_->OnFailure(absl::StrCat(message, ", the same way as the attempt before"), true);
   } else if (source_->OnFailure(message, false)) {
     spdlog::warn("restarting the worker group after a hang: {} of {}",

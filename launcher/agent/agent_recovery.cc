@@ -319,6 +319,7 @@ void Agent::StateFromPeer(pid_t pid, int64_t step) {
   awaiting_state_.erase(it);
   if (!awaiting_state_.empty() || !recovery_deadline_) return;
   recovery_deadline_.reset();
+  telemetry_.RecoveryDone(clock_.Now());
   const double s =
       std::chrono::duration<double>(clock_.Now() - recovery_started_).count();
   spdlog::info("in-process recovery done: every rank holds the state of step {} (generation {}, "

@@ -84,6 +84,7 @@ class AgentTelemetry {
   // the same processes) from `t`, without a stop or a rendezvous.
   void Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t, int generation);
   void Stopped(SteadyTime t) { ledger_.Stopped(t); }
+  void RecoveryDone(SteadyTime t) { ledger_.RecoveryDone(t); }
   void Exited(pid_t pid);
   void Step(pid_t pid, const StepRecord& step);
   void BadRecord() { ++bad_records_; }

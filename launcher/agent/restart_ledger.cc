@@ -82,6 +82,25 @@ void RestartLedger::StateFromPeer(int64_t step, double s) {
   open_->peer_s = std::max(open_->peer_s, s);  // the ranks take it side by side
 }
 
+void RestartLedger::RecoveryDone(SteadyTime t) {
+  if (!open_ || !open_->in_group || high_step_ >= 0) return;
+  OpenRestart& o = *open_;
+  if (!o.first_begin) o.first_begin = t;  // no step began: the state transfer is the start
+  CloseGroup(t);
+  o.cost.in_process = true;
+  o.cost.resumed = true;
+  Close();
+}
+
+void RestartLedger::Close() {
+  closed_.push_back(open_->cost);
+  open_.reset();
+  if (closed_.size() > telemetry::kMaxRestartCosts) {
+    closed_[1].Add(closed_[0]);  // the oldest, folded into the next
+    closed_.erase(closed_.begin());
+  }
+}
+
 void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
   const SteadyTime begin = Minus(now, step_s);
   last_end_ = last_end_ ? std::max(*last_end_, now) : now;
@@ -98,12 +117,7 @@ void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
     // Past the fault's step: the job makes progress again, the span ends where this step began.
     CloseGroup(std::max(begin, *o.first_begin));
     o.cost.resumed = true;
-    closed_.push_back(o.cost);
-    open_.reset();
-    if (closed_.size() > telemetry::kMaxRestartCosts) {
-      closed_[1].Add(closed_[0]);  // the oldest, folded into the next
-      closed_.erase(closed_.begin());
-    }
+    Close();
   }
   if (first_of_step) productive_s_ += step_s;
 }

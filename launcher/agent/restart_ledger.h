@@ -50,6 +50,10 @@ class RestartLedger {
   void Resumed(int64_t step, double load_s);
   // In-process recovery: a rank holds the state of `step`, from a peer in `s` seconds.
   void StateFromPeer(int64_t step, double s);
+  // In-process recovery: every rank holds the state at `t`. Where no step record ever came (a
+  // program that reports no steps, or a fault before the first), no later step can close the
+  // span: it ends here, counted up to the recovery's end (else it would stay "so far" at 0 s).
+  void RecoveryDone(SteadyTime t);
 
   // Every restart so far, the one in progress last (its figures so far, resumed = false). A
   // fault that no new group followed is left out: the job ended there.
@@ -60,6 +64,8 @@ class RestartLedger {
  private:
   // The open span's current group ends at `t` without passing the fault's step.
   void CloseGroup(SteadyTime t);
+  // The open span is over: kept with the closed ones (the oldest folded past the cap).
+  void Close();
 
   std::vector<telemetry::RestartCost> closed_;
   std::optional<OpenRestart> open_;

@@ -106,6 +106,9 @@ int SlurmMain(const std::vector<std::string>& args) {
   if (o->version) return Print(cli::VersionText());
   if (o->dlrun_path == "dlrun") o->dlrun_path = SelfPath();
   if (o->preemptible) WarnWithoutPreemptionHook(o->command);
+  for (const std::string& w : ContainerWarnings(*o)) {
+    std::fprintf(stderr, "dlrun: warning: %s\n", w.c_str());
+  }
   ExcludeBadNodes(&*o);
   const std::string script = RenderSlurmScript(*o, kSlurmTemplate);
   std::string path = o->script_path;

@@ -161,6 +161,35 @@ absl::Status CheckContainer(const Given& given, SlurmJobOptions* o) {
 
 }  // namespace
 
+std::vector<std::string> ContainerWarnings(const SlurmJobOptions& o) {
+  std::vector<std::string> out;
+  if (o.container_image.empty()) return out;
+  // "nvcr.io#team/dlrun:0.21" -> "dlrun": the last path part, without its tag.
+  std::string name = o.container_image.substr(o.container_image.find_last_of("/#") + 1);
+  name = name.substr(0, name.find_first_of(":@"));
+  const bool mounted = absl::StrContains(o.container_mounts, ":/opt/dlrun");
+  if (o.dlrun_path == "/opt/dlrun/bin/dlrun" && !mounted &&
+      !absl::StrContains(name, "dlrun")) {
+    out.push_back(absl::StrCat(
+        "the agent runs /opt/dlrun/bin/dlrun in ", o.container_image,
+        ", which only dlrun's own image has (scripts/build-image); for another image give "
+        "--dlrun with dlrun's path in it, or mount an installed dlrun there "
+        "(--container-mounts=PREFIX:/opt/dlrun, PREFIX holding bin/dlrun)"));
+  }
+  if (o.container_workdir.empty()) {
+    for (const std::string& a : o.command) {
+      if (absl::EndsWith(a, ".py") && !a.empty() && a.front() != '/') {
+        out.push_back(absl::StrCat(
+            "the script '", a, "' is a relative path, and pyxis starts in the image's working "
+            "directory, not in this one: give --container-workdir (with --container-mounts for "
+            "the directory), or the script's absolute path in the image"));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args) {
   SlurmJobOptions o;
   auto parsed = cli::ParseCommand(cli::ParseSpec{"dlrun slurm"}, kSlurmFlags, args, o);

@@ -58,6 +58,12 @@ struct SlurmJobOptions : cli::CommandLine {
 // Parses `dlrun slurm [options] -- PROGRAM ARGS` (args after "slurm").
 absl::StatusOr<SlurmJobOptions> ParseSlurmArgs(const std::vector<std::string>& args);
 std::string SlurmUsage();
+// What a pyxis image (--container-image) may lack, one line each for `dlrun slurm` to print: an
+// image whose name is not dlrun's (scripts/build-image) probably has no /opt/dlrun/bin/dlrun
+// unless --dlrun or a mount on /opt/dlrun says otherwise; a relative script path is looked up in
+// the image's working directory (pyxis does not start in the submitting directory) unless
+// --container-workdir says where.
+std::vector<std::string> ContainerWarnings(const SlurmJobOptions& o);
 
 struct RunaiJobOptions : cli::CommandLine {
   std::string name;

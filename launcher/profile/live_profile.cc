@@ -97,6 +97,7 @@ absl::StatusOr<std::vector<telemetry::RankProfile>> LiveProfilesFromJson(const s
       p.tool = e.at("tool").get<std::string>();
       p.path = e.at("path").get<std::string>();
       p.note = e.at("note").get<std::string>();
+      p.samples = e.value("samples", int64_t{0});
       for (const json& h : e.at("hot")) {
         p.hot.emplace_back(h.at("frame").get<std::string>(), h.at("fraction").get<double>());
       }

@@ -369,6 +369,7 @@ class ToolProfiler : public RankProfiler {
       return;
     }
     p.path = svg;
+    p.samples = TotalSamples(folded);
     for (const HotFrame& h : HotFrames(folded, 5)) {
       p.hot.emplace_back(spec_.tool == ProfileTool::kPerf ? ShortCxxName(h.frame) : h.frame,
                          h.fraction);

@@ -15,8 +15,10 @@ bool Contains(const std::string& s, const char* part) { return s.find(part) != s
 
 // A frame that waits for the other ranks: Python in torch.distributed (a collective, a store, a
 // barrier) or in autograd's engine (DDP's backward waits for its all-reduces there); native in
-// Gloo, NCCL, c10d or an all-reduce of dlrun::worker's.
+// Gloo, NCCL, c10d or an all-reduce of dlrun::worker's. Not torch.distributed.elastic: its
+// `@record` wraps the whole script (the outermost frame of every rank), and waits for nobody.
 bool Waits(const StackFrame& f) {
+  if (Contains(f.file, "torch/distributed/elastic/")) return false;
   if (Contains(f.file, "torch/distributed/") || Contains(f.file, "torch/autograd/") ||
       Contains(f.file, "torch/nn/parallel/distributed.py")) {
     return true;

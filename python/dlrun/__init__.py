@@ -5,8 +5,9 @@ dlrun_recovery.py (imported when first used).
 
 The code lives in the single standard-library file dlrun_report.py next to this package, kept
 for offline clusters (copy it anywhere on PYTHONPATH, or rely on dlrun, which puts its copy on
-the workers' PYTHONPATH). Install the package into a virtual environment with
-`pip install ./python` (scripts/install-deps does it for the project's environment).
+the workers' PYTHONPATH). Its one distribution is the `dlrun` wheel (`pip install dlrun`: the
+launcher and this helper together); scripts/install-torch copies it into the project's
+environment.
 """
 import dlrun_report as report
 from dlrun_report import (

@@ -85,6 +85,34 @@ TEST(SlurmScript, PyxisWritesItsSrunFlagsAndTheImagesDlrun) {
   EXPECT_EQ(s.find("{{"), std::string::npos);
 }
 
+// A foreign image has no /opt/dlrun/bin/dlrun, and pyxis starts in the image's working directory:
+// both said before the job runs, neither where the options already answer it.
+TEST(SlurmScript, AForeignImageAndARelativeScriptAreWarnedAbout) {
+  auto warnings = [](std::vector<std::string> args) {
+    auto o = ParseSlurmArgs(args);
+    EXPECT_TRUE(o.ok()) << o.status();
+    return o.ok() ? ContainerWarnings(*o) : std::vector<std::string>{};
+  };
+  auto w = warnings({"-N", "2", "--container-image", "nvcr.io#nvidia/pytorch:24.05-py3", "--",
+                     "python", "train.py"});
+  ASSERT_EQ(w.size(), 2u) << ::testing::PrintToString(w);
+  EXPECT_NE(w[0].find("the agent runs /opt/dlrun/bin/dlrun in nvcr.io#nvidia/pytorch:24.05-py3, "
+                      "which only dlrun's own image has"),
+            std::string::npos) << w[0];
+  EXPECT_NE(w[1].find("the script 'train.py' is a relative path"), std::string::npos) << w[1];
+  // dlrun's image, an absolute script: nothing to say.
+  EXPECT_TRUE(warnings({"-N", "2", "--container-image", "registry/me/dlrun:0.21", "--",
+                        "/work/train.py"}).empty());
+  // A foreign image with dlrun given or mounted, and a working directory: nothing either.
+  EXPECT_TRUE(warnings({"-N", "2", "--container-image", "pytorch:24.05", "--dlrun",
+                        "/usr/local/bin/dlrun", "--container-workdir", "/w", "--", "train.py"})
+                  .empty());
+  EXPECT_TRUE(warnings({"-N", "2", "--container-image", "pytorch:24.05", "--container-mounts",
+                        "/sw/dlrun:/opt/dlrun", "--container-workdir", "/w", "--", "train.py"})
+                  .empty());
+  EXPECT_TRUE(warnings({"-N", "2", "--", "train.py"}).empty()) << "no container, no warning";
+}
+
 TEST(SlurmScript, AnOciBundleIsSrunsContainerAndAnApptainerImageWrapsDlrun) {
   auto oci = ParseSlurmArgs({"-N", "2", "--container", "/shared/bundle", "--", "train.py"});
   ASSERT_TRUE(oci.ok()) << oci.status();

@@ -156,6 +156,37 @@ TEST(RestartLedger, WithoutStepRecordsTheStartRunsToTheWorkersStart) {
   EXPECT_EQ(l.productive_s(), 0);
 }
 
+// A program that reports no steps: the in-process recovery's span cannot end at a later step,
+// so it ends when every rank holds the state (it stayed "after step -1: 0.00 s (so far)").
+TEST(RestartLedger, AnInProcessRecoveryWithoutStepRecordsRunsToItsEnd) {
+  RestartLedger l;
+  Timeline tl;
+  l.GroupStarted(0, tl.at(0), tl.at(0));
+  l.FaultSeen(tl.at(5));
+  l.Stopped(tl.at(5.05));
+  l.GroupStarted(0, tl.at(5.05), tl.at(5.1), /*generation=*/1);
+  l.StateFromPeer(-1, 0.4);
+  l.RecoveryDone(tl.at(6.95));
+  const auto costs = l.Costs();
+  ASSERT_EQ(costs.size(), 1u);
+  const auto& c = costs[0];
+  EXPECT_TRUE(c.resumed);
+  EXPECT_TRUE(c.in_process);
+  EXPECT_EQ(c.fault_step, -1);
+  EXPECT_NEAR(c.total_s(), 1.95, 1e-6);
+  EXPECT_NEAR(c.state_from_peer_s, 0.4, 1e-6);
+  EXPECT_NEAR(l.lost_s(), 1.95, 1e-6);
+  // With step records, the first step past the fault ends the span, not the recovery's end.
+  RestartLedger k;
+  EightSteps(k, tl);
+  k.FaultSeen(tl.at(0.85));
+  k.Stopped(tl.at(0.9));
+  k.GroupStarted(0, tl.at(0.9), tl.at(0.9), 1);
+  k.RecoveryDone(tl.at(1.0));
+  ASSERT_EQ(k.Costs().size(), 1u);
+  EXPECT_FALSE(k.Costs()[0].resumed) << "a later step, not the recovery's end, closes it";
+}
+
 TEST(RestartLedger, AFaultThatEndsTheJobIsNoRestart) {
   RestartLedger l;
   Timeline tl;

@@ -107,6 +107,33 @@ TEST(DlrunHang, HangTimeoutForAProgramThatNeverHeartbeatsSaysSoAndStopsTheIdleGr
   std::filesystem::remove_all(tmp);
 }
 
+// A script under torchelastic's `@record` has its wrapper frame (in torch/distributed/elastic)
+// outermost on every rank: that is no wait, so the sleeping rank is still named. And where every
+// rank waits and the whole group is on this one node, the verdict does not send the user to
+// "another node".
+TEST(DlrunHang, RecordsWrapperIsNoWaitAndAOneNodeJobWhereAllWaitBlamesNoOtherNode) {
+  const std::string tmp = MakeTempDir();
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-timeout",
+                             "4", TEST_PYTHON, kHangProbe},
+                            ProbeEnv(tmp, {{"HANG_RECORD", "1"}}), std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  std::string line = LineWith(r.output, "stopping the worker group");
+  EXPECT_NE(line.find("rank 1 hung"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 1 is in stall at"), std::string::npos) << line;
+  EXPECT_EQ(line.find("another node"), std::string::npos) << line;
+  r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-timeout", "4",
+                  TEST_PYTHON, kHangProbe},
+                 ProbeEnv(tmp, {{"HANG_RECORD", "1"}, {"HANG_KIND", "recv"}}),
+                 std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  line = LineWith(r.output, "stopping the worker group");
+  EXPECT_NE(line.find("every rank of the job is on this node: they wait on each other"),
+            std::string::npos) << line;
+  EXPECT_EQ(line.find("another node"), std::string::npos) << line;
+  EXPECT_NE(line.find("rank 1 waits in recv at"), std::string::npos) << line;
+  std::filesystem::remove_all(tmp);
+}
+
 TEST(DlrunHang, ASigstoppedRankIsNamedAndTheGroupStopsWithoutWaitingOutTheGrace) {
   const std::string tmp = MakeTempDir();
   const auto t0 = std::chrono::steady_clock::now();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <thread>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -118,19 +119,34 @@ TEST(DlrunMultiNode, AnEndpointThatAnotherProgramHoldsIsSaidInSeconds) {
   socklen_t len = sizeof addr;
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const std::string endpoint = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  std::thread greeter([fd] {  // until the listening socket is shut down
+    for (int c; (c = accept(fd, nullptr, nullptr)) >= 0; close(c)) {
+      static const char kBanner[] = "SSH-2.0-OpenSSH_9.2\r\n";
+      (void)!write(c, kBanner, sizeof kBanner - 1);
+    }
+  });
   const auto start = std::chrono::steady_clock::now();
   Started s = StartCommand({DLRUN_BIN, "--nnodes", "2", "--rdzv-backend", "c10d",
                             "--rdzv-endpoint", endpoint, "--rdzv-id", "x", "/bin/true"},
                            {{"DLRUN_RDZV_TOKEN", "test-token-123"}});
-  EXPECT_TRUE(ReadUntil(s, "(the port answers, but not as a dlrun rendezvous: another program "
-                           "holds it, or the endpoint names the wrong port)",
+  EXPECT_TRUE(ReadUntil(s, "; another program holds it, or the endpoint names the wrong port)",
                         1, std::chrono::seconds(30)))
       << s.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(12)) << s.output;
   EXPECT_EQ(s.output.find("is the port open?"), std::string::npos) << s.output;
+  // What answered is named: this test's process, which greets every connection as sshd does.
+  std::string comm = ReadFile("/proc/self/comm");
+  comm = comm.substr(0, comm.find('\n'));
+  EXPECT_NE(s.output.find(absl::StrCat("(the port answers, but not as a dlrun rendezvous: ", comm,
+                                       " (pid ", getpid(), ") on this host, which said "
+                                       "'SSH-2.0-OpenSSH_9.2'")),
+            std::string::npos)
+      << s.output;
   kill(s.pid, SIGTERM);
   EXPECT_NE(FinishCommand(s, kMultiNodeDeadline), 0);
+  shutdown(fd, SHUT_RDWR);
   close(fd);
+  greeter.join();
 }
 
 TEST(DlrunMultiNode, TwoAgentsTimesTwoWorkersGetRanks0To3ExactlyOnce) {

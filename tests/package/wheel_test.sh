@@ -34,6 +34,10 @@ echo "dev headers: \$(ls /usr/include | grep -c . || true)"
 echo "--- ldd dlrun"; ldd /opt/v/bin/dlrun
 /opt/v/bin/dlrun --version
 /opt/v/bin/python -c 'import dlrun, dlrun_report; print("import dlrun", dlrun.__version__)'
+# One distribution owns the launcher and the helper (python/ is no second "dlrun" any more).
+/opt/v/bin/pip show -f --disable-pip-version-check dlrun > /work/show.txt
+grep -q "bin/dlrun\$" /work/show.txt && grep -q "dlrun_report.py\$" /work/show.txt &&
+  grep -q "dlrun/__init__.py\$" /work/show.txt || { cat /work/show.txt; echo "the wheel's dlrun does not own both"; exit 1; }
 # dlrun_recovery imports torch (not in this root): it must be there, not importable here.
 /opt/v/bin/python -c 'import importlib.util as u; assert u.find_spec("dlrun_recovery") and u.find_spec("dlrun_step"), "no dlrun_recovery or dlrun_step in the wheel"'
 echo "cmake prefix: \$(/opt/v/bin/dlrun --cmake-prefix-path) \$(/opt/v/bin/python -m dlrun --cmake-prefix-path)"

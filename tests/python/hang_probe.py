@@ -9,7 +9,9 @@ through dlrun_report when it fails or is stopped. HANG_KIND=stop: that rank stop
 SIGSTOP; HANG_KIND=loader: that rank reads a DataLoader whose worker process deadlocks (a lock
 taken twice). REPORT_STEPS=1: every rank sends a step record after each all_reduce (dlrun_report),
 and a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0) does not stall but ends after its
-HANG_STEP + 5 steps."""
+HANG_STEP + 5 steps. HANG_KIND=recv: that rank waits in a recv nobody sends to while the others
+wait in all_reduce (every rank waits for another, in torch.distributed). HANG_RECORD=1: main runs under torchelastic's
+`@record`, as many scripts do (its frame is the outermost of every rank)."""
 import datetime
 import os
 import signal
@@ -37,6 +39,8 @@ def stall(rank, kind):
         os.kill(os.getpid(), signal.SIGSEGV)  # the crash's line
     if kind == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)  # the stopped rank's line
+    if kind == "recv":
+        dist.recv(torch.zeros(1), src=(rank + 1) % dist.get_world_size())  # nobody sends
     if kind == "loader":
         loader = torch.utils.data.DataLoader(_DeadlockedDataset(), num_workers=1)
         for _ in loader:  # the rank whose loader is deadlocked
@@ -88,4 +92,7 @@ def main():
 
 
 if __name__ == "__main__":
+    if os.environ.get("HANG_RECORD"):
+        from torch.distributed.elastic.multiprocessing.errors import record
+        main = record(main)
     sys.exit(main())

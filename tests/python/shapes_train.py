@@ -6,7 +6,8 @@ usage: shapes_train.py SHAPE STEPS
 SHAPE: one of SHAPES below (a program's shape: BatchNorm with DDP's broadcast_buffers on or
 off, a logging all-reduce after the update, an EMA, gradient accumulation, clipping, AMP's
 loss scaler skipping a step, two optimizers, an LR schedule, the model called directly beside
-the wrapper, an update outside the step).
+the wrapper, an update outside the step, DDP's fp16 compression hook, PowerSGD's hook with its
+error feedback, a hook on rank 1 only).
 KILLS=STEP:RANK:POINT,...  the first process of RANK SIGKILLs itself at POINT of STEP (once per
 run: a marker in CKPT_DIR): start (before the forward), backward (in a gradient's hook),
 update (right after the optimizer's update, before the step's next collective), commit (after
@@ -27,7 +28,8 @@ import dlrun_recovery
 import dlrun_step
 
 SHAPES = ("plain", "bn", "bn_nobcast", "log_allreduce", "ema", "accumulate", "clip", "amp_skip",
-          "two_optimizers", "schedule", "direct_call", "update_outside")
+          "two_optimizers", "schedule", "direct_call", "update_outside", "comm_hook", "powersgd",
+          "hook_one_rank")
 shape, steps = sys.argv[1], int(sys.argv[2])
 if shape not in SHAPES:
     sys.exit("shapes_train.py: unknown shape %r (expected one of %s)" % (shape, ", ".join(SHAPES)))
@@ -61,6 +63,7 @@ if shape == "amp_skip":
 ckpt_dir = os.environ["CKPT_DIR"]
 path = os.path.join(ckpt_dir, "latest.pt")
 start = 0
+state = None
 if os.path.exists(path) and not dlrun_recovery.is_replacement():
     state = torch.load(path, weights_only=False)
     model.load_state_dict(state["model"])
@@ -74,6 +77,15 @@ if os.path.exists(path) and not dlrun_recovery.is_replacement():
 ddp_kwargs = {"broadcast_buffers": False} if shape == "bn_nobcast" else {}
 rec = dlrun_recovery.Recoverable(model, opts if len(opts) > 1 else opts[0], *stateful,
                                  ddp=ddp_kwargs)
+if shape in ("comm_hook", "hook_one_rank") and (shape == "comm_hook" or rank == 1):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    rec.ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+hook_state = None
+if shape == "powersgd":  # its error feedback is in the checkpoint, as a resume must have it
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    hook_state = (state or {}).get("hook") or powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    rec.ddp.register_comm_hook(hook_state, powerSGD_hook.powerSGD_hook)
 kills = {}
 for k in filter(None, os.environ.get("KILLS", "").split(",")):
     s, r, point = k.split(":")
@@ -151,7 +163,8 @@ for step in rec.steps(steps, start=start):
     kill_here(step, "commit")
     if rank == 0 and (step + 1) % 4 == 0:
         torch.save({"model": model.state_dict(), "optimizers": [o.state_dict() for o in opts],
-                    "stateful": [s.state_dict() for s in stateful], "step": step}, path + ".tmp")
+                    "stateful": [s.state_dict() for s in stateful], "step": step,
+                    "hook": hook_state}, path + ".tmp")
         os.replace(path + ".tmp", path)
 
 def digest(values):

@@ -92,6 +92,53 @@ int Count(const std::vector<std::string>& lines, const std::string& needle) {
 constexpr char kDataLine[] = "data loading holds the GPUs back";
 constexpr char kOtherLine[] = "not data loading";
 
+// Restarts that cost much get the advice of the phase that cost the most: "checkpoint more
+// often" only where recomputing was it (it was given when a warm spare's start cost the time).
+TEST(Advice, CostlyRestartsAreAdvisedByTheirLargestPhase) {
+  struct Case {
+    double telemetry::RestartCost::*phase;
+    bool spares;
+    const char* says;
+    const char* not_says;
+  };
+  using RC = telemetry::RestartCost;
+  const Case cases[] = {
+      {&RC::recomputed_s, false, "recomputing steps done before the fault: checkpoint more often",
+       "warm spares"},
+      {&RC::start_s, true, "the workers' start: a spare had been started", "checkpoint more often"},
+      {&RC::start_s, false, "the workers' start: use warm spares (--spare-workers)",
+       "checkpoint more often"},
+      {&RC::checkpoint_load_s, false, "loading the checkpoint: a smaller checkpoint",
+       "checkpoint more often"},
+      {&RC::detection_s, false, "noticing the fault: a lower --hang-timeout",
+       "checkpoint more often"},
+      {&RC::stop_s, false, "stopping the workers", "checkpoint more often"},
+      {&RC::rendezvous_s, false, "the rendezvous: a shorter last_call_timeout",
+       "checkpoint more often"},
+      {&RC::state_from_peer_s, false, "the state transfer from a peer", "checkpoint more often"},
+  };
+  for (const Case& c : cases) {
+    telemetry::JobTelemetry::Snapshot s = Make(Job{});
+    RC cost;
+    cost.restart = 1;
+    cost.detection_s = cost.stop_s = cost.rendezvous_s = 0.5;
+    cost.*c.phase = 12;
+    s.restart_costs = {cost};
+    s.restarts = 1;
+    s.lost_s = cost.total_s();
+    s.warm_spares = c.spares;
+    const auto advice = AdviceLines(telemetry::FormatJobReport(s, 0));
+    EXPECT_EQ(Count(advice, c.says), 1) << c.says << ::testing::PrintToString(advice);
+    EXPECT_EQ(Count(advice, c.not_says), 0) << c.says << ::testing::PrintToString(advice);
+    EXPECT_EQ(Count(advice, "restarts cost more than 10% of the wall time"), 1);
+  }
+  // Under 10% of the wall time: no restart advice at all.
+  telemetry::JobTelemetry::Snapshot s = Make(Job{});
+  s.restarts = 1;
+  s.lost_s = 5;
+  EXPECT_EQ(Count(AdviceLines(telemetry::FormatJobReport(s, 0)), "restarts cost"), 0);
+}
+
 TEST(Advice, LowGpuUseWithRanksWaitingForDataIsDataLoadingAdvice) {
   Job j;
   j.gpu_util = 0.35;

@@ -13,6 +13,7 @@
 #include "rendezvous/handler.h"
 #include "rendezvous/job_channel.h"
 #include "telemetry/metrics_http.h"
+#include "telemetry/profile_json.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -514,6 +515,35 @@ TEST(Telemetry, EachNodesProfilesAreInTheReportAndItsJsonWithTheirHost) {
       << report;
 }
 
+// A share says what it is a share of: 4 samples give shares in steps of 25%, so the count is
+// shown, and a count under kProfileFewSamples is called rough; the count survives the proto.
+TEST(Telemetry, AProfilesSharesComeWithTheirSampleCount) {
+  telemetry::NodeTelemetry n;
+  telemetry::RankProfile p;
+  p.rank = 1;
+  p.tool = "perf";
+  p.path = "/logs/rank1.svg";
+  p.samples = 4;
+  p.hot = {{"conv3d", 0.5}, {"relu", 0.25}};
+  n.profiles = {p};
+  v1::NodeTelemetry wire;
+  ToProto(n, &wire);
+  auto back = telemetry::TelemetryFromProto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->profiles.size(), 1u);
+  EXPECT_EQ(back->profiles[0].samples, 4);
+  std::string text = telemetry::ProfileText(back->profiles[0], "");
+  EXPECT_NE(text.find("rank 1 (4 samples): 50% in conv3d; 25% in relu (few samples: the shares "
+                      "are rough; profile more steps or longer)"),
+            std::string::npos) << text;
+  p.samples = 4000;
+  text = telemetry::ProfileText(p, "");
+  EXPECT_NE(text.find("rank 1 (4000 samples): 50% in conv3d; 25% in relu"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("few samples"), std::string::npos) << text;
+  EXPECT_EQ(telemetry::ProfileDetailJson(p)["samples"], 4000);
+}
+
 TEST(Telemetry, AProfileOutOfRangeIsRefusedNamingIt) {
   telemetry::NodeTelemetry n;
   telemetry::RankProfile p;
@@ -590,6 +620,29 @@ TEST(Telemetry, APublishedTelemetryReachesTheAggregateAndBadFiguresAreDroppedAnd
   EXPECT_NE(refused[0].find("has a time of -1"), std::string::npos) << refused[0];
   EXPECT_EQ(o.telemetry->TakeSnapshot(std::chrono::steady_clock::now()).ranks.at(0).step_s, 0.5)
       << "the bad figures were dropped";
+}
+
+// A program without step records names no step ("after step -1") and says what the time was
+// counted up to.
+TEST(JobReport, AnInProcessRecoveryWithoutStepRecordsNamesNoStep) {
+  telemetry::JobTelemetry::Snapshot s;
+  s.wall_s = 10;
+  s.ranks[0].host = "h";
+  telemetry::RestartCost c;
+  c.host = "h";
+  c.in_process = true;
+  c.resumed = true;
+  c.generation = 1;
+  c.start_s = 1.55;
+  c.state_from_peer_s = 0.4;
+  s.restart_costs = {c};
+  const std::string report = telemetry::FormatJobReport(s, 0);
+  EXPECT_NE(report.find("in-process recovery before any step record: 1.95 s lost (on h)"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("(no step records: counted up to the recovery's end)"), std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("step -1"), std::string::npos) << report;
+  EXPECT_EQ(report.find("so far"), std::string::npos) << report;
 }
 
 TEST(JobReport, SaysWhatSamplesPerSecondIsOverAndWhenThereAreNoStepRecords) {

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The preflight finds a slow node before step 0: two agents in two network namespaces (a veth
-# pair), node B with its own host name and its CPU throttled by a cgroup to a quarter of a core.
+# pair), node B with its own host name and its CPU throttled by a cgroup to a twentieth of a core,
+# node A in a sibling cgroup without a limit. Both at the same level: the kernel shares the CPU
+# between sibling cgroups by weight, so with A left in the test's cgroup (beside two CPU-bound
+# loops and a build), B's own cgroup got more of the machine than A's whole one, its quarter of a
+# core measured 72-93% of A, and B was not left out. As siblings, A gets at least its equal share
+# and B at most its quota, however busy the rest of the machine is.
 #   elastic (--nnodes 1:2): B is named and left out in under 10 s, and A trains alone;
 #   not elastic (--nnodes 2): the job fails at once on both nodes, naming B.
 # B goes into the user's bad-node list (HOME is the test's), the next `dlrun slurm` excludes
@@ -15,28 +20,29 @@ slow_host="dlrun-slow-$id"
 export HOME="$work/home"
 unset XDG_CACHE_HOME
 if [[ -e /sys/fs/cgroup/cgroup.controllers ]]; then  # cgroup v2
-  cg="/sys/fs/cgroup/dlrun-slow-$id"
+  cg="/sys/fs/cgroup/dlrun-slow-$id" cg_a="/sys/fs/cgroup/dlrun-fast-$id"
   echo +cpu >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-  mkdir "$cg"
-  echo "25000 100000" >"$cg/cpu.max"
+  mkdir "$cg" "$cg_a"
+  echo "5000 100000" >"$cg/cpu.max"
 else
-  cg="/sys/fs/cgroup/cpu/dlrun-slow-$id"
-  mkdir "$cg"
+  cg="/sys/fs/cgroup/cpu/dlrun-slow-$id" cg_a="/sys/fs/cgroup/cpu/dlrun-fast-$id"
+  mkdir "$cg" "$cg_a"
   echo 100000 >"$cg/cpu.cfs_period_us"
-  echo 25000 >"$cg/cpu.cfs_quota_us"
+  echo 5000 >"$cg/cpu.cfs_quota_us"
 fi
 cleanup() {
   netns_pair_down
-  rmdir "$cg" 2>/dev/null || true
+  rmdir "$cg" "$cg_a" 2>/dev/null || true
 }
 on_exit 'cleanup'
 fail() { fail_with_dlrun_lines preflight "$*" "$work"/*.log; }
 netns_pair pf
 
 port=29400
-agent() {  # agent NS ADDR LOG NNODES [slow]: one agent; B's in the throttled cgroup (joined
-  # before `ip netns exec`, which mounts a sysfs of the namespace's) with its own host name
-  local outer=() inner=()
+agent() {  # agent NS ADDR LOG NNODES [slow]: one agent in its cgroup (joined before `ip netns
+  # exec`, which mounts a sysfs of the namespace's); B's is the throttled one, with its own host
+  # name
+  local outer=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg_a") inner=()
   if [[ ${5:-} == slow ]]; then
     outer=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg")
     inner=(unshare --uts sh -c 'hostname "$0" && exec "$@"' "$slow_host")

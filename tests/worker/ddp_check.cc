@@ -241,6 +241,23 @@ int RunMismatch() {
   return Fail("different bucket caps were accepted");
 }
 
+// A communication hook registered on rank 1 only, after the construction (issue 55: it hung in
+// the shared-memory wait): the first forward fails on every rank with one line naming it.
+int RunHookMismatch() {
+  auto ctx = dlrun::worker::init();
+  torch::manual_seed(7);
+  Net model(false, false, false);
+  DistributedDataParallel ddp(model, ctx.pg);
+  if (ctx.rank() == 1) ddp.registerCommHook(dlrun::worker::comm_hooks::Fp16Compress(ctx.pg));
+  try {
+    torch::mse_loss(ddp(torch::randn({4, 8})), torch::zeros({4, 4})).backward();
+  } catch (const std::runtime_error& e) {
+    std::printf("ddp_check refused: %s\n", e.what());
+    return 0;
+  }
+  return Fail("a hook on one rank only was accepted");
+}
+
 // DDPOptions::init_sync: false keeps each rank's own parameters (after an in-process recovery
 // they agree already), the default broadcasts rank 0's.
 int RunInitSync() {
@@ -293,6 +310,7 @@ int Run(const std::string& mode) {
   if (mode == "syncbn") return RunSyncBatchNorm();
   if (mode == "ready-order") return RunReadyOrder();
   if (mode == "mismatch") return RunMismatch();
+  if (mode == "hook-mismatch") return RunHookMismatch();
   if (mode == "init-sync") return RunInitSync();
   auto ctx = dlrun::worker::init();
   const int rank = ctx.rank(), world = ctx.worldSize();

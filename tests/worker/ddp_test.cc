@@ -131,6 +131,23 @@ TEST(DdpTwoRanks, DifferentBucketCapsAreOneLineOnEveryRankNotAHang) {
   }
 }
 
+// A communication hook on rank 1 only, registered after the construction: one line on every
+// rank at the first forward, on the shared-memory path too (it hung in the shared-memory wait).
+TEST(DdpTwoRanks, AHookOnOneRankOnlyIsOneLineOnEveryRankNotAHang) {
+  for (const char* shm : {"1", "0"}) {
+    int rc = -1;
+    const std::string out = RunCheck("hook-mismatch", &rc, shm);
+    EXPECT_EQ(rc, 0) << out;
+    for (const char* rank : {"[rank 0]", "[rank 1]"}) {
+      EXPECT_NE(out.find(std::string(rank) +
+                         ": ddp_check refused: DistributedDataParallel: the communication hook "
+                         "differs across ranks: rank(s) 1 have another one than rank 0"),
+                std::string::npos)
+          << "DLRUN_DDP_SHM=" << shm << "\n" << out;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, DdpTwoRanks,
                          ::testing::Values("adam", "nosync", "nosync-forward", "buffers-on",
                                            "buffers-off",

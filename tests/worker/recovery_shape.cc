@@ -132,10 +132,7 @@ int main(int argc, char** argv) try {
       }
     });
     if (r.recovered) {
-      opts.init_sync = false;
-      opts.ready_order = ddp->readyOrder();
-      ddp.reset();
-      ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg, opts);
+      dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // the wrapper anew over the new group
       step = r.step;
       continue;
     }

@@ -69,6 +69,7 @@ class CastAllreduceHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c
  public:
   CastAllreduceHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::optional<c10::ScalarType> wire)
       : CppCommHookInterface(std::move(pg)), wire_(wire) {}
+  std::string WireName() const { return wire_ ? lite::StrCat("(", c10::toString(*wire_), ")") : ""; }
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     torch::Tensor buffer = bucket.getBufferRef();
     torch::Tensor sent = wire_ ? buffer.to(*wire_) : buffer;
@@ -230,6 +231,38 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   m.SetUpSharedMemory();
 }
 
+void DistributedDataParallelBase::Impl::AgreeOnHook() {
+  hook_agreed = true;
+  if (pg->getSize() < 2) return;
+  std::string mine = "none";
+  if (hook) {
+    const c10d::CommHookInterface& h = *hook;
+    mine = typeid(h).name();
+    if (const auto* cast = dynamic_cast<const CastAllreduceHook*>(hook.get())) {
+      mine += cast->WireName();
+    }
+  }
+  const double fingerprint =
+      static_cast<double>(std::hash<std::string>{}(mine) % (uint64_t{1} << 52));
+  std::vector<std::vector<torch::Tensor>> all(1);
+  for (int r = 0; r < pg->getSize(); ++r) all[0].push_back(torch::empty({1}, torch::kDouble));
+  std::vector<torch::Tensor> in{torch::full({1}, fingerprint, torch::kDouble)};
+  detail::WaitWork(pg->allgather(all, in));
+  std::vector<std::string> differ;
+  for (int r = 1; r < pg->getSize(); ++r) {
+    if (all[0][r].item<double>() != all[0][0].item<double>()) differ.push_back(lite::StrCat(r));
+  }
+  if (!differ.empty()) {
+    throw std::runtime_error(lite::StrCat(
+        "DistributedDataParallel: the communication hook differs across ranks: rank(s) ",
+        lite::StrJoin(differ, ","), " have another one than rank 0 (rank ", pg->getRank(),
+        " has ", hook ? lite::StrCat("a ", mine) : std::string("none"),
+        "); every rank must register the same hook (registerCommHook) before its first forward"));
+  }
+}
+
+const DDPOptions& DistributedDataParallelBase::options() const { return impl_->options; }
+
 void DistributedDataParallelBase::registerCommHook(std::unique_ptr<c10d::CommHookInterface> hook) {
   if (!hook) throw std::invalid_argument("registerCommHook: the hook is null");
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -262,6 +295,7 @@ DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 void DistributedDataParallelBase::prepareForward() {
   Impl& m = *impl_;
   detail::ThrowIfPeerLost();  // in-process recovery: this step is to be done again anyway
+  if (!m.hook_agreed) m.AgreeOnHook();
   const auto start = std::chrono::steady_clock::now();
   if (m.join_active && m.no_sync) {
     // A joined rank answers one buffer broadcast and one reduced backward per forward.

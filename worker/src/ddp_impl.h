@@ -70,6 +70,7 @@ struct DistributedDataParallelBase::Impl {
   // Slots as their gradients arrived, until the rebuild; then the order every rank agreed on.
   std::vector<size_t> ready_order;
   std::unique_ptr<c10d::CommHookInterface> hook;  // replaces the allreduce when set
+  bool hook_agreed = false;  // AgreeOnHook ran (at the first forward)
   bool graph_recorded = false;  // static_graph: the first step's record is in the slots
   bool join_active = false;     // inside a JoinGuard
 
@@ -98,6 +99,12 @@ struct DistributedDataParallelBase::Impl {
   // DDPOptions::ready_order as every rank agrees on it (init_sync false): the lowest rank's
   // that has one, else empty. Collective.
   std::vector<size_t> AgreeOnReadyOrder(size_t n);
+  // Once, at the first forward (registerCommHook comes after the construction's check): every
+  // rank has the same communication hook (its type, and a cast hook's wire type), or each
+  // throws one line naming the ranks that differ; a rank reducing through a hook while another
+  // waits in the shared-memory sum would hang there (a hook everywhere: LaunchReady takes it
+  // before the shared-memory path). Collective.
+  void AgreeOnHook();
 
   std::vector<int64_t> SlotBytes() const;
   static int64_t CapBytes(double mb) { return static_cast<int64_t>(mb * 1024 * 1024); }

@@ -25,6 +25,7 @@ int DistributedDataParallelBase::Impl::BufferRoot(bool training) {
 void DistributedDataParallelBase::Impl::ShadowUntilAllJoined() {
   const int world = pg->getSize();
   if (world < 2) return;
+  if (!hook_agreed) AgreeOnHook();  // joined before its first forward: the others' first words
   bool last_to_finish = true;
   for (;;) {
     std::vector<torch::Tensor> still{Flag(0)};

@@ -120,6 +120,29 @@ TEST(AgentRootCause, AFailureThatRepeatsStopsAfterTheSecondAttempt) {
             std::string::npos) << err;
 }
 
+// The step named is the last one the rank reported (the failure came in the one after it):
+// "at step 119" read as a contradiction of an error that said step 120.
+TEST(AgentRootCause, ARepeatedFailureNamesTheLastReportedStepAsSuch) {
+  Harness h(2);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    StepRecord step;
+    step.samples = 1;
+    step.step_s = 0.1;
+    f.StepsEvery(p.pid, milliseconds(100), milliseconds(11900), step);  // steps 1..119
+    if (p.spec.local_rank == 1) {
+      f.error_tails[p.pid] = "torch.OutOfMemoryError: CUDA out of memory (in step 120).\n";
+      f.ExitAfter(p.pid, milliseconds(11950), 1);
+    }
+  };
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/5), 1);
+  const std::string err = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(err.find("rank 1 failed the same way twice (cuda_oom after step 119, its last "
+                     "reported): not restarting"),
+            std::string::npos) << err;
+  EXPECT_EQ(err.find("at step 119"), std::string::npos) << err;
+}
+
 TEST(RootCause, ErrorFilesAreReadInTorchelasticsFormat) {
   MemoryFileSystem fs;
   const std::string d = "/rc";

@@ -28,6 +28,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -193,6 +194,7 @@ class DistributedDataParallelBase {
   // else empty. For DDPOptions::ready_order.
   std::vector<size_t> readyOrder() const;
   std::string bucketReport() const;  // one line for logs
+  const DDPOptions& options() const;  // as constructed
   torch::nn::Module& module() { return *module_; }
 
  private:
@@ -241,6 +243,27 @@ DistributedDataParallel(Model, c10::intrusive_ptr<c10d::ProcessGroup>)
 template <typename Model>
 DistributedDataParallel(Model, c10::intrusive_ptr<c10d::ProcessGroup>, DDPOptions)
     -> DistributedDataParallel<Model>;
+
+// After Recovery::run returned Outcome::recovered (`pg` is the new group, every rank holds the
+// same state): `ddp` made anew over `pg`, as the Python wrapper's rec.ddp is after a recovery:
+// its options, no broadcast of rank 0's values (init_sync off: the state was checked equal), the
+// buckets the old wrapper settled on (the same sums as before the fault), the old wrapper let go
+// first (its engine is the old group's). A communication hook given with registerCommHook is
+// the trainer's to register again on the new wrapper (the first forward checks every rank has
+// the same); DDPOptions::fp16_compression carries over.
+//
+//   if (r.recovered) { dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg); step = r.step; }
+template <typename Model>
+void rebuildAfterRecovery(std::unique_ptr<DistributedDataParallel<Model>>& ddp,
+                          c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  if (!ddp) throw std::invalid_argument("rebuildAfterRecovery: no wrapper to rebuild");
+  DDPOptions o = ddp->options();
+  o.init_sync = false;
+  o.ready_order = ddp->readyOrder();
+  Model model = ddp->model();
+  ddp.reset();
+  ddp = std::make_unique<DistributedDataParallel<Model>>(std::move(model), std::move(pg), o);
+}
 
 // The bucket assignment alone (PyTorch's compute_bucket_assignment_by_size followed by DDP's
 // reversal): indices into `sizes_bytes` per bucket, buckets in the order gradients are ready.

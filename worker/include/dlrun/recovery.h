@@ -19,7 +19,7 @@
 //       recovery.commit(step);   // right after optimizer.step()
 //     });
 //     if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
-//       ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
+//       dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // ddp.h: the wrapper anew
 //       step = r.step;  // the loop goes on with r.step + 1: the interrupted step again
 //     }
 //   }

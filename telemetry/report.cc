@@ -60,7 +60,15 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
         c.total_s(), c.host, c.detection_s, c.stop_s, c.rendezvous_s, c.start_s,
         c.checkpoint_load_s, c.recomputed_steps, c.recomputed_s));
     if (c.resumed_step >= 0) absl::StrAppend(&out, " (resumed from step ", c.resumed_step, ")");
-    if (c.restarts > 1) absl::StrAppend(&out, " over ", c.restarts, " restarts");
+    // The span's faults less the in-process recoveries tried in it: the restarts themselves.
+    if (const int restarts = c.restarts - c.in_process_tries; restarts > 1) {
+      absl::StrAppend(&out, " over ", restarts, " restarts");
+    }
+    if (c.in_process_tries > 0) {
+      absl::StrAppend(&out, ", after ", c.in_process_tries == 1 ? "an in-process recovery"
+                                          : absl::StrCat(c.in_process_tries, " in-process recoveries"),
+                      " that did not finish");
+    }
     if (!c.resumed) {
       absl::StrAppend(&out, c.fault_step >= 0
                                 ? absl::StrCat("; not yet past step ", c.fault_step, " (so far)")
@@ -262,6 +270,10 @@ std::string EfficiencyLines(const JobTelemetry::Snapshot& s, const CpuSummary& c
                                           m.limit_source.empty() ? "limit" : m.limit_source,
                                           100.0 * static_cast<double>(m.peak_rss_bytes) /
                                               static_cast<double>(m.limit_bytes)));
+    if (m.spare_rss_bytes > 0) {  // memory the ranks' peak leaves out, held all the same
+      absl::StrAppend(&out, absl::StrFormat(", and %.2f GiB more in the warm spares",
+                                            m.spare_rss_bytes / 1073741824.0));
+    }
   }
   if (!s.gpus.empty()) {
     absl::StrAppend(&out, absl::StrFormat("\n  GPU utilization: mean %.0f%%, min %.0f%% over %d "

@@ -19,6 +19,7 @@ double Median(std::vector<double> v) {
 
 void RestartCost::Add(const RestartCost& b) {
   restarts += b.restarts;
+  in_process_tries += b.in_process_tries;
   detection_s += b.detection_s;
   stop_s += b.stop_s;
   rendezvous_s += b.rendezvous_s;
@@ -315,6 +316,7 @@ JobTelemetry::Snapshot JobTelemetry::TakeSnapshot(TimePoint now) const {
     if (n.memory_limit_bytes > 0 || n.cpus_allocated > 0) {
       Snapshot::NodeMemory& m = mem[n.hostname];
       m.host = n.hostname;
+      m.spare_rss_bytes += n.spare_rss_peak_bytes;
       m.limit_bytes = n.memory_limit_bytes;
       m.limit_source = n.memory_limit_source;
       m.cpus = n.cpus_allocated;

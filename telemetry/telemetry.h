@@ -71,6 +71,9 @@ struct RestartCost {
   bool in_process = false;    // the survivors kept running (in-process recovery)
   bool admission = false;     // not a fault: a node joined the running group (in process)
   int generation = 0;         // in process: the group generation it began (0: a restart)
+  // In-process recoveries begun in the span that did not finish (the restart came after
+  // them): counted in `restarts`, which counts the span's faults, but restarted nothing.
+  int in_process_tries = 0;
   // The phases in order, with their names ("detection", ..., "recomputed"): the report's JSON
   // keys are the name + "_s", /metrics' labels the name.
   std::array<std::pair<const char*, double>, 7> Phases() const {
@@ -129,6 +132,7 @@ struct NodeTelemetry {
   std::string program;
   double agent_cpu_s = 0;  // the node's agent's own CPU time so far: dlrun's cost there
   bool warm_spares = false;  // a warm spare stands by each worker (--spare-workers)
+  int64_t spare_rss_peak_bytes = 0;  // the warm spares' resident memory, summed, at its peak
   // The node's last capture before kill, summarised (docs/STACKS.md): JSON, at most
   // kMaxTelemetryStacksBytes; empty: none yet. The page and /api/job show the job's latest.
   std::string stacks_json;
@@ -202,6 +206,7 @@ class JobTelemetry {
     struct NodeMemory {
       std::string host;
       int64_t peak_rss_bytes = 0;  // its ranks' peaks summed
+      int64_t spare_rss_bytes = 0;  // its warm spares' (beside the ranks, not in the peak)
       int64_t limit_bytes = 0;
       std::string limit_source;
       double cpus = 0;  // allocated to its workers (0: unknown)

@@ -34,6 +34,7 @@ void ToProto(const RestartCost& c, v1::RestartCost* x) {
   x->set_in_process(c.in_process);
   x->set_admission(c.admission);
   x->set_generation(static_cast<uint32_t>(c.generation));
+  x->set_in_process_tries(static_cast<uint32_t>(std::max(0, c.in_process_tries)));
 }
 
 void ToProto(const RankProfile& p, v1::RankProfile* x) {
@@ -79,11 +80,13 @@ absl::StatusOr<RestartCost> FromProto(const v1::RestartCost& x) {
     }
   }
   if (x.restart() < -1 || x.restarts() > (1u << 24) || x.recomputed_steps() >= (1ull << 62) ||
-      x.fault_step() < -1 || x.resumed_step() < -1 || x.generation() > (1u << 24)) {
+      x.fault_step() < -1 || x.resumed_step() < -1 || x.generation() > (1u << 24) ||
+      x.in_process_tries() > x.restarts()) {
     return InvalidArgumentError(absl::StrCat(
         "telemetry restart ", x.restart(), " (", x.restarts(), " restarts, ", x.recomputed_steps(),
         " steps recomputed, fault at step ", x.fault_step(), ", resumed at ", x.resumed_step(),
-        ", generation ", x.generation(), ") is out of range"));
+        ", generation ", x.generation(), ", ", x.in_process_tries(),
+        " in-process tries) is out of range"));
   }
   RestartCost c;
   c.restart = x.restart();
@@ -102,6 +105,7 @@ absl::StatusOr<RestartCost> FromProto(const v1::RestartCost& x) {
   c.in_process = x.in_process();
   c.admission = x.admission();
   c.generation = static_cast<int>(x.generation());
+  c.in_process_tries = static_cast<int>(x.in_process_tries());
   return c;
 }
 
@@ -245,6 +249,7 @@ absl::Status NodeFieldsFromProto(const v1::NodeTelemetry& t, NodeTelemetry* out)
   out->program = t.program();
   out->agent_cpu_s = t.agent_cpu_s();
   out->warm_spares = t.warm_spares();
+  out->spare_rss_peak_bytes = Clamp62(t.spare_rss_peak_bytes());
   return absl::OkStatus();
 }
 
@@ -262,6 +267,7 @@ void ToProto(const NodeTelemetry& t, v1::NodeTelemetry* out) {
   out->set_program(t.program);
   out->set_agent_cpu_s(t.agent_cpu_s);
   out->set_warm_spares(t.warm_spares);
+  out->set_spare_rss_peak_bytes(static_cast<uint64_t>(std::max<int64_t>(0, t.spare_rss_peak_bytes)));
   for (const RestartCost& c : t.restarts) ToProto(c, out->add_restarts());
   for (const RankProfile& p : t.profiles) ToProto(p, out->add_profiles());
   for (const RankTelemetry& r : t.ranks) ToProto(r, out->add_ranks());

@@ -222,6 +222,7 @@ Agent::Watch Agent::WatchGroup() {
     if (std::optional<Watch> hung = CheckHangs(&next_hang)) return *hung;
     const int forwarded = HandleEvents(processes_.Wait(std::min(
         {next_check, next_hang, telemetry_.Due(), recovery_deadline_.value_or(SteadyTime::max())})));
+    telemetry_.SetSpares(processes_.SparePids());
     telemetry_.MaybePublish();
     if (forwarded != 0) return {Outcome::kSignalled, "", forwarded};
     if (std::optional<Watch> out = FollowRegroup()) return *out;

@@ -170,6 +170,7 @@ class Agent {
   SteadyTime recovery_started_;
   std::vector<pid_t> awaiting_state_;
   std::optional<std::pair<int, int64_t>> last_recovered_;
+  std::string recovering_from_;  // the fault the recovery in progress began with (its lines)
   // Across nodes: this node's lost workers and their lines, while the job's answer is awaited;
   // the generation whose port this node (of global rank 0) posted.
   std::vector<WorkerExit> pending_lost_;

@@ -127,7 +127,13 @@ int Agent::AfterFailure() {
   if (const std::string hw = HardwareFault(cls, text_of(first)); !hw.empty()) {
     NoteHardwareFault(hw);
   }
-  const FailureDescription failure = DescribeFailure(root, !error_of(first.local_rank).message.empty());
+  FailureDescription failure = DescribeFailure(root, !error_of(first.local_rank).message.empty());
+  if (recovery_deadline_ && !recovering_from_.empty()) {
+    // A failure during an in-process recovery: the restart's cause is the fault the recovery
+    // began with (it said "rank 0 exited with 1", the survivor that refused, as the cause).
+    failure.cause = absl::StrCat(recovering_from_, ", and the in-process recovery after it failed (",
+                                 failure.cause, ")");
+  }
   const std::string& message = failure.message;
   const std::string& cause = failure.cause;
   std::shared_future<std::string> stacks_json;

@@ -67,6 +67,9 @@ struct AgentOptions {
   bool stdout_pty = false;  // workers' stdout on a pseudo-terminal (dlrun's stdout is one)
   // A warm spare per local rank, started this command (empty: none; SpawnSpec::spare_argv).
   std::vector<std::string> spare_argv;
+  // The spare's command held back until the program declares in-process recovery (a Python
+  // program with --max-restarts 0: no restart would promote a spare, only a recovery would).
+  std::vector<std::string> spare_argv_on_declaration;
   // In-process recovery (docs/RECOVERY.md, "A fault costs one step"): when a worker of a
   // program that declared it dies, the survivors keep running, the lost local rank starts again
   // (or a spare takes its place), and the survivors are told the group's next generation on

@@ -169,6 +169,7 @@ bool Agent::BeginGeneration(const Assignment& next, int generation,
   generation_ = generation;
   recovery_started_ = t;
   recovery_deadline_ = t + options_.recovery_timeout;
+  recovering_from_ = absl::StrJoin(said, "; ");
   if (!lost.empty()) {
     last_recovered_ = {lost.front().global_rank, telemetry_.LastStep(lost.front().global_rank)};
   }
@@ -304,10 +305,13 @@ void Agent::SpareOnDeclaration(int local_rank) {
       options_.recovery == AgentOptions::Recovery::kRestart) {
     return;
   }
+  const std::vector<std::string>& held = options_.spare_argv_on_declaration;
   if (options_.spare_argv.empty()) {
-    options_.spare_argv = options_.argv;  // every later spawn promotes and replaces a spare
+    // Every later spawn promotes and replaces a spare: the program's own command (C++), or the
+    // Python bootstrap held back until now (--max-restarts 0).
+    options_.spare_argv = held.empty() ? options_.argv : held;
     telemetry_.SetWarmSpares(true);
-  } else if (options_.spare_argv != options_.argv) {
+  } else if (options_.spare_argv != options_.argv && options_.spare_argv != held) {
     return;  // a Python worker's spares are in place already (spare_bootstrap)
   }
   processes_.KeepSpare(MakeSpawnSpec(options_, current_, run_dir_, attempt_, local_rank));

@@ -57,11 +57,7 @@ void AgentTelemetry::GroupStarted(std::vector<Member> members, const Assignment&
   }
   members_ = std::move(members);
   if (!members_.empty()) rank_offset_ = members_.front().rank - members_.front().local_rank;
-  if (sampler_) {
-    std::vector<pid_t> pids;
-    for (const Member& m : members_) pids.push_back(m.pid);
-    sampler_->Watch(std::move(pids));
-  }
+  WatchMembersAndSpares();
   if (options_.serve_metrics && !metrics_) {
     if (auto t = source_.job_telemetry()) metrics_ = options_.serve_metrics(std::move(t));
   }
@@ -80,11 +76,23 @@ void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& gro
     }
   }
   members_ = std::move(members);
-  if (sampler_) {
-    std::vector<pid_t> pids;
-    for (const Member& m : members_) pids.push_back(m.pid);
-    sampler_->Watch(std::move(pids));
+  WatchMembersAndSpares();
+}
+
+void AgentTelemetry::WatchMembersAndSpares() {
+  if (!sampler_) return;
+  std::vector<pid_t> pids;
+  for (const Member& m : members_) {
+    if (m.alive) pids.push_back(m.pid);
   }
+  pids.insert(pids.end(), spare_pids_.begin(), spare_pids_.end());
+  sampler_->Watch(std::move(pids));
+}
+
+void AgentTelemetry::SetSpares(std::vector<pid_t> pids) {
+  if (pids == spare_pids_) return;
+  spare_pids_ = std::move(pids);
+  WatchMembersAndSpares();
 }
 
 void AgentTelemetry::Exited(pid_t pid) {
@@ -143,11 +151,7 @@ void AgentTelemetry::MaybePublish(bool now_anyway, bool all_steps) {
   next_publish_ = now + options_.period;
   if (!sampler_ && !now_anyway && options_.sample_processes) {
     sampler_ = std::make_unique<ResourceSampler>(options_.period);
-    std::vector<pid_t> pids;
-    for (const Member& m : members_) {
-      if (m.alive) pids.push_back(m.pid);
-    }
-    sampler_->Watch(std::move(pids));
+    WatchMembersAndSpares();
   }
   source_.Publish(NodeTelemetryNow(all_steps));
 }
@@ -231,6 +235,12 @@ telemetry::NodeTelemetry AgentTelemetry::NodeTelemetryNow(bool all_steps) {
     procs = sampler_->Latest();
     t.gpus = sampler_->Gpus();
   }
+  int64_t spares = 0;  // the spares' memory now (a promoted one is a member, not counted)
+  for (pid_t pid : spare_pids_) {
+    if (auto p = procs.find(pid); p != procs.end()) spares += p->second.rss_bytes;
+  }
+  spare_rss_peak_bytes_ = std::max(spare_rss_peak_bytes_, spares);
+  t.spare_rss_peak_bytes = spare_rss_peak_bytes_;
   std::map<int, const Member*> by_rank;
   for (const Member& m : members_) by_rank[m.rank] = &m;
   // Ranks with steps, and the current workers (a program that reports nothing still gets its

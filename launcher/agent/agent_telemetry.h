@@ -89,6 +89,8 @@ class AgentTelemetry {
   void Step(pid_t pid, const StepRecord& step);
   void BadRecord() { ++bad_records_; }
   void SetWarmSpares(bool on) { options_.warm_spares = on; }
+  // The warm spares standing by now: sampled beside the workers, reported apart from them.
+  void SetSpares(std::vector<pid_t> pids);
   // A failed attempt's root cause, for --report-json's "failures" (root_cause.h's class names).
   struct Failure {
     int rank = 0;
@@ -158,6 +160,9 @@ class AgentTelemetry {
   FileSystem& fs_;
   Clock& clock_;
   std::vector<Member> members_;
+  std::vector<pid_t> spare_pids_;      // SetSpares
+  int64_t spare_rss_peak_bytes_ = 0;  // their summed resident memory, at its peak
+  void WatchMembersAndSpares();       // the sampler's pids: the members and the spares
   int rank_offset_ = 0;
   std::map<int, RankSteps> rank_steps_;
   std::map<int, int64_t> attempt_last_step_;  // per rank, in the current group

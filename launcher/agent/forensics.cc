@@ -27,13 +27,20 @@ std::shared_future<StackReport> Forensics::FinishCapture(Capture c, int attempt,
     if (name) name(&c.ranks);
     const size_t n = c.ranks.size();
     StackReport r = GroupStacks(std::move(c.ranks));
-    if (suspects) r.suspects = *suspects;
+    if (suspects) {
+      r.suspects = *suspects;
+    } else if (failed_rank >= 0) {
+      // A rank failed: it is the cause, not the odd stack among the live ones (the line said
+      // "suspects: rank 3" after rank 1 was killed, rank 3 being the one that saw it first).
+      r.suspects.clear();
+    }
     r.took_s = c.took_s;
     const std::string where = run_dir_.WriteStacks(attempt, r);
     spdlog::info("stacks of {} live worker(s) before the stop ({}), read in {:.2f} s: {}; {}", n,
                  c.why, r.took_s,
-                 r.suspects.empty() ? std::string("no suspects")
-                                    : absl::StrCat("suspects: ", RanksPhrase(r.suspects)),
+                 !r.suspects.empty() ? absl::StrCat("suspects: ", RanksPhrase(r.suspects))
+                 : failed_rank >= 0  ? absl::StrCat("rank ", failed_rank, " failed, not read")
+                                     : std::string("no suspects"),
                  where);
     if (failed_rank >= 0) {
       if (const std::string others = WhereTheOthersWere(r, failed_rank); !others.empty()) {

@@ -27,6 +27,11 @@ class PosixProcesses final : public Processes {
   void SignalGroup(pid_t pid, int sig) override;
   bool Tell(pid_t pid, const std::string& line) override;
   void KeepSpare(const SpawnSpec& spec) override;
+  std::vector<pid_t> SparePids() const override {
+    std::vector<pid_t> pids;
+    for (const auto& [lr, s] : spares_) pids.push_back(s.proc.pid);
+    return pids;
+  }
   SignalAction Disposition(pid_t pid, int sig) const override;
   bool Stopped(pid_t pid) const override;
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;

@@ -60,6 +60,8 @@ class Processes {
   // Starts a warm spare for spec.local_rank (spec.spare_argv) spec.spare_after from now, as
   // Spawn does for a spec with spare_argv: for a worker started without one.
   virtual void KeepSpare(const SpawnSpec& spec) {}
+  // The warm spares standing by now (their memory is reported beside the workers').
+  virtual std::vector<pid_t> SparePids() const { return {}; }
   // What the worker `pid` does on `sig`, as the kernel says (/proc/PID/status). The agent stops a
   // worker that ignores SIGINT (inherited from a shell's `dlrun ... &`) with SIGTERM instead of
   // waiting out the grace period, and warns when a passed-on SIGUSR1 meets no handler.

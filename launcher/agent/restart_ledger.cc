@@ -62,6 +62,7 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.mark = std::max(o.mark, assigned);
   o.cost.restart = restart;
   o.cost.generation = generation;
+  if (generation > 0) ++o.cost.in_process_tries;  // undone below if it finishes
   o.in_group = true;
   o.first_begin.reset();
   o.load_s = 0;
@@ -89,6 +90,7 @@ void RestartLedger::RecoveryDone(SteadyTime t) {
   CloseGroup(t);
   o.cost.in_process = true;
   o.cost.resumed = true;
+  if (o.cost.generation > 0) --o.cost.in_process_tries;  // it finished
   Close();
 }
 
@@ -117,6 +119,7 @@ void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
     // Past the fault's step: the job makes progress again, the span ends where this step began.
     CloseGroup(std::max(begin, *o.first_begin));
     o.cost.resumed = true;
+    if (o.cost.generation > 0) --o.cost.in_process_tries;  // the last one finished
     Close();
   }
   if (first_of_step) productive_s_ += step_s;

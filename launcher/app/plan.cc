@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -349,6 +350,11 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   a->argv = WorkerArgv(o, DefaultPython(env));
   if (o.spare_workers != SpareWorkers::kOff) a->spare_argv = WarmSpareArgv(a->argv);
   if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
+  if (o.spare_workers == SpareWorkers::kAuto && o.max_restarts == 0) {
+    // No restart will promote a spare: only an in-process recovery, so the spares (~380 MB of
+    // memory each) start when the program declares one, not beside every Python worker.
+    a->spare_argv_on_declaration = std::exchange(a->spare_argv, {});
+  }
   a->telemetry.warm_spares = !a->spare_argv.empty();
   a->spares_on_declaration = o.spare_workers != SpareWorkers::kOff;
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x

@@ -76,6 +76,14 @@ if _dlrun_warming.is_alive():
                 os.execv(sys.executable, [_orig[0]] + _flags + sys.argv[1:])
 _dlrun_warming.join()
 del _dlrun_warming, _dlrun_warm
+# Threads the imports started (a pool, a watchdog) inherited their idle priority, and would keep
+# it in the worker: every thread of a promoted spare goes to normal priority where allowed.
+for _t in os.listdir("/proc/self/task"):
+    try:
+        if os.sched_getscheduler(int(_t)) == os.SCHED_IDLE:
+            os.sched_setscheduler(int(_t), os.SCHED_OTHER, os.sched_param(0))
+    except (OSError, ValueError):
+        pass
 # Ranks other than 0 meet rank 0's TCPStore. Promoted together, one may get there before rank 0
 # has bound it, and TCPStore's client then backs off for up to a second: wait for the port first.
 try:

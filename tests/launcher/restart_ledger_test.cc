@@ -187,6 +187,37 @@ TEST(RestartLedger, AnInProcessRecoveryWithoutStepRecordsRunsToItsEnd) {
   EXPECT_FALSE(k.Costs()[0].resumed) << "a later step, not the recovery's end, closes it";
 }
 
+// A fault, an in-process recovery that a second fault ends, then the restart: one restart
+// after an in-process recovery that did not finish (the report said "over 2 restarts").
+TEST(RestartLedger, AnInProcessRecoveryThatFailedIsToldApartFromTheRestart) {
+  RestartLedger l;
+  Timeline tl;
+  EightSteps(l, tl);
+  l.FaultSeen(tl.at(0.85));
+  l.Stopped(tl.at(0.86));
+  l.GroupStarted(0, tl.at(0.86), tl.at(0.87), /*generation=*/1);
+  l.FaultSeen(tl.at(1.5));  // the survivor refused
+  l.Stopped(tl.at(1.6));
+  l.GroupStarted(1, tl.at(1.7), tl.at(1.8));
+  l.Resumed(4, 0.1);
+  for (int s = 5; s <= 9; ++s) l.Step(s, 0.1, tl.at(1.8 + 0.1 * (s - 4)));
+  auto costs = l.Costs();
+  ASSERT_EQ(costs.size(), 1u);
+  EXPECT_EQ(costs[0].restarts, 2);
+  EXPECT_EQ(costs[0].in_process_tries, 1);
+  EXPECT_EQ(costs[0].restart, 1);
+  // One that finished is no try left over.
+  RestartLedger k;
+  EightSteps(k, tl);
+  k.FaultSeen(tl.at(0.85));
+  k.Stopped(tl.at(0.86));
+  k.GroupStarted(0, tl.at(0.86), tl.at(0.87), /*generation=*/1);
+  k.StateFromPeer(8, 0.2);
+  k.Step(9, 0.1, tl.at(1.3));
+  ASSERT_EQ(k.Costs().size(), 1u);
+  EXPECT_EQ(k.Costs()[0].in_process_tries, 0);
+}
+
 TEST(RestartLedger, AFaultThatEndsTheJobIsNoRestart) {
   RestartLedger l;
   Timeline tl;

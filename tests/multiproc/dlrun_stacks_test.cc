@@ -288,6 +288,9 @@ TEST(DlrunStacks, ACrashBySegfaultIsCapturedBeforeTheOthersAreStopped) {
   EXPECT_EQ(f["class"], "segfault");
   EXPECT_EQ(f["rank"], 2);
   EXPECT_EQ(f["stacks"]["groups"][0]["ranks"], json({0, 1, 3})) << f.dump();
+  // The failed rank is the cause: no live rank is made a suspect by its stack.
+  EXPECT_TRUE(f["stacks"]["suspects"].empty()) << f.dump();
+  EXPECT_NE(r.output.find("rank 2 failed, not read"), std::string::npos) << r.output;
   EXPECT_TRUE(absl::EndsWith(f["faulting_frame"].get<std::string>(), "/" + crash)) << f.dump();
   // The dump is kept beside the error files, in the attempt's directory.
   bool kept = false;

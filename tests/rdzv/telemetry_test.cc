@@ -466,7 +466,7 @@ TEST(Telemetry, ARestartCostOutOfRangeIsRefusedNamingIt) {
   p.mutable_restarts(0)->set_stop_s(0);
   p.mutable_restarts(0)->set_resumed_step(-7);
   EXPECT_NE(telemetry::TelemetryFromProto(p).status().message().find(
-                "resumed at -7, generation 0) is out of range"),
+                "resumed at -7, generation 0, 0 in-process tries) is out of range"),
             std::string::npos);
   v1::NodeTelemetry many;
   for (size_t i = 0; i <= telemetry::kMaxRestartCosts; ++i) many.add_restarts();
@@ -542,6 +542,36 @@ TEST(Telemetry, AProfilesSharesComeWithTheirSampleCount) {
       << text;
   EXPECT_EQ(text.find("few samples"), std::string::npos) << text;
   EXPECT_EQ(telemetry::ProfileDetailJson(p)["samples"], 4000);
+}
+
+// The warm spares' memory (~380 MB each, issue 55) crosses the wire and is named in the memory
+// line beside the ranks' peak, which leaves it out.
+TEST(Telemetry, TheWarmSparesMemoryIsReportedBesideTheRanksPeak) {
+  telemetry::JobTelemetry job;
+  const auto now = std::chrono::steady_clock::now();
+  telemetry::NodeTelemetry n;
+  n.hostname = "host-a";
+  n.memory_limit_bytes = int64_t{16} << 30;
+  n.memory_limit_source = "machine memory";
+  n.warm_spares = true;
+  n.spare_rss_peak_bytes = int64_t{3} << 28;  // 0.75 GiB
+  telemetry::RankTelemetry r;
+  r.rank = 0;
+  r.steps = 4;
+  r.rss_peak_bytes = int64_t{1} << 30;
+  n.ranks.push_back(r);
+  v1::NodeTelemetry p;
+  ToProto(n, &p);
+  auto back = telemetry::TelemetryFromProto(p);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->spare_rss_peak_bytes, n.spare_rss_peak_bytes);
+  job.Update("n0", "host-a", *back, now);
+  auto snap = job.TakeSnapshot(now);
+  snap.wall_s = 10;
+  const std::string report = telemetry::FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("memory on host-a: peak 1.00 GiB of 16.00 GiB (machine memory), 6%, and "
+                        "0.75 GiB more in the warm spares"),
+            std::string::npos) << report;
 }
 
 TEST(Telemetry, AProfileOutOfRangeIsRefusedNamingIt) {
@@ -643,6 +673,35 @@ TEST(JobReport, AnInProcessRecoveryWithoutStepRecordsNamesNoStep) {
       << report;
   EXPECT_EQ(report.find("step -1"), std::string::npos) << report;
   EXPECT_EQ(report.find("so far"), std::string::npos) << report;
+}
+
+// A restart after an in-process recovery that did not finish: one restart, said so, with the
+// fault the recovery began with as its cause (the agent's), across the proto.
+TEST(JobReport, ARestartAfterAFailedInProcessRecoveryIsOneRestartSaidSo) {
+  telemetry::RestartCost c = Cost(1, 0.2, 5, 3);
+  c.restarts = 2;
+  c.in_process_tries = 1;
+  telemetry::NodeTelemetry n;
+  n.restarts = {c};
+  v1::NodeTelemetry wire;
+  ToProto(n, &wire);
+  auto back = telemetry::TelemetryFromProto(wire);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->restarts.size(), 1u);
+  EXPECT_EQ(back->restarts[0].in_process_tries, 1);
+  telemetry::JobTelemetry::Snapshot s;
+  s.wall_s = 10;
+  s.restart_costs = back->restarts;
+  s.restart_causes = {"rank 1 (local rank 1, pid 7): SIGKILL, and the in-process recovery after it "
+                      "failed (rank 0 exited with 1)"};
+  const std::string report = telemetry::FormatJobReport(s, 0);
+  EXPECT_NE(report.find("restart 1: rank 1 (local rank 1, pid 7): SIGKILL, and the in-process"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("(resumed from step 3), after an in-process recovery that did not finish"),
+            std::string::npos) << report;
+  EXPECT_EQ(report.find("over 2 restarts"), std::string::npos) << report;
+  wire.mutable_restarts(0)->set_in_process_tries(3);  // more tries than the span's faults
+  EXPECT_FALSE(telemetry::TelemetryFromProto(wire).ok());
 }
 
 TEST(JobReport, SaysWhatSamplesPerSecondIsOverAndWhenThereAreNoStepRecords) {

@@ -80,6 +80,25 @@ TEST(AgentInProcessRecovery, TheSurvivorsKeepRunningAndHearTheNewGroup) {
   EXPECT_EQ(h.procs.kept_spares[0].spare_argv, h.options.argv);
 }
 
+// A Python program under --max-restarts 0 (plan.cc holds its bootstrap back): no spare at the
+// start, one per local rank once the program declares in-process recovery, each the bootstrap.
+TEST(AgentInProcessRecovery, HeldBackPythonSparesStartAtTheDeclaration) {
+  Harness h(3);
+  h.options.spare_argv_on_declaration = {"python3", "-u", "-c", "bootstrap", "train.py"};
+  Declaring(h, /*replacement_joins=*/true);
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/0), 0);
+  ASSERT_EQ(h.procs.kept_spares.size(), 4u);  // three at the declarations, one for the replacement
+  for (const SpawnSpec& s : h.procs.kept_spares) {
+    EXPECT_EQ(s.spare_argv, h.options.spare_argv_on_declaration);
+  }
+  // Without a declaration, none at all.
+  Harness quiet(3);
+  quiet.options.spare_argv_on_declaration = {"python3", "-u", "-c", "bootstrap", "train.py"};
+  Declaring(quiet, /*replacement_joins=*/true, /*declares=*/false);
+  quiet.RunStatic(/*max_restarts=*/0);
+  EXPECT_TRUE(quiet.procs.kept_spares.empty());
+}
+
 TEST(AgentInProcessRecovery, AReplacementThatNeverSaysItHoldsTheStateEndsInTheRestart) {
   Harness h(3);
   Declaring(h, /*replacement_joins=*/false);

@@ -93,6 +93,12 @@ Agent::FailureDescription Agent::DescribeFailure(const RootCause& root, bool has
                ? absl::StrCat("rank ", first.global_rank, " got SIG", sigabbrev_np(first.signal),
                               faulting.empty() ? "" : " at ", faulting)
                : absl::StrCat("rank ", first.global_rank, " exited with ", first.exit_code);
+  if (recovery_deadline_ && !recovering_from_.empty()) {
+    // A failure during an in-process recovery: the restart's cause is the fault the recovery
+    // began with (it said "rank 0 exited with 1", the survivor that refused, as the cause).
+    w.cause = absl::StrCat(recovering_from_, ", and the in-process recovery after it failed (",
+                           w.cause, ")");
+  }
   return w;
 }
 
@@ -127,13 +133,8 @@ int Agent::AfterFailure() {
   if (const std::string hw = HardwareFault(cls, text_of(first)); !hw.empty()) {
     NoteHardwareFault(hw);
   }
-  FailureDescription failure = DescribeFailure(root, !error_of(first.local_rank).message.empty());
-  if (recovery_deadline_ && !recovering_from_.empty()) {
-    // A failure during an in-process recovery: the restart's cause is the fault the recovery
-    // began with (it said "rank 0 exited with 1", the survivor that refused, as the cause).
-    failure.cause = absl::StrCat(recovering_from_, ", and the in-process recovery after it failed (",
-                                 failure.cause, ")");
-  }
+  const FailureDescription failure =
+      DescribeFailure(root, !error_of(first.local_rank).message.empty());
   const std::string& message = failure.message;
   const std::string& cause = failure.cause;
   std::shared_future<std::string> stacks_json;

@@ -79,10 +79,7 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   // `dlrun stacks` finds the run through this machine's index (RUN_DIR/workers.json).
   std::error_code ec;
   std::filesystem::create_directories(a.run_dir, ec);
-  if (!a.spare_argv.empty()) a.spare_argv = SpareArgvFromFile(a.spare_argv, a.run_dir);
-  if (!a.spare_argv_on_declaration.empty()) {
-    a.spare_argv_on_declaration = SpareArgvFromFile(a.spare_argv_on_declaration, a.run_dir);
-  }
+  for (auto* v : {&a.spare_argv, &a.spare_argv_on_declaration}) *v = SpareArgvFromFile(*v, a.run_dir);
   const std::string index = RunIndexDir(env("TMPDIR").value_or("/tmp"), getuid());
   RegisterRun(index, getpid(), a.run_dir);
 

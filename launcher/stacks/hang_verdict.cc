@@ -41,6 +41,7 @@ HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
   // Where, per phrase, who: the culprits' phrases and the waiting ones apart.
   std::map<std::string, std::vector<int>> culprit_at, waiting_at;
   std::vector<int> culprits, unread;
+  std::set<std::string> why_unread;  // what kept their stacks from being read
   for (const RankStack& s : r.ranks) {
     if (stopped_set.count(s.rank)) {
       culprits.push_back(s.rank);
@@ -49,6 +50,7 @@ HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
     }
     if (!s.missing.empty() || s.threads.empty()) {
       unread.push_back(s.rank);
+      if (!s.missing.empty()) why_unread.insert(s.missing);
       continue;
     }
     const std::vector<StackFrame>& frames = s.threads.front().frames;
@@ -66,7 +68,12 @@ HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
     parts.push_back(absl::StrCat(RanksPhrase(ranks), ranks.size() == 1 ? " waits in " : " wait in ",
                                  where));
   }
-  if (!unread.empty()) parts.push_back(absl::StrCat(RanksPhrase(unread), ": stack not read"));
+  if (!unread.empty()) {
+    // Why, where it is one reason for all (the idle line then says what to install: py-spy).
+    parts.push_back(absl::StrCat(RanksPhrase(unread), ": stack not read",
+                                 why_unread.size() == 1 ? absl::StrCat(" (", *why_unread.begin(), ")")
+                                                        : std::string()));
+  }
   v.where = absl::StrJoin(parts, "; ");
   // Everyone busy elsewhere than a collective: the dump cannot tell who holds whom.
   if (!waiting_at.empty() || !stopped_set.empty()) v.culprits = culprits;

@@ -183,6 +183,18 @@ TEST(HangVerdict, TheRankOutsideACollectiveIsTheCulpritAndEveryRankIsPlaced) {
   EXPECT_EQ(v.culprits, std::vector<int>{1});
   EXPECT_NE(v.where.find("rank 1 is stopped by a signal"), std::string::npos) << v.where;
   EXPECT_FALSE(v.all_wait);
+  // Stacks that could not be read say why, so the idle line says what to install.
+  RankStack unread;
+  unread.rank = 2;
+  unread.missing = "a Python worker, and no py-spy next to its interpreter or on PATH (pip install "
+                   "py-spy, or set DLRUN_PY_SPY)";
+  std::vector<RankStack> with_unread = {
+      Rank(0, "a", {Frame("all_reduce", dist, 2800), Frame("main", "/job/hang.py", 12)}), unread};
+  EXPECT_NE(NameHung(GroupStacks(with_unread), {}).where.find(
+                "rank 2: stack not read (a Python worker, and no py-spy next to its interpreter "
+                "or on PATH (pip install py-spy"),
+            std::string::npos)
+      << NameHung(GroupStacks(with_unread), {}).where;
   // Every rank waits: nobody to name (the one holding them up is elsewhere, or gone).
   v = NameHung(GroupStacks(ranks), {});
   EXPECT_TRUE(v.culprits.empty());

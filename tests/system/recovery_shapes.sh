@@ -27,8 +27,10 @@ run() {  # run TAG SHAPE KILLS: the run's output in $work/TAG.out, its exit stat
   local program=("$SOURCE_DIR/tests/python/shapes_train.py" "$2" "$STEPS")
   # cxx_SHAPE: the C++ program (tests/worker/recovery_shape.cc), its checkpoints in argv.
   [[ "$2" == cxx_* ]] && program=("$RECOVERY_SHAPE" "${2#cxx_}" "$STEPS" "$work/$1")
+  # --spare-workers off: what is checked is the state, not the replacement's start; a spare
+  # that is never promoted (two per run) is ~3 CPU-s of torch imports on a saturated machine.
   CKPT_DIR=$work/$1 KILLS=$3 timeout 300 "$DLRUN" --standalone --nproc-per-node 2 \
-    --max-restarts 3 "${program[@]}" >"$work/$1.out" 2>&1
+    --max-restarts 3 --spare-workers off "${program[@]}" >"$work/$1.out" 2>&1
 }
 # ends TAG: "rank R digest D buffers B" of the last process of each rank, one per line.
 ends() { sed -n 's/^\[rank [0-9]*\]: \(rank [0-9]* digest [0-9a-f]* buffers [0-9a-f]*\).*/\1/p' "$work/$1.out" | sort -k2,2 -s | awk '{last[$2]=$0} END {for (r in last) print last[r]}' | sort; }

@@ -131,8 +131,45 @@ void RecoverySample(dlrun::worker::Context& ctx, Net model, torch::optim::Optimi
       recovery.commit(step);   // right after optimizer.step()
     });
     if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
-      ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
+      dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // ddp.h: the wrapper anew
       step = r.step;  // the loop goes on with r.step + 1: the interrupted step again
+    }
+  }
+}
+
+// ddp.h, after a recovery
+void RebuildSample(dlrun::worker::Context& ctx, dlrun::worker::Recovery::Outcome r, int64_t step,
+                   std::unique_ptr<dlrun::worker::DistributedDataParallel<Net>>& ddp) {
+  if (r.recovered) { dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg); step = r.step; }
+  (void)step;
+}
+
+// docs/EMBEDDING.md, the recovery's rules in one program
+using dlrun::worker::TrainingState;
+void EmbeddingRecoverySample(int64_t steps) {
+  auto x = [](int64_t) { return torch::zeros({2, 4}); };
+  auto y = [](int64_t) { return torch::zeros({2, 1}); };
+  auto log_allreduce = [](dlrun::worker::Context& c) { c.allReduce(torch::ones({1})); };
+  Net model;                                      // 1. model and optimizer before init():
+  torch::optim::AdamW opt(model->parameters());   //    a warm spare has them built already
+  auto ctx = dlrun::worker::init();
+  dlrun::worker::RecoveryHooks hooks{              // 2. state beyond model and optimizer
+      [&] { return TrainingState{/* EMA, scaler... */}; },   // capture: at each step's start
+      [&](const TrainingState&) { /* put it back */ }};     // restore: on the ranks behind
+  dlrun::worker::Recovery recovery(ctx, *model, opt, hooks);
+  int64_t start = recovery.replacement() ? recovery.receive().step : 0;  // before the wrapper
+  auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
+  for (int64_t step = start + 1; step <= steps; ++step) {
+    auto r = recovery.run([&] {
+      opt.zero_grad();
+      torch::mse_loss((*ddp)(x(step)), y(step)).backward();  // 3. collectives before the update
+      recovery.update();                          // 4. the update (copies first), or opt.step()
+      log_allreduce(ctx);                         //    then commit() right after it
+      recovery.commit(step);
+    });
+    if (r.recovered) {                            // 5. the wrapper anew, the step again
+      dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);
+      step = r.step;
     }
   }
 }

@@ -1,14 +1,9 @@
 #include "rendezvous/client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
 
 #include <atomic>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "dlrun/proto/rendezvous.grpc.pb.h"

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/host_port.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -135,18 +136,16 @@ std::string LocalListener(int port) {
 }
 
 std::optional<std::string> WhatAnswers(const std::string& endpoint) {
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || endpoint.find("://") != std::string::npos) return std::nullopt;
-  std::string host = endpoint.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
+  const HostPort hp = SplitHostPort(endpoint);
   int port = 0;
-  if (!absl::SimpleAtoi(endpoint.substr(colon + 1), &port)) return std::nullopt;
+  if (!hp.has_port || endpoint.find("://") != std::string::npos ||
+      !absl::SimpleAtoi(hp.port, &port)) {
+    return std::nullopt;
+  }
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), endpoint.substr(colon + 1).c_str(), &hints, &found) != 0) {
+  if (getaddrinfo(Unbracketed(hp.host).c_str(), hp.port.c_str(), &hints, &found) != 0) {
     return std::nullopt;
   }
   std::optional<std::string> what;

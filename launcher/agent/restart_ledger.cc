@@ -26,6 +26,8 @@ void RestartLedger::FaultSeen(SteadyTime t, bool admission) {
     open_->cost.fault_step = high_step_;
   } else {
     open_->cost.admission = open_->cost.admission && admission;  // a fault meanwhile: a fault
+    // A fault while an in-process group (generation > 0) ran: that recovery did not finish.
+    if (open_->in_group && open_->cost.generation > 0) ++open_->cost.in_process_tries;
     ++open_->cost.restarts;
     CloseGroup(t);
   }
@@ -62,7 +64,6 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.mark = std::max(o.mark, assigned);
   o.cost.restart = restart;
   o.cost.generation = generation;
-  if (generation > 0) ++o.cost.in_process_tries;  // undone below if it finishes
   o.in_group = true;
   o.first_begin.reset();
   o.load_s = 0;
@@ -86,11 +87,9 @@ void RestartLedger::StateFromPeer(int64_t step, double s) {
 void RestartLedger::RecoveryDone(SteadyTime t) {
   if (!open_ || !open_->in_group || high_step_ >= 0) return;
   OpenRestart& o = *open_;
-  if (!o.first_begin) o.first_begin = t;  // no step began: the state transfer is the start
-  CloseGroup(t);
+  CloseGroup(t);  // no step began: start and state transfer run to the recovery's end
   o.cost.in_process = true;
   o.cost.resumed = true;
-  if (o.cost.generation > 0) --o.cost.in_process_tries;  // it finished
   Close();
 }
 
@@ -119,7 +118,6 @@ void RestartLedger::Step(int64_t step, double step_s, SteadyTime now) {
     // Past the fault's step: the job makes progress again, the span ends where this step began.
     CloseGroup(std::max(begin, *o.first_begin));
     o.cost.resumed = true;
-    if (o.cost.generation > 0) --o.cost.in_process_tries;  // the last one finished
     Close();
   }
   if (first_of_step) productive_s_ += step_s;

@@ -178,7 +178,7 @@ std::vector<std::string> ContainerWarnings(const SlurmJobOptions& o) {
   }
   if (o.container_workdir.empty()) {
     for (const std::string& a : o.command) {
-      if (absl::EndsWith(a, ".py") && !a.empty() && a.front() != '/') {
+      if (absl::EndsWith(a, ".py") && a.front() != '/') {
         out.push_back(absl::StrCat(
             "the script '", a, "' is a relative path, and pyxis starts in the image's working "
             "directory, not in this one: give --container-workdir (with --container-mounts for "

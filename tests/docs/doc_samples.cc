@@ -98,6 +98,10 @@ struct NetImpl : torch::nn::Module {
   dlrun::worker::SyncBatchNorm bn{nullptr};
 };
 TORCH_MODULE(Net);
+
+void UseGroupSample(Net model, dlrun::worker::Context& ctx, dlrun::worker::Recovery::Outcome r) {
+  if (r.recovered) dlrun::worker::useGroup(*model, ctx.pg);
+}
 }  // namespace sync_bn_sample
 
 // checkpoint.h

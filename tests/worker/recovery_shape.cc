@@ -5,7 +5,8 @@
 // SHAPE: bn (optimizer.step(), commit() right after it), bn_nobcast (the same, DDP's
 // broadcast_buffers off), log_allreduce (Recovery::update(), an EMA and a logging all-reduce
 // after it, commit() at the step's end), direct_tail (optimizer.step() itself, then the logging
-// all-reduce, then commit(): a peer lost in that all-reduce must be refused).
+// all-reduce, then commit(): a peer lost in that all-reduce must be refused), syncbn (bn with
+// dlrun::worker::SyncBatchNorm, which must follow the new group after a recovery).
 // KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit).
 // Lines: "rank R digest D buffers B" at the end (parameters and the EMA; the buffers).
 #include <signal.h>
@@ -29,13 +30,18 @@ namespace {
 
 struct NetImpl : torch::nn::Module {
   torch::nn::Linear inp{nullptr}, out{nullptr};
-  torch::nn::BatchNorm1d bn{nullptr};
-  NetImpl() {
+  torch::nn::AnyModule bn;
+  explicit NetImpl(c10::intrusive_ptr<c10d::ProcessGroup> sync_pg) {
     inp = register_module("inp", torch::nn::Linear(8, 16));
-    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    if (sync_pg) {
+      bn = torch::nn::AnyModule(dlrun::worker::SyncBatchNorm(16, std::move(sync_pg)));
+    } else {
+      bn = torch::nn::AnyModule(torch::nn::BatchNorm1d(16));
+    }
+    register_module("bn", bn.ptr());
     out = register_module("out", torch::nn::Linear(16, 1));
   }
-  torch::Tensor forward(torch::Tensor x) { return out(torch::relu(bn(inp(x)))); }
+  torch::Tensor forward(torch::Tensor x) { return out(torch::relu(bn.forward(inp(x)))); }
 };
 TORCH_MODULE(Net);
 
@@ -54,7 +60,7 @@ std::map<std::pair<int64_t, std::string>, int> Kills() {
 
 int main(int argc, char** argv) try {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: recovery_shape bn|bn_nobcast|log_allreduce|direct_tail STEPS DIR\n");
+    std::fprintf(stderr, "usage: recovery_shape bn|bn_nobcast|log_allreduce|direct_tail|syncbn STEPS DIR\n");
     return 2;
   }
   const std::string shape = argv[1], dir = argv[3];
@@ -62,7 +68,7 @@ int main(int argc, char** argv) try {
   auto ctx = dlrun::worker::init();
   const int rank = ctx.rank();
   torch::manual_seed(0);
-  Net model;
+  Net model(shape == "syncbn" ? ctx.pg : nullptr);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   std::vector<torch::Tensor> ema;
   for (const auto& p : model->parameters()) ema.push_back(p.detach().clone());
@@ -120,7 +126,7 @@ int main(int argc, char** argv) try {
         opt.step();
       }
       kill_here(step, "update");
-      if (shape == "bn" || shape == "bn_nobcast") recovery.commit(step);
+      if (shape == "bn" || shape == "bn_nobcast" || shape == "syncbn") recovery.commit(step);
       {
         torch::NoGradGuard no_grad;
         const auto params = model->parameters();

@@ -59,6 +59,17 @@ void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
          << ", momentum=" << options.momentum().value_or(-1) << ", ranks=" << pg->getSize() << ")";
 }
 
+int useGroup(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+  if (!pg) throw std::invalid_argument("useGroup: the process group is null");
+  int moved = 0;
+  auto follow = [&](torch::nn::Module& m) {
+    if (auto* bn = dynamic_cast<SyncBatchNormImpl*>(&m)) bn->pg = pg, ++moved;
+  };
+  follow(module);
+  for (const auto& child : module.modules(/*include_self=*/false)) follow(*child);
+  return moved;
+}
+
 torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   const int64_t c = options.num_features();
   if (input.dim() < 2 || input.size(1) != c) {

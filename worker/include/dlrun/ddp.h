@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "dlrun/sync_batch_norm.h"
+
 namespace dlrun::worker {
 
 struct DDPOptions {
@@ -248,7 +250,8 @@ DistributedDataParallel(Model, c10::intrusive_ptr<c10d::ProcessGroup>, DDPOption
 // same state): `ddp` made anew over `pg`, as the Python wrapper's rec.ddp is after a recovery:
 // its options, no broadcast of rank 0's values (init_sync off: the state was checked equal), the
 // buckets the old wrapper settled on (the same sums as before the fault), the old wrapper let go
-// first (its engine is the old group's). A communication hook given with registerCommHook is
+// first (its engine is the old group's), every SyncBatchNorm of the model moved onto `pg`
+// (useGroup, dlrun/sync_batch_norm.h). A communication hook given with registerCommHook is
 // the trainer's to register again on the new wrapper (the first forward checks every rank has
 // the same); DDPOptions::fp16_compression carries over.
 //
@@ -260,6 +263,7 @@ void rebuildAfterRecovery(std::unique_ptr<DistributedDataParallel<Model>>& ddp,
   DDPOptions o = ddp->options();
   o.init_sync = false;
   o.ready_order = ddp->readyOrder();
+  useGroup(ddp->module(), pg);
   Model model = ddp->model();
   ddp.reset();
   ddp = std::make_unique<DistributedDataParallel<Model>>(std::move(model), std::move(pg), o);

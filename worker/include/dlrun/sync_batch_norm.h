@@ -18,6 +18,12 @@
 // num_batches_tracked), so a checkpoint moves between the two. Any input of shape [N, C, ...]
 // works (BatchNorm1d, 2d and 3d alike). Each training forward and backward is one allreduce on
 // the process group; every rank must call forward the same number of times, as with DDP.
+//
+// After an in-process recovery (docs/RECOVERY.md) the old group is gone: rebuildAfterRecovery
+// (dlrun/ddp.h) moves every SyncBatchNorm of the model it wraps onto the new group; a trainer
+// without the DDP wrapper calls useGroup itself:
+//
+//   if (r.recovered) dlrun::worker::useGroup(*model, ctx.pg);
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -43,5 +49,9 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 };
 TORCH_MODULE(SyncBatchNorm);
+
+// Every SyncBatchNorm in `module` (itself included) normalizes over `pg` from now on; returns
+// how many there were.
+int useGroup(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& pg);
 
 }  // namespace dlrun::worker

@@ -9,6 +9,11 @@
 #     (the launcher's abseil and the plugin's) never interpose on each other.
 # OFF (the default, the development build): the shared libraries, as Debian links them.
 option(DLRUN_PORTABLE "Link dlrun and its rendezvous plugin statically (the wheel)" OFF)
+# DLRUN_GLIBC_STUBS=DIR (scripts/glibc-stubs, which scripts/build-wheel passes): the portable
+# executable links against an older glibc's symbol set (2.28): DIR's start file and libc.so
+# stubs come before the build machine's (-B, -L), so each call binds to a version glibc 2.28
+# has; launcher/portable_glibc.cc defines what the static C++ runtime needs beyond it.
+set(DLRUN_GLIBC_STUBS "" CACHE PATH "Link the portable dlrun against these glibc stubs")
 
 add_library(dlrun_spdlog INTERFACE)
 if(DLRUN_PORTABLE)
@@ -83,4 +88,11 @@ function(dlrun_portable_link tgt)
   endif()
   target_link_options(${tgt} PRIVATE -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL
     -Wl,--as-needed)
+  if(DLRUN_GLIBC_STUBS)
+    if(NOT EXISTS "${DLRUN_GLIBC_STUBS}/libc.so" OR NOT EXISTS "${DLRUN_GLIBC_STUBS}/Scrt1.o")
+      message(FATAL_ERROR "DLRUN_GLIBC_STUBS='${DLRUN_GLIBC_STUBS}' holds no libc.so and Scrt1.o: "
+                          "expected the directory scripts/glibc-stubs prints")
+    endif()
+    target_link_options(${tgt} PRIVATE -B${DLRUN_GLIBC_STUBS} -L${DLRUN_GLIBC_STUBS})
+  endif()
 endfunction()

@@ -15,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_format.h"
 #include "common/contract.h"
+#include "common/signal_name.h"
 #include "launcher/agent/spawn_spec.h"
 #include "launcher/stacks/stacks.h"
 #include "spdlog/spdlog.h"
@@ -54,7 +55,7 @@ void Agent::NoteDeathByPassedOnSignal(const WorkerExit& x) {
   // Seen, not predicted: a worker's handlers read from /proc just before the signal can be
   // gone a moment later without harm (an interpreter that is exiting resets them).
   spdlog::warn("rank {} died of SIG{}, passed on by dlrun: it has no handler for it",
-               x.global_rank, sigabbrev_np(x.signal));
+               x.global_rank, dlrun::SignalAbbrev(x.signal));
   if (passthrough_hint_given_) return;
   passthrough_hint_given_ = true;
   spdlog::warn("to checkpoint on a preemption warning instead, a Python program uses "
@@ -170,7 +171,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         break;
       case ProcEvent::Kind::kSignal:
         if (IsPassthrough(e.signal)) {
-          spdlog::info("forwarding SIG{} to the workers", sigabbrev_np(e.signal));
+          spdlog::info("forwarding SIG{} to the workers", dlrun::SignalAbbrev(e.signal));
           PassOn(e.signal);
         } else if (forwarded == 0) {
           forwarded = e.signal;
@@ -285,7 +286,7 @@ void Agent::StopGroup(int first_signal) {
     if (sig != SIGTERM && sig != SIGKILL &&
         processes_.Disposition(w.pid, sig) == Processes::SignalAction::kIgnored) {
       spdlog::info("local rank {} (pid {}) ignores SIG{}: sending SIGTERM instead", w.local_rank,
-                   w.pid, sigabbrev_np(sig));
+                   w.pid, dlrun::SignalAbbrev(sig));
       sig = SIGTERM;
     }
     processes_.SignalGroup(w.pid, sig);
@@ -390,7 +391,7 @@ int Agent::RunAttempts() {
     int sig = 0;
     absl::StatusOr<Assignment> next = NextAssignment(&sig);
     if (sig != 0) {
-      spdlog::warn("received SIG{} while joining the rendezvous: exiting", sigabbrev_np(sig));
+      spdlog::warn("received SIG{} while joining the rendezvous: exiting", dlrun::SignalAbbrev(sig));
       fflush(nullptr);
       _exit(128 + sig);  // a join may still be in flight on its thread: skip destructors
     }
@@ -427,11 +428,11 @@ int Agent::RunAttempts() {
         rc = AfterHang(w.reason, w.rank);
         break;
       case Watch::Outcome::kSignalled:
-        spdlog::warn("received SIG{}: forwarding to workers and stopping", sigabbrev_np(w.signal));
+        spdlog::warn("received SIG{}: forwarding to workers and stopping", dlrun::SignalAbbrev(w.signal));
         StopGroup(w.signal);
         // The steps done since the last period's publication belong in the report too.
         telemetry_.MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);
-        source_->OnStop(absl::StrCat("agent received SIG", sigabbrev_np(w.signal)));
+        source_->OnStop(absl::StrCat("agent received SIG", dlrun::SignalAbbrev(w.signal)));
         return 128 + w.signal;
       case Watch::Outcome::kRestart:
         spdlog::warn("the rendezvous opened a new round ({}): restarting workers", w.reason);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
+#include "common/signal_name.h"
 #include "launcher/agent/agent.h"
 #include "launcher/base/bad_nodes.h"
 #include "launcher/stacks/crash_trace.h"
@@ -90,7 +91,7 @@ Agent::FailureDescription Agent::DescribeFailure(const RootCause& root, bool has
     }
   }
   w.cause = first.signal != 0
-               ? absl::StrCat("rank ", first.global_rank, " got SIG", sigabbrev_np(first.signal),
+               ? absl::StrCat("rank ", first.global_rank, " got SIG", dlrun::SignalAbbrev(first.signal),
                               faulting.empty() ? "" : " at ", faulting)
                : absl::StrCat("rank ", first.global_rank, " exited with ", first.exit_code);
   if (recovery_deadline_ && !recovering_from_.empty()) {

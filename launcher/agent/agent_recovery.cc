@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/contract.h"
+#include "common/signal_name.h"
 #include "launcher/agent/agent.h"
 #include "launcher/agent/spawn_spec.h"
 #include "spdlog/spdlog.h"
@@ -63,7 +64,7 @@ std::vector<std::string> Agent::NoteLost(const std::vector<WorkerExit>& lost) {
   for (const WorkerExit& e : lost) {
     const ErrorRecord rec = run_dir_.ReadErrorRecord(attempt_, e.local_rank);
     std::string what = rec.message.empty()
-                           ? (e.signal != 0 ? absl::StrCat("SIG", sigabbrev_np(e.signal))
+                           ? (e.signal != 0 ? absl::StrCat("SIG", dlrun::SignalAbbrev(e.signal))
                                             : absl::StrCat("exit code ", e.exit_code))
                            : rec.message.substr(0, rec.message.find('\n'));
     said.push_back(absl::StrCat("rank ", e.global_rank, " (local rank ", e.local_rank, ", pid ",

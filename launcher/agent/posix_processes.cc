@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <signal.h>
-#include <pty.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <termios.h>
@@ -91,11 +91,25 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
 
 // A pseudo-terminal for a worker's stdout: [0] the agent's end, [1] the worker's. The size is
 // the agent's terminal's (progress bars fit); no \n -> \r\n translation (the agent adds the
-// rank prefix to bytes as written).
+// rank prefix to bytes as written). POSIX's calls, not openpty(), which glibc before 2.34 keeps
+// in libutil (the wheel's dlrun needs the C library alone, on glibc 2.28: docs/PACKAGING.md).
 bool OpenPty(int fds[2]) {
+  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (master < 0) return false;
+  char name[128];
+  if (grantpt(master) != 0 || unlockpt(master) != 0 || ptsname_r(master, name, sizeof name) != 0) {
+    close(master);
+    return false;
+  }
+  const int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (slave < 0) {
+    close(master);
+    return false;
+  }
+  fds[0] = master;
+  fds[1] = slave;
   struct winsize ws {};
-  const bool sized = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0;
-  if (openpty(&fds[0], &fds[1], nullptr, nullptr, sized ? &ws : nullptr) != 0) return false;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) ioctl(slave, TIOCSWINSZ, &ws);
   struct termios t;
   if (tcgetattr(fds[1], &t) == 0) {
     t.c_oflag &= ~static_cast<tcflag_t>(ONLCR);

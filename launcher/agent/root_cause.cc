@@ -9,6 +9,7 @@
 
 
 #include "absl/strings/str_cat.h"
+#include "common/signal_name.h"
 #include "nlohmann/json.hpp"
 
 namespace dlrun::launcher {
@@ -61,7 +62,7 @@ RootCause PickRootCause(const std::vector<WorkerExit>& exits,
   if (root.found && root.message.empty()) {
     root.message = root.exit.signal != 0
                        ? absl::StrCat("Signal ", root.exit.signal, " (SIG",
-                                      sigabbrev_np(root.exit.signal), ") received by PID ",
+                                      dlrun::SignalAbbrev(root.exit.signal), ") received by PID ",
                                       root.exit.pid)
                        : absl::StrCat("exit code ", root.exit.exit_code);
   }
@@ -227,7 +228,7 @@ void AppendFailure(const FailureReport& r, const WorkerExit& e, int index, std::
   if (has_file) {
     traceback = rec.traceback.empty() ? rec.message : rec.traceback;
   } else if (e.signal != 0) {
-    traceback = absl::StrCat("Signal ", e.signal, " (SIG", sigabbrev_np(e.signal),
+    traceback = absl::StrCat("Signal ", e.signal, " (SIG", dlrun::SignalAbbrev(e.signal),
                              ") received by PID ", e.pid);
   } else {
     traceback = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/signal_name.h"
 
 namespace dlrun::cli {
 
@@ -73,7 +74,7 @@ absl::StatusOr<std::vector<int>> ParseSignalList(const std::string& flag,
     if (absl::StartsWith(n, "SIG")) n = n.substr(3);
     int sig = 0;
     for (int s = 1; s < NSIG; ++s) {
-      const char* abbrev = sigabbrev_np(s);
+      const char* abbrev = dlrun::SignalAbbrev(s);
       if (abbrev != nullptr && n == abbrev) sig = s;
     }
     if (sig == 0 || sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD) {

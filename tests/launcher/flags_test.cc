@@ -3,6 +3,9 @@
 
 #include <signal.h>
 
+#include <string.h>
+
+#include "common/signal_name.h"
 #include "gtest/gtest.h"
 
 namespace dlrun::cli {
@@ -37,6 +40,26 @@ TEST(Flags, DurationsNodeRangesSignalsAndIntegersHaveOneErrorShape) {
             std::string::npos);
   EXPECT_EQ(Error(ParseInt("port", "70000", 0, 65535).status()),
             "invalid value '70000' for --port: expected an integer from 0 to 65535");
+}
+
+// The names dlrun prints and parses are glibc's (sigabbrev_np, 2.32+, on the build machine),
+// from a table of its own that the wheel's glibc 2.28 floor allows.
+TEST(SignalAbbrev, NamesEverySignalAsGlibcDoes) {
+  int named = 0;
+  for (int s = 1; s < SIGRTMIN; ++s) {
+    const char* glibc = sigabbrev_np(s);
+    const char* ours = dlrun::SignalAbbrev(s);
+    if (glibc == nullptr) {
+      EXPECT_EQ(ours, nullptr) << s;
+      continue;
+    }
+    ASSERT_NE(ours, nullptr) << s << " " << glibc;
+    EXPECT_STREQ(ours, glibc) << s;
+    ++named;
+  }
+  EXPECT_EQ(named, 31);
+  EXPECT_EQ(dlrun::SignalAbbrev(SIGRTMIN + 1), nullptr);
+  EXPECT_EQ(dlrun::SignalAbbrev(0), nullptr);
 }
 
 struct Opts {

@@ -7,7 +7,10 @@
 # never change it (they work on an overlay of it: in_root below).
 #   source roots.sh; in_root ROOT UPPER CMD...   runs CMD chrooted in an overlay of ROOT whose
 #                         changes land in UPPER, with /proc, /dev/shm and /work (the caller's
-#                         $WORK directory) mounted, in a mount and PID namespace of its own.
+#                         $WORK directory) mounted, in a mount and PID namespace of its own;
+#                         with IN_ROOT_USER=UID, as that user (no entry in /etc/passwd, as on
+#                         many clusters' nodes), HOME a read-only /home/ro, TMPDIR and XDG_*
+#                         under /work (which the caller makes writable for UID).
 set -euo pipefail
 
 roots_home=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}/roots
@@ -44,8 +47,8 @@ in_root() {
   mkdir -p "$upper/upper" "$upper/work" "$upper/merged"
   unshare --mount --pid --fork --propagation private bash -c '
     set -e
-    root=$1 upper=$2 work=$3
-    shift 3
+    root=$1 upper=$2 work=$3 user=$4
+    shift 4
     mount -t overlay overlay -o "lowerdir=$root,upperdir=$upper/upper,workdir=$upper/work" "$upper/merged"
     m=$upper/merged
     mount -t proc proc "$m/proc"
@@ -55,8 +58,15 @@ in_root() {
     done
     mkdir -p "$m/work"
     [[ -n "$work" ]] && mount --bind "$work" "$m/work"
+    if [[ -n "$user" ]]; then  # a cluster user: not root, HOME read-only, TMPDIR and XDG_* in /work
+      mkdir -p "$m/home/ro" && chmod 555 "$m/home/ro"
+      exec chroot --userspec="$user:$user" --groups="$user" "$m" /usr/bin/env -i HOME=/home/ro \
+        PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 TMPDIR=/work/tmp \
+        XDG_CACHE_HOME=/work/xdg/cache XDG_CONFIG_HOME=/work/xdg/config \
+        XDG_DATA_HOME=/work/xdg/data XDG_STATE_HOME=/work/xdg/state "$@"
+    fi
     exec chroot "$m" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 "$@"
-  ' in_root "$root" "$upper" "${WORK:-}" "$@"
+  ' in_root "$root" "$upper" "${WORK:-}" "${IN_ROOT_USER:-}" "$@"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

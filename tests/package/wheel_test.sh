@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The wheel where users are: pip-installed into a fresh virtual environment in a clean Debian 12
-# root (debootstrap; python3 and python3-venv only: no compiler, no -dev package, none of the
-# build's libraries), where dlrun runs a 2-worker job standalone and a 2-node job through its
-# gRPC rendezvous (linked into dlrun in the wheel), and ldd shows nothing beyond the C library; then the same wheel in a
-# Debian 11 root (glibc 2.31, below the wheel's floor), where pip refuses it naming the platform.
+# The wheel where users are: its glibc floor checked (the tag auditwheel computes, and no glibc
+# symbol version above it in bin/dlrun), then pip-installed into a fresh virtual environment in
+# clean Debian 11 (glibc 2.31, the glibc of SUSE 15 and Ubuntu 20.04), 12 and 13 (Python 3.13)
+# roots (debootstrap; python3 and python3-venv only: no compiler, no -dev package, none of the
+# build's libraries), each as a cluster user: not root, HOME read-only, TMPDIR and XDG_* in the
+# job's directory. In each, dlrun runs a 2-worker job standalone and a 2-node job through its
+# gRPC rendezvous (linked into dlrun in the wheel), ldd shows nothing beyond the C library, and
+# nothing is written outside the job's directory.
 #   wheel_test.sh SOURCE_DIR WHEEL_DIR      (WHEEL_DIR holds the one dlrun-*.whl; scripts/build-wheel)
 set -euo pipefail
 src=$1 wheels=$2
@@ -16,86 +19,104 @@ whl=$(ls "$wheels"/dlrun-*.whl 2>/dev/null | head -1)
 [[ -n "$whl" ]] || { echo "FAIL: no dlrun-*.whl in $wheels (scripts/build-wheel makes it)"; exit 1; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlrun-wheel.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/work/out1" "$tmp/work/out2"
-cp "$whl" "$here/wheel_prog.py" "$tmp/work/"
-export WORK="$tmp/work"
 name=$(basename "$whl")
 echo "wheel: $name"
+# auditwheel from scripts/build-wheel's tool environment (it made the wheel, so it is there).
+wheel_tools=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}/wheel-tools
 
-# --- Debian 12 ---------------------------------------------------------------------------
-root12=$(make_root bookworm)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-cat >"$tmp/work/in12.sh" <<SH
+# --- The glibc floor: the tag, auditwheel's reading, the symbols --------------------------
+floor=$(sed -nE 's/.*-manylinux_([0-9]+)_([0-9]+)_[a-z0-9_]+\.whl$/\1.\2/p' <<<"$name")
+[[ -n "$floor" ]] || { echo "FAIL: $name has no manylinux_X_Y tag"; exit 1; }
+awk -F. -v f="$floor" 'BEGIN { split(f, v, "."); exit !(v[1] == 2 && v[2] <= 28) }' ||
+  { echo "FAIL: the wheel's glibc floor $floor is above 2.28 (torch's)"; exit 1; }
+mkdir -p "$tmp/unpacked"
+python3 -m zipfile -e "$whl" "$tmp/unpacked"
+bin=$(find "$tmp/unpacked" -path '*/data/bin/dlrun' | head -1)
+[[ -n "$bin" ]] || { echo "FAIL: no data/bin/dlrun in $name"; exit 1; }
+above=$(objdump -T "$bin" | grep -oE 'GLIBC_2\.[0-9]+' | sort -u -t. -k2,2n |
+  awk -F. -v f="${floor#2.}" '$2 > f' | tr '\n' ' ')
+[[ -z "$above" ]] || { echo "FAIL: bin/dlrun needs $above, above the tag's glibc $floor"; exit 1; }
+show=$("$wheel_tools/bin/auditwheel" show "$whl" 2>&1) || { echo "$show"; echo "FAIL: auditwheel show"; exit 1; }
+tag=$(sed -E 's/.*-py3-none-//; s/\.whl$//' <<<"$name")
+grep -q "\"$tag\"" <<<"$(tr -d '\n' <<<"$show" | tr -s ' ')" ||
+  { echo "$show"; echo "FAIL: auditwheel show does not name the wheel's tag $tag"; exit 1; }
+echo "glibc floor: $floor (tag $tag, auditwheel agrees, no symbol above it)"
+
+# --- Each root: install and run as a cluster user --------------------------------------
+cp "$here/wheel_prog.py" "$tmp/"
+in_each_root() {  # SUITE: the jobs in a clean root of SUITE; the checks after
+  local suite=$1 root work=$tmp/$1/work port out
+  root=$(make_root "$suite")
+  mkdir -p "$work/out1" "$work/out2" "$work/tmp"
+  cp "$whl" "$tmp/wheel_prog.py" "$work/"
+  chown -R 1000:1000 "$work"
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  cat >"$work/in.sh" <<SH
 set -eu
-python3 -m venv /opt/v
-/opt/v/bin/pip install --no-index --disable-pip-version-check -q /work/$name
+echo "user: \$(id -u) home: \$HOME"
+touch "\$HOME/x" 2>/dev/null && { echo "HOME is writable"; exit 1; }
+echo "python: \$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') \$(ldd --version | head -1)"
+python3 -m venv /work/v
+/work/v/bin/pip install --no-index --no-cache-dir --disable-pip-version-check -q /work/$name
 echo "compilers: \$(ls /usr/bin | grep -cE '^(gcc|g\+\+|cc|c\+\+|clang)(-[0-9]+)?\$' || true)"
 echo "dev headers: \$(ls /usr/include | grep -c . || true)"
-echo "--- ldd dlrun"; ldd /opt/v/bin/dlrun
-/opt/v/bin/dlrun --version
-/opt/v/bin/python -c 'import dlrun, dlrun_report; print("import dlrun", dlrun.__version__)'
+echo "--- ldd dlrun"; ldd /work/v/bin/dlrun
+/work/v/bin/dlrun --version
+/work/v/bin/python -c 'import dlrun, dlrun_report; print("import dlrun", dlrun.__version__)'
 # One distribution owns the launcher and the helper (python/ is no second "dlrun" any more).
-/opt/v/bin/pip show -f --disable-pip-version-check dlrun > /work/show.txt
+/work/v/bin/pip show -f --disable-pip-version-check dlrun > /work/show.txt
 grep -q "bin/dlrun\$" /work/show.txt && grep -q "dlrun_report.py\$" /work/show.txt &&
   grep -q "dlrun/__init__.py\$" /work/show.txt || { cat /work/show.txt; echo "the wheel's dlrun does not own both"; exit 1; }
 # dlrun_recovery imports torch (not in this root): it must be there, not importable here.
-/opt/v/bin/python -c 'import importlib.util as u; assert u.find_spec("dlrun_recovery") and u.find_spec("dlrun_step"), "no dlrun_recovery or dlrun_step in the wheel"'
-echo "cmake prefix: \$(/opt/v/bin/dlrun --cmake-prefix-path) \$(/opt/v/bin/python -m dlrun --cmake-prefix-path)"
+/work/v/bin/python -c 'import importlib.util as u; assert u.find_spec("dlrun_recovery") and u.find_spec("dlrun_step"), "no dlrun_recovery or dlrun_step in the wheel"'
+echo "cmake prefix: \$(/work/v/bin/dlrun --cmake-prefix-path) \$(/work/v/bin/python -m dlrun --cmake-prefix-path)"
 # Standalone, without activating the environment: the workers get its python3.
-/opt/v/bin/dlrun --standalone --nproc-per-node 2 /work/wheel_prog.py /work/out1
-# Two agents, one "node" each, through the gRPC rendezvous (the plugin).
+/work/v/bin/dlrun --standalone --nproc-per-node 2 /work/wheel_prog.py /work/out1
+# Two agents, one "node" each, through the gRPC rendezvous.
 export DLRUN_RDZV_TOKEN=wheel-test
-/opt/v/bin/dlrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port \
+/work/v/bin/dlrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port \
   --rdzv-id wheel --node-rank 0 /work/wheel_prog.py /work/out2 > /work/agent0.log 2>&1 &
 a=\$!
-/opt/v/bin/dlrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port \
+/work/v/bin/dlrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port \
   --rdzv-id wheel --node-rank 1 /work/wheel_prog.py /work/out2 > /work/agent1.log 2>&1
 wait \$a
-echo "in12 done"
+echo "written outside /work: \$(find /tmp /var/tmp /dev/shm -user \$(id -u) 2>/dev/null | head -5 | tr '\n' ' ')"
+echo "in root done"
 SH
-if ! out=$(timeout 300 bash -c 'source "$1"; in_root "$2" "$3" bash /work/in12.sh' _ "$here/roots.sh" \
-    "$root12" "$tmp/ov12" 2>&1); then
-  echo "$out"; cat "$tmp/work/agent0.log" "$tmp/work/agent1.log" 2>/dev/null
-  echo "FAIL: the wheel does not install and run in a clean Debian 12 root"; exit 1
-fi
-echo "$out"
-grep -q "^compilers: 0$" <<<"$out" || { echo "FAIL: the Debian 12 root has a compiler"; exit 1; }
-grep -q "^dev headers: 0$" <<<"$out" || { echo "FAIL: the Debian 12 root has headers in /usr/include"; exit 1; }
-# ldd: only the C library's parts, the vDSO and the loader (or what the wheel vendors under the
-# environment, none today).
-bad=$(sed -n '/^--- ldd/,/^dlrun /p' <<<"$out" | grep '=>\|ld-linux' |
-  grep -vE '^\s*(linux-vdso\.so\.1|lib(c|m|dl|pthread|rt)\.so\.[0-9]+ => |/lib64/ld-linux-x86-64\.so\.2)' |
-  grep -v ' => /opt/v/' || true)
-[[ -z "$bad" ]] || { echo "FAIL: dlrun needs more than the C library:"; echo "$bad"; exit 1; }
-grep -q "not found" <<<"$out" && { echo "FAIL: a library is not found"; exit 1; }
-grep -q "^import dlrun " <<<"$out" || { echo "FAIL: import dlrun"; exit 1; }
-grep -q "^cmake prefix: /opt/v /opt/v$" <<<"$out" || { echo "FAIL: --cmake-prefix-path"; exit 1; }
-for d in out1 out2; do
-  for r in 0 1; do
-    f=$tmp/work/$d/rank-$r
-    [[ -f "$f" ]] || { echo "FAIL: $d: no rank $r"; exit 1; }
-    grep -q "WORLD_SIZE=2 " "$f" || { cat "$f"; echo "FAIL: $d rank $r: WORLD_SIZE"; exit 1; }
-    grep -q "python=/opt/v/bin/python3$" "$f" || { cat "$f"; echo "FAIL: $d rank $r ran another python"; exit 1; }
+  if ! out=$(IN_ROOT_USER=1000 WORK=$work timeout 300 bash -c 'source "$1"; in_root "$2" "$3" bash /work/in.sh' _ \
+      "$here/roots.sh" "$root" "$tmp/$suite/ov" 2>&1); then
+    echo "$out"; cat "$work/agent0.log" "$work/agent1.log" 2>/dev/null
+    echo "FAIL: the wheel does not install and run in a clean $suite root as a cluster user"; exit 1
+  fi
+  echo "$out" | sed "s/^/[$suite] /"
+  grep -q "^user: 1000 home: /home/ro$" <<<"$out" || { echo "FAIL: $suite: not run as uid 1000 with HOME /home/ro"; exit 1; }
+  grep -q "^compilers: 0$" <<<"$out" || { echo "FAIL: the $suite root has a compiler"; exit 1; }
+  grep -q "^dev headers: 0$" <<<"$out" || { echo "FAIL: the $suite root has headers in /usr/include"; exit 1; }
+  # ldd: only the C library's parts, the vDSO and the loader.
+  bad=$(sed -n '/^--- ldd/,/^dlrun /p' <<<"$out" | grep '=>\|ld-linux' |
+    grep -vE '^\s*(linux-vdso\.so\.1|lib(c|m|dl|pthread|rt)\.so\.[0-9]+ => |/lib64/ld-linux-x86-64\.so\.2)' || true)
+  [[ -z "$bad" ]] || { echo "FAIL: $suite: dlrun needs more than the C library:"; echo "$bad"; exit 1; }
+  grep -q "not found" <<<"$out" && { echo "FAIL: $suite: a library is not found"; exit 1; }
+  grep -q "^import dlrun " <<<"$out" || { echo "FAIL: $suite: import dlrun"; exit 1; }
+  grep -q "^cmake prefix: /work/v /work/v$" <<<"$out" || { echo "FAIL: $suite: --cmake-prefix-path"; exit 1; }
+  grep -q "^written outside /work: $" <<<"$out" || { echo "FAIL: $suite: files left outside the job's directory"; exit 1; }
+  # The root's own files: what the user changed there (the overlay's upper layer) must be nothing.
+  local changed
+  changed=$(find "$tmp/$suite/ov/upper" -user 1000 2>/dev/null | head -5)
+  [[ -z "$changed" ]] || { echo "FAIL: $suite: the user wrote into the root: $changed"; exit 1; }
+  for d in out1 out2; do
+    for r in 0 1; do
+      local f=$work/$d/rank-$r
+      [[ -f "$f" ]] || { echo "FAIL: $suite $d: no rank $r"; exit 1; }
+      grep -q "WORLD_SIZE=2 " "$f" || { cat "$f"; echo "FAIL: $suite $d rank $r: WORLD_SIZE"; exit 1; }
+      grep -q "python=/work/v/bin/python3$" "$f" || { cat "$f"; echo "FAIL: $suite $d rank $r ran another python"; exit 1; }
+    done
+    [[ $(ls "$work/$d" | wc -l) == 2 ]] || { echo "FAIL: $suite $d: not exactly ranks 0 and 1"; exit 1; }
   done
-  [[ $(ls "$tmp/work/$d" | wc -l) == 2 ]] || { echo "FAIL: $d: not exactly ranks 0 and 1"; exit 1; }
+  grep -q "LOCAL_WORLD_SIZE=1 GROUP_RANK=1" "$work/out2/rank-1" ||
+    { cat "$work/out2/rank-1"; echo "FAIL: $suite: the 2-node job's rank 1 is not node 1's"; exit 1; }
+}
+for suite in bullseye bookworm trixie; do
+  in_each_root "$suite"
 done
-grep -q "LOCAL_WORLD_SIZE=1 GROUP_RANK=1" "$tmp/work/out2/rank-1" ||
-  { cat "$tmp/work/out2/rank-1"; echo "FAIL: the 2-node job's rank 1 is not node 1's"; exit 1; }
-
-# --- Debian 11: glibc 2.31 ----------------------------------------------------------------
-root11=$(make_root bullseye)
-cat >"$tmp/work/in11.sh" <<SH
-python3 -m venv /opt/v
-ldd --version | head -1
-/opt/v/bin/pip install --no-index --disable-pip-version-check /work/$name 2>&1
-echo "pip rc=\$?"
-SH
-out11=$(timeout 300 bash -c 'source "$1"; in_root "$2" "$3" bash /work/in11.sh' _ "$here/roots.sh" \
-  "$root11" "$tmp/ov11" 2>&1) || true
-echo "$out11"
-if grep -q "pip rc=0" <<<"$out11"; then
-  echo "FAIL: pip installed a wheel tagged $(sed 's/.*-py3-none-//; s/\.whl//' <<<"$name") on glibc 2.31"; exit 1
-fi
-grep -q "is not a supported wheel on this platform" <<<"$out11" ||
-  { echo "FAIL: pip's refusal does not name the platform"; exit 1; }
-echo "wheel ok: installs and runs in a clean Debian 12 root (2 workers standalone, 2 nodes over gRPC; ldd: the C library only); refused by pip on Debian 11 (glibc 2.31) as not a supported platform"
+echo "wheel ok: glibc floor $floor; installs and runs as a cluster user (uid 1000, HOME read-only) in clean Debian 11, 12 and 13 roots (2 workers standalone, 2 nodes over gRPC; ldd: the C library only; nothing written outside the job's directory)"

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/contract.h"
+#include "common/signal_name.h"
 #include "dlrun/agent_link.h"
 
 namespace dlrun::worker {
@@ -69,7 +70,7 @@ void* FaultingPc(void* context) {
 
 void OnFatalSignal(int sig, siginfo_t*, void* context) {
   Put("dlrun::worker: fatal signal SIG");
-  const char* name = sigabbrev_np(sig);
+  const char* name = dlrun::SignalAbbrev(sig);
   Put(name != nullptr ? name : "?");
   Put("; native frames (most recent call first):\n");
   void* pc = FaultingPc(context);

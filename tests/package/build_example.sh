@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 # clones: through the link each clone preprocessed LibTorch's headers under a path of its own).
 torch_prefix=$(realpath "$("$src/.venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')")
 if [[ "$build" == "--wheel" ]]; then
-  whl=$(ls "$3"/dlrun-*.whl | head -1)
+  whl=$(ls "$3"/dlrun-*_"$(uname -m)".whl | head -1)
   python3 -m venv "$tmp/venv"
   "$tmp/venv/bin/pip" install --no-index --disable-pip-version-check -q "$whl"
   prefix=$("$tmp/venv/bin/python" -m dlrun --cmake-prefix-path)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Clean Debian roots for the install tests (tests/package/wheel_test.sh, the image):
-#   roots.sh SUITE        prints the path of a minimal SUITE root (bookworm, bullseye, ...) with
-#                         python3 and python3-venv only: no compiler, no -dev package.
+#   roots.sh SUITE [ARCH] prints the path of a minimal SUITE root (bookworm, bullseye, ...) with
+#                         python3 and python3-venv only: no compiler, no -dev package; ARCH
+#                         arm64 makes an arm64 one, whose programs run through qemu-user.
 # Made once with debootstrap from Debian's archive (~1.5 min each) and kept outside the checkout,
 # as the torch environment is ($DLRUN_VENV_HOME/roots, default ~/.cache/dlrun/roots); tests
 # never change it (they work on an overlay of it: in_root below).
@@ -16,28 +17,51 @@ set -euo pipefail
 roots_home=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}/roots
 ROOT_PACKAGES=python3,python3-venv
 
-make_root() {
-  local suite=$1 dir="$roots_home/$1"
+make_root() {  # SUITE [ARCH]: ARCH another CPU's (arm64) runs through qemu-user (enable_qemu)
+  local suite=$1 arch=${2:-} name=$1 opts=()
+  if [[ -n "$arch" && "$arch" != "$(dpkg --print-architecture)" ]]; then
+    name=$suite-$arch opts=(--arch="$arch")
+    enable_qemu "$arch" || return 2
+  fi
+  local dir="$roots_home/$name"
   mkdir -p "$roots_home"
-  exec 8>"$roots_home/.$suite.lock"
+  exec 8>"$roots_home/.$name.lock"
   flock 8
   if [[ "$(cat "$dir/.dlrun-root" 2>/dev/null)" != "$ROOT_PACKAGES" ]]; then
     command -v debootstrap >/dev/null || { echo "roots.sh: debootstrap missing: scripts/install-deps --system" >&2; return 2; }
     rm -rf "$dir" "$dir.tmp"
     local t0=$SECONDS
-    if ! debootstrap --variant=minbase --include="$ROOT_PACKAGES" "$suite" "$dir.tmp" \
-        >"$roots_home/$suite.log" 2>&1; then
-      echo "roots.sh: debootstrap $suite failed (log: $roots_home/$suite.log)" >&2
+    if ! debootstrap "${opts[@]}" --variant=minbase --include="$ROOT_PACKAGES" "$suite" "$dir.tmp" \
+        >"$roots_home/$name.log" 2>&1; then
+      echo "roots.sh: debootstrap $name failed (log: $roots_home/$name.log)" >&2
       rm -rf "$dir.tmp"
       return 1
     fi
     rm -rf "$dir.tmp/var/cache/apt/archives/"*.deb
     echo "$ROOT_PACKAGES" >"$dir.tmp/.dlrun-root"
     mv "$dir.tmp" "$dir"
-    echo "roots.sh: $suite root made in $((SECONDS - t0)) s" >&2
+    echo "roots.sh: $name root made in $((SECONDS - t0)) s" >&2
   fi
   exec 8>&-
   echo "$dir"
+}
+
+# enable_qemu ARCH: the kernel runs ARCH's programs through Debian's qemu-user-static (binfmt_misc
+# mounted if it is not, the handler enabled; its F flag lets it work inside a chroot).
+enable_qemu() {
+  local q
+  case "$1" in
+    arm64) q=qemu-aarch64 ;;
+    *) echo "roots.sh: no qemu-user handler known for '$1'" >&2; return 1 ;;
+  esac
+  [[ -e /proc/sys/fs/binfmt_misc/register ]] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc ||
+    { echo "roots.sh: cannot mount binfmt_misc" >&2; return 1; }
+  if [[ ! -e /proc/sys/fs/binfmt_misc/$q ]]; then
+    command -v update-binfmts >/dev/null || { echo "roots.sh: qemu-user-static missing: scripts/install-deps --system" >&2; return 1; }
+    update-binfmts --enable "$q" >/dev/null 2>&1 || true
+  fi
+  grep -q '^enabled' "/proc/sys/fs/binfmt_misc/$q" 2>/dev/null ||
+    { echo "roots.sh: the binfmt_misc handler $q is not enabled (qemu-user-static installed?)" >&2; return 1; }
 }
 
 # in_root ROOT UPPER CMD...: see above. WORK (a directory) is bind-mounted at /work.
@@ -70,5 +94,5 @@ in_root() {
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
-  make_root "${1:?usage: roots.sh SUITE}"
+  make_root "${1:?usage: roots.sh SUITE [ARCH]}" "${2:-}"
 fi

@@ -7,16 +7,23 @@
 # job's directory. In each, dlrun runs a 2-worker job standalone and a 2-node job through its
 # gRPC rendezvous (linked into dlrun in the wheel), ldd shows nothing beyond the C library, and
 # nothing is written outside the job's directory.
-#   wheel_test.sh SOURCE_DIR WHEEL_DIR      (WHEEL_DIR holds the one dlrun-*.whl; scripts/build-wheel)
+# With ARCH aarch64: the aarch64 wheel, the same in a clean arm64 Debian 12 root whose programs
+# run through qemu-user (binfmt_misc), `file` saying ARM aarch64.
+#   wheel_test.sh SOURCE_DIR WHEEL_DIR [ARCH]  (WHEEL_DIR holds dlrun-*_ARCH.whl; scripts/build-wheel)
 set -euo pipefail
-src=$1 wheels=$2
+src=$1 wheels=$2 arch=${3:-$(uname -m)}
 here=$(cd "$(dirname "$0")" && pwd)
 if [[ $(id -u) -ne 0 ]]; then
   echo "SKIP: the clean roots need root (unshare, chroot, mount)"; exit 77
 fi
 source "$here/roots.sh"
-whl=$(ls "$wheels"/dlrun-*.whl 2>/dev/null | head -1)
-[[ -n "$whl" ]] || { echo "FAIL: no dlrun-*.whl in $wheels (scripts/build-wheel makes it)"; exit 1; }
+case "$arch" in
+  x86_64) roots=(bullseye bookworm trixie) root_arch="" loader=/lib64/ld-linux-x86-64.so.2 elf="x86-64" ;;
+  aarch64) roots=(bookworm) root_arch=arm64 loader=/lib/ld-linux-aarch64.so.1 elf="ARM aarch64" ;;
+  *) echo "FAIL: unknown ARCH '$arch': expected x86_64 or aarch64"; exit 1 ;;
+esac
+whl=$(ls "$wheels"/dlrun-*_"$arch".whl 2>/dev/null | head -1)
+[[ -n "$whl" ]] || { echo "FAIL: no dlrun-*_$arch.whl in $wheels (scripts/build-wheel makes it)"; exit 1; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlrun-wheel.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 name=$(basename "$whl")
@@ -33,6 +40,7 @@ mkdir -p "$tmp/unpacked"
 python3 -m zipfile -e "$whl" "$tmp/unpacked"
 bin=$(find "$tmp/unpacked" -path '*/data/bin/dlrun' | head -1)
 [[ -n "$bin" ]] || { echo "FAIL: no data/bin/dlrun in $name"; exit 1; }
+file "$bin" | grep -q "$elf" || { file "$bin"; echo "FAIL: bin/dlrun is not $elf"; exit 1; }
 above=$(objdump -T "$bin" | grep -oE 'GLIBC_2\.[0-9]+' | sort -u -t. -k2,2n |
   awk -F. -v f="${floor#2.}" '$2 > f' | tr '\n' ' ')
 [[ -z "$above" ]] || { echo "FAIL: bin/dlrun needs $above, above the tag's glibc $floor"; exit 1; }
@@ -40,15 +48,23 @@ show=$("$wheel_tools/bin/auditwheel" show "$whl" 2>&1) || { echo "$show"; echo "
 tag=$(sed -E 's/.*-py3-none-//; s/\.whl$//' <<<"$name")
 grep -q "\"$tag\"" <<<"$(tr -d '\n' <<<"$show" | tr -s ' ')" ||
   { echo "$show"; echo "FAIL: auditwheel show does not name the wheel's tag $tag"; exit 1; }
-echo "glibc floor: $floor (tag $tag, auditwheel agrees, no symbol above it)"
+echo "glibc floor: $floor (tag $tag, auditwheel agrees, no symbol above it; $(file -b "$bin" | cut -d, -f1,2))"
 
 # --- Each root: install and run as a cluster user --------------------------------------
 cp "$here/wheel_prog.py" "$tmp/"
+# dlrun[tools]'s py-spy for this architecture, from PyPI once (the roots have no network).
+house=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}/wheelhouse/$arch
+if ! ls "$house"/py_spy-*.whl >/dev/null 2>&1; then
+  "$wheel_tools/bin/pip" download --no-deps --only-binary=:all: --platform "manylinux2014_$arch" \
+    --disable-pip-version-check -q -d "$house" "py-spy>=0.4" ||
+    { echo "FAIL: could not download py-spy for $arch from PyPI"; exit 1; }
+fi
 in_each_root() {  # SUITE: the jobs in a clean root of SUITE; the checks after
   local suite=$1 root work=$tmp/$1/work port out
-  root=$(make_root "$suite")
+  root=$(make_root "$suite" "$root_arch")
   mkdir -p "$work/out1" "$work/out2" "$work/tmp"
   cp "$whl" "$tmp/wheel_prog.py" "$work/"
+  mkdir -p "$work/house" && cp "$house"/py_spy-*.whl "$work/house/"
   chown -R 1000:1000 "$work"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   cat >"$work/in.sh" <<SH
@@ -57,7 +73,8 @@ echo "user: \$(id -u) home: \$HOME"
 touch "\$HOME/x" 2>/dev/null && { echo "HOME is writable"; exit 1; }
 echo "python: \$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])') \$(ldd --version | head -1)"
 python3 -m venv /work/v
-/work/v/bin/pip install --no-index --no-cache-dir --disable-pip-version-check -q /work/$name
+/work/v/bin/pip install --no-index --find-links /work/house --no-cache-dir --disable-pip-version-check -q "/work/$name[tools]"
+echo "tools: \$(/work/v/bin/py-spy --version)"
 echo "compilers: \$(ls /usr/bin | grep -cE '^(gcc|g\+\+|cc|c\+\+|clang)(-[0-9]+)?\$' || true)"
 echo "dev headers: \$(ls /usr/include | grep -c . || true)"
 echo "--- ldd dlrun"; ldd /work/v/bin/dlrun
@@ -94,10 +111,11 @@ SH
   grep -q "^dev headers: 0$" <<<"$out" || { echo "FAIL: the $suite root has headers in /usr/include"; exit 1; }
   # ldd: only the C library's parts, the vDSO and the loader.
   bad=$(sed -n '/^--- ldd/,/^dlrun /p' <<<"$out" | grep '=>\|ld-linux' |
-    grep -vE '^\s*(linux-vdso\.so\.1|lib(c|m|dl|pthread|rt)\.so\.[0-9]+ => |/lib64/ld-linux-x86-64\.so\.2)' || true)
+    grep -vE "^\s*(linux-vdso\.so\.1|lib(c|m|dl|pthread|rt)\.so\.[0-9]+ => |${loader//./\\.} )" || true)
   [[ -z "$bad" ]] || { echo "FAIL: $suite: dlrun needs more than the C library:"; echo "$bad"; exit 1; }
   grep -q "not found" <<<"$out" && { echo "FAIL: $suite: a library is not found"; exit 1; }
   grep -q "^import dlrun " <<<"$out" || { echo "FAIL: $suite: import dlrun"; exit 1; }
+  grep -q "^tools: py-spy 0\.[4-9]" <<<"$out" || { echo "FAIL: $suite: dlrun[tools] brought no py-spy"; exit 1; }
   grep -q "^cmake prefix: /work/v /work/v$" <<<"$out" || { echo "FAIL: $suite: --cmake-prefix-path"; exit 1; }
   grep -q "^written outside /work: $" <<<"$out" || { echo "FAIL: $suite: files left outside the job's directory"; exit 1; }
   # The root's own files: what the user changed there (the overlay's upper layer) must be nothing.
@@ -116,7 +134,7 @@ SH
   grep -q "LOCAL_WORLD_SIZE=1 GROUP_RANK=1" "$work/out2/rank-1" ||
     { cat "$work/out2/rank-1"; echo "FAIL: $suite: the 2-node job's rank 1 is not node 1's"; exit 1; }
 }
-for suite in bullseye bookworm trixie; do
+for suite in "${roots[@]}"; do
   in_each_root "$suite"
 done
-echo "wheel ok: glibc floor $floor; installs and runs as a cluster user (uid 1000, HOME read-only) in clean Debian 11, 12 and 13 roots (2 workers standalone, 2 nodes over gRPC; ldd: the C library only; nothing written outside the job's directory)"
+echo "wheel ok ($arch): glibc floor $floor; installs and runs as a cluster user (uid 1000, HOME read-only) in clean ${root_arch:+$root_arch }roots of ${roots[*]} (2 workers standalone, 2 nodes over gRPC; ldd: the C library only; nothing written outside the job's directory)"

@@ -429,8 +429,8 @@ absl::StatusOr<std::string> FindProfileTool(const ProfileSpec& spec, const std::
       }
       if (!Executable(py_spy)) {
         return absl::FailedPreconditionError(absl::StrCat(
-            what, "py-spy is not installed (pip install py-spy, in the workers' Python "
-                  "environment; or set ", contract::kPySpy, ")"));
+            what, "py-spy is not installed (pip install 'dlrun[tools]' or py-spy, in the workers' "
+                  "Python environment; or set ", contract::kPySpy, ")"));
       }
       return py_spy;
     }

@@ -257,7 +257,8 @@ std::vector<RankStack> DumpStacks(const std::vector<DumpTarget>& targets, const 
       if (py_spy.empty()) py_spy = OnPath("py-spy");
       if (py_spy.empty()) {
         r.missing = absl::StrCat("a Python worker, and no py-spy next to its interpreter or on "
-                                 "PATH (pip install py-spy, or set ", contract::kPySpy, ")");
+                                 "PATH (pip install 'dlrun[tools]' or py-spy, or set ",
+                                 contract::kPySpy, ")");
         continue;
       }
       jobs[i].argv = {py_spy, "dump", "--nonblocking", "--json", "--pid", absl::StrCat(t.pid)};

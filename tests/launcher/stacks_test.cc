@@ -192,7 +192,7 @@ TEST(HangVerdict, TheRankOutsideACollectiveIsTheCulpritAndEveryRankIsPlaced) {
       Rank(0, "a", {Frame("all_reduce", dist, 2800), Frame("main", "/job/hang.py", 12)}), unread};
   EXPECT_NE(NameHung(GroupStacks(with_unread), {}).where.find(
                 "rank 2: stack not read (a Python worker, and no py-spy next to its interpreter "
-                "or on PATH (pip install py-spy"),
+                "or on PATH (pip install 'dlrun[tools]' or py-spy"),
             std::string::npos)
       << NameHung(GroupStacks(with_unread), {}).where;
   // Every rank waits: nobody to name (the one holding them up is elsewhere, or gone).

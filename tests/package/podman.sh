@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by the container tests: the base image made from a clean Debian 12 root (roots.sh; no
 # registry is reachable here), and the flags podman needs on this machine.
-#   base_image          prints localhost/dlrun-test-base:bookworm, importing the root once
+#   base_image [ARCH]   prints localhost/dlrun-test-base:bookworm[-ARCH], importing the root once
 #   PODMAN_FLAGS        for podman run and podman build (set by podman_probe)
 # This machine's podman has no netavark (so --network host, as multi-node jobs use anyway),
 # may not raise rlimits above the caller's (so --ulimit at the current limits), and crun cannot
@@ -10,13 +10,16 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/roots.sh"
 
-base_image() {
-  local img=localhost/dlrun-test-base:bookworm root
-  root=$(make_root bookworm)
+base_image() {  # [ARCH]: arm64 for the arm64 root (through qemu-user)
+  local arch=${1:-} img=localhost/dlrun-test-base:bookworm root import=()
+  root=$(make_root bookworm "$arch")
+  if [[ -n "$arch" ]]; then
+    img=$img-$arch import=(--arch "$arch")
+  fi
   # Re-import when the root was made again (its stamp is newer than the image).
   if ! podman image exists "$img" ||
      [[ "$(podman image inspect -f '{{.Labels.root_stamp}}' "$img" 2>/dev/null)" != "$(stat -c %Y "$root/.dlrun-root")" ]]; then
-    tar -C "$root" -c . | podman import --change "LABEL root_stamp=$(stat -c %Y "$root/.dlrun-root")" - "$img" >/dev/null
+    tar -C "$root" -c . | podman import "${import[@]}" --change "LABEL root_stamp=$(stat -c %Y "$root/.dlrun-root")" - "$img" >/dev/null
   fi
   echo "$img"
 }

@@ -215,15 +215,19 @@ TEST(DlrunTelemetry, ARestartsCostIsSplitIntoPhasesWithTheStepsComputedAgain) {
     sum += c[phase].get<double>();
   }
   EXPECT_NEAR(sum, c["total_s"].get<double>(), 1e-6);
-  EXPECT_GT(c["start_s"].get<double>(), 0.2) << "a Python worker's start";
-  EXPECT_GT(c["recomputed_s"].get<double>(), 0.1) << "two steps of 0.05 s and more";
+  // What the ledger promises, not how fast this machine is: a start phase counted (a warm
+  // spare's start may take 0.03 s), and the two steps computed again (0.05 s each, measured
+  // from the records' arrival, which jitters: more than one and a half steps).
+  EXPECT_GT(c["start_s"].get<double>(), 0) << "the replacement's start";
+  EXPECT_GT(c["recomputed_s"].get<double>(), 0.075) << "two steps of 0.05 s";
   EXPECT_NEAR(j["lost"]["total_s"].get<double>(), c["total_s"].get<double>(), 1e-9);
-  EXPECT_GT(c["total_s"].get<double>(), 0.5);
+  EXPECT_GT(c["total_s"].get<double>(), c["recomputed_s"].get<double>()) << "and the start";
   const double goodput = j["goodput"].get<double>();
   EXPECT_GT(goodput, 0);
   EXPECT_LT(goodput, 1);
   EXPECT_NEAR(goodput * j["wall_s"].get<double>(), j["productive_s"].get<double>(), 1e-6);
-  EXPECT_GT(j["productive_s"].get<double>(), 20 * 0.05) << "20 kept steps of at least 0.05 s";
+  EXPECT_GT(j["productive_s"].get<double>(), 0.9 * 20 * 0.05)
+      << "20 kept steps of at least 0.05 s (less the records' jitter)";
   EXPECT_NE(r.output.find("2 step(s) recomputed"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(resumed from step 10)"), std::string::npos) << r.output;
 }

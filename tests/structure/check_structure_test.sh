@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/check-structure catches each kind of breach (docs/ARCHITECTURE.md, "Rules the build
 # checks"): in a small tree made here, a launcher folder that includes a folder it does not
-# declare, a library below the launcher that includes it, a function of 81 lines and a file of
-# 501; and the same tree without them passes.
+# declare, a library below the launcher that includes it, a function of 81 lines, a file of
+# 501, and a tracked core dump, ELF file and .pyc; and the same tree without them passes.
 set -euo pipefail
 checker=${1:?usage: check_structure_test.sh scripts/check-structure}
 root=$(mktemp -d "${TMPDIR:-/tmp}/check-structure.XXXXXX")
@@ -58,3 +58,16 @@ echo "ok: an 80-line function passes"
 # A file of 501 lines.
 for i in $(seq 1 501); do echo "// $i"; done > "$root/launcher/base/long.h"
 expect "a file over 500 lines" "launcher/base/long.h: 501 lines, over 500"
+rm "$root/launcher/base/long.h"
+# Tracked by mistake (a git checkout): a core dump, an ELF file, a .pyc; untracked ones pass.
+git -C "$root" init -q && git -C "$root" add -A
+printf '\177ELF\002\001\001' > "$root/core"
+mkdir -p "$root/bench/__pycache__" && printf 'x' > "$root/bench/__pycache__/a.cpython-311.pyc"
+cp /bin/true "$root/launcher/base/tool"
+out=$("$checker" --root "$root") || { echo "FAIL: untracked build output was refused: $out"; exit 1; }
+echo "ok: untracked core, ELF and .pyc pass"
+git -C "$root" add -f core && expect "a tracked core dump" "^core: tracked, and it is a core dump"
+git -C "$root" rm -q --cached core
+git -C "$root" add -f launcher/base/tool && expect "a tracked ELF file" "^launcher/base/tool: tracked, and it is an ELF file"
+git -C "$root" rm -q --cached launcher/base/tool
+git -C "$root" add -f bench/__pycache__ && expect "a tracked .pyc" "^bench/__pycache__/a.cpython-311.pyc: tracked, and it is compiled Python"

@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dlrun/checkpoint.h"
 #include "dlrun/data_sampler.h"
@@ -56,6 +58,19 @@ int64_t Flag(int argc, char** argv, const char* name, int64_t fallback) {
     if (std::strcmp(argv[i], name) == 0) return std::stoll(argv[i + 1]);
   }
   return fallback;
+}
+
+// The EMA weights under the checkpoint's extra tensors ("ema.0", "ema.1", ...).
+void UpdateEma(std::vector<torch::Tensor>& ema, Net& model) {
+  torch::NoGradGuard no_grad;
+  const auto params = model->parameters();
+  for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
+}
+
+void SaveCheckpoint(dlrun::worker::CheckpointManager& ckpt, Net& model, torch::optim::SGD& opt,
+                    const std::vector<torch::Tensor>& ema, dlrun::worker::TrainingState st) {
+  for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
+  ckpt.save(*model, opt, st);
 }
 
 }  // namespace
@@ -111,20 +126,15 @@ int main(int argc, char** argv) try {
       auto loss = torch::mse_loss(ddp(batch.data), batch.target);
       loss.backward();
       opt.step();
-      {
-        torch::NoGradGuard no_grad;
-        const auto params = model->parameters();
-        for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
-      }
+      UpdateEma(ema, model);
       loss_value = ctx.allReduce(torch::tensor({loss.item<double>()})).item<double>() /
                    ctx.worldSize();
       ++step;
       if (step % every == 0 && ctx.rank() == 0) {
         dlrun::worker::TrainingState st{.step = step, .epoch = epoch,
                                         .epoch_position = sampler.position()};
-        for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
         st.values["loss"] = loss_value;
-        ckpt.save(*model, opt, st);
+        SaveCheckpoint(ckpt, model, opt, ema, std::move(st));
       }
       if (step == die_at && ctx.rank() == 1 && ctx.env.restart_count == 0) raise(SIGKILL);
       if (step == total_steps) break;

@@ -2,7 +2,8 @@
 # scripts/check-structure catches each kind of breach (docs/ARCHITECTURE.md, "Rules the build
 # checks"): in a small tree made here, a launcher folder that includes a folder it does not
 # declare, a library below the launcher that includes it, a function of 81 lines, a file of
-# 501, and a tracked core dump, ELF file and .pyc; and the same tree without them passes.
+# 501, a function-try-block of 81 (to its last handler), and a tracked core dump, ELF file and
+# .pyc; and the same tree without them passes.
 set -euo pipefail
 checker=${1:?usage: check_structure_test.sh scripts/check-structure}
 root=$(mktemp -d "${TMPDIR:-/tmp}/check-structure.XXXXXX")
@@ -59,6 +60,14 @@ echo "ok: an 80-line function passes"
 for i in $(seq 1 501); do echo "// $i"; done > "$root/launcher/base/long.h"
 expect "a file over 500 lines" "launcher/base/long.h: 501 lines, over 500"
 rm "$root/launcher/base/long.h"
+# A function-try-block counts to the end of its last handler: 78 lines of body, a 3-line handler.
+{ echo 'int Main() try {'; for i in $(seq 1 77); do echo "  F();"; done
+  echo '} catch (...) {'; echo '  return 1;'; echo '}'; } > "$root/launcher/base/m.cc"
+expect "a function-try-block over 80 lines" "launcher/base/m.cc:1: Main is 81 lines, over 80"
+sed -i '2d' "$root/launcher/base/m.cc"
+out=$("$checker" --root "$root") || { echo "FAIL: an 80-line function-try-block was refused: $out"; exit 1; }
+echo "ok: an 80-line function-try-block passes"
+rm "$root/launcher/base/m.cc"
 # Tracked by mistake (a git checkout): a core dump, an ELF file, a .pyc; untracked ones pass.
 git -C "$root" init -q && git -C "$root" add -A
 printf '\177ELF\002\001\001' > "$root/core"

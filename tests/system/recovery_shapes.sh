@@ -87,10 +87,23 @@ for shape in "$@"; do
         fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
       grep -q "refused: the DDP communication hook .*powerSGD_hook keeps state of its own (PowerSGDState)" "$work/$shape-fault.out" ||
         fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the hook" "$work/$shape-fault.out"
-      # Refused and resumed, but not bit-identical: PowerSGD's own resume from its checkpoint is
-      # not exact (its error feedback is keyed by DDP's bucket index, and a fresh DDP's buckets
-      # differ from the rebuilt ones until its first step), with or without dlrun.
+      # Refused and resumed, but not bit-identical to the run without a fault: PowerSGD's own
+      # resume from its checkpoint is not exact (its error feedback is keyed by DDP's bucket
+      # index, and a fresh DDP's buckets differ from the rebuilt ones until its first step),
+      # with or without dlrun. So the resume must be exactly the program's own: the same end as
+      # a run of 4 steps (0-3) started again by hand from its checkpoint of step 3.
       check "$shape" "$shape-fault" 0 1 0
+      grep -q "resumed from step 3" "$work/$shape-fault.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: not resumed from step 3's checkpoint" "$work/$shape-fault.out"
+      STEPS=4 run "$shape-by-hand" "$shape" "" &&
+        run "$shape-by-hand" "$shape" "" && grep -q "resumed from step 3" "$work/$shape-by-hand.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: stopped after step 3 and started again, it failed" "$work/$shape-by-hand.out"
+      [[ "$(ends "$shape-fault")" == "$(ends "$shape-by-hand")" ]] ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault ended other than the program's own resume from step 3:
+$(ends "$shape-fault")
+against
+$(ends "$shape-by-hand")" "$work/$shape-fault.out"
+      echo "ok: $shape-fault ended as the program's own resume from step 3 does"
       ;;
     cxx_direct_tail)  # optimizer.step() itself, then a collective: the kill after the update
       # is refused (no copy to undo it), the others recovered in process

@@ -187,7 +187,7 @@ TEST(HangVerdict, TheRankOutsideACollectiveIsTheCulpritAndEveryRankIsPlaced) {
   RankStack unread;
   unread.rank = 2;
   unread.missing = "a Python worker, and no py-spy next to its interpreter or on PATH (pip install "
-                   "py-spy, or set DLRUN_PY_SPY)";
+                   "'dlrun[tools]' or py-spy, or set DLRUN_PY_SPY)";
   std::vector<RankStack> with_unread = {
       Rank(0, "a", {Frame("all_reduce", dist, 2800), Frame("main", "/job/hang.py", 12)}), unread};
   EXPECT_NE(NameHung(GroupStacks(with_unread), {}).where.find(

@@ -184,12 +184,15 @@ fi
 echo "cluster: $dir/slurm.conf (slurmctld port $ctld_port, ${np}1 $port1, ${np}2 $port2, host $host, $ncpus cores)"
 
 export SLURM_CONF="$dir/slurm.conf"
-slurmctld -D -i -f "$SLURM_CONF" >"$dir/log/slurmctld.out" 2>&1 &
+# The daemons start in the cluster's directory: a core dump of one of them (slurmstepd once
+# crashed in stepd_cleanup, and its core was written in the caller's directory, the checkout)
+# stays there.
+(cd "$dir" && exec slurmctld -D -i -f "$SLURM_CONF") >"$dir/log/slurmctld.out" 2>&1 &
 echo $! >"$dir/pids/slurmctld.pid"
 for n in "${np}1" "${np}2"; do
   # A private mount namespace whose /tmp is this node's own directory.
-  unshare -m --propagation private sh -c \
-    "mount --bind '$dir/tmp/$n' /tmp && exec slurmd -D -N $n -f '$SLURM_CONF'" \
+  (cd "$dir" && exec unshare -m --propagation private sh -c \
+    "mount --bind '$dir/tmp/$n' /tmp && exec slurmd -D -N $n -f '$SLURM_CONF'") \
     >"$dir/log/slurmd.$n.out" 2>&1 &
   echo $! >"$dir/pids/slurmd-$n.pid"
 done

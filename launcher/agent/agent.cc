@@ -391,7 +391,8 @@ int Agent::RunAttempts() {
     int sig = 0;
     absl::StatusOr<Assignment> next = NextAssignment(&sig);
     if (sig != 0) {
-      spdlog::warn("received SIG{} while joining the rendezvous: exiting", dlrun::SignalAbbrev(sig));
+      spdlog::warn("received SIG{} while joining the rendezvous: exiting",
+                   dlrun::SignalAbbrev(sig));
       fflush(nullptr);
       _exit(128 + sig);  // a join may still be in flight on its thread: skip destructors
     }
@@ -428,7 +429,8 @@ int Agent::RunAttempts() {
         rc = AfterHang(w.reason, w.rank);
         break;
       case Watch::Outcome::kSignalled:
-        spdlog::warn("received SIG{}: forwarding to workers and stopping", dlrun::SignalAbbrev(w.signal));
+        spdlog::warn("received SIG{}: forwarding to workers and stopping",
+                     dlrun::SignalAbbrev(w.signal));
         StopGroup(w.signal);
         // The steps done since the last period's publication belong in the report too.
         telemetry_.MaybePublish(/*now_anyway=*/true, /*all_steps=*/true);

@@ -91,8 +91,9 @@ Agent::FailureDescription Agent::DescribeFailure(const RootCause& root, bool has
     }
   }
   w.cause = first.signal != 0
-               ? absl::StrCat("rank ", first.global_rank, " got SIG", dlrun::SignalAbbrev(first.signal),
-                              faulting.empty() ? "" : " at ", faulting)
+               ? absl::StrCat("rank ", first.global_rank, " got SIG",
+                              dlrun::SignalAbbrev(first.signal), faulting.empty() ? "" : " at ",
+                              faulting)
                : absl::StrCat("rank ", first.global_rank, " exited with ", first.exit_code);
   if (recovery_deadline_ && !recovering_from_.empty()) {
     // A failure during an in-process recovery: the restart's cause is the fault the recovery

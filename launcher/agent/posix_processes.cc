@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
-#include <stdlib.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <termios.h>
@@ -115,8 +115,6 @@ bool OpenPty(int fds[2]) {
     t.c_oflag &= ~static_cast<tcflag_t>(ONLCR);
     tcsetattr(fds[1], TCSANOW, &t);
   }
-  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
-  fcntl(fds[1], F_SETFD, FD_CLOEXEC);
   return true;
 }
 

@@ -29,7 +29,8 @@ trap 'rm -rf "$tmp"' EXIT
 name=$(basename "$whl")
 echo "wheel: $name"
 # auditwheel from scripts/build-wheel's tool environment (it made the wheel, so it is there).
-wheel_tools=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}/wheel-tools
+cache=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}
+wheel_tools=$cache/wheel-tools
 
 # --- The glibc floor: the tag, auditwheel's reading, the symbols --------------------------
 floor=$(sed -nE 's/.*-manylinux_([0-9]+)_([0-9]+)_[a-z0-9_]+\.whl$/\1.\2/p' <<<"$name")
@@ -53,7 +54,7 @@ echo "glibc floor: $floor (tag $tag, auditwheel agrees, no symbol above it; $(fi
 # --- Each root: install and run as a cluster user --------------------------------------
 cp "$here/wheel_prog.py" "$tmp/"
 # dlrun[tools]'s py-spy for this architecture, from PyPI once (the roots have no network).
-house=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}/wheelhouse/$arch
+house=$cache/wheelhouse/$arch
 if ! ls "$house"/py_spy-*.whl >/dev/null 2>&1; then
   "$wheel_tools/bin/pip" download --no-deps --only-binary=:all: --platform "manylinux2014_$arch" \
     --disable-pip-version-check -q -d "$house" "py-spy>=0.4" ||

@@ -62,11 +62,9 @@ void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
 int useGroup(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
   if (!pg) throw std::invalid_argument("useGroup: the process group is null");
   int moved = 0;
-  auto follow = [&](torch::nn::Module& m) {
+  module.apply([&](torch::nn::Module& m) {  // the module and every one below it
     if (auto* bn = dynamic_cast<SyncBatchNormImpl*>(&m)) bn->pg = pg, ++moved;
-  };
-  follow(module);
-  for (const auto& child : module.modules(/*include_self=*/false)) follow(*child);
+  });
   return moved;
 }
 

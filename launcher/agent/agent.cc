@@ -30,6 +30,11 @@ Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& cl
                                                                      : std::move(link.regroup)),
       processes_(processes),
       clock_(clock),
+      recovery_({.asked_for = options_.recovery != AgentOptions::Recovery::kRestart &&
+                              static_cast<bool>(options_.pick_master_port),
+                 .single_node_job = options_.single_node_job,
+                 .can_regroup = regroup_ != nullptr,
+                 .timeout = options_.recovery_timeout}),
       hang_(options_.hang),
       run_dir_(*options_.file_system, options_.run_dir, options_.keep_run_dir, options_.log_dir),
       telemetry_(options_.telemetry, options_.hostname, *channel_, clock_,
@@ -102,13 +107,8 @@ absl::Status Agent::SpawnGroup(SteadyTime assigned_at) {
   telemetry_.GroupStarted(std::move(members), current_, assigned_at);
   fault_seen_at_.reset();
   stopped_at_.reset();
-  generation_ = admitted_at;
-  recovery_deadline_.reset();
-  awaiting_state_.clear();
+  recovery_.GroupStarted(admitted_at, pids, clock_.Now());
   if (admitted_at > 0) {
-    recovery_started_ = clock_.Now();
-    recovery_deadline_ = recovery_started_ + options_.recovery_timeout;
-    awaiting_state_ = pids;
     spdlog::info(
         "admitted into the running group at generation {} (master port {}): every "
         "rank here takes the state from a peer",
@@ -222,7 +222,7 @@ Agent::Watch Agent::WatchGroup() {
     SteadyTime next_hang;
     if (std::optional<Watch> hung = CheckHangs(&next_hang)) return *hung;
     const int forwarded = HandleEvents(processes_.Wait(std::min(
-        {next_check, next_hang, telemetry_.Due(), recovery_deadline_.value_or(SteadyTime::max())})));
+        {next_check, next_hang, telemetry_.Due(), recovery_.deadline().value_or(SteadyTime::max())})));
     telemetry_.SetSpares(processes_.SparePids());
     telemetry_.MaybePublish();
     if (forwarded != 0) return {Outcome::kSignalled, "", forwarded};
@@ -232,15 +232,9 @@ Agent::Watch Agent::WatchGroup() {
     if (failed && !RecoverInProcess()) return {Outcome::kFailed, "", 0};
     // Across nodes, the answer to this node's own ask may carry the port already.
     if (std::optional<Watch> out = failed ? FollowRegroup() : std::nullopt) return *out;
-    if (recovery_deadline_ && clock_.Now() >= *recovery_deadline_) {
-      return {Outcome::kUnrecovered, UnrecoveredReason(), 0};
-    }
-    for (const WorkerExit& e : exits_) {  // it would never say it holds the state
-      if (recovery_deadline_ && !e.failed()) {
-        return {Outcome::kUnrecovered,
-                absl::StrCat("rank ", e.global_rank, " finished its work during the in-process "
-                             "recovery"), 0};
-      }
+    if (const RecoveryMachine::Decision d = recovery_.Tick(clock_.Now(), exits_);
+        d.kind == RecoveryMachine::Decision::Kind::kUnrecovered) {
+      return {Outcome::kUnrecovered, d.why, 0};
     }
     if (clock_.Now() >= next_check) {
       std::string reason;

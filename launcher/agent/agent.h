@@ -28,6 +28,7 @@
 #include "launcher/agent/forensics.h"
 #include "launcher/agent/membership.h"
 #include "launcher/agent/processes.h"
+#include "launcher/agent/recovery_machine.h"
 #include "launcher/agent/root_cause.h"
 #include "launcher/agent/run_dir.h"
 #include "launcher/profile/profiler.h"
@@ -81,28 +82,21 @@ class Agent {
   bool RepeatsLastFailure(const FailureSignature& now);
   // A failure HardwareFault named: the second puts this node in options_.bad_nodes_files.
   void NoteHardwareFault(const std::string& what);
-  // In-process recovery (agent_recovery.cc): whether the failed workers in exits_ can be
-  // replaced while the others keep running, and doing it (false: the ordinary failure path).
-  bool CanRecoverInProcess(std::string* why_not) const;
+  // In-process recovery (agent_recovery.cc), the decisions of recovery_ carried out: whether
+  // the failed workers in exits_ are being replaced while the others keep running (false: the
+  // ordinary failure path).
   bool RecoverInProcess();
+  std::vector<RecoveryMachine::Member> Members() const;
   std::vector<std::string> NoteLost(const std::vector<WorkerExit>& lost);
-  // The group's generation `generation` over `next`: `lost` started again, the survivors told;
-  // `said`: what was lost, for the line; `t`: the fault.
-  bool BeginGeneration(const Assignment& next, int generation, const std::vector<WorkerExit>& lost,
-                       const std::vector<std::string>& said, SteadyTime t);
-  // Across nodes (regroup_): this node's loss asked of the job, whose answer FollowRegroup takes;
-  // `port`: the new group's, when this node holds global rank 0 (else 0).
-  bool AskToRegroup(const std::vector<WorkerExit>& lost, const std::vector<std::string>& said,
-                    int port, SteadyTime t);
-  // The job's regroup, once its port is known, begun here (another node's loss too); this node
-  // of global rank 0 posts the port. A watch outcome when it cannot take part.
+  // Begins generation d.generation over d.next: d.lost started again, the survivors told.
+  bool Begin(const RecoveryMachine::Decision& d);
+  void DropFailedExits();
+  // The job's regroup (another node's loss too, or the answer to this node's ask), begun here
+  // once its port is known; this node of global rank 0 posts the port. A watch outcome when it
+  // cannot take part.
   std::optional<Watch> FollowRegroup();
-  bool TakePlace(const RegroupLink::Notice& n, Assignment* next) const;
   // Tells the job (regroup_) whether every worker here declared in-process recovery.
   void TellInProcess();
-  bool AcrossNodes() const { return regroup_ != nullptr && !options_.single_node_job; }
-  // Why the recovery in progress did not end in time.
-  std::string UnrecoveredReason() const;
   bool StartReplacements(const std::vector<WorkerExit>& lost, const Assignment& next,
                          int generation, std::vector<std::string>* replaced);
   // A "state from peer" record of `pid`: the recovery in progress ends when every rank sent one.
@@ -152,6 +146,7 @@ class Agent {
   std::shared_ptr<RegroupLink> regroup_;  // null: a single-node job, or one that cannot regroup
   Processes& processes_;
   Clock& clock_;
+  RecoveryMachine recovery_;  // in-process recovery's state: the agent holds none of its own
   Assignment current_;
   int attempt_ = 0;
   // A restart's phases (bench/recovery reads them from the rank table's header): when the agent
@@ -162,20 +157,6 @@ class Agent {
   bool woken_ = false;
   bool passthrough_hint_given_ = false;  // NoteDeathByPassedOnSignal's advice, once per run
   std::vector<WorkerExit> exits_;
-  // In-process recovery: the generation of the group (0: as started), the recovery in progress
-  // (its deadline, the workers that have not yet said they hold the state), and the last one's
-  // lost rank and step (the same twice: the ordinary restart instead).
-  int generation_ = 0;
-  std::optional<SteadyTime> recovery_deadline_;
-  SteadyTime recovery_started_;
-  std::vector<pid_t> awaiting_state_;
-  std::optional<std::pair<int, int64_t>> last_recovered_;
-  std::string recovering_from_;  // the fault the recovery in progress began with (its lines)
-  // Across nodes: this node's lost workers and their lines, while the job's answer is awaited;
-  // the generation whose port this node (of global rank 0) posted.
-  std::vector<WorkerExit> pending_lost_;
-  std::vector<std::string> pending_said_;
-  int posted_for_ = 0;
   int64_t oom_kills_at_spawn_ = -1;  // Processes::OomKills() when the group started
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
   int hardware_faults_ = 0;  // this node's workers' failures that point at the node

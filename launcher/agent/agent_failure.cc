@@ -95,10 +95,10 @@ Agent::FailureDescription Agent::DescribeFailure(const RootCause& root, bool has
                               dlrun::SignalAbbrev(first.signal), faulting.empty() ? "" : " at ",
                               faulting)
                : absl::StrCat("rank ", first.global_rank, " exited with ", first.exit_code);
-  if (recovery_deadline_ && !recovering_from_.empty()) {
+  if (const std::string from = recovery_.recovering_from(); !from.empty()) {
     // A failure during an in-process recovery: the restart's cause is the fault the recovery
     // began with (it said "rank 0 exited with 1", the survivor that refused, as the cause).
-    w.cause = absl::StrCat(recovering_from_, ", and the in-process recovery after it failed (",
+    w.cause = absl::StrCat(from, ", and the in-process recovery after it failed (",
                            w.cause, ")");
   }
   return w;

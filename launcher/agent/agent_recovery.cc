@@ -19,44 +19,6 @@
 
 namespace dlrun::launcher {
 
-bool Agent::CanRecoverInProcess(std::string* why_not) const {
-  if (options_.recovery == AgentOptions::Recovery::kRestart || !options_.pick_master_port) {
-    return false;  // not asked for: nothing to say
-  }
-  bool any_declared = false;
-  for (const Worker& w : workers_) any_declared = any_declared || w.recoverable;
-  if (!any_declared) return false;  // an undeclared program: torchrun's semantics, silently
-  if (recovery_deadline_) {
-    *why_not = "another rank failed during the in-process recovery";
-  } else if (!options_.single_node_job && !regroup_) {
-    *why_not = "this job's nodes cannot regroup (a static multi-node rendezvous)";
-  } else if (stopping_) {
-    *why_not = "the group is being stopped";
-  }
-  for (const Worker& w : workers_) {
-    if (why_not->empty() && !w.recoverable) {
-      *why_not = absl::StrCat("local rank ", w.local_rank, " did not declare in-process recovery");
-    }
-  }
-  int failed = 0;
-  for (const WorkerExit& e : exits_) {
-    if (why_not->empty() && !e.failed()) {  // a recovery needs every survivor in its loop
-      *why_not = absl::StrCat("rank ", e.global_rank, " already finished its work");
-    }
-    if (!e.failed()) continue;
-    ++failed;
-    if (why_not->empty() && last_recovered_ && last_recovered_->first == e.global_rank &&
-        last_recovered_->second == telemetry_.LastStep(e.global_rank)) {
-      *why_not = absl::StrCat("rank ", e.global_rank, " failed at step ", last_recovered_->second,
-                              " again after an in-process recovery");
-    }
-  }
-  if (why_not->empty() && failed == static_cast<int>(workers_.size())) {
-    *why_not = "no rank survived";
-  }
-  return why_not->empty();
-}
-
 // One line per lost rank (what it left: its error file's first line, else its signal or
 // code), noted in the report's failures.
 std::vector<std::string> Agent::NoteLost(const std::vector<WorkerExit>& lost) {
@@ -108,53 +70,88 @@ bool Agent::StartReplacements(const std::vector<WorkerExit>& lost, const Assignm
   return true;
 }
 
+std::vector<RecoveryMachine::Member> Agent::Members() const {
+  std::vector<RecoveryMachine::Member> members;
+  for (const Worker& w : workers_) {
+    members.push_back({w.local_rank, w.pid, w.alive, w.recoverable});
+  }
+  return members;
+}
+
 bool Agent::RecoverInProcess() {
-  std::string why_not;
-  if (!CanRecoverInProcess(&why_not)) {
-    if (!why_not.empty()) spdlog::warn("no in-process recovery: {}", why_not);
+  using Kind = RecoveryMachine::Decision::Kind;
+  RecoveryMachine::Decision d =
+      recovery_.Failed(Members(), exits_, current_, stopping_,
+                       [this](int rank) { return telemetry_.LastStep(rank); });
+  if (d.kind != Kind::kRecover) {
+    if (!d.why.empty()) spdlog::warn("no in-process recovery: {}", d.why);
     return false;
   }
   const SteadyTime t = clock_.Now();
   telemetry_.FaultSeen(t);
-  // The new group's port: this node's pick alone, or across nodes the pick of global rank 0's.
   int port = 0;
-  if (!AcrossNodes() || current_.rank_offset == 0) {
+  if (d.needs_port) {
     port = options_.pick_master_port(current_.master_addr);
     if (port <= 0) {
-      spdlog::warn("no in-process recovery: no free port for the new group on {}",
-                   current_.master_addr);
+      spdlog::warn("no in-process recovery: {}",
+                   recovery_.Abandon(absl::StrCat("no free port for the new group on ",
+                                                  current_.master_addr)).why);
       return false;
     }
   }
-  std::vector<WorkerExit> lost;
-  for (const WorkerExit& e : exits_) {
-    if (e.failed()) lost.push_back(e);
+  d.said = NoteLost(d.lost);  // before the fresh error files
+  if (recovery_.across_nodes()) {
+    std::vector<int> ranks;
+    for (const WorkerExit& e : d.lost) ranks.push_back(e.global_rank);
+    const absl::StatusOr<RegroupLink::Notice> asked =
+        regroup_->Ask(d.generation, ranks, port, absl::StrJoin(d.said, "; "));
+    const RecoveryMachine::Decision a =
+        recovery_.Asked(asked.status(), std::move(d.lost), std::move(d.said), t);
+    if (a.kind == Kind::kFallBack) {
+      spdlog::warn("no in-process recovery: {}", a.why);
+      return false;
+    }
+    DropFailedExits();
+    spdlog::info("in-process recovery across nodes: generation {} asked of the job{}",
+                 d.generation, port > 0 ? absl::StrCat(" (master port ", port, ")") : "");
+    return true;
   }
-  const std::vector<std::string> said = NoteLost(lost);  // before the fresh error files
-  if (AcrossNodes()) return AskToRegroup(lost, said, port, t);
-  Assignment next = current_;
-  next.master_port = port;
-  return BeginGeneration(next, generation_ + 1, lost, said, t);
+  d.next = current_;
+  d.next.master_port = port;
+  d.fault = t;
+  return Begin(d);
 }
 
-bool Agent::BeginGeneration(const Assignment& next, int generation,
-                            const std::vector<WorkerExit>& lost,
-                            const std::vector<std::string>& said, SteadyTime t) {
+void Agent::DropFailedExits() {
+  // The lost ones are replaced: their exits are history, not this group's failure.
+  exits_.erase(std::remove_if(exits_.begin(), exits_.end(),
+                              [](const WorkerExit& e) { return e.failed(); }),
+               exits_.end());
+}
+
+bool Agent::Begin(const RecoveryMachine::Decision& d) {
   std::vector<std::string> replaced;
-  if (!StartReplacements(lost, next, generation, &replaced)) return false;
+  const bool started = StartReplacements(d.lost, d.next, d.generation, &replaced);
+  std::vector<pid_t> pids;
+  for (const Worker& w : workers_) pids.push_back(w.pid);
+  const int64_t lost_step =
+      d.lost.empty() ? -1 : telemetry_.LastStep(d.lost.front().global_rank);
+  if (recovery_.Began(started, d, pids, lost_step).kind != RecoveryMachine::Decision::Kind::kNone) {
+    return false;
+  }
   // Every survivor hears of the new group; every rank is to say it holds the state. When the
   // group's nodes changed (a node lost), the word carries each rank's new place.
-  awaiting_state_.clear();
+  const Assignment& next = d.next;
   const bool moved = next.world_size != current_.world_size ||
                      next.rank_offset != current_.rank_offset ||
                      next.master_addr != current_.master_addr;
   for (Worker& w : workers_) {
-    awaiting_state_.push_back(w.pid);
     w.rank = next.rank_offset + w.local_rank;
-    const bool replacement = std::any_of(lost.begin(), lost.end(), [&](const WorkerExit& e) {
+    const bool replacement = std::any_of(d.lost.begin(), d.lost.end(), [&](const WorkerExit& e) {
       return e.local_rank == w.local_rank;
     });
-    std::string word = absl::StrCat(contract::kRegroupWord, " ", generation, " ", next.master_port);
+    std::string word = absl::StrCat(contract::kRegroupWord, " ", d.generation, " ",
+                                    next.master_port);
     if (moved) absl::StrAppend(&word, " ", w.rank, " ", next.world_size, " ", next.master_addr);
     word += "\n";
     if (!replacement && !processes_.Tell(w.pid, word)) {
@@ -162,140 +159,59 @@ bool Agent::BeginGeneration(const Assignment& next, int generation,
                    w.local_rank, w.pid);
     }
   }
-  // The lost ones are replaced: their exits are history, not this group's failure.
-  exits_.erase(std::remove_if(exits_.begin(), exits_.end(),
-                              [](const WorkerExit& e) { return e.failed(); }),
-               exits_.end());
+  DropFailedExits();
   current_ = next;
-  generation_ = generation;
-  recovery_started_ = t;
-  recovery_deadline_ = t + options_.recovery_timeout;
-  recovering_from_ = absl::StrJoin(said, "; ");
-  if (!lost.empty()) {
-    last_recovered_ = {lost.front().global_rank, telemetry_.LastStep(lost.front().global_rank)};
-  }
   std::vector<AgentTelemetry::Member> members;
   std::vector<DumpTarget> group;
   for (const Worker& w : workers_) {
     members.push_back({w.rank, w.local_rank, w.pid, true});
     group.push_back({w.rank, w.local_rank, w.pid});
   }
-  telemetry_.Replaced(std::move(members), current_, t, generation);
+  telemetry_.Replaced(std::move(members), current_, d.fault, d.generation);
   WriteWorkersFile(group);
   spdlog::warn("{}; in-process recovery: the {} other rank(s) {}keep running, {} (generation {}, "
                "master port {})",
-               absl::StrJoin(said, "; "), workers_.size() - lost.size(),
-               AcrossNodes() ? "of this node " : "",
+               absl::StrJoin(d.said, "; "), workers_.size() - d.lost.size(),
+               recovery_.across_nodes() ? "of this node " : "",
                replaced.empty() ? "none to replace here" : absl::StrJoin(replaced, ", "),
-               generation, next.master_port);
+               d.generation, next.master_port);
   return true;
-}
-
-bool Agent::AskToRegroup(const std::vector<WorkerExit>& lost, const std::vector<std::string>& said,
-                         int port, SteadyTime t) {
-  std::vector<int> ranks;
-  for (const WorkerExit& e : lost) ranks.push_back(e.global_rank);
-  const absl::StatusOr<RegroupLink::Notice> asked =
-      regroup_->Ask(generation_ + 1, ranks, port, absl::StrJoin(said, "; "));
-  if (!asked.ok()) {
-    spdlog::warn("no in-process recovery: the job did not regroup: {}",
-                 std::string(asked.status().message()));
-    return false;
-  }
-  pending_lost_ = lost;
-  pending_said_ = said;
-  exits_.erase(std::remove_if(exits_.begin(), exits_.end(),
-                              [](const WorkerExit& e) { return e.failed(); }),
-               exits_.end());
-  recovery_started_ = t;
-  recovery_deadline_ = t + options_.recovery_timeout;
-  spdlog::info("in-process recovery across nodes: generation {} asked of the job{}",
-               generation_ + 1, port > 0 ? absl::StrCat(" (master port ", port, ")") : "");
-  return true;
-}
-
-// A node lost and the job going on without it: this node's new place in `next`; false when it
-// was left out.
-bool Agent::TakePlace(const RegroupLink::Notice& n, Assignment* next) const {
-  for (const RegroupLink::Notice::Place& p : n.places) {
-    if (p.node_id != regroup_->node_id()) continue;
-    next->node_rank = p.node_rank;
-    next->rank_offset = p.rank_offset;
-    next->num_nodes = static_cast<int>(n.places.size());
-    next->world_size = n.world_size;
-    next->master_addr = n.master_addr;
-    return true;
-  }
-  return false;
 }
 
 std::optional<Agent::Watch> Agent::FollowRegroup() {
-  if (!AcrossNodes()) return std::nullopt;
+  using Kind = RecoveryMachine::Decision::Kind;
+  if (!recovery_.across_nodes()) return std::nullopt;
   RegroupLink::Notice n = regroup_->Latest();
-  if (n.generation <= generation_) return std::nullopt;
-  Assignment next = current_;
-  if (!n.places.empty() && !TakePlace(n, &next)) {
-    return Watch{
-        Watch::Outcome::kUnrecovered,
-        absl::StrCat("generation ", n.generation, " goes on without this node (", n.reason, ")"),
-        0};
-  }
-  if (n.master_port == 0 && next.rank_offset == 0 && posted_for_ != n.generation) {
-    posted_for_ = n.generation;  // global rank 0's node picks the new group's port
-    const int port = options_.pick_master_port ? options_.pick_master_port(next.master_addr) : 0;
+  RecoveryMachine::Decision d =
+      recovery_.Noticed(n, current_, regroup_->node_id(), Members(), clock_.Now());
+  if (d.kind == Kind::kPostPort) {
+    const int port =
+        options_.pick_master_port ? options_.pick_master_port(d.next.master_addr) : 0;
     absl::StatusOr<RegroupLink::Notice> posted =
-        port > 0 ? regroup_->Ask(n.generation, {}, port, "")
-                 : absl::UnavailableError(absl::StrCat("no free port on ", next.master_addr));
-    if (!posted.ok()) {
-      return Watch{Watch::Outcome::kUnrecovered,
-                   absl::StrCat("cannot post the port of generation ", n.generation, ": ",
-                                posted.status().message()),
-                   0};
+        port > 0 ? regroup_->Ask(d.generation, {}, port, "")
+                 : absl::UnavailableError(absl::StrCat("no free port on ", d.next.master_addr));
+    d = recovery_.Posted(posted.status(), d.generation);
+    if (posted.ok()) {
+      d = recovery_.Noticed(*posted, current_, regroup_->node_id(), Members(), clock_.Now());
     }
-    n = *posted;
   }
-  if (n.master_port == 0) return std::nullopt;  // posted soon by global rank 0's node
-  const SteadyTime t = pending_lost_.empty() ? clock_.Now() : recovery_started_;
-  std::vector<std::string> said = std::move(pending_said_);
-  if (pending_lost_.empty()) {  // another node's loss, or a node admitted (the group grows)
-    telemetry_.FaultSeen(t, !n.places.empty() && n.world_size > current_.world_size);
-    said = {n.places.empty() ? absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason,
-                                            " (on node ", n.asked_by, ")")
-                             : absl::StrCat(n.reason, "; the job goes on with ", n.world_size,
-                                            " rank(s) on ", n.places.size(), " node(s)")};
-    for (const Worker& w : workers_) {
-      if (!w.recoverable || !w.alive) {
+  switch (d.kind) {
+    case Kind::kUnrecovered:
+      return Watch{Watch::Outcome::kUnrecovered, d.why, 0};
+    case Kind::kBegin:
+      if (d.elsewhere) telemetry_.FaultSeen(d.fault, d.admission);
+      if (!Begin(d)) {
         return Watch{Watch::Outcome::kUnrecovered,
-                     absl::StrCat(said.front(), ": local rank ", w.local_rank,
-                                  w.alive ? " did not declare in-process recovery" : " is gone"),
-                     0};
+                     absl::StrCat("generation ", d.generation, " could not start here"), 0};
       }
-    }
+      return std::nullopt;
+    default:
+      return std::nullopt;
   }
-  next.master_port = n.master_port;
-  const std::vector<WorkerExit> lost = std::move(pending_lost_);
-  pending_lost_.clear();
-  pending_said_.clear();
-  if (!BeginGeneration(next, n.generation, lost, said, t)) {
-    return Watch{Watch::Outcome::kUnrecovered,
-                 absl::StrCat("generation ", n.generation, " could not start here"), 0};
-  }
-  return std::nullopt;
-}
-
-std::string Agent::UnrecoveredReason() const {
-  if (!pending_lost_.empty()) {
-    return absl::StrCat("in-process recovery: generation ", generation_ + 1,
-                        " asked of the job did not begin within ",
-                        options_.recovery_timeout.count(), " ms (its master port never came)");
-  }
-  return absl::StrCat("in-process recovery (generation ", generation_, ") did not end within ",
-                      options_.recovery_timeout.count(), " ms: ", awaiting_state_.size(),
-                      " rank(s) never said they hold the state");
 }
 
 void Agent::TellInProcess() {
-  if (!AcrossNodes()) return;
+  if (!recovery_.across_nodes()) return;
   bool all = !workers_.empty() && static_cast<bool>(options_.pick_master_port);
   for (const Worker& w : workers_) all = all && w.recoverable;
   regroup_->SetInProcess(all);
@@ -319,17 +235,12 @@ void Agent::SpareOnDeclaration(int local_rank) {
 }
 
 void Agent::StateFromPeer(pid_t pid, int64_t step) {
-  auto it = std::find(awaiting_state_.begin(), awaiting_state_.end(), pid);
-  if (it == awaiting_state_.end()) return;
-  awaiting_state_.erase(it);
-  if (!awaiting_state_.empty() || !recovery_deadline_) return;
-  recovery_deadline_.reset();
-  telemetry_.RecoveryDone(clock_.Now());
-  const double s =
-      std::chrono::duration<double>(clock_.Now() - recovery_started_).count();
+  const RecoveryMachine::Decision d = recovery_.StateFromPeer(pid, step, clock_.Now());
+  if (d.kind != RecoveryMachine::Decision::Kind::kDone) return;
+  telemetry_.RecoveryDone(d.fault);
   spdlog::info("in-process recovery done: every rank holds the state of step {} (generation {}, "
                "{:.3f} s after the fault)",
-               step, generation_, s);
+               d.step, d.generation, d.seconds);
 }
 
 }  // namespace dlrun::launcher

@@ -11,10 +11,14 @@ using Kind = RecoveryMachine::Decision::Kind;
 
 const char* PhaseName(RecoveryMachine::Phase p) {
   switch (p) {
-    case RecoveryMachine::Phase::kHealthy: return "healthy";
-    case RecoveryMachine::Phase::kAsked: return "asked";
-    case RecoveryMachine::Phase::kAwaitingState: return "awaiting the state";
-    case RecoveryMachine::Phase::kFallingBack: return "falling back";
+    case RecoveryMachine::Phase::kHealthy:
+      return "healthy";
+    case RecoveryMachine::Phase::kAsked:
+      return "asked";
+    case RecoveryMachine::Phase::kAwaitingState:
+      return "awaiting the state";
+    case RecoveryMachine::Phase::kFallingBack:
+      return "falling back";
   }
   return "?";
 }
@@ -72,11 +76,12 @@ std::string RecoveryMachine::WhyNot(const std::vector<Member>& members,
   return why;
 }
 
-RecoveryMachine::Decision RecoveryMachine::Failed(
-    const std::vector<Member>& members, const std::vector<WorkerExit>& exits,
-    const Assignment& current, bool stopping, const std::function<int64_t(int)>& last_step) {
-  const bool declared = std::any_of(members.begin(), members.end(),
-                                    [](const Member& m) { return m.recoverable; });
+RecoveryMachine::Decision RecoveryMachine::Failed(const std::vector<Member>& members,
+                                                  const std::vector<WorkerExit>& exits,
+                                                  const Assignment& current, bool stopping,
+                                                  const std::function<int64_t(int)>& last_step) {
+  const bool declared =
+      std::any_of(members.begin(), members.end(), [](const Member& m) { return m.recoverable; });
   // Not asked for, or a program that did not declare it: torchrun's semantics, silently.
   if (!config_.asked_for || !declared) return FallBack(Kind::kFallBack, "");
   if (std::string why = WhyNot(members, exits, stopping, last_step); !why.empty()) {
@@ -101,8 +106,7 @@ RecoveryMachine::Decision RecoveryMachine::Asked(const absl::Status& answer,
                                                  std::vector<WorkerExit> lost,
                                                  std::vector<std::string> said, SteadyTime now) {
   if (!answer.ok()) {
-    return FallBack(Kind::kFallBack,
-                    absl::StrCat("the job did not regroup: ", answer.message()));
+    return FallBack(Kind::kFallBack, absl::StrCat("the job did not regroup: ", answer.message()));
   }
   phase_ = Phase::kAsked;
   pending_lost_ = std::move(lost);
@@ -137,9 +141,9 @@ RecoveryMachine::Decision RecoveryMachine::Noticed(const RegroupLink::Notice& n,
   d.generation = n.generation;
   d.next = current;
   if (!n.places.empty() && !TakePlace(n, node_id, &d.next)) {
-    return FallBack(Kind::kUnrecovered, absl::StrCat("generation ", n.generation,
-                                                     " goes on without this node (", n.reason,
-                                                     ")"));
+    return FallBack(
+        Kind::kUnrecovered,
+        absl::StrCat("generation ", n.generation, " goes on without this node (", n.reason, ")"));
   }
   if (n.master_port == 0 && d.next.rank_offset == 0 && posted_for_ != n.generation) {
     posted_for_ = n.generation;  // global rank 0's node picks the new group's port
@@ -152,17 +156,16 @@ RecoveryMachine::Decision RecoveryMachine::Noticed(const RegroupLink::Notice& n,
   d.said = std::move(pending_said_);
   if (d.elsewhere) {  // another node's loss, or a node admitted (the group grows)
     d.admission = !n.places.empty() && n.world_size > current.world_size;
-    d.said = {n.places.empty()
-                  ? absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason, " (on node ",
-                                 n.asked_by, ")")
-                  : absl::StrCat(n.reason, "; the job goes on with ", n.world_size,
-                                 " rank(s) on ", n.places.size(), " node(s)")};
+    d.said = {n.places.empty() ? absl::StrCat(n.reason.empty() ? "a rank was lost" : n.reason,
+                                              " (on node ", n.asked_by, ")")
+                               : absl::StrCat(n.reason, "; the job goes on with ", n.world_size,
+                                              " rank(s) on ", n.places.size(), " node(s)")};
     for (const Member& m : members) {
       if (!m.recoverable || !m.alive) {
-        return FallBack(Kind::kUnrecovered,
-                        absl::StrCat(d.said.front(), ": local rank ", m.local_rank,
-                                     m.alive ? " did not declare in-process recovery"
-                                             : " is gone"));
+        return FallBack(
+            Kind::kUnrecovered,
+            absl::StrCat(d.said.front(), ": local rank ", m.local_rank,
+                         m.alive ? " did not declare in-process recovery" : " is gone"));
       }
     }
   }
@@ -181,14 +184,13 @@ RecoveryMachine::Decision RecoveryMachine::Posted(const absl::Status& posted, in
 }
 
 RecoveryMachine::Decision RecoveryMachine::Began(bool started, const Decision& begun,
-                                                 std::vector<pid_t> pids,
-                                                 int64_t lost_last_step) {
+                                                 std::vector<pid_t> pids, int64_t lost_last_step) {
   if (!started) {
     // One node: the replacement's line is said; the failure takes the ordinary path. From a
     // notice: the group cannot take part in the job's generation.
     return begun.kind == Kind::kBegin
-               ? FallBack(Kind::kUnrecovered, absl::StrCat("generation ", begun.generation,
-                                                           " could not start here"))
+               ? FallBack(Kind::kUnrecovered,
+                          absl::StrCat("generation ", begun.generation, " could not start here"))
                : FallBack(Kind::kFallBack, "");
   }
   phase_ = Phase::kAwaitingState;
@@ -201,8 +203,7 @@ RecoveryMachine::Decision RecoveryMachine::Began(bool started, const Decision& b
   return {};
 }
 
-RecoveryMachine::Decision RecoveryMachine::StateFromPeer(pid_t pid, int64_t step,
-                                                         SteadyTime now) {
+RecoveryMachine::Decision RecoveryMachine::StateFromPeer(pid_t pid, int64_t step, SteadyTime now) {
   auto it = std::find(awaiting_.begin(), awaiting_.end(), pid);
   if (it == awaiting_.end()) return {};
   awaiting_.erase(it);

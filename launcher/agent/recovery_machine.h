@@ -42,10 +42,10 @@ class RecoveryMachine {
     kFallingBack,    // the ordinary path (a restart from the checkpoint, or the job's end)
   };
   struct Config {
-    bool asked_for = false;        // --recovery in-process and a port picker
-    bool single_node_job = true;   // the job spans this node only
-    bool can_regroup = false;      // a RegroupLink: the nodes agree through the rendezvous
-    Millis timeout{60000};         // --recovery-timeout
+    bool asked_for = false;       // --recovery in-process and a port picker
+    bool single_node_job = true;  // the job spans this node only
+    bool can_regroup = false;     // a RegroupLink: the nodes agree through the rendezvous
+    Millis timeout{60000};        // --recovery-timeout
     bool across_nodes() const { return can_regroup && !single_node_job; }
   };
   // A local worker as the machine sees it.
@@ -97,8 +97,7 @@ class RecoveryMachine {
                  std::vector<std::string> said, SteadyTime now);
   // The job's latest regroup notice, for this node `node_id` whose group is `current`.
   Decision Noticed(const RegroupLink::Notice& notice, const Assignment& current,
-                   const std::string& node_id, const std::vector<Member>& members,
-                   SteadyTime now);
+                   const std::string& node_id, const std::vector<Member>& members, SteadyTime now);
   // The result of posting generation G's port (kPostPort).
   Decision Posted(const absl::Status& posted, int generation);
   // Generation G began (kRecover one node, or kBegin): replacements started for `lost`, the
@@ -127,8 +126,7 @@ class RecoveryMachine {
                      bool stopping, const std::function<int64_t(int)>& last_step) const;
   // A node lost and the job going on without it: this node's new place in `next`; false when
   // the notice leaves it out.
-  static bool TakePlace(const RegroupLink::Notice& n, const std::string& node_id,
-                        Assignment* next);
+  static bool TakePlace(const RegroupLink::Notice& n, const std::string& node_id, Assignment* next);
   std::string UnrecoveredReason() const;
 
   Config config_;

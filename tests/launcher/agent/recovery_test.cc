@@ -1,7 +1,7 @@
-// In-process recovery in the agent's loop (agent_recovery.cc; docs/RECOVERY.md): a worker of a
-// program that declared it dies, the others keep running, the lost local rank starts again in
-// the group's next generation, the survivors are told it on their control pipes; the fallbacks
-// to the ordinary restart.
+// In-process recovery in the agent's loop (recovery_machine.h, agent_recovery.cc;
+// docs/RECOVERY.md): a worker of a program that declared it dies, the others keep running, the
+// lost local rank starts again in the group's next generation, the survivors are told it on
+// their control pipes; the fallbacks to the ordinary restart.
 #include <signal.h>
 
 #include <optional>

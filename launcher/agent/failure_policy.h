@@ -1,0 +1,87 @@
+// The agent's failure and hang paths (agent.h): what a failure was (its root cause and class,
+// with forensics.h's capture, faulting frame and Flight Recorder verdict), whether a worker or
+// the group hangs (hang_watch.h, named from every rank's stack), and the verdict: restart, or
+// end the job with an exit code. One repeat rule for both: a failure that repeats the last one
+// the same way ends the job instead of spending every restart on it.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/agent/agent_options.h"
+#include "launcher/agent/agent_telemetry.h"
+#include "launcher/agent/clock.h"
+#include "launcher/agent/forensics.h"
+#include "launcher/agent/hang_watch.h"
+#include "launcher/agent/membership.h"
+#include "launcher/agent/processes.h"
+#include "launcher/agent/root_cause.h"
+#include "launcher/agent/run_dir.h"
+#include "launcher/agent/worker_group.h"
+
+namespace dlrun::launcher {
+
+class FailurePolicy {
+ public:
+  // dlrun's exit code when a hang ends the job.
+  static constexpr int kHangExitCode = 124;
+  struct Seams {
+    const AgentOptions& options;
+    Processes& processes;
+    Clock& clock;
+    RunDir& run_dir;
+    AgentTelemetry& telemetry;
+    Forensics& forensics;
+    MembershipSource& source;
+    WorkerGroup& group;
+    std::function<void(int)> stop_group;  // the agent's stop: this signal, the grace, SIGKILL
+  };
+  explicit FailurePolicy(Seams seams) : s_(std::move(seams)), hang_(s_.options.hang) {}
+
+  // After a worker failed (the group's exits): the group stopped, the failure described and
+  // reported; -1 to run again, else dlrun's exit code. `recovering_from`: the fault of an
+  // in-process recovery under way, which the restart names as the cause.
+  int AfterFailure(const std::string& recovering_from);
+  struct Hung {
+    std::string reason;
+    int rank = -1;  // the rank detected; -1: the whole group idle
+  };
+  // A hung worker or group now, else nullopt with `next` the next time to look; once per idle
+  // spell, a line saying where every rank is.
+  std::optional<Hung> CheckHangs(SteadyTime* next);
+  // The hang path: the culprit named from every rank's stack, the group stopped; -1 to run
+  // again, else kHangExitCode.
+  int AfterHang(const Hung& hung);
+  // Stops the group with SIGTERM after a capture before kill for `why`.
+  void StopWithCapture(const std::string& why);
+  HangWatch& hang() { return hang_; }
+
+ private:
+  // What the root failure says (message), what happened (cause), and a crash's faulting frame.
+  struct Description {
+    std::string message;                             // for the log and the report
+    std::string cause;                               // "rank 3 got SIGSEGV at f": the restart cause
+    std::shared_future<std::string> faulting_frame;  // invalid: no crash trace
+  };
+  Description Describe(const RootCause& root, bool has_error_file,
+                       const std::string& recovering_from);
+  // Whether the first failure's stacks tell something (--capture-before-kill auto): not a
+  // plain exception whose traceback is in its error file.
+  bool FirstFailureTells() const;
+  // Whether `now` repeats the last attempt's root failure; it becomes the last.
+  bool RepeatsLastFailure(const FailureSignature& now);
+  // A failure HardwareFault named: the second puts this node in options.bad_nodes_files.
+  void NoteHardwareFault(const std::string& what);
+  // The live ranks' stacks now, and what they say of a hang.
+  HangVerdict WhereRanksAre();
+
+  Seams s_;
+  HangWatch hang_;
+  SteadyTime next_cpu_{};                         // when hang_ next reads the workers' CPU use
+  std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
+  int hardware_faults_ = 0;  // this node's workers' failures that point at the node
+};
+
+}  // namespace dlrun::launcher

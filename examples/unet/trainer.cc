@@ -67,15 +67,17 @@ void Trainer::ResolveSizes() {
   }
   // The global (effective) batch of one optimizer step: K micro-batches on every rank. The LR
   // scaling, the epochs and samples/s count it.
-  global_batch_ = a_.local_batch_size * world_ * a_.accumulation_steps;
+  sizes_.global_batch = a_.local_batch_size * world_ * a_.accumulation_steps;
   // Epochs as in the tutorial: Nsamples per epoch over the global batch; without a config an
   // epoch is --max-steps steps (the whole run unless --num-epochs says more).
-  steps_per_epoch_ = a_.nsamples > 0 ? std::max<int64_t>(1, a_.nsamples / global_batch_) : a_.max_steps;
+  sizes_.steps_per_epoch =
+      a_.nsamples > 0 ? std::max<int64_t>(1, a_.nsamples / sizes_.global_batch) : a_.max_steps;
   if (a_.num_epochs > 0 && (a_.nsamples == 0 || !a_.max_steps_given)) {
-    a_.max_steps = a_.num_epochs * steps_per_epoch_;
+    a_.max_steps = a_.num_epochs * sizes_.steps_per_epoch;
   }
   if (a_.warmup_steps >= a_.max_steps) a_.warmup_steps = 0;
-  val_steps_ = a_.nsamples_val > 0 ? std::max<int64_t>(1, a_.nsamples_val / global_batch_) : 0;
+  sizes_.val_steps =
+      a_.nsamples_val > 0 ? std::max<int64_t>(1, a_.nsamples_val / sizes_.global_batch) : 0;
 }
 
 // The model and its optimizer are built before init(): a warm spare waits inside init() until
@@ -109,7 +111,7 @@ void Trainer::BuildModel(int local_rank) {
   scaler_ = std::make_unique<dlrun::examples::GradScaler>(a_.amp && device_.is_cuda());
   params_ = model_->parameters();
   initial_digest_ = dlrun::worker::digest(params_);
-  for (const auto& p : params_) nparams_ += p.numel();
+  for (const auto& p : params_) sizes_.nparams += p.numel();
   opt_ = std::make_unique<torch::optim::Adam>(params_, torch::optim::AdamOptions(a_.lr));
 }
 
@@ -118,8 +120,8 @@ void Trainer::BuildSchedule() {
   sched_.end_lr = a_.end_lr;
   sched_.tot_steps = a_.max_steps;
   sched_.warmup_steps = a_.lr_warmup_steps;
-  sched_.global_batch_size = global_batch_;
-  sched_.base_batch_size = a_.base_batch_size > 0 ? a_.base_batch_size : global_batch_;
+  sched_.global_batch_size = sizes_.global_batch;
+  sched_.base_batch_size = a_.base_batch_size > 0 ? a_.base_batch_size : sizes_.global_batch;
   sched_.scaling = a_.lr_scaling;
   dlrun::worker::Validate(sched_);
   if (rank_ == 0) {
@@ -127,7 +129,7 @@ void Trainer::BuildSchedule() {
       std::fprintf(stderr, "train_unet: note: %s\n", note.c_str());
     }
   }
-  lr_ = a_.lr;
+  progress_.lr = a_.lr;
 }
 
 // Resume after an elastic restart or a requeue: the collective resume, so every rank loads the
@@ -213,10 +215,10 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
   if (r.resized) {
     rank_ = ctx_.rank();
     world_ = ctx_.worldSize();
-    global_batch_ = a_.local_batch_size * world_ * a_.accumulation_steps;
+    sizes_.global_batch = a_.local_batch_size * world_ * a_.accumulation_steps;
   }
   MakeDdp(/*init_sync=*/false);  // the transfer ended with every rank's digest equal
-  prefetched_.reset();
+  data_.prefetched.reset();
   OpenData(r.step);
   if (rank_ == 0) {
     std::printf(
@@ -232,27 +234,27 @@ void Trainer::OpenData(int64_t at_step) {
   // Where a resume at at_step picks the streams up: the batches the steps before it took, and
   // the validation batches of the epochs they ended.
   const int64_t train_batches = at_step * a_.accumulation_steps;
-  const int64_t val_batches = at_step / steps_per_epoch_ * val_steps_;
+  const int64_t val_batches = at_step / sizes_.steps_per_epoch * sizes_.val_steps;
   auto open_loader = [&](const std::string& path, uint64_t seed, int64_t batches) {
     auto src = dlrun::examples::CropSource::Open(path, a_.data_size, a_.data_mode == "inmem");
     if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
     return std::make_unique<dlrun::examples::Prefetcher>(
-        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), loader_threads_,
+        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), threads_.loader,
         a_.prefetch_factor, seed, /*rotate_in_loader=*/!a_.rotate_on_device,
         /*start=*/batches * a_.local_batch_size);
   };
   if (a_.data.empty()) {
-    synthetic_ = std::make_unique<SyntheticData>(a_.data_size, a_.seed, rank_,
-                                                 train_batches * a_.local_batch_size);
+    data_.synthetic = std::make_unique<SyntheticData>(a_.data_size, a_.seed, rank_,
+                                                      train_batches * a_.local_batch_size);
     if (a_.nsamples_val > 0) {
-      synthetic_val_ = std::make_unique<SyntheticData>(a_.data_size, a_.seed, 7777 + rank_,
-                                                       val_batches * a_.local_batch_size);
+      data_.synthetic_val = std::make_unique<SyntheticData>(a_.data_size, a_.seed, 7777 + rank_,
+                                                            val_batches * a_.local_batch_size);
     }
   } else {
-    loader_ = open_loader(a_.data, a_.seed * 7919 + rank_ + 1, train_batches);
+    data_.loader = open_loader(a_.data, a_.seed * 7919 + rank_ + 1, train_batches);
     if (a_.nsamples_val > 0) {
-      loader_val_ = open_loader(a_.val_path.empty() ? a_.data : a_.val_path,
-                                a_.seed * 31 + rank_ + 1, val_batches);
+      data_.loader_val = open_loader(a_.val_path.empty() ? a_.data : a_.val_path,
+                                     a_.seed * 31 + rank_ + 1, val_batches);
     }
   }
   if (!a_.tensorboard_dir.empty() && rank_ == 0 && !tb_) {
@@ -264,20 +266,23 @@ void Trainer::OpenData(int64_t at_step) {
 
 void Trainer::PrintHeader() {
   if (rank_ != 0) return;
-  std::printf("train_unet: %d rank(s), base width %ld (%.2f M parameters), %ld^3 crops, "
-              "local batch %ld, %d thread(s) per rank, gradient sync %s, device %s%s%s\n",
-              world_, a_.base_channels, nparams_ / 1e6, a_.data_size, a_.local_batch_size,
-              torch::get_num_threads(), a_.grad_sync ? "on" : "off", device_.str().c_str(),
-              scaler_->enabled() ? ", AMP" : "", channels_last_ ? ", channels-last" : "");
+  std::printf(
+      "train_unet: %d rank(s), base width %ld (%.2f M parameters), %ld^3 crops, "
+      "local batch %ld, %d thread(s) per rank, gradient sync %s, device %s%s%s\n",
+      world_, a_.base_channels, sizes_.nparams / 1e6, a_.data_size, a_.local_batch_size,
+      torch::get_num_threads(), a_.grad_sync ? "on" : "off", device_.str().c_str(),
+      scaler_->enabled() ? ", AMP" : "", channels_last_ ? ", channels-last" : "");
   std::printf("threads per rank: %d loader + %d intra-op (%d CPU(s) per rank)%s%s%s%s\n",
-              loader_threads_, intra_threads_, cpus_per_rank_,
-              a_.accumulation_steps > 1
-                  ? absl::StrCat(", ", a_.accumulation_steps, " micro-batches per step (effective "
-                                 "global batch ", global_batch_, ")").c_str()
-                  : "",
+              threads_.loader, threads_.intra, threads_.cpus_per_rank,
+              a_.accumulation_steps > 1 ? absl::StrCat(", ", a_.accumulation_steps,
+                                                       " micro-batches per step (effective "
+                                                       "global batch ",
+                                                       sizes_.global_batch, ")")
+                                              .c_str()
+                                        : "",
               a_.checkpoint_activations ? ", activation checkpointing" : "",
               device_.is_cuda() && !a_.tf32 ? ", TF32 off" : "",
-              loader_ && a_.rotate_on_device ? ", rotations on the device" : "");
+              data_.loader && a_.rotate_on_device ? ", rotations on the device" : "");
   std::printf("%s\n", ddp_->bucketReport().c_str());
   std::fflush(stdout);
 }
@@ -288,13 +293,14 @@ void Trainer::PrintHeader() {
 void Trainer::SetThreads(int local_world_size) {
   const dlrun::CpuAllocation cpus = dlrun::AllocatedCpus();
   const int local_world = std::max(1, local_world_size);
-  cpus_per_rank_ = std::max(1, static_cast<int>(cpus.cpus / local_world));
-  loader_threads_ = a_.data.empty() ? 0 : a_.num_data_workers;
-  if (loader_threads_ > 0 && !a_.num_data_workers_given) {
-    loader_threads_ = std::clamp(cpus_per_rank_ - 1, 1, a_.num_data_workers);
+  threads_.cpus_per_rank = std::max(1, static_cast<int>(cpus.cpus / local_world));
+  threads_.loader = a_.data.empty() ? 0 : a_.num_data_workers;
+  if (threads_.loader > 0 && !a_.num_data_workers_given) {
+    threads_.loader = std::clamp(threads_.cpus_per_rank - 1, 1, a_.num_data_workers);
   }
-  intra_threads_ = std::max(1, std::min(torch::get_num_threads(), cpus_per_rank_ - loader_threads_));
-  torch::set_num_threads(intra_threads_);
+  threads_.intra =
+      std::max(1, std::min(torch::get_num_threads(), threads_.cpus_per_rank - threads_.loader));
+  torch::set_num_threads(threads_.intra);
 }
 
 // The last checkpoint, the summary, and every rank's parameter digest (so scripts can check
@@ -305,8 +311,8 @@ int Trainer::Finish() {
     Save(a_.max_steps);
   }
   const int64_t timed_steps = std::max<int64_t>(1, a_.max_steps - start_step_ - a_.warmup_steps);
-  const double secs = Seconds(start_);
-  const double sps = timed_steps * global_batch_ / secs;
+  const double secs = Seconds(progress_.start);
+  const double sps = timed_steps * sizes_.global_batch / secs;
   const uint64_t final_digest = dlrun::worker::digest(params_);
   double grad_sq = 0;
   for (const torch::Tensor& p : params_) {
@@ -321,15 +327,15 @@ int Trainer::Finish() {
   if (rank_ != 0) return 0;
   std::printf("Time taken for %ld steps is %.3f sec, avg %.3f samples/sec\n", timed_steps, secs,
               sps);
-  std::printf("final loss %.5f (first step %.5f), %.3f samples/s over %d rank(s)\n", last_loss_,
-              first_loss_, sps, world_);
+  std::printf("final loss %.5f (first step %.5f), %.3f samples/s over %d rank(s)\n",
+              progress_.last_loss, progress_.first_loss, sps, world_);
   if (a_.metrics_json.empty()) return 0;
   nlohmann::json j;
   j["world_size"] = world_;
   j["steps"] = a_.max_steps;
   j["local_batch_size"] = a_.local_batch_size;
   j["accumulation_steps"] = a_.accumulation_steps;
-  j["global_batch_size"] = global_batch_;  // effective: ranks x local batch x micro-batches
+  j["global_batch_size"] = sizes_.global_batch;  // effective: ranks x local batch x micro-batches
   j["checkpoint_activations"] = a_.checkpoint_activations;
   j["peak_rss_bytes"] = PeakRssBytes();
   const int64_t peak_device = dlrun::examples::PeakDeviceMemoryBytes(device_);
@@ -340,20 +346,23 @@ int Trainer::Finish() {
                               : cpu_peak_     ? nlohmann::json(cpu_peak_->peakBytes())
                                               : nlohmann::json();
   j["grad_norm"] = grad_norm;  // the last step's averaged gradient
-  j["loader_threads"] = loader_threads_;
-  j["intra_op_threads"] = intra_threads_;
+  j["loader_threads"] = threads_.loader;
+  j["intra_op_threads"] = threads_.intra;
   if (a_.target_loss > 0) {
     j["target_loss"] = a_.target_loss;
-    j["target_loss_step"] = target_step_ >= 0 ? nlohmann::json(target_step_) : nlohmann::json();
-    j["target_loss_s"] = target_step_ >= 0 ? nlohmann::json(target_s_) : nlohmann::json();
-    j["target_loss_of"] = target_step_ >= 0 ? nlohmann::json(target_of_) : nlohmann::json();
+    j["target_loss_step"] =
+        progress_.target_step >= 0 ? nlohmann::json(progress_.target_step) : nlohmann::json();
+    j["target_loss_s"] =
+        progress_.target_step >= 0 ? nlohmann::json(progress_.target_s) : nlohmann::json();
+    j["target_loss_of"] =
+        progress_.target_step >= 0 ? nlohmann::json(progress_.target_of) : nlohmann::json();
   }
   j["samples_per_sec"] = sps;
   j["start_step"] = start_step_;
-  j["final_lr"] = lr_;
-  j["final_loss"] = last_loss_;
-  j["first_loss"] = first_loss_;
-  j["parameters"] = nparams_;
+  j["final_lr"] = progress_.lr;
+  j["final_loss"] = progress_.last_loss;
+  j["first_loss"] = progress_.first_loss;
+  j["parameters"] = sizes_.nparams;
   j["initial_param_digest"] = std::to_string(initial_digest_);
   j["param_digests"] = nlohmann::json::array();
   for (const auto& t : all[0]) {
@@ -376,15 +385,15 @@ int Trainer::Run() {
   OpenData(start_step_);
   PrintHeader();
   if (a_.benchy) return Benchy();
-  t0_ = start_ = epoch_start_ = Clock::now();
+  progress_.t0 = progress_.start = progress_.epoch_start = Clock::now();
   if (!device_.is_cuda() && a_.measure_allocations) {
     cpu_peak_ = std::make_unique<dlrun::examples::CpuAllocationPeak>();
   }
   for (int64_t step = start_step_ + 1; step <= a_.max_steps; ++step) {
-    if (step == start_step_ + a_.warmup_steps + 1) start_ = Clock::now();
+    if (step == start_step_ + a_.warmup_steps + 1) progress_.start = Clock::now();
     const auto r = recovery_->run([&] {
       Step(step);  // commits the step after its optimizer update
-      if (step % steps_per_epoch_ == 0 || step == a_.max_steps) EndOfEpoch(step);
+      if (step % sizes_.steps_per_epoch == 0 || step == a_.max_steps) EndOfEpoch(step);
     });
     if (r.recovered) {
       AfterRecovery(r);

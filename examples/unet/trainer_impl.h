@@ -90,6 +90,27 @@ double SecondsSinceProcessStart();
 // This process' peak resident memory (VmHWM), bytes; 0 when unreadable.
 int64_t PeakRssBytes();
 
+// The Trainer's state in plain groups.
+struct Sizes {
+  int64_t global_batch = 1, steps_per_epoch = 1, val_steps = 0, nparams = 0;
+};
+struct Data {
+  std::unique_ptr<SyntheticData> synthetic, synthetic_val;
+  std::unique_ptr<dlrun::examples::Prefetcher> loader, loader_val;
+  std::optional<Batch> prefetched;  // CUDA: the next batch, copied during this step
+};
+struct Progress {
+  Clock::time_point t0, start, epoch_start;
+  double first_loss = 0, last_loss = 0, lr = 0, epoch_loss = 0;
+  int64_t epoch_steps = 0;
+  int64_t target_step = -1;  // --target-loss: the step where it was first reached
+  double target_s = -1;
+  std::string target_of;  // "validation" or "training" loss
+};
+struct Threads {
+  int loader = 0, intra = 0, cpus_per_rank = 0;
+};
+
 // One training run: set up (model, optimiser, schedule, checkpoint resume, DDP, data), then the
 // step loop with its per-epoch reports, or benchy's throughput trials.
 class Trainer {
@@ -127,7 +148,6 @@ class Trainer {
   dlrun::worker::Context ctx_;
   double init_done_s_ = -1;  // process start (a spare: its promotion) -> init() done
   int rank_ = 0, world_ = 1;
-  int64_t global_batch_ = 1, steps_per_epoch_ = 1, val_steps_ = 0, nparams_ = 0;
   torch::Device device_{torch::kCPU};
   bool channels_last_ = false;
   dlrun::examples::UNet model_{nullptr};
@@ -141,19 +161,12 @@ class Trainer {
   std::unique_ptr<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>> ddp_;
   // In-process recovery (docs/RECOVERY.md): a lost rank costs the step it interrupted.
   std::unique_ptr<dlrun::worker::Recovery> recovery_;
-  std::unique_ptr<SyntheticData> synthetic_, synthetic_val_;
-  std::unique_ptr<dlrun::examples::Prefetcher> loader_, loader_val_;
   std::unique_ptr<dlrun::examples::EventWriter> tb_;
-  // Progress.
-  Clock::time_point t0_, start_, epoch_start_;
-  double first_loss_ = 0, last_loss_ = 0, lr_ = 0, epoch_loss_ = 0;
-  int64_t epoch_steps_ = 0;
-  std::optional<Batch> prefetched_;  // CUDA: the next batch, copied during this step
+  Sizes sizes_;
+  Data data_;
+  Progress progress_;
+  Threads threads_;
   std::unique_ptr<dlrun::examples::CpuAllocationPeak> cpu_peak_;  // over the training steps
-  int loader_threads_ = 0, intra_threads_ = 0, cpus_per_rank_ = 0;
-  int64_t target_step_ = -1;  // --target-loss: the step where it was first reached
-  double target_s_ = -1;
-  std::string target_of_;     // "validation" or "training" loss
 };
 
 }  // namespace train_unet_internal

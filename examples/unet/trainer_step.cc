@@ -12,11 +12,11 @@ torch::Tensor Trainer::ToDevice(torch::Tensor t) const {
 // A batch on the device: uploaded first, then rotated there (the 24-rotation augmentation)
 // unless --rotate-in-loader.
 Batch Trainer::NextBatch() {
-  if (!loader_) {
-    Batch b = synthetic_->Batch(a_.local_batch_size);
+  if (!data_.loader) {
+    Batch b = data_.synthetic->Batch(a_.local_batch_size);
     return {ToDevice(b.first), ToDevice(b.second)};
   }
-  dlrun::examples::HostBatch b = loader_->NextBatch(a_.local_batch_size);
+  dlrun::examples::HostBatch b = data_.loader->NextBatch(a_.local_batch_size);
   return {ToDevice(dlrun::examples::RotateBatch(dlrun::examples::ToDeviceAsync(b.input, device_), b.rotations)),
           ToDevice(dlrun::examples::RotateBatch(dlrun::examples::ToDeviceAsync(b.target, device_), b.rotations))};
 }
@@ -24,17 +24,17 @@ Batch Trainer::NextBatch() {
 // The batch this micro-step trains on: on CUDA the one fetched and copied during the step
 // before (its host-to-device copy on a side stream overlapped that step's compute).
 Batch Trainer::TakeBatch() {
-  if (prefetched_) {
-    Batch b = std::move(*prefetched_);
-    prefetched_.reset();
+  if (data_.prefetched) {
+    Batch b = std::move(*data_.prefetched);
+    data_.prefetched.reset();
     return b;
   }
   return NextBatch();
 }
 
 Batch Trainer::NextValBatch() {
-  Batch b = loader_val_ ? loader_val_->Next(a_.local_batch_size)
-                        : synthetic_val_->Batch(a_.local_batch_size);
+  Batch b = data_.loader_val ? data_.loader_val->Next(a_.local_batch_size)
+                             : data_.synthetic_val->Batch(a_.local_batch_size);
   return {ToDevice(b.first), ToDevice(b.second)};
 }
 
@@ -42,12 +42,12 @@ double Trainer::Validate() {
   const dlrun::worker::HangPause pause("eval");  // not a step: hang detection waits
   torch::NoGradGuard no_grad;
   double sum = 0;
-  for (int64_t i = 0; i < val_steps_; ++i) {
+  for (int64_t i = 0; i < sizes_.val_steps; ++i) {
     auto [x, y] = NextValBatch();
     dlrun::examples::AutocastScope autocast(scaler_->enabled());
     sum += Loss(model_->forward(x), y, a_.lambda_rho).item<double>();
   }
-  std::vector<torch::Tensor> t{torch::tensor({sum / std::max<int64_t>(1, val_steps_)},
+  std::vector<torch::Tensor> t{torch::tensor({sum / std::max<int64_t>(1, sizes_.val_steps)},
                                              torch::TensorOptions().device(device_))};
   if (world_ > 1) ctx_.allReduce(t[0]);
   return t[0].item<double>() / world_;
@@ -157,7 +157,7 @@ torch::Tensor Trainer::MicroStep(int64_t step, bool sync, double* data_s) {
   scaler_->scale(k > 1 ? loss / k : loss).backward();  // with sync: averaged over ranks on return
   // CUDA: the next batch's host-to-device copy goes on its side stream now, while this step's
   // kernels run (no effect on the CPU, where the copy is the batch itself).
-  if (device_.is_cuda() && (step < a_.max_steps || !sync)) prefetched_ = NextBatch();
+  if (device_.is_cuda() && (step < a_.max_steps || !sync)) data_.prefetched = NextBatch();
   return loss.detach();
 }
 
@@ -178,8 +178,8 @@ void Trainer::Step(int64_t step) {
   // NVTX ranges for nsys (dlrun/nvtx_ranges.h): the step, and its data wait, forward, backward (the
   // buckets' all-reduce ranges start inside it) and optimizer step; the checkpoint after it.
   std::optional<dlrun::worker::ScopedRange> step_range(std::in_place, "step", step);
-  lr_ = dlrun::worker::LearningRate(sched_, step - 1);
-  dlrun::worker::SetLearningRate(*opt_, lr_);
+  progress_.lr = dlrun::worker::LearningRate(sched_, step - 1);
+  dlrun::worker::SetLearningRate(*opt_, progress_.lr);
   opt_->zero_grad(/*set_to_none=*/true);  // the DGX guide's: no memset, fresh gradients
   double data_s = 0;
   torch::Tensor loss_sum;
@@ -248,59 +248,63 @@ void Trainer::AfterStep(int64_t step, double mean_loss, bool signalled) {
     const std::string err = dlrun::worker::requeueSlurmJob();
     if (!err.empty()) std::fprintf(stderr, "train_unet: %s\n", err.c_str());
   }
-  if (step == start_step_ + 1) first_loss_ = mean_loss;
-  last_loss_ = mean_loss;
-  epoch_loss_ += mean_loss;
-  ++epoch_steps_;
-  const double el = Seconds(t0_);
+  if (step == start_step_ + 1) progress_.first_loss = mean_loss;
+  progress_.last_loss = mean_loss;
+  progress_.epoch_loss += mean_loss;
+  ++progress_.epoch_steps;
+  const double el = Seconds(progress_.t0);
   if (tb_) {
     tb_->Scalar("train/loss", static_cast<float>(mean_loss), step);
-    tb_->Scalar("train/lr", static_cast<float>(lr_), step);
+    tb_->Scalar("train/lr", static_cast<float>(progress_.lr), step);
     tb_->Scalar("train/samples_per_sec",
-                static_cast<float>((step - start_step_) * global_batch_ / el), step);
+                static_cast<float>((step - start_step_) * sizes_.global_batch / el), step);
   }
   if (rank_ == 0) {
-    std::printf("step %ld/%ld  loss %.5f  lr %.3g  %.2f samples/s (all ranks, since start)\n",
-                step, a_.max_steps, mean_loss, lr_, (step - start_step_) * global_batch_ / el);
+    std::printf("step %ld/%ld  loss %.5f  lr %.3g  %.2f samples/s (all ranks, since start)\n", step,
+                a_.max_steps, mean_loss, progress_.lr,
+                (step - start_step_) * sizes_.global_batch / el);
     std::fflush(stdout);
   }
 }
 
 // The tutorial's per-epoch report, with validation.
 void Trainer::EndOfEpoch(int64_t step) {
-  const double secs = Seconds(epoch_start_);
-  const int64_t epoch = (step - 1) / steps_per_epoch_ + 1;
+  const double secs = Seconds(progress_.epoch_start);
+  const int64_t epoch = (step - 1) / sizes_.steps_per_epoch + 1;
   const auto val_start = Clock::now();
-  const double val_loss = val_steps_ > 0 ? Validate() : 0;
+  const double val_loss = sizes_.val_steps > 0 ? Validate() : 0;
   const double val_secs = Seconds(val_start);
   // --target-loss: the first time the validation loss (the epoch's training loss when there is
   // no validation) is at or below it. Every rank sees the same all-reduced figures.
-  const double judged = val_steps_ > 0 ? val_loss : epoch_loss_ / std::max<int64_t>(1, epoch_steps_);
-  if (a_.target_loss > 0 && target_step_ < 0 && judged <= a_.target_loss) {
-    target_step_ = step;
-    target_s_ = Seconds(t0_);
-    target_of_ = val_steps_ > 0 ? "validation" : "training";
+  const double judged = sizes_.val_steps > 0
+                            ? val_loss
+                            : progress_.epoch_loss / std::max<int64_t>(1, progress_.epoch_steps);
+  if (a_.target_loss > 0 && progress_.target_step < 0 && judged <= a_.target_loss) {
+    progress_.target_step = step;
+    progress_.target_s = Seconds(progress_.t0);
+    progress_.target_of = sizes_.val_steps > 0 ? "validation" : "training";
     if (rank_ == 0) {
       std::printf("target loss %g reached at step %ld after %.3f s (%s loss %.6f)\n",
-                  a_.target_loss, step, target_s_, target_of_.c_str(), judged);
+                  a_.target_loss, step, progress_.target_s, progress_.target_of.c_str(), judged);
     }
   }
   if (tb_) {
-    if (val_steps_ > 0) tb_->Scalar("val/loss", static_cast<float>(val_loss), step);
+    if (sizes_.val_steps > 0) tb_->Scalar("val/loss", static_cast<float>(val_loss), step);
     tb_->Flush();
   }
   if (rank_ == 0) {
     std::printf("Time taken for epoch %ld is %.3f sec, avg %.3f samples/sec\n", epoch, secs,
-                epoch_steps_ * global_batch_ / secs);
-    std::printf("  Avg train loss=%.6f\n", epoch_loss_ / std::max<int64_t>(1, epoch_steps_));
-    if (val_steps_ > 0) {
+                progress_.epoch_steps * sizes_.global_batch / secs);
+    std::printf("  Avg train loss=%.6f\n",
+                progress_.epoch_loss / std::max<int64_t>(1, progress_.epoch_steps));
+    if (sizes_.val_steps > 0) {
       std::printf("  Avg val loss=%.6f\n  Total validation time: %.3f sec\n", val_loss, val_secs);
     }
     std::fflush(stdout);
   }
-  epoch_loss_ = 0;
-  epoch_steps_ = 0;
-  epoch_start_ = Clock::now();
+  progress_.epoch_loss = 0;
+  progress_.epoch_steps = 0;
+  progress_.epoch_start = Clock::now();
 }
 
 }  // namespace train_unet_internal

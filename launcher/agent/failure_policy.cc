@@ -92,18 +92,23 @@ FailurePolicy::Description FailurePolicy::Describe(const RootCause& root, bool h
   return w;
 }
 
+std::map<int, ErrorRecord> FailurePolicy::FailedRecords() const {
+  std::map<int, ErrorRecord> records;
+  for (const WorkerExit& e : s_.group.exits()) {
+    if (e.failed() && !e.stopped) {
+      records[e.local_rank] = s_.run_dir.ReadErrorRecord(s_.group.attempt(), e.local_rank);
+    }
+  }
+  return records;
+}
+
 int FailurePolicy::AfterFailure(const std::string& recovering_from) {
   // Is the first failure one whose stacks tell something (--capture-before-kill auto)?
   const bool telling = FirstFailureTells();
   std::optional<Forensics::Capture> capture = s_.forensics.CaptureBeforeKill(
       s_.group.Targets(/*live_only=*/true), telling, "a worker failed");
   s_.stop_group(SIGTERM);
-  // Each failed worker's error file, read once for the root cause and the report.
-  std::map<int, ErrorRecord> records;
-  for (const WorkerExit& e : s_.group.exits()) {
-    if (e.failed() && !e.stopped)
-      records[e.local_rank] = s_.run_dir.ReadErrorRecord(s_.group.attempt(), e.local_rank);
-  }
+  const std::map<int, ErrorRecord> records = FailedRecords();
   auto error_of = [&records](int lr) {
     auto it = records.find(lr);
     return it == records.end() ? ErrorRecord{} : it->second;

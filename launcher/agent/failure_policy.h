@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,6 +68,8 @@ class FailurePolicy {
   };
   Description Describe(const RootCause& root, bool has_error_file,
                        const std::string& recovering_from);
+  // Each failed worker's error file by local rank, read once for the root cause and the report.
+  std::map<int, ErrorRecord> FailedRecords() const;
   // Whether the first failure's stacks tell something (--capture-before-kill auto): not a
   // plain exception whose traceback is in its error file.
   bool FirstFailureTells() const;

@@ -83,8 +83,16 @@ for shape in "$@"; do
       check "$shape" "$shape-fault" 0 1
       ;;
     powersgd)  # a hook with state of its own (error feedback): refused, the checkpoint
-      run "$shape-fault" "$shape" 6:1:commit ||
-        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      # One restart is planned (the refusal). A second one, after PyTorch's SIGABRT at a
+      # process' exit (above), resumes from a later checkpoint, and PowerSGD's resume is not
+      # exact: that run cannot be compared with the resume by hand, so it runs once more.
+      for try in 1 2; do
+        run "$shape-fault" "$shape" 6:1:commit ||
+          fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+        restarts=$(grep -c "info: restart [1-9]" "$work/$shape-fault.out" || true)
+        ((restarts > 1)) || break
+        echo "note: $shape-fault restarted $restarts times (a SIGABRT at exit?): running it again"
+      done
       grep -q "refused: the DDP communication hook .*powerSGD_hook keeps state of its own (PowerSGDState)" "$work/$shape-fault.out" ||
         fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the hook" "$work/$shape-fault.out"
       # Refused and resumed, but not bit-identical to the run without a fault: PowerSGD's own

@@ -80,3 +80,35 @@ git -C "$root" rm -q --cached core
 git -C "$root" add -f launcher/base/tool && expect "a tracked ELF file" "^launcher/base/tool: tracked, and it is an ELF file"
 git -C "$root" rm -q --cached launcher/base/tool
 git -C "$root" add -f bench/__pycache__ && expect "a tracked .pyc" "^bench/__pycache__/a.cpython-311.pyc: tracked, and it is compiled Python"
+git -C "$root" rm -q -r --cached bench/__pycache__
+rm -rf "$root/.git" "$root/core" "$root/bench" "$root/launcher/base/tool"
+# Class sizes: 31 member functions (a constructor, declarations, one defined in the class, an
+# operator) or 31 data members (`int a_, b_;` counts two; static members, nested types and
+# aliases none) are over; 30 of each pass; a plain struct of data may hold more; the Agent has
+# a bound of 15.
+klass() {  # klass NAME KEYWORD METHODS FIELDS: a header declaring it
+  local name=$1 kw=$2 m=$3 f=$4 i
+  echo "$kw $name {"; echo " public:"
+  ((m > 0)) && echo "  $name();" && echo "  int Inline() const { return 1; }" &&
+    echo "  bool operator==(const $name&) const = default;"
+  for ((i = 3; i < m; i++)); do echo "  void M$i(int a, std::function<void(int)> f);"; done
+  echo "  using Alias = int;"; echo "  static constexpr int kStatic = 1;"
+  echo "  struct Nested { int x, y, z; };"; echo "  enum class Kind { kA, kB };"
+  echo " private:"
+  for ((i = 0; i + 1 < f; i += 2)); do echo "  int f${i}_ = 0, g${i}_{2};"; done
+  ((f % 2)) && echo "  std::map<int, std::pair<int, int>> last_;"
+  echo "};"
+}
+klass Big class 31 30 > "$root/launcher/base/big.h"
+expect "a class over 30 member functions" "launcher/base/big.h:1: class Big has 31 member functions, over 30"
+klass Big class 30 31 > "$root/launcher/base/big.h"
+expect "a class over 30 data members" "launcher/base/big.h:1: class Big has 31 data members, over 30"
+klass Big class 30 30 > "$root/launcher/base/big.h"
+out=$("$checker" --root "$root") || { echo "FAIL: a class of 30 and 30 was refused: $out"; exit 1; }
+echo "ok: a class of 30 member functions and 30 data members passes"
+klass Options struct 0 45 > "$root/launcher/base/big.h"
+out=$("$checker" --root "$root") || { echo "FAIL: a plain struct of 45 was refused: $out"; exit 1; }
+echo "ok: a plain struct of 45 data members passes"
+klass Agent class 16 10 > "$root/launcher/base/big.h"
+expect "an Agent over 15 member functions" "launcher/base/big.h:1: class Agent has 16 member functions, over 15"
+echo "check-structure catches every kind of breach"

@@ -26,6 +26,23 @@ inline HostPort SplitHostPort(std::string_view s) {
   return {std::string(s.substr(0, colon)), std::string(s.substr(colon + 1)), true};
 }
 
+// The other way: "host:port", an IPv6 address bracketed ("::1", 29400 -> "[::1]:29400"); a host
+// bracketed already, a name or an IPv4 address as it is.
+inline std::string JoinHostPort(std::string_view host, std::string_view port) {
+  const bool v6 = host.find(':') != std::string_view::npos && host.front() != '[';
+  std::string out;
+  out.reserve(host.size() + port.size() + 3);
+  if (v6) out += '[';
+  out += host;
+  if (v6) out += ']';
+  out += ':';
+  out += port;
+  return out;
+}
+inline std::string JoinHostPort(std::string_view host, int port) {
+  return JoinHostPort(host, std::to_string(port));
+}
+
 // "[::1]" -> "::1"; anything else as it is.
 inline std::string Unbracketed(std::string_view host) {
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {

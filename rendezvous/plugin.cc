@@ -59,9 +59,8 @@ absl::StatusOr<std::unique_ptr<telemetry::MetricsServer>> ServeTelemetry(std::sh
     char name[256] = {0};
     host = gethostname(name, sizeof name - 1) == 0 && name[0] != 0 ? name : "localhost";
   }
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  spdlog::info("job telemetry on http://{}:{}/ (Prometheus: /metrics, JSON: /api/job)", host,
-               (*m)->port());
+  spdlog::info("job telemetry on http://{}/ (Prometheus: /metrics, JSON: /api/job)",
+               JoinHostPort(host, (*m)->port()));
   std::fflush(stdout);
   return m;
 }

@@ -2,6 +2,7 @@
 #include "launcher/app/backends.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "common/local_address.h"
 #include "launcher/detect/net.h"
 #include "launcher/rdzv/failover.h"
@@ -54,7 +55,7 @@ absl::StatusOr<JobLink> GrpcBackend(const BackendInputs& in) {
   const std::string rdzv_port = SplitEndpoint(r.endpoint).second;
   for (const std::string& h : d.expected_hosts) {
     if (r.peers.size() >= rdzv::kMaxSuccessors) break;
-    const std::string ep = absl::StrCat(h, ":", rdzv_port);
+    const std::string ep = JoinHostPort(h, rdzv_port);
     if (ep != r.endpoint) r.peers.push_back(ep);
   }
   r.run_id = o.rdzv_id;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "common/defaults.h"
+#include "common/host_port.h"
 #include "launcher/cli/flags.h"
 #include "launcher/cli/rdzv_conf.h"
 #include "launcher/cli/job_token.h"
@@ -67,8 +68,7 @@ absl::StatusOr<RdzvServerArgs> ParseRdzvServerArgs(const std::vector<std::string
   auto token = JobToken(env, raw.run_id);
   if (!token.ok()) return token.status();
   out.host.token = *token;
-  const bool v6 = raw.host.find(':') != std::string::npos;
-  out.host.listen_address = absl::StrCat(v6 ? "[" + raw.host + "]" : raw.host, ":", raw.port);
+  out.host.listen_address = JoinHostPort(raw.host, raw.port);
   out.host.metrics_port = raw.telemetry.metrics_port;
   out.host.metrics_addr = raw.telemetry.metrics_addr;
   out.host.telemetry.straggler_factor = raw.telemetry.straggler_factor;

@@ -28,7 +28,7 @@ absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& va
           "invalid value '", value, "' for --rdzv-endpoint: entry '", entry,
           "' is not HOST[:PORT] with a port 0-65535 (a list is HOST:PORT,HOST:PORT,...)"));
     }
-    const std::string ep = absl::StrCat(host, ":", port);
+    const std::string ep = JoinHostPort(host, port);
     if (std::find(out.begin(), out.end(), ep) != out.end()) {
       return absl::InvalidArgumentError(absl::StrCat("invalid value '", value,
                                                      "' for --rdzv-endpoint: '", ep,
@@ -52,7 +52,7 @@ std::vector<Candidate> FailoverOrder(const FailoverView& v) {
     return out;
   }
   for (const rdzv::Successor& s : v.successors) {
-    const std::string ep = absl::StrCat(s.address, ":", v.port);
+    const std::string ep = JoinHostPort(s.address, v.port);
     const bool me = s.node_id == v.my_node_id;
     const bool seen = std::any_of(out.begin(), out.end(), [&](const Candidate& c) {
       return c.endpoint == ep && c.is_me == me;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "common/host_port.h"
 #include "launcher/base/bad_nodes.h"
 #include "launcher/detect/net.h"
 #include "launcher/rdzv/failover.h"
@@ -287,7 +288,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   std::vector<std::string> PeerEndpoints() const {
     std::vector<std::string> out = o_.candidates;
     const std::string port = SplitEndpoint(o_.endpoint).second;
-    for (const auto& s : successors_) out.push_back(absl::StrCat(s.address, ":", port));
+    for (const auto& s : successors_) out.push_back(JoinHostPort(s.address, port));
     out.insert(out.end(), o_.peers.begin(), o_.peers.end());
     out.insert(out.end(), hosts_seen_.begin(), hosts_seen_.end());
     return out;
@@ -399,7 +400,7 @@ absl::StatusOr<JobLink> MakeRendezvousSource(RdzvSourceOptions o, rdzv::Api& api
                                              Clock& clock) {
   rdzv::Api* const api = &api_ref;
   auto [host, port] = SplitEndpoint(o.endpoint);
-  o.endpoint = absl::StrCat(host, ":", port);
+  o.endpoint = JoinHostPort(host, port);
   std::unique_ptr<rdzv::HostedRendezvous> hosted;
   // Whether the endpoint's address is one of this host's (any port): only then can this agent
   // host, and only then is a busy port worth another look (below).

@@ -67,5 +67,16 @@ TEST(HostPort, SplitsNamesV4AndBracketedV6AndLeavesABareV6Whole) {
   EXPECT_EQ(Unbracketed("[]"), "[]");
 }
 
+TEST(HostPort, JoinBracketsABareV6AndRoundTripsTheSplitter) {
+  EXPECT_EQ(JoinHostPort("node1", 29400), "node1:29400");
+  EXPECT_EQ(JoinHostPort("10.0.0.1", "80"), "10.0.0.1:80");
+  EXPECT_EQ(JoinHostPort("::1", 29400), "[::1]:29400");
+  EXPECT_EQ(JoinHostPort("[fe80::2]", 7), "[fe80::2]:7");  // bracketed once only
+  for (const char* ep : {"node1:29400", "10.0.0.1:80", "[::1]:29400", "[fe80::2]:0"}) {
+    const HostPort hp = SplitHostPort(ep);
+    EXPECT_EQ(JoinHostPort(hp.host, hp.port), ep);
+  }
+}
+
 }  // namespace
 }  // namespace dlrun

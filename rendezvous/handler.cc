@@ -189,7 +189,7 @@ void Handler::Join(const v1::JoinRequest& req, const std::string& peer, uint64_t
     std::vector<Successor> successors;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      successors = machine_.Successors(options_.host_node_id);
+      successors = machine_.members().Successors(options_.host_node_id);
     }
     for (const Successor& x : successors) {
       auto* p = resp.add_successors();
@@ -236,7 +236,7 @@ absl::Status Handler::Heartbeat(const v1::HeartbeatRequest& req, const std::stri
     std::lock_guard<std::mutex> lock(mu_);
     if (!redirect_.empty()) {
       resp->set_action(v1::HeartbeatResponse::RESTART);
-      resp->set_current_round(machine_.round());
+      resp->set_current_round(machine_.state().round);
       resp->set_epoch(options_.epoch);
       resp->set_redirect(redirect_);
       resp->set_reason(absl::StrCat("the rendezvous moved to a newer host at ", redirect_));
@@ -344,7 +344,7 @@ std::optional<TimePoint> Handler::Tick() {
     // silence means nothing yet. Give everyone a fresh limit instead of declaring them dead.
     const Duration limit = options_.config.liveness_limit();
     if (host_heard_ && now - *host_heard_ > limit &&
-        machine_.phase() == StateMachine::Phase::kRunning) {
+        machine_.state().phase == StateMachine::Phase::kRunning) {
       machine_.ExtendLiveness(now);
       host_heard_ = now;
     }
@@ -352,21 +352,21 @@ std::optional<TimePoint> Handler::Tick() {
     resize = machine_.TakeResize();
     next = machine_.NextDeadline();
     if (options_.telemetry &&
-        (machine_.round() != telemetry_round_ || machine_.world_size() != telemetry_world_ ||
-         machine_.restart_count() != telemetry_restarts_ ||
-         static_cast<int>(machine_.phase()) != telemetry_phase_)) {
-      telemetry_phase_ = static_cast<int>(machine_.phase());
-      if (machine_.restart_count() > telemetry_restarts_) {
-        options_.telemetry->AddRestartCause(machine_.restart_reason());
+        (machine_.state().round != telemetry_round_ || machine_.members().WorldSize() != telemetry_world_ ||
+         machine_.state().restart_count != telemetry_restarts_ ||
+         static_cast<int>(machine_.state().phase) != telemetry_phase_)) {
+      telemetry_phase_ = static_cast<int>(machine_.state().phase);
+      if (machine_.state().restart_count > telemetry_restarts_) {
+        options_.telemetry->AddRestartCause(machine_.state().restart_reason);
       }
-      telemetry_round_ = machine_.round();
-      telemetry_restarts_ = machine_.restart_count();
-      telemetry_world_ = machine_.world_size();
-      options_.telemetry->SetJob(options_.run_id, machine_.round(), machine_.world_size(),
-                                 machine_.num_members(), machine_.restart_count());
-      switch (machine_.phase()) {
+      telemetry_round_ = machine_.state().round;
+      telemetry_restarts_ = machine_.state().restart_count;
+      telemetry_world_ = machine_.members().WorldSize();
+      options_.telemetry->SetJob(options_.run_id, machine_.state().round, machine_.members().WorldSize(),
+                                 static_cast<int>(machine_.members().size()), machine_.state().restart_count);
+      switch (machine_.state().phase) {
         case StateMachine::Phase::kJoining:
-          options_.telemetry->SetState(machine_.restart_count() > 0 ? "restarting" : "starting");
+          options_.telemetry->SetState(machine_.state().restart_count > 0 ? "restarting" : "starting");
           break;
         case StateMachine::Phase::kRunning: options_.telemetry->SetState("running"); break;
         case StateMachine::Phase::kFailed: options_.telemetry->SetState("failed"); break;
@@ -381,7 +381,7 @@ std::optional<TimePoint> Handler::Tick() {
 
 std::map<std::string, std::string> Handler::LiveMembers() {
   std::lock_guard<std::mutex> lock(mu_);
-  return machine_.LiveMembers();
+  return machine_.members().Live();
 }
 
 bool Handler::EndAcknowledged() {
@@ -391,12 +391,12 @@ bool Handler::EndAcknowledged() {
 
 StateMachine::Phase Handler::phase() {
   std::lock_guard<std::mutex> lock(mu_);
-  return machine_.phase();
+  return machine_.state().phase;
 }
 
 uint64_t Handler::round() {
   std::lock_guard<std::mutex> lock(mu_);
-  return machine_.round();
+  return machine_.state().round;
 }
 
 }  // namespace dlrun::rdzv

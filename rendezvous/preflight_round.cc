@@ -71,21 +71,19 @@ bool StateMachine::LeaveOutSlowNodes(Deliveries* out) {
   return false;
 }
 
-// A node that would join a running round, far slower than its members: refused at once, so
-// the members do not restart for it.
-bool StateMachine::RefuseSlowScaleUp(Pending& p, Deliveries* out) {
-  if (p.node.preflight_gflops <= 0) return false;
-  std::vector<NodeInfo> round{p.node};
-  for (const Member& m : members_) round.push_back(m.node);
-  if (SharesAHost(round, [](const NodeInfo& n) -> const NodeInfo& { return n; })) return false;
-  std::vector<double> figures{p.node.preflight_gflops};
-  for (const Member& m : members_) figures.push_back(m.node.preflight_gflops);
-  const double bound = SlowBound(figures, config_.preflight_slow_ratio);
-  if (p.node.preflight_gflops >= bound) return false;
-  out->push_back({std::move(p.cb), absl::FailedPreconditionError(absl::StrCat(
-                                       kLeftOutByPreflight,
-                                       SlowVerdict(p.node, bound, config_.preflight_slow_ratio)))});
-  return true;
+std::optional<std::string> SlowScaleUp(const NodeInfo& joining, const Roster& members,
+                                       double slow_ratio) {
+  if (joining.preflight_gflops <= 0) return std::nullopt;
+  std::vector<NodeInfo> round{joining};
+  for (const Roster::Member& m : members) round.push_back(m.node);
+  if (SharesAHost(round, [](const NodeInfo& n) -> const NodeInfo& { return n; })) {
+    return std::nullopt;
+  }
+  std::vector<double> figures{joining.preflight_gflops};
+  for (const Roster::Member& m : members) figures.push_back(m.node.preflight_gflops);
+  const double bound = SlowBound(figures, slow_ratio);
+  if (joining.preflight_gflops >= bound) return std::nullopt;
+  return absl::StrCat(kLeftOutByPreflight, SlowVerdict(joining, bound, slow_ratio));
 }
 
 }  // namespace dlrun::rdzv

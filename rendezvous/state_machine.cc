@@ -24,27 +24,11 @@ bool NodeIdLess(const std::string& a, const std::string& b) {
   return a < b;
 }
 
-}  // namespace
-
-StateMachine::StateMachine(Config config, TimePoint now)
-    : config_(std::move(config)), round_opened_at_(now) {}
-
-const StateMachine::Member* StateMachine::FindMember(const std::string& node_id) const {
-  auto it = member_index_.find(node_id);
-  return it == member_index_.end() ? nullptr : &members_[it->second];
-}
-
-std::map<std::string, std::string> StateMachine::LiveMembers() const {
-  std::map<std::string, std::string> out;
-  for (const Member& m : members_) {
-    if (!m.left) out[m.node.node_id] = m.node.hostname;
-  }
-  return out;
-}
-
-std::string StateMachine::JoinedHosts() const {
+// The joining nodes' host names, sorted, at most 16 (for a line).
+template <class Pendings>
+std::string JoinedHosts(const Pendings& joining) {
   std::vector<std::string> hosts;
-  for (const Pending& p : joining_) hosts.push_back(p.node.hostname);
+  for (const auto& p : joining) hosts.push_back(p.node.hostname);
   std::sort(hosts.begin(), hosts.end());
   if (hosts.size() > 16) {
     hosts.resize(16);
@@ -52,6 +36,11 @@ std::string StateMachine::JoinedHosts() const {
   }
   return absl::StrJoin(hosts, ", ");
 }
+
+}  // namespace
+
+StateMachine::StateMachine(Config config, TimePoint now)
+    : config_(std::move(config)), round_opened_at_(now) {}
 
 void StateMachine::AddJoining(Pending p, Deliveries* out) {
   auto it = joining_index_.find(p.node.node_id);
@@ -70,20 +59,20 @@ void StateMachine::AddJoining(Pending p, Deliveries* out) {
 void StateMachine::Resume(const NodeInfo& node, Deliveries* out) {
   // Only a host that has not closed a round yet rebuilds state from resumes: for a host that is
   // running, a survivor's join is an ordinary re-join.
-  if (!known_.empty() || phase_ != Phase::kJoining) return;
+  if (!known_.empty() || state_.phase != Phase::kJoining) return;
   const ResumeInfo& r = node.resume;
   const bool first = expected_survivors_ == 0;
-  round_ = std::max<uint64_t>(round_, r.round + 1);
+  state_.round = std::max<uint64_t>(state_.round, r.round + 1);
   expected_survivors_ = std::max(expected_survivors_, r.survivors);
   // The host's loss counts as a restart, as a lost node does; max() keeps it one however many
   // survivors report it.
   const int restarts = r.restart_count + 1;
-  if (restarts > restart_count_) restart_count_ = restarts;
+  if (restarts > state_.restart_count) state_.restart_count = restarts;
   if (first) {
-    restart_reason_ = absl::StrCat("the rendezvous host (", r.lost_host, ") was lost");
+    state_.restart_reason = absl::StrCat("the rendezvous host (", r.lost_host, ") was lost");
   }
-  if (restart_count_ > config_.max_restarts) {
-    Fail(absl::StrCat(restart_reason_, "; no restarts left (max_restarts=", config_.max_restarts,
+  if (state_.restart_count > config_.max_restarts) {
+    Fail(absl::StrCat(state_.restart_reason, "; no restarts left (max_restarts=", config_.max_restarts,
                       ")"),
          out);
   }
@@ -92,14 +81,14 @@ void StateMachine::Resume(const NodeInfo& node, Deliveries* out) {
 absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint now,
                                 JoinCallback cb, Deliveries* out) {
   if (node.resume.round > 0) Resume(node, out);
-  if (phase_ == Phase::kFailed) {
-    return absl::FailedPreconditionError(absl::StrCat("the job has failed: ", failure_reason_));
+  if (state_.phase == Phase::kFailed) {
+    return absl::FailedPreconditionError(absl::StrCat("the job has failed: ", state_.failure_reason));
   }
-  if (phase_ == Phase::kSucceeded) {
+  if (state_.phase == Phase::kSucceeded) {
     return absl::FailedPreconditionError("the job has already finished");
   }
   Pending p{node, ticket, std::move(cb)};
-  if (phase_ == Phase::kJoining) {
+  if (state_.phase == Phase::kJoining) {
     if (static_cast<int>(joining_.size()) >= config_.max_nodes &&
         !joining_index_.count(node.node_id)) {
       waiting_.push_back(std::move(p));
@@ -110,16 +99,18 @@ absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint
     return absl::OkStatus();
   }
   // Running.
-  const bool is_member = FindMember(node.node_id) != nullptr;
-  if (!is_member && RefuseSlowScaleUp(p, out)) return absl::OkStatus();
+  const bool is_member = members_.Find(node.node_id) != nullptr;
+  if (std::optional<std::string> slow =
+          is_member ? std::nullopt : SlowScaleUp(p.node, members_, config_.preflight_slow_ratio)) {
+    out->push_back({std::move(p.cb), absl::FailedPreconditionError(*slow)});
+    return absl::OkStatus();
+  }
   if (!is_member && static_cast<int>(members_.size()) >= config_.max_nodes) {
     waiting_.push_back(std::move(p));  // full: held until a round opens for another reason
     return absl::OkStatus();
   }
-  if (!is_member && p.node.in_process && CanAdmit()) {
-    Admit(std::move(p), now);  // the same round, the node takes the state from a peer
-    return absl::OkStatus();
-  }
+  // Admitted: the same round, the node takes the state from a peer.
+  if (!is_member && p.node.in_process && Admit(p, now)) return absl::OkStatus();
   waiting_.push_back(std::move(p));
   OpenRound(now,
             is_member ? absl::StrCat("node ", node.hostname, " (", node.node_id, ") re-joined")
@@ -154,15 +145,15 @@ bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
 void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
                              Deliveries* out) {
   ReleaseAdmission();  // the node being admitted joins the new round
-  ++round_;
-  restart_reason_ = reason;
-  phase_ = Phase::kJoining;
+  ++state_.round;
+  state_.restart_reason = reason;
+  state_.phase = Phase::kJoining;
   round_opened_at_ = now;
   min_reached_at_.reset();
   expected_.clear();
   // Nodes that already finished come back too: a restart reruns the whole job.
   for (const Member& m : members_) expected_.insert(m.node.node_id);
-  if (counts_as_restart && ++restart_count_ > config_.max_restarts) {
+  if (counts_as_restart && ++state_.restart_count > config_.max_restarts) {
     Fail(absl::StrCat(reason, "; no restarts left (max_restarts=", config_.max_restarts, ")"),
          out);
     return;
@@ -182,7 +173,7 @@ void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool coun
 }
 
 void StateMachine::MaybeClose(TimePoint now, Deliveries* out) {
-  if (phase_ != Phase::kJoining) return;
+  if (state_.phase != Phase::kJoining) return;
   const int n = static_cast<int>(joining_.size());
   if (n >= config_.max_nodes) return Close(now, out);
   if (n < config_.min_nodes) return;
@@ -218,9 +209,7 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
   int world = 0;
   for (const Pending& p : joining_) world += p.node.nproc;
 
-  members_.clear();
-  member_index_.clear();
-  members_.reserve(joining_.size());
+  members_.Clear();
   const std::string master_addr = joining_.empty() ? "" : joining_[0].node.address;
   const int master_port = joining_.empty() ? 0 : joining_[0].node.master_port;
   int offset = 0;
@@ -228,7 +217,7 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
   for (size_t i = 0; i < joining_.size(); ++i) {
     Pending& p = joining_[i];
     Assignment a;
-    a.round = round_;
+    a.round = state_.round;
     a.node_rank = static_cast<int>(i);
     a.num_nodes = static_cast<int>(joining_.size());
     a.rank_offset = offset;
@@ -236,23 +225,22 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
     a.local_world_size = p.node.nproc;
     a.master_addr = master_addr;
     a.master_port = master_port;
-    a.restart_count = restart_count_;
+    a.restart_count = state_.restart_count;
     offset += p.node.nproc;
-    member_index_[p.node.node_id] = members_.size();
     known_.insert(p.node.node_id);
-    members_.push_back({std::move(p.node), now, false, false, std::nullopt});
+    members_.Add({std::move(p.node), now, false, false, std::nullopt});
     out->push_back({std::move(p.cb), std::move(a)});
   }
   joining_.clear();
   joining_index_.clear();
   expected_.clear();
   min_reached_at_.reset();
-  phase_ = Phase::kRunning;
+  state_.phase = Phase::kRunning;
 }
 
 void StateMachine::Fail(const std::string& reason, Deliveries* out) {
-  phase_ = Phase::kFailed;
-  failure_reason_ = reason;
+  state_.phase = Phase::kFailed;
+  state_.failure_reason = reason;
   ReleaseAdmission();  // its join is answered with the failure below
   for (auto* list : {&joining_, &waiting_}) {
     for (Pending& p : *list) {
@@ -270,34 +258,34 @@ absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_i
     return absl::NotFoundError(absl::StrCat("node id '", node_id, "' has never been a member"));
   }
   HeartbeatReply r;
-  r.current_round = round_;
-  if (phase_ == Phase::kFailed) {
+  r.current_round = state_.round;
+  if (state_.phase == Phase::kFailed) {
     told_end_.insert(node_id);
     r.action = Action::kStop;
-    r.reason = failure_reason_;
+    r.reason = state_.failure_reason;
     return r;
   }
-  if (phase_ == Phase::kSucceeded) {
+  if (state_.phase == Phase::kSucceeded) {
     told_end_.insert(node_id);
     r.action = Action::kFinished;
     r.reason = "every node finished successfully";
     return r;
   }
-  auto it = member_index_.find(node_id);
-  if (phase_ == Phase::kRunning && round == round_ && it != member_index_.end()) {
-    members_[it->second].last_seen = now;
-    members_[it->second].in_process = in_process;
+  Member* m = members_.Find(node_id);
+  if (state_.phase == Phase::kRunning && round == state_.round && m != nullptr) {
+    m->last_seen = now;
+    m->in_process = in_process;
     r.action = Action::kContinue;
     return r;
   }
-  if (round > round_) {
+  if (round > state_.round) {
     return absl::InvalidArgumentError(
-        absl::StrCat("round ", round, " is in the future (current round is ", round_, ")"));
+        absl::StrCat("round ", round, " is in the future (current round is ", state_.round, ")"));
   }
   // Heard from, even if it is still stopping its workers: a joining round keeps waiting for it.
-  if (it != member_index_.end()) members_[it->second].last_seen = now;
+  if (m != nullptr) m->last_seen = now;
   r.action = Action::kRestart;  // a newer round is open or running: stop workers and re-join
-  r.reason = restart_reason_.empty() ? "a new round is open" : restart_reason_;
+  r.reason = state_.restart_reason.empty() ? "a new round is open" : state_.restart_reason;
   return r;
 }
 
@@ -306,13 +294,13 @@ absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node
                                                          const std::string& reason,
                                                          TimePoint now, Deliveries* out,
                                                          bool fatal) {
-  const Member* m = FindMember(node_id);
+  const Member* m = members_.Find(node_id);
   if (m == nullptr) {
     return absl::PermissionDeniedError(
-        absl::StrCat("node id '", node_id, "' is not a member of round ", round_));
+        absl::StrCat("node id '", node_id, "' is not a member of round ", state_.round));
   }
   FailureReply r;
-  if (phase_ == Phase::kRunning && round == round_) {
+  if (state_.phase == Phase::kRunning && round == state_.round) {
     const std::string what = absl::StrCat("worker failure on ", m->node.hostname, ": ", reason);
     if (fatal) {
       Fail(absl::StrCat(what, "; it repeats the last failure, so no restart"), out);
@@ -321,26 +309,26 @@ absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node
     }
   }
   // A stale round number changes nothing: that failure has already opened a newer round.
-  r.next_round = round_;
-  r.restarts_exhausted = phase_ == Phase::kFailed;
+  r.next_round = state_.round;
+  r.restarts_exhausted = state_.phase == Phase::kFailed;
   return r;
 }
 
 absl::Status StateMachine::Leave(const std::string& node_id, uint64_t round, bool success,
                                  TimePoint now, Deliveries* out) {
-  auto it = member_index_.find(node_id);
-  if (it == member_index_.end()) {
+  Member* m = members_.Find(node_id);
+  if (m == nullptr) {
     return absl::PermissionDeniedError(
-        absl::StrCat("node id '", node_id, "' is not a member of round ", round_));
+        absl::StrCat("node id '", node_id, "' is not a member of round ", state_.round));
   }
-  if (round != round_ || phase_ != Phase::kRunning) return absl::OkStatus();  // stale
+  if (round != state_.round || state_.phase != Phase::kRunning) return absl::OkStatus();  // stale
   if (!success) {
     auto r = ReportFailure(node_id, round, "the node left after a failure", now, out);
     return r.ok() ? absl::OkStatus() : r.status();
   }
-  members_[it->second].left = true;
+  m->left = true;
   if (std::all_of(members_.begin(), members_.end(), [](const Member& m) { return m.left; })) {
-    phase_ = Phase::kSucceeded;
+    state_.phase = Phase::kSucceeded;
     for (Pending& p : waiting_) {
       out->push_back({std::move(p.cb), absl::FailedPreconditionError("the job has finished")});
     }
@@ -350,13 +338,13 @@ absl::Status StateMachine::Leave(const std::string& node_id, uint64_t round, boo
 }
 
 void StateMachine::Tick(TimePoint now, Deliveries* out) {
-  if (phase_ == Phase::kJoining) {
+  if (state_.phase == Phase::kJoining) {
     const int n = static_cast<int>(joining_.size());
     if (n < config_.min_nodes && now >= round_opened_at_ + config_.join_timeout) {
-      std::string msg = absl::StrCat("rendezvous round ", round_, " timed out after ",
+      std::string msg = absl::StrCat("rendezvous round ", state_.round, " timed out after ",
                                      Seconds(config_.join_timeout), " s: ", n, " of the minimum ",
                                      config_.min_nodes, " nodes joined");
-      if (n > 0) absl::StrAppend(&msg, " (", JoinedHosts(), ")");
+      if (n > 0) absl::StrAppend(&msg, " (", JoinedHosts(joining_), ")");
       if (!config_.expected_hosts.empty()) {
         absl::StrAppend(&msg, "; expected ", absl::StrJoin(config_.expected_hosts, ", "));
       }
@@ -368,7 +356,7 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
     // first): stop expecting it, so the survivors' round closes without the last call.
     const Duration limit = config_.liveness_limit();
     for (auto it = expected_.begin(); it != expected_.end();) {
-      const Member* m = joining_index_.count(*it) ? nullptr : FindMember(*it);
+      const Member* m = joining_index_.count(*it) ? nullptr : members_.Find(*it);
       if (m != nullptr && now - m->last_seen > limit) {
         it = expected_.erase(it);
       } else {
@@ -378,26 +366,26 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
     MaybeClose(now, out);
     return;
   }
-  if (phase_ != Phase::kRunning) return;
+  if (state_.phase != Phase::kRunning) return;
   if (admitting_ && now >= admitting_->deadline) return EndAdmission(now, out);
   DropLost(now, out);
 }
 
 std::optional<TimePoint> StateMachine::NextDeadline() const {
-  if (phase_ == Phase::kJoining) {
+  if (state_.phase == Phase::kJoining) {
     TimePoint next = min_reached_at_ ? *min_reached_at_ + config_.last_call
                                      : round_opened_at_ + config_.join_timeout;
     for (const std::string& id : expected_) {  // when an absent member counts as lost
-      const Member* m = joining_index_.count(id) ? nullptr : FindMember(id);
+      const Member* m = joining_index_.count(id) ? nullptr : members_.Find(id);
       if (m != nullptr) next = std::min(next, m->last_seen + config_.liveness_limit() + Duration(1));
     }
     return next;
   }
-  if (phase_ != Phase::kRunning || members_.empty()) return std::nullopt;
+  if (state_.phase != Phase::kRunning || members_.empty()) return std::nullopt;
   TimePoint next = admitting_ ? admitting_->deadline : TimePoint::max();
   for (const Member& m : members_) {
     next = std::min(next, m.last_seen + config_.liveness_limit() + Duration(1));
-    if (const std::optional<TimePoint> at = WatchLossAt(m)) next = std::min(next, *at);
+    if (const std::optional<TimePoint> at = WatchLossAt(m, config_.watch_grace)) next = std::min(next, *at);
   }
   if (next == TimePoint::max()) return std::nullopt;
   return next;
@@ -408,41 +396,25 @@ void StateMachine::ExtendLiveness(TimePoint now) {
 }
 
 bool StateMachine::EndAcknowledged() const {
-  if (phase_ != Phase::kFailed && phase_ != Phase::kSucceeded) return false;
+  if (state_.phase != Phase::kFailed && state_.phase != Phase::kSucceeded) return false;
   return std::all_of(members_.begin(), members_.end(),
                      [&](const Member& m) { return told_end_.count(m.node.node_id) > 0; });
 }
 
-std::vector<Successor> StateMachine::Successors(const std::string& exclude) const {
-  std::vector<Successor> out;
-  for (const Member& m : members_) {
-    if (out.size() >= kMaxSuccessors) break;
-    if (m.node.node_id == exclude) continue;
-    out.push_back({m.node.node_id, m.node.address});
-  }
-  return out;
-}
-
 StatusSnapshot StateMachine::Snapshot() const {
   StatusSnapshot s;
-  s.round = round_;
-  switch (phase_) {
+  s.round = state_.round;
+  switch (state_.phase) {
     case Phase::kJoining: s.phase = "joining"; break;
     case Phase::kRunning: s.phase = "running"; break;
     case Phase::kFailed: s.phase = "failed"; break;
     case Phase::kSucceeded: s.phase = "succeeded"; break;
   }
-  s.joined = static_cast<int>(phase_ == Phase::kRunning ? members_.size() : joining_.size());
+  s.joined = static_cast<int>(state_.phase == Phase::kRunning ? members_.size() : joining_.size());
   s.waiting = static_cast<int>(waiting_.size());
-  s.restart_count = restart_count_;
+  s.restart_count = state_.restart_count;
   for (const Member& m : members_) s.nodes.push_back(m.node.hostname);
   return s;
-}
-
-int StateMachine::world_size() const {
-  int n = 0;
-  for (const Member& m : members_) n += m.node.nproc;
-  return n;
 }
 
 }  // namespace dlrun::rdzv

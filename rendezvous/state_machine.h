@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/roster.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::rdzv {
@@ -72,23 +73,20 @@ class StateMachine {
   // process), silence says nothing about the members.
   void ExtendLiveness(TimePoint now);
 
-  // The round's members in node-rank order, `exclude` (the host's node id) left out, at most
-  // kMaxSuccessors: who may host next if the host is lost (docs/FAILOVER.md).
-  std::vector<Successor> Successors(const std::string& exclude) const;
-
-  Phase phase() const { return phase_; }
+  // The round's standing: its phase and number, the restarts so far, why it failed or opened.
+  struct Standing {
+    Phase phase = Phase::kJoining;
+    uint64_t round = 1;
+    int restart_count = 0;
+    std::string failure_reason;
+    std::string restart_reason;  // why the current round opened (for heartbeat replies)
+  };
+  const Standing& state() const { return state_; }
+  // The last closed round's members (roster.h): their world size, the live ones, successors.
+  const Roster& members() const { return members_; }
   // The job has ended and every member of the last round has been told so (by a heartbeat
   // reply), so a hosting agent may stop serving.
   bool EndAcknowledged() const;
-  uint64_t round() const { return round_; }
-  int restart_count() const { return restart_count_; }
-  const std::string& failure_reason() const { return failure_reason_; }
-  const std::string& restart_reason() const { return restart_reason_; }
-  // The last closed round's size: its members' nproc summed, and how many members.
-  int world_size() const;
-  int num_members() const { return static_cast<int>(members_.size()); }
-  // The round's members that have not left: node id -> host name.
-  std::map<std::string, std::string> LiveMembers() const;
   StatusSnapshot Snapshot() const;
 
  private:
@@ -97,26 +95,13 @@ class StateMachine {
     uint64_t ticket;
     JoinCallback cb;
   };
-  struct Member {
-    NodeInfo node;
-    TimePoint last_seen;
-    bool left = false;
-    bool in_process = false;               // its workers declared in-process recovery
-    std::optional<TimePoint> watch_ended;  // its regroup watch's caller went away
-  };
-  // When a member that recovers in process is lost because its watch ended and nothing was
-  // heard from it since (the watch grace after the end); nullopt when that does not apply.
-  std::optional<TimePoint> WatchLossAt(const Member& m) const;
-  // Lost: silent past the liveness limit, or WatchLossAt has passed.
+  using Member = Roster::Member;
+  // Lost: silent past the liveness limit, or its watch ended and nothing was heard from it
+  // within the watch grace; never the node being admitted.
   bool IsLost(const Member& m, TimePoint now) const;
   // Drops the lost members; the survivors go on in the same round when they all recover in
   // process, else a new round opens (or the job fails below min_nodes).
   void DropLost(TimePoint now, Deliveries* out);
-  void PlaceMembers(const std::string& what);
-  // Every member's workers declared in-process recovery and none has left (false when empty).
-  bool AllRecoverInProcess() const;
-  // member_index_ made anew from members_ after members were dropped.
-  void IndexMembers();
   // A node admitted into the running round, until the new group's port is posted; after
   // config.admit_timeout (or when its caller went away) it joins through a new round.
   struct Admission {
@@ -124,8 +109,9 @@ class StateMachine {
     TimePoint deadline;
     bool cancelled = false;
   };
-  bool CanAdmit() const;
-  void Admit(Pending p, TimePoint now);
+  // Admits `p` when the running round can take it in (every member recovers in process, room,
+  // nothing else under way); false, `p` untouched, otherwise.
+  bool Admit(Pending& p, TimePoint now);
   bool CancelAdmission(const std::string& node_id, uint64_t ticket);
   // The node being admitted goes back to the held joins (unless its caller went away).
   void ReleaseAdmission();
@@ -140,17 +126,10 @@ class StateMachine {
   void Close(TimePoint now, Deliveries* out);
   // The preflight's verdict on the joining nodes; false when it failed the job.
   bool LeaveOutSlowNodes(Deliveries* out);
-  bool RefuseSlowScaleUp(Pending& p, Deliveries* out);
   void Fail(const std::string& reason, Deliveries* out);
-  const Member* FindMember(const std::string& node_id) const;
-  std::string JoinedHosts() const;
 
   const Config config_;
-  Phase phase_ = Phase::kJoining;
-  uint64_t round_ = 1;
-  int restart_count_ = 0;
-  std::string failure_reason_;
-  std::string restart_reason_;  // why the current round opened (for heartbeat replies)
+  Standing state_;
 
   // The open round.
   std::vector<Pending> joining_;
@@ -163,8 +142,7 @@ class StateMachine {
   std::vector<Pending> waiting_;
 
   // The last closed round, by node rank.
-  std::vector<Member> members_;
-  std::unordered_map<std::string, size_t> member_index_;
+  Roster members_;
   std::unordered_set<std::string> known_;  // every node id ever assigned
   std::unordered_set<std::string> told_end_;  // nodes that got a STOP or FINISHED reply
   // After a failover: how many survivors the first round waits for before closing at once.
@@ -172,5 +150,11 @@ class StateMachine {
   std::optional<Resize> resize_;  // not yet taken
   std::optional<Admission> admitting_;
 };
+
+// preflight_round.cc: a node that would join the running round of `members`, far slower than
+// they are: the line that refuses it at once (so the members do not restart for it); nullopt:
+// it may join.
+std::optional<std::string> SlowScaleUp(const NodeInfo& joining, const Roster& members,
+                                       double slow_ratio);
 
 }  // namespace dlrun::rdzv

@@ -11,17 +11,10 @@
 
 namespace dlrun::rdzv {
 
-std::optional<TimePoint> StateMachine::WatchLossAt(const Member& m) const {
-  if (!m.in_process || m.left || !m.watch_ended || m.last_seen > *m.watch_ended) {
-    return std::nullopt;
-  }
-  return *m.watch_ended + config_.watch_grace;
-}
-
 bool StateMachine::IsLost(const Member& m, TimePoint now) const {
   if (admitting_ && admitting_->pending.node.node_id == m.node.node_id) return false;  // waits
   if (now - m.last_seen > config_.liveness_limit()) return true;
-  const std::optional<TimePoint> at = WatchLossAt(m);
+  const std::optional<TimePoint> at = WatchLossAt(m, config_.watch_grace);
   return at && now >= *at;
 }
 
@@ -43,37 +36,24 @@ void StateMachine::DropLost(TimePoint now, Deliveries* out) {
       alive.push_back(std::move(m));
     }
   }
-  members_ = std::move(alive);
-  IndexMembers();
+  members_.Replace(std::move(alive));
   const int survivors = static_cast<int>(members_.size() + waiting_.size());
   const std::string what =
       absl::StrCat("lost ", dead.size(), " node(s): ", absl::StrJoin(dead, ", "));
   if (survivors < config_.min_nodes) {
-    ++round_;
+    ++state_.round;
     Fail(absl::StrCat(what, "; ", survivors, " node(s) left, below the minimum of ",
                       config_.min_nodes),
          out);
     return;
   }
-  if (waiting_.empty() && AllRecoverInProcess()) {
-    resize_ = Resize{round_, {}, 0, "", what, ""};
-    PlaceMembers(what);
+  if (waiting_.empty() && members_.AllRecoverInProcess()) {
+    resize_ = Resize{state_.round, {}, 0, "", what, ""};
+    members_.Place(&*resize_);
+    state_.restart_reason = what;
     return;
   }
   OpenRound(now, what, /*counts_as_restart=*/true, out);
-}
-
-// The members keep their order (node ranks close up after a loss; an admitted node comes last)
-// and the round; rank 0's node, first among them, hosts the group's store.
-void StateMachine::PlaceMembers(const std::string& what) {
-  int offset = 0;
-  for (size_t i = 0; i < members_.size(); ++i) {
-    resize_->places.push_back({members_[i].node.node_id, static_cast<int>(i), offset});
-    offset += members_[i].node.nproc;
-  }
-  resize_->world_size = offset;
-  resize_->master_addr = members_.front().node.address;
-  restart_reason_ = what;
 }
 
 std::optional<Resize> StateMachine::TakeResize() {
@@ -82,49 +62,39 @@ std::optional<Resize> StateMachine::TakeResize() {
   return s;
 }
 
-bool StateMachine::AllRecoverInProcess() const {
-  return !members_.empty() && std::all_of(members_.begin(), members_.end(),
-                                          [](const Member& m) { return m.in_process && !m.left; });
-}
-
-void StateMachine::IndexMembers() {
-  member_index_.clear();
-  for (size_t i = 0; i < members_.size(); ++i) member_index_[members_[i].node.node_id] = i;
-}
-
-bool StateMachine::CanAdmit() const {
-  return phase_ == Phase::kRunning && !admitting_ && !resize_ && waiting_.empty() &&
-         static_cast<int>(members_.size()) < config_.max_nodes && AllRecoverInProcess();
-}
-
-void StateMachine::Admit(Pending p, TimePoint now) {
+bool StateMachine::Admit(Pending& p, TimePoint now) {
+  if (state_.phase != Phase::kRunning || admitting_ || resize_ || !waiting_.empty() ||
+      static_cast<int>(members_.size()) >= config_.max_nodes || !members_.AllRecoverInProcess()) {
+    return false;
+  }
   const std::string what =
       absl::StrCat("node ", p.node.hostname, " (", p.node.node_id, ") joined the running round");
-  member_index_[p.node.node_id] = members_.size();
-  members_.push_back({p.node, now, false, false, std::nullopt});
-  resize_ = Resize{round_, {}, 0, "", what, p.node.node_id};
-  PlaceMembers(what);
+  members_.Add({p.node, now, false, false, std::nullopt});
+  resize_ = Resize{state_.round, {}, 0, "", what, p.node.node_id};
+  members_.Place(&*resize_);
+  state_.restart_reason = what;
   admitting_ = Admission{std::move(p), now + config_.admit_timeout, false};
+  return true;
 }
 
 void StateMachine::Admitted(uint64_t round, int generation, int port, Deliveries* out) {
-  if (!admitting_ || admitting_->cancelled || round != round_ || phase_ != Phase::kRunning) {
+  if (!admitting_ || admitting_->cancelled || round != state_.round || state_.phase != Phase::kRunning) {
     return;
   }
   Pending p = std::move(admitting_->pending);
   admitting_.reset();
-  auto it = member_index_.find(p.node.node_id);
-  if (it == member_index_.end()) return;
+  const std::optional<size_t> at = members_.IndexOf(p.node.node_id);
+  if (!at) return;
   Assignment a;
-  a.round = round_;
-  a.node_rank = static_cast<int>(it->second);
+  a.round = state_.round;
+  a.node_rank = static_cast<int>(*at);
   a.num_nodes = static_cast<int>(members_.size());
-  for (size_t i = 0; i < it->second; ++i) a.rank_offset += members_[i].node.nproc;
-  a.world_size = world_size();
+  for (size_t i = 0; i < *at; ++i) a.rank_offset += members_[i].node.nproc;
+  a.world_size = members_.WorldSize();
   a.local_world_size = p.node.nproc;
   a.master_addr = members_.front().node.address;
   a.master_port = port;
-  a.restart_count = restart_count_;
+  a.restart_count = state_.restart_count;
   a.recovery_generation = generation;
   known_.insert(p.node.node_id);
   out->push_back({std::move(p.cb), std::move(a)});
@@ -149,11 +119,7 @@ void StateMachine::ReleaseAdmission() {
 
 void StateMachine::EndAdmission(TimePoint now, Deliveries* out) {
   const std::string host = admitting_->pending.node.hostname;
-  auto it = member_index_.find(admitting_->pending.node.node_id);
-  if (it != member_index_.end()) {
-    members_.erase(members_.begin() + static_cast<std::ptrdiff_t>(it->second));
-    IndexMembers();
-  }
+  members_.Erase(admitting_->pending.node.node_id);
   const bool cancelled = admitting_->cancelled;
   OpenRound(now,
             cancelled ? absl::StrCat("node ", host, " went away while it was being admitted")
@@ -164,16 +130,16 @@ void StateMachine::EndAdmission(TimePoint now, Deliveries* out) {
 }
 
 void StateMachine::WatchEnded(const std::string& node_id, TimePoint now) {
-  auto it = member_index_.find(node_id);
-  if (phase_ != Phase::kRunning || it == member_index_.end()) return;
-  Member& m = members_[it->second];
+  Member* found = members_.Find(node_id);
+  if (state_.phase != Phase::kRunning || found == nullptr) return;
+  Member& m = *found;
   if (!m.left) m.watch_ended = now;
 }
 
 void StateMachine::Heard(const std::string& node_id, TimePoint now) {
-  auto it = member_index_.find(node_id);
-  if (it == member_index_.end()) return;
-  Member& m = members_[it->second];
+  Member* found = members_.Find(node_id);
+  if (found == nullptr) return;
+  Member& m = *found;
   m.last_seen = std::max(m.last_seen, now);
   m.watch_ended.reset();
 }

@@ -90,7 +90,7 @@ TEST_F(NewHost, NoRestartsLeftEndsTheJobWithRendezvousHostLost) {
                                           "restarts left (max_restarts=1)"),
             std::string::npos)
       << s;
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kFailed);
 }
 
 // Case 4: a resume reaching a host that already runs a round (a late survivor) is an
@@ -99,7 +99,7 @@ TEST_F(NewHost, ALateSurvivorAtARunningHostIsAnOrdinaryJoin) {
   Make({.min_nodes = 1, .max_nodes = 3, .last_call = seconds(1), .max_restarts = 5});
   ASSERT_TRUE(Join(Survivor("b", 3, 0, 1)).ok());
   ASSERT_TRUE(results_["b"].ok());
-  EXPECT_EQ(sm_->restart_count(), 1);
+  EXPECT_EQ(sm_->state().restart_count, 1);
   ASSERT_TRUE(Join(Survivor("c", 3, 0, 2)).ok());  // opens a scale-up round
   ASSERT_TRUE(Join(Survivor("b", 4, 1, 1)).ok());  // b re-joins it
   ASSERT_TRUE(results_["c"].ok()) << results_["c"].status();
@@ -114,13 +114,13 @@ TEST_F(NewHost, SuccessorsAreMembersInNodeRankOrderWithoutTheHost) {
   Make({.min_nodes = 10, .max_nodes = 10});
   for (int i = 9; i >= 0; --i) ASSERT_TRUE(Join(Node("n" + std::to_string(i), i)).ok());
   ASSERT_EQ(results_.size(), 10u);
-  std::vector<Successor> s = sm_->Successors("n0");
+  std::vector<Successor> s = sm_->members().Successors("n0");
   ASSERT_EQ(s.size(), kMaxSuccessors);
   for (size_t i = 0; i < s.size(); ++i) {
     EXPECT_EQ(s[i].node_id, "n" + std::to_string(i + 1));
     EXPECT_EQ(s[i].address, "addr-n" + std::to_string(i + 1));
   }
-  EXPECT_EQ(sm_->Successors("").front().node_id, "n0");  // stand-alone: the host is no member
+  EXPECT_EQ(sm_->members().Successors("").front().node_id, "n0");  // stand-alone: the host is no member
 }
 
 // The handler: epochs, redirects and candidate lists.

@@ -26,7 +26,7 @@ class NodeAdmit : public testing::StateMachineTest {
     Join("a", 2, -1, true);
     Join("b", 3, -1, true);
     Advance(seconds(1));  // the last call
-    ASSERT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+    ASSERT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
     HeartbeatAll({"a", "b"}, in_process);
   }
   void Admitted(uint64_t round, int generation, int port) {
@@ -39,9 +39,9 @@ class NodeAdmit : public testing::StateMachineTest {
 TEST_F(NodeAdmit, ANodeJoiningMembersThatRecoverInProcessIsAdmittedIntoTheSameRound) {
   StartTwo();
   Join("c", 2, -1, /*in_process=*/true);
-  EXPECT_EQ(sm_->round(), 1u);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
-  EXPECT_EQ(sm_->restart_count(), 0);
+  EXPECT_EQ(sm_->state().round, 1u);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().restart_count, 0);
   EXPECT_EQ(results_.count("c"), 0u);  // held until the new group's port is posted
   std::optional<Resize> r = sm_->TakeResize();
   ASSERT_TRUE(r.has_value());
@@ -72,7 +72,7 @@ TEST_F(NodeAdmit, ANodeJoiningMembersThatRecoverInProcessIsAdmittedIntoTheSameRo
   EXPECT_EQ(a.master_addr, "addr-a");
   EXPECT_EQ(a.master_port, 45000);
   EXPECT_EQ(a.recovery_generation, 1);
-  EXPECT_EQ(sm_->world_size(), 7);
+  EXPECT_EQ(sm_->members().WorldSize(), 7);
   // A member like the others now: its heartbeats go on in round 1.
   auto hb = sm_->Heartbeat("c", 1, now_, true);
   ASSERT_TRUE(hb.ok()) << hb.status();
@@ -82,15 +82,15 @@ TEST_F(NodeAdmit, ANodeJoiningMembersThatRecoverInProcessIsAdmittedIntoTheSameRo
 TEST_F(NodeAdmit, AMemberThatDoesNotRecoverInProcessMeansANewRoundAsBefore) {
   StartTwo(/*in_process=*/false);
   Join("c", 2, -1, true);
-  EXPECT_EQ(sm_->round(), 2u);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kJoining);
+  EXPECT_EQ(sm_->state().round, 2u);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kJoining);
   EXPECT_FALSE(sm_->TakeResize().has_value());
 }
 
 TEST_F(NodeAdmit, AJoiningNodeThatRestartsInsteadMeansANewRound) {
   StartTwo();
   Join("c", 2, -1, /*in_process=*/false);  // its agent runs with --recovery restart
-  EXPECT_EQ(sm_->round(), 2u);
+  EXPECT_EQ(sm_->state().round, 2u);
   EXPECT_FALSE(sm_->TakeResize().has_value());
 }
 
@@ -107,10 +107,10 @@ TEST_F(NodeAdmit, APortThatNeverComesAdmitsTheNodeThroughANewRound) {
     HeartbeatAll({"a", "b"}, true);
   }
   Advance(milliseconds(999));
-  EXPECT_EQ(sm_->round(), 1u);
+  EXPECT_EQ(sm_->state().round, 1u);
   Advance(milliseconds(1));
-  EXPECT_EQ(sm_->round(), 2u);
-  EXPECT_EQ(sm_->restart_count(), 0);  // a scale-up, not a failure
+  EXPECT_EQ(sm_->state().round, 2u);
+  EXPECT_EQ(sm_->state().restart_count, 0);  // a scale-up, not a failure
   // The members and the node join the new round, which closes as soon as all three are in.
   Join("a", 2, -1, true);
   Join("b", 3, -1, true);
@@ -118,9 +118,9 @@ TEST_F(NodeAdmit, APortThatNeverComesAdmitsTheNodeThroughANewRound) {
   ASSERT_TRUE(results_.at("c").ok()) << results_.at("c").status();
   EXPECT_EQ(results_.at("c")->round, 2u);
   EXPECT_EQ(results_.at("c")->recovery_generation, 0);
-  EXPECT_EQ(sm_->world_size(), 7);
+  EXPECT_EQ(sm_->members().WorldSize(), 7);
   Admitted(1, 1, 45000);  // too late: nothing changes
-  EXPECT_EQ(sm_->round(), 2u);
+  EXPECT_EQ(sm_->state().round, 2u);
 }
 
 TEST_F(NodeAdmit, ANodeThatGoesAwayWhileAdmittedLeavesANewRoundWithoutIt) {
@@ -129,11 +129,11 @@ TEST_F(NodeAdmit, ANodeThatGoesAwayWhileAdmittedLeavesANewRoundWithoutIt) {
   EXPECT_TRUE(sm_->CancelJoin("c", ticket_));
   EXPECT_FALSE(sm_->CancelJoin("c", ticket_));  // once
   Advance(milliseconds(1));
-  EXPECT_EQ(sm_->round(), 2u);
+  EXPECT_EQ(sm_->state().round, 2u);
   Join("a", 2, -1, true);
   Join("b", 3, -1, true);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
-  EXPECT_EQ(sm_->world_size(), 5);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->members().WorldSize(), 5);
   EXPECT_EQ(results_.count("c"), 0u);
 }
 
@@ -141,14 +141,14 @@ TEST_F(NodeAdmit, AFailureWhileANodeIsAdmittedTakesItIntoTheNewRound) {
   StartTwo();
   Join("c", 2, -1, true);
   ASSERT_TRUE(Fail("b", 1).ok());
-  EXPECT_EQ(sm_->round(), 2u);
-  EXPECT_EQ(sm_->restart_count(), 1);
+  EXPECT_EQ(sm_->state().round, 2u);
+  EXPECT_EQ(sm_->state().restart_count, 1);
   Join("a", 2, -1, true);
   Join("b", 3, -1, true);
   ASSERT_EQ(results_.count("c"), 1u);
   ASSERT_TRUE(results_.at("c").ok()) << results_.at("c").status();
   EXPECT_EQ(results_.at("c")->round, 2u);
-  EXPECT_EQ(sm_->world_size(), 7);
+  EXPECT_EQ(sm_->members().WorldSize(), 7);
 }
 
 TEST_F(NodeAdmit, AFullRoundHoldsTheJoinAsBefore) {
@@ -158,7 +158,7 @@ TEST_F(NodeAdmit, AFullRoundHoldsTheJoinAsBefore) {
   Admitted(1, 1, 45000);
   HeartbeatAll({"c"}, true);
   Join("d", 2, -1, true);  // max_nodes 3: waits for a round that opens for another reason
-  EXPECT_EQ(sm_->round(), 1u);
+  EXPECT_EQ(sm_->state().round, 1u);
   EXPECT_FALSE(sm_->TakeResize().has_value());
   EXPECT_EQ(sm_->Snapshot().waiting, 1);
 }

@@ -26,7 +26,7 @@ class NodeLoss : public testing::StateMachineTest {
     Join("a", 2);
     Join("b", 3);
     Join("c", 2);
-    ASSERT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+    ASSERT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
     HeartbeatAll({"a", "b", "c"}, /*in_process=*/true);
   }
 };
@@ -37,10 +37,10 @@ TEST_F(NodeLoss, SurvivorsThatRecoverInProcessGoOnInTheSameRoundWithTheirNewPlac
     Advance(seconds(1));
     HeartbeatAll({"a", "c"}, true);  // b is silent
   }
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
-  EXPECT_EQ(sm_->round(), 1u);
-  EXPECT_EQ(sm_->restart_count(), 0);
-  EXPECT_EQ(sm_->world_size(), 4);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().round, 1u);
+  EXPECT_EQ(sm_->state().restart_count, 0);
+  EXPECT_EQ(sm_->members().WorldSize(), 4);
   std::optional<Resize> s = sm_->TakeResize();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->round, 1u);
@@ -83,8 +83,8 @@ TEST_F(NodeLoss, ASurvivorThatDoesNotRecoverInProcessOpensANewRound) {
     HeartbeatAll({"a"}, true);
     HeartbeatAll({"c"}, false);  // c's workers did not declare it
   }
-  EXPECT_EQ(sm_->round(), 2u);
-  EXPECT_EQ(sm_->restart_count(), 1);
+  EXPECT_EQ(sm_->state().round, 2u);
+  EXPECT_EQ(sm_->state().restart_count, 1);
   EXPECT_FALSE(sm_->TakeResize().has_value());
 }
 
@@ -94,7 +94,7 @@ TEST_F(NodeLoss, BelowTheMinimumTheJobFailsAsBefore) {
     Advance(seconds(1));
     HeartbeatAll({"a", "c"}, true);
   }
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kFailed);
   EXPECT_FALSE(sm_->TakeResize().has_value());
 }
 
@@ -122,7 +122,7 @@ TEST_F(NodeLoss, ANodeHeardFromAfterItsWatchEndedStays) {
   HeartbeatAll({"c"}, true);  // a heartbeat after the watch ended
   Advance(seconds(1));
   EXPECT_FALSE(sm_->TakeResize().has_value());
-  EXPECT_EQ(sm_->world_size(), 7);
+  EXPECT_EQ(sm_->members().WorldSize(), 7);
 }
 
 TEST_F(NodeLoss, AnEndedWatchSaysNothingOfANodeThatDoesNotRecoverInProcessOrHasLeft) {
@@ -134,8 +134,8 @@ TEST_F(NodeLoss, AnEndedWatchSaysNothingOfANodeThatDoesNotRecoverInProcessOrHasL
   sm_->WatchEnded("c", now_);
   Advance(seconds(1));
   EXPECT_FALSE(sm_->TakeResize().has_value());
-  EXPECT_EQ(sm_->round(), 1u);
-  EXPECT_EQ(sm_->world_size(), 7);
+  EXPECT_EQ(sm_->state().round, 1u);
+  EXPECT_EQ(sm_->members().WorldSize(), 7);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ class StateMachineTest : public ::testing::Test {
   }
   void HeartbeatAll(const std::vector<std::string>& ids, bool in_process = false) {
     for (const auto& id : ids) {
-      auto r = sm_->Heartbeat(id, sm_->round(), now_, in_process);
+      auto r = sm_->Heartbeat(id, sm_->state().round, now_, in_process);
       ASSERT_TRUE(r.ok()) << r.status();
     }
   }

@@ -24,10 +24,10 @@ TEST_F(RoundClosing, ClosesAtOnceWhenMaxNodesJoined) {
   Join("a");
   Join("b");
   EXPECT_TRUE(results_.empty());
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kJoining);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kJoining);
   Join("c");
   ASSERT_EQ(results_.size(), 3u);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
   for (auto& [id, r] : results_) {
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->world_size, 6);
@@ -63,7 +63,7 @@ TEST_F(RoundClosing, JoinTimeoutFailsWithCountsAndExpectedHosts) {
   const std::string msg(results_["a"].status().message());
   EXPECT_NE(msg.find("1 of the minimum 3 nodes joined (host-a)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("expected node1, node2, node3"), std::string::npos) << msg;
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kFailed);
   Deliveries out;
   EXPECT_FALSE(sm_->Join(Node("late"), 99, now_, [](auto) {}, &out).ok());
 }
@@ -131,7 +131,7 @@ TEST_F(RestartRounds, FailureReportOpensNewRoundWithSameRestartCountEverywhere) 
   Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 2});
   Join("a");
   Join("b");
-  ASSERT_EQ(sm_->round(), 1u);
+  ASSERT_EQ(sm_->state().round, 1u);
   auto r = Fail("b", 1);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->next_round, 2u);
@@ -145,7 +145,7 @@ TEST_F(RestartRounds, FailureReportOpensNewRoundWithSameRestartCountEverywhere) 
   r = Fail("a", 1);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->next_round, 2u);
-  EXPECT_EQ(sm_->restart_count(), 1);
+  EXPECT_EQ(sm_->state().restart_count, 1);
   // Both re-join; the round closes as soon as both are back (no last-call wait).
   Join("a");
   Join("b");
@@ -160,7 +160,7 @@ TEST_F(RestartRounds, FailureReportOpensNewRoundWithSameRestartCountEverywhere) 
   r = Fail("a", 3);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->restarts_exhausted);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kFailed);
   hb = sm_->Heartbeat("b", 3, now_);
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->action, Action::kStop);
@@ -178,8 +178,8 @@ TEST_F(RestartRounds, AFatalFailureStopsTheJobWithRestartsLeft) {
   Run(out);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r->restarts_exhausted);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
-  EXPECT_EQ(sm_->restart_count(), 0);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kFailed);
+  EXPECT_EQ(sm_->state().restart_count, 0);
   auto hb = sm_->Heartbeat("a", 1, now_);
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->action, Action::kStop);
@@ -226,13 +226,13 @@ TEST_F(RestartRounds, ForgedNodeCannotTriggerARestart) {
   Join("b");
   auto r = Fail("mallory", 1);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(sm_->round(), 1u);
-  EXPECT_EQ(sm_->restart_count(), 0);
+  EXPECT_EQ(sm_->state().round, 1u);
+  EXPECT_EQ(sm_->state().restart_count, 0);
   EXPECT_EQ(sm_->Heartbeat("mallory", 1, now_).status().code(), absl::StatusCode::kNotFound);
   Deliveries out;
   EXPECT_EQ(sm_->Leave("mallory", 1, false, now_, &out).code(),
             absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
 }
 
 TEST_F(NodeLiveness, HeartbeatLossWithEnoughSurvivorsStartsNewRound) {
@@ -245,8 +245,8 @@ TEST_F(NodeLiveness, HeartbeatLossWithEnoughSurvivorsStartsNewRound) {
     Advance(seconds(5));
     HeartbeatAll({"a", "b"});  // c is silent
   }
-  EXPECT_EQ(sm_->round(), 2u);
-  EXPECT_EQ(sm_->restart_count(), 1);
+  EXPECT_EQ(sm_->state().round, 2u);
+  EXPECT_EQ(sm_->state().restart_count, 1);
   auto hb = sm_->Heartbeat("a", 1, now_);
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->action, Action::kRestart);
@@ -268,9 +268,9 @@ TEST_F(NodeLiveness, HeartbeatLossBelowMinFailsTheJob) {
     Advance(seconds(1));
     HeartbeatAll({"a"});
   }
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
-  EXPECT_NE(sm_->failure_reason().find("below the minimum of 2"), std::string::npos)
-      << sm_->failure_reason();
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kFailed);
+  EXPECT_NE(sm_->state().failure_reason.find("below the minimum of 2"), std::string::npos)
+      << sm_->state().failure_reason;
   auto hb = sm_->Heartbeat("a", 1, now_);
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ(hb->action, Action::kStop);
@@ -293,8 +293,8 @@ TEST_F(RestartRounds, ScaleUpRestartsIntoALargerRoundWithoutUsingARestart) {
   ASSERT_TRUE(results_["c"].ok());
   EXPECT_EQ(results_["c"]->num_nodes, 3);
   EXPECT_EQ(results_["c"]->restart_count, 0);
-  EXPECT_EQ(sm_->restart_count(), 0);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().restart_count, 0);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
 }
 
 TEST_F(RoundClosing, JoinBeyondMaxWaitsForTheNextRound) {
@@ -302,7 +302,7 @@ TEST_F(RoundClosing, JoinBeyondMaxWaitsForTheNextRound) {
   Join("a");
   Join("b");  // full: held
   EXPECT_FALSE(results_.count("b"));
-  EXPECT_EQ(sm_->round(), 1u);
+  EXPECT_EQ(sm_->state().round, 1u);
   ASSERT_TRUE(Fail("a", 1).ok());  // the next round takes the waiting node
   EXPECT_TRUE(results_["b"].ok());
   EXPECT_EQ(results_["b"]->round, 2u);
@@ -324,9 +324,9 @@ TEST_F(RestartRounds, AllNodesLeavingSuccessfullyEndsTheJob) {
   Join("b");
   Deliveries out;
   ASSERT_TRUE(sm_->Leave("a", 1, true, now_, &out).ok());
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
   ASSERT_TRUE(sm_->Leave("b", 1, true, now_, &out).ok());
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kSucceeded);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kSucceeded);
 }
 
 // The preflight's compute probe travels with each join; the round leaves out a node far under
@@ -354,10 +354,10 @@ TEST_F(PreflightRound, LeavesOutASlowNodeWhenTheRoundCanDoWithoutIt) {
   ASSERT_TRUE(results_.at("a").ok());
   EXPECT_EQ(results_.at("a")->num_nodes, 2);
   EXPECT_EQ(results_.at("c")->world_size, 4);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
 
   // A slow node that would scale the running round up is refused at once: no new round.
-  const uint64_t round = sm_->round();
+  const uint64_t round = sm_->state().round;
   NodeInfo late = Node("d");
   late.preflight_gflops = 3;
   Deliveries out;
@@ -369,8 +369,8 @@ TEST_F(PreflightRound, LeavesOutASlowNodeWhenTheRoundCanDoWithoutIt) {
   EXPECT_NE(results_.at("d").status().message().find("node host-d: compute probe 3.00 GFLOP/s"),
             std::string::npos)
       << results_.at("d").status();
-  EXPECT_EQ(sm_->round(), round);
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kRunning);
+  EXPECT_EQ(sm_->state().round, round);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kRunning);
 }
 
 TEST_F(PreflightRound, FailsTheJobWhenTheSlowNodeIsNeededAndKeepsNodesWithoutAFigure) {
@@ -388,7 +388,7 @@ TEST_F(PreflightRound, FailsTheJobWhenTheSlowNodeIsNeededAndKeepsNodesWithoutAFi
                     .ok());
     Run(out);
   }
-  EXPECT_EQ(sm_->phase(), StateMachine::Phase::kFailed);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kFailed);
   EXPECT_EQ(results_.at("b").status().message(),  // the slow node records itself as bad
             std::string(kLeftOutByPreflight) +
                 "node host-b: compute probe 1.50 GFLOP/s, under 50% of the round's median 8.00");

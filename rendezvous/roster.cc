@@ -1,0 +1,92 @@
+#include "rendezvous/roster.h"
+
+#include <algorithm>
+
+namespace dlrun::rdzv {
+
+const Roster::Member* Roster::Find(const std::string& node_id) const {
+  auto it = index_.find(node_id);
+  return it == index_.end() ? nullptr : &members_[it->second];
+}
+
+Roster::Member* Roster::Find(const std::string& node_id) {
+  auto it = index_.find(node_id);
+  return it == index_.end() ? nullptr : &members_[it->second];
+}
+
+std::optional<size_t> Roster::IndexOf(const std::string& node_id) const {
+  auto it = index_.find(node_id);
+  return it == index_.end() ? std::nullopt : std::optional<size_t>(it->second);
+}
+
+void Roster::Add(Member m) {
+  index_[m.node.node_id] = members_.size();
+  members_.push_back(std::move(m));
+}
+
+void Roster::Replace(std::vector<Member> kept) {
+  members_ = std::move(kept);
+  index_.clear();
+  for (size_t i = 0; i < members_.size(); ++i) index_[members_[i].node.node_id] = i;
+}
+
+void Roster::Erase(const std::string& node_id) {
+  const std::optional<size_t> i = IndexOf(node_id);
+  if (!i) return;
+  std::vector<Member> kept = std::move(members_);
+  kept.erase(kept.begin() + static_cast<std::ptrdiff_t>(*i));
+  Replace(std::move(kept));
+}
+
+void Roster::Clear() {
+  members_.clear();
+  index_.clear();
+}
+
+std::map<std::string, std::string> Roster::Live() const {
+  std::map<std::string, std::string> out;
+  for (const Member& m : members_) {
+    if (!m.left) out[m.node.node_id] = m.node.hostname;
+  }
+  return out;
+}
+
+int Roster::WorldSize() const {
+  int n = 0;
+  for (const Member& m : members_) n += m.node.nproc;
+  return n;
+}
+
+std::vector<Successor> Roster::Successors(const std::string& exclude) const {
+  std::vector<Successor> out;
+  for (const Member& m : members_) {
+    if (out.size() >= kMaxSuccessors) break;
+    if (m.node.node_id == exclude) continue;
+    out.push_back({m.node.node_id, m.node.address});
+  }
+  return out;
+}
+
+void Roster::Place(Resize* r) const {
+  int offset = 0;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    r->places.push_back({members_[i].node.node_id, static_cast<int>(i), offset});
+    offset += members_[i].node.nproc;
+  }
+  r->world_size = offset;
+  r->master_addr = members_.front().node.address;
+}
+
+bool Roster::AllRecoverInProcess() const {
+  return !members_.empty() && std::all_of(members_.begin(), members_.end(),
+                                          [](const Member& m) { return m.in_process && !m.left; });
+}
+
+std::optional<TimePoint> WatchLossAt(const Roster::Member& m, Duration watch_grace) {
+  if (!m.in_process || m.left || !m.watch_ended || m.last_seen > *m.watch_ended) {
+    return std::nullopt;
+  }
+  return *m.watch_ended + watch_grace;
+}
+
+}  // namespace dlrun::rdzv

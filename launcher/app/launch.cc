@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "launcher/agent/agent.h"
-#include "launcher/detect/net.h"
 #include "launcher/agent/posix_processes.h"
 #include "launcher/app/commands.h"
 #include "launcher/app/backends.h"
@@ -83,19 +82,6 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   const std::string index = RunIndexDir(env("TMPDIR").value_or("/tmp"), getuid());
   RegisterRun(index, getpid(), a.run_dir);
 
-  if (o.recovery == "in-process") {
-    // In-process recovery's new groups: a fresh port each, held (bound, not listening) until
-    // dlrun ends, as the standalone backend's attempts.
-    a.pick_master_port = [held = std::make_shared<std::vector<PortReservation>>()](
-                             const std::string& addr) {
-      held->push_back(ReservePort(Unbracketed(addr)));
-      return held->back().port();
-    };
-  } else {
-    a.recovery = AgentOptions::Recovery::kRestart;
-  }
-  a.recovery_timeout = o.recovery_timeout;
-  a.single_node_job = o.max_nodes == 1;
   Agent agent(std::move(a), std::move(backend->link), **processes, SystemClock());
   const int rc = agent.Run();
   UnregisterRun(index, getpid());

@@ -27,7 +27,9 @@
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
 #include "launcher/app/commands.h"
+#include "common/host_port.h"
 #include "launcher/detect/env_detect.h"
+#include "launcher/detect/net.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {
@@ -380,6 +382,22 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   return absl::OkStatus();
 }
 
+// --recovery: in-process recovery's new groups get a fresh port each, held (bound, not
+// listening) until dlrun ends, as the standalone backend's attempts; or the ordinary restart.
+void PlanRecovery(const LaunchOptions& o, AgentOptions* a) {
+  if (o.recovery == "in-process") {
+    a->pick_master_port = [held = std::make_shared<std::vector<PortReservation>>()](
+                              const std::string& addr) {
+      held->push_back(ReservePort(Unbracketed(addr)));
+      return held->back().port();
+    };
+  } else {
+    a->recovery = AgentOptions::Recovery::kRestart;
+  }
+  a->recovery_timeout = o.recovery_timeout;
+  a->single_node_job = o.max_nodes == 1;
+}
+
 absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc,
                                                const Machine& m, const EnvLookup& env) {
   AgentOptions a;
@@ -415,6 +433,7 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
   a.program_name = o.command[0];
   a.telemetry.program = std::filesystem::path(o.command[0]).filename().string();
   a.hostname = m.hostname;
+  PlanRecovery(o, &a);
   return a;
 }
 

@@ -20,7 +20,9 @@ namespace dlrun::launcher {
 struct LaunchPlan {
   int nproc = 1;       // workers on this node
   std::string run_id;  // --rdzv-id, or a fresh one for a standalone job
-  AgentOptions agent;  // all but the run directory, the metrics server and the profiler
+  // All but what needs the run directory (its path, the profiler, the spares' argv file) and
+  // the backend (the metrics server): app/launch.cc adds those once they exist.
+  AgentOptions agent;
   std::string profile_tool;  // --profile's executable (profiler.h FindProfileTool)
   // Set by PlanPreflight: the preflight the rendezvous runs before its first join (unset: off),
   // and the bad-node lists this node goes into.

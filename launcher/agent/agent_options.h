@@ -33,7 +33,7 @@ struct AgentOptions {
   std::vector<int> forwarded_signals;    // stop the job: e.g. SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::vector<int> passthrough_signals;  // forwarded as-is, the job goes on: SIGUSR1, SIGUSR2
   int omp_threads = 0;                   // > 0: set OMP_NUM_THREADS for workers
-  // The run directory (app/run_dir.h): error files, and logs when it is kept. A kept one is
+  // The run directory (app/run_location.h): error files, and logs when it is kept. A kept one is
   // named at the end; a scratch one is removed, unless a failed run left error files in it.
   std::string run_dir;
   bool keep_run_dir = false;

@@ -1,4 +1,4 @@
-// The agent's run directory over its lifetime (app/run_dir.h picks where it is): per attempt,
+// The agent's run directory over its lifetime (app/run_location.h picks where it is): per attempt,
 // each worker's error file, its logs and the Flight Recorder's dumps when logs are written
 // (--log-dir), the stacks captured before a kill; workers.json for `dlrun stacks`. After the
 // run it is named and kept, or removed (Finish). The agent reads and writes the run directory

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "launcher/app/run_dir.h"
+#include "launcher/app/run_location.h"
 #include "launcher/cli/options.h"
 #include "launcher/cli/job_token.h"
 #include "launcher/rdzv/rdzv_loader.h"

@@ -1,7 +1,7 @@
 // `dlrun [options] PROGRAM ARGS` and `dlrun env`: one step per folder, in this order, each
 // visited once: parse (cli/options.cc), detect the environment and the machine (detect/), plan
 // (app/plan.cc), processes (agent/posix_processes.cc), the rendezvous backend (app/backends.cc:
-// rdzv/ or the static source), run directory (app/run_dir.cc), agent (agent/agent.cc).
+// rdzv/ or the static source), run directory (app/run_location.cc), agent (agent/agent.cc).
 // docs/ARCHITECTURE.md follows one launch through these steps.
 #include <unistd.h>
 
@@ -17,7 +17,7 @@
 #include "launcher/app/commands.h"
 #include "launcher/app/backends.h"
 #include "launcher/app/plan.h"
-#include "launcher/app/run_dir.h"
+#include "launcher/app/run_location.h"
 #include "launcher/cli/options.h"
 #include "launcher/detect/env_detect.h"
 #include "launcher/detect/machine.h"

@@ -1,7 +1,7 @@
 // The launch plan: GPU choice (least-loaded picking, inherited CUDA_VISIBLE_DEVICES), what each
 // worker runs, OMP threads, signals, the run directory.
 #include "launcher/app/plan.h"
-#include "launcher/app/run_dir.h"
+#include "launcher/app/run_location.h"
 
 #include <signal.h>
 #include <stdlib.h>

@@ -1,4 +1,6 @@
-// Where a run's worker error files and logs go (the agent's run directory). With --log-dir
+// Where a run lives: its directory made (the agent's RunDir, launcher/agent/run_dir.h, then
+// holds every file in it) and this machine's index of runs for `dlrun stacks`.
+// The directory: where a run's worker error files and logs go. With --log-dir
 // (or -r/-t without it): torchrun's DIR/<run_id>_<random>/, created here and kept. Else a
 // scratch directory, which the agent removes after the run unless a failed run left error
 // files in it (AgentOptions::keep_run_dir).

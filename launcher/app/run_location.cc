@@ -1,5 +1,5 @@
 // The run directory (run_dir.h).
-#include "launcher/app/run_dir.h"
+#include "launcher/app/run_location.h"
 
 #include <signal.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // Membership: where the agent's place in the job comes from, fixed flags (standalone / static
-// rendezvous, MakeStaticSource) or dlrun's gRPC rendezvous (launcher/rdzv/rdzv_source.h). At most
+// rendezvous, launcher/rdzv/static_source.h) or dlrun's gRPC rendezvous (launcher/rdzv/rdzv_source.h). At most
 // 7 methods, as torch's RendezvousHandler: telemetry and diagnostics go through JobChannel.
 #pragma once
 
@@ -52,10 +52,5 @@ struct JobLink {
     return {both, both, nullptr};
   }
 };
-
-// Fixed assignment; restarts are counted locally up to max_restarts. `pick_master_port`, when
-// set, picks a fresh port per attempt (standalone).
-JobLink MakeStaticSource(Assignment base, int max_restarts, std::function<int()> pick_master_port,
-                         telemetry::TelemetryOptions telemetry = {});
 
 }  // namespace dlrun::launcher

@@ -9,6 +9,7 @@
 #include "launcher/cli/job_token.h"
 #include "launcher/rdzv/rdzv_loader.h"
 #include "launcher/rdzv/rdzv_source.h"
+#include "launcher/rdzv/static_source.h"
 #include "rendezvous/tls.h"
 #include "spdlog/spdlog.h"
 

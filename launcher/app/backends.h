@@ -1,6 +1,6 @@
 // The rendezvous backends a launch can use, one factory each in a registry (backends.cc):
 // "grpc", dlrun's gRPC rendezvous (--rdzv-backend c10d, grpc or dlrun; launcher/rdzv/);
-// "static" (--rdzv-backend static) and "standalone" (agent/static_source.cc). Each makes the
+// "static" (--rdzv-backend static) and "standalone" (rdzv/static_source.cc). Each makes the
 // agent's membership and job channel (launcher/agent/membership.h) from the options, the
 // detection and the plan. Also the metrics server's factory, since the rendezvous plugin
 // serves it.

@@ -8,6 +8,7 @@
 
 #include "launcher/agent/agent.h"
 #include "agent/fakes.h"
+#include "launcher/rdzv/static_source.h"
 
 namespace dlrun::launcher::testing {
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/harness.h"
+#include "launcher/rdzv/static_source.h"
 #include "gtest/gtest.h"
 
 namespace dlrun::launcher::testing {

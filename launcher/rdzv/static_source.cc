@@ -1,4 +1,4 @@
-#include "launcher/agent/membership.h"
+#include "launcher/rdzv/static_source.h"
 
 namespace dlrun::launcher {
 namespace {

@@ -93,14 +93,11 @@ try:
     def _dlrun_store_wait(create):
         def wait_then_create(hostname, port, rank, world_size, timeout, *args, **kwargs):
             if rank != 0:
-                import socket, time
-                end = time.monotonic() + min(timeout.total_seconds(), 60.0)
-                while time.monotonic() < end:
-                    try:
-                        socket.create_connection((hostname, port), timeout=1.0).close()
-                        break
-                    except OSError:
-                        time.sleep(0.005)
+                try:  # dlrun's one wait-for-port helper (python/, on PYTHONPATH under dlrun)
+                    from dlrun_step import await_store
+                    await_store(hostname, port, min(timeout.total_seconds(), 60.0))
+                except ImportError:
+                    pass  # without it, TCPStore's own client backs off instead
             return create(hostname, port, rank, world_size, timeout, *args, **kwargs)
         return wait_then_create
     _rdzv._create_c10d_store = _dlrun_store_wait(_rdzv._create_c10d_store)

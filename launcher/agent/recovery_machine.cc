@@ -209,6 +209,7 @@ RecoveryMachine::Decision RecoveryMachine::StateFromPeer(pid_t pid, int64_t step
   awaiting_.erase(it);
   if (!awaiting_.empty() || phase_ != Phase::kAwaitingState) return {};
   phase_ = Phase::kHealthy;
+  recovering_from_.clear();
   Decision d;
   d.kind = Kind::kDone;
   d.generation = generation_;

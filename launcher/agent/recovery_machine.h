@@ -117,8 +117,10 @@ class RecoveryMachine {
   std::optional<SteadyTime> deadline() const {
     return recovering() ? std::optional<SteadyTime>(deadline_) : std::nullopt;
   }
-  // The fault the recovery under way began with (its lines), else empty.
-  std::string recovering_from() const { return recovering() ? recovering_from_ : ""; }
+  // The fault the recovery under way began with (its lines), also once a failure during it
+  // made it fall back (the restart's cause); empty after a recovery that ended, and in a group
+  // that never began one.
+  const std::string& recovering_from() const { return recovering_from_; }
 
  private:
   Decision FallBack(Decision::Kind kind, std::string why);

@@ -139,6 +139,15 @@ std::vector<Row> Rows() {
          return w.Fail();
        },
        Kind::kFallBack, Phase::kFallingBack, "rank 0 already finished its work"},
+      {"healthy: a failure with no recovery before it names no earlier fault",
+       [](Walk& w) {
+         w.Begin();
+         for (pid_t p : {100, 103, 102}) w.m.StateFromPeer(p, 7, w.now);
+         w.exits = {w.Exit(0, 0)};
+         return w.Fail();
+       },
+       Kind::kFallBack, Phase::kFallingBack, "rank 0 already finished its work",
+       [](const Walk& w, const Decision&) { EXPECT_EQ(w.m.recovering_from(), ""); }},
       {"healthy: no rank survived",
        [](Walk& w) {
          w.exits = {w.Exit(0, 1), w.Exit(2, 1)};
@@ -229,7 +238,11 @@ std::vector<Row> Rows() {
          w.Begin();
          return w.Fail();
        },
-       Kind::kFallBack, Phase::kFallingBack, "another rank failed during the in-process recovery"},
+       Kind::kFallBack, Phase::kFallingBack, "another rank failed during the in-process recovery",
+       [](const Walk& w, const Decision&) {
+         // The restart's cause is the fault the recovery began with.
+         EXPECT_EQ(w.m.recovering_from(), "rank 1: exit code 1");
+       }},
       {"healthy: the time passes", [](Walk& w) {
          w.Advance(milliseconds(60000));
          return w.m.Tick(w.now, w.exits);
@@ -461,7 +474,7 @@ TEST(RecoveryMachine, EveryRowOfTheTransitionTable) {
     if (row.also) row.also(w, d);
     ++rows;
   }
-  EXPECT_EQ(rows, 41);
+  EXPECT_EQ(rows, 42);
 }
 
 }  // namespace

@@ -86,6 +86,17 @@ TEST(HandlerConcurrency, EightNodeThreadsThroughAFailureAndARestartWhileTimersRu
     }
   });
 
+  // The nodes start once the timers run (on a busy machine the nodes' whole run, a few ms, could
+  // otherwise end before that thread was first scheduled).
+  const auto started_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (reads.load() == 0 && std::chrono::steady_clock::now() < started_by) {
+    std::this_thread::yield();
+  }
+  if (reads.load() == 0) {
+    stop = true;
+    timers.join();
+    FAIL() << "the timers thread never ran";
+  }
   std::vector<v1::Assignment> first(kNodes), second(kNodes);
   std::vector<std::thread> nodes;
   for (int i = 0; i < kNodes; ++i) {

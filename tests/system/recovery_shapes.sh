@@ -87,6 +87,7 @@ for shape in "$@"; do
       # process' exit (above), resumes from a later checkpoint, and PowerSGD's resume is not
       # exact: that run cannot be compared with the resume by hand, so it runs once more.
       for try in 1 2; do
+        rm -rf "${work:?}/$shape-fault"  # a run afresh: the first try's checkpoints would resume
         run "$shape-fault" "$shape" 6:1:commit ||
           fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
         restarts=$(grep -c "info: restart [1-9]" "$work/$shape-fault.out" || true)

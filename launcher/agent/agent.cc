@@ -1,20 +1,14 @@
 #include "launcher/agent/agent.h"
 
 #include <signal.h>
-#include <string.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <future>
 #include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
-#include "common/contract.h"
 #include "common/signal_name.h"
 #include "launcher/agent/spawn_spec.h"
 #include "launcher/stacks/stacks.h"

@@ -128,22 +128,15 @@ bool InProcessRecovery::Recover() {
   d.next = current;
   d.next.master_port = port;
   d.fault = t;
-  return Begin(d);
+  return Begin(d).kind == Kind::kNone;
 }
 
-bool InProcessRecovery::Begin(const RecoveryMachine::Decision& d) {
+RecoveryMachine::Decision InProcessRecovery::Begin(const RecoveryMachine::Decision& d) {
   std::vector<std::string> replaced;
   const bool started = s_.group.Replace(d.lost, d.next, d.generation, &replaced);
-  for (const WorkerGroup::Worker& w : s_.group.workers()) {
-    for (const WorkerExit& e : d.lost) {
-      if (started && e.local_rank == w.local_rank) s_.hang.Add(w.pid);
-    }
-  }
   const int64_t lost_step = d.lost.empty() ? -1 : s_.telemetry.LastStep(d.lost.front().global_rank);
-  if (machine_.Began(started, d, s_.group.Pids(), lost_step).kind !=
-      RecoveryMachine::Decision::Kind::kNone) {
-    return false;
-  }
+  RecoveryMachine::Decision began = machine_.Began(started, d, s_.group.Pids(), lost_step);
+  if (began.kind != RecoveryMachine::Decision::Kind::kNone) return began;
   // Every survivor hears of the new group; every rank is to say it holds the state. When the
   // group's nodes changed (a node lost), the word carries each rank's new place.
   const Assignment& next = d.next;
@@ -156,11 +149,15 @@ bool InProcessRecovery::Begin(const RecoveryMachine::Decision& d) {
     const bool replacement = std::any_of(d.lost.begin(), d.lost.end(), [&](const WorkerExit& e) {
       return e.local_rank == w.local_rank;
     });
+    if (replacement) {  // a new process: the hang watch follows it; it is not told
+      s_.hang.Add(w.pid);
+      continue;
+    }
     std::string word =
         absl::StrCat(contract::kRegroupWord, " ", d.generation, " ", next.master_port);
     if (moved) absl::StrAppend(&word, " ", w.rank, " ", next.world_size, " ", next.master_addr);
     word += "\n";
-    if (!replacement && !s_.processes.Tell(w.pid, word)) {
+    if (!s_.processes.Tell(w.pid, word)) {
       spdlog::warn("in-process recovery: cannot tell local rank {} (pid {}) the new group",
                    w.local_rank, w.pid);
     }
@@ -179,7 +176,7 @@ bool InProcessRecovery::Begin(const RecoveryMachine::Decision& d) {
       machine_.across_nodes() ? "of this node " : "",
       replaced.empty() ? "none to replace here" : absl::StrJoin(replaced, ", "), d.generation,
       next.master_port);
-  return true;
+  return began;
 }
 
 std::optional<std::string> InProcessRecovery::Follow() {
@@ -205,7 +202,9 @@ std::optional<std::string> InProcessRecovery::Follow() {
       return d.why;
     case Kind::kBegin:
       if (d.elsewhere) s_.telemetry.FaultSeen(d.fault, d.admission);
-      if (!Begin(d)) return absl::StrCat("generation ", d.generation, " could not start here");
+      if (RecoveryMachine::Decision began = Begin(d); began.kind != Kind::kNone) {
+        return began.why;  // the generation could not start here
+      }
       return std::nullopt;
     default:
       return std::nullopt;

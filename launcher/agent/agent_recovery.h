@@ -55,7 +55,9 @@ class InProcessRecovery {
   std::string recovering_from() const { return machine_.recovering_from(); }
 
  private:
-  bool Begin(const RecoveryMachine::Decision& d);
+  // Begins generation d.generation over d.next: d.lost started again, the survivors told. The
+  // machine's answer: kNone, or the fallback when a replacement could not start.
+  RecoveryMachine::Decision Begin(const RecoveryMachine::Decision& d);
   // One line per lost rank (its error file's first line, else its signal or code), noted in
   // the report's failures.
   std::vector<std::string> NoteLost(const std::vector<WorkerExit>& lost);

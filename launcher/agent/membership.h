@@ -1,6 +1,7 @@
 // Membership: where the agent's place in the job comes from, fixed flags (standalone / static
-// rendezvous, launcher/rdzv/static_source.h) or dlrun's gRPC rendezvous (launcher/rdzv/rdzv_source.h). At most
-// 7 methods, as torch's RendezvousHandler: telemetry and diagnostics go through JobChannel.
+// rendezvous, launcher/rdzv/static_source.h) or dlrun's gRPC rendezvous
+// (launcher/rdzv/rdzv_source.h). At most 7 methods, as torch's RendezvousHandler: telemetry and
+// diagnostics go through JobChannel.
 #pragma once
 
 #include <chrono>

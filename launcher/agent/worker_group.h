@@ -60,7 +60,6 @@ class WorkerGroup {
   void DropFailedExits();
   // The exits of the attempt so far; cleared with each attempt.
   const std::vector<WorkerExit>& exits() const { return exits_; }
-  void ClearExits() { exits_.clear(); }
   // The group moved to `next` (a recovery): each worker's global rank follows.
   void MoveTo(const Assignment& next);
   int AliveCount() const;

@@ -351,26 +351,30 @@ std::optional<TimePoint> Handler::Tick() {
     machine_.Tick(now, &out);
     resize = machine_.TakeResize();
     next = machine_.NextDeadline();
-    if (options_.telemetry &&
-        (machine_.state().round != telemetry_round_ || machine_.members().WorldSize() != telemetry_world_ ||
-         machine_.state().restart_count != telemetry_restarts_ ||
-         static_cast<int>(machine_.state().phase) != telemetry_phase_)) {
-      telemetry_phase_ = static_cast<int>(machine_.state().phase);
-      if (machine_.state().restart_count > telemetry_restarts_) {
-        options_.telemetry->AddRestartCause(machine_.state().restart_reason);
-      }
-      telemetry_round_ = machine_.state().round;
-      telemetry_restarts_ = machine_.state().restart_count;
-      telemetry_world_ = machine_.members().WorldSize();
-      options_.telemetry->SetJob(options_.run_id, machine_.state().round, machine_.members().WorldSize(),
-                                 static_cast<int>(machine_.members().size()), machine_.state().restart_count);
-      switch (machine_.state().phase) {
-        case StateMachine::Phase::kJoining:
-          options_.telemetry->SetState(machine_.state().restart_count > 0 ? "restarting" : "starting");
-          break;
-        case StateMachine::Phase::kRunning: options_.telemetry->SetState("running"); break;
-        case StateMachine::Phase::kFailed: options_.telemetry->SetState("failed"); break;
-        case StateMachine::Phase::kSucceeded: options_.telemetry->SetState("succeeded"); break;
+    if (options_.telemetry) {
+      const StateMachine::Standing& st = machine_.state();
+      const int world = machine_.members().WorldSize();  // one pass over the members
+      const bool changed = st.round != telemetry_round_ || world != telemetry_world_ ||
+                           st.restart_count != telemetry_restarts_ ||
+                           static_cast<int>(st.phase) != telemetry_phase_;
+      if (changed) {
+        telemetry_phase_ = static_cast<int>(st.phase);
+        if (st.restart_count > telemetry_restarts_) {
+          options_.telemetry->AddRestartCause(st.restart_reason);
+        }
+        telemetry_round_ = st.round;
+        telemetry_restarts_ = st.restart_count;
+        telemetry_world_ = world;
+        options_.telemetry->SetJob(options_.run_id, st.round, world,
+                                   static_cast<int>(machine_.members().size()), st.restart_count);
+        switch (st.phase) {
+          case StateMachine::Phase::kJoining:
+            options_.telemetry->SetState(st.restart_count > 0 ? "restarting" : "starting");
+            break;
+          case StateMachine::Phase::kRunning: options_.telemetry->SetState("running"); break;
+          case StateMachine::Phase::kFailed: options_.telemetry->SetState("failed"); break;
+          case StateMachine::Phase::kSucceeded: options_.telemetry->SetState("succeeded"); break;
+        }
       }
     }
   }

@@ -72,8 +72,8 @@ void StateMachine::Resume(const NodeInfo& node, Deliveries* out) {
     state_.restart_reason = absl::StrCat("the rendezvous host (", r.lost_host, ") was lost");
   }
   if (state_.restart_count > config_.max_restarts) {
-    Fail(absl::StrCat(state_.restart_reason, "; no restarts left (max_restarts=", config_.max_restarts,
-                      ")"),
+    Fail(absl::StrCat(state_.restart_reason,
+                      "; no restarts left (max_restarts=", config_.max_restarts, ")"),
          out);
   }
 }
@@ -82,7 +82,8 @@ absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint
                                 JoinCallback cb, Deliveries* out) {
   if (node.resume.round > 0) Resume(node, out);
   if (state_.phase == Phase::kFailed) {
-    return absl::FailedPreconditionError(absl::StrCat("the job has failed: ", state_.failure_reason));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job has failed: ", state_.failure_reason));
   }
   if (state_.phase == Phase::kSucceeded) {
     return absl::FailedPreconditionError("the job has already finished");
@@ -385,7 +386,9 @@ std::optional<TimePoint> StateMachine::NextDeadline() const {
   TimePoint next = admitting_ ? admitting_->deadline : TimePoint::max();
   for (const Member& m : members_) {
     next = std::min(next, m.last_seen + config_.liveness_limit() + Duration(1));
-    if (const std::optional<TimePoint> at = WatchLossAt(m, config_.watch_grace)) next = std::min(next, *at);
+    if (const std::optional<TimePoint> at = WatchLossAt(m, config_.watch_grace)) {
+      next = std::min(next, *at);
+    }
   }
   if (next == TimePoint::max()) return std::nullopt;
   return next;

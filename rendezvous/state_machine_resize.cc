@@ -78,7 +78,8 @@ bool StateMachine::Admit(Pending& p, TimePoint now) {
 }
 
 void StateMachine::Admitted(uint64_t round, int generation, int port, Deliveries* out) {
-  if (!admitting_ || admitting_->cancelled || round != state_.round || state_.phase != Phase::kRunning) {
+  if (!admitting_ || admitting_->cancelled || round != state_.round ||
+      state_.phase != Phase::kRunning) {
     return;
   }
   Pending p = std::move(admitting_->pending);

@@ -120,7 +120,8 @@ TEST_F(NewHost, SuccessorsAreMembersInNodeRankOrderWithoutTheHost) {
     EXPECT_EQ(s[i].node_id, "n" + std::to_string(i + 1));
     EXPECT_EQ(s[i].address, "addr-n" + std::to_string(i + 1));
   }
-  EXPECT_EQ(sm_->members().Successors("").front().node_id, "n0");  // stand-alone: the host is no member
+  EXPECT_EQ(sm_->members().Successors("").front().node_id,
+            "n0");  // stand-alone: the host is no member
 }
 
 // The handler: epochs, redirects and candidate lists.

@@ -18,7 +18,8 @@ Or let the helper time the data loader: the wait for each batch becomes the step
         ...                                                 # (step_s: batch to batch)
 
 After loading a checkpoint, `dlrun_report.report_resume(step, load_s)` tells dlrun where this
-attempt resumed, for the time-lost-to-restarts ledger.
+attempt resumed, for the time-lost-to-restarts ledger. `dlrun_report.done()`, last, says the
+work is done: a crash in the interpreter's teardown after it does not fail the job.
 
 One text line per step on the pipe dlrun passes in DLRUN_HEARTBEAT_FD; outside dlrun (the
 variable unset) every call does nothing. Standard library only; never raises and never blocks.
@@ -329,6 +330,15 @@ class pause:
     def __exit__(self, *exc):
         _record("Z resume")
         return False
+
+
+def done():
+    """Says this rank's work is done: call it last, after the final checkpoint is written and
+    `dist.destroy_process_group()`. If the process then dies of a signal as the interpreter
+    tears down (PyTorch 2.x's "terminate called without an active exception" at exit, now and
+    then), dlrun counts the rank as finished, with a warning, instead of failing or restarting a
+    job whose work is complete (docs/USAGE.md, "Done"). An exit code other than 0 still counts."""
+    _record("D done")
 
 
 def heartbeat():

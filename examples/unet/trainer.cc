@@ -413,7 +413,9 @@ int TrainUnetMain(int argc, char** argv) {
   TrainArgs a;
   if (const int rc = ParseTrainArgs(argc, argv, &a); rc >= 0) return rc;
   try {
-    return Trainer(a).Run();
+    const int rc = Trainer(a).Run();  // the trainer, its threads and group are gone after it
+    if (rc == 0) dlrun::worker::reportDone();
+    return rc;
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));

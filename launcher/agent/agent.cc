@@ -91,6 +91,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
       case ProcEvent::Kind::kStep:
         if (e.step.kind == 'C' || e.step.kind == 'P')
           recovery_.Record(e.pid, e.step.kind, e.step.step);
+        if (e.step.kind == 'D') group_.Done(e.pid);
         telemetry_.Step(e.pid, e.step);
         failures_.hang().Record(e.pid, e.step, clock_.Now());
         if (options_.profiler && e.step.kind == 'S') {

@@ -17,14 +17,12 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/contract.h"
 #include "common/files.h"
 
@@ -362,6 +360,26 @@ void PosixProcesses::Drain(int* fd, LineStream* s) {
   }
 }
 
+void PosixProcesses::ReadRecords(Child* c, std::vector<ProcEvent>* events) {
+  // All of it (non-blocking): a record written just before the worker died ("D done") comes
+  // before the exit that is reaped after this.
+  char buf[4096];
+  ssize_t n = sizeof buf;
+  for (int reads = 0; n == static_cast<ssize_t>(sizeof buf) && c->heartbeat_fd >= 0; ++reads) {
+    n = read(c->heartbeat_fd, buf, sizeof buf);
+    if (n == 0) CloseFd(&c->heartbeat_fd);
+    if (n <= 0) break;
+    if (reads == 0) events->push_back({ProcEvent::Kind::kHeartbeat, c->pid, 0, 0, {}});
+    std::vector<StepRecord> steps;
+    const int64_t bad_before = c->records.bad();
+    c->records.Feed(buf, static_cast<size_t>(n), &steps);
+    for (const StepRecord& r : steps) events->push_back({ProcEvent::Kind::kStep, c->pid, 0, 0, r});
+    for (int64_t b = bad_before; b < c->records.bad(); ++b) {
+      events->push_back({ProcEvent::Kind::kBadRecord, c->pid, 0, 0, {}});
+    }
+  }
+}
+
 void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
   for (;;) {
     int status = 0;
@@ -423,23 +441,7 @@ std::vector<ProcEvent> PosixProcesses::Wait(SteadyTime deadline) {
       Child& c = children_[i];
       if (fds[2 + 3 * i].revents) Drain(&c.out_fd, c.out.get());
       if (fds[3 + 3 * i].revents) Drain(&c.err_fd, c.err.get());
-      if (fds[4 + 3 * i].revents) {
-        char buf[4096];
-        const ssize_t n = read(c.heartbeat_fd, buf, sizeof buf);
-        if (n > 0) {
-          events.push_back({ProcEvent::Kind::kHeartbeat, c.pid, 0, 0, {}});
-          std::vector<StepRecord> steps;
-          const int64_t bad_before = c.records.bad();
-          c.records.Feed(buf, static_cast<size_t>(n), &steps);
-          for (const StepRecord& r : steps) {
-            events.push_back({ProcEvent::Kind::kStep, c.pid, 0, 0, r});
-          }
-          for (int64_t b = bad_before; b < c.records.bad(); ++b) {
-            events.push_back({ProcEvent::Kind::kBadRecord, c.pid, 0, 0, {}});
-          }
-        }
-        if (n == 0) CloseFd(&c.heartbeat_fd);
-      }
+      if (fds[4 + 3 * i].revents) ReadRecords(&c, &events);
     }
     if (fds[1].revents & POLLIN) {
       uint64_t v = 0;

@@ -76,6 +76,8 @@ class PosixProcesses final : public Processes {
   void StartDueSpares();
   void DiscardSpare(Spare* s);
   void Drain(int* fd, LineStream* s);
+  // The heartbeat pipe's bytes: a heartbeat event, then its records.
+  void ReadRecords(Child* c, std::vector<ProcEvent>* events);
   void ReadSignals(std::vector<ProcEvent>* events);
   void Reap(std::vector<ProcEvent>* events);
 

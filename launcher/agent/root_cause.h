@@ -25,7 +25,10 @@ struct WorkerExit {
   int signal = 0;        // the signal that killed it, or 0
   double when_s = 0;     // wall clock seconds since the epoch
   bool stopped = false;  // ended while the agent was stopping the group (not a cause)
-  bool failed() const { return signal != 0 || exit_code != 0; }
+  // Died of a signal after it said its work was done (a "D done" record): the interpreter's
+  // teardown, not the training; finished, with a warning (docs/USAGE.md, "Done").
+  bool after_done = false;
+  bool failed() const { return !after_done && (signal != 0 || exit_code != 0); }
   // The code dlrun reports for it: the exit code, or 128 + the signal.
   int code() const { return signal != 0 ? 128 + signal : exit_code; }
 };

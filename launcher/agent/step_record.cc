@@ -1,6 +1,7 @@
 #include "launcher/agent/step_record.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -25,6 +26,11 @@ std::optional<StepRecord> ParseStepRecord(const std::string& line) {
     StepRecord r;
     r.kind = 'Z';
     r.what = std::string(f[2]);
+    return r;
+  }
+  if (f.size() == 2 && f[0] == "D" && f[1] == "done") {
+    StepRecord r;
+    r.kind = 'D';
     return r;
   }
   if (f.size() == 2 && f[0] == "Z" && f[1] == "resume") {
@@ -70,7 +76,7 @@ void StepRecordReader::Feed(const char* data, size_t n, std::vector<StepRecord>*
   for (size_t i = 0; i < n; ++i) {
     const char c = data[i];
     if (!in_record_) {
-      if (c == 'S' || c == 'R' || c == 'C' || c == 'P') {  // else: a heartbeat byte
+      if (c != '\0' && std::strchr(kStepRecordLetters, c) != nullptr) {  // else: a heartbeat
         in_record_ = true;
         overlong_ = false;
         line_.assign(1, c);

@@ -11,6 +11,9 @@
 // does not count it (docs/USAGE.md, "Hangs"):
 //   Z pause <what>\n         from now on, until "Z resume"
 //   Z resume\n
+// and once, when the program has finished its work (dlrun_report.done()), so that a death by a
+// signal in the interpreter's teardown after it does not count as a failure (docs/USAGE.md):
+//   D done\n
 // At most kMaxStepRecord bytes, so one write() of it is atomic on a pipe. Bytes outside a
 // record are plain heartbeats, as before; a malformed record is counted and dropped.
 #pragma once
@@ -24,11 +27,14 @@
 namespace dlrun::launcher {
 
 inline constexpr size_t kMaxStepRecord = 256;
+// The first letters of the records; any other byte outside a record is a heartbeat.
+inline constexpr char kStepRecordLetters[] = "SRCPZD";
 
 struct StepRecord {
   // 'S': a step; 'R': a resume (`step`: the checkpoint's step, `step_s`: the load's seconds);
   // 'C': in-process recovery declared; 'P': state from peer (`step`, `step_s`: its seconds);
-  // 'Z': a pause of hang detection begins (`what`: why), 'z': it ends.
+  // 'Z': a pause of hang detection begins (`what`: why), 'z': it ends; 'D': the program's work
+  // is done.
   char kind = 'S';
   std::string what;
   int64_t step = 0;

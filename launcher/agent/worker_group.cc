@@ -65,6 +65,7 @@ bool WorkerGroup::Replace(const std::vector<WorkerExit>& lost, const Assignment&
       w.pid = *pid;
       w.alive = true;
       w.recoverable = true;  // the same program; it declares again at start
+      w.done = false;
       replaced->push_back(absl::StrCat("local rank ", w.local_rank, " as pid ", w.pid));
     }
   }
@@ -83,6 +84,14 @@ std::optional<WorkerExit> WorkerGroup::Exited(pid_t pid, int exit_code, int sign
     x.signal = signal;
     x.when_s = wall_s;
     x.stopped = stopping_;
+    x.after_done = w.done && signal != 0 && !stopping_;
+    if (x.after_done) {
+      spdlog::warn(
+          "rank {} (pid {}) died of SIG{} after it said its work was done (dlrun_report.done()): "
+          "counted as finished; a crash in the interpreter's teardown, such as PyTorch's "
+          "\"terminate called without an active exception\" (docs/USAGE.md, Done)",
+          x.global_rank, pid, dlrun::SignalAbbrev(signal));
+    }
     if (options_.profiler && options_.profiler->Wants(w.rank)) options_.profiler->Exited(w.rank);
     exits_.push_back(x);
     if (x.signal != 0 && IsPassthrough(x.signal)) {
@@ -101,6 +110,12 @@ std::optional<WorkerExit> WorkerGroup::Exited(pid_t pid, int exit_code, int sign
     return x;
   }
   return std::nullopt;
+}
+
+void WorkerGroup::Done(pid_t pid) {
+  for (Worker& w : workers_) {
+    if (w.pid == pid && w.alive) w.done = true;
+  }
 }
 
 int WorkerGroup::Declared(pid_t pid) {

@@ -29,6 +29,7 @@ class WorkerGroup {
     pid_t pid = -1;
     bool alive = false;
     bool recoverable = false;  // declared in-process recovery (a "C recovery" record)
+    bool done = false;         // said its work is done (a "D done" record)
   };
 
   WorkerGroup(AgentOptions& options, Processes& processes, RunDir& run_dir)
@@ -46,6 +47,8 @@ class WorkerGroup {
   std::optional<WorkerExit> Exited(pid_t pid, int exit_code, int signal, double wall_s);
   // A worker declared in-process recovery: its local rank, or -1 for no live worker.
   int Declared(pid_t pid);
+  // A worker said its work is done: a death by a signal after it is a finish, with a warning.
+  void Done(pid_t pid);
   bool IsPassthrough(int sig) const;
   // Passes `sig` (SIGUSR1, SIGUSR2: the job goes on) to every live worker.
   void PassOn(int sig);

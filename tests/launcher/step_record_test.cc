@@ -85,6 +85,41 @@ TEST(StepRecord, APauseOfHangDetectionAndItsEnd) {
   EXPECT_FALSE(ParseStepRecord("Z pause"));
   EXPECT_FALSE(ParseStepRecord("Z pause a b"));
   EXPECT_FALSE(ParseStepRecord("Z resume now"));
+  // Through the reader, among heartbeat bytes, as a pipe carries them (the reader once took
+  // only S/R/C/P records, so a pause never reached the hang watch).
+  StepRecordReader reader;
+  std::vector<StepRecord> out;
+  const std::string stream = "hS 4 1 0.1\nhZ pause eval\nhhZ resume\nhS 5 1 0.1\n";
+  reader.Feed(stream.data(), stream.size(), &out);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[1].kind, 'Z');
+  EXPECT_EQ(out[1].what, "eval");
+  EXPECT_EQ(out[2].kind, 'z');
+  EXPECT_EQ(reader.bad(), 0);
+}
+
+// The program's work is done (dlrun_report.done()); through the reader like every record.
+TEST(StepRecord, DoneSaysTheProgramFinishedItsWork) {
+  EXPECT_EQ(ParseStepRecord("D done")->kind, 'D');
+  for (const char* bad : {"D", "D done now", "D finished"}) {
+    EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
+  }
+  StepRecordReader reader;
+  std::vector<StepRecord> out;
+  const std::string stream = "hS 9 1 0.1\nhD done\nh";
+  reader.Feed(stream.data(), stream.size(), &out);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[1].kind, 'D');
+  EXPECT_EQ(reader.bad(), 0);
+  // Every record letter starts a record in the reader, and the heartbeat byte none.
+  for (const char* line : {"S 1 1 0.1", "R 1 0.1", "C recovery", "P 1 0.1", "Z pause x",
+                           "Z resume", "D done"}) {
+    StepRecordReader each;
+    std::vector<StepRecord> got;
+    const std::string bytes = std::string("h") + line + "\n";
+    each.Feed(bytes.data(), bytes.size(), &got);
+    EXPECT_EQ(got.size(), 1u) << line;
+  }
 }
 
 TEST(StepRecordReader, SplitsRecordsAcrossReadsAmongHeartbeatBytesAndCountsBadOnes) {

@@ -92,6 +92,28 @@ TEST(DlrunHang, ARankWhoseStepRecordsStopIsNamedFromTheStacksCapturedAndRestarte
   std::filesystem::remove_all(tmp);
 }
 
+// Work that is not a step, declared with dlrun_report.pause, is no hang however long it takes;
+// the same wait undeclared is one (the agent's pipe reader once dropped the pause records).
+TEST(DlrunHang, ADeclaredPauseLongerThanTheBoundIsNoHangAndAnUndeclaredOneIs) {
+  const std::string tmp = MakeTempDir();
+  auto run = [&](const char* undeclared) {
+    return RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-floor", "4",
+                       "--max-restarts", "0", TEST_PYTHON, kHangProbe},
+                      ProbeEnv(tmp, {{"REPORT_STEPS", "1"}, {"HANG_KIND", "pause"},
+                                     {"HANG_STEP", "8"}, {"PAUSE_S", "9"},
+                                     {"PAUSE_UNDECLARED", undeclared}}),
+                      std::chrono::seconds(120));
+  };
+  const ProcResult declared = run("0");
+  EXPECT_EQ(declared.exit_code, 0) << declared.output;
+  EXPECT_EQ(declared.output.find(" hung: "), std::string::npos) << declared.output;
+  const ProcResult undeclared = run("1");
+  EXPECT_EQ(undeclared.exit_code, 124) << undeclared.output;
+  EXPECT_NE(undeclared.output.find("hung: no step record for"), std::string::npos)
+      << undeclared.output;
+  std::filesystem::remove_all(tmp);
+}
+
 TEST(DlrunHang, HangTimeoutForAProgramThatNeverHeartbeatsSaysSoAndStopsTheIdleGroup) {
   const std::string tmp = MakeTempDir();
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-timeout",

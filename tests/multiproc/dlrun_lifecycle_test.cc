@@ -1,4 +1,5 @@
-// The agent's promises about its workers' lives: none outlives it, signals reach them.
+// The agent's promises about its workers' lives: none outlives it, signals reach them, a crash
+// in the teardown after the program said it is done is no failure.
 #include <signal.h>
 
 #include "absl/strings/numbers.h"
@@ -50,6 +51,39 @@ TEST(DlrunLifecycle, SigtermIsForwardedAndEndsAllWorkers) {
   EXPECT_NE(s.output.find("got-term 0"), std::string::npos) << s.output;
   EXPECT_NE(s.output.find("got-term 1"), std::string::npos) << s.output;
   for (int pid : pids) EXPECT_TRUE(WaitForExit(pid, kLifecycleDeadline));
+}
+
+// A crash in the interpreter's teardown after the work (PyTorch's "terminate called without an
+// active exception", emulated by an atexit abort): after dlrun_report.done() the rank counts as
+// finished, with a warning; without it, or with an exit code, the job fails as before.
+ProcResult RunTeardownProbe(std::map<std::string, std::string> env) {
+  env.insert({{"PYTHONPATH", std::string(SOURCE_DIR) + "/python"}});
+  return RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", TEST_PYTHON,
+                     std::string(SOURCE_DIR) + "/tests/python/teardown_probe.py"},
+                    env, kLifecycleDeadline);
+}
+
+TEST(DlrunLifecycle, ACrashInTheTeardownAfterDoneIsAFinishWithAWarning) {
+  const ProcResult r = RunTeardownProbe({{"SAY_DONE", "1"}});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("died of SIGABRT after it said its work was done"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("all 2 worker(s) finished successfully"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("job failed"), std::string::npos) << r.output;
+}
+
+TEST(DlrunLifecycle, ACrashInTheTeardownWithoutDoneOrAnExitCodeAfterDoneStillFails) {
+  const ProcResult crash = RunTeardownProbe({});
+  EXPECT_EQ(crash.exit_code, 1) << crash.output;
+  EXPECT_NE(crash.output.find("job failed. Root cause (first failure): rank 1"), std::string::npos)
+      << crash.output;
+  EXPECT_EQ(crash.output.find("after it said its work was done"), std::string::npos)
+      << crash.output;
+  const ProcResult code = RunTeardownProbe({{"SAY_DONE", "1"}, {"EXIT_CODE", "3"},
+                                            {"CRASH_RANK", "-1"}});
+  EXPECT_NE(code.exit_code, 0) << code.output;
+  EXPECT_NE(code.output.find("job failed"), std::string::npos) << code.output;
 }
 
 }  // namespace

@@ -11,7 +11,8 @@ taken twice). REPORT_STEPS=1: every rank sends a step record after each all_redu
 and a restarted attempt (TORCHELASTIC_RESTART_COUNT > 0) does not stall but ends after its
 HANG_STEP + 5 steps. HANG_KIND=recv: that rank waits in a recv nobody sends to while the others
 wait in all_reduce (every rank waits for another, in torch.distributed). HANG_RECORD=1: main runs under torchelastic's
-`@record`, as many scripts do (its frame is the outermost of every rank)."""
+`@record`, as many scripts do (its frame is the outermost of every rank). HANG_KIND=pause (with
+REPORT_STEPS=1): at HANG_STEP every rank evaluates (see evaluate) and the job goes on."""
 import datetime
 import os
 import signal
@@ -48,6 +49,18 @@ def stall(rank, kind):
     time.sleep(3600)  # the stalled rank's line
 
 
+def evaluate(report):
+    """HANG_KIND=pause: every rank spends PAUSE_S seconds on work that is not a step, declared
+    with dlrun_report.pause (PAUSE_UNDECLARED=1: not declared)."""
+    print(f"hang_probe: rank {dist.get_rank()} evaluating", flush=True)
+    seconds = float(os.environ.get("PAUSE_S", "10"))
+    if os.environ.get("PAUSE_UNDECLARED") == "1":
+        time.sleep(seconds)
+        return
+    with report.pause("eval"):
+        time.sleep(seconds)
+
+
 def wait_for_peer():
     store = dist.distributed_c10d._get_default_store()
     # where the others wait for a crashed rank:
@@ -74,7 +87,9 @@ def main():
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             hang_step = -1  # the restarted attempt runs through
     for step in range(1, 10**9):
-        if rank == hang_rank and step == hang_step:
+        if kind == "pause" and step == hang_step:
+            evaluate(report)
+        elif rank == hang_rank and step == hang_step:
             stall(rank, kind)
         if rank != hang_rank and step == hang_step:
             print(f"hang_probe: rank {rank} waiting", flush=True)

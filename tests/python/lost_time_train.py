@@ -48,3 +48,4 @@ for step in range(start + 1, steps + 1):
         os.replace(path + ".tmp", path)
         print("checkpoint saved at step %d" % step, flush=True)
 dist.destroy_process_group()
+dlrun_report.done()

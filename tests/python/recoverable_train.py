@@ -98,3 +98,4 @@ for step in rec.steps(steps, start=start):
 print("rank %d digest %d recoveries %d" % (rank, dlrun_recovery._digest(model), rec.recoveries),
       flush=True)
 dist.destroy_process_group()
+dlrun_report.done()  # a crash in the teardown after this is no failure (docs/USAGE.md, Done)

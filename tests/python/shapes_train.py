@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import dlrun_recovery
+import dlrun_report
 import dlrun_step
 
 SHAPES = ("plain", "bn", "bn_nobcast", "log_allreduce", "ema", "accumulate", "clip", "amp_skip",
@@ -176,3 +177,4 @@ buffers = dlrun_step.named_digests(model)[1][len(list(model.parameters())):]
 print("rank %d digest %s buffers %s recoveries %d" % (rank, digest(params), digest(buffers),
                                                      rec.recoveries), flush=True)
 dist.destroy_process_group()
+dlrun_report.done()  # a crash in the teardown after this is no failure (docs/USAGE.md, Done)

@@ -41,6 +41,7 @@ def main():
         opt.step()
         batches.loss = loss.item()
     dist.destroy_process_group()
+    dlrun_report.done()
 
 
 if __name__ == "__main__":

@@ -33,3 +33,4 @@ while True:
     if stop.item() > 0:
         break
 dist.destroy_process_group()
+dlrun_report.done()

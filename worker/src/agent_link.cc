@@ -104,6 +104,8 @@ void WriteRecord(const char* line, int n) {
 
 void declareInProcessRecovery() { WriteRecord("C recovery\n", 11); }
 
+void reportDone() { WriteRecord("D done\n", 7); }
+
 HangPause::HangPause(const char* what) {
   char line[96];
   int n = std::snprintf(line, sizeof line, "Z pause ");

@@ -32,6 +32,11 @@ void reportStep(const StepReport& r);
 // after loading one. A no-op outside dlrun.
 void reportResume(long long step, double load_s);
 
+// Tells the dlrun agent that this rank's work is done (call it last, after the final
+// checkpoint): a death by a signal after it, in the process's teardown, counts as a finish with
+// a warning, not a failure (docs/USAGE.md, "Done"). A no-op outside dlrun.
+void reportDone();
+
 // Declares work that is not a training step (an evaluation, a checkpoint save), so the
 // agent's hang detection does not count it (docs/USAGE.md, "Hangs"): while an object lives, the
 // rank's missing step records are no hang. `what`: one word, e.g. "eval". A no-op outside dlrun.

@@ -1,5 +1,5 @@
 """dlrun's Python helper as a package: `import dlrun` gives what `import dlrun_report` gives
-(report_step, report_resume, timed, heartbeat, pause, Preemption,
+(report_step, report_resume, timed, heartbeat, pause, done, Preemption,
 dump_collectives_on_failure), and dlrun.Recoverable, the in-process recovery of
 dlrun_recovery.py (imported when first used).
 
@@ -12,6 +12,7 @@ environment.
 import dlrun_report as report
 from dlrun_report import (
     Preemption,
+    done,
     dump_collectives_on_failure,
     heartbeat,
     pause,
@@ -22,6 +23,7 @@ from dlrun_report import (
 
 __all__ = [
     "Preemption",
+    "done",
     "dump_collectives_on_failure",
     "heartbeat",
     "pause",

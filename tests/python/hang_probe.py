@@ -103,6 +103,8 @@ def main():
         if step > (hang_step if hang_step > 0 else 25) + 5:
             break
     dist.destroy_process_group()
+    if report:
+        report.done()
     return 0
 
 

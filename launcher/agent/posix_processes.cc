@@ -16,12 +16,9 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "common/files.h"
@@ -138,8 +135,6 @@ absl::StatusOr<std::unique_ptr<PosixProcesses>> PosixProcesses::Create(
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
   auto procs = std::unique_ptr<PosixProcesses>(new PosixProcesses(sfd, wfd));
-  // Where the memory cgroup counts OOM kills: found once, read at each group's start and end.
-  procs->oom_kill_files_ = OomKillFiles(ReadWholeFile("/proc/self/cgroup"), "/sys/fs/cgroup");
   return procs;
 }
 
@@ -316,34 +311,6 @@ bool PosixProcesses::Tell(pid_t pid, const std::string& line) {
   return false;
 }
 
-Processes::SignalAction PosixProcesses::Disposition(pid_t pid, int sig) const {
-  if (sig < 1 || sig > 64) return SignalAction::kUnknown;
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  int found = 0;
-  SignalAction action = SignalAction::kDefault;
-  while (found < 2 && std::getline(status, line)) {
-    const bool ign = line.rfind("SigIgn:", 0) == 0, cgt = line.rfind("SigCgt:", 0) == 0;
-    if (!ign && !cgt) continue;
-    ++found;
-    uint64_t mask = 0;
-    if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line.substr(7)), &mask)) {
-      return SignalAction::kUnknown;
-    }
-    if ((mask >> (sig - 1) & 1) != 0) action = ign ? SignalAction::kIgnored : SignalAction::kCaught;
-  }
-  return found == 2 ? action : SignalAction::kUnknown;
-}
-
-bool PosixProcesses::Stopped(pid_t pid) const {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  std::getline(in, stat);
-  const size_t paren = stat.rfind(')');  // the name in parentheses may hold anything
-  return paren != std::string::npos && paren + 2 < stat.size() &&
-         stat[paren + 2] == 'T';
-}
-
 void PosixProcesses::Wake() {
   const uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof one);
@@ -494,7 +461,5 @@ std::string PosixProcesses::ErrorTail(pid_t pid) const {
   auto it = error_tails_.find(pid);
   return it == error_tails_.end() ? "" : it->second;
 }
-
-int64_t PosixProcesses::OomKills() const { return ReadOomKillCount(oom_kill_files_); }
 
 }  // namespace dlrun::launcher

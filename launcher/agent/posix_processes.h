@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "launcher/agent/output.h"
+#include "launcher/agent/process_facts.h"
 #include "launcher/agent/processes.h"
 
 namespace dlrun::launcher {
@@ -32,13 +33,11 @@ class PosixProcesses final : public Processes {
     for (const auto& [lr, s] : spares_) pids.push_back(s.proc.pid);
     return pids;
   }
-  SignalAction Disposition(pid_t pid, int sig) const override;
-  bool Stopped(pid_t pid) const override;
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
   void Wake() override;
   void CloseOutputs() override;
   std::string ErrorTail(pid_t pid) const override;
-  int64_t OomKills() const override;
+  const ProcessFacts& facts() const override { return facts_; }
 
  private:
   struct Child {
@@ -87,17 +86,7 @@ class PosixProcesses final : public Processes {
   std::map<int, Spare> spares_;                 // by local rank
   std::map<int, PendingSpare> pending_spares_;  // by local rank
   std::map<pid_t, std::string> error_tails_;    // of the group CloseOutputs() closed last
-  std::vector<std::string> oom_kill_files_;     // OomKillFiles() of this process' cgroups
+  ProcFsFacts facts_;
 };
-
-// The files that may count the OOM kills of the memory cgroup named in `proc_self_cgroup`
-// (/proc/self/cgroup's text) under `root` (/sys/fs/cgroup; tests pass a fake tree): v1's
-// memory.oom_control first, then v2's memory.events.
-std::vector<std::string> OomKillFiles(const std::string& proc_self_cgroup,
-                                      const std::string& root);
-// The "oom_kill" count of the first of `files` that has one; -1 when none has.
-int64_t ReadOomKillCount(const std::vector<std::string>& files);
-// Both: the count for `proc_self_cgroup` under `root`.
-int64_t ReadOomKills(const std::string& proc_self_cgroup, const std::string& root);
 
 }  // namespace dlrun::launcher

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "launcher/agent/clock.h"
+#include "launcher/agent/process_facts.h"
 #include "launcher/agent/step_record.h"
 
 namespace dlrun::launcher {
@@ -62,14 +63,12 @@ class Processes {
   virtual void KeepSpare(const SpawnSpec& spec) {}
   // The warm spares standing by now (their memory is reported beside the workers').
   virtual std::vector<pid_t> SparePids() const { return {}; }
-  // What the worker `pid` does on `sig`, as the kernel says (/proc/PID/status). The agent stops a
-  // worker that ignores SIGINT (inherited from a shell's `dlrun ... &`) with SIGTERM instead of
-  // waiting out the grace period, and warns when a passed-on SIGUSR1 meets no handler.
-  enum class SignalAction { kDefault, kIgnored, kCaught, kUnknown };
-  virtual SignalAction Disposition(pid_t pid, int sig) const { return SignalAction::kUnknown; }
-  // Whether the worker `pid` is stopped by a signal (SIGSTOP, SIGTSTP; /proc/PID/stat's state
-  // T): hang detection names such a rank the culprit.
-  virtual bool Stopped(pid_t pid) const { return false; }
+  // What the kernel says about the workers (process_facts.h): how one handles a signal, whether
+  // it is stopped, the cgroup's OOM kills. The base answers "unknown" to each.
+  virtual const ProcessFacts& facts() const {
+    static const ProcessFacts unknown;
+    return unknown;
+  }
   // Blocks until at least one event or `deadline` (time_point::max(): no deadline). An empty
   // result means the deadline passed.
   virtual std::vector<ProcEvent> Wait(SteadyTime deadline) = 0;
@@ -81,9 +80,6 @@ class Processes {
   // The last bytes (LineStream::kTailBytes) a worker of the group CloseOutputs() just closed
   // wrote to stderr; empty when unknown.
   virtual std::string ErrorTail(pid_t pid) const { return ""; }
-  // The OOM kills the kernel counted so far in the memory cgroup the agent and its workers run
-  // in (v2 memory.events, v1 memory.oom_control); -1 when it cannot be read.
-  virtual int64_t OomKills() const { return -1; }
 };
 
 }  // namespace dlrun::launcher

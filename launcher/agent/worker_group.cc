@@ -18,7 +18,7 @@ absl::Status WorkerGroup::Start(const Assignment& current, int attempt) {
   attempt_ = attempt;
   workers_.clear();
   exits_.clear();
-  oom_kills_at_spawn_ = processes_.OomKills();
+  oom_kills_at_spawn_ = processes_.facts().OomKills();
   // Admitted into a running group (docs/RECOVERY.md, "A node that joins"): every local rank
   // takes the state from a peer in that generation, as a lost rank's replacement does.
   const int admitted_at = current_.recovery_generation;
@@ -145,14 +145,14 @@ void WorkerGroup::Signal(int first_signal) {
     // A forwarded SIGINT that the worker ignores (inherited from a shell's `dlrun ... &`) would
     // only wait out the grace period: SIGTERM instead, which asks the same.
     if (sig != SIGTERM && sig != SIGKILL &&
-        processes_.Disposition(w.pid, sig) == Processes::SignalAction::kIgnored) {
+        processes_.facts().Disposition(w.pid, sig) == ProcessFacts::SignalAction::kIgnored) {
       spdlog::info("local rank {} (pid {}) ignores SIG{}: sending SIGTERM instead", w.local_rank,
                    w.pid, dlrun::SignalAbbrev(sig));
       sig = SIGTERM;
     }
     processes_.SignalGroup(w.pid, sig);
     // A stopped worker (SIGSTOP) would keep the signal pending for the whole grace period.
-    if (processes_.Stopped(w.pid)) processes_.SignalGroup(w.pid, SIGCONT);
+    if (processes_.facts().Stopped(w.pid)) processes_.SignalGroup(w.pid, SIGCONT);
   }
 }
 
@@ -209,7 +209,7 @@ std::vector<int> WorkerGroup::Ranks() const {
 std::vector<int> WorkerGroup::StoppedRanks() const {
   std::vector<int> stopped;
   for (const Worker& w : workers_) {
-    if (w.alive && processes_.Stopped(w.pid)) stopped.push_back(w.rank);
+    if (w.alive && processes_.facts().Stopped(w.pid)) stopped.push_back(w.rank);
   }
   return stopped;
 }
@@ -227,7 +227,7 @@ std::vector<pid_t> WorkerGroup::Pids() const {
 }
 
 bool WorkerGroup::OomKilled() const {
-  const int64_t oom_kills = processes_.OomKills();
+  const int64_t oom_kills = processes_.facts().OomKills();
   return oom_kills >= 0 && oom_kills_at_spawn_ >= 0 && oom_kills > oom_kills_at_spawn_;
 }
 

@@ -69,7 +69,8 @@ TEST(PosixProcesses, TheCgroupsOomKillsAreReadForV1AndV2) {
   std::filesystem::remove_all(root);
   auto procs = PosixProcesses::Create({});
   ASSERT_TRUE(procs.ok());
-  EXPECT_GE((*procs)->OomKills(), -1);  // this machine: a count, or -1 without a memory cgroup
+  // This machine: a count, or -1 without a memory cgroup.
+  EXPECT_GE((*procs)->facts().OomKills(), -1);
 }
 
 // dlrun checks the program before the first spawn; one that goes away later still ends as a
@@ -125,15 +126,15 @@ TEST(PosixProcesses, TheDispositionOfASignalIsReadFromTheKernel) {
     }
   }
   ASSERT_TRUE(beat);
-  using A = Processes::SignalAction;
-  EXPECT_EQ((*procs)->Disposition(*pid, SIGINT), A::kIgnored);
-  EXPECT_EQ((*procs)->Disposition(*pid, SIGUSR1), A::kCaught);
-  EXPECT_EQ((*procs)->Disposition(*pid, SIGUSR2), A::kDefault);
-  EXPECT_EQ((*procs)->Disposition(*pid, 0), A::kUnknown);
+  using A = ProcessFacts::SignalAction;
+  EXPECT_EQ((*procs)->facts().Disposition(*pid, SIGINT), A::kIgnored);
+  EXPECT_EQ((*procs)->facts().Disposition(*pid, SIGUSR1), A::kCaught);
+  EXPECT_EQ((*procs)->facts().Disposition(*pid, SIGUSR2), A::kDefault);
+  EXPECT_EQ((*procs)->facts().Disposition(*pid, 0), A::kUnknown);
   (*procs)->SignalGroup(*pid, SIGKILL);
   int heartbeats = 0;
   EXPECT_EQ(WaitExit(**procs, *pid, &heartbeats).signal, SIGKILL);
-  EXPECT_EQ((*procs)->Disposition(*pid, SIGINT), A::kUnknown) << "reaped: no /proc entry";
+  EXPECT_EQ((*procs)->facts().Disposition(*pid, SIGINT), A::kUnknown) << "reaped: no /proc entry";
   (*procs)->CloseOutputs();
 }
 

@@ -112,8 +112,8 @@ TEST(StepRecord, DoneSaysTheProgramFinishedItsWork) {
   EXPECT_EQ(out[1].kind, 'D');
   EXPECT_EQ(reader.bad(), 0);
   // Every record letter starts a record in the reader, and the heartbeat byte none.
-  for (const char* line : {"S 1 1 0.1", "R 1 0.1", "C recovery", "P 1 0.1", "Z pause x",
-                           "Z resume", "D done"}) {
+  for (const char* line :
+       {"S 1 1 0.1", "R 1 0.1", "C recovery", "P 1 0.1", "Z pause x", "Z resume", "D done"}) {
     StepRecordReader each;
     std::vector<StepRecord> got;
     const std::string bytes = std::string("h") + line + "\n";

@@ -99,8 +99,10 @@ TEST(DlrunHang, ADeclaredPauseLongerThanTheBoundIsNoHangAndAnUndeclaredOneIs) {
   auto run = [&](const char* undeclared) {
     return RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-floor", "4",
                        "--max-restarts", "0", TEST_PYTHON, kHangProbe},
-                      ProbeEnv(tmp, {{"REPORT_STEPS", "1"}, {"HANG_KIND", "pause"},
-                                     {"HANG_STEP", "8"}, {"PAUSE_S", "9"},
+                      ProbeEnv(tmp, {{"REPORT_STEPS", "1"},
+                                     {"HANG_KIND", "pause"},
+                                     {"HANG_STEP", "8"},
+                                     {"PAUSE_S", "9"},
                                      {"PAUSE_UNDECLARED", undeclared}}),
                       std::chrono::seconds(120));
   };

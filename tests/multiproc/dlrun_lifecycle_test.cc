@@ -80,8 +80,8 @@ TEST(DlrunLifecycle, ACrashInTheTeardownWithoutDoneOrAnExitCodeAfterDoneStillFai
       << crash.output;
   EXPECT_EQ(crash.output.find("after it said its work was done"), std::string::npos)
       << crash.output;
-  const ProcResult code = RunTeardownProbe({{"SAY_DONE", "1"}, {"EXIT_CODE", "3"},
-                                            {"CRASH_RANK", "-1"}});
+  const ProcResult code =
+      RunTeardownProbe({{"SAY_DONE", "1"}, {"EXIT_CODE", "3"}, {"CRASH_RANK", "-1"}});
   EXPECT_NE(code.exit_code, 0) << code.output;
   EXPECT_NE(code.output.find("job failed"), std::string::npos) << code.output;
 }

@@ -175,12 +175,15 @@ class FakeProcesses final : public Processes {
   void CloseOutputs() override { ++close_outputs_calls; }
   // What a test says a worker wrote to stderr, and the cgroup's OOM-kill count.
   std::map<pid_t, std::string> error_tails;
-  int64_t oom_kills = -1;
+  struct Facts final : ProcessFacts {
+    int64_t oom_kills = -1;
+    int64_t OomKills() const override { return oom_kills; }
+  } facts_said;
   std::string ErrorTail(pid_t pid) const override {
     auto it = error_tails.find(pid);
     return it == error_tails.end() ? "" : it->second;
   }
-  int64_t OomKills() const override { return oom_kills; }
+  const ProcessFacts& facts() const override { return facts_said; }
 
  private:
   struct Item {

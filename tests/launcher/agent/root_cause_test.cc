@@ -177,14 +177,14 @@ TEST(AgentRootCause, EachFailureIsClassifiedInTheBlockAndTheReport) {
   Harness h(2);
   h.options.telemetry.report_json = h.options.run_dir + "/report.json";
   h.options.keep_run_dir = true;
-  h.procs.oom_kills = 4;
+  h.procs.facts_said.oom_kills = 4;
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
     if (p.attempt == 0 && p.spec.local_rank == 1) {
       f.error_tails[p.pid] = "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory.\n";
       f.ExitAfter(p.pid, seconds(1), 1);
     }
     if (p.attempt == 1 && p.spec.local_rank == 0) {
-      f.oom_kills = 5;  // the kernel's OOM killer took this one
+      f.facts_said.oom_kills = 5;  // the kernel's OOM killer took this one
       f.KilledAfter(p.pid, seconds(1), SIGKILL);
     }
   };

@@ -13,6 +13,8 @@ no checkpoint is read.
             loss.backward()
             optimizer.step()
             scheduler.step()
+    dist.destroy_process_group()
+    dlrun_report.done()    # last: a crash in the interpreter's teardown is then no failure
 
 `model` is the plain module: Recoverable wraps it in DistributedDataParallel (keyword arguments
 in `ddp=`) and wraps it again after a recovery, so use `rec.ddp` each step, not a copy of it.

@@ -94,7 +94,7 @@ TEST(RendezvousGrpc, SixtyFourAgentsThroughTwoRounds) {
   EXPECT_FALSE(server->handler().EndAcknowledged());
   for (int i = 0; i < kAgents; ++i) {
     auto end = clients[i]->Heartbeat("node-" + std::to_string(1000 + i), 2);
-    ASSERT_TRUE(end.ok());
+    ASSERT_TRUE(end.ok()) << end.status();
     EXPECT_EQ(end->action, Action::kFinished);
   }
   EXPECT_TRUE(server->WaitForJobEnd(std::chrono::seconds(5)));

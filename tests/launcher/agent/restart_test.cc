@@ -1,5 +1,6 @@
 // Restart counting: a failed worker restarts the whole local group until --max-restarts is used
-// up, each group sees its restart number, and the job then ends with the worker's exit code.
+// up, each group sees its restart number, and the job then ends with the worker's exit code; a
+// death by a signal after the worker said it is done is no failure.
 #include <fstream>
 
 #include "gtest/gtest.h"
@@ -27,6 +28,40 @@ TEST(AgentRestarts, FailedGroupRestartsUntilMaxRestartsThenExitsWithTheWorkersCo
     auto s = h.procs.SentTo(p.pid);
     ASSERT_FALSE(s.empty());
     EXPECT_EQ(s[0].sig, SIGTERM);
+  }
+}
+
+// A worker that said its work is done ("D done", dlrun_report.done()) and then dies of a signal
+// (the interpreter's teardown) is finished, not failed: no restart, exit 0. A signal without
+// the record, an exit code after it, or a record from the other rank only, still fails.
+TEST(AgentRestarts, ASignalAfterDoneIsAFinishAndNothingElseIs) {
+  StepRecord done;
+  done.kind = 'D';
+  struct Case {
+    const char* what;
+    bool says_done;        // local rank 1 sends "D done" at 1 s
+    bool other_says_done;  // local rank 0 does instead
+    int sig, code;         // how local rank 1 ends at 2 s
+    int want;
+  } cases[] = {
+      {"SIGABRT after done", true, false, SIGABRT, 0, 0},
+      {"SIGSEGV after done", true, false, SIGSEGV, 0, 0},
+      {"SIGABRT without done", false, false, SIGABRT, 0, 128 + SIGABRT},
+      {"exit code 3 after done", true, false, 0, 3, 3},
+      {"done said by the other rank", false, true, SIGABRT, 0, 128 + SIGABRT},
+  };
+  for (const Case& c : cases) {
+    Harness h(2);
+    h.options.exit_with_worker_code = true;
+    h.procs.on_spawn = [&](FakeProcesses& f, FakeProcesses::Proc& p) {
+      const bool one = p.spec.local_rank == 1;
+      if (one ? c.says_done : c.other_says_done) f.RecordAfter(p.pid, seconds(1), done);
+      if (!one) f.ExitAfter(p.pid, seconds(2), 0);
+      if (one && c.sig != 0) f.KilledAfter(p.pid, seconds(2), c.sig);
+      if (one && c.sig == 0) f.ExitAfter(p.pid, seconds(2), c.code);
+    };
+    EXPECT_EQ(h.RunStatic(/*max_restarts=*/1), c.want) << c.what;
+    EXPECT_EQ(h.procs.groups_started(), c.want == 0 ? 1 : 2) << c.what;
   }
 }
 

@@ -73,58 +73,60 @@ bool WorkerGroup::Replace(const std::vector<WorkerExit>& lost, const Assignment&
 }
 
 std::optional<WorkerExit> WorkerGroup::Exited(pid_t pid, int exit_code, int signal, double wall_s) {
-  for (Worker& w : workers_) {
-    if (w.pid != pid || !w.alive) continue;
-    w.alive = false;
-    WorkerExit x;
-    x.local_rank = w.local_rank;
-    x.global_rank = current_.rank_offset + w.local_rank;
-    x.pid = pid;
-    x.exit_code = exit_code;
-    x.signal = signal;
-    x.when_s = wall_s;
-    x.stopped = stopping_;
-    x.after_done = w.done && signal != 0 && !stopping_;
-    if (x.after_done) {
-      spdlog::warn(
-          "rank {} (pid {}) died of SIG{} after it said its work was done (dlrun_report.done()): "
-          "counted as finished; a crash in the interpreter's teardown, such as PyTorch's "
-          "\"terminate called without an active exception\" (docs/USAGE.md, Done)",
-          x.global_rank, pid, dlrun::SignalAbbrev(signal));
-    }
-    if (options_.profiler && options_.profiler->Wants(w.rank)) options_.profiler->Exited(w.rank);
-    exits_.push_back(x);
-    if (x.signal != 0 && IsPassthrough(x.signal)) {
-      // Seen, not predicted: a worker's handlers read from /proc just before the signal can be
-      // gone a moment later without harm (an interpreter that is exiting resets them).
-      spdlog::warn("rank {} died of SIG{}, passed on by dlrun: it has no handler for it",
-                   x.global_rank, dlrun::SignalAbbrev(x.signal));
-      if (!passthrough_hint_given_) {
-        passthrough_hint_given_ = true;
-        spdlog::warn(
-            "to checkpoint on a preemption warning instead, a Python program uses "
-            "dlrun_report.Preemption() and a C++ one catches the signal "
-            "(docs/USAGE.md, Preemption)");
-      }
-    }
-    return x;
+  Worker* found = Live(pid);
+  if (found == nullptr) return std::nullopt;
+  Worker& w = *found;
+  w.alive = false;
+  WorkerExit x;
+  x.local_rank = w.local_rank;
+  x.global_rank = current_.rank_offset + w.local_rank;
+  x.pid = pid;
+  x.exit_code = exit_code;
+  x.signal = signal;
+  x.when_s = wall_s;
+  x.stopped = stopping_;
+  x.after_done = w.done && signal != 0 && !stopping_;
+  if (x.after_done) {
+    spdlog::warn(
+        "rank {} (pid {}) died of SIG{} after it said its work was done (dlrun_report.done()): "
+        "counted as finished; a crash in the interpreter's teardown, such as PyTorch's "
+        "\"terminate called without an active exception\" (docs/USAGE.md, Done)",
+        x.global_rank, pid, dlrun::SignalAbbrev(signal));
   }
-  return std::nullopt;
+  if (options_.profiler && options_.profiler->Wants(w.rank)) options_.profiler->Exited(w.rank);
+  exits_.push_back(x);
+  if (x.signal != 0 && IsPassthrough(x.signal)) {
+    // Seen, not predicted: a worker's handlers read from /proc just before the signal can be
+    // gone a moment later without harm (an interpreter that is exiting resets them).
+    spdlog::warn("rank {} died of SIG{}, passed on by dlrun: it has no handler for it",
+                 x.global_rank, dlrun::SignalAbbrev(x.signal));
+    if (!passthrough_hint_given_) {
+      passthrough_hint_given_ = true;
+      spdlog::warn(
+          "to checkpoint on a preemption warning instead, a Python program uses "
+          "dlrun_report.Preemption() and a C++ one catches the signal "
+          "(docs/USAGE.md, Preemption)");
+    }
+  }
+  return x;
+}
+
+WorkerGroup::Worker* WorkerGroup::Live(pid_t pid) {
+  for (Worker& w : workers_) {
+    if (w.pid == pid && w.alive) return &w;
+  }
+  return nullptr;
 }
 
 void WorkerGroup::Done(pid_t pid) {
-  for (Worker& w : workers_) {
-    if (w.pid == pid && w.alive) w.done = true;
-  }
+  if (Worker* w = Live(pid)) w->done = true;
 }
 
 int WorkerGroup::Declared(pid_t pid) {
-  for (Worker& w : workers_) {
-    if (w.pid != pid || !w.alive) continue;
-    w.recoverable = true;
-    return w.local_rank;
-  }
-  return -1;
+  Worker* w = Live(pid);
+  if (w == nullptr) return -1;
+  w->recoverable = true;
+  return w->local_rank;
 }
 
 bool WorkerGroup::IsPassthrough(int sig) const {

@@ -89,7 +89,10 @@ class WorkerGroup {
   std::vector<WorkerExit> exits_;
   bool stopping_ = false;
   bool passthrough_hint_given_ = false;  // the advice after a death by a passed-on signal, once
-  int64_t oom_kills_at_spawn_ = -1;      // Processes::OomKills() when the group started
+  int64_t oom_kills_at_spawn_ = -1;      // ProcessFacts::OomKills() when the group started
+
+  // The live worker `pid`, or nullptr.
+  Worker* Live(pid_t pid);
 };
 
 }  // namespace dlrun::launcher

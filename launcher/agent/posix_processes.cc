@@ -21,7 +21,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
-#include "common/files.h"
 
 extern char** environ;
 
@@ -134,8 +133,7 @@ absl::StatusOr<std::unique_ptr<PosixProcesses>> PosixProcesses::Create(
     close(sfd);
     return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
-  auto procs = std::unique_ptr<PosixProcesses>(new PosixProcesses(sfd, wfd));
-  return procs;
+  return std::unique_ptr<PosixProcesses>(new PosixProcesses(sfd, wfd));
 }
 
 PosixProcesses::~PosixProcesses() {

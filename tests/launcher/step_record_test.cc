@@ -6,6 +6,19 @@
 namespace dlrun::launcher {
 namespace {
 
+// What a fresh reader makes of `stream` fed in one read, and how many records it refused.
+struct Read {
+  std::vector<StepRecord> records;
+  int64_t bad = 0;
+};
+Read ReadAll(const std::string& stream) {
+  StepRecordReader reader;
+  Read r;
+  reader.Feed(stream.data(), stream.size(), &r.records);
+  r.bad = reader.bad();
+  return r;
+}
+
 TEST(StepRecord, ParsesTheRequiredFieldsAndEachOptionalOne) {
   auto r = ParseStepRecord("S 12 4 0.25 data_s=0.01 compute_s=0.2 sync_s=0.04 loss=-1.5e-3");
   ASSERT_TRUE(r.has_value());
@@ -43,10 +56,8 @@ TEST(StepRecord, AResumeRecordSaysTheCheckpointsStepAndItsLoadTime) {
                           "R x 0.2"}) {
     EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
   }
-  StepRecordReader reader;
-  std::vector<StepRecord> out;
-  const std::string stream = "hR 8 1.5\nhS 9 2 0.1\n";
-  reader.Feed(stream.data(), stream.size(), &out);
+  const Read read = ReadAll("hR 8 1.5\nhS 9 2 0.1\n");
+  const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].kind, 'R');
   EXPECT_EQ(out[1].kind, 'S');
@@ -63,15 +74,13 @@ TEST(StepRecord, RecoveryRecordsDeclareItAndSayTheStateFromAPeer) {
   for (const char* bad : {"C", "C restart", "C recovery now", "P 12", "P -1 0.1", "P 12 x"}) {
     EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
   }
-  StepRecordReader reader;
-  std::vector<StepRecord> out;
-  const std::string stream = "hC recovery\nhP 3 0.5\nhS 4 1 0.1\n";
-  reader.Feed(stream.data(), stream.size(), &out);
+  const Read read = ReadAll("hC recovery\nhP 3 0.5\nhS 4 1 0.1\n");
+  const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 3u);
   EXPECT_EQ(out[0].kind, 'C');
   EXPECT_EQ(out[1].kind, 'P');
   EXPECT_EQ(out[2].kind, 'S');
-  EXPECT_EQ(reader.bad(), 0);
+  EXPECT_EQ(read.bad, 0);
 }
 
 TEST(StepRecord, APauseOfHangDetectionAndItsEnd) {
@@ -87,15 +96,13 @@ TEST(StepRecord, APauseOfHangDetectionAndItsEnd) {
   EXPECT_FALSE(ParseStepRecord("Z resume now"));
   // Through the reader, among heartbeat bytes, as a pipe carries them (the reader once took
   // only S/R/C/P records, so a pause never reached the hang watch).
-  StepRecordReader reader;
-  std::vector<StepRecord> out;
-  const std::string stream = "hS 4 1 0.1\nhZ pause eval\nhhZ resume\nhS 5 1 0.1\n";
-  reader.Feed(stream.data(), stream.size(), &out);
+  const Read read = ReadAll("hS 4 1 0.1\nhZ pause eval\nhhZ resume\nhS 5 1 0.1\n");
+  const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(out[1].kind, 'Z');
   EXPECT_EQ(out[1].what, "eval");
   EXPECT_EQ(out[2].kind, 'z');
-  EXPECT_EQ(reader.bad(), 0);
+  EXPECT_EQ(read.bad, 0);
 }
 
 // The program's work is done (dlrun_report.done()); through the reader like every record.
@@ -104,21 +111,15 @@ TEST(StepRecord, DoneSaysTheProgramFinishedItsWork) {
   for (const char* bad : {"D", "D done now", "D finished"}) {
     EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
   }
-  StepRecordReader reader;
-  std::vector<StepRecord> out;
-  const std::string stream = "hS 9 1 0.1\nhD done\nh";
-  reader.Feed(stream.data(), stream.size(), &out);
+  const Read read = ReadAll("hS 9 1 0.1\nhD done\nh");
+  const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[1].kind, 'D');
-  EXPECT_EQ(reader.bad(), 0);
+  EXPECT_EQ(read.bad, 0);
   // Every record letter starts a record in the reader, and the heartbeat byte none.
   for (const char* line :
        {"S 1 1 0.1", "R 1 0.1", "C recovery", "P 1 0.1", "Z pause x", "Z resume", "D done"}) {
-    StepRecordReader each;
-    std::vector<StepRecord> got;
-    const std::string bytes = std::string("h") + line + "\n";
-    each.Feed(bytes.data(), bytes.size(), &got);
-    EXPECT_EQ(got.size(), 1u) << line;
+    EXPECT_EQ(ReadAll(std::string("h") + line + "\n").records.size(), 1u) << line;
   }
 }
 

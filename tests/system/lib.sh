@@ -17,7 +17,13 @@ fail() {
   dlrun_failed=1
   echo "FAIL ($test_name): $*" >&2
   for f in "$work"/*.out; do
-    [[ -e "$f" ]] && { echo "--- $f (last 60 lines)" >&2; tail -n 60 "$f" >&2; }
+    [[ -e "$f" ]] || continue
+    # How ranks ended and why the agents restarted, from anywhere in the output (a long job's
+    # tail alone can miss the first run of a requeued one).
+    echo "--- $f (warnings, errors, deaths and restarts)" >&2
+    grep -n -E "warning|error|died|restart [0-9]+:|hung|FAIL" "$f" | head -n 40 >&2 || true
+    echo "--- $f (last 60 lines)" >&2
+    tail -n 60 "$f" >&2
   done
   exit 1
 }

@@ -44,3 +44,4 @@ else:
         with open(ckpt + ".done", "w") as f:
             json.dump({"start": start, "steps": steps}, f)
 dist.destroy_process_group()
+dlrun_report.done()  # a crash in the teardown after this is no failure (docs/USAGE.md, Done)

@@ -2,7 +2,11 @@
 # build/bin/train_unet, with PyTorch's own DistributedDataParallel (gloo). Run under dlrun (or
 # torchrun) with 2 workers. Comparison only: nothing in dlrun's product path uses Python.
 #   python3 bench/unet_ddp.py --base-channels 16 --max-steps 12 [--no-grad-sync] --metrics-json F
+# --device cuda (scripts/gpu-check): NCCL, one GPU per rank (LOCAL_RANK), the batches made on the
+# GPU, cuDNN autotuning, and --amp (float16 autocast with a GradScaler, as train_unet's AMP) and
+# --channels-last as train_unet's flags.
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -57,6 +61,9 @@ def main():
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--no-grad-sync", action="store_true")
     ap.add_argument("--metrics-json", default="")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--amp", action="store_true", help="CUDA: float16 autocast, GradScaler")
+    ap.add_argument("--channels-last", action="store_true", help="channels-last 3D tensors")
     ap.add_argument("--report-steps", action="store_true",
                     help="send each step to dlrun through python/dlrun_report.py (--profile's "
                     "step ranges, per-rank step times in the report)")
@@ -65,31 +72,44 @@ def main():
     if a.report_steps:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
         import dlrun_report as report
-    dist.init_process_group("gloo")
+    cuda = a.device == "cuda"
+    if cuda:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        torch.backends.cudnn.benchmark = True
+    else:
+        dev = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
-    model = torch.nn.parallel.DistributedDataParallel(UNet(a.base_channels))
+    fmt = torch.channels_last_3d if a.channels_last else torch.contiguous_format
+    net = UNet(a.base_channels).to(dev, memory_format=fmt)
+    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[dev.index] if cuda else None)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    mix = torch.randn(5, 4) * 0.5
-    gen = torch.Generator().manual_seed(1234 * 7919 + rank + 1)
+    scaler = torch.amp.GradScaler("cuda", enabled=cuda and a.amp)
+    mix = (torch.randn(5, 4) * 0.5).to(dev)
+    gen = torch.Generator(device=dev).manual_seed(1234 * 7919 + rank + 1)
     s = a.data_size
     for step in range(1, a.max_steps + 1):
         if step == a.warmup_steps + 1:
+            if cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
         step_start = time.perf_counter()
-        x = torch.randn(a.local_batch_size, 4, s, s, s, generator=gen)
+        x = torch.randn(a.local_batch_size, 4, s, s, s, generator=gen, device=dev)
         y = torch.tanh(torch.einsum("oi,nidhw->nodhw", mix, x))
+        x, y = x.contiguous(memory_format=fmt), y.contiguous(memory_format=fmt)
         opt.zero_grad(set_to_none=True)
-        if a.no_grad_sync:
-            with model.no_sync():
-                loss = torch.nn.functional.l1_loss(model(x), y)
-                loss.backward()
-        else:
-            loss = torch.nn.functional.l1_loss(model(x), y)
-            loss.backward()
-        opt.step()
+        with model.no_sync() if a.no_grad_sync else contextlib.nullcontext():
+            with torch.autocast("cuda", dtype=torch.float16, enabled=cuda and a.amp):
+                loss = torch.nn.functional.l1_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         if report is not None:
             report.report_step(step, a.local_batch_size, time.perf_counter() - step_start)
+    if cuda:
+        torch.cuda.synchronize()
     secs = time.perf_counter() - start
     sps = (a.max_steps - a.warmup_steps) * a.local_batch_size * world / secs
     if rank == 0:

@@ -1,67 +1,70 @@
 #include "unet/config.h"
 
+#ifndef DLRUN_UNET_NO_YAML
 #include <yaml-cpp/yaml.h>
+#endif
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
-#include "absl/strings/escaping.h"
-#include "absl/strings/str_cat.h"
+#include "worker/src/text.h"
 
 namespace dlrun::examples {
+
+#ifndef DLRUN_UNET_NO_YAML
 namespace {
 
 // yaml-cpp keeps "<<" as an ordinary key: apply merges ourselves (the merged maps first, the
 // node's own keys over them). Nodes are visited by value, so an alias cycle would recurse
 // forever: `depth` bounds it.
-absl::Status Flatten(const YAML::Node& node, const std::string& prefix, int depth,
+lite::Status Flatten(const YAML::Node& node, const std::string& prefix, int depth,
                      std::map<std::string, std::string>* out) {
   const std::string where =
-      prefix.empty() ? "the configuration" : absl::StrCat("'", absl::CEscape(prefix), "'");
+      prefix.empty() ? "the configuration" : lite::StrCat("'", lite::CEscape(prefix), "'");
   if (depth > kMaxConfigDepth) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " nests deeper than ", kMaxConfigDepth,
+    return lite::InvalidArgumentError(lite::StrCat(where, " nests deeper than ", kMaxConfigDepth,
                                                    " levels (a merge of an anchor into itself?)"));
   }
   if (const YAML::Node merge = node["<<"]) {
     if (merge.IsMap()) {
-      if (absl::Status s = Flatten(merge, prefix, depth + 1, out); !s.ok()) return s;
+      if (lite::Status s = Flatten(merge, prefix, depth + 1, out); !s.ok()) return s;
     } else if (merge.IsSequence()) {
       // Earlier maps win: apply the list back to front.
       for (std::size_t i = merge.size(); i-- > 0;) {
         if (!merge[i].IsMap()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("merge key '<<' of ", where, ": expected a map or a list of maps"));
+          return lite::InvalidArgumentError(
+              lite::StrCat("merge key '<<' of ", where, ": expected a map or a list of maps"));
         }
-        if (absl::Status s = Flatten(merge[i], prefix, depth + 1, out); !s.ok()) return s;
+        if (lite::Status s = Flatten(merge[i], prefix, depth + 1, out); !s.ok()) return s;
       }
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("merge key '<<' of ", where, ": expected a map or a list of maps"));
+      return lite::InvalidArgumentError(
+          lite::StrCat("merge key '<<' of ", where, ": expected a map or a list of maps"));
     }
   }
   for (const auto& kv : node) {
     if (!kv.first.IsScalar()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a key of ", where, " is not a scalar: expected a name"));
+      return lite::InvalidArgumentError(
+          lite::StrCat("a key of ", where, " is not a scalar: expected a name"));
     }
     const std::string key = kv.first.Scalar();
     if (key == "<<") continue;
-    const std::string full = prefix.empty() ? key : absl::StrCat(prefix, ".", key);
+    const std::string full = prefix.empty() ? key : lite::StrCat(prefix, ".", key);
     if (kv.second.IsMap()) {
-      if (absl::Status s = Flatten(kv.second, full, depth + 1, out); !s.ok()) return s;
+      if (lite::Status s = Flatten(kv.second, full, depth + 1, out); !s.ok()) return s;
     } else if (kv.second.IsScalar()) {
       (*out)[full] = kv.second.Scalar();
     } else if (kv.second.IsNull()) {
       (*out)[full] = "";
     }
   }
-  return absl::OkStatus();
+  return lite::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string& yaml,
+lite::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string& yaml,
                                                                const std::string& name,
                                                                const std::string& source) {
   try {
@@ -70,35 +73,46 @@ absl::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string
       std::string names;
       if (root.IsMap()) {
         for (const auto& kv : root) {
-          if (kv.first.IsScalar()) absl::StrAppend(&names, names.empty() ? "" : ", ", absl::CEscape(kv.first.Scalar()));
+          if (kv.first.IsScalar())
+            lite::StrAppend(&names, names.empty() ? "" : ", ", lite::CEscape(kv.first.Scalar()));
         }
       }
-      return absl::InvalidArgumentError(absl::StrCat("no configuration '", absl::CEscape(name), "' in ", source,
-                                                     ": expected one of ",
+      return lite::InvalidArgumentError(lite::StrCat("no configuration '", lite::CEscape(name),
+                                                     "' in ", source, ": expected one of ",
                                                      names.empty() ? "(none)" : names));
     }
     std::map<std::string, std::string> out;
-    if (absl::Status s = Flatten(root[name], "", 0, &out); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("configuration '", absl::CEscape(name), "' in ", source, ": ", s.message()));
+    if (lite::Status s = Flatten(root[name], "", 0, &out); !s.ok()) {
+      return lite::InvalidArgumentError(
+          lite::StrCat("configuration '", lite::CEscape(name), "' in ", source, ": ", s.message()));
     }
     return out;
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config file ", source, " is not valid YAML: ", e.what()));
+    return lite::InvalidArgumentError(
+        lite::StrCat("config file ", source, " is not valid YAML: ", e.what()));
   }
 }
+#else
+// Built without yaml-cpp (a build from the wheel where its CMake package is not found).
+lite::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string&,
+                                                               const std::string& name,
+                                                               const std::string& source) {
+  return lite::FailedPreconditionError(lite::StrCat(
+      "configuration '", lite::CEscape(name), "' in ", source,
+      ": this train_unet was built without yaml-cpp, so it reads no YAML; give the settings as "
+      "flags, or rebuild where find_package(yaml-cpp) succeeds"));
+}
+#endif
 
-absl::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string& path,
+lite::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string& path,
                                                               const std::string& name) {
   const auto unreadable = [&] {
-    return absl::NotFoundError(absl::StrCat("cannot read the config file '", path,
+    return lite::NotFoundError(lite::StrCat("cannot read the config file '", path,
                                             "' (--yaml-config): expected a YAML file"));
   };
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat("config file '", path, "' (--yaml-config) not found"));
+    return lite::NotFoundError(lite::StrCat("config file '", path, "' (--yaml-config) not found"));
   }
   if (std::filesystem::is_directory(path, ec)) return unreadable();
   std::ifstream in(path, std::ios::binary);

@@ -6,21 +6,21 @@
 #include <map>
 #include <string>
 
-#include "absl/status/statusor.h"
+#include "worker/src/text.h"
 
 namespace dlrun::examples {
 
 // The flattened configuration `name` of `path`: key -> scalar text; nested maps become
 // "outer.inner" (e.g. "lr_schedule.start_lr"). Errors name the file, the configuration and the
 // problem (missing file, unknown configuration, bad YAML).
-absl::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string& path,
+lite::StatusOr<std::map<std::string, std::string>> LoadConfig(const std::string& path,
                                                               const std::string& name);
 
 // The same from YAML text; `source` names it in errors (the file's path for LoadConfig).
 // Merge keys take a map or a list of maps (earlier maps win, the node's own keys over all);
 // keys must be scalars; lists as values are ignored; nesting (merges included) deeper than
 // kMaxConfigDepth, e.g. an anchor merged into itself, is an error.
-absl::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string& yaml,
+lite::StatusOr<std::map<std::string, std::string>> ParseConfig(const std::string& yaml,
                                                                const std::string& name,
                                                                const std::string& source);
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "worker/src/text.h"
 
 namespace dlrun::examples {
 
@@ -44,7 +44,7 @@ class CropSource {
  public:
   // Validates the file: both datasets present, float, 4-D with 4 and 5 channels, the same cube
   // edge, and data_size no larger than it. Errors name the file and what was expected.
-  static absl::StatusOr<std::unique_ptr<CropSource>> Open(const std::string& path,
+  static lite::StatusOr<std::unique_ptr<CropSource>> Open(const std::string& path,
                                                           int64_t data_size, bool in_memory);
   virtual ~CropSource() = default;
   // A crop at (z, y, x), un-rotated.
@@ -58,7 +58,7 @@ class CropSource {
 
 // Writes a valid data file: Nbody random fields and Hydro = tanh of a fixed per-voxel mix of
 // them (learnable), edge `box`.
-absl::Status WriteSyntheticFile(const std::string& path, int64_t box, uint64_t seed);
+lite::Status WriteSyntheticFile(const std::string& path, int64_t box, uint64_t seed);
 
 // num_workers threads fill a window of prefetch_factor x num_workers random crops, each with a
 // random rotation of the 24: applied on the threads, or (rotate_in_loader false) left to the

@@ -9,6 +9,7 @@
 #endif
 
 #include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -37,9 +38,14 @@ torch::Device PickDevice(const std::string& want, int local_rank) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(n == 1 ? 0 : local_rank % n));
 }
 
-void ConfigureBackends(const torch::Device& device, bool tf32) {
+void ConfigureBackends(const torch::Device& device, bool tf32, bool deterministic) {
   if (!device.is_cuda()) return;
-  at::globalContext().setBenchmarkCuDNN(true);
+  if (deterministic) {  // runs that are compared bit for bit (scripts/gpu-check's recovery)
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);  // before cuBLAS's first use
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+  at::globalContext().setBenchmarkCuDNN(!deterministic);
   at::globalContext().setAllowTF32CuBLAS(tf32);
   at::globalContext().setAllowTF32CuDNN(tf32);
 }

@@ -22,7 +22,7 @@ torch::Device PickDevice(const std::string& want, int local_rank);
 // On CUDA: cudnn.benchmark and TF32 for matmul and convolutions (as the tutorial's
 // torch.backends settings; `tf32` false: full FP32, as NVIDIA_TF32_OVERRIDE=0 forces for the
 // whole process). A no-op on the CPU.
-void ConfigureBackends(const torch::Device& device, bool tf32 = true);
+void ConfigureBackends(const torch::Device& device, bool tf32 = true, bool deterministic = false);
 
 // The most memory the caching allocator had allocated on a CUDA device (max_memory_allocated);
 // -1 on the CPU.

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "absl/strings/str_cat.h"
+#include "worker/src/text.h"
 
 namespace dlrun::examples {
 namespace {
@@ -60,7 +60,7 @@ uint32_t Crc32c(const char* data, size_t n) {
   return c ^ 0xffffffffu;
 }
 
-absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Open(const std::string& dir) {
+lite::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Open(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   char host[256] = {0};
@@ -68,10 +68,10 @@ absl::StatusOr<std::unique_ptr<EventWriter>> EventWriter::Open(const std::string
   const auto secs = std::chrono::duration_cast<std::chrono::seconds>(
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
-  const std::string path = absl::StrCat(dir, "/events.out.tfevents.", secs, ".", host);
+  const std::string path = lite::StrCat(dir, "/events.out.tfevents.", secs, ".", host);
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+    return lite::InternalError(lite::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   }
   std::unique_ptr<EventWriter> w(new EventWriter(path, f));
   std::string e = EventHeader(0);

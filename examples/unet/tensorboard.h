@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/statusor.h"
+#include "worker/src/text.h"
 
 namespace dlrun::examples {
 
@@ -18,7 +18,7 @@ uint32_t Crc32c(const char* data, size_t n);
 class EventWriter {
  public:
   // Creates DIR/events.out.tfevents.<seconds>.<host> and writes the file-version event.
-  static absl::StatusOr<std::unique_ptr<EventWriter>> Open(const std::string& dir);
+  static lite::StatusOr<std::unique_ptr<EventWriter>> Open(const std::string& dir);
   ~EventWriter();
   void Scalar(const std::string& tag, float value, int64_t step);
   void Flush();

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "unet/data.h"
+#include "worker/src/text.h"
 
 namespace dlrun::examples {
 
@@ -19,7 +20,7 @@ int MakeUnetDataMain(int argc, char** argv) {
     std::fprintf(stderr, "make_unet_data: invalid EDGE '%s': expected 1-2048\n", argv[2]);
     return 2;
   }
-  absl::Status s = WriteSyntheticFile(argv[1], edge, static_cast<uint64_t>(seed));
+  lite::Status s = WriteSyntheticFile(argv[1], edge, static_cast<uint64_t>(seed));
   if (!s.ok()) {
     std::fprintf(stderr, "make_unet_data: %s\n", std::string(s.message()).c_str());
     return 1;

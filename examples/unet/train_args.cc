@@ -5,21 +5,19 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "absl/status/status.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "unet/config.h"
+#include "worker/src/text.h"
 
 namespace dlrun::examples {
 namespace {
 
 // Fills the fields of `a` from configuration `name`, except those given as flags.
-absl::Status ApplyConfig(const std::string& path, const std::string& name, const CLI::App& app,
+lite::Status ApplyConfig(const std::string& path, const std::string& name, const CLI::App& app,
                          TrainArgs* a) {
   auto cfg = dlrun::examples::LoadConfig(path, name);
   if (!cfg.ok()) return cfg.status();
   auto bad = [&](const std::string& key, const std::string& v, const char* expected) {
-    return absl::InvalidArgumentError(absl::StrCat("configuration '", name, "' in ", path, ": ",
+    return lite::InvalidArgumentError(lite::StrCat("configuration '", name, "' in ", path, ": ",
                                                    key, "='", v, "' is invalid: expected ",
                                                    expected));
   };
@@ -27,39 +25,38 @@ absl::Status ApplyConfig(const std::string& path, const std::string& name, const
     auto it = cfg->find(key);
     return it == cfg->end() ? nullptr : &it->second;
   };
-  auto set_int = [&](const char* flag, const std::string& key, int64_t* out) -> absl::Status {
+  auto set_int = [&](const char* flag, const std::string& key, int64_t* out) -> lite::Status {
     const std::string* v = get(key);
-    if (v == nullptr || (flag && app.count(flag) > 0)) return absl::OkStatus();
+    if (v == nullptr || (flag && app.count(flag) > 0)) return lite::OkStatus();
     int64_t x = 0;
-    if (!absl::SimpleAtoi(*v, &x) || x < 0) return bad(key, *v, "an integer >= 0");
+    if (!lite::SimpleAtoi(*v, &x) || x < 0) return bad(key, *v, "an integer >= 0");
     *out = x;
-    return absl::OkStatus();
+    return lite::OkStatus();
   };
-  auto set_double = [&](const char* flag, const std::string& key, double* out) -> absl::Status {
+  auto set_double = [&](const char* flag, const std::string& key, double* out) -> lite::Status {
     const std::string* v = get(key);
-    if (v == nullptr || app.count(flag) > 0) return absl::OkStatus();
+    if (v == nullptr || app.count(flag) > 0) return lite::OkStatus();
     double x = 0;
-    if (!absl::SimpleAtod(*v, &x) || x < 0) return bad(key, *v, "a number >= 0");
+    if (!lite::SimpleAtod(*v, &x) || x < 0) return bad(key, *v, "a number >= 0");
     *out = x;
-    return absl::OkStatus();
+    return lite::OkStatus();
   };
   int64_t workers = a->num_data_workers, prefetch = a->prefetch_factor;
-  for (absl::Status s : {set_int("--data-size", "data_size", &a->data_size),
-                         set_int("--base-channels", "base_channels", &a->base_channels),
-                         set_int("--num-data-workers", "num_data_workers", &workers),
-                         set_int("--accumulation-steps", "accumulation_steps",
-                                 &a->accumulation_steps),
-                         set_int("--prefetch-factor", "prefetch_factor", &prefetch),
-                         set_int("--base-batch-size", "base_batch_size", &a->base_batch_size),
-                         set_int(nullptr, "global_batch_size", &a->global_batch_size),
-                         set_int("--num-epochs", "num_epochs", &a->num_epochs),
-                         set_int(nullptr, "Nsamples", &a->nsamples),
-                         set_int(nullptr, "Nsamples_val", &a->nsamples_val),
-                         set_int("--lr-warmup-steps", "lr_schedule.warmup_steps",
-                                 &a->lr_warmup_steps),
-                         set_double("--lr", "lr_schedule.start_lr", &a->lr),
-                         set_double("--end-lr", "lr_schedule.end_lr", &a->end_lr),
-                         set_double("--lambda-rho", "lambda_rho", &a->lambda_rho)}) {
+  for (lite::Status s :
+       {set_int("--data-size", "data_size", &a->data_size),
+        set_int("--base-channels", "base_channels", &a->base_channels),
+        set_int("--num-data-workers", "num_data_workers", &workers),
+        set_int("--accumulation-steps", "accumulation_steps", &a->accumulation_steps),
+        set_int("--prefetch-factor", "prefetch_factor", &prefetch),
+        set_int("--base-batch-size", "base_batch_size", &a->base_batch_size),
+        set_int(nullptr, "global_batch_size", &a->global_batch_size),
+        set_int("--num-epochs", "num_epochs", &a->num_epochs),
+        set_int(nullptr, "Nsamples", &a->nsamples),
+        set_int(nullptr, "Nsamples_val", &a->nsamples_val),
+        set_int("--lr-warmup-steps", "lr_schedule.warmup_steps", &a->lr_warmup_steps),
+        set_double("--lr", "lr_schedule.start_lr", &a->lr),
+        set_double("--end-lr", "lr_schedule.end_lr", &a->end_lr),
+        set_double("--lambda-rho", "lambda_rho", &a->lambda_rho)}) {
     if (!s.ok()) return s;
   }
   if (get("num_data_workers") != nullptr) a->num_data_workers_given = true;  // a choice, kept
@@ -89,9 +86,8 @@ absl::Status ApplyConfig(const std::string& path, const std::string& name, const
       return bad("data_loader_config", *v, "synthetic, inmem or lowmem");
     }
   }
-  return absl::OkStatus();
+  return lite::OkStatus();
 }
-
 
 // The model, the batch, the optimiser and DDP.
 void AddModelFlags(CLI::App& app, TrainArgs& a) {
@@ -174,6 +170,9 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
                  "make the loss inf at this step (checks that the loss scaler skips it)");
   app.add_flag("--channels-last{1},--no-channels-last{0}", a.channels_last,
                "channels-last 3D tensors (default: on CUDA only)");
+  app.add_flag("--deterministic", a.deterministic,
+               "CUDA: deterministic cuDNN and algorithms, no autotuning (runs compared bit for "
+               "bit); the CPU path is deterministic already");
   app.add_flag("--benchy", a.benchy,
                "throughput trials (IO, SYNTHETIC, FULL) of --max-steps steps each, then exit");
   app.add_option("--benchy-trials", a.benchy_trials,
@@ -188,8 +187,9 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
   app.add_option("--fail-at-step", a.fail_at_step,
                  "testing: the last rank exits 1 at this step of the first attempt");
   app.add_option("--fail-how", a.fail_how,
-                 "testing: how --fail-at-step fails: exit (exit 1) or kill (SIGKILL itself)")
-      ->check(CLI::IsMember({"exit", "kill"}));
+                 "testing: how --fail-at-step fails: exit (exit 1), kill (SIGKILL itself) or "
+                 "stop (SIGSTOP itself: its peers wait in a collective, a hang)")
+      ->check(CLI::IsMember({"exit", "kill", "stop"}));
   app.add_option("--fail-replacement", a.fail_replacement,
                  "testing: the process replacing a lost rank (in-process recovery) hangs (never "
                  "joins) or differs (changes a parameter after taking the state)")
@@ -214,7 +214,7 @@ int ParseTrainArgs(int argc, char** argv, TrainArgs* a) {
   a->local_batch_given = app.count("--local-batch-size") > 0;
   a->num_data_workers_given = app.count("--num-data-workers") > 0;
   if (!config.empty()) {
-    if (absl::Status s = ApplyConfig(yaml_config, config, app, a); !s.ok()) {
+    if (lite::Status s = ApplyConfig(yaml_config, config, app, a); !s.ok()) {
       std::fprintf(stderr, "train_unet: %s\n", std::string(s.message()).c_str());
       return 2;
     }

@@ -32,7 +32,7 @@ struct TrainArgs {
   int64_t lr_warmup_steps = 0;
   double end_lr = 0;
   int64_t fail_at_step = 0;  // fault injection for restart tests: exit 1 at this step once
-  std::string fail_how = "exit";  // --fail-at-step: "exit" (exit 1) or "kill" (SIGKILL itself)
+  std::string fail_how = "exit";  // --fail-at-step: "exit" (exit 1), "kill" or "stop" (SIGSTOP)
   // Fault injection for in-process recovery's fallbacks: the process that replaces a lost rank
   // "hangs" (never joins) or "differs" (takes the state, then changes a parameter).
   std::string fail_replacement;
@@ -50,6 +50,7 @@ struct TrainArgs {
   bool checkpoint_activations = false;
   bool measure_allocations = false;  // CPU: peak_allocated_bytes in metrics.json
   bool tf32 = true;                // TF32 matmul/convolutions on CUDA (--no-tf32: off)
+  bool deterministic = false;      // CUDA: deterministic cuDNN and algorithms, no autotuning
   double target_loss = -1;         // > 0: record when the validation loss first reaches it
   bool rotate_on_device = true;    // the 24-rotation augmentation after the upload
   std::string tensorboard_dir;

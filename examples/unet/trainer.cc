@@ -59,7 +59,7 @@ void Trainer::ResolveSizes() {
   world_ = ctx_.worldSize();
   if (a_.global_batch_size > 0 && !a_.local_batch_given) {
     if (a_.global_batch_size % world_ != 0) {
-      throw std::runtime_error(absl::StrCat("global_batch_size ", a_.global_batch_size,
+      throw std::runtime_error(lite::StrCat("global_batch_size ", a_.global_batch_size,
                                             " does not split over ", world_,
                                             " ranks: expected a multiple of the world size"));
     }
@@ -103,7 +103,7 @@ void Trainer::BuildModel(int local_rank) {
   // The GPU path (never run here: no GPU): the rank's device, cuDNN/TF32, channels-last,
   // autocast with loss scaling. On the CPU only channels-last can be asked for.
   device_ = dlrun::examples::PickDevice(a_.device, local_rank);
-  dlrun::examples::ConfigureBackends(device_, a_.tf32);
+  dlrun::examples::ConfigureBackends(device_, a_.tf32, a_.deterministic);
   model_->to(device_);
   model_->setBetweenLevels(dlrun::worker::interruptionPoint);  // a lost peer: give up at once
   channels_last_ = a_.channels_last < 0 ? device_.is_cuda() : a_.channels_last > 0;
@@ -225,7 +225,7 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
         "recovered in process at step %ld (generation %d, %.3f s; DDP and data again "
         "%.3f s): going on with step %ld%s\n",
         r.step, r.generation, r.seconds, Seconds(t), r.step + 1,
-        r.resized ? absl::StrCat(" on ", world_, " rank(s)").c_str() : "");
+        r.resized ? lite::StrCat(" on ", world_, " rank(s)").c_str() : "");
     std::fflush(stdout);
   }
 }
@@ -274,7 +274,7 @@ void Trainer::PrintHeader() {
       scaler_->enabled() ? ", AMP" : "", channels_last_ ? ", channels-last" : "");
   std::printf("threads per rank: %d loader + %d intra-op (%d CPU(s) per rank)%s%s%s%s\n",
               threads_.loader, threads_.intra, threads_.cpus_per_rank,
-              a_.accumulation_steps > 1 ? absl::StrCat(", ", a_.accumulation_steps,
+              a_.accumulation_steps > 1 ? lite::StrCat(", ", a_.accumulation_steps,
                                                        " micro-batches per step (effective "
                                                        "global batch ",
                                                        sizes_.global_batch, ")")

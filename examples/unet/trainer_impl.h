@@ -20,6 +20,8 @@
 #include <iterator>
 #include <sstream>
 
+#include "common/contract.h"
+#include "common/cpus.h"
 #include "dlrun/agent_link.h"
 #include "dlrun/checkpoint.h"
 #include "dlrun/ddp.h"
@@ -27,21 +29,18 @@
 #include "dlrun/recovery.h"
 #include "dlrun/worker.h"
 #include "nlohmann/json.hpp"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "common/contract.h"
-#include "common/cpus.h"
 #include "unet/data.h"
 #include "unet/gpu.h"
 #include "unet/tensorboard.h"
 #include "unet/train_args.h"
 #include "unet/trainer.h"
 #include "unet/unet.h"
-
+#include "worker/src/text.h"
 
 namespace train_unet_internal {
 
 using dlrun::examples::TrainArgs;
+namespace lite = dlrun::lite;  // worker/src/text.h: abseil's names, the standard library only
 
 // The tutorial's loss: L1, plus lambda_rho x L1 of exp(14 x) on channel 0 (the density), which
 // weights the dense regions.

@@ -169,9 +169,12 @@ void Trainer::Step(int64_t step) {
   if (step == a_.fail_at_step && ctx_.env.restart_count == 0 && rank_ == world_ - 1 &&
       std::getenv(dlrun::contract::kRecoveryGen) == nullptr) {
     std::fprintf(stderr, "train_unet: --fail-at-step %ld: %s as asked\n", step,
-                 a_.fail_how == "kill" ? "SIGKILL" : "exiting");
+                 a_.fail_how == "kill"   ? "SIGKILL"
+                 : a_.fail_how == "stop" ? "SIGSTOP"
+                                         : "exiting");
     std::fflush(stderr);
     if (a_.fail_how == "kill") raise(SIGKILL);
+    if (a_.fail_how == "stop") raise(SIGSTOP);  // the peers wait for it in the step's collective
     std::exit(1);
   }
   const auto step_start = Clock::now();
@@ -196,6 +199,9 @@ void Trainer::Step(int64_t step) {
   std::vector<torch::Tensor> l{torch::stack(
       {loss, torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
   if (world_ > 1) ctx_.allReduce(l[0]);
+  // NCCL runs the step's sums behind the CPU: wait for them before the scaler reads the
+  // gradients, and give the step up when a peer was lost meanwhile (never apply a partial sum).
+  recovery_->awaitCollectives();
   std::optional<dlrun::worker::ScopedRange> opt_range(std::in_place, "optimizer step");
   const bool finite = scaler_->unscale(params_);
   if (finite) opt_->step();  // an overflow under AMP skips the step on every rank alike

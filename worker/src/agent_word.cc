@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -21,8 +22,9 @@ namespace {
 struct Words {
   std::mutex mu;
   std::condition_variable cv;
-  std::optional<Regroup> newest;       // the newest word, until a newer one
-  std::atomic<int> announced{0};       // its generation
+  std::optional<Regroup> newest;  // the newest word, once the hook has run
+  std::atomic<int> announced{0};  // the newest word's generation, marked before the hook
+  std::function<void()> hook;     // SetPeerLossHook
   std::atomic<int> current{0};
   std::atomic<bool> watching{false};
 };
@@ -40,13 +42,22 @@ Words& TheWords() {
   return *w;
 }
 
+// Marks the word (collectives give up), runs the hook (an abort of the old group's
+// communicators), then lets AwaitRegroup() hear of it: the main thread builds the next group only
+// after the old one was aborted.
 void Announce(const Regroup& r) {
   Words& w = TheWords();
+  std::function<void()> hook;
   {
     std::lock_guard<std::mutex> lock(w.mu);
     if (r.generation <= w.announced.load()) return;  // an old or repeated word
-    w.newest = r;
     w.announced = r.generation;
+    hook = w.hook;
+  }
+  if (hook) hook();
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (!w.newest || w.newest->generation < r.generation) w.newest = r;
   }
   w.cv.notify_all();
 }
@@ -115,8 +126,9 @@ int CurrentGeneration() { return TheWords().current.load(); }
 std::optional<Regroup> AwaitRegroup(std::chrono::milliseconds timeout) {
   Words& w = TheWords();
   std::unique_lock<std::mutex> lock(w.mu);
-  w.cv.wait_for(lock, timeout, [&] { return w.announced.load() > w.current.load(); });
-  if (w.announced.load() <= w.current.load() || !w.newest) return std::nullopt;
+  const auto heard = [&] { return w.newest && w.newest->generation > w.current.load(); };
+  w.cv.wait_for(lock, timeout, heard);
+  if (!heard()) return std::nullopt;
   return w.newest;
 }
 
@@ -124,6 +136,12 @@ void EnterGeneration(int generation) {
   Words& w = TheWords();
   std::lock_guard<std::mutex> lock(w.mu);
   if (generation > w.current.load()) w.current = generation;
+}
+
+void SetPeerLossHook(std::function<void()> hook) {
+  Words& w = TheWords();
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.hook = std::move(hook);
 }
 
 void AnnounceForTesting(const Regroup& r) { Announce(r); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -34,6 +35,13 @@ int CurrentGeneration();
 
 // Waits up to `timeout` for the agent's word of a generation newer than the current one.
 std::optional<Regroup> AwaitRegroup(std::chrono::milliseconds timeout);
+
+// Runs on the reader thread when the agent's word of a newer generation comes: after
+// PeerLossAnnounced() turns true, before AwaitRegroup() hears of the word. In-process recovery
+// aborts the NCCL communicators here (ncclCommAbort ends a kernel waiting on the lost peer, and
+// a step's sum it ends is never taken for a finished one: the word was marked first). One hook;
+// a later call replaces it, an empty function removes it.
+void SetPeerLossHook(std::function<void()> hook);
 
 // The group of `generation` is built: collectives are no longer given up.
 void EnterGeneration(int generation);

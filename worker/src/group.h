@@ -2,6 +2,7 @@
 // (recovery.cc). Internal to the worker library.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
@@ -19,6 +20,28 @@ void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::millise
 // work->wait(), except that under in-process recovery a wait on a group whose peer the agent
 // said is lost ends in PeerLost (dlrun/recovery.h) instead of waiting for Gloo's timeout.
 void WaitWork(const c10::intrusive_ptr<c10d::Work>& work);
+
+// The group reports an error of its own (PyTorch's NCCL watchdog saw a lost peer or a timeout):
+// its last sums may have been ended under it. False where LibTorch cannot tell (before 2.8, or
+// a backend without Backend::getError, such as Gloo).
+bool GroupFailed(c10d::ProcessGroup& pg);
+
+// ncclCommAbort on every communicator of `pg` (ProcessGroup::abort): a kernel waiting on a lost
+// peer ends. A failing abort is one line on stderr (the recovery's timeout ends the rest).
+void AbortGroup(c10d::ProcessGroup& pg);
+
+// Whether a step's optimizer update may be applied once its collectives were waited for: always
+// where they end before the library's wait returns (Gloo); with NCCL, not when the agent's word
+// of a lost peer came or the group failed, for an aborted sum may miss the peer.
+bool SettledStepMayApply(bool collectives_run_behind, bool word_heard, bool group_failed);
+
+// Under dlrun's agent link (contract::kControlFd: in-process recovery may keep this process
+// through a peer's loss), PyTorch's NCCL teardown is turned off, as dlrun_recovery does for
+// Python: its watchdog would end a survivor at the lost peer's error before the group is rebuilt.
+// TORCH_NCCL_ASYNC_ERROR_HANDLING (and NCCL_ASYNC_ERROR_HANDLING) become 0 over dlrun's default
+// (contract::kNcclErrorHandlingDefault), never over a value the user set; elsewhere nothing
+// changes.
+void TurnOffNcclTeardownForRecovery();
 
 // Throws PeerLost when the agent said a peer of this group was lost: at the start of a forward
 // and in the backward's hooks, so a survivor stops computing a step that will be done again.

@@ -113,14 +113,34 @@ std::shared_ptr<::gloo::transport::Device> GlooDeviceFor(const std::string& mast
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+}  // namespace
+
+namespace detail {
+
+void TurnOffNcclTeardownForRecovery() {
+  if (std::getenv(contract::kControlFd) == nullptr) return;
+  const char* dflt = std::getenv(contract::kNcclErrorHandlingDefault);
+  const bool dlrun_default = dflt != nullptr && std::string(dflt) == "1";
+  setenv(contract::kNcclAsyncErrorHandling, "0", dlrun_default ? 1 : 0);
+  if (dlrun_default) setenv(contract::kNcclAsyncErrorHandlingOld, "0", 1);
+}
+
+}  // namespace detail
+
+namespace {
+
 #ifdef DLRUN_WITH_CUDA
 // NCCL on one GPU per process: the device of LOCAL_RANK (or the one visible device when dlrun
 // narrows CUDA_VISIBLE_DEVICES), over its own view of the store.
 c10::intrusive_ptr<c10d::Backend> NcclBackend(const c10::intrusive_ptr<c10d::Store>& store,
                                               const DistEnv& e, std::chrono::milliseconds timeout) {
   const int ndev = static_cast<int>(torch::cuda::device_count());
+  if (ndev == 0) {  // init() checks before; a regroup on a machine whose GPUs went away may not
+    throw std::runtime_error("backend 'nccl' needs a GPU, and none is visible to this process");
+  }
   const auto dev = static_cast<c10::DeviceIndex>(ndev == 1 ? 0 : e.local_rank % ndev);
   c10::cuda::set_device(dev);
+  detail::TurnOffNcclTeardownForRecovery();  // read by ProcessGroupNCCL's constructor
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
   auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(

@@ -2,11 +2,14 @@
 // survivor, and the abortable wait the library's collectives use.
 #include "dlrun/recovery.h"
 
+#include <torch/cuda.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <optional>
 
 #include "agent_word.h"
@@ -80,32 +83,139 @@ void CopyInto(const std::vector<torch::Tensor>& to, const std::vector<torch::Ten
   for (size_t i = 0; i < to.size() && i < from.size(); ++i) to[i].copy_(from[i]);
 }
 
+// Whether an update by `optimizer` raises its parameters' version counters (Versions()). LibTorch's
+// SGD updates through Tensor::data(), whose in-place change leaves the parameter's counter as
+// it was, as may an optimizer of the trainer's own: for those a step's change is seen by
+// comparing the parameters with a copy (StepUndo::params_at).
+bool UpdateRaisesVersions(const torch::optim::Optimizer& optimizer) {
+  return dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr ||
+         dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr ||
+         dynamic_cast<const torch::optim::RMSprop*>(&optimizer) != nullptr ||
+         dynamic_cast<const torch::optim::Adagrad*>(&optimizer) != nullptr;
+}
+
+bool SameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+// NCCL runs a step's collectives on the GPU behind the CPU; Gloo's have ended (or thrown
+// PeerLost) when the library's wait returns.
+bool CollectivesRunBehind(const Context& ctx) { return ctx.backend == "nccl"; }
+
 }  // namespace
+
+namespace detail {
+
+bool GroupFailed(c10d::ProcessGroup& pg) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  try {
+    return pg.getDefaultBackend()->getError() != c10d::ErrorType::SUCCESS;
+  } catch (const std::exception&) {  // a backend without getError (Gloo's): the word alone tells
+    return false;
+  }
+#else
+  (void)pg;  // LibTorch before 2.8 has no Backend::getError: the word alone tells
+  return false;
+#endif
+}
+
+void AbortGroup(c10d::ProcessGroup& pg) {
+  try {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+    pg.abort();
+#else
+    pg.getBackend(c10::DeviceType::CUDA)->abort();
+#endif
+  } catch (const std::exception& e) {  // the recovery's own timeout ends what the abort did not
+    std::fprintf(stderr, "dlrun::worker: aborting the NCCL group: %s\n",
+                 FirstLine(e.what()).c_str());
+  }
+}
+
+bool SettledStepMayApply(bool collectives_run_behind, bool word_heard, bool group_failed) {
+  return !collectives_run_behind || (!word_heard && !group_failed);
+}
+
+}  // namespace detail
+
+// The group the agent's word aborts: the current generation's, swapped at each regroup.
+struct Recovery::AbortTarget {
+  std::mutex mu;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+
+  void Set(c10::intrusive_ptr<c10d::ProcessGroup> next) {
+    std::lock_guard<std::mutex> lock(mu);
+    pg = std::move(next);
+  }
+  // On the words' reader thread, after the word was marked (agent_word.h, SetPeerLossHook).
+  void Abort() {
+    c10::intrusive_ptr<c10d::ProcessGroup> now;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      now = pg;
+    }
+    if (now) detail::AbortGroup(*now);
+  }
+};
 
 // What a step changed, as it was before (docs/RECOVERY.md, "A step is whole or not at all").
 struct Recovery::StepUndo {
   int64_t committed = 0;  // committed_ at the step's start
   int64_t versions = 0;   // Versions() at the start, or at commit()
+  // The parameters at the start, or at commit(), where an update does not raise their version
+  // counters (UpdateRaisesVersions): one more copy of them; empty otherwise.
+  std::vector<torch::Tensor> params_at;
   bool committed_in_step = false;
   std::vector<torch::Tensor> buffers;  // at the start, or at commit()
   std::vector<double> lrs;
   torch::Tensor rng;
   std::optional<TrainingState> trainer;  // hooks.capture() at the start, its tensors copied
+  bool settled = false;                  // awaitCollectives() ran: the step's sums are whole
   bool updated = false;  // update() ran: the parameters and the optimizer before it
   std::vector<torch::Tensor> params;
   detail::OptimizerCopy optimizer;
 };
 
 void Recovery::commit(int64_t step) {
+  // NCCL, an update of the trainer's own without awaitCollectives(): the step's sums are checked
+  // now; a peer lost meanwhile then refuses the recovery (GiveUp: changed parameters).
+  if (undo_ && !undo_->settled) awaitCollectives();
   committed_ = step;
   if (undo_) {  // what comes after it in the body is not done again: its changes are checked
     undo_->committed_in_step = true;
     undo_->versions = Versions(model_);
     undo_->buffers = Clones(model_.buffers());
+    if (!undo_->params_at.empty()) undo_->params_at = Clones(model_.parameters());
+  }
+}
+
+bool Recovery::ParametersChanged() const {
+  return Versions(model_) != undo_->versions ||
+         (!undo_->params_at.empty() && !SameTensors(model_.parameters(), undo_->params_at));
+}
+
+void Recovery::awaitCollectives() {
+  if (!enabled_ || !CollectivesRunBehind(ctx_)) return;
+  try {
+    torch::cuda::synchronize();
+  } catch (const std::exception&) {  // a kernel the abort ended: the word tells
+    if (!detail::PeerLossAnnounced()) throw;
+  }
+  if (undo_) undo_->settled = true;
+  if (!detail::SettledStepMayApply(true, detail::PeerLossAnnounced(),
+                                   detail::GroupFailed(*ctx_.pg))) {
+    throw PeerLost(
+        "step given up: a peer was lost while its collectives ran, so their sums may "
+        "miss it; the update is not applied");
   }
 }
 
 void Recovery::update() {
+  awaitCollectives();
   if (undo_ && !undo_->updated) {
     undo_->params = Clones(model_.parameters());
     undo_->optimizer = detail::CopyOptimizer(optimizer_);
@@ -119,7 +229,7 @@ void Recovery::GiveUp() {
   StepUndo& u = *undo_;
   const int64_t step = u.committed + 1;
   if (u.committed_in_step) {  // the step counts as done at commit(); only what followed it goes
-    if (Versions(model_) != u.versions) {
+    if (ParametersChanged()) {
       throw std::runtime_error(lite::StrCat(
           "refused: the parameters changed after commit(", committed_, ") in the same step: that "
           "change cannot be given up (commit() at the step's end, with update() for the update)"));
@@ -135,7 +245,7 @@ void Recovery::GiveUp() {
     }
     CopyInto(model_.parameters(), u.params);
     detail::RestoreOptimizer(optimizer_, u.optimizer);
-  } else if (Versions(model_) != u.versions) {
+  } else if (ParametersChanged()) {
     throw std::runtime_error(lite::StrCat(
         "refused: the parameters changed in step ", step, " before the peer's loss, not through "
         "Recovery::update() and not committed: no copy to undo them (update() in place of "
@@ -176,7 +286,16 @@ Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimiz
   enabled_ = detail::WatchAgentWords();
   // Made at start-up: only a replacement starts in a generation after the first.
   replacement_ = enabled_ && detail::CurrentGeneration() > 0;
+  if (enabled_ && CollectivesRunBehind(ctx_)) {
+    abort_ = std::make_shared<AbortTarget>();
+    abort_->Set(ctx_.pg);
+    detail::SetPeerLossHook([target = abort_] { target->Abort(); });
+  }
   if (enabled_) declareInProcessRecovery();
+}
+
+Recovery::~Recovery() {
+  if (abort_) detail::SetPeerLossHook({});
 }
 
 // Collective over ctx_: the lowest rank with the highest committed step sends model, optimizer
@@ -269,6 +388,7 @@ void Recovery::Regroup(const detail::Regroup& word) {
     ctx_.env.master_addr = word.master_addr;
   }
   detail::ConnectGroup(ctx_, ctx_.backend, options_.timeout);
+  if (abort_) abort_->Set(ctx_.pg);  // the next word aborts this generation's group
   detail::EnterGeneration(word.generation);
 }
 
@@ -280,6 +400,7 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
   undo_ = std::make_shared<StepUndo>();
   undo_->committed = committed_;
   undo_->versions = Versions(model_);
+  if (!UpdateRaisesVersions(optimizer_)) undo_->params_at = Clones(model_.parameters());
   undo_->buffers = Clones(model_.buffers());
   for (const auto& g : optimizer_.param_groups()) undo_->lrs.push_back(g.options().get_lr());
   if (hooks_.capture && hooks_.restore) {  // the trainer's own state, as of the last commit

@@ -1,8 +1,9 @@
 // The few string and status helpers the worker library needs, with the names and meaning of
 // abseil's (absl::StrCat, absl::StatusOr, ...), so that the library depends on LibTorch and the
 // C++ standard library alone: the wheel ships its sources and a user's CMake builds them
-// against the user's own LibTorch (docs/PACKAGING.md). The launcher and the rendezvous keep
-// abseil. Numbers print as abseil's do (integers exactly, floating point as %g with 6 digits).
+// against the user's own LibTorch (docs/PACKAGING.md). train_unet (examples/unet) uses them for
+// the same reason: the wheel ships it too. The launcher and the rendezvous keep abseil. Numbers
+// print as abseil's do (integers exactly, floating point as %g with 6 digits).
 #pragma once
 
 #include <charconv>
@@ -11,6 +12,7 @@
 #include <locale>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -93,6 +95,42 @@ inline bool SimpleAtod(std::string_view s, double* out) {
   return true;
 }
 
+// `s` with C's escapes for what a terminal would not show as it is (\n, \t, quotes, backslash;
+// other bytes outside printable ASCII as \ooo), as absl::CEscape.
+inline std::string CEscape(std::string_view s) {
+  std::string out;
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\'':
+        out += "\\'";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      default:
+        if (c < 0x20 || c >= 0x7f) {
+          out += StrFormat("\\%03o", static_cast<unsigned>(c));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out;
+}
+
 // A status: ok, or an error's kind and message.
 class Status {
  public:
@@ -107,8 +145,12 @@ class Status {
   std::string message_;
 };
 
+inline std::ostream& operator<<(std::ostream& out, const Status& s) { return out << s.ToString(); }
+
 inline Status OkStatus() { return Status(); }
 inline Status InvalidArgumentError(std::string m) { return Status("INVALID_ARGUMENT", std::move(m)); }
+inline Status NotFoundError(std::string m) { return Status("NOT_FOUND", std::move(m)); }
+inline bool IsNotFound(const Status& s) { return s.ToString().rfind("NOT_FOUND: ", 0) == 0; }
 inline Status FailedPreconditionError(std::string m) {
   return Status("FAILED_PRECONDITION", std::move(m));
 }
@@ -125,6 +167,7 @@ inline Status ResourceExhaustedError(std::string m) {
 template <class T>
 class StatusOr {
  public:
+  StatusOr() : status_("UNKNOWN", "no value yet") {}  // as abseil's: an error until assigned
   StatusOr(Status s) : status_(std::move(s)) {}  // NOLINT: implicit, as abseil's
   StatusOr(T v) : value_(std::move(v)) {}        // NOLINT
   bool ok() const { return value_.has_value(); }

@@ -24,6 +24,12 @@
 //     }
 //   }
 //
+// NCCL (ctx.backend "nccl"): the agent's word aborts the group's communicators at once (a kernel
+// waiting on the lost peer ends), and the step's collectives, which run behind the CPU, are
+// waited for before the optimizer's update: update() does it, or awaitCollectives() right before
+// an optimizer.step() of the trainer's own. A step whose sums may miss the lost peer is given up,
+// never applied; an update applied without that wait when a peer was lost refuses the recovery.
+//
 // The program declares it can recover to the agent when the Recovery is made; outside dlrun, or
 // under `dlrun --recovery restart`, run() only runs the body and its exceptions stand. A
 // recovery that cannot finish (no word from the agent, the new group not complete within
@@ -88,6 +94,9 @@ class Recovery {
   // place at a recovery (its store and pg are the new generation's).
   Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
            RecoveryHooks hooks = {}, RecoveryOptions options = {});
+  ~Recovery();
+  Recovery(const Recovery&) = delete;
+  Recovery& operator=(const Recovery&) = delete;
 
   // Under a dlrun agent that offers in-process recovery.
   bool enabled() const { return enabled_; }
@@ -113,6 +122,13 @@ class Recovery {
   // "A step is whole or not at all").
   void update();
 
+  // Right before the optimizer's update, inside run()'s body, when the update is the trainer's
+  // own optimizer.step() (update() calls it): with NCCL, waits for the step's collectives on the
+  // GPU and gives the step up (PeerLost) when the agent's word of a lost peer came meanwhile or
+  // the group reports an error, for their sums may miss the peer. Otherwise (Gloo: every wait
+  // of the library's already ends in PeerLost) it does nothing.
+  void awaitCollectives();
+
   struct Outcome {
     bool recovered = false;
     int64_t step = 0;        // recovered: the step the ranks hold now (go on with step + 1)
@@ -128,14 +144,21 @@ class Recovery {
   // statistics), the learning rates, the CPU RNG and the trainer's state (hooks.capture() at
   // the body's start, given back through hooks.restore) as at the body's start, the parameters
   // and the optimizer's state as before update(). What cannot be undone (the parameters changed
-  // without update() or after commit()) refuses the recovery in one line: the checkpoint.
+  // without update() or after commit()) refuses the recovery in one line: the checkpoint. A
+  // change is seen by the parameters' version counters, or, for an optimizer whose update
+  // leaves them as they were (LibTorch's SGD, an optimizer of the trainer's own; Adam, AdamW,
+  // RMSprop and Adagrad raise them), by a copy of the parameters taken at the step's start and
+  // at commit() (one more copy of them in memory).
   Outcome run(const std::function<void()>& body);
 
  private:
-  struct StepUndo;  // the open step's undo record (recovery.cc)
+  struct StepUndo;     // the open step's undo record (recovery.cc)
+  struct AbortTarget;  // the group the agent's word aborts (NCCL; recovery.cc)
   TrainingState Transfer(int64_t my_step, bool* loaded, int* root);
   // Puts back what the given-up step changed (StepUndo); throws the refusal when it cannot.
   void GiveUp();
+  // The parameters changed since the open step's start (or its commit()).
+  bool ParametersChanged() const;
   // The first parameter whose digest differs on rank `other` (collective); "" when none.
   std::string FirstDiffering(int other);
   // Joins the group the agent's word names (a new place in it when a node was lost).
@@ -153,6 +176,7 @@ class Recovery {
   bool replacement_ = false;
   int64_t committed_ = 0;
   std::shared_ptr<StepUndo> undo_;
+  std::shared_ptr<AbortTarget> abort_;  // set with NCCL
 };
 
 }  // namespace dlrun::worker

@@ -4,12 +4,12 @@
 # scripts/build-unet-from-wheel (as scripts/gpu-check uses it) puts the wheel in a fresh virtual
 # environment; the CMakeLists.txt it ships in share/dlrun/examples/unet builds train_unet against
 # the wheel's dlrun::worker and the project's torch with nothing but CMAKE_PREFIX_PATH, yaml-cpp
-# and HDF5 turned off (as where they are missing). This machine has every -dev package the dlrun tree needs, so the test checks what the
-# build used: no header beyond LibTorch's, the wheel's, the CUDA toolkit's and the compiler's and
-# C library's own (ninja's dependency log, each /usr/include file's Debian package), no library
-# linked beyond LibTorch's and the C/C++ runtime's. Then train_unet trains a few steps on two CPU
-# ranks under the wheel's dlrun, and --config and --data say in one line that they are not
-# built in.
+# and HDF5 turned off (as where they are missing). This machine has every -dev package the dlrun
+# tree needs, so the test checks what the build used: no header beyond LibTorch's, the wheel's,
+# the CUDA toolkit's and the compiler's and C library's own (ninja's dependency log, each
+# /usr/include file's Debian package), no library linked beyond LibTorch's and the C/C++
+# runtime's. Then train_unet trains a few steps on two CPU ranks under the wheel's dlrun, and
+# --config and --data say in one line that they are not built in.
 set -euo pipefail
 src=$1 wheels=$2
 tmp=$(mktemp -d)

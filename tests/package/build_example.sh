@@ -31,16 +31,9 @@ else
 fi
 # Nothing but CMAKE_PREFIX_PATH: no Torch_DIR, no TORCH_CUDA_ARCH_LIST (the package sees to the
 # CUDA LibTorch's architecture probe).
-# The test's own speed-up, not the user's: through ccache where it is installed (a build of the
-# same sources from another temporary directory is then a cache hit; cmake/DlrunCcache.cmake).
-launcher=()
-if command -v ccache >/dev/null && [[ -z "${CCACHE_DISABLE:-}" ]]; then
-  # __FILE__ (in every TORCH_CHECK of the worker's sources) names this run's temporary
-  # directory: mapped away, or no run would find the last one's objects.
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache "-DCMAKE_CXX_FLAGS=-fmacro-prefix-map=$tmp/=")
-  export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=15G \
-    CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-fi
+# The test's own speed-up, not the user's: through ccache where it is installed.
+source "$(dirname "$0")/ccache.sh"
+ccache_launcher "$tmp"
 # The project copied out, as a user's own tree is (and under ccache's base directory, so its
 # compile is a hit from any clone).
 cp -r "$src/examples/custom_trainer" "$tmp/project"

@@ -18,13 +18,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 torch_prefix=$(realpath "$("$src/.venv/bin/python3" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')")
 torch_root=$(realpath "$torch_prefix/../..")  # site-packages/torch
 whl=$(ls "$wheels"/dlrun-*_"$(uname -m)".whl | head -1)
-# The test's own speed-up (as build_example.sh): ccache, with this run's directory mapped away.
-launcher=()
-if command -v ccache >/dev/null && [[ -z "${CCACHE_DISABLE:-}" ]]; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache "-DCMAKE_CXX_FLAGS=-fmacro-prefix-map=$tmp/=")
-  export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=15G \
-    CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-fi
+# The test's own speed-up, not the user's: through ccache where it is installed.
+source "$(dirname "$0")/ccache.sh"
+ccache_launcher "$tmp"
 # The script scripts/gpu-check uses on a GPU machine, with the project's torch.
 PYTHON=$src/.venv/bin/python3 "$src/scripts/build-unet-from-wheel" "$whl" "$tmp" \
   -DDLRUN_UNET_YAML=OFF -DDLRUN_UNET_HDF5=OFF "${launcher[@]}" >"$tmp/out.log" 2>&1 ||

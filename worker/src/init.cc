@@ -113,22 +113,6 @@ std::shared_ptr<::gloo::transport::Device> GlooDeviceFor(const std::string& mast
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-}  // namespace
-
-namespace detail {
-
-void TurnOffNcclTeardownForRecovery() {
-  if (std::getenv(contract::kControlFd) == nullptr) return;
-  const char* dflt = std::getenv(contract::kNcclErrorHandlingDefault);
-  const bool dlrun_default = dflt != nullptr && std::string(dflt) == "1";
-  setenv(contract::kNcclAsyncErrorHandling, "0", dlrun_default ? 1 : 0);
-  if (dlrun_default) setenv(contract::kNcclAsyncErrorHandlingOld, "0", 1);
-}
-
-}  // namespace detail
-
-namespace {
-
 #ifdef DLRUN_WITH_CUDA
 // NCCL on one GPU per process: the device of LOCAL_RANK (or the one visible device when dlrun
 // narrows CUDA_VISIBLE_DEVICES), over its own view of the store.
@@ -191,6 +175,14 @@ std::string ResolveBackend(const std::string& requested) {
 }
 
 namespace detail {
+
+void TurnOffNcclTeardownForRecovery() {
+  if (std::getenv(contract::kControlFd) == nullptr) return;
+  const char* dflt = std::getenv(contract::kNcclErrorHandlingDefault);
+  const bool dlrun_default = dflt != nullptr && std::string(dflt) == "1";
+  setenv(contract::kNcclAsyncErrorHandling, "0", dlrun_default ? 1 : 0);
+  if (dlrun_default) setenv(contract::kNcclAsyncErrorHandlingOld, "0", 1);
+}
 
 void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::milliseconds timeout) {
   const DistEnv& e = ctx.env;

@@ -26,8 +26,9 @@ void WaitWork(const c10::intrusive_ptr<c10d::Work>& work);
 // a backend without Backend::getError, such as Gloo).
 bool GroupFailed(c10d::ProcessGroup& pg);
 
-// ncclCommAbort on every communicator of `pg` (ProcessGroup::abort): a kernel waiting on a lost
-// peer ends. A failing abort is one line on stderr (the recovery's timeout ends the rest).
+// ncclCommAbort on every communicator of `pg` (ProcessGroup::abort, LibTorch >= 2.7): a kernel
+// waiting on a lost peer ends. A failing abort, or a LibTorch without it, is one line on stderr
+// (the recovery's timeout ends the rest).
 void AbortGroup(c10d::ProcessGroup& pg);
 
 // Whether a step's optimizer update may be applied once its collectives were waited for: always

@@ -124,16 +124,19 @@ bool GroupFailed(c10d::ProcessGroup& pg) {
 }
 
 void AbortGroup(c10d::ProcessGroup& pg) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
   try {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
-    pg.abort();
-#else
-    pg.getBackend(c10::DeviceType::CUDA)->abort();
-#endif
+    pg.abort();  // ProcessGroup::abort and Backend::abort came with LibTorch 2.7
   } catch (const std::exception& e) {  // the recovery's own timeout ends what the abort did not
     std::fprintf(stderr, "dlrun::worker: aborting the NCCL group: %s\n",
                  FirstLine(e.what()).c_str());
   }
+#else
+  (void)pg;
+  std::fprintf(stderr,
+               "dlrun::worker: this LibTorch (before 2.7) cannot abort the NCCL group: a "
+               "collective waiting on the lost peer ends at the recovery's timeout\n");
+#endif
 }
 
 bool SettledStepMayApply(bool collectives_run_behind, bool word_heard, bool group_failed) {

@@ -48,11 +48,8 @@ abort the group at the lost peer's error, and end the process before the group i
 """
 import datetime
 import gc
-import io
 import os
-import socket
 import sys
-import threading
 import time
 
 import torch
@@ -60,118 +57,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import dlrun_report
+from dlrun_group import (Refused, Words as _Words, ddp_like_peers as _ddp_like_peers,
+                         device_of as _device, equal_across_ranks as _equal_across_ranks,
+                         generation as _generation, group_sockets as _group_sockets,
+                         is_comm_error as _is_comm_error, nccl_failed as _nccl_failed)
+from dlrun_loader import Loader as _Loader, watch_raw_loaders
 from dlrun_step import (StepUndo as _Txn, await_store as _await_store, carry_comm_hooks,
-                        check_comm_hooks, check_replicas, comm_hooks, digest as _digest)
-
-if "DLRUN_CONTROL_FD" in os.environ:
-    if os.environ.get("DLRUN_NCCL_ERROR_HANDLING_DEFAULT") == "1":  # dlrun's "1", not the user's
-        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
-        os.environ["NCCL_ASYNC_ERROR_HANDLING"] = "0"
-    else:
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
-
-
-class _Words:
-    """The agent's words on DLRUN_CONTROL_FD, read by a daemon thread."""
-
-    def __init__(self, fd):
-        self.cond = threading.Condition()
-        self.newest = None  # (generation, master_port, place): place (rank, world, addr) or None
-        self.taken = 0      # the generation this process has joined
-        self.heard = 0      # the newest generation heard of, set before the old group is ended
-        self.group_sockets = {}  # {inode: fd}: the connections of the current process group
-        self.nccl_group = None   # the current group when it runs NCCL: aborted at the word
-        threading.Thread(target=self._read, args=(fd,), daemon=True,
-                         name="dlrun-words").start()
-
-    def _read(self, fd):
-        with os.fdopen(fd, "rb", buffering=0) as f:
-            for line in iter(f.readline, b""):
-                parts = line.decode(errors="replace").split()
-                if (len(parts) not in (3, 6) or parts[0] != "regroup"
-                        or not all(p.isdigit() for p in parts[1:5])):
-                    continue  # another word: a newer agent's
-                gen, port = int(parts[1]), int(parts[2])
-                place = (int(parts[3]), int(parts[4]), parts[5]) if len(parts) == 6 else None
-                with self.cond:
-                    if gen <= self.taken or (self.newest and gen <= self.newest[0]):
-                        continue
-                    sockets = dict(self.group_sockets)
-                    nccl = self.nccl_group
-                    # Before the abort: an NCCL sum it ends returns as if done (interrupted()).
-                    self.heard = max(self.heard, gen)
-                # Before the main thread hears of it: it makes the next group's sockets, whose
-                # fds may be those of the old group's just closed.
-                _end_group(sockets)
-                if nccl is not None:
-                    _abort_nccl(nccl)
-                with self.cond:
-                    self.newest = (gen, port, place)
-                    self.cond.notify_all()
-
-    def pending(self):
-        with self.cond:
-            return self.newest if self.newest and self.newest[0] > self.taken else None
-
-    def interrupted(self):
-        """A word came for a generation not joined yet: the group's collectives since may have
-        been ended by its abort, with partial sums."""
-        with self.cond:
-            return self.heard > self.taken
-
-    def wait(self, timeout):
-        with self.cond:
-            self.cond.wait_for(lambda: self.newest and self.newest[0] > self.taken, timeout)
-        return self.pending()
-
-
-def _end_group(sockets):
-    """Every collective of the current group ends in an error at once, also one waiting on a
-    live peer that waits on the lost one (it would wait for Gloo's timeout; ProcessGroupGloo's
-    abort() does not end a wait of DDP's reducer): its connections are shut down under it. The
-    main thread aborts and forgets the group once its step has failed. Listening sockets are left
-    alone (Gloo's listener aborts the process on a failed accept)."""
-    open_now = dlrun_report._tcp_sockets()
-    for inode, fd in sockets.items():
-        if open_now.get(inode) != fd:
-            continue  # closed meanwhile, its fd maybe reused
-        try:
-            s = socket.socket(fileno=os.dup(fd))
-            s.shutdown(socket.SHUT_RDWR)
-            s.close()
-        except OSError:
-            pass
-
-
-def _abort_nccl(group):
-    """ncclCommAbort on the group's communicators: a kernel waiting on the lost peer ends, and
-    the main thread's wait on it with it."""
-    try:
-        group.abort()
-    except Exception as e:  # an abort that fails leaves the recovery's own bound to end it
-        print("dlrun_recovery: aborting the NCCL group: %s" % e, file=sys.stderr, flush=True)
-
-
-def _nccl_failed(group):
-    """True when PyTorch's watchdog saw the NCCL group fail (a lost peer, a timeout): its last
-    sums may have been ended under it, whoever aborted them."""
-    try:
-        err = group._get_backend(torch.device("cuda")).get_error()
-        return err != type(err).SUCCESS
-    except Exception:  # a PyTorch without ProcessGroupNCCL.get_error: the word alone tells
-        return False
-
-
-def _device(backend):
-    """Where the recovery's own collectives put their tensors: the GPU for NCCL."""
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _group_sockets(before):
-    """The TCP connections made since `before` (a dlrun_report._tcp_sockets())."""
-    return {i: fd for i, fd in dlrun_report._tcp_sockets().items() if i not in before}
+                        check_comm_hooks, comm_hooks, flat_inputs,
+                        RNG_NAMES, rng_digests, rng_state, same_inputs)
+import dlrun_transfer
+from dlrun_step import digest as _digest  # noqa: F401 (the test programs' digest)
+_active = [None]  # the Recoverable of this process (one per process)
 
 
 class Recoverable:
@@ -192,34 +88,50 @@ class Recoverable:
         self._refusal = None  # a program shape that cannot be recovered exactly, with its place
         self._hooks_checked = False
         self.ddp_kwargs = dict(ddp or {})
+        for s in stateful:
+            if not (callable(getattr(s, "state_dict", None)) and
+                    callable(getattr(s, "load_state_dict", None))):
+                raise TypeError("dlrun_recovery.Recoverable: %s given as state has no "
+                                "state_dict()/load_state_dict() (a DistributedSampler has none: "
+                                "its position is rec.loader()'s)" % type(s).__name__)
         self.word_timeout, self.timeout = word_timeout, timeout
+        self.broadcast = bool(self.ddp_kwargs.get(
+            "forward_sync_buffers", self.ddp_kwargs.get("broadcast_buffers", True)))
+        self._last_raw = None     # a DataLoader iterator of the program's own, drawn last
+        self._raw_loader = False  # a DataLoader iterator of the program's own was drawn from
+        # Per generator (dlrun_step.RNG_NAMES): a step of this rank drew from it; every rank's
+        # was equal when the group was first made.
+        self._rng_used = [False] * len(RNG_NAMES)
+        self._rng_shared = [True] * len(RNG_NAMES)
+        self._loaders = []        # rec.loader() wrappers, in the order made
+        self._positions = []      # a replacement's: where the lost rank's loaders were
+        self._given_up = None     # the step given up, until the group is made again
+        self._word = None         # the word of that generation, its regroup still to come
+        self._redo_inputs = None  # (step, inputs at the given-up attempt's first forward)
+        self._rank0_buffers = None  # (step, rank 0's buffers as of it): from DDP's broadcast
         self.backend = dist.get_backend()
         self.device = _device(self.backend)
+        self._rng_commit = rng_state(self.device)  # the generators as of the last whole step
         self.rank = dist.get_rank()  # the same in every generation unless a node is lost
         self.committed = -1   # the last step this rank finished
         self.recoveries = 0
         self._current = None
+        self._epoch = None
         self._peer_layout = None
         self._old_groups = []
         fd = int(os.environ.get("DLRUN_CONTROL_FD", "-1"))
         self._words = _Words(fd) if fd >= 0 else None
         gen = _generation()
         self.replacement = self._words is not None and gen > 0
+        if self.ddp_kwargs.get("find_unused_parameters"):
+            self._refusal = ("DDP's find_unused_parameters=True: a rebuilt DDP cannot keep the "
+                             "peers' bucket layout and unused-parameter marks")
+            if self._words is not None:
+                print("dlrun_recovery: rank %d: in-process recovery is off for this program (%s):"
+                      " a lost rank restarts the group from the checkpoint"
+                      % (self.rank, self._refusal), file=sys.stderr, flush=True)
         if self._words is not None:
-            self._words.taken = gen
-            # The group the program made after importing dlrun_report (dlrun_recovery imports it).
-            self._words.group_sockets = _group_sockets(dlrun_report._tcp_at_import)
-            if not self._words.group_sockets and dist.get_world_size() > 1:
-                print("dlrun_recovery: rank %d: no connection of the process group was found (was "
-                      "dlrun_recovery imported after init_process_group?); after a peer's loss a "
-                      "survivor may wait for Gloo's timeout, and dlrun then restarts the group"
-                      % self.rank, file=sys.stderr, flush=True)
-            dlrun_report._record("C recovery")
-            if self.backend == "nccl":
-                self._words.nccl_group = dist.distributed_c10d._get_default_group()
-            for o in self.optimizers:
-                o.register_step_pre_hook(self._before_update)
-                o.register_step_post_hook(self._after_update)
+            self._watch_program(gen)
         if self.replacement:  # started in place of a lost rank: the state comes from a peer
             t0 = time.monotonic()
             root = self._transfer(replacement=True)
@@ -228,9 +140,93 @@ class Recoverable:
             print("dlrun_recovery: rank %d took the state of step %d from rank %d in %.3f s "
                   "(generation %d)" % (self.rank, self.committed, root, secs, gen),
                   file=sys.stderr, flush=True)
-            self.ddp = _ddp_like_peers(self.module, self.ddp_kwargs, self._peer_layout)
+            self.ddp = self._watched(_ddp_like_peers(self.module, self.ddp_kwargs,
+                                                     self._peer_layout))
         else:
-            self.ddp = DistributedDataParallel(self.module, **self.ddp_kwargs)
+            self.ddp = self._watched(DistributedDataParallel(self.module, **self.ddp_kwargs))
+            if self._words is not None:  # every first process makes this: one allgather
+                self._rng_shared = _equal_across_ranks(rng_digests(rng_state(self.device)),
+                                                       self.device)
+        self._rng_commit = rng_state(self.device)  # the generators as of the last whole step
+
+    def _watch_program(self, gen):
+        """Under dlrun: the hooks on the program's module, optimizers and loaders, the
+        declaration to the agent, and the current group's connections."""
+        _active[0] = self
+        watch_raw_loaders(_active)
+        self.module.register_forward_pre_hook(self._forward_pre, with_kwargs=True)
+        self.module.register_state_dict_pre_hook(self._state_dict_pre)
+        for o in self.optimizers:
+            o.register_state_dict_pre_hook(lambda o: self._state_dict_pre(o, "", False))
+        self._excepthook = sys.excepthook
+        sys.excepthook = self._uncaught
+        self._words.taken = gen
+        # The group the program made after importing dlrun_report (dlrun_recovery imports it).
+        self._words.group_sockets = _group_sockets(dlrun_report._tcp_at_import)
+        if not self._words.group_sockets and dist.get_world_size() > 1:
+            print("dlrun_recovery: rank %d: no connection of the process group was found (was "
+                  "dlrun_recovery imported after init_process_group?); after a peer's loss a "
+                  "survivor may wait for Gloo's timeout, and dlrun then restarts the group"
+                  % self.rank, file=sys.stderr, flush=True)
+        dlrun_report._record("C recovery")
+        if self.backend == "nccl":
+            self._words.nccl_group = dist.distributed_c10d._get_default_group()
+        for o in self.optimizers:
+            o.register_step_pre_hook(self._before_update)
+            o.register_step_post_hook(self._after_update)
+
+    def _watched(self, ddp):
+        """`ddp` with hooks that tell the module's forward pre-hook it runs inside DDP's forward
+        (after DDP's broadcast of rank 0's buffers)."""
+        if self._words is not None:
+            ddp.register_forward_pre_hook(lambda m, a: setattr(self, "_in_ddp", True))
+            ddp.register_forward_hook(lambda m, a, o: setattr(self, "_in_ddp", False))
+        return ddp
+
+    def _forward_pre(self, module, args, kwargs):
+        """The module's first forward in a step through DDP: its inputs kept (by reference) to
+        compare with the step's next attempt, and the buffers DDP just broadcast from rank 0."""
+        txn = self._txn
+        if txn is None or txn.inputs is not None or not getattr(self, "_in_ddp", False):
+            return
+        txn.inputs = flat_inputs(args, kwargs)
+        if self.broadcast:
+            txn.rank0_buffers = [b.detach().clone() for b in module.buffers()]
+        redo, self._redo_inputs = self._redo_inputs, None
+        if redo is not None and redo[0] == self._current and not same_inputs(redo[1], txn.inputs):
+            raise _said("step %d was done again on other inputs than its first attempt: its "
+                          "batch came from an iterator the given-up attempt had advanced (a "
+                          "DataLoader iterator of the program's own?); give the loader to "
+                          "rec.loader(loader)" % self._current)
+
+    def _state_dict_pre(self, obj, prefix, keep_vars):
+        """A checkpoint of a given-up step's state would be labelled with that step and hold
+        the one before: refused."""
+        if self._given_up is not None and not getattr(self, "_sending", False):
+            raise _said("the state was asked for (a checkpoint?) after step %d was given up "
+                          "(a peer was lost in it); it holds step %d: test `s.committed` of "
+                          "`with rec.step() as s:` before saving" % (self._given_up,
+                                                                     self.committed))
+
+    def _uncaught(self, kind, value, tb):
+        """The program ends on an exception: outside a step after a peer's loss, one line."""
+        if (self._txn is None and self._words is not None and self._words.interrupted()
+                and not isinstance(value, Refused)):
+            _say_refused(self.rank, "%s: %s outside `with rec.step()` after step %d met the "
+                         "lost peer (a collective between steps?): only a step can be done "
+                         "again; put it inside the step" % (
+                             type(value).__name__, str(value).splitlines()[0] if str(value)
+                             else "", self.committed))
+        self._excepthook(kind, value, tb)
+
+    def _refusal_now(self):
+        if self._refusal is not None:
+            return self._refusal
+        if self._raw_loader:
+            return ("the steps draw from a DataLoader iterator of the program's own: the "
+                    "survivors' iterators are past the given-up step's batch, and a replacement's "
+                    "starts its epoch at batch 0; give the loader to rec.loader(loader)")
+        return None
 
     def steps(self, total, start=0):
         """Yields the step numbers from `start` (a replacement: from the step after the one it
@@ -238,10 +234,40 @@ class Recoverable:
         if self.committed < 0:
             self.committed = start - 1
         while self.committed + 1 < total:
-            if self._words is not None and self._words.pending():
-                self._recover(None)  # told between two steps: regroup before computing
+            self._regroup_if_told()
             self._current = self.committed + 1
             yield self._current
+
+    def resume(self, step):
+        """The program resumed from its checkpoint of `step`: the next step is step + 1 (what
+        steps(start=step + 1) says; for loops over epochs and rec.loader()). A replacement
+        ignores it: its step comes from its peers."""
+        if self.committed < 0 and not self.replacement:
+            self.committed = step
+
+    def epochs(self, total, start=0):
+        """Yields the epoch numbers from `start` to total - 1; a replacement starts at its
+        peers' epoch (with rec.loader(), at their batch in it)."""
+        first = self._epoch if self.replacement and self._epoch is not None else start
+        for epoch in range(first, total):
+            self._epoch = epoch
+            yield epoch
+
+    def loader(self, loader):
+        """`loader` (a DataLoader, or any iterable of batches) whose batches the recovery owns:
+        a step given up hands its batches back, so that every survivor does it again on the
+        same ones, and a replacement's first iter() starts at the lost rank's batch, its
+        sampler and random generators as they were (docs/RECOVERY.md, "The step's data")."""
+        wrapped = _Loader(self, loader, self._positions.pop(0) if self._positions else None)
+        self._loaders.append(wrapped)
+        return wrapped
+
+    def _regroup_if_told(self):
+        """Between two steps: a step given up, or the word heard: the new group, the state."""
+        if self._words is None:
+            return
+        if self._given_up is not None or self._words.pending():
+            self._recover(None)
 
     def _before_update(self, optimizer, args, kwargs):
         """An optimizer's update begins. NCCL: the step's collectives run behind the CPU; wait
@@ -273,33 +299,63 @@ class Recoverable:
         yields the same step again; any other error goes on up."""
         return _Step(self)
 
-    def _recover(self, error, txn=None):
-        t0 = time.monotonic()
-        word = self._words.wait(self.word_timeout) if self._words is not None else None
+    def _give_up(self, error, txn):
+        """A step failed on a lost peer's error: wait for the agent's word, undo the step, end
+        the old group. The new group is made when the next step begins, so that the code after
+        the step's block runs knowing the step was not done (`s.committed` false): a collective
+        there fails at once, a checkpoint of the state is refused."""
+        word = self._words.wait(self.word_timeout)
         if word is None:
             return False  # not a peer's loss: the error stands
-        gen, port, place = word
-        t_word = time.monotonic()
-        what = str(error).splitlines()[0] if error is not None else "told between steps"
-        if place is not None and place[1] > int(os.environ.get("WORLD_SIZE", "0")):
-            print("dlrun_recovery: rank %d: a node joined: the group grows to %d ranks (%s); "
-                  "joining generation %d" % (self.rank, place[1], what[:200], gen),
-                  file=sys.stderr, flush=True)
-        else:
-            print("dlrun_recovery: rank %d: a peer was lost (%s); joining generation %d"
-                  % (self.rank, what[:200], gen), file=sys.stderr, flush=True)
+        gen = word[0]
+        what = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print("dlrun_recovery: rank %d: a peer was lost (%s); step %d given up, joining "
+              "generation %d" % (self.rank, what[:200], self._current, gen),
+              file=sys.stderr, flush=True)
         try:
-            if txn is not None:
-                txn.undo()  # the step given up: as if it had not begun
-            if self._refusal is not None:
-                raise RuntimeError("refused: " + self._refusal)
-            c10d = dist.distributed_c10d
-            old = c10d._get_default_group()
-            # Kept, never destroyed: destroying rank 0's old TCPStore server waits for its
-            # thread, and the new group would wait with it.
-            self._old_groups.append((old, c10d._world.pg_map.get(old)))
-            c10d._abort_process_group()
-            t_abort = time.monotonic()
+            txn.undo()  # the step given up: as if it had not begun
+        except RuntimeError as e:
+            _say_refused(self.rank, str(e))
+            raise Refused(str(e))
+        if txn.inputs is not None:
+            self._redo_inputs = (self._current, txn.inputs)
+        if txn.rank0_buffers is not None:
+            self._rank0_buffers = (self.committed, txn.rank0_buffers)
+        self._end_old_group()
+        self._given_up, self._word = self._current, word
+        return True
+
+    def _end_old_group(self):
+        c10d = dist.distributed_c10d
+        old = c10d._get_default_group()
+        # Kept, never destroyed: destroying rank 0's old TCPStore server waits for its
+        # thread, and the new group would wait with it.
+        self._old_groups.append((old, c10d._world.pg_map.get(old)))
+        c10d._abort_process_group()
+
+    def _recover(self, error):
+        t0 = time.monotonic()
+        word = self._word
+        if word is None:  # told between two steps
+            word = self._words.wait(self.word_timeout)
+            if word is None:
+                return False
+            gen, port, place = word
+            if place is not None and place[1] > int(os.environ.get("WORLD_SIZE", "0")):
+                print("dlrun_recovery: rank %d: a node joined: the group grows to %d ranks; "
+                      "joining generation %d" % (self.rank, place[1], gen),
+                      file=sys.stderr, flush=True)
+            else:
+                print("dlrun_recovery: rank %d: a peer was lost (told between steps); joining "
+                      "generation %d" % (self.rank, gen), file=sys.stderr, flush=True)
+            self._end_old_group()
+        gen, port, place = word
+        t_word = t_abort = time.monotonic()
+        self._word = self._given_up = None
+        try:
+            refusal = self._refusal_now()
+            if refusal is not None:
+                raise Refused("refused: " + refusal)
             os.environ["MASTER_PORT"] = str(port)
             if place is not None:  # a node was lost: this rank's new place
                 self.rank = place[0]
@@ -309,6 +365,7 @@ class Recoverable:
             if self.rank != 0:
                 _await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port, self.timeout)
             before = dlrun_report._tcp_sockets()
+            c10d = dist.distributed_c10d
             dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=self.timeout))
             with self._words.cond:
                 self._words.group_sockets = _group_sockets(before)
@@ -324,12 +381,15 @@ class Recoverable:
             # parameters go with its reducer.
             hooks, self.ddp = comm_hooks(self.ddp), None
             gc.collect()
-            self.ddp = _ddp_like_peers(self.module, self.ddp_kwargs, self._peer_layout)
+            self.ddp = self._watched(_ddp_like_peers(self.module, self.ddp_kwargs,
+                                                     self._peer_layout))
             carry_comm_hooks(hooks, self.ddp)
             self._hooks_checked = False  # against the replacement's, at the next step
         except Exception as e:
-            raise RuntimeError("in-process recovery failed (generation %d): %s"
-                               % (gen, str(e).splitlines()[0] if str(e) else type(e).__name__))
+            text = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if text.startswith("refused: "):
+                _say_refused(self.rank, text[len("refused: "):])
+            raise Refused("in-process recovery failed (generation %d): %s" % (gen, text))
         secs = time.monotonic() - t0
         self.recoveries += 1
         dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
@@ -342,149 +402,71 @@ class Recoverable:
         return True
 
     def _transfer(self, replacement=False):
-        """Collective: the lowest rank with the newest committed step sends its state to every
-        rank behind it (a replacement is behind every survivor: a fault before the first step
-        sends the state the survivors started with), and its DDP bucket layout to every rank;
-        then every rank must hold the same parameters. Returns the sender."""
-        rank, world, dev = dist.get_rank(), dist.get_world_size(), self.device
-        # Each rank's last whole step, its optimizer updates by then, whether gradients were
-        # left over from it without an update, and whether its program refuses.
-        mine = torch.tensor([-2 if replacement else self.committed, self.updates,
-                             int(self._grads_left), int(self._refusal is not None)],
-                            dtype=torch.int64, device=dev)
-        rows = [torch.zeros(4, dtype=torch.int64, device=dev) for _ in range(world)]
-        dist.all_gather(rows, mine)
-        rows = [[int(v) for v in t.tolist()] for t in rows]
-        held = [row[0] for row in rows]
-        best = max(held)
-        root = held.index(best)
-        if best < -1:
-            raise RuntimeError("no rank holds a state to send")
-        refusing = [str(r) for r, row in enumerate(rows) if row[3]]
-        if refusing:
-            raise RuntimeError("refused: " + (self._refusal or "rank(s) %s cannot recover "
-                                              "exactly (their lines say why)" % ",".join(refusing)))
-        if rows[root][2]:
-            raise RuntimeError("refused: step %d ended with gradients and no optimizer update "
-                               "(accumulated across steps, or an update skipped): gradients are "
-                               "not part of the state sent; one rec.step() per update makes it "
-                               "whole" % best)
-        buffers = [n for n, _ in self.module.named_buffers()]
-        if buffers and best >= 0 and rows[0][0] == -2:
-            raise RuntimeError("refused: rank 0 was lost, and with it the module's buffers as of "
-                               "step %d (%r...: running statistics, which DDP takes from rank 0 "
-                               "at each forward): no other rank holds them" % (best, buffers[0]))
-        counts = [str(r) for r, row in enumerate(rows) if row[0] == best and row[1] != rows[root][1]]
-        if counts:
-            raise RuntimeError("refused: rank(s) %s applied another number of optimizer updates "
-                               "by step %d than rank %d (%d): an update outside the step, or one "
-                               "applied twice" % (",".join(counts), best, root, rows[root][1]))
-        layout = [_bucket_layout(self.ddp) if rank == root else None]
-        dist.broadcast_object_list(layout, src=root, device=dev)
-        self._peer_layout = layout[0]
-        if rank == root:
-            buf = io.BytesIO()
-            torch.save({"model": self.module.state_dict(),
-                        "optimizers": [o.state_dict() for o in self.optimizers],
-                        "stateful": [s.state_dict() for s in self.stateful]}, buf)
-            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(dev)
-            for r in (r for r in range(world) if held[r] < best):
-                dist.send(torch.tensor([data.numel()], dtype=torch.int64, device=dev), r)
-                dist.send(data, r)
-        elif held[rank] < best:
-            n = torch.zeros(1, dtype=torch.int64, device=dev)
-            dist.recv(n, root)
-            data = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
-            dist.recv(data, root)
-            state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=False,
-                               map_location=dev if dev.type == "cuda" else None)
-            self.module.load_state_dict(state["model"])
-            for o, sd in zip(self.optimizers, state["optimizers"]):
-                o.load_state_dict(sd)
-            for s, sd in zip(self.stateful, state["stateful"]):
-                s.load_state_dict(sd)
-        synced = self.ddp_kwargs.get("forward_sync_buffers",
-                                     self.ddp_kwargs.get("broadcast_buffers", True))
-        if buffers and held[rank] < best and not synced:
-            print("dlrun_recovery: rank %d: its buffers (%r...), its own with DDP's "
-                  "broadcast_buffers off, were lost with its process: it goes on with rank %d's"
-                  % (rank, buffers[0], root), file=sys.stderr, flush=True)
-        check_replicas(self.module, self.stateful, root, self.device)
-        self.committed = best
-        self.updates = rows[root][1]
-        self._grads_left = False
-        return root
+        return dlrun_transfer.transfer(self, replacement)
 
 
 class _Step:
+    """`with rec.step() as s:`: `s.number` is the step, `s.committed` whether it was done (false
+    after the block when a peer was lost in it: steps() yields it again)."""
+
     def __init__(self, rec):
         self.rec = rec
+        self.number = None
+        self.committed = False
 
     def __enter__(self):
         rec = self.rec
+        rec._regroup_if_told()  # a loop of the program's own, without rec.steps()
+        rec._current = rec.committed + 1
+        self.number = rec._current
+        if rec._last_raw is not None:  # `for batch in loader:` around the step
+            rec._raw_loader, rec._last_raw = True, None
         if not rec._hooks_checked:  # collective: before any rank's first hooked backward
             rec._refusal = rec._refusal or check_comm_hooks(rec.ddp)
             rec._hooks_checked = True
         rec._txn = _Txn(rec) if rec._words is not None else None
-        return rec._current
+        if rec._txn is not None:
+            for l in rec._loaders:
+                l.into_step(rec._txn)
+        return self
 
     def __exit__(self, kind, value, tb):
         rec = self.rec
         txn, rec._txn = rec._txn, None
         if kind is None:
             rec.committed = rec._current
+            self.committed = True
+            if txn is not None:
+                for it, _ in txn.drawn:
+                    it.committed += 1
+                now = rng_state(rec.device)
+                rec._rng_used = [u or a != b for u, a, b in zip(
+                    rec._rng_used, rng_digests(now), rng_digests(rec._rng_commit))]
+                rec._rng_commit = now
             # Gradients left without an update carry into the next step: state no transfer sends.
             rec._grads_left = (txn is not None and txn.updates == 0 and
                                any(p.grad is not None for p in rec.module.parameters()))
             return False
-        if not isinstance(value, Exception) or rec._words is None:
+        if not isinstance(value, Exception) or rec._words is None or isinstance(value, Refused):
             return False
-        return rec._recover(value, txn)
+        if not (rec._words.interrupted() or _is_comm_error(value)):
+            return False  # the program's own error: a failure now, not after a wait for a word
+        return rec._give_up(value, txn)
 
 
-def _bucket_layout(ddp):
-    """The order DDP rebuilds its gradient buckets in, after its first step (None before it
-    has finished one, or no DDP). Every step after the first runs on the rebuilt buckets, also
-    the second when a fault stopped the rebuild in its forward on some rank: the state sent is
-    that of a step >= 0, and the step done again runs, on every rank, on these."""
-    if ddp is None:
-        return None
-    order = ddp._get_ddp_logging_data().get("prev_iteration_grad_ready_order_indices", "")
-    if not order:
-        return None
-    return [int(i) for i in order.split(",")]
+def _said(why):
+    """A Refused exception whose rule was said in one line (and told to the agent)."""
+    rec = _active[0]
+    _say_refused(rec.rank if rec is not None else -1, why)
+    return Refused("refused: " + why)
 
 
-def _ddp_like_peers(module, kwargs, order):
-    """A DDP whose gradient buckets are those its peers rebuilt theirs to (`order`: the order
-    their gradients became ready in), as DDP's reducer rebuilds them after its first step, so
-    every rank sums the same elements in the same order as before the fault."""
-    if order is None:  # they have not rebuilt theirs yet (the fault came in the first step)
-        return DistributedDataParallel(module, **dict(kwargs, init_sync=False))
-    compute = dist._compute_bucket_assignment_by_size
-
-    def rebuilt(params, limits, expect_sparse, *rest):
-        # The reducer's rebuild: a first bucket of 1 MiB, then bucket_cap_mb each.
-        cap = int(kwargs.get("bucket_cap_mb", 25) * 1024 * 1024)
-        first = getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1024 * 1024)
-        ordered = [params[i] for i in order]
-        sparse = [expect_sparse[i] for i in order] if expect_sparse else []
-        buckets, caps = compute(ordered, [first, cap], sparse, order)
-        # The DDP constructor reverses the bucket list it gets; the reducer's rebuild does not.
-        return list(reversed(buckets)), list(reversed(caps))
-
-    dist._compute_bucket_assignment_by_size = rebuilt
-    try:
-        # No collective: the peers keep their DDP; the state came from them, digests checked.
-        ddp = DistributedDataParallel(module, **dict(kwargs, init_sync=False))
-    finally:
-        dist._compute_bucket_assignment_by_size = compute
-    return ddp  # it rebuilds after its first step, as its peers' do after a new group
-
-
-def _generation():
-    """The group generation dlrun started this process in (DLRUN_RECOVERY_GEN; 0: the first)."""
-    return int(os.environ.get("DLRUN_RECOVERY_GEN", "0") or 0)
+def _say_refused(rank, why):
+    """A refused recovery: one line here, and the record that tells dlrun's agent the rule."""
+    line = " ".join(why.split())[:400]
+    print("dlrun_recovery: rank %d: in-process recovery refused: %s; the group restarts from "
+          "the checkpoint" % (rank, line), file=sys.stderr, flush=True)
+    dlrun_report._record("C refused " + line)
 
 
 def is_replacement():

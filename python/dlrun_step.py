@@ -3,7 +3,9 @@ is whole or not at all"), and the digests the replicas are compared by. Internal
 dlrun_recovery (beside it on the workers' PYTHONPATH and in the wheel)."""
 import copy
 import hashlib
+import random
 import socket
+import sys
 import time
 
 import torch
@@ -26,9 +28,13 @@ class StepUndo:
         self.stateful = [copy.deepcopy(s.state_dict()) for s in rec.stateful]
         self.hyper = [[{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
                        for g in o.param_groups] for o in rec.optimizers]
-        self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state() if rec.device.type == "cuda" else None
+        self.rng = rng_state(rec.device)
         self.before = []  # (optimizer, its parameters' copies or None, its state_dict's copy)
+        # The step's batches from rec.loader() iterators, in the order drawn: a step given up
+        # hands them back, so that the step done again trains on the same ones.
+        self.drawn = []   # (the iterator, the batch)
+        self.inputs = None  # the module's inputs at the step's first forward (references)
+        self.rank0_buffers = None  # the buffers right after DDP's broadcast of rank 0's
 
     def before_update(self, optimizer, snapshot):
         if any(o is optimizer for o, _, _ in self.before):
@@ -59,12 +65,98 @@ class StepUndo:
                 g.update(copy.deepcopy(saved))
         for s, sd in zip(rec.stateful, self.stateful):
             s.load_state_dict(sd)
-        torch.set_rng_state(self.rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng)
+        set_rng_state(self.rng)
+        for it, batch in reversed(self.drawn):
+            it.hand_back(batch)
         rec.updates -= self.updates
         for p in rec.module.parameters():
             p.grad = None
+
+
+def rng_state(device):
+    """Every random generator a step may draw from: torch's CPU one, the CUDA one of `device`,
+    Python's `random` and numpy's global one (when the program imported numpy)."""
+    state = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    return state
+
+
+def set_rng_state(state, device=None):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["random"])
+    if "cuda" in state:
+        if device is None:
+            torch.cuda.set_rng_state(state["cuda"])
+        else:
+            torch.cuda.set_rng_state(state["cuda"], device)
+    if "numpy" in state and sys.modules.get("numpy") is not None:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+
+
+RNG_NAMES = ("torch", "cuda", "random", "numpy")
+
+
+def rng_digests(state):
+    """Signed 64-bit digests of rng_state()'s generators, in RNG_NAMES' order (0: absent)."""
+    out = []
+    for name in RNG_NAMES:
+        v = state.get(name)
+        if v is None:
+            out.append(0)
+            continue
+        h = hashlib.blake2b(digest_size=8)
+        if isinstance(v, torch.Tensor):
+            h.update(_bytes(v))
+        elif name == "numpy":
+            h.update(repr(v[0]).encode())
+            h.update(v[1].tobytes())
+            h.update(repr(v[2:]).encode())
+        else:
+            h.update(repr(v).encode())
+        out.append(int.from_bytes(h.digest(), "little", signed=True))
+    return out
+
+
+def same_inputs(a, b):
+    """Whether two forward inputs (lists of tensors and plain values) are the same, bit for bit."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+                return False
+            if not torch.equal(x, y) and not _bytes(x) == _bytes(y):  # NaN != NaN
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def flat_inputs(args, kwargs):
+    """The tensors and plain values of a forward's arguments, in order."""
+    out = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for k in sorted(v, key=str):
+                walk(v[k])
+        elif isinstance(v, (bool, int, float, str, type(None))):
+            out.append(v)
+
+    walk(args)
+    walk(kwargs)
+    return out
 
 
 def digest(module):
@@ -95,13 +187,27 @@ def named_digests(module, stateful=(), buffers=True):
         for n, t in module.named_buffers():
             add("buffer %r" % n, _bytes(t))
     for i, s in enumerate(stateful):
+        # A module's buffers (an AveragedModel's BatchNorm statistics) follow each rank's own
+        # batches, as the model's do: not compared (docs/RECOVERY.md).
+        own = set(own_buffers(s)) if not buffers else set()
         for key, v in _flat(s.state_dict()):
+            if key in own:
+                continue
             what = "state %r of %s (after the optimizer, #%d)" % (key, type(s).__name__, i + 1)
             if isinstance(v, torch.Tensor):
                 add(what, _bytes(v))
             elif isinstance(v, (bool, int, float, str, type(None))):
                 add(what, repr(v).encode())
     return names, digests
+
+
+def own_buffers(obj):
+    """The state_dict keys of a module's floating-point buffers (running statistics, each
+    rank's own); none for an object that is not a module. Counters (an AveragedModel's
+    n_averaged) stay: they are the same on every rank."""
+    if not isinstance(obj, torch.nn.Module):
+        return []
+    return [n for n, b in obj.named_buffers() if b.is_floating_point()]
 
 
 def _flat(d, prefix=""):

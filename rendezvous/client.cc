@@ -211,13 +211,15 @@ class ClientImpl final : public RendezvousClient {
   }
 
   absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
-                                             const std::string& reason, bool fatal) override {
+                                             const std::string& reason, bool fatal,
+                                             bool fallback) override {
     v1::FailureReport req;
     FillAuth(req.mutable_auth());
     req.set_node_id(node_id);
     req.set_round(round);
     req.set_reason(reason);
     req.set_fatal(fatal);
+    req.set_fallback(fallback);
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     v1::FailureResponse resp;

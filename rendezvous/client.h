@@ -36,8 +36,10 @@ class RendezvousClient {
   virtual absl::StatusOr<HeartbeatReply> Heartbeat(const std::string& node_id, uint64_t round,
                                                    bool in_process = false) = 0;
   // `fatal`: stop the job instead of opening a new round (a failure that repeats).
+  // `fallback`: the restart replaces an in-process recovery; not counted as a restart.
   virtual absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
-                                                     const std::string& reason, bool fatal) = 0;
+                                                     const std::string& reason, bool fatal,
+                                                     bool fallback) = 0;
   virtual absl::Status Leave(const std::string& node_id, uint64_t round, bool success) = 0;
   // `wait` > 0: wait that long for the server to come up (a failover host starting);
   // 0: fail at once when nobody listens. Else the deadline is rpc_timeout.

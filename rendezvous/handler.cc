@@ -271,7 +271,7 @@ absl::Status Handler::ReportFailure(const v1::FailureReport& req, const std::str
   {
     std::lock_guard<std::mutex> lock(mu_);
     r = machine_.ReportFailure(req.node_id(), req.round(), req.reason(), options_.now(), &out,
-                               req.fatal());
+                               req.fatal(), req.fallback());
   }
   Deliver(out);
   if (!r.ok()) return Refuse(r.status(), peer);

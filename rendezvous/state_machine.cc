@@ -294,7 +294,7 @@ absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node
                                                          uint64_t round,
                                                          const std::string& reason,
                                                          TimePoint now, Deliveries* out,
-                                                         bool fatal) {
+                                                         bool fatal, bool fallback) {
   const Member* m = members_.Find(node_id);
   if (m == nullptr) {
     return absl::PermissionDeniedError(
@@ -306,7 +306,7 @@ absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node
     if (fatal) {
       Fail(absl::StrCat(what, "; it repeats the last failure, so no restart"), out);
     } else {
-      OpenRound(now, what, /*counts_as_restart=*/true, out);
+      OpenRound(now, what, /*counts_as_restart=*/!fallback, out);
     }
   }
   // A stale round number changes nothing: that failure has already opened a newer round.

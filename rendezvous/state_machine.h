@@ -59,9 +59,11 @@ class StateMachine {
   // for another round or when no node is being admitted.
   void Admitted(uint64_t round, int generation, int port, Deliveries* out);
   // `fatal`: the job fails now instead of opening a new round (a failure that repeats).
+  // `fallback`: the new round replaces an in-process recovery; it is not counted as a restart.
   absl::StatusOr<FailureReply> ReportFailure(const std::string& node_id, uint64_t round,
                                              const std::string& reason, TimePoint now,
-                                             Deliveries* out, bool fatal = false);
+                                             Deliveries* out, bool fatal = false,
+                                             bool fallback = false);
   absl::Status Leave(const std::string& node_id, uint64_t round, bool success, TimePoint now,
                      Deliveries* out);
 

@@ -92,6 +92,13 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         if (e.step.kind == 'C' || e.step.kind == 'P')
           recovery_.Record(e.pid, e.step.kind, e.step.step);
         if (e.step.kind == 'D') group_.Done(e.pid);
+        if (e.step.kind == 'F') {  // one line for the rule; the tracebacks are in the logs
+          for (const WorkerGroup::Worker& w : group_.workers()) {
+            if (w.pid == e.pid) {
+              spdlog::warn("rank {} refused the in-process recovery: {}", w.rank, e.step.what);
+            }
+          }
+        }
         telemetry_.Step(e.pid, e.step);
         failures_.hang().Record(e.pid, e.step, clock_.Now());
         if (options_.profiler && e.step.kind == 'S') {

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <future>
@@ -145,23 +146,7 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from) {
   const FailureSignature signature{cls.cls, first.global_rank,
                                    s_.telemetry.LastStep(first.global_rank),
                                    message.substr(0, message.find('\n'))};
-  if (RepeatsLastFailure(signature)) {
-    spdlog::error(
-        "rank {} failed the same way twice ({}{}): not restarting, a restart would "
-        "repeat it",
-        first.global_rank, FailureClassName(cls.cls),
-        signature.step >= 0 ? absl::StrCat(" after step ", signature.step, ", its last reported")
-                            : std::string(" before its first step"));
-    s_.source.OnFailure(absl::StrCat(cause, ", the same way as the attempt before"), true);
-  } else if (s_.source.OnFailure(cause, false)) {
-    // An attempt that is followed by a restart is one line; the failure block and "job failed"
-    // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
-    spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}", first.global_rank,
-                 first.local_rank, first.pid, FailureClassName(cls.cls),
-                 message.substr(0, message.find('\n')), s_.group.current().restart_count + 1,
-                 s_.group.current().max_restarts);
-    return -1;
-  }
+  if (Restarts(signature, cause, first, FailureClassName(cls.cls))) return -1;
   FailureReport report{s_.options.program_name,
                        s_.options.hostname,
                        s_.group.exits(),
@@ -179,6 +164,54 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from) {
     spdlog::warn("{}: {}", FailureClassName(cls.cls), advice);
   }
   return s_.options.exit_with_worker_code ? first.code() : 1;
+}
+
+bool FailurePolicy::Restarts(const FailureSignature& signature, const std::string& cause,
+                             const WorkerExit& first, const char* class_name) {
+  const std::string& message = signature.message;
+  if (RepeatsLastFailure(signature)) {
+    spdlog::error(
+        "rank {} failed the same way twice ({}{}): not restarting, a restart would "
+        "repeat it",
+        first.global_rank, class_name,
+        signature.step >= 0 ? absl::StrCat(" after step ", signature.step, ", its last reported")
+                            : std::string(" before its first step"));
+    s_.source.OnFailure(absl::StrCat(cause, ", the same way as the attempt before"), true);
+  } else if (FallsBack(signature.step)) {
+    // A program that declared in-process recovery: its restart from the checkpoint, once per
+    // fault, is not counted against --max-restarts (the recovery it replaces was the plan).
+    if (s_.source.OnFallback(cause)) {
+      spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting from the checkpoint in "
+                   "place of the in-process recovery (not counted against --max-restarts)",
+                   first.global_rank, first.local_rank, first.pid, class_name,
+                   message);
+      return true;
+    }
+  } else if (s_.source.OnFailure(cause, false)) {
+    // An attempt that is followed by a restart is one line; the failure block and "job failed"
+    // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
+    spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}", first.global_rank,
+                 first.local_rank, first.pid, class_name,
+                 message, s_.group.current().restart_count + 1,
+                 s_.group.current().max_restarts);
+    return true;
+  }
+  return false;
+}
+
+bool FailurePolicy::FallsBack(int64_t step) {
+  if (s_.options.recovery != AgentOptions::Recovery::kInProcess || !s_.options.pick_master_port) {
+    return false;
+  }
+  const std::vector<WorkerGroup::Worker>& workers = s_.group.workers();
+  const bool declared =
+      !workers.empty() && std::all_of(workers.begin(), workers.end(),
+                                      [](const WorkerGroup::Worker& w) { return w.recoverable; });
+  if (!declared) return false;
+  // A failure at the step the last fallback was for repeats there: the ordinary count decides.
+  if (last_fallback_step_ && *last_fallback_step_ == step) return false;
+  last_fallback_step_ = step;
+  return true;
 }
 
 HangVerdict FailurePolicy::WhereRanksAre() {

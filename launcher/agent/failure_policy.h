@@ -75,6 +75,13 @@ class FailurePolicy {
   bool FirstFailureTells() const;
   // Whether `now` repeats the last attempt's root failure; it becomes the last.
   bool RepeatsLastFailure(const FailureSignature& now);
+  // Whether the job goes on after a failure (it was reported to the membership source, and the
+  // restart said in one line): not when it repeats the last one, or no restart is left.
+  bool Restarts(const FailureSignature& signature, const std::string& cause,
+                const WorkerExit& first, const char* class_name);
+  // Whether a failure after `step` of a program that declared in-process recovery restarts from
+  // the checkpoint without counting against --max-restarts: once per step it failed at.
+  bool FallsBack(int64_t step);
   // A failure HardwareFault named: the second puts this node in options.bad_nodes_files.
   void NoteHardwareFault(const std::string& what);
   // The live ranks' stacks now, and what they say of a hang.
@@ -84,6 +91,7 @@ class FailurePolicy {
   HangWatch hang_;
   SteadyTime next_cpu_{};                         // when hang_ next reads the workers' CPU use
   std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
+  std::optional<int64_t> last_fallback_step_;     // the step of the last uncounted restart
   int hardware_faults_ = 0;  // this node's workers' failures that point at the node
 };
 

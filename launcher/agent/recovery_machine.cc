@@ -66,10 +66,12 @@ std::string RecoveryMachine::WhyNot(const std::vector<Member>& members,
     }
     if (!e.failed()) continue;
     ++failed;
-    if (why.empty() && last_recovered_ && last_recovered_->first == e.global_rank &&
-        last_recovered_->second == last_step(e.global_rank)) {
-      why = absl::StrCat("rank ", e.global_rank, " failed at step ", last_recovered_->second,
-                         " again after an in-process recovery");
+    // Any rank: a bug that the step done again meets fails on one rank, then on its
+    // replacement's peer, alternately; recovering it again would never end.
+    if (why.empty() && last_recovered_ && last_recovered_->second == last_step(e.global_rank)) {
+      why = absl::StrCat("rank ", e.global_rank, " failed after step ", last_recovered_->second,
+                         " again (rank ", last_recovered_->first,
+                         " failed there before and was recovered in process)");
     }
   }
   if (why.empty() && failed == members.size()) why = "no rank survived";

@@ -22,6 +22,13 @@ std::optional<StepRecord> ParseStepRecord(const std::string& line) {
     r.kind = 'C';
     return r;
   }
+  if (f.size() >= 3 && f[0] == "C" && f[1] == "refused") {
+    // "C refused RULE...": the rank refuses the in-process recovery under way (dlrun_recovery).
+    StepRecord r;
+    r.kind = 'F';
+    r.what = line.substr(line.find("refused") + 8);
+    return r;
+  }
   if (f.size() == 3 && f[0] == "Z" && f[1] == "pause") {
     StepRecord r;
     r.kind = 'Z';

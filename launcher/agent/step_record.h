@@ -32,7 +32,8 @@ inline constexpr char kStepRecordLetters[] = "SRCPZD";
 
 struct StepRecord {
   // 'S': a step; 'R': a resume (`step`: the checkpoint's step, `step_s`: the load's seconds);
-  // 'C': in-process recovery declared; 'P': state from peer (`step`, `step_s`: its seconds);
+  // 'C': in-process recovery declared; 'F': the rank refuses the in-process recovery under way
+  // ("C refused RULE", `what`: the rule); 'P': state from peer (`step`, `step_s`: its seconds);
   // 'Z': a pause of hang detection begins (`what`: why), 'z': it ends; 'D': the program's work
   // is done.
   char kind = 'S';

@@ -93,7 +93,13 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   }
 
   bool OnFailure(const std::string& reason, bool fatal) override {
-    auto r = client_->ReportFailure(node_.node_id, round_, reason, fatal);
+    return Report(reason, fatal, /*fallback=*/false);
+  }
+  bool OnFallback(const std::string& reason) override {
+    return Report(reason, /*fatal=*/false, /*fallback=*/true);
+  }
+  bool Report(const std::string& reason, bool fatal, bool fallback) {
+    auto r = client_->ReportFailure(node_.node_id, round_, reason, fatal, fallback);
     if (absl::IsPermissionDenied(r.status())) {
       // This node was dropped from the round (e.g. declared dead while it could not answer):
       // it is alive, so it joins the next round; a failed job answers the join with the reason.

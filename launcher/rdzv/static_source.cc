@@ -38,6 +38,13 @@ class StaticSource final : public MembershipSource, public JobChannel {
     }
     return again;
   }
+  bool OnFallback(const std::string& reason) override {
+    if (telemetry_) {
+      telemetry_->AddRestartCause(reason);
+      telemetry_->SetState("restarting");
+    }
+    return true;
+  }
   Verdict Check(std::string*) override { return Verdict::kContinue; }
   std::chrono::milliseconds check_interval() const override { return {}; }
   void OnSuccess() override {

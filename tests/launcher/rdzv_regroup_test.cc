@@ -35,7 +35,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
     return absl::UnimplementedError("heartbeat");
   }
   absl::StatusOr<rdzv::FailureReply> ReportFailure(const std::string&, uint64_t,
-                                                   const std::string&, bool) override {
+                                                   const std::string&, bool, bool) override {
     return absl::UnimplementedError("report");
   }
   absl::Status Leave(const std::string&, uint64_t, bool) override { return absl::OkStatus(); }

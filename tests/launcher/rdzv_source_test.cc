@@ -38,7 +38,7 @@ class ScriptedClient final : public rdzv::RendezvousClient {
     return rdzv::HeartbeatReply{};
   }
   absl::StatusOr<rdzv::FailureReply> ReportFailure(const std::string&, uint64_t,
-                                                   const std::string&, bool) override {
+                                                   const std::string&, bool, bool) override {
     return rdzv::FailureReply{};
   }
   absl::Status Leave(const std::string&, uint64_t, bool) override { return absl::OkStatus(); }

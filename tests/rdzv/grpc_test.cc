@@ -74,7 +74,7 @@ TEST(RendezvousGrpc, SixtyFourAgentsThroughTwoRounds) {
   ASSERT_TRUE(hb.ok()) << hb.status();
   EXPECT_EQ(hb->action, Action::kContinue);
 
-  auto f = clients[7]->ReportFailure("node-1007", 1, "worker 3 exited with 1", false);
+  auto f = clients[7]->ReportFailure("node-1007", 1, "worker 3 exited with 1", false, false);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->next_round, 2u);
   hb = clients[5]->Heartbeat("node-1005", 1);

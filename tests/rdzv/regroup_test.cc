@@ -161,7 +161,7 @@ TEST_F(RegroupGrpc, AWatchEndsAtItsTimeoutAndWhenANewRoundOpens) {
   EXPECT_EQ(same->generation, 0);
   auto held = WatchFrom(known);
   ASSERT_EQ(held.wait_for(milliseconds(100)), std::future_status::timeout);
-  ASSERT_TRUE(b_->ReportFailure("node-b", 1, "worker 3 exited with 1", false).ok());
+  ASSERT_TRUE(b_->ReportFailure("node-b", 1, "worker 3 exited with 1", false, false).ok());
   ASSERT_EQ(held.wait_for(seconds(10)), std::future_status::ready);
   auto next = held.get();
   ASSERT_TRUE(next.ok()) << next.status();

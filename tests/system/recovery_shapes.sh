@@ -30,15 +30,15 @@ run() {  # run TAG SHAPE KILLS: the run's output in $work/TAG.out, its exit stat
   [[ "$2" == cxx_* ]] && program=("$RECOVERY_SHAPE" "${2#cxx_}" "$STEPS" "$work/$1")
   # --spare-workers off: what is checked is the state, not the replacement's start; a spare
   # that is never promoted (two per run) is ~3 CPU-s of torch imports on a saturated machine.
-  CKPT_DIR=$work/$1 KILLS=$3 timeout 300 "$DLRUN" --standalone --nproc-per-node 2 \
-    --max-restarts 3 --spare-workers off "${program[@]}" >"$work/$1.out" 2>&1
+  CKPT_DIR=$work/$1 KILLS=$3 timeout 300 "$DLRUN" --standalone --nproc-per-node "${NPROC:-2}" \
+    --max-restarts "${MAX_RESTARTS:-3}" --spare-workers off "${program[@]}" >"$work/$1.out" 2>&1
 }
 # ends TAG: "rank R digest D buffers B" of the last process of each rank, one per line.
 ends() { sed -n 's/^\[rank [0-9]*\]: \(rank [0-9]* digest [0-9a-f]* buffers [0-9a-f]*\).*/\1/p' "$work/$1.out" | sort -k2,2 -s | awk '{last[$2]=$0} END {for (r in last) print last[r]}' | sort; }
 check() {  # check SHAPE TAG WANT_DONE WANT_REFUSED [EXACT=1]
   local shape=$1 tag=$2 done refused clean got
   done=$(grep -c "in-process recovery done" "$work/$tag.out" || true)
-  refused=$(grep -v '^\[rank [0-9]*\]: \[rank' "$work/$tag.out" | grep -cE "(in-process recovery failed \(generation [0-9]+\): |RuntimeError: |recovery_shape: )refused: " || true)
+  refused=$(grep -v '^\[rank [0-9]*\]: \[rank' "$work/$tag.out" | grep -cE "(in-process recovery failed \(generation [0-9]+\): |RuntimeError: |recovery_shape: |in-process recovery )refused: " || true)
   clean=$(ends "$shape-clean")
   got=$(ends "$tag")
   if [[ "$shape" == *bn_nobcast ]]; then  # each rank's own statistics: rank 0's must hold
@@ -70,8 +70,57 @@ for shape in "$@"; do
     echo "ok: $shape (refused at the first step)"
     continue
   fi
+  if [[ $shape == bug ]]; then  # a bug the step done again meets, on the other rank each time:
+    # a verdict, no loop
+    rc=0
+    start_s=$SECONDS
+    MAX_RESTARTS=0 run "$shape-fault" "$shape" "" || rc=$?
+    ((rc != 0)) || fail_with_dlrun_lines "$test_name" "$shape: the job succeeded" "$work/$shape-fault.out"
+    ((SECONDS - start_s < 60)) || fail_with_dlrun_lines "$test_name" "$shape: $((SECONDS - start_s)) s to end" "$work/$shape-fault.out"
+    grep -q "failed after step 5 again (rank [01] failed there before and was recovered in process)" "$work/$shape-fault.out" &&
+      grep -q "job failed" "$work/$shape-fault.out" ||
+      fail_with_dlrun_lines "$test_name" "$shape: no verdict naming the step that repeats" "$work/$shape-fault.out"
+    recoveries=$(grep -c "in-process recovery done" "$work/$shape-fault.out" || true)
+    ((recoveries <= 2)) || fail_with_dlrun_lines "$test_name" "$shape: $recoveries in-process recoveries of one bug" "$work/$shape-fault.out"
+    echo "ok: $shape ended in $((SECONDS - start_s)) s with a verdict ($recoveries in-process recoveries)"
+    continue
+  fi
+  NPROC=2
+  [[ $shape == ema_bn ]] && NPROC=3  # three ranks: two survivors whose EMAs differ
   run "$shape-clean" "$shape" "" || fail_with_dlrun_lines "$test_name" "$shape without a fault failed" "$work/$shape-clean.out"
   case $shape in
+    raw_loader|unused_never|ckpt_barrier)  # refused in one line each time, the checkpoint
+      # restart in its place not counted: --max-restarts 0 (dlrun's default) is enough
+      MAX_RESTARTS=0 run "$shape-fault" "$shape" "$EVERY_POINT" ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed with --max-restarts 0" "$work/$shape-fault.out"
+      grep -q "refused the in-process recovery: " "$work/$shape-fault.out" &&
+        grep -q "restarting from the checkpoint in place of the in-process recovery" "$work/$shape-fault.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: no refusal line at the agent, or no uncounted restart" "$work/$shape-fault.out"
+      if [[ $shape == ckpt_barrier ]]; then  # in the steps: in process; in the barrier: refused
+        check "$shape" "$shape-fault" 3 1
+      else
+        check "$shape" "$shape-fault" 0 1
+      fi
+      ;;
+    exception)  # an error of the program's own in a step: that rank fails at once, and is
+      # replaced in process like a killed one
+      run "$shape-fault" "$shape" 6:1:raise ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 1 0
+      ;;
+    micro_steps)  # a fault after a micro-step (its gradients are not sent): refused, the
+      # checkpoint; after an update step: in process
+      MAX_RESTARTS=0 run "$shape-fault" "$shape" 3:1:backward,6:1:start ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      grep -q "refused: step 2 ended with gradients and no optimizer update" "$work/$shape-fault.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the rule" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 1 1
+      ;;
+    ema_bn)  # 3 ranks: the EMA's statistics are each rank's own, not compared
+      run "$shape-fault" "$shape" "$EVERY_POINT" ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 4 0
+      ;;
     update_outside)  # an update outside the step: refused, the checkpoint, never applied twice
       run "$shape-fault" "$shape" 6:1:commit ||
         fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
@@ -134,7 +183,18 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 4 0
       ;;
   esac
-  if [[ "$shape" == bn* || "$shape" == cxx_bn* ]]; then  # rank 0 lost: its statistics with it: refused, the checkpoint
+  if [[ "$shape" == bn ]]; then  # rank 0 lost after the step's broadcast of its statistics:
+    # the survivors hold them (DDP broadcast them at the step's forward): in process
+    run "$shape-rank0" "$shape" 5:0:backward ||
+      fail_with_dlrun_lines "$test_name" "$shape-rank0 failed" "$work/$shape-rank0.out"
+    check "$shape" "$shape-rank0" 1 0
+    # before the step's broadcast (between two steps): nobody holds them: refused, the checkpoint
+    run "$shape-rank0-commit" "$shape" 5:0:commit ||
+      fail_with_dlrun_lines "$test_name" "$shape-rank0-commit failed" "$work/$shape-rank0-commit.out"
+    grep -q "refused: rank 0 was lost, and with it the module's buffers" "$work/$shape-rank0-commit.out" ||
+      fail_with_dlrun_lines "$test_name" "$shape: rank 0's loss before the broadcast not refused" "$work/$shape-rank0-commit.out"
+    check "$shape" "$shape-rank0-commit" 0 1
+  elif [[ "$shape" == bn_nobcast || "$shape" == cxx_bn* ]]; then  # rank 0's own statistics lost: refused
     run "$shape-rank0" "$shape" 5:0:backward ||
       fail_with_dlrun_lines "$test_name" "$shape-rank0 failed" "$work/$shape-rank0.out"
     grep -q "refused: rank 0 was lost, and with it the module's buffers" "$work/$shape-rank0.out" ||

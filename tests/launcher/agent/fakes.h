@@ -230,6 +230,7 @@ class ScriptedSource final : public MembershipSource, public JobChannel {
   Verdict after_success = Verdict::kFinished;
   int nexts = 0, failures = 0, checks = 0, successes = 0;
   std::vector<std::string> failure_reasons;
+  std::vector<std::string> fallback_reasons;  // restarts in place of an in-process recovery
 
   absl::StatusOr<Assignment> Next() override {
     Assignment a = base_;
@@ -243,6 +244,10 @@ class ScriptedSource final : public MembershipSource, public JobChannel {
   bool OnFailure(const std::string& reason, bool fatal) override {
     failure_reasons.push_back(reason);
     return failures++ < max_restarts_;
+  }
+  bool OnFallback(const std::string& reason) override {
+    fallback_reasons.push_back(reason);
+    return true;
   }
   Verdict Check(std::string* reason) override {
     ++checks;

@@ -210,13 +210,15 @@ class Recoverable:
 
     def _uncaught(self, kind, value, tb):
         """The program ends on an exception: outside a step after a peer's loss, one line."""
-        if (self._txn is None and self._words is not None and self._words.interrupted()
-                and not isinstance(value, Refused)):
-            _say_refused(self.rank, "%s: %s outside `with rec.step()` after step %d met the "
-                         "lost peer (a collective between steps?): only a step can be done "
-                         "again; put it inside the step" % (
-                             type(value).__name__, str(value).splitlines()[0] if str(value)
-                             else "", self.committed))
+        # A collective's error comes before the agent's word, which tells a peer was lost.
+        if (self._txn is None and self._words is not None and not isinstance(value, Refused)
+                and (self._words.interrupted() or _is_comm_error(value)
+                     and self._words.wait(self.word_timeout) is not None)):
+            _say_refused(self.rank, "a collective between steps (after step %d, outside `with "
+                         "rec.step()`) met the lost peer: only a step can be done again; put "
+                         "it inside the step (%s: %s)" % (
+                             self.committed, type(value).__name__,
+                             str(value).splitlines()[0][:160] if str(value) else ""))
         self._excepthook(kind, value, tb)
 
     def _refusal_now(self):
@@ -463,10 +465,12 @@ def _said(why):
 
 def _say_refused(rank, why):
     """A refused recovery: one line here, and the record that tells dlrun's agent the rule."""
-    line = " ".join(why.split())[:400]
+    line = " ".join(why.split())
     print("dlrun_recovery: rank %d: in-process recovery refused: %s; the group restarts from "
           "the checkpoint" % (rank, line), file=sys.stderr, flush=True)
-    dlrun_report._record("C refused " + line)
+    # A record is at most 256 bytes (launcher/agent/step_record.h): the rule's start, in ASCII.
+    short = line.encode("ascii", "replace").decode()
+    dlrun_report._record("C refused " + (short if len(short) <= 230 else short[:227] + "..."))
 
 
 def is_replacement():

@@ -144,7 +144,7 @@ bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
 }
 
 void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
-                             Deliveries* out) {
+                             Deliveries* out, bool fallback) {
   ReleaseAdmission();  // the node being admitted joins the new round
   ++state_.round;
   state_.restart_reason = reason;
@@ -154,7 +154,10 @@ void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool coun
   expected_.clear();
   // Nodes that already finished come back too: a restart reruns the whole job.
   for (const Member& m : members_) expected_.insert(m.node.node_id);
-  if (counts_as_restart && ++state_.restart_count > config_.max_restarts) {
+  // A fallback (a restart in place of an in-process recovery) is a restart the workers see
+  // (TORCHELASTIC_RESTART_COUNT), not one of max_restarts.
+  if (counts_as_restart && fallback) ++fallbacks_;
+  if (counts_as_restart && ++state_.restart_count - fallbacks_ > config_.max_restarts) {
     Fail(absl::StrCat(reason, "; no restarts left (max_restarts=", config_.max_restarts, ")"),
          out);
     return;
@@ -306,7 +309,7 @@ absl::StatusOr<FailureReply> StateMachine::ReportFailure(const std::string& node
     if (fatal) {
       Fail(absl::StrCat(what, "; it repeats the last failure, so no restart"), out);
     } else {
-      OpenRound(now, what, /*counts_as_restart=*/!fallback, out);
+      OpenRound(now, what, /*counts_as_restart=*/true, out, fallback);
     }
   }
   // A stale round number changes nothing: that failure has already opened a newer round.

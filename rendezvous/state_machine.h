@@ -122,8 +122,9 @@ class StateMachine {
   void AddJoining(Pending p, Deliveries* out);
   // A survivor's first join at a new host: take over the lost host's round and restart count.
   void Resume(const NodeInfo& node, Deliveries* out);
+  // `fallback`: a restart in place of an in-process recovery, not counted against max_restarts.
   void OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
-                 Deliveries* out);
+                 Deliveries* out, bool fallback = false);
   void MaybeClose(TimePoint now, Deliveries* out);
   void Close(TimePoint now, Deliveries* out);
   // The preflight's verdict on the joining nodes; false when it failed the job.
@@ -149,6 +150,8 @@ class StateMachine {
   std::unordered_set<std::string> told_end_;  // nodes that got a STOP or FINISHED reply
   // After a failover: how many survivors the first round waits for before closing at once.
   int expected_survivors_ = 0;
+  // Restarts of the count that were fallbacks (this host's; a failover host counts them all).
+  int fallbacks_ = 0;
   std::optional<Resize> resize_;  // not yet taken
   std::optional<Admission> admitting_;
 };

@@ -298,7 +298,7 @@ int Agent::Verdict(const Watch& w) {
     case Watch::Outcome::kSucceeded:
       return AfterSuccess();
     case Watch::Outcome::kFailed:
-      return failures_.AfterFailure(recovery_.recovering_from());
+      return failures_.AfterFailure(recovery_.recovering_from(), recovery_.applies());
     case Watch::Outcome::kUnrecovered:
       spdlog::error("{}: restarting from the checkpoint instead", w.reason);
       failures_.StopWithCapture("an in-process recovery that did not end");

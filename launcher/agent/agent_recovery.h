@@ -53,6 +53,7 @@ class InProcessRecovery {
   std::optional<SteadyTime> deadline() const { return machine_.deadline(); }
   // The fault the recovery under way began with, else empty.
   std::string recovering_from() const { return machine_.recovering_from(); }
+  bool applies() const { return machine_.applies(); }
 
  private:
   // Begins generation d.generation over d.next: d.lost started again, the survivors told. The

@@ -103,7 +103,7 @@ std::map<int, ErrorRecord> FailurePolicy::FailedRecords() const {
   return records;
 }
 
-int FailurePolicy::AfterFailure(const std::string& recovering_from) {
+int FailurePolicy::AfterFailure(const std::string& recovering_from, bool in_process) {
   // Is the first failure one whose stacks tell something (--capture-before-kill auto)?
   const bool telling = FirstFailureTells();
   std::optional<Forensics::Capture> capture = s_.forensics.CaptureBeforeKill(
@@ -146,7 +146,7 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from) {
   const FailureSignature signature{cls.cls, first.global_rank,
                                    s_.telemetry.LastStep(first.global_rank),
                                    message.substr(0, message.find('\n'))};
-  if (Restarts(signature, cause, first, FailureClassName(cls.cls))) return -1;
+  if (Restarts(signature, cause, first, FailureClassName(cls.cls), in_process)) return -1;
   FailureReport report{s_.options.program_name,
                        s_.options.hostname,
                        s_.group.exits(),
@@ -167,7 +167,8 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from) {
 }
 
 bool FailurePolicy::Restarts(const FailureSignature& signature, const std::string& cause,
-                             const WorkerExit& first, const char* class_name) {
+                             const WorkerExit& first, const char* class_name,
+                             bool in_process) {
   const std::string& message = signature.message;
   if (RepeatsLastFailure(signature)) {
     spdlog::error(
@@ -177,7 +178,7 @@ bool FailurePolicy::Restarts(const FailureSignature& signature, const std::strin
         signature.step >= 0 ? absl::StrCat(" after step ", signature.step, ", its last reported")
                             : std::string(" before its first step"));
     s_.source.OnFailure(absl::StrCat(cause, ", the same way as the attempt before"), true);
-  } else if (FallsBack(signature.step)) {
+  } else if (FallsBack(signature.step, in_process)) {
     // A program that declared in-process recovery: its restart from the checkpoint, once per
     // fault, is not counted against --max-restarts (the recovery it replaces was the plan).
     if (s_.source.OnFallback(cause)) {
@@ -199,10 +200,8 @@ bool FailurePolicy::Restarts(const FailureSignature& signature, const std::strin
   return false;
 }
 
-bool FailurePolicy::FallsBack(int64_t step) {
-  if (s_.options.recovery != AgentOptions::Recovery::kInProcess || !s_.options.pick_master_port) {
-    return false;
-  }
+bool FailurePolicy::FallsBack(int64_t step, bool in_process) {
+  if (!in_process) return false;
   const std::vector<WorkerGroup::Worker>& workers = s_.group.workers();
   const bool declared =
       !workers.empty() && std::all_of(workers.begin(), workers.end(),

@@ -44,7 +44,9 @@ class FailurePolicy {
   // After a worker failed (the group's exits): the group stopped, the failure described and
   // reported; -1 to run again, else dlrun's exit code. `recovering_from`: the fault of an
   // in-process recovery under way, which the restart names as the cause.
-  int AfterFailure(const std::string& recovering_from);
+  // `in_process`: a declaring program's failure here is recovered in process where it can be
+  // (RecoveryMachine::applies()), so a restart instead is a fallback (FallsBack).
+  int AfterFailure(const std::string& recovering_from, bool in_process);
   struct Hung {
     std::string reason;
     int rank = -1;  // the rank detected; -1: the whole group idle
@@ -78,10 +80,10 @@ class FailurePolicy {
   // Whether the job goes on after a failure (it was reported to the membership source, and the
   // restart said in one line): not when it repeats the last one, or no restart is left.
   bool Restarts(const FailureSignature& signature, const std::string& cause,
-                const WorkerExit& first, const char* class_name);
+                const WorkerExit& first, const char* class_name, bool in_process);
   // Whether a failure after `step` of a program that declared in-process recovery restarts from
   // the checkpoint without counting against --max-restarts: once per step it failed at.
-  bool FallsBack(int64_t step);
+  bool FallsBack(int64_t step, bool in_process);
   // A failure HardwareFault named: the second puts this node in options.bad_nodes_files.
   void NoteHardwareFault(const std::string& what);
   // The live ranks' stacks now, and what they say of a hang.

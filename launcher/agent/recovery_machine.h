@@ -121,6 +121,11 @@ class RecoveryMachine {
   // made it fall back (the restart's cause); empty after a recovery that ended, and in a group
   // that never began one.
   const std::string& recovering_from() const { return recovering_from_; }
+  // Whether a declaring program's lost rank is recovered in process here at all (asked for, and
+  // one node or nodes that can regroup): a failure that ends in a restart replaces a recovery.
+  bool applies() const {
+    return config_.asked_for && (config_.single_node_job || config_.can_regroup);
+  }
 
  private:
   Decision FallBack(Decision::Kind kind, std::string why);

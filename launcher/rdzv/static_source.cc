@@ -31,7 +31,7 @@ class StaticSource final : public MembershipSource, public JobChannel {
       if (telemetry_) telemetry_->SetState("failed");
       return false;
     }
-    const bool again = restarts_++ < max_restarts_;
+    const bool again = restarts_++ - fallbacks_ < max_restarts_;
     if (telemetry_) {
       if (again) telemetry_->AddRestartCause(reason);
       telemetry_->SetState(again ? "restarting" : "failed");
@@ -39,6 +39,8 @@ class StaticSource final : public MembershipSource, public JobChannel {
     return again;
   }
   bool OnFallback(const std::string& reason) override {
+    ++restarts_;  // the workers' TORCHELASTIC_RESTART_COUNT, not one of --max-restarts
+    ++fallbacks_;
     if (telemetry_) {
       telemetry_->AddRestartCause(reason);
       telemetry_->SetState("restarting");
@@ -60,6 +62,7 @@ class StaticSource final : public MembershipSource, public JobChannel {
   int max_restarts_;
   std::function<int()> pick_;
   int restarts_ = 0;
+  int fallbacks_ = 0;  // restarts in place of an in-process recovery, not counted
   std::shared_ptr<telemetry::JobTelemetry> telemetry_;
 };
 

@@ -186,6 +186,28 @@ TEST_F(RestartRounds, AFatalFailureStopsTheJobWithRestartsLeft) {
   EXPECT_NE(hb->reason.find("repeats the last failure"), std::string::npos) << hb->reason;
 }
 
+// A failure in place of an in-process recovery (a refusal) opens a new round that the workers
+// see as a restart, but not one of max_restarts: with none, the job goes on; an ordinary failure
+// after it still finds none left.
+TEST_F(RestartRounds, AFallbackIsARestartNotCountedAgainstMaxRestarts) {
+  Make({.min_nodes = 2, .max_nodes = 2, .max_restarts = 0});
+  Join("a");
+  Join("b");
+  Deliveries out;
+  auto r = sm_->ReportFailure("b", 1, "rank 3 refused", now_, &out, /*fatal=*/false,
+                              /*fallback=*/true);
+  Run(out);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->restarts_exhausted);
+  EXPECT_EQ(sm_->state().restart_count, 1);
+  EXPECT_EQ(sm_->state().phase, StateMachine::Phase::kJoining);
+  Join("a");
+  Join("b");
+  r = Fail("a", 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->restarts_exhausted);
+}
+
 // A node dies and its workers' peers report the failure before the liveness limit: the new
 // round expects the dead node too. Once it has been silent for the limit it is no longer
 // expected, so the survivors' round closes then, not at the 30-s last call. A member that

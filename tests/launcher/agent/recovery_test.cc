@@ -118,6 +118,38 @@ TEST(AgentInProcessRecovery, AReplacementThatNeverSaysItHoldsTheStateEndsInTheRe
   EXPECT_EQ(h.procs.procs[4].spec.env.at("TORCHELASTIC_RESTART_COUNT"), "1");
 }
 
+// A survivor refuses the recovery (it exits with 1 where it would send its "P" record): the
+// group restarts from the checkpoint with --max-restarts 0, the restart the workers see
+// (TORCHELASTIC_RESTART_COUNT 1) but not one of --max-restarts.
+TEST(AgentInProcessRecovery, ARefusedRecoveryRestartsFromTheCheckpointWithoutMaxRestarts) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/false);
+  h.procs.on_tell = [](FakeProcesses& f, pid_t pid, const std::string&) {
+    f.ExitAfter(pid, milliseconds(50), 1);
+  };
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/0), 0);
+  EXPECT_EQ(h.procs.groups_started(), 2);
+  ASSERT_EQ(h.procs.procs.size(), 7u);
+  EXPECT_EQ(h.procs.procs[4].spec.env.at("TORCHELASTIC_RESTART_COUNT"), "1");
+}
+
+// The same program failing again at the same step after that restart: no second uncounted
+// restart (a bug would loop), the ordinary count ends the job.
+TEST(AgentInProcessRecovery, AFailureAtTheStepOfTheLastFallbackIsCounted) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/false);
+  auto declaring = h.procs.on_spawn;
+  h.procs.on_spawn = [declaring](FakeProcesses& f, FakeProcesses::Proc& p) {
+    declaring(f, p);
+    if (p.attempt == 1 && p.spec.local_rank == 1) f.KilledAfter(p.pid, milliseconds(2500), SIGKILL);
+  };
+  h.procs.on_tell = [](FakeProcesses& f, pid_t pid, const std::string&) {
+    f.ExitAfter(pid, milliseconds(50), 1);
+  };
+  EXPECT_NE(h.RunStatic(/*max_restarts=*/0), 0);
+  EXPECT_EQ(h.procs.groups_started(), 2);
+}
+
 TEST(AgentInProcessRecovery, AProgramThatDidNotDeclareItRestartsAsUnderTorchrun) {
   Harness h(3);
   Declaring(h, /*replacement_joins=*/true, /*declares=*/false);

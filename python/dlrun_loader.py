@@ -63,9 +63,12 @@ class Loader:
 
     def position(self):
         """(the iterator's number, its batches drawn by whole steps, the random generators
-        before it was made) or None: where a replacement's loader starts."""
+        before it was made, whether it was made after the last whole step) or None: where a
+        replacement's loader starts."""
         it = self._current
-        return None if it is None else (it.index, it.committed, it.rng_before)
+        if it is None:
+            return None
+        return (it.index, it.committed, it.rng_before, it.made_at == self._rec.committed)
 
     def into_step(self, txn):
         if self._current is not None:
@@ -84,6 +87,7 @@ class _LoaderIter:
         self.committed = 0  # batches drawn by whole steps
         self.pending = []   # drawn outside a step: the next step's
         self.replay = []    # handed back by a given-up step: drawn again first
+        self.made_at = rec.committed  # the last whole step when it was made
         now = rng_state(rec.device)
         if pos is None:
             self.rng_before = now
@@ -92,7 +96,9 @@ class _LoaderIter:
             self.rng_before = pos[2]
             set_rng_state(pos[2])
             self.it = _iter_from(owner._loader, pos[1])
-            set_rng_state(now)
+            if not pos[3]:  # made before the last whole step: the generators as of that step
+                set_rng_state(now)
+            # else the lost rank made it after its last step, drawing from them as here
             self.committed = pos[1]
         try:
             self.it._dlrun_owned = True

@@ -50,7 +50,7 @@ layers = [torch.nn.Linear(8, 16)]
 if bn:
     layers.append(torch.nn.BatchNorm1d(16))
 layers += [torch.nn.ReLU(), torch.nn.Linear(16, 1)]
-if shape == "dropout":
+if shape in ("dropout", "loader0", "loader2"):  # the loader shapes too: the iterator's seed draw
     layers.insert(2, torch.nn.Dropout(0.3))
 model = torch.nn.Sequential(*layers)
 if shape == "unused_never":  # a branch no step uses: DDP must be told to look for it

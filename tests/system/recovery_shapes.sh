@@ -102,6 +102,12 @@ for shape in "$@"; do
         check "$shape" "$shape-fault" 0 1
       fi
       ;;
+    loader0|loader2)  # every point, and the start of an epoch's first step (the iterator made
+      # after the last whole step: its seed drawn from the generators the replacement gets)
+      run "$shape-fault" "$shape" 2:1:start,5:1:backward,8:1:start,10:1:commit,12:1:update ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 5 0
+      ;;
     exception)  # an error of the program's own in a step: that rank fails at once, and is
       # replaced in process like a killed one
       run "$shape-fault" "$shape" 6:1:raise ||

@@ -7,12 +7,14 @@ no checkpoint is read.
     dist.init_process_group("gloo")
     rec = dlrun_recovery.Recoverable(model, optimizer, scheduler)   # builds rec.ddp
     for step in rec.steps(total, start=first_step):   # a replacement starts where its peers are
-        with rec.step():                              # a peer lost inside: the step again
+        with rec.step() as s:                         # a peer lost inside: the step again
             loss = loss_fn(rec.ddp(inputs(step)), targets(step))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             scheduler.step()
+        if s.committed and step % 100 == 99:          # not after a step given up
+            save_checkpoint(step)
     dist.destroy_process_group()
     dlrun_report.done()    # last: a crash in the interpreter's teardown is then no failure
 
@@ -21,9 +23,11 @@ in `ddp=`) and wraps it again after a recovery, so use `rec.ddp` each step, not 
 `optimizer` may be a list. A step is whole or not at all (dlrun_step.py; docs/RECOVERY.md): a
 step given up is undone on the survivors, after the update too; what cannot be made exact is
 refused in one line, and the group restarts from the checkpoint.
-The objects after the optimizer (an LR scheduler, a sampler, anything with state_dict() and
-load_state_dict()) travel with the model and optimizer to the replacement. A step's data must
-follow from the step number (and the rank), as with a DistributedSampler and set_epoch.
+The objects after the optimizer (an LR scheduler, an EMA, anything with state_dict() and
+load_state_dict()) travel with the model and optimizer to the replacement. A step's data comes
+from `rec.loader(loader)` (a given-up step gets its batch again; a replacement starts at the
+lost rank's) or follows from the step number (and the rank); a loop over epochs uses
+`rec.epochs()` and `rec.resume(step)` (docs/RECOVERY.md, "Python programs: the checklist").
 
 A node lost from a job started with `--nnodes MIN:MAX` (every node's workers using this): the
 survivors go on at the smaller world size in the same way, each with its new rank (RANK,

@@ -75,7 +75,7 @@ kill_rank = int(os.environ.get("KILL_RANK", "-1"))
 kill_step = int(os.environ.get("KILL_STEP", "-1"))
 first = not rec.replacement and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 for step in rec.steps(steps, start=start):
-    with rec.step():
+    with rec.step() as s:
         began = time.time()
         if rank == kill_rank and step == kill_step and first:
             print("rank %d killed at %.6f" % (rank, time.time()), flush=True)
@@ -88,8 +88,10 @@ for step in rec.steps(steps, start=start):
         opt.step()
         sched.step()
         time.sleep(step_s)
-        dlrun_report.report_step(step, samples=16, step_s=time.time() - began, loss=loss.item())
         print("rank %d step %d began %.6f" % (rank, step, began), flush=True)
+    if not s.committed:
+        continue  # given up: done again (a checkpoint or a report here would be of no step)
+    dlrun_report.report_step(step, samples=16, step_s=time.time() - began, loss=loss.item())
     if path and rank == 0 and ckpt_every and (step + 1) % ckpt_every == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),

@@ -121,7 +121,8 @@ Agent::Watch Agent::WatchGroup() {
   using Outcome = Watch::Outcome;
   const Millis interval = source_->check_interval();
   SteadyTime next_check = interval.count() > 0 ? clock_.Now() + interval : SteadyTime::max();
-  while (group_.AliveCount() > 0) {
+  // A node whose every rank was lost (one rank a node) waits for the job's answer with none alive.
+  while (group_.AliveCount() > 0 || recovery_.under_way()) {
     SteadyTime next_hang;
     if (std::optional<FailurePolicy::Hung> hung = failures_.CheckHangs(&next_hang)) {
       return {Outcome::kHung, hung->reason, 0, hung->rank};

@@ -54,6 +54,8 @@ class InProcessRecovery {
   // The fault the recovery under way began with, else empty.
   std::string recovering_from() const { return machine_.recovering_from(); }
   bool applies() const { return machine_.applies(); }
+  // A recovery under way (asked of the job, or waiting for every rank's state).
+  bool under_way() const { return machine_.recovering(); }
 
  private:
   // Begins generation d.generation over d.next: d.lost started again, the survivors told. The

@@ -74,7 +74,10 @@ std::string RecoveryMachine::WhyNot(const std::vector<Member>& members,
                          " failed there before and was recovered in process)");
     }
   }
-  if (why.empty() && failed == members.size()) why = "no rank survived";
+  // Across nodes the survivors may all be elsewhere (a node of one rank): the job is asked.
+  if (why.empty() && failed == members.size() && !config_.across_nodes()) {
+    why = "no rank survived";
+  }
   return why;
 }
 

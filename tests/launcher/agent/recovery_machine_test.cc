@@ -268,6 +268,15 @@ std::vector<Row> Rows() {
        },
        Kind::kRecover, Phase::kHealthy, "",
        [](const Walk&, const Decision& d) { EXPECT_TRUE(d.needs_port); }},
+      {"across: a node whose every rank failed (one rank a node) asks the job: the survivors are "
+       "on the other nodes",
+       [](Walk& w) {
+         w = Walk::AcrossNodes(/*rank0=*/false);
+         w.exits = {w.Exit(0, 1), w.Exit(2, 1)};
+         return w.Fail();
+       },
+       Kind::kRecover, Phase::kHealthy, "",
+       [](const Walk&, const Decision& d) { EXPECT_EQ(d.lost.size(), 3u); }},
       {"across: another node asks without a port",
        [](Walk& w) {
          w = Walk::AcrossNodes(/*rank0=*/false);
@@ -486,7 +495,7 @@ TEST(RecoveryMachine, EveryRowOfTheTransitionTable) {
     if (row.also) row.also(w, d);
     ++rows;
   }
-  EXPECT_EQ(rows, 43);
+  EXPECT_EQ(rows, 44);
 }
 
 }  // namespace

@@ -213,7 +213,8 @@ const std::vector<Flag> kBaseFlags = {
      },
      "KEY=VALUE,... rendezvous settings"},
     {"max-restarts", "", true, IntField("max-restarts", &O::max_restarts, 0, kMax),
-     "restarts of the worker group before the job fails (default 0)"},
+     "restarts of the worker group before the job fails (default 0; a restart in place of a "
+     "refused in-process recovery is not counted)"},
     {"monitor-interval", "", true, DurationField("monitor-interval", &O::monitor_interval, true),
      "accepted for torchrun compatibility; dlrun sees worker exits at once"},
     {"role", "", true, StrField(&O::role), "worker role name (default 'default')"},

@@ -285,12 +285,16 @@ int Agent::RunAttempts() {
       StopGroup(SIGKILL);
       return 1;
     }
-    const Watch w = WatchGroup();
-    if (w.outcome != Watch::Outcome::kSucceeded) {
-      fault_seen_at_ = clock_.Now();
-      telemetry_.FaultSeen(*fault_seen_at_);
+    int rc = FailurePolicy::kRecoverInProcess;
+    while (rc == FailurePolicy::kRecoverInProcess) {  // a hung rank killed alone: watch on
+      const Watch w = WatchGroup();
+      if (w.outcome != Watch::Outcome::kSucceeded) {
+        fault_seen_at_ = clock_.Now();
+        telemetry_.FaultSeen(*fault_seen_at_);
+      }
+      rc = Verdict(w);
     }
-    if (const int rc = Verdict(w); rc >= 0) return rc;
+    if (rc >= 0) return rc;
   }
 }
 
@@ -306,7 +310,8 @@ int Agent::Verdict(const Watch& w) {
       telemetry_.MaybePublish(/*now_anyway=*/true);
       return source_->OnFailure(w.reason, false) ? -1 : 1;
     case Watch::Outcome::kHung:
-      return failures_.AfterHang({w.reason, w.rank});
+      return failures_.AfterHang({w.reason, w.rank},
+                                 recovery_.applies() && !recovery_.under_way());
     case Watch::Outcome::kSignalled:
       spdlog::warn("received SIG{}: forwarding to workers and stopping",
                    dlrun::SignalAbbrev(w.signal));

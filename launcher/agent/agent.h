@@ -51,7 +51,7 @@ class Agent {
     int rank = -1;   // kHung: the rank detected
   };
   // Each attempt: the next assignment, the group started and watched, the verdict. An exit
-  // code, or -1 to run again.
+  // code, -1 to run again, or FailurePolicy::kRecoverInProcess to watch the same group on.
   int RunAttempts();
   int Verdict(const Watch& w);
   // `assigned_at`: when the assignment arrived (for the restart's timing line).

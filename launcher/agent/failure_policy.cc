@@ -200,6 +200,34 @@ bool FailurePolicy::Restarts(const FailureSignature& signature, const std::strin
   return false;
 }
 
+pid_t FailurePolicy::HungAlone(const std::vector<int>& culprits) const {
+  if (culprits.size() != 1) return -1;
+  pid_t pid = -1;
+  for (const WorkerGroup::Worker& w : s_.group.workers()) {
+    if (!w.recoverable) return -1;  // the group declared in-process recovery, every rank
+    if (w.rank == culprits[0] && w.alive) pid = w.pid;
+  }
+  return pid;
+}
+
+void FailurePolicy::NoteHang(int culprit, const std::string& message,
+                             std::optional<Forensics::Capture> capture,
+                             const std::vector<int>& culprits) {
+  std::shared_future<std::string> stacks_json;
+  if (capture) {
+    stacks_json = Forensics::JsonWhenRead(
+        s_.forensics.FinishCapture(*std::move(capture), s_.group.attempt(), -1, "", culprits));
+  }
+  s_.telemetry.MaybePublish(/*now_anyway=*/true);
+  s_.telemetry.NoteFailure({culprit,
+                            s_.options.hostname,
+                            FailureClassName(FailureClass::kHang),
+                            message,
+                            stacks_json,
+                            s_.forensics.ReadFlightRecorder(s_.group.attempt(), s_.group.Ranks()),
+                            {}});
+}
+
 bool FailurePolicy::FallsBack(int64_t step, bool in_process) {
   if (!in_process) return false;
   const std::vector<WorkerGroup::Worker>& workers = s_.group.workers();
@@ -266,7 +294,7 @@ std::optional<FailurePolicy::Hung> FailurePolicy::CheckHangs(SteadyTime* next) {
   return std::nullopt;
 }
 
-int FailurePolicy::AfterHang(const Hung& hung) {
+int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   const std::string& reason = hung.reason;
   const int rank = hung.rank;
   const std::vector<int> stopped = s_.group.StoppedRanks();
@@ -300,22 +328,19 @@ int FailurePolicy::AfterHang(const Hung& hung) {
           : "; every rank on this node waits in a collective: the rank holding them up is on "
             "another node, or gone",
       v.where.empty() ? "" : "; ", v.where);
-  spdlog::error("{}: stopping the worker group", message);
-  s_.stop_group(SIGTERM);
-  const int culprit = culprits.empty() ? (workers.empty() ? 0 : workers[0].rank) : culprits[0];
-  std::shared_future<std::string> stacks_json;
-  if (capture) {
-    stacks_json = Forensics::JsonWhenRead(
-        s_.forensics.FinishCapture(*std::move(capture), s_.group.attempt(), -1, "", culprits));
+  const pid_t alone = in_process ? HungAlone(culprits) : -1;
+  spdlog::error("{}: {}", message,
+                alone > 0 ? "killing it; the other ranks keep running (in-process recovery)"
+                          : "stopping the worker group");
+  if (alone > 0) {
+    s_.processes.SignalGroup(alone, SIGKILL);  // its exit is the failure recovered in process
+    hang_.Exited(alone);                       // judged: not hung again before its exit is seen
+  } else {
+    s_.stop_group(SIGTERM);
   }
-  s_.telemetry.MaybePublish(/*now_anyway=*/true);
-  s_.telemetry.NoteFailure({culprit,
-                            s_.options.hostname,
-                            FailureClassName(FailureClass::kHang),
-                            message,
-                            stacks_json,
-                            s_.forensics.ReadFlightRecorder(s_.group.attempt(), s_.group.Ranks()),
-                            {}});
+  const int culprit = culprits.empty() ? (workers.empty() ? 0 : workers[0].rank) : culprits[0];
+  NoteHang(culprit, message, std::move(capture), culprits);
+  if (alone > 0) return kRecoverInProcess;
   const FailureSignature signature{FailureClass::kHang, culprit, s_.telemetry.LastStep(culprit),
                                    who};
   if (RepeatsLastFailure(signature)) {

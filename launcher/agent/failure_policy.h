@@ -28,6 +28,8 @@ class FailurePolicy {
  public:
   // dlrun's exit code when a hang ends the job.
   static constexpr int kHangExitCode = 124;
+  // AfterHang: the hung rank was killed alone; its exit is recovered in process (watch on).
+  static constexpr int kRecoverInProcess = -2;
   struct Seams {
     const AgentOptions& options;
     Processes& processes;
@@ -56,7 +58,10 @@ class FailurePolicy {
   std::optional<Hung> CheckHangs(SteadyTime* next);
   // The hang path: the culprit named from every rank's stack, the group stopped; -1 to run
   // again, else kHangExitCode.
-  int AfterHang(const Hung& hung);
+  // `in_process`: a lost rank is recovered in process here now (RecoveryMachine::applies(), no
+  // recovery under way): one hung rank of a declaring group is killed alone, and
+  // kRecoverInProcess returned.
+  int AfterHang(const Hung& hung, bool in_process);
   // Stops the group with SIGTERM after a capture before kill for `why`.
   void StopWithCapture(const std::string& why);
   HangWatch& hang() { return hang_; }
@@ -81,6 +86,12 @@ class FailurePolicy {
   // restart said in one line): not when it repeats the last one, or no restart is left.
   bool Restarts(const FailureSignature& signature, const std::string& cause,
                 const WorkerExit& first, const char* class_name, bool in_process);
+  // The pid of the one culprit to kill alone (a live local rank of a group that declared
+  // in-process recovery), else -1.
+  pid_t HungAlone(const std::vector<int>& culprits) const;
+  // The hang in the report's failures, with the stacks captured before the stop.
+  void NoteHang(int culprit, const std::string& message, std::optional<Forensics::Capture> capture,
+                const std::vector<int>& culprits);
   // Whether a failure after `step` of a program that declared in-process recovery restarts from
   // the checkpoint without counting against --max-restarts: once per step it failed at.
   bool FallsBack(int64_t step, bool in_process);

@@ -150,6 +150,39 @@ TEST(AgentInProcessRecovery, AFailureAtTheStepOfTheLastFallbackIsCounted) {
   EXPECT_EQ(h.procs.groups_started(), 2);
 }
 
+// A rank whose step records stop (hung) in a group that declared in-process recovery: the hang
+// detection names it, dlrun kills it alone (SIGKILL, the others get no signal) and it is replaced
+// in process like a dead one: no restart, the survivors told the new group.
+TEST(AgentInProcessRecovery, AHungRankIsKilledAloneAndReplacedInProcess) {
+  Harness h(3);
+  Declaring(h, /*replacement_joins=*/true);  // its options and its survivors' "P" records
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    const bool replacement = p.spec.env.count("DLRUN_RECOVERY_GEN") != 0;
+    f.RecordAfter(p.pid, milliseconds(100), Declared());
+    StepRecord s;
+    s.samples = 1;
+    s.step_s = 0.1;
+    if (replacement) {
+      f.RecordAfter(p.pid, milliseconds(200), FromPeer(2));
+      f.ExitAfter(p.pid, seconds(20), 0);
+    } else if (p.spec.local_rank == 1) {
+      f.StepsEvery(p.pid, milliseconds(100), seconds(10), s);  // then silent: hung
+    } else {
+      f.StepsEvery(p.pid, milliseconds(100), seconds(95), s);
+      f.ExitAfter(p.pid, seconds(100), 0);
+    }
+  };
+  EXPECT_EQ(h.RunStatic(/*max_restarts=*/0), 0);
+  EXPECT_EQ(h.procs.groups_started(), 1);
+  const pid_t hung = h.procs.procs[1].pid;
+  ASSERT_FALSE(h.procs.SentTo(hung).empty());
+  EXPECT_EQ(h.procs.SentTo(hung)[0].sig, SIGKILL);
+  for (int i : {0, 2}) EXPECT_TRUE(h.procs.SentTo(h.procs.procs[i].pid).empty()) << i;
+  ASSERT_EQ(h.procs.procs.size(), 4u);
+  EXPECT_EQ(h.procs.procs[3].spec.env.at("DLRUN_RECOVERY_GEN"), "1");
+  EXPECT_EQ(h.procs.told.size(), 2u);
+}
+
 TEST(AgentInProcessRecovery, AProgramThatDidNotDeclareItRestartsAsUnderTorchrun) {
   Harness h(3);
   Declaring(h, /*replacement_joins=*/true, /*declares=*/false);

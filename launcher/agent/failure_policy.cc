@@ -335,6 +335,10 @@ int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   if (alone > 0) {
     s_.processes.SignalGroup(alone, SIGKILL);  // its exit is the failure recovered in process
     hang_.Exited(alone);                       // judged: not hung again before its exit is seen
+    // The others waited on it: their step records start again after the recovery, judged anew.
+    for (const WorkerGroup::Worker& w : workers) {
+      if (w.alive && w.pid != alone) hang_.Add(w.pid);
+    }
   } else {
     s_.stop_group(SIGTERM);
   }

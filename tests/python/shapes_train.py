@@ -18,7 +18,8 @@ alternately (the job ends with a verdict)).
 KILLS=STEP:RANK:POINT,...  the first process of RANK SIGKILLs itself at POINT of STEP (once per
 run: a marker in CKPT_DIR): start (before the forward), backward (in a gradient's hook),
 update (right after the optimizer's update, before the step's next collective), commit (after
-the step, before the next); "raise": raises a ValueError at the step's start instead.
+the step, before the next); "raise": raises a ValueError at the step's start instead; "sleep":
+sleeps there for an hour (a hung rank).
 CKPT_DIR: rank 0 writes a checkpoint (atomically) every 4 steps; a start that is not a
 replacement resumes from it ("resumed from step S"): the fall-back after a refusal.
 Lines: "rank R digest D buffers B recoveries K" at the end: D over every parameter and the
@@ -131,6 +132,10 @@ def kill_here(step, point):
     open(marker, "w").close()
     if point == "raise":  # an error of the program's own (an OOM, a bug) in the step
         raise ValueError("an error of the program's own in step %d" % step)
+    if point == "sleep":  # hung: the hang detection must name it, then it is killed
+        print("rank %d hangs in step %d" % (rank, step), flush=True)
+        import time
+        time.sleep(3600)
     print("rank %d killed at step %d, %s" % (rank, step, point), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -185,6 +190,7 @@ for step, given in steps_and_batches():
     with rec.step() as st:
         kill_here(step, "start")
         kill_here(step, "raise")
+        kill_here(step, "sleep")
         if shape == "bug" and step == 6 and (rank == 0 and rec.recoveries > 0 or
                                              rank == 1 and not rec.replacement):
             raise ValueError("a bug met in step 6 (rank %d)" % rank)

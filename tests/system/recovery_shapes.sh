@@ -31,7 +31,8 @@ run() {  # run TAG SHAPE KILLS: the run's output in $work/TAG.out, its exit stat
   # --spare-workers off: what is checked is the state, not the replacement's start; a spare
   # that is never promoted (two per run) is ~3 CPU-s of torch imports on a saturated machine.
   CKPT_DIR=$work/$1 KILLS=$3 timeout 300 "$DLRUN" --standalone --nproc-per-node "${NPROC:-2}" \
-    --max-restarts "${MAX_RESTARTS:-3}" --spare-workers off "${program[@]}" >"$work/$1.out" 2>&1
+    --max-restarts "${MAX_RESTARTS:-3}" --spare-workers off ${EXTRA_FLAGS:-} "${program[@]}" \
+    >"$work/$1.out" 2>&1
 }
 # ends TAG: "rank R digest D buffers B" of the last process of each rank, one per line.
 ends() { sed -n 's/^\[rank [0-9]*\]: \(rank [0-9]* digest [0-9a-f]* buffers [0-9a-f]*\).*/\1/p' "$work/$1.out" | sort -k2,2 -s | awk '{last[$2]=$0} END {for (r in last) print last[r]}' | sort; }
@@ -68,6 +69,16 @@ for shape in "$@"; do
     grep -q "the DDP communication hooks differ across ranks: rank 0 has none; rank 1 has .*fp16_compress_hook (state a process group)" "$work/$shape.out" ||
       fail_with_dlrun_lines "$test_name" "$shape: no line naming the hooks" "$work/$shape.out"
     echo "ok: $shape (refused at the first step)"
+    continue
+  fi
+  if [[ $shape == hang ]]; then  # rank 1 sleeps in step 6: the hang detection names it, it is
+    # killed alone and replaced in process (--hang-floor 5: named 5 s after its last step)
+    run "$shape-clean" plain "" || fail_with_dlrun_lines "$test_name" "plain without a fault failed" "$work/$shape-clean.out"
+    MAX_RESTARTS=0 EXTRA_FLAGS="--hang-floor 5" run "$shape-fault" plain 6:1:sleep ||
+      fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+    grep -q "rank 1 hung: .*killing it; the other ranks keep running (in-process recovery)" "$work/$shape-fault.out" ||
+      fail_with_dlrun_lines "$test_name" "$shape: rank 1 not named and killed alone" "$work/$shape-fault.out"
+    check "$shape" "$shape-fault" 1 0
     continue
   fi
   if [[ $shape == bug ]]; then  # a bug the step done again meets, on the other rank each time:

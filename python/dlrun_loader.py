@@ -1,12 +1,13 @@
-"""The step's data for dlrun_recovery (docs/RECOVERY.md, "The step's data"): rec.loader()'s
-wrapper, whose iterators hand a given-up step's batches back and start a replacement where the
-lost rank's was, and the watch on DataLoader iterators of the program's own. Internal to
-dlrun_recovery (beside it on the workers' PYTHONPATH and in the wheel)."""
+"""The step's data for dlrun_recovery (docs/RECOVERY.md, "Python programs: the checklist"):
+rec.loader()'s wrapper, whose iterators hand a given-up step's batches back and start a
+replacement where the lost rank's was, and the watch on DataLoader iterators of the program's
+own. Internal to dlrun_recovery (beside it on the workers' PYTHONPATH and in the wheel)."""
 import itertools
 
 import torch
 
 from dlrun_step import rng_state, set_rng_state
+
 
 def watch_raw_loaders(active):
     """Notes a draw from a DataLoader iterator the program made itself (not rec.loader()'s)

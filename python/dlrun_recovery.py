@@ -116,6 +116,9 @@ class Recoverable:
         self.backend = dist.get_backend()
         self.device = _device(self.backend)
         self._rng_commit = rng_state(self.device)  # the generators as of the last whole step
+        self._rng_commit_digests = rng_digests(self._rng_commit)
+        self._in_ddp = False    # inside DDP's forward (after its broadcast of rank 0's buffers)
+        self._sending = False   # this rank's state is being sent (its state_dict() is asked)
         self.rank = dist.get_rank()  # the same in every generation unless a node is lost
         self.committed = -1   # the last step this rank finished
         self.recoveries = 0
@@ -149,9 +152,7 @@ class Recoverable:
         else:
             self.ddp = self._watched(DistributedDataParallel(self.module, **self.ddp_kwargs))
             if self._words is not None:  # every first process makes this: one allgather
-                self._rng_shared = _equal_across_ranks(rng_digests(rng_state(self.device)),
-                                                       self.device)
-        self._rng_commit = rng_state(self.device)  # the generators as of the last whole step
+                self._rng_shared = _equal_across_ranks(self._rng_commit_digests, self.device)
 
     def _watch_program(self, gen):
         """Under dlrun: the hooks on the program's module, optimizers and loaders, the
@@ -191,26 +192,26 @@ class Recoverable:
         """The module's first forward in a step through DDP: its inputs kept (by reference) to
         compare with the step's next attempt, and the buffers DDP just broadcast from rank 0."""
         txn = self._txn
-        if txn is None or txn.inputs is not None or not getattr(self, "_in_ddp", False):
+        if txn is None or txn.inputs is not None or not self._in_ddp:
             return
         txn.inputs = flat_inputs(args, kwargs)
         if self.broadcast:
             txn.rank0_buffers = [b.detach().clone() for b in module.buffers()]
         redo, self._redo_inputs = self._redo_inputs, None
         if redo is not None and redo[0] == self._current and not same_inputs(redo[1], txn.inputs):
-            raise _said("step %d was done again on other inputs than its first attempt: its "
-                          "batch came from an iterator the given-up attempt had advanced (a "
-                          "DataLoader iterator of the program's own?); give the loader to "
-                          "rec.loader(loader)" % self._current)
+            raise _said(self.rank, "step %d was done again on other inputs than its first "
+                        "attempt: its batch came from an iterator the given-up attempt had "
+                        "advanced (a DataLoader iterator of the program's own?); give the loader "
+                        "to rec.loader(loader)" % self._current)
 
     def _state_dict_pre(self, obj, prefix, keep_vars):
         """A checkpoint of a given-up step's state would be labelled with that step and hold
         the one before: refused."""
-        if self._given_up is not None and not getattr(self, "_sending", False):
-            raise _said("the state was asked for (a checkpoint?) after step %d was given up "
-                          "(a peer was lost in it); it holds step %d: test `s.committed` of "
-                          "`with rec.step() as s:` before saving" % (self._given_up,
-                                                                     self.committed))
+        if self._given_up is not None and not self._sending:
+            raise _said(self.rank, "the state was asked for (a checkpoint?) after step %d was "
+                        "given up (a peer was lost in it); it holds step %d: test `s.committed` "
+                        "of `with rec.step() as s:` before saving" % (self._given_up,
+                                                                      self.committed))
 
     def _uncaught(self, kind, value, tb):
         """The program ends on an exception: outside a step after a peer's loss, one line."""
@@ -263,7 +264,8 @@ class Recoverable:
         """`loader` (a DataLoader, or any iterable of batches) whose batches the recovery owns:
         a step given up hands its batches back, so that every survivor does it again on the
         same ones, and a replacement's first iter() starts at the lost rank's batch, its
-        sampler and random generators as they were (docs/RECOVERY.md, "The step's data")."""
+        sampler and random generators as they were (docs/RECOVERY.md, "Python programs: the
+        checklist")."""
         wrapped = _Loader(self, loader, self._positions.pop(0) if self._positions else None)
         self._loaders.append(wrapped)
         return wrapped
@@ -446,9 +448,10 @@ class _Step:
                 for it, _ in txn.drawn:
                     it.committed += 1
                 now = rng_state(rec.device)
+                digests = rng_digests(now)
                 rec._rng_used = [u or a != b for u, a, b in zip(
-                    rec._rng_used, rng_digests(now), rng_digests(rec._rng_commit))]
-                rec._rng_commit = now
+                    rec._rng_used, digests, rec._rng_commit_digests)]
+                rec._rng_commit, rec._rng_commit_digests = now, digests
             # Gradients left without an update carry into the next step: state no transfer sends.
             rec._grads_left = (txn is not None and txn.updates == 0 and
                                any(p.grad is not None for p in rec.module.parameters()))
@@ -460,10 +463,9 @@ class _Step:
         return rec._give_up(value, txn)
 
 
-def _said(why):
+def _said(rank, why):
     """A Refused exception whose rule was said in one line (and told to the agent)."""
-    rec = _active[0]
-    _say_refused(rec.rank if rec is not None else -1, why)
+    _say_refused(rank, why)
     return Refused("refused: " + why)
 
 

@@ -85,14 +85,12 @@ def rng_state(device):
     return state
 
 
-def set_rng_state(state, device=None):
+def set_rng_state(state):
+    """Puts back what rng_state() read (CUDA: the current device's, as rng_state's device)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["random"])
     if "cuda" in state:
-        if device is None:
-            torch.cuda.set_rng_state(state["cuda"])
-        else:
-            torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(state["cuda"])
     if "numpy" in state and sys.modules.get("numpy") is not None:
         sys.modules["numpy"].random.set_state(state["numpy"])
 

@@ -47,7 +47,7 @@ def _gather(rec, replacement, refusal):
     dev = rec.device
     mine = torch.tensor([-2 if replacement else rec.committed, rec.updates,
                          int(rec._grads_left), int(refusal is not None),
-                         _shared_digest(rec._rng_commit, rec._rng_shared),
+                         _shared_digest(rec._rng_commit_digests, rec._rng_shared),
                          int(any(u and not sh for u, sh in zip(rec._rng_used, rec._rng_shared))),
                          rec._rank0_buffers[0] if rec._rank0_buffers else -3],
                         dtype=torch.int64, device=dev)
@@ -153,7 +153,7 @@ def _load(rec, state, root, replacement):
             for n, v in state["rng"].items()}
     sent = {n: v for n, v in sent.items() if v is not None}
     set_rng_state(sent)
-    rec._rng_commit = sent
+    rec._rng_commit, rec._rng_commit_digests = sent, rng_digests(sent)
     rec._rng_shared = list(state["rng_shared"])
     if replacement:
         rec._positions = list(state["loaders"])
@@ -168,6 +168,6 @@ def _load(rec, state, root, replacement):
               file=sys.stderr, flush=True)
 
 
-def _shared_digest(state, shared):
+def _shared_digest(digests, shared):
     """One digest of the generators that were equal across ranks (for the survivors' check)."""
-    return hash(tuple(d for d, sh in zip(rng_digests(state), shared) if sh)) & (2 ** 63 - 1)
+    return hash(tuple(d for d, sh in zip(digests, shared) if sh)) & (2 ** 63 - 1)

@@ -213,10 +213,8 @@ std::optional<std::string> InProcessRecovery::Follow() {
 
 void InProcessRecovery::TellInProcess() {
   if (!machine_.across_nodes()) return;
-  const std::vector<WorkerGroup::Worker>& workers = s_.group.workers();
-  bool all = !workers.empty() && static_cast<bool>(s_.options.pick_master_port);
-  for (const WorkerGroup::Worker& w : workers) all = all && w.recoverable;
-  regroup_->SetInProcess(all);
+  regroup_->SetInProcess(static_cast<bool>(s_.options.pick_master_port) &&
+                         s_.group.AllDeclared());
 }
 
 void InProcessRecovery::SpareOnDeclaration(int local_rank) {

@@ -5,7 +5,6 @@
 
 #include <signal.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <future>
@@ -201,13 +200,11 @@ bool FailurePolicy::Restarts(const FailureSignature& signature, const std::strin
 }
 
 pid_t FailurePolicy::HungAlone(const std::vector<int>& culprits) const {
-  if (culprits.size() != 1) return -1;
-  pid_t pid = -1;
+  if (culprits.size() != 1 || !s_.group.AllDeclared()) return -1;
   for (const WorkerGroup::Worker& w : s_.group.workers()) {
-    if (!w.recoverable) return -1;  // the group declared in-process recovery, every rank
-    if (w.rank == culprits[0] && w.alive) pid = w.pid;
+    if (w.rank == culprits[0] && w.alive) return w.pid;
   }
-  return pid;
+  return -1;
 }
 
 void FailurePolicy::NoteHang(int culprit, const std::string& message,
@@ -229,12 +226,7 @@ void FailurePolicy::NoteHang(int culprit, const std::string& message,
 }
 
 bool FailurePolicy::FallsBack(int64_t step, bool in_process) {
-  if (!in_process) return false;
-  const std::vector<WorkerGroup::Worker>& workers = s_.group.workers();
-  const bool declared =
-      !workers.empty() && std::all_of(workers.begin(), workers.end(),
-                                      [](const WorkerGroup::Worker& w) { return w.recoverable; });
-  if (!declared) return false;
+  if (!in_process || !s_.group.AllDeclared()) return false;
   // A failure at the step the last fallback was for repeats there: the ordinary count decides.
   if (last_fallback_step_ && *last_fallback_step_ == step) return false;
   last_fallback_step_ = step;

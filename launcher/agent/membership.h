@@ -31,7 +31,7 @@ class MembershipSource {
   virtual bool OnFailure(const std::string& reason, bool fatal) = 0;
   // A failure of a program that declared in-process recovery, where the recovery was refused,
   // did not finish or could not be made: the restart from the checkpoint that takes its place
-  // is not counted against --max-restarts (docs/RECOVERY.md, "When a recovery is refused").
+  // is not counted against --max-restarts (docs/RECOVERY.md, "Fallbacks").
   virtual bool OnFallback(const std::string& reason) { return OnFailure(reason, false); }
   // The agent itself was told to stop (SIGINT, SIGTERM): no restart follows. By default the
   // others are told as of a failure (a rendezvous opens a round without this node).

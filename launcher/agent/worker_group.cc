@@ -189,6 +189,11 @@ void WorkerGroup::MoveTo(const Assignment& next) {
   current_ = next;
 }
 
+bool WorkerGroup::AllDeclared() const {
+  return !workers_.empty() && std::all_of(workers_.begin(), workers_.end(),
+                                          [](const Worker& w) { return w.recoverable; });
+}
+
 int WorkerGroup::AliveCount() const {
   return static_cast<int>(
       std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.alive; }));

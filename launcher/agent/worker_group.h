@@ -66,6 +66,8 @@ class WorkerGroup {
   // The group moved to `next` (a recovery): each worker's global rank follows.
   void MoveTo(const Assignment& next);
   int AliveCount() const;
+  // Whether the group has workers and every one declared in-process recovery.
+  bool AllDeclared() const;
   std::vector<DumpTarget> Targets(bool live_only) const;
   std::vector<int> Ranks() const;  // the group's global ranks on this node
   std::vector<int> StoppedRanks() const;

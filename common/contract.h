@@ -49,6 +49,10 @@ inline constexpr char kHeartbeatFd[] = "DLRUN_HEARTBEAT_FD";
 // whole environment (NUL-separated KEY=VALUE entries, then end of file) when it promotes the
 // spare to a worker. End of file with nothing written: the spare is not needed, exit 0.
 inline constexpr char kSpareFd[] = "DLRUN_SPARE_FD";
+// The node's fork server of a Python program (launcher/agent/fork_server.h): its end of the
+// agent's socket (SOCK_SEQPACKET), on which it says "ready" once it has imported torch, then
+// takes one request per process to fork (the fds it passes, as SCM_RIGHTS) and answers its pid.
+inline constexpr char kForkServerFd[] = "DLRUN_FORK_SERVER_FD";
 // In-process recovery (docs/RECOVERY.md, "A fault costs one step"): the read end of a pipe on
 // which the agent writes one line per word to a surviving worker of a program that declared
 // in-process recovery (a step record "C recovery" on the heartbeat pipe):

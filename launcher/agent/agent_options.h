@@ -70,6 +70,9 @@ struct AgentOptions {
   // The spare's command held back until the program declares in-process recovery (a Python
   // program with --max-restarts 0: no restart would promote a spare, only a recovery would).
   std::vector<std::string> spare_argv_on_declaration;
+  // A Python program's fork server (fork_server.h; --fork-server auto): its command, the warm
+  // spare's bootstrap told to serve (empty: none; SpawnSpec::fork_server_argv).
+  std::vector<std::string> fork_server_argv;
   // In-process recovery (docs/RECOVERY.md, "A fault costs one step"): when a worker of a
   // program that declared it dies, the survivors keep running, the lost local rank starts again
   // (or a spare takes its place), and the survivors are told the group's next generation on

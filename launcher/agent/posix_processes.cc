@@ -145,7 +145,8 @@ PosixProcesses::~PosixProcesses() {
 
 absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
     const std::vector<std::string>& argv_in, std::map<std::string, std::string> env,
-    const std::vector<int>& cpu_list, bool pty, bool spare) {
+    const std::vector<int>& cpu_list, bool pty, bool spare,
+    const std::vector<std::string>& fork_server_argv) {
   int out_pipe[2], err_pipe[2], hb_pipe[2], ctl_pipe[2], spare_pipe[2] = {-1, -1};
   if (pty ? !OpenPty(out_pipe) : pipe2(out_pipe, O_CLOEXEC) != 0) {
     return absl::InternalError(std::strerror(errno));
@@ -168,14 +169,27 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
   for (int c : cpu_list) CPU_SET(c, &cpus);
   const std::string failure = absl::StrCat("dlrun: cannot execute '", argv_in[0], "': ");
 
-  const pid_t agent_pid = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], ctl_pipe[0], spare_pipe[0],
-              cpu_list.empty() ? nullptr : &cpus, argv.data(), envp.data(), failure);
+  pid_t pid = -1;
+  if (ForkServerReady(fork_server_argv, env_strings)) {
+    ForkServer::Request r;
+    r.spare = spare;
+    r.env = env_strings;
+    r.cpus = cpu_list;
+    r.fds = {{out_pipe[1], STDOUT_FILENO}, {err_pipe[1], STDERR_FILENO},
+             {hb_pipe[1], hb_pipe[1]}, {ctl_pipe[0], ctl_pipe[0]}};
+    if (spare) r.fds.emplace_back(spare_pipe[0], spare_pipe[0]);  // last: the spare reads it
+    if (auto forked = fork_server_->Fork(r); forked.ok()) pid = *forked;
   }
-  setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
+  if (pid < 0) {
+    const pid_t agent_pid = getpid();
+    pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], ctl_pipe[0], spare_pipe[0],
+                cpu_list.empty() ? nullptr : &cpus, argv.data(), envp.data(), failure);
+    }
+    setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
+  }
   close(out_pipe[1]);
   close(err_pipe[1]);
   close(hb_pipe[1]);
@@ -193,6 +207,25 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
   st.control_child_fd = ctl_pipe[0];
   st.spare_fd = spare_pipe[1];
   return st;
+}
+
+bool PosixProcesses::ForkServerReady(const std::vector<std::string>& argv,
+                                     std::vector<std::string> env) {
+  if (argv.empty()) return false;
+  if (!fork_server_tried_) {
+    fork_server_tried_ = true;
+    fork_server_ = ForkServer::Start(argv, std::move(env));
+  }
+  if (!fork_server_ || fork_server_->argv() != argv) return false;
+  // The first workers wait for its imports (they would do the same imports themselves); a
+  // signal for the agent ends the wait (those workers then start cold).
+  return fork_server_->AwaitReady(SystemClock().Now() + Millis(180000), signal_fd_);
+}
+
+SteadyTime PosixProcesses::SpareDue(const SpawnSpec& spec) const {
+  const bool forked = fork_server_ && fork_server_->ready() &&
+                      fork_server_->argv() == spec.fork_server_argv;
+  return SystemClock().Now() + (forked ? Millis(0) : spec.spare_after);
 }
 
 void PosixProcesses::DiscardSpare(Spare* s) {
@@ -253,7 +286,8 @@ void PosixProcesses::StartDueSpares() {
       continue;
     }
     const SpawnSpec& spec = it->second.spec;
-    auto st = Start(spec.spare_argv, spec.env, spec.cpus, spec.stdout_pty, /*spare=*/true);
+    auto st = Start(spec.spare_argv, spec.env, spec.cpus, spec.stdout_pty, /*spare=*/true,
+                    spec.fork_server_argv);
     if (st.ok()) {
       Spare sp;
       sp.proc = *st;
@@ -271,13 +305,12 @@ absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
   std::optional<Started> st;
   if (!spec.spare_argv.empty()) st = Promote(spec);
   if (!st) {
-    auto cold = Start(spec.argv, spec.env, spec.cpus, spec.stdout_pty, /*spare=*/false);
+    auto cold = Start(spec.argv, spec.env, spec.cpus, spec.stdout_pty, /*spare=*/false,
+                      spec.fork_server_argv);
     if (!cold.ok()) return cold.status();
     st = *cold;
   }
-  if (!spec.spare_argv.empty()) {
-    pending_spares_[spec.local_rank] = {spec, SystemClock().Now() + spec.spare_after};
-  }
+  if (!spec.spare_argv.empty()) pending_spares_[spec.local_rank] = {spec, SpareDue(spec)};
   Child c;
   c.pid = st->pid;
   c.out_fd = st->out_fd;
@@ -294,7 +327,7 @@ void PosixProcesses::SignalGroup(pid_t pid, int sig) { kill(-pid, sig); }
 
 void PosixProcesses::KeepSpare(const SpawnSpec& spec) {
   if (spec.spare_argv.empty() || spares_.count(spec.local_rank) != 0) return;
-  pending_spares_[spec.local_rank] = {spec, SystemClock().Now() + spec.spare_after};
+  pending_spares_[spec.local_rank] = {spec, SpareDue(spec)};
 }
 
 bool PosixProcesses::Tell(pid_t pid, const std::string& line) {
@@ -350,6 +383,10 @@ void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return;
+    if (fork_server_ && pid == fork_server_->pid()) {  // gone: workers start cold from now on
+      fork_server_->Exited();
+      continue;
+    }
     bool spare = false;  // a spare that died (or was discarded) is simply gone
     for (auto it = spares_.begin(); it != spares_.end(); ++it) {
       if (it->second.proc.pid != pid) continue;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "launcher/agent/fork_server.h"
 #include "launcher/agent/output.h"
 #include "launcher/agent/process_facts.h"
 #include "launcher/agent/processes.h"
@@ -31,6 +32,7 @@ class PosixProcesses final : public Processes {
   std::vector<pid_t> SparePids() const override {
     std::vector<pid_t> pids;
     for (const auto& [lr, s] : spares_) pids.push_back(s.proc.pid);
+    if (fork_server_ && !fork_server_->gone()) pids.push_back(fork_server_->pid());
     return pids;
   }
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
@@ -69,7 +71,12 @@ class PosixProcesses final : public Processes {
   PosixProcesses(int signal_fd, int wake_fd) : signal_fd_(signal_fd), wake_fd_(wake_fd) {}
   absl::StatusOr<Started> Start(const std::vector<std::string>& argv,
                                 std::map<std::string, std::string> env,
-                                const std::vector<int>& cpus, bool pty, bool spare);
+                                const std::vector<int>& cpus, bool pty, bool spare,
+                                const std::vector<std::string>& fork_server_argv);
+  // Whether the fork server for `argv` is ready, started (`env`) and awaited at the first ask.
+  bool ForkServerReady(const std::vector<std::string>& argv, std::vector<std::string> env);
+  // When a spare for `spec` is due: at once from a ready fork server, else spec.spare_after.
+  SteadyTime SpareDue(const SpawnSpec& spec) const;
   // Promotes the spare for spec.local_rank if it matches and is alive; else discards it.
   std::optional<Started> Promote(const SpawnSpec& spec);
   void StartDueSpares();
@@ -86,6 +93,8 @@ class PosixProcesses final : public Processes {
   std::map<int, Spare> spares_;                 // by local rank
   std::map<int, PendingSpare> pending_spares_;  // by local rank
   std::map<pid_t, std::string> error_tails_;    // of the group CloseOutputs() closed last
+  std::unique_ptr<ForkServer> fork_server_;     // started at the first spec that names one
+  bool fork_server_tried_ = false;
   ProcFsFacts facts_;
 };
 

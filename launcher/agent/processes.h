@@ -38,6 +38,10 @@ struct SpawnSpec {
   // new environment on its pipe. Without a live spare Spawn starts the worker cold.
   std::vector<std::string> spare_argv;
   Millis spare_after{2000};
+  // A Python program's fork server (fork_server.h): when not empty, the node's one interpreter
+  // that imported torch is started with this command (once), and workers and spares are forked
+  // from it; without it (not started, not ready in time, gone) they start as above.
+  std::vector<std::string> fork_server_argv;
 };
 
 struct ProcEvent {

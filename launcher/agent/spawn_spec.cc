@@ -29,6 +29,7 @@ SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
   spec.local_rank = lr;
   spec.argv = options.argv;
   spec.spare_argv = options.spare_argv;
+  spec.fork_server_argv = options.fork_server_argv;
   const std::string err = run_dir.FreshErrorFile(attempt, lr);
   spec.env = BuildWorkerEnv(current, lr, err, options.omp_threads, options.virtual_local_rank);
   for (const auto& [k, v] : options.extra_env) spec.env[k] = v;
@@ -48,7 +49,10 @@ SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
   const int rank = current.rank_offset + lr;
   if (options.profiler && options.profiler->Wants(rank)) {
     std::vector<std::string> argv = options.profiler->Argv(rank, spec.argv);
-    if (argv != spec.argv) spec.spare_argv.clear();  // a spare runs the plain command
+    if (argv != spec.argv) {  // a spare and a fork run the plain command
+      spec.spare_argv.clear();
+      spec.fork_server_argv.clear();
+    }
     spec.argv = std::move(argv);
     for (auto& [k, v] : options.profiler->Env(rank)) spec.env[k] = v;
   }

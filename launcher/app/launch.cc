@@ -78,7 +78,9 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
   // `dlrun stacks` finds the run through this machine's index (RUN_DIR/workers.json).
   std::error_code ec;
   std::filesystem::create_directories(a.run_dir, ec);
-  for (auto* v : {&a.spare_argv, &a.spare_argv_on_declaration}) *v = SpareArgvFromFile(*v, a.run_dir);
+  for (auto* v : {&a.spare_argv, &a.spare_argv_on_declaration, &a.fork_server_argv}) {
+    *v = SpareArgvFromFile(*v, a.run_dir);
+  }
   const std::string index = RunIndexDir(env("TMPDIR").value_or("/tmp"), getuid());
   RegisterRun(index, getpid(), a.run_dir);
 

@@ -89,7 +89,8 @@ namespace {
 
 // The bootstrap with the spare's pipe variable filled in.
 std::string SpareBootstrapCode() {
-  return absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd}});
+  return absl::StrReplaceAll(kSpareBootstrap, {{"{SPARE_FD}", contract::kSpareFd},
+                                                {"{FORK_SERVER_FD}", contract::kForkServerFd}});
 }
 
 bool IsPythonInterpreter(const std::string& path) {
@@ -351,6 +352,7 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   a->gpus = *gpus;
   a->argv = WorkerArgv(o, DefaultPython(env));
   if (o.spare_workers != SpareWorkers::kOff) a->spare_argv = WarmSpareArgv(a->argv);
+  if (o.fork_server) a->fork_server_argv = WarmSpareArgv(a->argv);
   if (o.spare_workers == SpareWorkers::kOn && a->spare_argv.empty()) a->spare_argv = a->argv;
   if (o.spare_workers == SpareWorkers::kAuto && o.max_restarts == 0) {
     // No restart will promote a spare: only an in-process recovery, so the spares (~380 MB of

@@ -1,19 +1,120 @@
 # The warm spare's bootstrap (dlrun --warm-spares, launcher/app/plan.cc WarmSpareArgv), run as
-# `python [FLAGS] -c <this> SCRIPT|-m MODULE ARGS...` with {SPARE_FD} replaced by the name of
-# the variable that holds the fd the worker's environment arrives on (common/contract.h).
+# `python [FLAGS] -c <this> SCRIPT|-m MODULE ARGS...` with {SPARE_FD} and {FORK_SERVER_FD}
+# replaced by the names of the variables that hold the fds it is given (common/contract.h).
 # Compiled into dlrun (launcher/CMakeLists.txt), so nothing is read at run time.
 #
-# A thread at idle priority imports torch (the slow part of a
-# Python worker's start) and torch._dynamo (PyTorch 2.x's DistributedDataParallel imports it,
-# with sympy and ~900 modules, when the first one is built: ~1 s that a promoted spare would
-# otherwise spend after the fault), so the spare takes no CPU from the workers it stands beside.
-# The main thread waits for the worker's environment on contract::kSpareFd, replaces the
-# environment, then waits for the imports (raised to normal priority, or replaced by a cold
-# start when they are starved), makes a rank other than 0 wait for rank 0's store port
-# before its TCPStore client connects, and runs the script as `python SCRIPT` does (or the
-# module, as `python -m`).
+# Two ways in. As a warm spare ({SPARE_FD} set): a thread at idle priority imports torch (the
+# slow part of a Python worker's start) and torch._dynamo (PyTorch 2.x's DistributedDataParallel
+# imports it, with sympy and ~900 modules, when the first one is built: ~1 s that a promoted
+# spare would otherwise spend after the fault), so the spare takes no CPU from the workers it
+# stands beside. The main thread waits for the worker's environment on contract::kSpareFd,
+# replaces the environment, then waits for the imports (raised to normal priority, or replaced
+# by a cold start when they are starved).
+# As the node's fork server ({FORK_SERVER_FD} set; launcher/agent/fork_server.h): the same
+# imports once, in the main thread, then one process forked per request of the agent on its
+# socket (every worker, spare and replacement of the program on this node): copy-on-write, a
+# few milliseconds, at any load. Each request: a kind (W a worker, S a spare), the CPUs, the fd
+# numbers its fds take, the environment; a middle process forks the worker and exits, so the
+# worker becomes the agent's child (the agent is a subreaper) and the agent reaps it as any.
+# Either way the process then makes a rank other than 0 wait for rank 0's store port before its
+# TCPStore client connects, and runs the script as `python SCRIPT` does (or the module, as
+# `python -m`).
 import os, sys, threading
-fd = int(os.environ.pop("{SPARE_FD}"))
+def _dlrun_serve(server_fd):
+    """The fork server's loop; returns only in a forked process: its spare fd, or -1 (a worker,
+    its environment already set)."""
+    import ctypes, socket, warnings
+    try:
+        import torch, torch.distributed, torch.nn.parallel
+        import torch._dynamo
+    except Exception:
+        pass  # a program that does not import torch: the fork is cheap all the same
+    libc = ctypes.CDLL(None, use_errno=True)
+    sock = socket.socket(fileno=server_fd)
+    agent = os.getppid()
+    sock.send(b"ready")
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
+        except OSError:
+            os._exit(0)
+        if not msg:
+            os._exit(0)  # the agent is gone
+        r, w = os.pipe()
+        with warnings.catch_warnings():  # 3.12+: numpy's BLAS thread is known and harmless
+            warnings.simplefilter("ignore", DeprecationWarning)
+            mid = os.fork()
+            if mid == 0:
+                os.close(r)
+                pid = os.fork()
+                if pid == 0:
+                    os.close(w)
+                    return _dlrun_forked(sock, libc, agent, msg, fds)
+                try:
+                    os.setpgid(pid, pid)
+                except OSError:
+                    pass
+                os.write(w, b"%d" % pid)
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            got = f.read()
+        os.waitpid(mid, 0)
+        for d in fds:
+            os.close(d)
+        sock.send(b"pid " + got if got else b"error the fork failed")
+def _dlrun_forked(sock, libc, agent, msg, fds):
+    import fcntl, io, time
+    sock.close()
+    fields = msg.split(b"\0")
+    kind, cpus, targets = fields[0], fields[1], [int(t) for t in fields[2].split(b",")]
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    # The middle process' exit hands this one to the agent (a subreaper): it dies with it.
+    deadline = time.monotonic() + 10
+    while os.getppid() != agent and time.monotonic() < deadline:
+        time.sleep(0.0002)
+    libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    if os.getppid() != agent:
+        os._exit(137)
+    high = [fcntl.fcntl(d, fcntl.F_DUPFD_CLOEXEC, max(targets) + 1) for d in fds]
+    for d, t in zip(high, targets):
+        os.dup2(d, t)
+        os.close(d)
+    keep = sorted(set(targets) | {0, 1, 2})
+    for lo, hi in zip(keep, keep[1:] + [1 << 20]):
+        os.closerange(lo + 1, hi)
+    if cpus:
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(b",")])
+    os.environ.clear()
+    for kv in fields[3:]:
+        key, eq, value = kv.partition(b"=")
+        if key and eq:
+            os.environb[key] = value
+    # The streams as a fresh interpreter opens them on these fds (a terminal: line-buffered).
+    unbuffered = sys.stdout.write_through or bool(os.environ.get("PYTHONUNBUFFERED"))  # or -u
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        new = io.TextIOWrapper(open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False),
+                               encoding=old.encoding, errors=old.errors, write_through=unbuffered,
+                               line_buffering=name == "stderr" or os.isatty(fd))
+        setattr(sys, name, new)
+        setattr(sys, "__%s__" % name, new)
+    np = sys.modules.get("numpy")
+    if np is not None:  # its global generator is seeded at import: each process its own, as cold
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+    return targets[-1] if kind == b"S" else -1
+_dlrun_server = os.environ.pop("{FORK_SERVER_FD}", None)
+_dlrun_warming = None
+if _dlrun_server is not None:
+    fd = _dlrun_serve(int(_dlrun_server))
+else:
+    fd = int(os.environ.pop("{SPARE_FD}"))
 def _dlrun_warm():
     # At idle priority (this thread only): the imports take CPU-seconds that the running
     # workers, often pinned to the same cores, would otherwise lose while they train.
@@ -26,28 +127,30 @@ def _dlrun_warm():
         import torch._dynamo
     except Exception:
         pass
-_dlrun_warming = threading.Thread(target=_dlrun_warm, name="dlrun-warm", daemon=True)
-_dlrun_warming.start()
-data = bytearray()
-while True:
-    chunk = os.read(fd, 1 << 16)
-    if not chunk:
-        break
-    data += chunk
-os.close(fd)
-if not data:
-    os._exit(0)
-os.environ.clear()
-for kv in bytes(data).split(b"\0"):
-    key, eq, value = kv.partition(b"=")
-    if key and eq:
-        os.environb[key] = value
-del data, chunk
+if _dlrun_server is None:
+    _dlrun_warming = threading.Thread(target=_dlrun_warm, name="dlrun-warm", daemon=True)
+    _dlrun_warming.start()
+if fd >= 0:
+    data = bytearray()
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    if not data:
+        os._exit(0)
+    os.environ.clear()
+    for kv in bytes(data).split(b"\0"):
+        key, eq, value = kv.partition(b"=")
+        if key and eq:
+            os.environb[key] = value
+    del data, chunk
 # Promoted before the imports finished: they must not go on at idle priority on a busy node (a
 # spare is never slower than no spare). Raised to normal priority where allowed (CAP_SYS_NICE,
 # or RLIMIT_NICE); else, when the imports get under a quarter of a CPU, this process becomes a
 # cold start (the same pid, its command line without this bootstrap).
-if _dlrun_warming.is_alive():
+if _dlrun_warming is not None and _dlrun_warming.is_alive():
     def _dlrun_cpu_s(tid):
         try:
             with open(f"/proc/self/task/{tid}/stat") as f:
@@ -74,8 +177,9 @@ if _dlrun_warming.is_alive():
                 _orig = getattr(sys, "orig_argv", [sys.executable, "-c"])
                 _flags = _orig[1:_orig.index("-c")] if "-c" in _orig else []
                 os.execv(sys.executable, [_orig[0]] + _flags + sys.argv[1:])
-_dlrun_warming.join()
-del _dlrun_warming, _dlrun_warm
+if _dlrun_warming is not None:
+    _dlrun_warming.join()
+del _dlrun_warming, _dlrun_warm, _dlrun_server
 # Threads the imports started (a pool, a watchdog) inherited their idle priority, and would keep
 # it in the worker: every thread of a promoted spare goes to normal priority where allowed.
 for _t in os.listdir("/proc/self/task"):

@@ -104,14 +104,6 @@ absl::Status SetMasterPort(O& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetStartMethod(O& o, const std::string& v) {
-  if (v != "spawn" && v != "fork" && v != "forkserver") {
-    return BadValue("start-method", v, "spawn, fork or forkserver");
-  }
-  o.start_method = v;
-  return absl::OkStatus();
-}
-
 absl::Status SetGpus(O& o, const std::string& v) {
   using M = GpuSpec::Mode;
   GpuSpec g;
@@ -158,14 +150,16 @@ absl::Status SetNumaBinding(O& o, const std::string& v) {
   return absl::OkStatus();
 }
 
-absl::Status SetSpareWorkers(O& o, const std::string& v) {
-  if (v != "auto" && v != "on" && v != "off") {
-    return BadValue("spare-workers", v, "auto, on or off");
-  }
-  o.spare_workers = v == "auto" ? SpareWorkers::kAuto
-                    : v == "on" ? SpareWorkers::kOn
-                                : SpareWorkers::kOff;
-  return absl::OkStatus();
+// A flag whose value is one of a few words, each setting `field` to its value.
+template <typename T>
+cli::Setter<O> WordField(const char* flag, T O::*field, std::vector<std::pair<std::string, T>> words,
+                         const char* expected) {
+  return [=](O& o, const std::string& v) {
+    for (const auto& [word, value] : words) {
+      if (v == word) return (o.*field = value, absl::OkStatus());
+    }
+    return BadValue(flag, v, expected);
+  };
 }
 
 absl::Status SetSignals(O& o, const std::string& v) {
@@ -173,18 +167,6 @@ absl::Status SetSignals(O& o, const std::string& v) {
   if (!s.ok()) return s.status();
   o.signals_to_handle = *s;
   o.signals_to_handle_text = v;
-  return absl::OkStatus();
-}
-
-absl::Status SetPrintCompletion(O& o, const std::string& v) {
-  if (v != "bash" && v != "zsh" && v != "tcsh") return BadValue("print-completion", v, "bash, zsh or tcsh");
-  o.print_completion = v;
-  return absl::OkStatus();
-}
-
-absl::Status SetTelemetry(O& o, const std::string& v) {
-  if (v != "on" && v != "off") return BadValue("telemetry", v, "on or off");
-  o.telemetry = v == "on";
   return absl::OkStatus();
 }
 
@@ -323,7 +305,9 @@ const std::vector<Flag> kBaseFlags = {
      "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
     {"duplicate-stderr-filters", "", true, StrField(&O::duplicate_stderr_filters),
      "torchrun 2.x: accepted, no effect (grep the --log-dir files)"},
-    {"print-completion", "", true, SetPrintCompletion,
+    {"print-completion", "", true,
+     WordField<std::string>("print-completion", &O::print_completion,
+                            {{"bash", "bash"}, {"zsh", "zsh"}, {"tcsh", "tcsh"}}, "bash, zsh or tcsh"),
      "print a shell completion script (bash, zsh or tcsh) for dlrun's flags and exit"},
     {"gpus", "", true, SetGpus,
      "inherit (default: CUDA_VISIBLE_DEVICES as set), per-worker (local rank i sees only the "
@@ -333,7 +317,10 @@ const std::vector<Flag> kBaseFlags = {
      "round robin over NUMA nodes or sockets)"},
     {"numa-binding", "", true, SetNumaBinding,
      "torchrun 2.x: node, socket, exclusive (= --cpu-affinity block), core-complex (~ node)"},
-    {"start-method", "", true, SetStartMethod,
+    {"start-method", "", true,
+     WordField<std::string>("start-method", &O::start_method,
+                            {{"spawn", "spawn"}, {"fork", "fork"}, {"forkserver", "forkserver"}},
+                            "spawn, fork or forkserver"),
      "torchrun's spawn|fork|forkserver: accepted, no effect (dlrun starts processes itself)"},
     {"logs-specs", "", true, StrField(&O::logs_specs),
      "torchrun's LogsSpecs plug-in: accepted, no effect (dlrun's layout is torchrun's default)"},
@@ -342,18 +329,22 @@ const std::vector<Flag> kBaseFlags = {
     {"report-json", "", true, StrField(&O::report_json),
      "write the end-of-job report (the job's on the rendezvous host or a single node, else "
      "this node's) to this file as JSON"},
-    {"spare-workers", "", true, SetSpareWorkers,
+    {"spare-workers", "", true,
+     WordField("spare-workers", &O::spare_workers,
+               {{"auto", SpareWorkers::kAuto}, {"on", SpareWorkers::kOn}, {"off", SpareWorkers::kOff}},
+               "auto, on or off"),
      "auto (default): a Python worker that fails is replaced by a warm spare that has already "
      "imported torch; on: also other programs, started ahead and held in "
      "dlrun::worker::init() (they must read no rank variable before it); off: cold starts"},
+    {"fork-server", "", true,
+     WordField("fork-server", &O::fork_server, {{"auto", true}, {"off", false}}, "auto or off"),
+     "auto (default): a Python program's workers, spares and replacements are forked from one "
+     "interpreter per node that imported torch once (a few ms each, at any load); off: each "
+     "starts its own interpreter"},
     {"recovery", "", true,
-     [](O& o, const std::string& v) {
-       if (v != "in-process" && v != "restart") {
-         return cli::BadValue("recovery", v, "in-process or restart");
-       }
-       o.recovery = v;
-       return absl::OkStatus();
-     },
+     WordField<std::string>("recovery", &O::recovery,
+                            {{"in-process", "in-process"}, {"restart", "restart"}},
+                            "in-process or restart"),
      "in-process (default): when a worker of a program that declared it (dlrun::worker::Recovery) "
      "dies, the others keep running and the lost rank takes the state from a peer; restart: "
      "always stop and restart the whole group, as torchrun (docs/RECOVERY.md)"},
@@ -366,7 +357,8 @@ const std::vector<Flag> kBaseFlags = {
 
 std::vector<Flag> Flags() {
   std::vector<Flag> f = kBaseFlags;
-  f.push_back({"telemetry", "", true, SetTelemetry,
+  f.push_back({"telemetry", "", true,
+               WordField("telemetry", &O::telemetry, {{"on", true}, {"off", false}}, "on or off"),
                "on (default): sample each worker's CPU and memory (and GPUs through NVML), "
                "aggregate step records job-wide, name stragglers, print the end-of-job report; "
                "off: none of it"});

@@ -116,6 +116,7 @@ struct LaunchOptions : cli::CommandLine {  // command: PROGRAM ARGS...
   bool worker_exit_code = false;  // exit with the root cause's code instead of torchrun's 1
   std::string report_json;        // --report-json: this node's end-of-job report as JSON
   SpareWorkers spare_workers = SpareWorkers::kAuto;  // warm spares
+  bool fork_server = true;  // --fork-server auto|off: a Python program's ready processes
   std::string recovery = "in-process";  // --recovery: in-process or restart
   std::chrono::milliseconds recovery_timeout{60000};
   // Job telemetry (docs/TELEMETRY.md): sampling, step records, stragglers, the report ("on",

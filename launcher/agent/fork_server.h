@@ -1,0 +1,59 @@
+// A Python program's ready processes on this node: one interpreter, started by the agent with
+// the program's own command (the warm spare's bootstrap, launcher/app/spare_bootstrap.py, told
+// to serve), imports torch once and forks every worker, warm spare and replacement of the
+// program from there: copy-on-write, milliseconds, at any load, and no import paid twice
+// (docs/RECOVERY.md, "Ready processes"). A middle process forks each one and exits, so the
+// worker is the agent's child (the agent makes itself a subreaper first) and is reaped, signalled
+// and timed like any other.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "launcher/agent/clock.h"
+
+namespace dlrun::launcher {
+
+class ForkServer {
+ public:
+  // Starts `argv` with `env` (KEY=VALUE entries; a worker's own fds left out) in its own process group, its stdout and stderr
+  // the agent's stderr; null when it cannot be started (no subreaper, no socket, no fork).
+  static std::unique_ptr<ForkServer> Start(const std::vector<std::string>& argv,
+                                           const std::vector<std::string>& env);
+  ~ForkServer();  // closes the socket: the server exits (its forks are the agent's)
+
+  pid_t pid() const { return pid_; }
+  const std::vector<std::string>& argv() const { return argv_; }
+  bool ready() const { return ready_ && !gone_; }
+  bool gone() const { return gone_; }
+  // Until it has done its imports (true), or it exited, `deadline` passed or `interrupt_fd`
+  // became readable (a signal for the agent: false, and the caller starts cold).
+  bool AwaitReady(SteadyTime deadline, int interrupt_fd);
+  // Its process exited (the agent reaped it): no more forks.
+  void Exited() { gone_ = true; }
+
+  struct Request {
+    bool spare = false;  // waits for its environment on its last fd (contract::kSpareFd)
+    std::vector<std::string> env;           // KEY=VALUE: the worker's whole environment
+    std::vector<std::pair<int, int>> fds;   // (the agent's fd, the number it has in the worker)
+    std::vector<int> cpus;                  // pinned to these; empty: as the server
+  };
+  // The pid of the process forked for `r` (in its own process group), within a bound.
+  absl::StatusOr<pid_t> Fork(const Request& r);
+
+ private:
+  ForkServer(pid_t pid, int sock, std::vector<std::string> argv)
+      : pid_(pid), sock_(sock), argv_(std::move(argv)) {}
+  pid_t pid_;
+  int sock_;
+  std::vector<std::string> argv_;
+  bool ready_ = false;
+  bool gone_ = false;
+};
+
+}  // namespace dlrun::launcher

@@ -242,11 +242,17 @@ TEST(DlrunAgent, TorchDistributedProgramSeesWhatTorchrunGivesIt) {
     EXPECT_EQ(a["allreduce"], 3.0);  // gloo allreduce over both ranks really happened
     // torchrun --standalone says "localhost", dlrun the address itself, and torchrun 2.x's agent
     // hosts the store (docs/COMPAT.md); all else is equal.
-    for (const char* k : {"MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE"}) {
+    for (const char* k : {"MASTER_ADDR", "TORCHELASTIC_USE_AGENT_STORE", "numpy_draw", "random_draw"}) {
       a.erase(k);
       b.erase(k);
     }
     EXPECT_EQ(a, b) << "dlrun: " << a.dump() << "\ntorchrun: " << b.dump();
+  }
+  // Unseeded generators differ across ranks under both (dlrun's forks are reseeded as fresh
+  // interpreters are seeded).
+  for (const char* k : {"numpy_draw", "random_draw"}) {
+    EXPECT_NE(ours[0][k], ours[1][k]) << k;
+    EXPECT_NE(theirs[0][k], theirs[1][k]) << k;
   }
 }
 

@@ -329,6 +329,7 @@ with open(f"{out}/attempt{attempt}", "w") as f:
     f.write(f"file={__file__}\n")
     f.write(f"argv0={sys.argv[0]}\n")
     f.write(f"warm={b'-c' in cmdline}\n")
+    f.write(f"parent={open(f'/proc/{os.getppid()}/comm').read().strip()}\n")
     f.write(f"cmdline_bytes={sum(len(a) + 1 for a in cmdline)}\n")
     rz = sys.modules.get("torch.distributed.rendezvous")
     f.write(f"store_create={getattr(getattr(rz, '_create_c10d_store', None), '__name__', None)}\n")
@@ -339,8 +340,12 @@ if attempt == "0":
         # Fail only once the agent has started a spare beside this worker (bounded wait).
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            found = subprocess.run(["pgrep", "-P", str(os.getppid()), "-f", "spare_bootstrap"],
-                                   capture_output=True, text=True).stdout.split()
+            # (the fork server, started before this worker, and this worker, forked from it,
+            # name the bootstrap too: the spare is the one started after this worker)
+            found = [p for p in subprocess.run(["pgrep", "-P", str(os.getppid()), "-f",
+                                                "spare_bootstrap"],
+                                               capture_output=True, text=True).stdout.split()
+                     if int(p) > os.getpid()]
             if found:
                 open(f"{out}/spare", "w").write(found[0])
                 break
@@ -365,7 +370,7 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   ProcResult r = RunCommand({"sh", "-c",
                              std::string("cd \"$0\" && exec \"$@\""), dir, DLRUN_BIN,
                              "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
-                             "probe.py", dir, "wait-for-spare"},
+                             "--fork-server", "off", "probe.py", dir, "wait-for-spare"},
                             {{"PYTHON_EXEC", TEST_PYTHON}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto first = ReadKeyValues(dir + "/attempt0");
@@ -391,6 +396,51 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
 }
 
+// The fork server (launcher/agent/fork_server.h, the default for a Python program): torch is
+// imported once on the node, by the server, and the worker, its spare and the restart are
+// forks that see what `python probe.py` shows (a stand-in torch records each import's pid).
+TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) {
+  const std::string dir = MakeTempDir();
+  const std::string prog = dir + "/probe.py";
+  { std::ofstream(prog) << "import torch\n" << kSpareProbe; }
+  std::filesystem::create_directories(dir + "/fake/torch");
+  std::ofstream(dir + "/fake/torch/__init__.py")
+      << "import os\nwith open(os.environ['PROBE_OUT'] + '/imports', 'a') as f:\n"
+         "    f.write('%d\\n' % os.getpid())\n";
+  ProcResult r = RunCommand({"sh", "-c", std::string("cd \"$0\" && exec \"$@\""), dir, DLRUN_BIN,
+                             "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+                             "probe.py", dir, "wait-for-spare"},
+                            {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", dir + "/fake"},
+                             {"PROBE_OUT", dir}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto first = ReadKeyValues(dir + "/attempt0");
+  auto second = ReadKeyValues(dir + "/attempt1");
+  const std::string imports = ReadFile(dir + "/imports");
+  EXPECT_EQ(std::count(imports.begin(), imports.end(), '\n'), 1) << imports;
+  for (auto* seen : {&first, &second}) {
+    EXPECT_EQ((*seen)["file"], std::filesystem::canonical(prog).string());
+    EXPECT_EQ((*seen)["argv0"], "probe.py");
+    EXPECT_EQ((*seen)["name"], "__main__");
+    EXPECT_EQ((*seen)["argv"], dir + " wait-for-spare");
+    EXPECT_EQ((*seen)["path0"], dir);
+    EXPECT_EQ((*seen)["heartbeat_fd"], "True");
+    EXPECT_EQ((*seen)["parent"], "dlrun") << "a fork the agent reaps, as a child of its own";
+    EXPECT_EQ(imports.find((*seen)["pid"] + "\n"), std::string::npos) << "it imported torch itself";
+  }
+  EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
+  EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
+  // Off: the worker imports torch itself, as under torchrun.
+  std::filesystem::remove(dir + "/imports");
+  r = RunCommand({DLRUN_BIN, "--standalone", "--fork-server", "off", "--spare-workers", "off", prog,
+                  dir, "fail-at-once"},
+                 {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", dir + "/fake"}, {"PROBE_OUT", dir}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(ReadFile(dir + "/imports"), ReadKeyValues(dir + "/attempt0")["pid"] + "\n");
+  r = RunCommand({DLRUN_BIN, "--fork-server", "on", "/bin/true"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.output, "dlrun: invalid value 'on' for --fork-server: expected auto or off\n");
+}
+
 // The spare's imports run at idle priority, so they take no CPU from the workers it stands
 // beside (bench/RESULTS.md: 2 Python ranks on 2 cores lost a third of their samples/s to them).
 // A stand-in torch package records the policy of the thread that imports it.
@@ -408,7 +458,7 @@ TEST(DlrunStandalone, AWarmSpareImportsTorchAtIdlePriority) {
            "os.rename(out + '/policy.tmp', out + '/policy')\n";
   }
   ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--max-restarts",
-                             "1", prog, dir, "wait-for-spare"},
+                             "1", "--fork-server", "off", prog, dir, "wait-for-spare"},
                             {{"PYTHON_EXEC", TEST_PYTHON},
                              {"PYTHONPATH", dir + "/fake"},
                              // The worker fails once the spare's import ran: a spare promoted
@@ -446,8 +496,8 @@ TEST(DlrunStandalone, AStarvedSparesImportsAreRaisedOrItStartsCold) {
     std::ofstream(dir + "/fake/torch/__init__.py")
         << "import time\nt = time.thread_time()\nwhile time.thread_time() - t < 2.0:\n    pass\n";
     std::vector<std::string> cmd = {"taskset", "-c", one_cpu, DLRUN_BIN, "--standalone",
-                                    "--nproc-per-node", "1", "--max-restarts", "1", prog, dir,
-                                    "wait-for-spare"};
+                                    "--nproc-per-node", "1", "--max-restarts", "1",
+                                    "--fork-server", "off", prog, dir, "wait-for-spare"};
     if (without_cap) {
       cmd.insert(cmd.begin(), {"setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice"});
     }
@@ -484,8 +534,8 @@ TEST(DlrunStandalone, SpareWorkersOffRestartsCold) {
   const std::string dir = MakeTempDir();
   const std::string prog = dir + "/probe.py";
   { std::ofstream(prog) << kSpareProbe; }
-  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "off", "--max-restarts",
-                             "1", prog, dir, "fail-at-once"},
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--spare-workers", "off", "--fork-server",
+                             "off", "--max-restarts", "1", prog, dir, "fail-at-once"},
                             {{"PYTHON_EXEC", TEST_PYTHON}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(ReadKeyValues(dir + "/attempt1")["warm"], "False");

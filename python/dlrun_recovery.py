@@ -74,6 +74,16 @@ from dlrun_step import digest as _digest  # noqa: F401 (the test programs' diges
 _active = [None]  # the Recoverable of this process (one per process)
 
 
+class _Loss:
+    """A peer's loss as this rank met it: the step given up (None: told between steps), the
+    agent's word (generation, port, place), and when it was met, heard and the old group ended
+    (the sender's timing line counts from `seen`)."""
+
+    def __init__(self, step, seen):
+        self.step, self.seen = step, seen
+        self.word = self.heard = self.ended = None
+
+
 class Recoverable:
     """A DDP model, its optimizer and state that survive the loss of a rank (module docstring)."""
 
@@ -109,8 +119,7 @@ class Recoverable:
         self._rng_shared = [True] * len(RNG_NAMES)
         self._loaders = []        # rec.loader() wrappers, in the order made
         self._positions = []      # a replacement's: where the lost rank's loaders were
-        self._given_up = None     # the step given up, until the group is made again
-        self._word = None         # the word of that generation, its regroup still to come
+        self._loss = None         # a peer's loss met in a step (_Loss), until the regroup
         self._redo_inputs = None  # (step, inputs at the given-up attempt's first forward)
         self._rank0_buffers = None  # (step, rank 0's buffers as of it): from DDP's broadcast
         self.backend = dist.get_backend()
@@ -207,10 +216,10 @@ class Recoverable:
     def _state_dict_pre(self, obj, prefix, keep_vars):
         """A checkpoint of a given-up step's state would be labelled with that step and hold
         the one before: refused."""
-        if self._given_up is not None and not self._sending:
+        if self._loss is not None and not self._sending:
             raise _said(self.rank, "the state was asked for (a checkpoint?) after step %d was "
                         "given up (a peer was lost in it); it holds step %d: test `s.committed` "
-                        "of `with rec.step() as s:` before saving" % (self._given_up,
+                        "of `with rec.step() as s:` before saving" % (self._loss.step,
                                                                       self.committed))
 
     def _uncaught(self, kind, value, tb):
@@ -274,7 +283,7 @@ class Recoverable:
         """Between two steps: a step given up, or the word heard: the new group, the state."""
         if self._words is None:
             return
-        if self._given_up is not None or self._words.pending():
+        if self._loss is not None or self._words.pending():
             self._recover(None)
 
     def _before_update(self, optimizer, args, kwargs):
@@ -312,9 +321,11 @@ class Recoverable:
         the old group. The new group is made when the next step begins, so that the code after
         the step's block runs knowing the step was not done (`s.committed` false): a collective
         there fails at once, a checkpoint of the state is refused."""
+        loss = _Loss(self._current, time.monotonic())
         word = self._words.wait(self.word_timeout)
         if word is None:
             return False  # not a peer's loss: the error stands
+        loss.word, loss.heard = word, time.monotonic()
         gen = word[0]
         what = str(error).splitlines()[0] if str(error) else type(error).__name__
         print("dlrun_recovery: rank %d: a peer was lost (%s); step %d given up, joining "
@@ -330,7 +341,8 @@ class Recoverable:
         if txn.rank0_buffers is not None:
             self._rank0_buffers = (self.committed, txn.rank0_buffers)
         self._end_old_group()
-        self._given_up, self._word = self._current, word
+        loss.ended = time.monotonic()
+        self._loss = loss
         return True
 
     def _end_old_group(self):
@@ -342,12 +354,13 @@ class Recoverable:
         c10d._abort_process_group()
 
     def _recover(self, error):
-        t0 = time.monotonic()
-        word = self._word
-        if word is None:  # told between two steps
+        loss = self._loss
+        if loss is None:  # told between two steps
+            loss = _Loss(None, time.monotonic())
             word = self._words.wait(self.word_timeout)
             if word is None:
                 return False
+            loss.word, loss.heard = word, time.monotonic()
             gen, port, place = word
             if place is not None and place[1] > int(os.environ.get("WORLD_SIZE", "0")):
                 print("dlrun_recovery: rank %d: a node joined: the group grows to %d ranks; "
@@ -357,9 +370,10 @@ class Recoverable:
                 print("dlrun_recovery: rank %d: a peer was lost (told between steps); joining "
                       "generation %d" % (self.rank, gen), file=sys.stderr, flush=True)
             self._end_old_group()
-        gen, port, place = word
-        t_word = t_abort = time.monotonic()
-        self._word = self._given_up = None
+            loss.ended = time.monotonic()
+        gen, port, place = loss.word
+        t_next = time.monotonic()  # the next step began (a step given up), or now
+        self._loss = None
         try:
             refusal = self._refusal_now()
             if refusal is not None:
@@ -398,15 +412,17 @@ class Recoverable:
             if text.startswith("refused: "):
                 _say_refused(self.rank, text[len("refused: "):])
             raise Refused("in-process recovery failed (generation %d): %s" % (gen, text))
-        secs = time.monotonic() - t0
+        secs = time.monotonic() - loss.seen
         self.recoveries += 1
-        dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
+        # The ledger's "state from peer": the regroup itself (the wait before it is detection).
+        dlrun_report._record("P %d %.6f" % (max(self.committed, 0), time.monotonic() - t_next))
         if self.rank == root:
-            print("dlrun_recovery: rank %d sent the state of step %d in %.3f s after the loss "
-                  "(generation %d; the word %.3f s, old group aborted %.3f s, new group %.3f s, "
-                  "transfer %.3f s)" % (root, self.committed, secs, gen, t_word - t0,
-                                        t_abort - t_word, t_group - t_abort,
-                                        time.monotonic() - t_group), file=sys.stderr, flush=True)
+            print("dlrun_recovery: rank %d sent the state of step %d %.3f s after it met the loss "
+                  "(generation %d; the word %.3f s, old group ended %.3f s, to the next step "
+                  "%.3f s, new group %.3f s, transfer %.3f s)"
+                  % (root, self.committed, secs, gen, loss.heard - loss.seen,
+                     loss.ended - loss.heard, t_next - loss.ended, t_group - t_next,
+                     time.monotonic() - t_group), file=sys.stderr, flush=True)
         return True
 
     def _transfer(self, replacement=False):

@@ -58,6 +58,8 @@ nlohmann::json LostJson(const JobTelemetry::Snapshot& s) {
     json x = phases(c);
     x.update({{"restart", c.restart},
               {"restarts", c.restarts},
+              {"in_process_recoveries", c.recoveries()},
+              {"group_restarts", c.group_restarts()},
               {"host", c.host},
               {"recomputed_steps", c.recomputed_steps},
               {"fault_step", c.fault_step >= 0 ? json(c.fault_step) : json()},

@@ -37,6 +37,7 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
                         c.admission ? "a node admitted" : "in-process recovery", when,
                         c.total_s(), c.host, c.detection_s, c.start_s, c.state_from_peer_s,
                         c.recomputed_steps, c.recomputed_s));
+    if (c.recoveries() > 1) absl::StrAppend(&out, " over ", c.recoveries(), " in-process recoveries");
     if (!c.resumed) {
       absl::StrAppend(&out, " (so far)");
     } else if (c.fault_step < 0) {
@@ -61,9 +62,7 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
         c.checkpoint_load_s, c.recomputed_steps, c.recomputed_s));
     if (c.resumed_step >= 0) absl::StrAppend(&out, " (resumed from step ", c.resumed_step, ")");
     // The span's faults less the in-process recoveries tried in it: the restarts themselves.
-    if (const int restarts = c.restarts - c.in_process_tries; restarts > 1) {
-      absl::StrAppend(&out, " over ", restarts, " restarts");
-    }
+    if (c.group_restarts() > 1) absl::StrAppend(&out, " over ", c.group_restarts(), " restarts");
     if (c.in_process_tries > 0) {
       absl::StrAppend(&out, ", after ", c.in_process_tries == 1 ? "an in-process recovery"
                                           : absl::StrCat(c.in_process_tries, " in-process recoveries"),

@@ -74,6 +74,9 @@ struct RestartCost {
   // In-process recoveries begun in the span that did not finish (the restart came after
   // them): counted in `restarts`, which counts the span's faults, but restarted nothing.
   int in_process_tries = 0;
+  // The span's in-process recoveries (each begun, finished or not) and its group restarts.
+  int recoveries() const { return in_process ? restarts : in_process_tries; }
+  int group_restarts() const { return in_process ? 0 : restarts - in_process_tries; }
   // The phases in order, with their names ("detection", ..., "recomputed"): the report's JSON
   // keys are the name + "_s", /metrics' labels the name.
   std::array<std::pair<const char*, double>, 7> Phases() const {

@@ -3,7 +3,8 @@ bench/inprocess_recovery): an MLP, AdamW and a StepLR schedule, each step's data
 (step, rank), so a run with a fault can end bit-identical to one without.
 
 usage: recoverable_train.py STEPS [STEP_S]
-KILL_RANK=R KILL_STEP=N: rank R SIGKILLs itself at the start of step N (its first process).
+KILL_RANK=R KILL_STEP=N: rank R SIGKILLs itself at the start of step N (its first process);
+KILL_HOW=raise: raises an exception there instead (an error of the program's own).
 FAIL_REPLACEMENT=differs: the replacement's state is changed as it arrives (its parameters differ
 from its peers'), so the recovery must refuse to go on.
 CKPT_DIR=D CKPT_EVERY=K: rank 0 writes a checkpoint every K steps (atomically), and a start that
@@ -79,6 +80,8 @@ for step in rec.steps(steps, start=start):
         began = time.time()
         if rank == kill_rank and step == kill_step and first:
             print("rank %d killed at %.6f" % (rank, time.time()), flush=True)
+            if os.environ.get("KILL_HOW") == "raise":
+                raise ValueError("an error of the program's own in step %d" % step)
             os.kill(os.getpid(), signal.SIGKILL)
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(16, 32, generator=g).to(dev)

@@ -423,6 +423,8 @@ TEST(Telemetry, InProcessGenerationsAreEachCountedAndAnAdmissionIsNamed) {
   b.hostname = "host-b";
   a.restarts = {in_process(1, 0.1, false), in_process(2, 0.3, true)};
   b.restarts = {in_process(1, 0.2, false), in_process(2, 0.1, true)};
+  b.restarts[0].restarts = 3;  // three faults in the span: each a recovery, none a restart
+  b.restarts[0].in_process_tries = 2;
   job.now += milliseconds(10000);
   for (telemetry::NodeTelemetry* n : {&a, &b}) {
     v1::NodeTelemetry p;
@@ -440,6 +442,11 @@ TEST(Telemetry, InProcessGenerationsAreEachCountedAndAnAdmissionIsNamed) {
   EXPECT_NE(report.find("in-process recovery after step 20: 0.60 s lost (on host-b)"),
             std::string::npos)
       << report;
+  EXPECT_NE(report.find("recomputed 0.00 over 3 in-process recoveries\n"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("in-process recovery after step 20: 0.60 s lost (on host-b)"),
+            std::string::npos)
+      << report;
   EXPECT_NE(report.find("a node admitted after step 40: 0.90 s lost (on host-a)"),
             std::string::npos)
       << report;
@@ -447,6 +454,9 @@ TEST(Telemetry, InProcessGenerationsAreEachCountedAndAnAdmissionIsNamed) {
   EXPECT_FALSE(j["lost"]["restarts"][0]["admission"].get<bool>());
   EXPECT_TRUE(j["lost"]["restarts"][1]["admission"].get<bool>());
   EXPECT_EQ(j["lost"]["restarts"][1]["generation"], 2);
+  EXPECT_EQ(j["lost"]["restarts"][0]["in_process_recoveries"], 3);
+  EXPECT_EQ(j["lost"]["restarts"][0]["group_restarts"], 0);
+  EXPECT_EQ(j["lost"]["restarts"][1]["in_process_recoveries"], 1);
 }
 
 TEST(Telemetry, ARestartCostOutOfRangeIsRefusedNamingIt) {
@@ -700,6 +710,9 @@ TEST(JobReport, ARestartAfterAFailedInProcessRecoveryIsOneRestartSaidSo) {
   EXPECT_NE(report.find("(resumed from step 3), after an in-process recovery that did not finish"),
             std::string::npos) << report;
   EXPECT_EQ(report.find("over 2 restarts"), std::string::npos) << report;
+  const nlohmann::json j = nlohmann::json::parse(telemetry::SnapshotJson(s, false));
+  EXPECT_EQ(j["lost"]["restarts"][0]["in_process_recoveries"], 1) << j.dump();
+  EXPECT_EQ(j["lost"]["restarts"][0]["group_restarts"], 1) << j.dump();
   wire.mutable_restarts(0)->set_in_process_tries(3);  // more tries than the span's faults
   EXPECT_FALSE(telemetry::TelemetryFromProto(wire).ok());
 }

@@ -71,6 +71,7 @@ from dlrun_step import (StepUndo as _Txn, await_store as _await_store, carry_com
                         RNG_NAMES, rng_digests, rng_state, same_inputs)
 import dlrun_transfer
 from dlrun_step import digest as _digest  # noqa: F401 (the test programs' digest)
+from dlrun_step import exit_now as _exit_now
 _active = [None]  # the Recoverable of this process (one per process)
 
 
@@ -223,7 +224,8 @@ class Recoverable:
                                                                       self.committed))
 
     def _uncaught(self, kind, value, tb):
-        """The program ends on an exception: outside a step after a peer's loss, one line."""
+        """The program ends on an exception: outside a step after a peer's loss, one line; then
+        the process ends at once (exit_now), not after Python's teardown."""
         # A collective's error comes before the agent's word, which tells a peer was lost.
         if (self._txn is None and self._words is not None and not isinstance(value, Refused)
                 and (self._words.interrupted() or _is_comm_error(value)
@@ -234,6 +236,8 @@ class Recoverable:
                              self.committed, type(value).__name__,
                              str(value).splitlines()[0][:160] if str(value) else ""))
         self._excepthook(kind, value, tb)
+        if issubclass(kind, Exception):  # a failure at once: the agent sees it in ~0.05 s
+            _exit_now(1)
 
     def _refusal_now(self):
         if self._refusal is not None:

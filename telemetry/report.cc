@@ -270,7 +270,8 @@ std::string EfficiencyLines(const JobTelemetry::Snapshot& s, const CpuSummary& c
                                           100.0 * static_cast<double>(m.peak_rss_bytes) /
                                               static_cast<double>(m.limit_bytes)));
     if (m.spare_rss_bytes > 0) {  // memory the ranks' peak leaves out, held all the same
-      absl::StrAppend(&out, absl::StrFormat(", and %.2f GiB more in the warm spares",
+      absl::StrAppend(&out, absl::StrFormat(", and %.2f GiB more for ready processes (the fork "
+                                            "server, warm spares: their proportional share)",
                                             m.spare_rss_bytes / 1073741824.0));
     }
   }

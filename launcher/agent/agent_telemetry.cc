@@ -86,7 +86,7 @@ void AgentTelemetry::WatchMembersAndSpares() {
     if (m.alive) pids.push_back(m.pid);
   }
   pids.insert(pids.end(), spare_pids_.begin(), spare_pids_.end());
-  sampler_->Watch(std::move(pids));
+  sampler_->Watch(std::move(pids), spare_pids_);
 }
 
 void AgentTelemetry::SetSpares(std::vector<pid_t> pids) {

@@ -162,10 +162,11 @@ ResourceSampler::~ResourceSampler() {
   thread_.join();
 }
 
-void ResourceSampler::Watch(std::vector<pid_t> pids) {
+void ResourceSampler::Watch(std::vector<pid_t> pids, std::vector<pid_t> proportional) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pids_ = std::move(pids);
+    proportional_ = std::move(proportional);
   }
   cv_.notify_all();  // sample the new workers at once
 }
@@ -193,10 +194,11 @@ void ResourceSampler::Loop() {
 }
 
 void ResourceSampler::SampleOnce() {
-  std::vector<pid_t> pids;
+  std::vector<pid_t> pids, proportional;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pids = pids_;
+    proportional = proportional_;
   }
   static const long ticks = sysconf(_SC_CLK_TCK);
   const auto now = std::chrono::steady_clock::now();
@@ -210,7 +212,11 @@ void ResourceSampler::SampleOnce() {
     if (!cpu) continue;  // gone
     ProcSample s;
     s.cpu_s = *cpu;
-    ParseProcStatus(ReadWholeFile(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
+    if (std::find(proportional.begin(), proportional.end(), pid) != proportional.end()) {
+      s.rss_bytes = ParsePss(ReadWholeFile(dir + "/smaps_rollup"));
+    } else {
+      ParseProcStatus(ReadWholeFile(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
+    }
     AddDescendants(pid, ticks, &s);
     auto& peak = peak_with_children_[pid];
     peak = std::max({peak, s.rss_bytes, s.rss_peak_bytes});

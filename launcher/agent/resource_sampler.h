@@ -70,8 +70,10 @@ class ResourceSampler {
   ResourceSampler(const ResourceSampler&) = delete;
   ResourceSampler& operator=(const ResourceSampler&) = delete;
 
-  // The processes to sample from now on (the current workers).
-  void Watch(std::vector<pid_t> pids);
+  // The processes to sample from now on (the current workers); of those in `proportional`
+  // (the fork server and warm spares, which share most pages with each other and the workers)
+  // the memory is their proportional share (Pss), not their RSS.
+  void Watch(std::vector<pid_t> pids, std::vector<pid_t> proportional = {});
   std::map<pid_t, ProcSample> Latest() const;
   std::vector<telemetry::GpuTelemetry> Gpus() const;
 
@@ -85,6 +87,7 @@ class ResourceSampler {
   std::condition_variable cv_;
   bool stop_ = false;
   std::vector<pid_t> pids_;
+  std::vector<pid_t> proportional_;
   std::map<pid_t, ProcSample> latest_;
   std::vector<telemetry::GpuTelemetry> gpus_;
   std::map<pid_t, std::pair<double, std::chrono::steady_clock::time_point>> last_cpu_;

@@ -30,6 +30,11 @@ def _dlrun_serve(server_fd):
     except Exception:
         pass  # a program that does not import torch: the fork is cheap all the same
     libc = ctypes.CDLL(None, use_errno=True)
+    # What the imports made is kept out of the forks' garbage collections: a collection would
+    # touch (and so copy) every page the forks share, and scanning it costs them time.
+    import gc
+    gc.collect()
+    gc.freeze()
     sock = socket.socket(fileno=server_fd)
     agent = os.getppid()
     sock.send(b"ready")

@@ -580,7 +580,8 @@ TEST(Telemetry, TheWarmSparesMemoryIsReportedBesideTheRanksPeak) {
   snap.wall_s = 10;
   const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("memory on host-a: peak 1.00 GiB of 16.00 GiB (machine memory), 6%, and "
-                        "0.75 GiB more in the warm spares"),
+                        "0.75 GiB more for ready processes (the fork server, warm spares: "
+                        "their proportional share)"),
             std::string::npos) << report;
 }
 

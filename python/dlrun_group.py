@@ -21,6 +21,16 @@ if "DLRUN_CONTROL_FD" in os.environ:
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
 
 
+class Loss:
+    """A peer's loss as this rank met it: the step given up (None: told between steps), the
+    agent's word (generation, port, place), and when it was met, heard and the old group ended
+    (the sender's timing line counts from `seen`)."""
+
+    def __init__(self, step, seen):
+        self.step, self.seen = step, seen
+        self.word = self.heard = self.ended = None
+
+
 class Words:
     """The agent's words on DLRUN_CONTROL_FD, read by a daemon thread."""
 

@@ -61,8 +61,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import dlrun_report
-from dlrun_group import (Refused, Words as _Words, ddp_like_peers as _ddp_like_peers,
-                         device_of as _device, equal_across_ranks as _equal_across_ranks,
+from dlrun_group import (Loss as _Loss, Refused, Words as _Words,
+                         ddp_like_peers as _ddp_like_peers, device_of as _device, equal_across_ranks as _equal_across_ranks,
                          generation as _generation, group_sockets as _group_sockets,
                          is_comm_error as _is_comm_error, nccl_failed as _nccl_failed)
 from dlrun_loader import Loader as _Loader, watch_raw_loaders
@@ -73,16 +73,6 @@ import dlrun_transfer
 from dlrun_step import digest as _digest  # noqa: F401 (the test programs' digest)
 from dlrun_step import exit_now as _exit_now
 _active = [None]  # the Recoverable of this process (one per process)
-
-
-class _Loss:
-    """A peer's loss as this rank met it: the step given up (None: told between steps), the
-    agent's word (generation, port, place), and when it was met, heard and the old group ended
-    (the sender's timing line counts from `seen`)."""
-
-    def __init__(self, step, seen):
-        self.step, self.seen = step, seen
-        self.word = self.heard = self.ended = None
 
 
 class Recoverable:

@@ -359,8 +359,15 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
     // memory each) start when the program declares one, not beside every Python worker.
     a->spare_argv_on_declaration = std::exchange(a->spare_argv, {});
   }
-  a->telemetry.warm_spares = !a->spare_argv.empty();
   a->spares_on_declaration = o.spare_workers != SpareWorkers::kOff;
+  if (o.spare_workers == SpareWorkers::kAuto && !a->fork_server_argv.empty()) {
+    // Every start is a fork of the node's server, as fast as a spare's promotion (bench/RESULTS.md):
+    // no spare beside each worker, and its memory saved. --spare-workers on keeps them (forks).
+    a->spare_argv.clear();
+    a->spare_argv_on_declaration.clear();
+    a->spares_on_declaration = false;
+  }
+  a->telemetry.warm_spares = !a->spare_argv.empty();
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     // (insert_or_assign: GCC 12's -Wrestrict misfires on `= "1"` once this is inlined)

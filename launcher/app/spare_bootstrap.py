@@ -184,6 +184,9 @@ if _dlrun_warming is not None and _dlrun_warming.is_alive():
                 os.execv(sys.executable, [_orig[0]] + _flags + sys.argv[1:])
 if _dlrun_warming is not None:
     _dlrun_warming.join()
+    import gc  # the imports' objects out of the worker's collections (as the fork server does)
+    gc.collect()
+    gc.freeze()
 del _dlrun_warming, _dlrun_warm, _dlrun_server
 # Threads the imports started (a pool, a watchdog) inherited their idle priority, and would keep
 # it in the worker: every thread of a promoted spare goes to normal priority where allowed.

@@ -407,32 +407,42 @@ TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) 
   std::ofstream(dir + "/fake/torch/__init__.py")
       << "import os\nwith open(os.environ['PROBE_OUT'] + '/imports', 'a') as f:\n"
          "    f.write('%d\\n' % os.getpid())\n";
-  ProcResult r = RunCommand({"sh", "-c", std::string("cd \"$0\" && exec \"$@\""), dir, DLRUN_BIN,
-                             "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
-                             "probe.py", dir, "wait-for-spare"},
-                            {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", dir + "/fake"},
-                             {"PROBE_OUT", dir}});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto first = ReadKeyValues(dir + "/attempt0");
-  auto second = ReadKeyValues(dir + "/attempt1");
-  const std::string imports = ReadFile(dir + "/imports");
-  EXPECT_EQ(std::count(imports.begin(), imports.end(), '\n'), 1) << imports;
-  for (auto* seen : {&first, &second}) {
-    EXPECT_EQ((*seen)["file"], std::filesystem::canonical(prog).string());
-    EXPECT_EQ((*seen)["argv0"], "probe.py");
-    EXPECT_EQ((*seen)["name"], "__main__");
-    EXPECT_EQ((*seen)["argv"], dir + " wait-for-spare");
-    EXPECT_EQ((*seen)["path0"], dir);
-    EXPECT_EQ((*seen)["heartbeat_fd"], "True");
-    EXPECT_EQ((*seen)["parent"], "dlrun") << "a fork the agent reaps, as a child of its own";
-    EXPECT_EQ(imports.find((*seen)["pid"] + "\n"), std::string::npos) << "it imported torch itself";
+  // The default: no spare beside the worker (a fork is as ready); `on`: a spare, forked too.
+  for (const char* spares : {"auto", "on"}) {
+    SCOPED_TRACE(spares);
+    const std::string mode = spares == std::string("on") ? "wait-for-spare" : "fail-at-once";
+    std::filesystem::remove(dir + "/imports");
+    ProcResult r = RunCommand({"sh", "-c", std::string("cd \"$0\" && exec \"$@\""), dir, DLRUN_BIN,
+                               "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+                               "--spare-workers", spares, "probe.py", dir, mode},
+                              {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", dir + "/fake"},
+                               {"PROBE_OUT", dir}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto first = ReadKeyValues(dir + "/attempt0");
+    auto second = ReadKeyValues(dir + "/attempt1");
+    const std::string imports = ReadFile(dir + "/imports");
+    EXPECT_EQ(std::count(imports.begin(), imports.end(), '\n'), 1) << imports;
+    for (auto* seen : {&first, &second}) {
+      EXPECT_EQ((*seen)["file"], std::filesystem::canonical(prog).string());
+      EXPECT_EQ((*seen)["argv0"], "probe.py");
+      EXPECT_EQ((*seen)["name"], "__main__");
+      EXPECT_EQ((*seen)["argv"], dir + " " + mode);
+      EXPECT_EQ((*seen)["path0"], dir);
+      EXPECT_EQ((*seen)["heartbeat_fd"], "True");
+      EXPECT_EQ((*seen)["parent"], "dlrun") << "a fork the agent reaps, as a child of its own";
+      EXPECT_EQ(imports.find((*seen)["pid"] + "\n"), std::string::npos) << "it imported torch itself";
+    }
+    if (spares == std::string("on")) {
+      EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
+    } else {
+      EXPECT_EQ(r.output.find("warm spares were on"), std::string::npos) << r.output;
+    }
+    EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
   }
-  EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
-  EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
   // Off: the worker imports torch itself, as under torchrun.
   std::filesystem::remove(dir + "/imports");
-  r = RunCommand({DLRUN_BIN, "--standalone", "--fork-server", "off", "--spare-workers", "off", prog,
-                  dir, "fail-at-once"},
+  ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--fork-server", "off", "--spare-workers",
+                             "off", prog, dir, "fail-at-once"},
                  {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", dir + "/fake"}, {"PROBE_OUT", dir}});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(ReadFile(dir + "/imports"), ReadKeyValues(dir + "/attempt0")["pid"] + "\n");

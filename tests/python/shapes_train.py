@@ -11,7 +11,7 @@ error feedback, a hook on rank 1 only; Dropout seeded once; a DataLoader iterato
 steps, with 0 or 2 loader workers, given to rec.loader() ("loader0", "loader2") or not
 ("raw_loader": refused, the checkpoint); a barrier and a checkpoint after the step's block; an
 exception raised in a step (a failure at once, the checkpoint); DDP's find_unused_parameters
-with a branch never used (refused at once, the checkpoint); BatchNorm with an AveragedModel EMA
+with a branch never used or used every third step (refused at once, the checkpoint); BatchNorm with an AveragedModel EMA
 of its statistics; gradient accumulation with each micro-batch in a step of its own (refused
 after a micro-step, the checkpoint); a bug that the step done again meets on the other rank,
 alternately (the job ends with a verdict)).
@@ -39,7 +39,7 @@ import dlrun_step
 SHAPES = ("plain", "bn", "bn_nobcast", "log_allreduce", "ema", "accumulate", "clip", "amp_skip",
           "two_optimizers", "schedule", "direct_call", "update_outside", "comm_hook", "powersgd",
           "hook_one_rank", "dropout", "loader0", "loader2", "raw_loader", "ckpt_barrier",
-          "exception", "unused_never", "ema_bn", "micro_steps", "bug")
+          "exception", "unused_never", "unused_third", "ema_bn", "micro_steps", "bug")
 shape, steps = sys.argv[1], int(sys.argv[2])
 if shape not in SHAPES:
     sys.exit("shapes_train.py: unknown shape %r (expected one of %s)" % (shape, ", ".join(SHAPES)))
@@ -54,16 +54,18 @@ layers += [torch.nn.ReLU(), torch.nn.Linear(16, 1)]
 if shape in ("dropout", "loader0", "loader2"):  # the loader shapes too: the iterator's seed draw
     layers.insert(2, torch.nn.Dropout(0.3))
 model = torch.nn.Sequential(*layers)
-if shape == "unused_never":  # a branch no step uses: DDP must be told to look for it
+if shape in ("unused_never", "unused_third"):  # a branch no step uses, or every third step:
+    # DDP must be told to look for it
 
 
     class WithBranch(torch.nn.Module):
         def __init__(self, body):
             super().__init__()
             self.body, self.branch = body, torch.nn.Linear(8, 1)
+            self.use_branch = False
 
         def forward(self, x):
-            return self.body(x)
+            return self.body(x) + self.branch(x) if self.use_branch else self.body(x)
 
 
     model = WithBranch(model)
@@ -104,7 +106,7 @@ if os.path.exists(path) and not dlrun_recovery.is_replacement():
     print("rank %d resumed from step %d" % (rank, state["step"]), flush=True)
 
 ddp_kwargs = {"broadcast_buffers": False} if shape == "bn_nobcast" else {}
-if shape == "unused_never":
+if shape in ("unused_never", "unused_third"):
     ddp_kwargs = {"find_unused_parameters": True}
 rec = dlrun_recovery.Recoverable(model, opts if len(opts) > 1 else opts[0], *stateful,
                                  ddp=ddp_kwargs)
@@ -187,6 +189,8 @@ def steps_and_batches():
 
 for step, given in steps_and_batches():
     current[0] = step
+    if shape == "unused_third":
+        model.use_branch = step % 3 == 0
     with rec.step() as st:
         kill_here(step, "start")
         kill_here(step, "raise")

@@ -97,10 +97,11 @@ for shape in "$@"; do
     continue
   fi
   NPROC=2
-  [[ $shape == ema_bn ]] && NPROC=3  # three ranks: two survivors whose EMAs differ
+  # Three ranks: two survivors whose EMAs differ; a sum over three whose order the buckets set.
+  [[ $shape == ema_bn || $shape == unused_third ]] && NPROC=3
   run "$shape-clean" "$shape" "" || fail_with_dlrun_lines "$test_name" "$shape without a fault failed" "$work/$shape-clean.out"
   case $shape in
-    raw_loader|unused_never|ckpt_barrier)  # refused in one line each time, the checkpoint
+    raw_loader|unused_never|unused_third|ckpt_barrier)  # refused in one line each time, the checkpoint
       # restart in its place not counted: --max-restarts 0 (dlrun's default) is enough
       MAX_RESTARTS=0 run "$shape-fault" "$shape" "$EVERY_POINT" ||
         fail_with_dlrun_lines "$test_name" "$shape-fault failed with --max-restarts 0" "$work/$shape-fault.out"

@@ -62,7 +62,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dlrun_report
 from dlrun_group import (Loss as _Loss, Refused, Words as _Words,
-                         ddp_like_peers as _ddp_like_peers, device_of as _device, equal_across_ranks as _equal_across_ranks,
+                         ddp_like_peers as _ddp_like_peers, device_of as _device,
+                         equal_across_ranks as _equal_across_ranks,
                          generation as _generation, group_sockets as _group_sockets,
                          is_comm_error as _is_comm_error, nccl_failed as _nccl_failed)
 from dlrun_loader import Loader as _Loader, watch_raw_loaders

@@ -68,6 +68,7 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.first_begin.reset();
   o.load_s = 0;
   o.peer_s = 0;
+  o.peer_said = false;
   o.running = running;
 }
 
@@ -81,7 +82,10 @@ void RestartLedger::StateFromPeer(int64_t step, double s) {
   if (!open_ || !open_->in_group) return;
   open_->cost.resumed_step = step;
   open_->cost.in_process = true;
-  open_->peer_s = std::max(open_->peer_s, s);  // the ranks take it side by side
+  // The transfer itself is the fastest rank's figure: a survivor's includes its wait for the
+  // replacement's start (its process and its program up to the transfer), which is "start".
+  open_->peer_s = open_->peer_said ? std::min(open_->peer_s, s) : s;
+  open_->peer_said = true;
 }
 
 void RestartLedger::RecoveryDone(SteadyTime t) {

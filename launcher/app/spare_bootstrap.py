@@ -32,9 +32,12 @@ def _dlrun_serve(server_fd):
     libc = ctypes.CDLL(None, use_errno=True)
     # What the imports made is kept out of the forks' garbage collections: a collection would
     # touch (and so copy) every page the forks share, and scanning it costs them time.
-    import gc
+    # At the fork's exit they are let go again, so that the interpreter's last collection frees
+    # them as it would (else bindings that count their objects, triton's, report leaks).
+    import atexit, gc
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)
     sock = socket.socket(fileno=server_fd)
     agent = os.getppid()
     sock.send(b"ready")
@@ -184,9 +187,10 @@ if _dlrun_warming is not None and _dlrun_warming.is_alive():
                 os.execv(sys.executable, [_orig[0]] + _flags + sys.argv[1:])
 if _dlrun_warming is not None:
     _dlrun_warming.join()
-    import gc  # the imports' objects out of the worker's collections (as the fork server does)
-    gc.collect()
+    import atexit, gc  # the imports' objects out of the worker's collections until its exit
+    gc.collect()       # (as the fork server does)
     gc.freeze()
+    atexit.register(gc.unfreeze)
 del _dlrun_warming, _dlrun_warm, _dlrun_server
 # Threads the imports started (a pool, a watchdog) inherited their idle priority, and would keep
 # it in the worker: every thread of a promoted spare goes to normal priority where allowed.

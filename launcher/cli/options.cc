@@ -333,9 +333,10 @@ const std::vector<Flag> kBaseFlags = {
      WordField("spare-workers", &O::spare_workers,
                {{"auto", SpareWorkers::kAuto}, {"on", SpareWorkers::kOn}, {"off", SpareWorkers::kOff}},
                "auto, on or off"),
-     "auto (default): a Python worker that fails is replaced by a warm spare that has already "
-     "imported torch; on: also other programs, started ahead and held in "
-     "dlrun::worker::init() (they must read no rank variable before it); off: cold starts"},
+     "auto (default): without a fork server (--fork-server off), a Python worker that fails is "
+     "replaced by a warm spare that has already imported torch; on: spares beside the fork "
+     "server too, and for other programs, held in dlrun::worker::init() (they must read no "
+     "rank variable before it); off: none"},
     {"fork-server", "", true,
      WordField("fork-server", &O::fork_server, {{"auto", true}, {"off", false}}, "auto or off"),
      "auto (default): a Python program's workers, spares and replacements are forked from one "

@@ -130,7 +130,8 @@ TEST(RestartLedger, AnAdmissionIsLabelledWithItsGenerationAndAFaultInItIsAFault)
     if (fault_meanwhile) l.FaultSeen(tl.at(0.9));
     l.Stopped(tl.at(0.95));
     l.GroupStarted(0, tl.at(0.95), tl.at(0.95), /*generation=*/3);
-    l.StateFromPeer(8, 0.5);
+    l.StateFromPeer(8, 0.55);  // a survivor: the transfer and its wait for the replacement
+    l.StateFromPeer(8, 0.5);   // the replacement: the transfer alone
     l.Step(9, 0.1, tl.at(1.6));
     const auto costs = l.Costs();
     ASSERT_EQ(costs.size(), 1u);

@@ -3,7 +3,8 @@ bench/inprocess_recovery): an MLP, AdamW and a StepLR schedule, each step's data
 (step, rank), so a run with a fault can end bit-identical to one without.
 
 usage: recoverable_train.py STEPS [STEP_S]
-KILL_RANK=R KILL_STEP=N: rank R SIGKILLs itself at the start of step N (its first process);
+KILL_RANK=R KILL_STEP=N: rank R SIGKILLs itself at the start of step N (its first process;
+N1,N2,...: at each, whichever process of rank R meets it, once each);
 KILL_HOW=raise: raises an exception there instead (an error of the program's own).
 FAIL_REPLACEMENT=differs: the replacement's state is changed as it arrives (its parameters differ
 from its peers'), so the recovery must refuse to go on.
@@ -73,12 +74,27 @@ extra = [Differs()] if os.environ.get("FAIL_REPLACEMENT") == "differs" else []
 rec = dlrun_recovery.Recoverable(model, opt, sched, *extra)
 print("rank %d pid %d" % (rank, os.getpid()), flush=True)
 kill_rank = int(os.environ.get("KILL_RANK", "-1"))
-kill_step = int(os.environ.get("KILL_STEP", "-1"))
+kill_steps = [int(k) for k in os.environ.get("KILL_STEP", "-1").split(",")]
 first = not rec.replacement and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+
+def kill_now(step):
+    """KILL_STEP=S: at step S in rank KILL_RANK's first process; S1,S2,...: each once (a marker
+    in CKPT_DIR), whichever process of that rank meets it (a replacement is killed again)."""
+    if rank != kill_rank or step not in kill_steps:
+        return False
+    if len(kill_steps) == 1 or not ckpt_dir:
+        return first
+    marker = os.path.join(ckpt_dir, "killed-%d" % step)
+    if os.path.exists(marker):
+        return False
+    os.makedirs(ckpt_dir, exist_ok=True)
+    open(marker, "w").close()
+    return True
 for step in rec.steps(steps, start=start):
     with rec.step() as s:
         began = time.time()
-        if rank == kill_rank and step == kill_step and first:
+        if kill_now(step):
             print("rank %d killed at %.6f" % (rank, time.time()), flush=True)
             if os.environ.get("KILL_HOW") == "raise":
                 raise ValueError("an error of the program's own in step %d" % step)

@@ -10,7 +10,7 @@ the wrapper, an update outside the step, DDP's fp16 compression hook, PowerSGD's
 error feedback, a hook on rank 1 only; Dropout seeded once; a DataLoader iterator kept across
 steps, with 0 or 2 loader workers, given to rec.loader() ("loader0", "loader2") or not
 ("raw_loader": refused, the checkpoint); a barrier and a checkpoint after the step's block; an
-exception raised in a step (a failure at once, the checkpoint); DDP's find_unused_parameters
+exception raised in a step (a failure at once, replaced in process); DDP's find_unused_parameters
 with a branch never used or used every third step (refused at once, the checkpoint); BatchNorm with an AveragedModel EMA
 of its statistics; gradient accumulation with each micro-batch in a step of its own (refused
 after a micro-step, the checkpoint); a bug that the step done again meets on the other rank,

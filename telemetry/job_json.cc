@@ -60,6 +60,8 @@ nlohmann::json LostJson(const JobTelemetry::Snapshot& s) {
               {"restarts", c.restarts},
               {"in_process_recoveries", c.recoveries()},
               {"group_restarts", c.group_restarts()},
+              {"started", {{"forked", c.started_forked}, {"spare", c.started_spare},
+                           {"cold", c.started_cold}}},
               {"host", c.host},
               {"recomputed_steps", c.recomputed_steps},
               {"fault_step", c.fault_step >= 0 ? json(c.fault_step) : json()},

@@ -15,6 +15,19 @@ namespace dlrun::telemetry {
 
 namespace {
 
+// How the span's processes started, after its start figure: " (forked)", " (2 forked, 1 cold)".
+std::string StartedText(const RestartCost& c) {
+  const std::pair<int, const char*> kinds[] = {
+      {c.started_forked, "forked"}, {c.started_spare, "spare"}, {c.started_cold, "cold"}};
+  std::vector<std::string> parts;
+  int kinds_seen = 0;
+  for (const auto& [n, name] : kinds) kinds_seen += n > 0;
+  for (const auto& [n, name] : kinds) {
+    if (n > 0) parts.push_back(kinds_seen == 1 ? name : absl::StrCat(n, " ", name));
+  }
+  return parts.empty() ? "" : absl::StrCat(" (", absl::StrJoin(parts, ", "), ")");
+}
+
 // One line per restart: its cause and, where measured, what it cost by phase.
 std::string RestartLines(const JobTelemetry::Snapshot& s) {
   std::map<int, const RestartCost*> cost;
@@ -32,11 +45,11 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
                                                : std::string("before any step record");
     absl::StrAppend(
         &out,
-        absl::StrFormat("\n  %s %s: %.2f s lost (on %s): detection %.2f, start %.2f, "
+        absl::StrFormat("\n  %s %s: %.2f s lost (on %s): detection %.2f, start %.2f%s, "
                         "state from peer %.2f, %d step(s) recomputed %.2f",
                         c.admission ? "a node admitted" : "in-process recovery", when,
-                        c.total_s(), c.host, c.detection_s, c.start_s, c.state_from_peer_s,
-                        c.recomputed_steps, c.recomputed_s));
+                        c.total_s(), c.host, c.detection_s, c.start_s, StartedText(c),
+                        c.state_from_peer_s, c.recomputed_steps, c.recomputed_s));
     if (c.recoveries() > 1) absl::StrAppend(&out, " over ", c.recoveries(), " in-process recoveries");
     if (!c.resumed) {
       absl::StrAppend(&out, " (so far)");
@@ -56,9 +69,9 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
     if (it == cost.end()) continue;
     const RestartCost& c = *it->second;
     absl::StrAppend(&out, absl::StrFormat(
-        "; %.2f s lost (on %s): detection %.2f, stop %.2f, rendezvous %.2f, start %.2f, "
+        "; %.2f s lost (on %s): detection %.2f, stop %.2f, rendezvous %.2f, start %.2f%s, "
         "checkpoint load %.2f, %d step(s) recomputed %.2f",
-        c.total_s(), c.host, c.detection_s, c.stop_s, c.rendezvous_s, c.start_s,
+        c.total_s(), c.host, c.detection_s, c.stop_s, c.rendezvous_s, c.start_s, StartedText(c),
         c.checkpoint_load_s, c.recomputed_steps, c.recomputed_s));
     if (c.resumed_step >= 0) absl::StrAppend(&out, " (resumed from step ", c.resumed_step, ")");
     // The span's faults less the in-process recoveries tried in it: the restarts themselves.
@@ -271,7 +284,7 @@ std::string EfficiencyLines(const JobTelemetry::Snapshot& s, const CpuSummary& c
                                               static_cast<double>(m.limit_bytes)));
     if (m.spare_rss_bytes > 0) {  // memory the ranks' peak leaves out, held all the same
       absl::StrAppend(&out, absl::StrFormat(", and %.2f GiB more for ready processes (the fork "
-                                            "server, warm spares: their proportional share)",
+                                            "server, warm spares: their share of anonymous memory)",
                                             m.spare_rss_bytes / 1073741824.0));
     }
   }

@@ -20,6 +20,9 @@ double Median(std::vector<double> v) {
 void RestartCost::Add(const RestartCost& b) {
   restarts += b.restarts;
   in_process_tries += b.in_process_tries;
+  started_forked += b.started_forked;
+  started_spare += b.started_spare;
+  started_cold += b.started_cold;
   detection_s += b.detection_s;
   stop_s += b.stop_s;
   rendezvous_s += b.rendezvous_s;

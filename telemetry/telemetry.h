@@ -74,6 +74,9 @@ struct RestartCost {
   // In-process recoveries begun in the span that did not finish (the restart came after
   // them): counted in `restarts`, which counts the span's faults, but restarted nothing.
   int in_process_tries = 0;
+  // How the span's last group's new processes started (the replacement in process, every worker
+  // after a restart): forked from the fork server, promoted warm spares, cold (their own start).
+  int started_forked = 0, started_spare = 0, started_cold = 0;
   // The span's in-process recoveries (each begun, finished or not) and its group restarts.
   int recoveries() const { return in_process ? restarts : in_process_tries; }
   int group_restarts() const { return in_process ? 0 : restarts - in_process_tries; }

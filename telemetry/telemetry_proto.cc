@@ -35,6 +35,9 @@ void ToProto(const RestartCost& c, v1::RestartCost* x) {
   x->set_admission(c.admission);
   x->set_generation(static_cast<uint32_t>(c.generation));
   x->set_in_process_tries(static_cast<uint32_t>(std::max(0, c.in_process_tries)));
+  x->set_started_forked(static_cast<uint32_t>(std::max(0, c.started_forked)));
+  x->set_started_spare(static_cast<uint32_t>(std::max(0, c.started_spare)));
+  x->set_started_cold(static_cast<uint32_t>(std::max(0, c.started_cold)));
 }
 
 void ToProto(const RankProfile& p, v1::RankProfile* x) {
@@ -106,6 +109,9 @@ absl::StatusOr<RestartCost> FromProto(const v1::RestartCost& x) {
   c.admission = x.admission();
   c.generation = static_cast<int>(x.generation());
   c.in_process_tries = static_cast<int>(x.in_process_tries());
+  c.started_forked = static_cast<int>(std::min<uint32_t>(x.started_forked(), 1u << 20));
+  c.started_spare = static_cast<int>(std::min<uint32_t>(x.started_spare(), 1u << 20));
+  c.started_cold = static_cast<int>(std::min<uint32_t>(x.started_cold(), 1u << 20));
   return c;
 }
 

@@ -43,7 +43,9 @@ absl::Status Agent::SpawnGroup(const Assignment& next, int attempt, SteadyTime a
   spdlog::info(
       "{}", GroupTable(current, group, {fault_seen_at_, stopped_at_, assigned_at, clock_.Now()}));
   std::vector<AgentTelemetry::Member> members;
-  for (const DumpTarget& t : group) members.push_back({t.rank, t.local_rank, t.pid, true});
+  for (const DumpTarget& t : group) {
+    members.push_back({t.rank, t.local_rank, t.pid, true, processes_.HowStarted(t.pid)});
+  }
   telemetry_.GroupStarted(std::move(members), current, assigned_at);
   fault_seen_at_.reset();
   stopped_at_.reset();

@@ -165,7 +165,7 @@ RecoveryMachine::Decision InProcessRecovery::Begin(const RecoveryMachine::Decisi
   s_.group.DropFailedExits();  // the lost ones' exits are history, not this group's failure
   std::vector<AgentTelemetry::Member> members;
   for (const WorkerGroup::Worker& w : s_.group.workers()) {
-    members.push_back({w.rank, w.local_rank, w.pid, true});
+    members.push_back({w.rank, w.local_rank, w.pid, true, s_.processes.HowStarted(w.pid)});
   }
   s_.telemetry.Replaced(std::move(members), next, d.fault, d.generation);
   s_.group.WriteWorkersFile(s_.channel.Address());

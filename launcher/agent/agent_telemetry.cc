@@ -45,6 +45,7 @@ void AgentTelemetry::Start() {
 void AgentTelemetry::GroupStarted(std::vector<Member> members, const Assignment& group,
                                   SteadyTime assigned_at) {
   ledger_.GroupStarted(static_cast<int>(group.restart_count), assigned_at, clock_.Now());
+  CountStarts(members, {});
   world_size_ = group.world_size;
   max_world_size_ = std::max(max_world_size_, group.world_size);
   max_nodes_ = std::max(max_nodes_, group.num_nodes);
@@ -67,6 +68,7 @@ void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& gro
                               int generation) {
   ledger_.Stopped(t);
   ledger_.GroupStarted(static_cast<int>(group.restart_count), t, clock_.Now(), generation);
+  CountStarts(members, members_);
   for (const Member& m : members_) {  // a lost rank's CPU time stays counted
     const bool kept = std::any_of(members.begin(), members.end(),
                                   [&](const Member& n) { return n.pid == m.pid; });
@@ -77,6 +79,18 @@ void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& gro
   }
   members_ = std::move(members);
   WatchMembersAndSpares();
+}
+
+void AgentTelemetry::CountStarts(const std::vector<Member>& members,
+                                 const std::vector<Member>& before) {
+  int n[4] = {0, 0, 0, 0};  // by StartKind
+  for (const Member& m : members) {
+    const bool kept = std::any_of(before.begin(), before.end(),
+                                  [&](const Member& b) { return b.pid == m.pid; });
+    if (!kept) ++n[static_cast<int>(m.start)];
+  }
+  ledger_.StartedAs(n[static_cast<int>(StartKind::kForked)], n[static_cast<int>(StartKind::kSpare)],
+                    n[static_cast<int>(StartKind::kCold)]);
 }
 
 void AgentTelemetry::WatchMembersAndSpares() {

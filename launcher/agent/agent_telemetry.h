@@ -23,6 +23,7 @@
 #include "common/defaults.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/job_channel.h"
+#include "launcher/agent/processes.h"
 #include "launcher/base/file_system.h"
 #include "launcher/agent/resource_sampler.h"
 #include "launcher/agent/restart_ledger.h"
@@ -63,6 +64,7 @@ class AgentTelemetry {
     int local_rank = 0;
     pid_t pid = -1;
     bool alive = true;
+    StartKind start = StartKind::kUnknown;  // how its process started (Processes::HowStarted)
   };
 
   // --report-json is written through `fs`.
@@ -163,6 +165,8 @@ class AgentTelemetry {
   std::vector<pid_t> spare_pids_;      // SetSpares
   int64_t spare_rss_peak_bytes_ = 0;  // their summed resident memory, at its peak
   void WatchMembersAndSpares();       // the sampler's pids: the members and the spares
+  // The ledger's start kinds: of `members` not in `before` (the new processes).
+  void CountStarts(const std::vector<Member>& members, const std::vector<Member>& before);
   int rank_offset_ = 0;
   std::map<int, RankSteps> rank_steps_;
   std::map<int, int64_t> attempt_last_step_;  // per rank, in the current group

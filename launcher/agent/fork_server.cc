@@ -111,6 +111,18 @@ bool ForkServer::AwaitReady(SteadyTime deadline, int interrupt_fd) {
   return ready();
 }
 
+ForkServer::Request ForkServer::WorkerRequest(int out, int err, int heartbeat, int control,
+                                              int spare, std::vector<std::string> env,
+                                              std::vector<int> cpus) {
+  Request r;
+  r.spare = spare >= 0;
+  r.env = std::move(env);
+  r.cpus = std::move(cpus);
+  r.fds = {{out, STDOUT_FILENO}, {err, STDERR_FILENO}, {heartbeat, heartbeat}, {control, control}};
+  if (r.spare) r.fds.emplace_back(spare, spare);  // last: the spare reads it there
+  return r;
+}
+
 absl::StatusOr<pid_t> ForkServer::Fork(const Request& r) {
   if (!ready()) return absl::UnavailableError("the fork server is not ready");
   std::vector<std::string> fields = {r.spare ? "S" : "W"};

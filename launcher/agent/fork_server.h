@@ -43,6 +43,10 @@ class ForkServer {
     std::vector<std::pair<int, int>> fds;   // (the agent's fd, the number it has in the worker)
     std::vector<int> cpus;                  // pinned to these; empty: as the server
   };
+  // A worker's request: its stdout and stderr, its heartbeat and control pipes (at the numbers
+  // the environment names), a spare's environment pipe (-1: not a spare) last.
+  static Request WorkerRequest(int out, int err, int heartbeat, int control, int spare,
+                               std::vector<std::string> env, std::vector<int> cpus);
   // The pid of the process forked for `r` (in its own process group), within a bound.
   absl::StatusOr<pid_t> Fork(const Request& r);
 

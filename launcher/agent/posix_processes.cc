@@ -171,15 +171,11 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
 
   pid_t pid = -1;
   if (ForkServerReady(fork_server_argv, env_strings)) {
-    ForkServer::Request r;
-    r.spare = spare;
-    r.env = env_strings;
-    r.cpus = cpu_list;
-    r.fds = {{out_pipe[1], STDOUT_FILENO}, {err_pipe[1], STDERR_FILENO},
-             {hb_pipe[1], hb_pipe[1]}, {ctl_pipe[0], ctl_pipe[0]}};
-    if (spare) r.fds.emplace_back(spare_pipe[0], spare_pipe[0]);  // last: the spare reads it
-    if (auto forked = fork_server_->Fork(r); forked.ok()) pid = *forked;
+    auto forked = fork_server_->Fork(ForkServer::WorkerRequest(
+        out_pipe[1], err_pipe[1], hb_pipe[1], ctl_pipe[0], spare_pipe[0], env_strings, cpu_list));
+    if (forked.ok()) pid = *forked;
   }
+  const bool forked = pid >= 0;
   if (pid < 0) {
     const pid_t agent_pid = getpid();
     pid = fork();
@@ -206,6 +202,7 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
   st.control_fd = ctl_pipe[1];
   st.control_child_fd = ctl_pipe[0];
   st.spare_fd = spare_pipe[1];
+  st.forked = forked;
   return st;
 }
 
@@ -304,12 +301,15 @@ void PosixProcesses::StartDueSpares() {
 absl::StatusOr<pid_t> PosixProcesses::Spawn(const SpawnSpec& spec) {
   std::optional<Started> st;
   if (!spec.spare_argv.empty()) st = Promote(spec);
+  StartKind kind = StartKind::kSpare;
   if (!st) {
     auto cold = Start(spec.argv, spec.env, spec.cpus, spec.stdout_pty, /*spare=*/false,
                       spec.fork_server_argv);
     if (!cold.ok()) return cold.status();
     st = *cold;
+    kind = st->forked ? StartKind::kForked : StartKind::kCold;
   }
+  started_[st->pid] = kind;
   if (!spec.spare_argv.empty()) pending_spares_[spec.local_rank] = {spec, SpareDue(spec)};
   Child c;
   c.pid = st->pid;

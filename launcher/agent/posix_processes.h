@@ -40,6 +40,10 @@ class PosixProcesses final : public Processes {
   void CloseOutputs() override;
   std::string ErrorTail(pid_t pid) const override;
   const ProcessFacts& facts() const override { return facts_; }
+  StartKind HowStarted(pid_t pid) const override {
+    auto it = started_.find(pid);
+    return it == started_.end() ? StartKind::kUnknown : it->second;
+  }
 
  private:
   struct Child {
@@ -56,6 +60,7 @@ class PosixProcesses final : public Processes {
     int heartbeat_child_fd = -1;  // the heartbeat pipe's fd number in the process
     int control_fd = -1, control_child_fd = -1;  // the control pipe: agent's end, process' fd
     int spare_fd = -1;            // a spare: the write end of its environment pipe
+    bool forked = false;          // by the fork server
   };
   // A warm spare waiting for promotion, and what it must match to be promoted.
   struct Spare {
@@ -95,6 +100,7 @@ class PosixProcesses final : public Processes {
   std::map<pid_t, std::string> error_tails_;    // of the group CloseOutputs() closed last
   std::unique_ptr<ForkServer> fork_server_;     // started at the first spec that names one
   bool fork_server_tried_ = false;
+  std::map<pid_t, StartKind> started_;          // the workers Spawn started, how
   ProcFsFacts facts_;
 };
 

@@ -53,6 +53,9 @@ struct ProcEvent {
   StepRecord step;    // kStep: what the worker reported (step_record.h)
 };
 
+// How a worker's process came to be (the report's "start" of a restart or a recovery).
+enum class StartKind { kUnknown, kForked, kSpare, kCold };
+
 class Processes {
  public:
   virtual ~Processes() = default;
@@ -65,6 +68,9 @@ class Processes {
   // Starts a warm spare for spec.local_rank (spec.spare_argv) spec.spare_after from now, as
   // Spawn does for a spec with spare_argv: for a worker started without one.
   virtual void KeepSpare(const SpawnSpec& spec) {}
+  // How the worker `pid` was started: forked from the fork server, a promoted warm spare, or
+  // a process of its own (cold).
+  virtual StartKind HowStarted(pid_t pid) const { return StartKind::kUnknown; }
   // The warm spares standing by now (their memory is reported beside the workers').
   virtual std::vector<pid_t> SparePids() const { return {}; }
   // What the kernel says about the workers (process_facts.h): how one handles a signal, whether

@@ -56,6 +56,12 @@ int64_t ParsePss(const std::string& smaps_rollup) {
   return KbField(smaps_rollup, "Pss:").value_or(0);
 }
 
+int64_t ParseAnonPss(const std::string& smaps_rollup) {
+  auto anon = KbField(smaps_rollup, "Pss_Anon:");
+  if (!anon) return ParsePss(smaps_rollup);  // a kernel before 5.7
+  return *anon + KbField(smaps_rollup, "Pss_Shmem:").value_or(0);
+}
+
 void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak) {
   *rss = KbField(status, "VmRSS:").value_or(0);
   *peak = KbField(status, "VmHWM:").value_or(0);
@@ -213,7 +219,7 @@ void ResourceSampler::SampleOnce() {
     ProcSample s;
     s.cpu_s = *cpu;
     if (std::find(proportional.begin(), proportional.end(), pid) != proportional.end()) {
-      s.rss_bytes = ParsePss(ReadWholeFile(dir + "/smaps_rollup"));
+      s.rss_bytes = ParseAnonPss(ReadWholeFile(dir + "/smaps_rollup"));
     } else {
       ParseProcStatus(ReadWholeFile(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
     }

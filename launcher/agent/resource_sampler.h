@@ -36,6 +36,9 @@ std::vector<pid_t> Descendants(pid_t pid, size_t limit);
 inline constexpr size_t kMaxSampledChildren = 256;
 // /proc/<pid>/smaps_rollup's Pss in bytes (0 when absent).
 int64_t ParsePss(const std::string& smaps_rollup);
+// Its anonymous and shared-memory part (Pss_Anon + Pss_Shmem; Pss where the kernel has no
+// split): what a process holds beside the page cache of the libraries it mapped.
+int64_t ParseAnonPss(const std::string& smaps_rollup);
 
 // /proc/<pid>/stat's utime + stime in seconds (with `with_children`, plus cutime + cstime: the
 // children it has reaped); nullopt if unreadable or malformed.
@@ -72,7 +75,9 @@ class ResourceSampler {
 
   // The processes to sample from now on (the current workers); of those in `proportional`
   // (the fork server and warm spares, which share most pages with each other and the workers)
-  // the memory is their proportional share (Pss), not their RSS.
+  // the memory is their proportional share of anonymous memory (ParseAnonPss), not their RSS:
+  // the library pages the server read at its imports are page cache that a cold worker's
+  // imports would read as well.
   void Watch(std::vector<pid_t> pids, std::vector<pid_t> proportional = {});
   std::map<pid_t, ProcSample> Latest() const;
   std::vector<telemetry::GpuTelemetry> Gpus() const;

@@ -78,6 +78,13 @@ void RestartLedger::Resumed(int64_t step, double load_s) {
   open_->load_s = std::max(open_->load_s, load_s);  // the ranks load side by side
 }
 
+void RestartLedger::StartedAs(int forked, int spare, int cold) {
+  if (!open_ || !open_->in_group) return;
+  open_->cost.started_forked = forked;  // the span's last group: the start it is booked with
+  open_->cost.started_spare = spare;
+  open_->cost.started_cold = cold;
+}
+
 void RestartLedger::StateFromPeer(int64_t step, double s) {
   if (!open_ || !open_->in_group) return;
   open_->cost.resumed_step = step;

@@ -49,6 +49,8 @@ class RestartLedger {
   void Step(int64_t step, double step_s, SteadyTime now);
   // A worker said it resumed from the checkpoint of `step`; loading took `load_s`.
   void Resumed(int64_t step, double load_s);
+  // How the current group's new processes started (after GroupStarted): counted in the span.
+  void StartedAs(int forked, int spare, int cold);
   // In-process recovery: a rank holds the state of `step`, from a peer in `s` seconds.
   void StateFromPeer(int64_t step, double s);
   // In-process recovery: every rank holds the state at `t`. Where no step record ever came (a

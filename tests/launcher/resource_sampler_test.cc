@@ -170,6 +170,9 @@ TEST(ResourceSampler, ParsesReapedChildrenTimeAndPss) {
   EXPECT_DOUBLE_EQ(*cpu, 5.0);
   EXPECT_EQ(ParsePss("Rss:  2048 kB\nPss:   1024 kB\n"), 1024 * 1024);
   EXPECT_EQ(ParsePss(""), 0);
+  EXPECT_EQ(ParseAnonPss("Pss:   1024 kB\nPss_Anon:   100 kB\nPss_File:   900 kB\n"
+                         "Pss_Shmem:  24 kB\n"), 124 * 1024);
+  EXPECT_EQ(ParseAnonPss("Pss:   1024 kB\n"), 1024 * 1024);  // no split: all of it
 }
 
 // Memory as seff measures it: against Slurm's request when it is the tightest.

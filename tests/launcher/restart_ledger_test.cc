@@ -130,6 +130,7 @@ TEST(RestartLedger, AnAdmissionIsLabelledWithItsGenerationAndAFaultInItIsAFault)
     if (fault_meanwhile) l.FaultSeen(tl.at(0.9));
     l.Stopped(tl.at(0.95));
     l.GroupStarted(0, tl.at(0.95), tl.at(0.95), /*generation=*/3);
+    l.StartedAs(1, 0, 0);      // the replacement, forked
     l.StateFromPeer(8, 0.55);  // a survivor: the transfer and its wait for the replacement
     l.StateFromPeer(8, 0.5);   // the replacement: the transfer alone
     l.Step(9, 0.1, tl.at(1.6));
@@ -139,6 +140,8 @@ TEST(RestartLedger, AnAdmissionIsLabelledWithItsGenerationAndAFaultInItIsAFault)
     EXPECT_TRUE(costs[0].in_process);
     EXPECT_EQ(costs[0].generation, 3);
     EXPECT_NEAR(costs[0].state_from_peer_s, 0.5, 1e-6);
+    EXPECT_EQ(costs[0].started_forked, 1);
+    EXPECT_EQ(costs[0].started_cold, 0);
   }
 }
 

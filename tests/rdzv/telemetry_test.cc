@@ -425,6 +425,9 @@ TEST(Telemetry, InProcessGenerationsAreEachCountedAndAnAdmissionIsNamed) {
   b.restarts = {in_process(1, 0.2, false), in_process(2, 0.1, true)};
   b.restarts[0].restarts = 3;  // three faults in the span: each a recovery, none a restart
   b.restarts[0].in_process_tries = 2;
+  b.restarts[0].started_forked = 1;  // the last replacement: forked from the fork server
+  a.restarts[1].started_forked = 2;  // an admitted node's: two forked, one cold
+  a.restarts[1].started_cold = 1;
   job.now += milliseconds(10000);
   for (telemetry::NodeTelemetry* n : {&a, &b}) {
     v1::NodeTelemetry p;
@@ -444,6 +447,10 @@ TEST(Telemetry, InProcessGenerationsAreEachCountedAndAnAdmissionIsNamed) {
       << report;
   EXPECT_NE(report.find("recomputed 0.00 over 3 in-process recoveries\n"), std::string::npos)
       << report;
+  EXPECT_NE(report.find("detection 0.20, start 0.20 (forked), state from peer"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("start 0.30 (2 forked, 1 cold), state from peer"), std::string::npos)
+      << report;
   EXPECT_NE(report.find("in-process recovery after step 20: 0.60 s lost (on host-b)"),
             std::string::npos)
       << report;
@@ -455,6 +462,8 @@ TEST(Telemetry, InProcessGenerationsAreEachCountedAndAnAdmissionIsNamed) {
   EXPECT_TRUE(j["lost"]["restarts"][1]["admission"].get<bool>());
   EXPECT_EQ(j["lost"]["restarts"][1]["generation"], 2);
   EXPECT_EQ(j["lost"]["restarts"][0]["in_process_recoveries"], 3);
+  EXPECT_EQ(j["lost"]["restarts"][0]["started"]["forked"], 1);
+  EXPECT_EQ(j["lost"]["restarts"][1]["started"]["cold"], 1);
   EXPECT_EQ(j["lost"]["restarts"][0]["group_restarts"], 0);
   EXPECT_EQ(j["lost"]["restarts"][1]["in_process_recoveries"], 1);
 }
@@ -581,7 +590,7 @@ TEST(Telemetry, TheWarmSparesMemoryIsReportedBesideTheRanksPeak) {
   const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("memory on host-a: peak 1.00 GiB of 16.00 GiB (machine memory), 6%, and "
                         "0.75 GiB more for ready processes (the fork server, warm spares: "
-                        "their proportional share)"),
+                        "their share of anonymous memory)"),
             std::string::npos) << report;
 }
 

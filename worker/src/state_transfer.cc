@@ -131,12 +131,27 @@ std::string RecvBytes(const Context& ctx, int root, int tag) {
 
 }  // namespace
 
-OptimizerCopy CopyOptimizer(const torch::optim::Optimizer& optimizer) {
-  OptimizerCopy c;
+void CopyOptimizerInto(const torch::optim::Optimizer& optimizer, OptimizerCopy* copy) {
   std::vector<torch::Tensor> live;
-  c.known = OptimizerTensors(optimizer, &live, &c.layout);
-  for (const torch::Tensor& t : live) c.tensors.push_back(t.clone());
-  return c;
+  copy->layout.clear();
+  copy->known = OptimizerTensors(optimizer, &live, &copy->layout);
+  CloneInto(&copy->tensors, live);
+}
+
+void CloneInto(std::vector<torch::Tensor>* to, const std::vector<torch::Tensor>& from) {
+  bool same = to->size() == from.size();
+  for (size_t i = 0; same && i < from.size(); ++i) {
+    const torch::Tensor& a = (*to)[i];
+    same = a.defined() && from[i].defined() && a.sizes() == from[i].sizes() &&
+           a.dtype() == from[i].dtype() && a.device() == from[i].device();
+  }
+  if (!same) {
+    to->clear();
+    for (const torch::Tensor& t : from) to->push_back(t.defined() ? t.detach().clone() : t);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < from.size(); ++i) (*to)[i].copy_(from[i].detach());
 }
 
 void RestoreOptimizer(torch::optim::Optimizer& optimizer, const OptimizerCopy& copy) {

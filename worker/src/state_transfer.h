@@ -36,7 +36,12 @@ struct OptimizerCopy {
   std::vector<int64_t> layout;
   std::vector<torch::Tensor> tensors;
 };
-OptimizerCopy CopyOptimizer(const torch::optim::Optimizer& optimizer);
+// A copy of the optimizer's state into `copy`: into its tensors where they match (no allocation
+// a step), else new ones.
+void CopyOptimizerInto(const torch::optim::Optimizer& optimizer, OptimizerCopy* copy);
+// `to` becomes a copy of `from` (detached): copied into its tensors where each has the same
+// shape, type and device, else made anew (clone()).
+void CloneInto(std::vector<torch::Tensor>* to, const std::vector<torch::Tensor>& from);
 void RestoreOptimizer(torch::optim::Optimizer& optimizer, const OptimizerCopy& copy);
 
 }  // namespace dlrun::worker::detail

@@ -54,7 +54,9 @@ first_again=$(awk -v s="$((resumed + 1))" -v from="$resume_line" 'NR >= from && 
 line=$(grep -m1 -E "^  restart 1: .* s lost \(on " "$out") || fail "the report has no cost for restart 1"
 echo "$line"
 grep -q "goodput [0-9]*%" "$out" || fail "the report has no goodput"
+# (how the processes started, "start d (2 forked)", is left out first: sed has nine groups)
 read -r total detection stop rdzv start load steps recomputed r_step < <(sed -E \
+  -e 's/(start [0-9.]+) \([^)]*\)/\1/' -e \
   's/.*; ([0-9.]+) s lost \(on [^)]*\): detection ([0-9.]+), stop ([0-9.]+), rendezvous ([0-9.]+), start ([0-9.]+), checkpoint load ([0-9.]+), ([0-9]+) step\(s\) recomputed ([0-9.]+) \(resumed from step ([0-9]+)\).*/\1 \2 \3 \4 \5 \6 \7 \8 \9/' <<<"$line")
 [[ "$r_step" == "$resumed" ]] || fail "the ledger says resumed from step '$r_step', the program $resumed"
 ((steps == fault_step - resumed)) ||

@@ -360,13 +360,8 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
     a->spare_argv_on_declaration = std::exchange(a->spare_argv, {});
   }
   a->spares_on_declaration = o.spare_workers != SpareWorkers::kOff;
-  if (o.spare_workers == SpareWorkers::kAuto && !a->fork_server_argv.empty()) {
-    // Every start is a fork of the node's server, as fast as a spare's promotion (bench/RESULTS.md):
-    // no spare beside each worker, and its memory saved. --spare-workers on keeps them (forks).
-    a->spare_argv.clear();
-    a->spare_argv_on_declaration.clear();
-    a->spares_on_declaration = false;
-  }
+  // Beside a fork server a Python program's spares are forks of it too: ~10 MB each of their
+  // own, and a promotion saves the fork (0.1-0.2 s a process on a busy node: bench/RESULTS.md).
   a->telemetry.warm_spares = !a->spare_argv.empty();
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {

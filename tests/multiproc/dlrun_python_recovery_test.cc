@@ -98,11 +98,11 @@ TEST(PythonInProcessRecovery, AKilledRankCostsNoStepAndTheRunEndsBitIdentical) {
   EXPECT_EQ(c["checkpoint_load_s"].get<double>(), 0) << c.dump();
   EXPECT_GT(c["state_from_peer_s"].get<double>(), 0) << c.dump();
   EXPECT_LE(c["recomputed_steps"].get<int>(), 1) << c.dump();
-  // The replacement was forked from the node's fork server (the default for Python), and the
-  // report's line says so.
-  EXPECT_EQ(c["started"]["forked"], 1) << c.dump();
+  // The replacement was the spare forked from the node's fork server (the default for Python),
+  // and the report's line says so.
+  EXPECT_EQ(c["started"]["spare"], 1) << c.dump();
   EXPECT_EQ(c["started"]["cold"], 0) << c.dump();
-  EXPECT_NE(out.find(" (forked), state from peer "), std::string::npos) << out;
+  EXPECT_NE(out.find(" (spare), state from peer "), std::string::npos) << out;
 }
 
 // A fault in the first step (no rank has finished one: the replacement takes the state every rank
@@ -150,7 +150,8 @@ TEST(PythonInProcessRecovery, ReplicasThatDifferAreRefusedAndTheGroupRestarts) {
   EXPECT_NE(out.find("rank 0 resumed from step 14"), std::string::npos) << out;
   // The checkpoint restart in the recovery's place finds a ready process for every rank.
   ASSERT_FALSE(r.report["lost"]["restarts"].empty()) << r.report.dump();
-  EXPECT_EQ(r.report["lost"]["restarts"].back()["started"]["forked"], 4) << r.report.dump();
+  const auto& started = r.report["lost"]["restarts"].back()["started"];
+  EXPECT_EQ(started["forked"].get<int>() + started["spare"].get<int>(), 4) << r.report.dump();
   ASSERT_EQ(r.digests.size(), 4u) << out;
   for (const auto& [rank, digest] : r.digests) {
     EXPECT_EQ(digest, clean.digests.at(0)) << "rank " << rank << "\n" << out;

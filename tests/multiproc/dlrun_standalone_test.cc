@@ -407,14 +407,15 @@ TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) 
   std::ofstream(dir + "/fake/torch/__init__.py")
       << "import os\nwith open(os.environ['PROBE_OUT'] + '/imports', 'a') as f:\n"
          "    f.write('%d\\n' % os.getpid())\n";
-  // The default: no spare beside the worker (a fork is as ready); `on`: a spare, forked too.
-  for (const char* spares : {"auto", "on"}) {
+  // The default: a spare beside the worker, forked too; `off`: the restart forked when needed.
+  for (const char* spares : {"auto", "off"}) {
     SCOPED_TRACE(spares);
-    const std::string mode = spares == std::string("on") ? "wait-for-spare" : "fail-at-once";
+    const std::string mode = spares == std::string("auto") ? "wait-for-spare" : "fail-at-once";
     std::filesystem::remove(dir + "/imports");
     ProcResult r = RunCommand({"sh", "-c", std::string("cd \"$0\" && exec \"$@\""), dir, DLRUN_BIN,
                                "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
-                               "--spare-workers", spares, "probe.py", dir, mode},
+                               "--spare-workers", spares, "--report-json",
+                               dir + "/report-" + spares + ".json", "probe.py", dir, mode},
                               {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", dir + "/fake"},
                                {"PROBE_OUT", dir}});
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -432,10 +433,15 @@ TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) 
       EXPECT_EQ((*seen)["parent"], "dlrun") << "a fork the agent reaps, as a child of its own";
       EXPECT_EQ(imports.find((*seen)["pid"] + "\n"), std::string::npos) << "it imported torch itself";
     }
-    if (spares == std::string("on")) {
+    // The report's restart: how its process started.
+    const auto j = nlohmann::json::parse(ReadFile(dir + "/report-" + spares + ".json"));
+    ASSERT_EQ(j["lost"]["restarts"].size(), 1u) << j.dump();
+    const auto& started = j["lost"]["restarts"][0]["started"];
+    if (spares == std::string("auto")) {
       EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
+      EXPECT_EQ(started["spare"], 1) << j.dump();
     } else {
-      EXPECT_EQ(r.output.find("warm spares were on"), std::string::npos) << r.output;
+      EXPECT_EQ(started["forked"], 1) << j.dump();
     }
     EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
   }

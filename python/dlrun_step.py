@@ -321,8 +321,9 @@ def exit_now(code=1):
         atexit._run_exitfuncs()
     except Exception:
         pass
+    buffered = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
     for obj in gc.get_objects():  # the fork server froze its own: the program's objects only
-        if isinstance(obj, io.IOBase):
+        if type(obj) in buffered:  # (not isinstance: ABCMeta's check is slow on every object)
             try:
                 if not obj.closed and obj.writable():
                     obj.flush()

@@ -360,8 +360,13 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
     a->spare_argv_on_declaration = std::exchange(a->spare_argv, {});
   }
   a->spares_on_declaration = o.spare_workers != SpareWorkers::kOff;
-  // Beside a fork server a Python program's spares are forks of it too: ~10 MB each of their
-  // own, and a promotion saves the fork (0.1-0.2 s a process on a busy node: bench/RESULTS.md).
+  if (o.spare_workers == SpareWorkers::kAuto && !a->fork_server_argv.empty()) {
+    // Every start is a fork of the node's server: spares (forks too) made no measurable
+    // difference, quiet or busy (bench/RESULTS.md), and cost memory. `on` keeps them.
+    a->spare_argv.clear();
+    a->spare_argv_on_declaration.clear();
+    a->spares_on_declaration = false;
+  }
   a->telemetry.warm_spares = !a->spare_argv.empty();
   a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {

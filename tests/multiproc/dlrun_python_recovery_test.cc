@@ -98,11 +98,11 @@ TEST(PythonInProcessRecovery, AKilledRankCostsNoStepAndTheRunEndsBitIdentical) {
   EXPECT_EQ(c["checkpoint_load_s"].get<double>(), 0) << c.dump();
   EXPECT_GT(c["state_from_peer_s"].get<double>(), 0) << c.dump();
   EXPECT_LE(c["recomputed_steps"].get<int>(), 1) << c.dump();
-  // The replacement was the spare forked from the node's fork server (the default for Python),
-  // and the report's line says so.
-  EXPECT_EQ(c["started"]["spare"], 1) << c.dump();
+  // The replacement was forked from the node's fork server (the default for Python), and the
+  // report's line says so.
+  EXPECT_EQ(c["started"]["forked"], 1) << c.dump();
   EXPECT_EQ(c["started"]["cold"], 0) << c.dump();
-  EXPECT_NE(out.find(" (spare), state from peer "), std::string::npos) << out;
+  EXPECT_NE(out.find(" (forked), state from peer "), std::string::npos) << out;
 }
 
 // A fault in the first step (no rank has finished one: the replacement takes the state every rank

@@ -407,10 +407,11 @@ TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) 
   std::ofstream(dir + "/fake/torch/__init__.py")
       << "import os\nwith open(os.environ['PROBE_OUT'] + '/imports', 'a') as f:\n"
          "    f.write('%d\\n' % os.getpid())\n";
-  // The default: a spare beside the worker, forked too; `off`: the restart forked when needed.
-  for (const char* spares : {"auto", "off"}) {
+  // The default: no spare beside the worker, the restart forked when needed; `on`: a spare,
+  // forked too.
+  for (const char* spares : {"auto", "on"}) {
     SCOPED_TRACE(spares);
-    const std::string mode = spares == std::string("auto") ? "wait-for-spare" : "fail-at-once";
+    const std::string mode = spares == std::string("on") ? "wait-for-spare" : "fail-at-once";
     std::filesystem::remove(dir + "/imports");
     ProcResult r = RunCommand({"sh", "-c", std::string("cd \"$0\" && exec \"$@\""), dir, DLRUN_BIN,
                                "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
@@ -437,7 +438,7 @@ TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) 
     const auto j = nlohmann::json::parse(ReadFile(dir + "/report-" + spares + ".json"));
     ASSERT_EQ(j["lost"]["restarts"].size(), 1u) << j.dump();
     const auto& started = j["lost"]["restarts"][0]["started"];
-    if (spares == std::string("auto")) {
+    if (spares == std::string("on")) {
       EXPECT_EQ(second["pid"], ReadFile(dir + "/spare")) << "the restart is the spare seen before";
       EXPECT_EQ(started["spare"], 1) << j.dump();
     } else {

@@ -335,9 +335,20 @@ std::string FormatStackReport(const StackReport& r) {
                                     r.ranks.size(), hosts.size(), r.took_s);
   std::vector<int> read;
   for (const StackGroup& g : r.groups) read.insert(read.end(), g.ranks.begin(), g.ranks.end());
-  if (!r.suspects.empty()) {
+  // Suspects named by another verdict (the hang detection's step records) may have no stack
+  // read: then the stacks do not single them out.
+  size_t others = 0, suspects_read = 0;
+  for (int rank : read) {
+    const bool suspect = std::find(r.suspects.begin(), r.suspects.end(), rank) != r.suspects.end();
+    suspects_read += suspect;
+    others += !suspect;
+  }
+  if (!r.suspects.empty() && suspects_read == r.suspects.size() && others > 0) {
     absl::StrAppend(&out, "suspects: ", RanksPhrase(r.suspects), " (the stack differs from ",
-                    read.size() - r.suspects.size(), " other rank(s))\n");
+                    others, " other rank(s))\n");
+  } else if (!r.suspects.empty()) {
+    absl::StrAppend(&out, "suspects: ", RanksPhrase(r.suspects),
+                    " (named by the hang detection, not by the stacks read)\n");
   } else if (r.groups.size() == 1) {
     absl::StrAppend(&out, "no suspects: every rank read has the same stack\n");
   }

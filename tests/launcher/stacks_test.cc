@@ -153,6 +153,16 @@ TEST(Stacks, RanksWithTheSameStackShareAGroupAndTheOddOnesAreSuspects) {
   EXPECT_EQ(j["missing"][0]["rank"], 8);
   EXPECT_EQ(j["missing"][0]["why"], "exited (no such process)");
   EXPECT_EQ(WhereTheOthersWere(r, 2), "the other 7 ranks were in all_reduce at train.py:45");
+  EXPECT_NE(text.find("suspects: rank 2 (the stack differs from 7 other rank(s))"),
+            std::string::npos) << text;
+  // A suspect named elsewhere (the hang detection) whose stack was not read: no count of others
+  // (it once said "differs from 18446744073709551615 other rank(s)").
+  StackReport named = GroupStacks({gone});
+  named.suspects = {1};
+  const std::string said = FormatStackReport(named);
+  EXPECT_NE(said.find("suspects: rank 1 (named by the hang detection, not by the stacks read)"),
+            std::string::npos) << said;
+  EXPECT_EQ(said.find("differs from"), std::string::npos) << said;
 }
 
 TEST(Stacks, OneStackHasNoSuspectsAndATieGoesToTheGroupWithTheLowestRank) {

@@ -48,6 +48,16 @@ std::string Receive(int sock, SteadyTime deadline, int interrupt_fd, bool* inter
 
 }  // namespace
 
+void EnterChildOfAgent(pid_t agent_pid) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != agent_pid) _exit(128 + SIGKILL);
+  sigset_t empty;
+  sigemptyset(&empty);
+  sigprocmask(SIG_SETMASK, &empty, nullptr);
+  signal(SIGPIPE, SIG_DFL);
+}
+
 std::unique_ptr<ForkServer> ForkServer::Start(const std::vector<std::string>& argv,
                                               const std::vector<std::string>& env) {
   // Its forks are orphaned on purpose (the middle process exits): they must come to the agent.
@@ -76,13 +86,7 @@ std::unique_ptr<ForkServer> ForkServer::Start(const std::vector<std::string>& ar
     return nullptr;
   }
   if (pid == 0) {  // async-signal-safe calls only, as for a worker (posix_processes.cc)
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != agent) _exit(128 + SIGKILL);
-    sigset_t empty;
-    sigemptyset(&empty);
-    sigprocmask(SIG_SETMASK, &empty, nullptr);
-    signal(SIGPIPE, SIG_DFL);
+    EnterChildOfAgent(agent);
     dup2(STDERR_FILENO, STDOUT_FILENO);
     fcntl(sv[1], F_SETFD, 0);
     execvpe(args[0], args.data(), envp.data());
@@ -95,17 +99,17 @@ std::unique_ptr<ForkServer> ForkServer::Start(const std::vector<std::string>& ar
 
 ForkServer::~ForkServer() {
   close(sock_);
-  if (!gone_) kill(-pid_, SIGKILL);
+  if (!gone()) kill(-pid_, SIGKILL);
 }
 
 bool ForkServer::AwaitReady(SteadyTime deadline, int interrupt_fd) {
-  if (ready_ || gone_) return ready();
+  if (state_ != State::kImporting) return ready();
   bool interrupted = false;
   const std::string said = Receive(sock_, deadline, interrupt_fd, &interrupted);
   if (said == "ready") {
-    ready_ = true;
+    state_ = State::kReady;
   } else if (!interrupted) {
-    gone_ = true;  // its imports failed, it died, or they took longer than any worker's would
+    state_ = State::kGone;  // its imports failed, it died, or they took longer than any worker's would
     kill(-pid_, SIGKILL);
   }
   return ready();
@@ -152,7 +156,7 @@ absl::StatusOr<pid_t> ForkServer::Fork(const Request& r) {
     n = sendmsg(sock_, &mh, MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(msg.size())) {
-    gone_ = true;
+    state_ = State::kGone;
     return absl::UnavailableError(absl::StrCat("the fork server: ", std::strerror(errno)));
   }
   bool interrupted = false;
@@ -160,7 +164,7 @@ absl::StatusOr<pid_t> ForkServer::Fork(const Request& r) {
   int pid = 0;
   if (said.rfind("pid ", 0) == 0 && absl::SimpleAtoi(said.substr(4), &pid) && pid > 0) return pid;
   if (said.empty()) {  // no answer: it is stuck or gone, and no later fork would be answered
-    gone_ = true;
+    state_ = State::kGone;
     kill(-pid_, SIGKILL);
   }
   return absl::UnavailableError(absl::StrCat("the fork server: ", said.empty() ? "no answer" : said));

@@ -19,6 +19,12 @@
 
 namespace dlrun::launcher {
 
+// In a process the agent just forked (async-signal-safe calls only): its own process group (the
+// agent signals everything it starts), death with the agent even on SIGKILL (it _exits when the
+// agent is already gone), the signals the agent blocks for its signalfd unblocked, SIGPIPE back
+// to its default (the agent ignores it; an ignored signal would survive exec).
+void EnterChildOfAgent(pid_t agent_pid);
+
 class ForkServer {
  public:
   // Starts `argv` with `env` (KEY=VALUE entries; a worker's own fds left out) in its own process group, its stdout and stderr
@@ -29,13 +35,13 @@ class ForkServer {
 
   pid_t pid() const { return pid_; }
   const std::vector<std::string>& argv() const { return argv_; }
-  bool ready() const { return ready_ && !gone_; }
-  bool gone() const { return gone_; }
+  bool ready() const { return state_ == State::kReady; }
+  bool gone() const { return state_ == State::kGone; }
   // Until it has done its imports (true), or it exited, `deadline` passed or `interrupt_fd`
   // became readable (a signal for the agent: false, and the caller starts cold).
   bool AwaitReady(SteadyTime deadline, int interrupt_fd);
   // Its process exited (the agent reaped it): no more forks.
-  void Exited() { gone_ = true; }
+  void Exited() { state_ = State::kGone; }
 
   struct Request {
     bool spare = false;  // waits for its environment on its last fd (contract::kSpareFd)
@@ -56,8 +62,8 @@ class ForkServer {
   pid_t pid_;
   int sock_;
   std::vector<std::string> argv_;
-  bool ready_ = false;
-  bool gone_ = false;
+  // Importing until it says "ready"; gone once it exited, failed, or stopped answering.
+  enum class State { kImporting, kReady, kGone } state_ = State::kImporting;
 };
 
 }  // namespace dlrun::launcher

@@ -8,7 +8,6 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <termios.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,15 +60,7 @@ std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRo
 [[noreturn]] void ExecChild(pid_t agent_pid, int out_w, int err_w, int hb_w, int ctl_r, int spare_r,
                             const cpu_set_t* cpus, char** argv, char** envp,
                             const std::string& failure) {
-  // Own process group (the agent signals everything a worker starts), die with the agent even
-  // on SIGKILL, and unblock the signals the agent keeps for its signalfd.
-  setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != agent_pid) _exit(128 + SIGKILL);
-  sigset_t empty;
-  sigemptyset(&empty);
-  sigprocmask(SIG_SETMASK, &empty, nullptr);
-  signal(SIGPIPE, SIG_DFL);  // the agent ignores it; an ignored signal would survive exec
+  EnterChildOfAgent(agent_pid);
   dup2(out_w, STDOUT_FILENO);
   dup2(err_w, STDERR_FILENO);
   fcntl(hb_w, F_SETFD, 0);  // the heartbeat pipe survives exec
@@ -207,11 +198,11 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
 }
 
 bool PosixProcesses::ForkServerReady(const std::vector<std::string>& argv,
-                                     std::vector<std::string> env) {
+                                     const std::vector<std::string>& env) {
   if (argv.empty()) return false;
   if (!fork_server_tried_) {
     fork_server_tried_ = true;
-    fork_server_ = ForkServer::Start(argv, std::move(env));
+    fork_server_ = ForkServer::Start(argv, env);
   }
   if (!fork_server_ || fork_server_->argv() != argv) return false;
   // The first workers wait for its imports (they would do the same imports themselves); a
@@ -396,6 +387,7 @@ void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
       break;
     }
     if (spare) continue;
+    started_.erase(pid);
     ProcEvent e;
     e.kind = ProcEvent::Kind::kExited;
     e.pid = pid;

@@ -79,7 +79,7 @@ class PosixProcesses final : public Processes {
                                 const std::vector<int>& cpus, bool pty, bool spare,
                                 const std::vector<std::string>& fork_server_argv);
   // Whether the fork server for `argv` is ready, started (`env`) and awaited at the first ask.
-  bool ForkServerReady(const std::vector<std::string>& argv, std::vector<std::string> env);
+  bool ForkServerReady(const std::vector<std::string>& argv, const std::vector<std::string>& env);
   // When a spare for `spec` is due: at once from a ready fork server, else spec.spare_after.
   SteadyTime SpareDue(const SpawnSpec& spec) const;
   // Promotes the spare for spec.local_rank if it matches and is alive; else discards it.

@@ -41,9 +41,10 @@ void RestartLedger::CloseGroup(SteadyTime t) {
   // The failed group's time: its start (less its load) up to its first step, then recomputing.
   const SteadyTime first = o.first_begin ? std::clamp(*o.first_begin, o.mark, t) : t;
   const double before_first = Secs(o.mark, first);
-  o.cost.start_s += std::max(0.0, before_first - o.load_s - o.peer_s);
+  const double peer_s = o.peer_s.value_or(0);
+  o.cost.start_s += std::max(0.0, before_first - o.load_s - peer_s);
   o.cost.checkpoint_load_s += std::min(o.load_s, before_first);
-  o.cost.state_from_peer_s += std::min(o.peer_s, std::max(0.0, before_first - o.load_s));
+  o.cost.state_from_peer_s += std::min(peer_s, std::max(0.0, before_first - o.load_s));
   o.cost.recomputed_s += Secs(first, t);
   o.in_group = false;
 }
@@ -67,8 +68,7 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.in_group = true;
   o.first_begin.reset();
   o.load_s = 0;
-  o.peer_s = 0;
-  o.peer_said = false;
+  o.peer_s.reset();
   o.running = running;
 }
 
@@ -91,8 +91,7 @@ void RestartLedger::StateFromPeer(int64_t step, double s) {
   open_->cost.in_process = true;
   // The transfer itself is the fastest rank's figure: a survivor's includes its wait for the
   // replacement's start (its process and its program up to the transfer), which is "start".
-  open_->peer_s = open_->peer_said ? std::min(open_->peer_s, s) : s;
-  open_->peer_said = true;
+  open_->peer_s = std::min(open_->peer_s.value_or(s), s);
 }
 
 void RestartLedger::RecoveryDone(SteadyTime t) {

@@ -29,8 +29,8 @@ struct OpenRestart {
   bool in_group = false;  // a group runs since the fault
   std::optional<SteadyTime> first_begin;  // the first step of that group began
   double load_s = 0;                      // that group's checkpoint load (the slowest rank's)
-  double peer_s = 0;  // in-process recovery: the state transfer from a peer (the fastest rank's)
-  bool peer_said = false;  // a rank of that group said its figure
+  // In-process recovery: the state transfer from a peer (the fastest rank's); none said yet.
+  std::optional<double> peer_s;
   SteadyTime running{};                   // that group's workers were running
 };
 

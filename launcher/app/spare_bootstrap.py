@@ -20,6 +20,22 @@
 # TCPStore client connects, and runs the script as `python SCRIPT` does (or the module, as
 # `python -m`).
 import os, sys, threading
+def _dlrun_set_environ(entries):
+    """The worker's whole environment, from its KEY=VALUE entries (bytes)."""
+    os.environ.clear()
+    for kv in entries:
+        key, eq, value = kv.partition(b"=")
+        if key and eq:
+            os.environb[key] = value
+def _dlrun_freeze():
+    """What the imports made kept out of the collections until the exit: a collection would
+    touch (and so copy, in a fork) every page of it, and scanning it costs time. At the exit it
+    is let go, so that the last collection frees it as it would (else bindings that count their
+    objects, triton's, report leaks)."""
+    import atexit, gc
+    gc.collect()
+    gc.freeze()
+    atexit.register(gc.unfreeze)
 def _dlrun_serve(server_fd):
     """The fork server's loop; returns only in a forked process: its spare fd, or -1 (a worker,
     its environment already set)."""
@@ -30,14 +46,7 @@ def _dlrun_serve(server_fd):
     except Exception:
         pass  # a program that does not import torch: the fork is cheap all the same
     libc = ctypes.CDLL(None, use_errno=True)
-    # What the imports made is kept out of the forks' garbage collections: a collection would
-    # touch (and so copy) every page the forks share, and scanning it costs them time.
-    # At the fork's exit they are let go again, so that the interpreter's last collection frees
-    # them as it would (else bindings that count their objects, triton's, report leaks).
-    import atexit, gc
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)
+    _dlrun_freeze()
     sock = socket.socket(fileno=server_fd)
     agent = os.getppid()
     sock.send(b"ready")
@@ -96,11 +105,7 @@ def _dlrun_forked(sock, libc, agent, msg, fds):
         os.closerange(lo + 1, hi)
     if cpus:
         os.sched_setaffinity(0, [int(c) for c in cpus.split(b",")])
-    os.environ.clear()
-    for kv in fields[3:]:
-        key, eq, value = kv.partition(b"=")
-        if key and eq:
-            os.environb[key] = value
+    _dlrun_set_environ(fields[3:])
     # The streams as a fresh interpreter opens them on these fds (a terminal: line-buffered).
     unbuffered = sys.stdout.write_through or bool(os.environ.get("PYTHONUNBUFFERED"))  # or -u
     for name, fd in (("stdout", 1), ("stderr", 2)):
@@ -148,11 +153,7 @@ if fd >= 0:
     os.close(fd)
     if not data:
         os._exit(0)
-    os.environ.clear()
-    for kv in bytes(data).split(b"\0"):
-        key, eq, value = kv.partition(b"=")
-        if key and eq:
-            os.environb[key] = value
+    _dlrun_set_environ(bytes(data).split(b"\0"))
     del data, chunk
 # Promoted before the imports finished: they must not go on at idle priority on a busy node (a
 # spare is never slower than no spare). Raised to normal priority where allowed (CAP_SYS_NICE,
@@ -187,11 +188,8 @@ if _dlrun_warming is not None and _dlrun_warming.is_alive():
                 os.execv(sys.executable, [_orig[0]] + _flags + sys.argv[1:])
 if _dlrun_warming is not None:
     _dlrun_warming.join()
-    import atexit, gc  # the imports' objects out of the worker's collections until its exit
-    gc.collect()       # (as the fork server does)
-    gc.freeze()
-    atexit.register(gc.unfreeze)
-del _dlrun_warming, _dlrun_warm, _dlrun_server
+    _dlrun_freeze()
+del _dlrun_warming, _dlrun_warm, _dlrun_server, _dlrun_set_environ, _dlrun_freeze
 # Threads the imports started (a pool, a watchdog) inherited their idle priority, and would keep
 # it in the worker: every thread of a promoted spare goes to normal priority where allowed.
 for _t in os.listdir("/proc/self/task"):

@@ -6,7 +6,11 @@
 // broadcast_buffers off), log_allreduce (Recovery::update(), an EMA and a logging all-reduce
 // after it, commit() at the step's end), direct_tail (optimizer.step() itself, then the logging
 // all-reduce, then commit(): a peer lost in that all-reduce must be refused), syncbn (bn with
-// dlrun::worker::SyncBatchNorm, which must follow the new group after a recovery).
+// dlrun::worker::SyncBatchNorm, which must follow the new group after a recovery), fp16 / bf16
+// (bn with the built-in comm hook, registered again on the rebuilt wrapper), resume (bn without
+// commit() after the checkpoint resume, as docs/EMBEDDING.md's loop), dropout_once (Dropout, the
+// CPU generator seeded once), dropout_rank (seeded per rank by the trainer: refused),
+// dropout_seeded (per rank through RecoveryOptions::seed_per_rank).
 // KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit).
 // Lines: "rank R digest D buffers B" at the end (parameters and the EMA; the buffers).
 #include <signal.h>
@@ -31,8 +35,10 @@ namespace {
 struct NetImpl : torch::nn::Module {
   torch::nn::Linear inp{nullptr}, out{nullptr};
   torch::nn::AnyModule bn;
-  explicit NetImpl(c10::intrusive_ptr<c10d::ProcessGroup> sync_pg) {
+  torch::nn::Dropout drop{nullptr};
+  NetImpl(c10::intrusive_ptr<c10d::ProcessGroup> sync_pg, double dropout) {
     inp = register_module("inp", torch::nn::Linear(8, 16));
+    if (dropout > 0) drop = register_module("drop", torch::nn::Dropout(dropout));
     if (sync_pg) {
       bn = torch::nn::AnyModule(dlrun::worker::SyncBatchNorm(16, std::move(sync_pg)));
     } else {
@@ -41,7 +47,10 @@ struct NetImpl : torch::nn::Module {
     register_module("bn", bn.ptr());
     out = register_module("out", torch::nn::Linear(16, 1));
   }
-  torch::Tensor forward(torch::Tensor x) { return out(torch::relu(bn.forward(inp(x)))); }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor h = torch::relu(bn.forward(inp(x)));
+    return out(drop ? drop(h) : h);
+  }
 };
 TORCH_MODULE(Net);
 
@@ -60,7 +69,7 @@ std::map<std::pair<int64_t, std::string>, int> Kills() {
 
 int main(int argc, char** argv) try {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: recovery_shape bn|bn_nobcast|log_allreduce|direct_tail|syncbn STEPS DIR\n");
+    std::fprintf(stderr, "usage: recovery_shape SHAPE STEPS DIR\n");
     return 2;
   }
   const std::string shape = argv[1], dir = argv[3];
@@ -68,7 +77,9 @@ int main(int argc, char** argv) try {
   auto ctx = dlrun::worker::init();
   const int rank = ctx.rank();
   torch::manual_seed(0);
-  Net model(shape == "syncbn" ? ctx.pg : nullptr);
+  const bool dropout = shape.rfind("dropout", 0) == 0;
+  Net model(shape == "syncbn" ? ctx.pg : nullptr, dropout ? 0.3 : 0.0);
+  if (shape == "dropout_rank") torch::manual_seed(1000 + rank);  // each rank's own Dropout
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   std::vector<torch::Tensor> ema;
   for (const auto& p : model->parameters()) ema.push_back(p.detach().clone());
@@ -81,21 +92,27 @@ int main(int argc, char** argv) try {
   hooks.restore = [&](const dlrun::worker::TrainingState& st) {
     for (size_t i = 0; i < ema.size(); ++i) ema[i].copy_(st.tensors.at("ema." + std::to_string(i)));
   };
-  dlrun::worker::Recovery recovery(ctx, *model, opt, hooks);
+  dlrun::worker::RecoveryOptions recovery_options;
+  if (shape == "dropout_seeded") recovery_options.seed_per_rank = 7;
+  dlrun::worker::Recovery recovery(ctx, *model, opt, hooks, recovery_options);
   dlrun::worker::CheckpointManager ckpt({.dir = dir});
   int64_t start = 0;
   if (recovery.replacement()) {
     start = recovery.receive().step;
-  } else if (auto st = ckpt.resumeLatest(*model, opt)) {
+  } else if (auto st = ckpt.resumeLatest(*model, opt, ctx)) {
     start = st->step;
     hooks.restore(*st);
     std::printf("rank %d resumed from step %ld\n", rank, start);
   }
-  recovery.commit(start);
+  if (shape != "resume") recovery.commit(start);  // resume: the recovery learns it itself
   dlrun::worker::DDPOptions opts;
   opts.broadcast_buffers = shape != "bn_nobcast";
-  opts.init_sync = !recovery.replacement() && start == 0;
   auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg, opts);
+  auto register_hook = [&] {
+    if (shape == "fp16") ddp->registerCommHook(dlrun::worker::comm_hooks::Fp16Compress(ctx.pg));
+    if (shape == "bf16") ddp->registerCommHook(dlrun::worker::comm_hooks::Bf16Compress(ctx.pg));
+  };
+  register_hook();
   const auto kills = Kills();
   int64_t current = 0;
   auto kill_here = [&](int64_t step, const std::string& point) {
@@ -126,7 +143,7 @@ int main(int argc, char** argv) try {
         opt.step();
       }
       kill_here(step, "update");
-      if (shape == "bn" || shape == "bn_nobcast" || shape == "syncbn") recovery.commit(step);
+      if (shape != "log_allreduce" && shape != "direct_tail") recovery.commit(step);
       {
         torch::NoGradGuard no_grad;
         const auto params = model->parameters();
@@ -139,6 +156,7 @@ int main(int argc, char** argv) try {
     });
     if (r.recovered) {
       dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // the wrapper anew over the new group
+      register_hook();
       step = r.step;
       continue;
     }

@@ -1,4 +1,5 @@
 #include "dlrun/agent_link.h"
+#include "agent_word.h"
 
 #include <fcntl.h>
 #include <malloc.h>
@@ -103,6 +104,21 @@ void WriteRecord(const char* line, int n) {
 }  // namespace
 
 void declareInProcessRecovery() { WriteRecord("C recovery\n", 11); }
+
+namespace detail {
+void RecordRefusal(const std::string& rule) {
+  const int fd = HeartbeatFd();
+  if (fd < 0) return;
+  // A record is at most 256 bytes (launcher/agent/step_record.h): the rule's start, in ASCII.
+  std::string line = "C refused ";
+  for (const char c : rule.substr(0, rule.find('\n'))) {
+    if (line.size() >= 240) break;
+    line += static_cast<unsigned char>(c) < 0x80 && c >= ' ' ? c : '?';
+  }
+  line += '\n';
+  (void)!write(fd, line.data(), line.size());  // one write: atomic on a pipe
+}
+}  // namespace detail
 
 void reportDone() { WriteRecord("D done\n", 7); }
 

@@ -46,6 +46,11 @@ void SetPeerLossHook(std::function<void()> hook);
 // The group of `generation` is built: collectives are no longer given up.
 void EnterGeneration(int generation);
 
+// Tells the agent this rank refuses the in-process recovery under way ("C refused RULE"): the
+// agent restarts the group from the checkpoint in its place, not counted against
+// --max-restarts (as dlrun_recovery does for Python).
+void RecordRefusal(const std::string& rule);
+
 // Tests: the word as if the agent had written it.
 void AnnounceForTesting(const Regroup& r);
 

@@ -26,6 +26,7 @@
 #include "dlrun/nvtx_ranges.h"
 #include "dlrun/worker.h"
 #include "fnv1a.h"
+#include "group.h"
 
 namespace dlrun::worker {
 namespace {
@@ -389,6 +390,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
     // For the agent's restart ledger: what this attempt resumed from, and what it cost.
     reportResume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                         load_start).count());
+    detail::NoteResumedStep(st.step);  // a Recovery goes on from it
     return st;
   }
   return std::nullopt;
@@ -463,6 +465,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
   }
   reportResume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                       load_start).count());
+  detail::NoteResumedStep(st.step);  // a Recovery goes on from it
   return st;
 }
 

@@ -19,12 +19,14 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 
+#include "agent_word.h"
 #include "group.h"
 #include "text.h"
 #include "shm_allreduce.h"
@@ -77,7 +79,8 @@ class CastAllreduceHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c
     std::vector<torch::Tensor> t{sent};
     auto done = state_->allreduce(t)->getFuture();
     return done->then(
-        [buffer, sent](c10::ivalue::Future&) -> c10::IValue {
+        [buffer, sent](c10::ivalue::Future& reduced) -> c10::IValue {
+          (void)reduced.value();  // the all-reduce's error (a lost peer) is the hook's
           if (!sent.is_same(buffer)) buffer.copy_(sent);
           return buffer;
         },
@@ -89,6 +92,23 @@ class CastAllreduceHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c
 };
 
 }  // namespace
+
+namespace detail {
+namespace {
+std::mutex broadcasts_mu;
+std::map<const torch::nn::Module*, bool> broadcasts;
+}  // namespace
+void NoteBufferBroadcast(const torch::nn::Module* module, bool broadcast) {
+  std::lock_guard<std::mutex> lock(broadcasts_mu);
+  broadcasts[module] = broadcast;
+}
+std::optional<bool> BroadcastsBuffers(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(broadcasts_mu);
+  const auto it = broadcasts.find(module);
+  if (it == broadcasts.end()) return std::nullopt;
+  return it->second;
+}
+}  // namespace detail
 
 namespace comm_hooks {
 std::unique_ptr<c10d::CommHookInterface> Allreduce(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
@@ -177,6 +197,12 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   Impl& m = *impl_;
   m.self = impl_;
   m.pg = std::move(pg);
+  // In a generation after the first (a replacement, a survivor after an in-process recovery),
+  // every rank holds the state the recovery's transfer checked equal: no broadcast of rank 0's,
+  // and the former wrappers' bucket order, whatever the trainer asked (a replacement's wrapper
+  // made as at the job's start meets the survivors' rebuilt ones).
+  if (detail::CurrentGeneration() > 0) options.init_sync = false;
+  detail::NoteBufferBroadcast(module_.get(), options.broadcast_buffers);
   m.options = options;
   torch::NoGradGuard no_grad;
 

@@ -385,7 +385,7 @@ void DistributedDataParallelBase::Impl::AwaitBuckets() {
   }
   for (Bucket& b : buckets) {
     if (b.hook_done) {
-      b.hook_done->wait();
+      detail::WaitFuture(b.hook_done);  // PeerLost at the agent's word
       const torch::Tensor mean = hook->parseHookResult(b.hook_done->value());  // throws its error
       if (!mean.is_same(b.flat)) b.flat.copy_(mean.view_as(b.flat));
       endRange(std::exchange(b.range, 0));
@@ -395,6 +395,9 @@ void DistributedDataParallelBase::Impl::AwaitBuckets() {
     b.flat.mul_(scale);
     endRange(std::exchange(b.range, 0));
   }
+  // A hook of the trainer's own may have dropped its all-reduce's error (a lost peer): with the
+  // agent's word heard, its sums may miss the peer, so the step is given up.
+  if (hook) detail::ThrowIfPeerLost();
 }
 
 void DistributedDataParallelBase::Impl::EndStep() {

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "dlrun/worker.h"
@@ -20,6 +21,14 @@ void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::millise
 // work->wait(), except that under in-process recovery a wait on a group whose peer the agent
 // said is lost ends in PeerLost (dlrun/recovery.h) instead of waiting for Gloo's timeout.
 void WaitWork(const c10::intrusive_ptr<c10d::Work>& work);
+// The same for a communication hook's future (its error is its own: value() throws it).
+void WaitFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+
+// The step a checkpoint resume (CheckpointManager::resumeLatest, either form) left this process
+// at: a Recovery goes on from it, whether or not the trainer calls commit(step) after the
+// resume. Taken once: -1 when no resume came since the last take.
+void NoteResumedStep(int64_t step);
+int64_t TakeResumedStep();
 
 // The group reports an error of its own (PyTorch's NCCL watchdog saw a lost peer or a timeout):
 // its last sums may have been ended under it. False where LibTorch cannot tell (before 2.8, or
@@ -43,6 +52,12 @@ bool SettledStepMayApply(bool collectives_run_behind, bool word_heard, bool grou
 // (contract::kNcclErrorHandlingDefault), never over a value the user set; elsewhere nothing
 // changes.
 void TurnOffNcclTeardownForRecovery();
+
+// Whether the DistributedDataParallel made last over `module` broadcasts its buffers (the
+// recovery's refusals and lines say whose running statistics a rank holds); nullopt when none
+// was made.
+void NoteBufferBroadcast(const torch::nn::Module* module, bool broadcast);
+std::optional<bool> BroadcastsBuffers(const torch::nn::Module* module);
 
 // Throws PeerLost when the agent said a peer of this group was lost: at the start of a forward
 // and in the backward's hooks, so a survivor stops computing a step that will be done again.

@@ -20,40 +20,6 @@
 
 namespace dlrun::worker {
 
-namespace detail {
-
-void WaitWork(const c10::intrusive_ptr<c10d::Work>& work) {
-  if (!WatchingAgentWords()) {
-    work->wait();
-    return;
-  }
-  for (;;) {
-    if (PeerLossAnnounced() && !work->isCompleted()) {
-      throw PeerLost("collective given up: the dlrun agent said a rank of the group was lost");
-    }
-    try {
-      work->wait(std::chrono::milliseconds(20));
-      return;
-    } catch (...) {
-      // The slice's timeout, or the work's own error; it may also have completed just after
-      // the slice ended: then its own wait returns, or throws its own error.
-      if (work->isCompleted()) {
-        work->wait();
-        return;
-      }
-    }
-  }
-}
-
-void ThrowIfPeerLost() {
-  if (PeerLossAnnounced()) {
-    throw PeerLost("step given up: the dlrun agent said a rank of the group was lost");
-  }
-}
-
-}  // namespace detail
-
-void interruptionPoint() { detail::ThrowIfPeerLost(); }
 
 namespace {
 
@@ -97,48 +63,27 @@ bool SameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::T
   return true;
 }
 
+uint64_t CpuRngDigest() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return digest({gen.get_state()});
+}
+
+// RecoveryOptions::seed_per_rank: one seed per (seed, step, rank) (splitmix64's mixing).
+uint64_t StepSeed(uint64_t seed, int64_t step, int rank) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(step) * 1000003ULL +
+                                               static_cast<uint64_t>(rank) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 // NCCL runs a step's collectives on the GPU behind the CPU; Gloo's have ended (or thrown
 // PeerLost) when the library's wait returns.
 bool CollectivesRunBehind(const Context& ctx) { return ctx.backend == "nccl"; }
 
 }  // namespace
 
-namespace detail {
-
-bool GroupFailed(c10d::ProcessGroup& pg) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
-  try {
-    return pg.getDefaultBackend()->getError() != c10d::ErrorType::SUCCESS;
-  } catch (const std::exception&) {  // a backend without getError (Gloo's): the word alone tells
-    return false;
-  }
-#else
-  (void)pg;  // LibTorch before 2.8 has no Backend::getError: the word alone tells
-  return false;
-#endif
-}
-
-void AbortGroup(c10d::ProcessGroup& pg) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
-  try {
-    pg.abort();  // ProcessGroup::abort and Backend::abort came with LibTorch 2.7
-  } catch (const std::exception& e) {  // the recovery's own timeout ends what the abort did not
-    std::fprintf(stderr, "dlrun::worker: aborting the NCCL group: %s\n",
-                 FirstLine(e.what()).c_str());
-  }
-#else
-  (void)pg;
-  std::fprintf(stderr,
-               "dlrun::worker: this LibTorch (before 2.7) cannot abort the NCCL group: a "
-               "collective waiting on the lost peer ends at the recovery's timeout\n");
-#endif
-}
-
-bool SettledStepMayApply(bool collectives_run_behind, bool word_heard, bool group_failed) {
-  return !collectives_run_behind || (!word_heard && !group_failed);
-}
-
-}  // namespace detail
 
 // The group the agent's word aborts: the current generation's, swapped at each regroup.
 struct Recovery::AbortTarget {
@@ -290,10 +235,65 @@ Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimiz
     detail::SetPeerLossHook([target = abort_] { target->Abort(); });
   }
   if (enabled_) declareInProcessRecovery();
+  if (enabled_ && !replacement_ && ctx_.worldSize() > 1) {  // every first process: one allgather
+    rng_at_start_ = CpuRngDigest();
+    rng_per_rank_ = !ctx_.ranksAgree(rng_at_start_);
+  }
 }
 
 Recovery::~Recovery() {
   if (abort_) detail::SetPeerLossHook({});
+}
+
+// The transfer's collective plan (one allgather): each rank's last whole step, whether its steps
+// drew from a CPU generator seeded per rank, and whether its DDP wrapper broadcasts buffers (-1:
+// no wrapper yet, as in a replacement). Throws the refusal of what the transfer cannot make
+// exact.
+Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
+  const bool drew_own = rng_per_rank_ && my_step >= 0 && CpuRngDigest() != rng_at_start_;
+  const std::optional<bool> broadcasts = detail::BroadcastsBuffers(&model_);
+  const std::vector<torch::Tensor> rows = ctx_.allGather(torch::tensor(
+      {my_step, int64_t{drew_own}, broadcasts ? int64_t{*broadcasts} : -1}, torch::kInt64));
+  std::vector<int64_t> steps;
+  std::vector<int> drew;
+  std::optional<bool> broadcast;
+  int64_t best = -1;
+  int root = -1;
+  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
+    const std::vector<int64_t> row(rows[static_cast<size_t>(r)].data_ptr<int64_t>(),
+                                   rows[static_cast<size_t>(r)].data_ptr<int64_t>() + 3);
+    steps.push_back(row[0]);
+    if (row[1] != 0) drew.push_back(r);
+    if (row[2] >= 0) broadcast = row[2] != 0;
+    if (steps.back() > best) best = steps.back(), root = r;
+  }
+  if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
+  std::vector<int> behind;
+  for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
+    if (steps[static_cast<size_t>(r)] < best) behind.push_back(r);
+  }
+  if (!behind.empty() && !drew.empty()) {
+    throw std::runtime_error(lite::StrCat(
+        "refused: the CPU random generator differs across ranks (seeded per rank?) and rank(s) ",
+        lite::StrJoin(drew, ","), " drew from it in their steps: rank(s) ",
+        lite::StrJoin(behind, ","), " cannot be given the lost one's "
+        "(RecoveryOptions::seed_per_rank derives each rank's from the step)"));
+  }
+  const auto buffers = model_.named_buffers();
+  if (!buffers.is_empty() && best > 0 && steps[0] < 0) {
+    throw std::runtime_error(lite::StrCat(
+        "refused: rank 0 was lost, and with it the module's buffers as of step ", best, " ('",
+        buffers.begin()->key(), "'...: ",
+        broadcast == false ? "its own running statistics, DDP's broadcast_buffers off"
+                           : "running statistics, which DDP broadcasts from rank 0 at each forward",
+        "): no other rank holds them"));
+  }
+  if (!buffers.is_empty() && broadcast == false && my_step < best) {
+    std::fprintf(stderr, "dlrun::worker: rank %d: the running statistics of its model ('%s'...: "
+                 "each rank's own, DDP's broadcast_buffers off) were lost with its process: it "
+                 "goes on with rank %d's\n", ctx_.rank(), buffers.begin()->key().c_str(), root);
+  }
+  return {best, root, std::move(behind)};
 }
 
 // Collective over ctx_: the lowest rank with the highest committed step sends model, optimizer
@@ -306,21 +306,9 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
     t = std::chrono::steady_clock::now();
     return s;
   };
-  const std::vector<torch::Tensor> steps = ctx_.allGather(torch::tensor({my_step}, torch::kInt64));
-  int64_t best = -1;
-  int root = -1;
-  for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
-    const int64_t s = steps[static_cast<size_t>(r)].item<int64_t>();
-    if (s > best) best = s, root = r;
-  }
-  if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
-  const auto buffers = model_.named_buffers();
-  if (!buffers.is_empty() && best > 0 && steps[0].item<int64_t>() < 0) {
-    throw std::runtime_error(lite::StrCat(
-        "refused: rank 0 was lost, and with it the module's buffers as of step ", best, " ('",
-        buffers.begin()->key(), "'...: running statistics, which DDP takes from rank 0 at each "
-        "forward): no other rank holds them"));
-  }
+  const TransferPlan plan = PlanTransfer(my_step);
+  const int64_t best = plan.best;
+  const int root = plan.root;
   *root_out = root;
   TrainingState st;
   timing_ = {};
@@ -330,11 +318,7 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
     if (hooks_.capture) st = hooks_.capture();
     st.step = best;
     st.world_size = ctx_.worldSize();
-    std::vector<int> behind;
-    for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
-      if (steps[static_cast<size_t>(r)].item<int64_t>() < best) behind.push_back(r);
-    }
-    detail::SendState(ctx_, model_, optimizer_, st, behind, &tt);
+    detail::SendState(ctx_, model_, optimizer_, st, plan.behind, &tt);
   } else if (*loaded) {
     st = detail::ReceiveState(ctx_, model_, optimizer_, root, &tt);
     if (hooks_.restore) hooks_.restore(st);
@@ -390,11 +374,8 @@ void Recovery::Regroup(const detail::Regroup& word) {
   detail::EnterGeneration(word.generation);
 }
 
-Recovery::Outcome Recovery::run(const std::function<void()>& body) {
-  if (!enabled_) {
-    body();
-    return {};
-  }
+// The undo record of the step about to run (StepUndo), in the last step's tensors.
+void Recovery::BeginStep() {
   auto next = std::make_shared<StepUndo>();
   if (undo_) {  // the last step's copies: copied into, not allocated again (88 MB a step for
     // train_unet's parameters and Adam's moments: fresh pages, faulted in and given back, each step)
@@ -422,6 +403,22 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     undo_->rng = gen.get_state();
   }
+}
+
+Recovery::Outcome Recovery::run(const std::function<void()>& body) {
+  // A checkpoint resume since the last step: the recovery goes on from its step (the trainer
+  // need not commit(step) after it).
+  if (const int64_t resumed = detail::TakeResumedStep(); resumed >= 0) committed_ = resumed;
+  if (options_.seed_per_rank) {  // this rank's randomness of the step, whoever runs it
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(StepSeed(*options_.seed_per_rank, committed_ + 1, ctx_.rank()));
+  }
+  if (!enabled_) {
+    body();
+    return {};
+  }
+  BeginStep();
   std::exception_ptr error;
   std::string what;
   try {
@@ -464,8 +461,11 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
     }
     return {true, st.step, word->generation, secs, word->rank >= 0};
   } catch (const std::exception& e) {
+    const std::string why = FirstLine(e.what());
+    // A rule's refusal: the agent restarts from the checkpoint, not counted as a failure.
+    if (why.rfind("refused: ", 0) == 0) detail::RecordRefusal(why.substr(9));
     throw std::runtime_error(lite::StrCat("in-process recovery failed (generation ",
-                                          word->generation, "): ", FirstLine(e.what())));
+                                          word->generation, "): ", why));
   }
 }
 

@@ -68,7 +68,9 @@ struct DDPOptions {
   bool static_graph = false;
   // PyTorch's init_sync: rank 0's parameters and buffers are broadcast when DDP is built. False
   // where every rank is known to hold the same state already (after an in-process recovery,
-  // whose transfer ends with a digest check); the parameter and option check stays.
+  // whose transfer ends with a digest check); the parameter and option check stays. In a
+  // generation after the first (a replacement's wrapper, a survivor's rebuilt one) it is false
+  // whatever is asked, so a replacement may build its wrapper as the job's first ranks did.
   bool init_sync = true;
   // The bucket order a former wrapper of the same model settled on (its readyOrder()), for the
   // wrapper made anew after an in-process recovery: with init_sync false, every rank takes the

@@ -45,7 +45,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 #include <stdexcept>
 
 #include "dlrun/checkpoint.h"
@@ -77,6 +79,13 @@ struct RecoveryOptions {
   std::chrono::milliseconds word_timeout{3000};
   // The new group and the state transfer, at most.
   std::chrono::milliseconds timeout{60000};
+  // Randomness of each rank's own (Dropout that differs per rank, noise): set, run() seeds the
+  // CPU generator at each step's start from (this seed, the step, the rank), so a replacement
+  // and a resume draw what the lost rank would have. Unset, every rank's CPU generator must be
+  // the same (seeded once, or not at all): one seeded per rank (torch::manual_seed(s + rank)),
+  // which a step drew from, refuses the recovery in one line, for the lost rank's cannot be
+  // known.
+  std::optional<uint64_t> seed_per_rank;
 };
 
 struct RecoveryHooks {
@@ -154,7 +163,14 @@ class Recovery {
  private:
   struct StepUndo;     // the open step's undo record (recovery.cc)
   struct AbortTarget;  // the group the agent's word aborts (NCCL; recovery.cc)
+  struct TransferPlan {
+    int64_t best = -1;         // the highest committed step
+    int root = -1;             // the lowest rank holding it: the sender
+    std::vector<int> behind;   // the ranks that take the state
+  };
+  TransferPlan PlanTransfer(int64_t my_step);
   TrainingState Transfer(int64_t my_step, bool* loaded, int* root);
+  void BeginStep();  // the undo record of the step about to run
   // Puts back what the given-up step changed (StepUndo); throws the refusal when it cannot.
   void GiveUp();
   // The parameters changed since the open step's start (or its commit()).
@@ -175,6 +191,10 @@ class Recovery {
   bool enabled_ = false;
   bool replacement_ = false;
   int64_t committed_ = 0;
+  // The CPU generator differed across ranks when the Recovery was made (seeded per rank), and
+  // its digest then: a step that drew from it refuses a transfer to a rank behind.
+  bool rng_per_rank_ = false;
+  uint64_t rng_at_start_ = 0;
   std::shared_ptr<StepUndo> undo_;
   std::shared_ptr<AbortTarget> abort_;  // set with NCCL
 };

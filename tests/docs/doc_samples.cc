@@ -17,6 +17,7 @@
 #include "dlrun/data_sampler.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
+#include "dlrun/recoverable.h"
 #include "dlrun/recovery.h"
 #include "dlrun/sync_batch_norm.h"
 #include "dlrun/worker.h"
@@ -148,6 +149,21 @@ void RebuildSample(dlrun::worker::Context& ctx, dlrun::worker::Recovery::Outcome
   (void)step;
 }
 
+// recoverable.h
+void RecoverableSample(dlrun::worker::Context& ctx, Net model, torch::optim::Optimizer& optimizer,
+                       int64_t total_steps) {
+  auto x_of = [](int64_t) { return torch::zeros({2, 4}); };
+  auto y_of = [](int64_t) { return torch::zeros({2, 1}); };
+  dlrun::worker::CheckpointManager ckpt({.dir = "ckpt"});
+  dlrun::worker::Recoverable rec(ctx, model, optimizer, {.checkpoint = &ckpt});
+  rec.run(total_steps, [&](int64_t step) {  // from the step after the one resumed
+    optimizer.zero_grad();
+    torch::mse_loss(rec.ddp()(x_of(step)), y_of(step)).backward();
+    rec.update();  // optimizer.step(), undone if a peer is lost later in the step
+    // anything after it (an EMA, a logging all-reduce, a checkpoint) is part of the step
+  });
+}
+
 // docs/EMBEDDING.md, the recovery's rules in one program
 using dlrun::worker::TrainingState;
 void EmbeddingRecoverySample(int64_t steps) {
@@ -157,25 +173,20 @@ void EmbeddingRecoverySample(int64_t steps) {
   Net model;                                      // 1. model and optimizer before init():
   torch::optim::AdamW opt(model->parameters());   //    a warm spare has them built already
   auto ctx = dlrun::worker::init();
-  dlrun::worker::RecoveryHooks hooks{              // 2. state beyond model and optimizer
-      [&] { return TrainingState{/* EMA, scaler... */}; },   // capture: at each step's start
-      [&](const TrainingState&) { /* put it back */ }};     // restore: on the ranks behind
-  dlrun::worker::Recovery recovery(ctx, *model, opt, hooks);
-  int64_t start = recovery.replacement() ? recovery.receive().step : 0;  // before the wrapper
-  auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
-  for (int64_t step = start + 1; step <= steps; ++step) {
-    auto r = recovery.run([&] {
-      opt.zero_grad();
-      torch::mse_loss((*ddp)(x(step)), y(step)).backward();  // 3. collectives before the update
-      recovery.update();                          // 4. the update (copies first), or opt.step()
-      log_allreduce(ctx);                         //    then commit() right after it
-      recovery.commit(step);
-    });
-    if (r.recovered) {                            // 5. the wrapper anew, the step again
-      dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);
-      step = r.step;
-    }
-  }
+  dlrun::worker::CheckpointManager ckpt({.dir = "ckpt"});
+  dlrun::worker::RecoverableOptions options;
+  options.state = {[&] { return TrainingState{/* EMA, scaler... */}; },  // 2. state beyond
+                   [&](const TrainingState&) { /* put it back */ }};    //    model and optimizer
+  options.checkpoint = &ckpt;                     // 3. resumed from, collectively
+  options.comm_hook = [](auto pg) { return dlrun::worker::comm_hooks::Fp16Compress(pg); };
+  dlrun::worker::Recoverable rec(ctx, model, opt, options);
+  rec.run(steps, [&](int64_t step) {
+    opt.zero_grad();
+    torch::mse_loss(rec.ddp()(x(step)), y(step)).backward();  // 4. the step's data from `step`
+    rec.update();                                 // 5. the update, undoable
+    log_allreduce(ctx);                           //    anything after it is part of the step
+    if (ctx.rank() == 0 && step % 100 == 0) ckpt.save(*model, opt, rec.checkpointState(step));
+  });
 }
 
 // data_sampler.h

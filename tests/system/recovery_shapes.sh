@@ -202,6 +202,25 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
         fail_with_dlrun_lines "$test_name" "$shape: not resumed from step 8 and recovered to it" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 1 0
       ;;
+    cxx_object)  # the loop written with dlrun::worker::Recoverable: every point of a step; a
+      # fault in the first step after a checkpoint resume; rank 0 lost (its running statistics
+      # with it: refused, resumed from the checkpoint, with the default flags)
+      run "$shape-fault" "$shape" "$EVERY_POINT" ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 4 0
+      STEPS=9 run "$shape-resume" "$shape" "" ||
+        fail_with_dlrun_lines "$test_name" "$shape-resume's first 9 steps failed" "$work/$shape-resume.out"
+      run "$shape-resume" "$shape" 9:1:backward ||
+        fail_with_dlrun_lines "$test_name" "$shape-resume failed" "$work/$shape-resume.out"
+      grep -q "sent the state of step 8 " "$work/$shape-resume.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: not recovered to the resumed step 8" "$work/$shape-resume.out"
+      check "$shape" "$shape-resume" 1 0
+      MAX_RESTARTS=0 run "$shape-rank0" "$shape" 6:0:backward ||
+        fail_with_dlrun_lines "$test_name" "$shape-rank0 failed with --max-restarts 0" "$work/$shape-rank0.out"
+      grep -qF "refused: rank 0 was lost, and with it the module's buffers as of step 5" "$work/$shape-rank0.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: rank 0's loss not refused" "$work/$shape-rank0.out"
+      check "$shape" "$shape-rank0" 0 1
+      ;;
     cxx_dropout_rank)  # the CPU generator seeded per rank by the trainer, then drawn from: the
       # lost rank's cannot be known: refused in one line, with the default flags (the resume
       # gives every rank rank 0's generator, so the end is not the fault-free run's: not compared)

@@ -10,7 +10,8 @@
 // (bn with the built-in comm hook, registered again on the rebuilt wrapper), resume (bn without
 // commit() after the checkpoint resume, as docs/EMBEDDING.md's loop), dropout_once (Dropout, the
 // CPU generator seeded once), dropout_rank (seeded per rank by the trainer: refused),
-// dropout_seeded (per rank through RecoveryOptions::seed_per_rank).
+// dropout_seeded (per rank through RecoveryOptions::seed_per_rank), object (RunObject: the loop
+// written with dlrun::worker::Recoverable).
 // KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit).
 // Lines: "rank R digest D buffers B" at the end (parameters and the EMA; the buffers).
 #include <signal.h>
@@ -22,11 +23,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 
 #include "dlrun/checkpoint.h"
 #include "dlrun/ddp.h"
+#include "dlrun/lr_schedule.h"
+#include "dlrun/recoverable.h"
 #include "dlrun/recovery.h"
 #include "dlrun/worker.h"
 
@@ -54,15 +58,103 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-std::map<std::pair<int64_t, std::string>, int> Kills() {
-  std::map<std::pair<int64_t, std::string>, int> kills;
-  std::stringstream all(std::getenv("KILLS") ? std::getenv("KILLS") : "");
-  for (std::string k; std::getline(all, k, ',');) {
-    const size_t a = k.find(':'), b = k.rfind(':');
-    if (a == std::string::npos || a == b) continue;
-    kills[{std::stoll(k.substr(0, a)), k.substr(b + 1)}] = std::stoi(k.substr(a + 1, b - a - 1));
+// KILLS: rank R SIGKILLs itself at (STEP, POINT), once per run (a marker file in `dir`).
+class Killer {
+ public:
+  Killer(std::string dir, int rank) : dir_(std::move(dir)), rank_(rank) {
+    std::stringstream all(std::getenv("KILLS") ? std::getenv("KILLS") : "");
+    for (std::string k; std::getline(all, k, ',');) {
+      const size_t a = k.find(':'), b = k.rfind(':');
+      if (a == std::string::npos || a == b) continue;
+      kills_[{std::stoll(k.substr(0, a)), k.substr(b + 1)}] = std::stoi(k.substr(a + 1, b - a - 1));
+    }
   }
-  return kills;
+  void At(int64_t step, const std::string& point) const {
+    auto it = kills_.find({step, point});
+    const std::string marker = dir_ + "/killed-" + std::to_string(step) + "-" + point;
+    if (it == kills_.end() || it->second != rank_ || access(marker.c_str(), F_OK) == 0) return;
+    std::ofstream(marker).put('\n');
+    std::printf("rank %d killed at step %ld, %s\n", rank_, step, point.c_str());
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+
+ private:
+  std::string dir_;
+  int rank_;
+  std::map<std::pair<int64_t, std::string>, int> kills_;
+};
+
+void PrintEnd(int rank, Net& model, const std::vector<torch::Tensor>& ema) {
+  std::vector<torch::Tensor> state = model->parameters();
+  state.insert(state.end(), ema.begin(), ema.end());
+  std::printf("rank %d digest %016lx buffers %016lx\n", rank,
+              static_cast<unsigned long>(dlrun::worker::digest(state)),
+              static_cast<unsigned long>(dlrun::worker::digest(model->buffers())));
+}
+
+// The object shape: the loop written with dlrun::worker::Recoverable (docs/EMBEDDING.md):
+// BatchNorm, Dropout of each rank's own (RecoveryOptions::seed_per_rank), AdamW with a warm-up
+// schedule, two micro-batches a step (the first under noSync), the fp16 comm hook, an EMA as
+// the trainer's state, a logging all-reduce after the update, the checkpoint inside the step.
+int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir) {
+  const int rank = ctx.rank();
+  torch::manual_seed(0);
+  Net model(nullptr, 0.3);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  const dlrun::worker::LrSchedule schedule{.start_lr = 1e-2, .tot_steps = 20, .warmup_steps = 5};
+  std::vector<torch::Tensor> ema;
+  for (const auto& p : model->parameters()) ema.push_back(p.detach().clone());
+  dlrun::worker::CheckpointManager ckpt({.dir = dir});
+  dlrun::worker::RecoverableOptions options;
+  options.state.capture = [&] {
+    dlrun::worker::TrainingState st;
+    for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
+    return st;
+  };
+  options.state.restore = [&](const dlrun::worker::TrainingState& st) {
+    for (size_t i = 0; i < ema.size(); ++i) ema[i].copy_(st.tensors.at("ema." + std::to_string(i)));
+  };
+  options.recovery.seed_per_rank = 7;
+  options.checkpoint = &ckpt;
+  options.comm_hook = [](c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+    return dlrun::worker::comm_hooks::Fp16Compress(std::move(pg));
+  };
+  dlrun::worker::Recoverable rec(ctx, model, opt, std::move(options));
+  if (rec.startStep() > 0) std::printf("rank %d resumed from step %ld\n", rank, rec.startStep());
+  const Killer kill(dir, rank);
+  int64_t current = 0;
+  model->parameters()[0].register_hook([&](torch::Tensor g) {
+    kill.At(current, "backward");
+    return g;
+  });
+  rec.run(steps, [&](int64_t step) {
+    current = step;
+    kill.At(step - 1, "commit");  // between the steps: after the last one's end
+    kill.At(step, "start");
+    dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(schedule, step));
+    opt.zero_grad();
+    torch::Tensor loss;
+    for (int micro = 0; micro < 2; ++micro) {
+      torch::Generator g = at::detail::createCPUGenerator(10000 * step + 100 * rank + micro);
+      const torch::Tensor x = torch::randn({8, 8}, g);
+      std::optional<dlrun::worker::DistributedDataParallelBase::NoSyncGuard> local;
+      if (micro == 0) local.emplace(&rec.ddp());
+      loss = torch::mse_loss(rec.ddp()(x), x.sum(1, true).tanh());
+      loss.backward();
+    }
+    rec.update();
+    kill.At(step, "update");
+    {
+      torch::NoGradGuard no_grad;
+      const auto params = model->parameters();
+      for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
+    }
+    ctx.allReduce(loss.detach().clone());  // the loss for the log, after the update
+    if (rank == 0 && step % 4 == 0) ckpt.save(*model, opt, rec.checkpointState(step));
+  });
+  PrintEnd(rank, model, ema);
+  return 0;
 }
 
 }  // namespace
@@ -75,6 +167,7 @@ int main(int argc, char** argv) try {
   const std::string shape = argv[1], dir = argv[3];
   const int64_t steps = std::stoll(argv[2]);
   auto ctx = dlrun::worker::init();
+  if (shape == "object") return RunObject(ctx, steps, dir);
   const int rank = ctx.rank();
   torch::manual_seed(0);
   const bool dropout = shape.rfind("dropout", 0) == 0;
@@ -113,17 +206,9 @@ int main(int argc, char** argv) try {
     if (shape == "bf16") ddp->registerCommHook(dlrun::worker::comm_hooks::Bf16Compress(ctx.pg));
   };
   register_hook();
-  const auto kills = Kills();
+  const Killer killer(dir, rank);
   int64_t current = 0;
-  auto kill_here = [&](int64_t step, const std::string& point) {
-    auto it = kills.find({step, point});
-    const std::string marker = dir + "/killed-" + std::to_string(step) + "-" + point;
-    if (it == kills.end() || it->second != rank || access(marker.c_str(), F_OK) == 0) return;
-    std::ofstream(marker).put('\n');
-    std::printf("rank %d killed at step %ld, %s\n", rank, step, point.c_str());
-    std::fflush(stdout);
-    raise(SIGKILL);
-  };
+  auto kill_here = [&](int64_t step, const std::string& point) { killer.At(step, point); };
   model->parameters()[0].register_hook([&](torch::Tensor g) {
     kill_here(current, "backward");
     return g;
@@ -167,11 +252,7 @@ int main(int argc, char** argv) try {
       ckpt.save(*model, opt, st);
     }
   }
-  std::vector<torch::Tensor> state = model->parameters();
-  state.insert(state.end(), ema.begin(), ema.end());
-  std::printf("rank %d digest %016lx buffers %016lx\n", rank,
-              static_cast<unsigned long>(dlrun::worker::digest(state)),
-              static_cast<unsigned long>(dlrun::worker::digest(model->buffers())));
+  PrintEnd(rank, model, ema);
   return 0;
 } catch (const std::exception& e) {
   dlrun::worker::recordError(e.what());

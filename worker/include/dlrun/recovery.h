@@ -3,7 +3,9 @@
 // survivors the group's next generation. The survivors give up the broken collectives, build
 // the new process group, and the replacement takes the model, the optimizer and the training
 // state from a survivor (one broadcast); every rank checks that it holds the same parameters,
-// and the interrupted step is done again. No checkpoint is read.
+// and the interrupted step is done again. No checkpoint is read. dlrun::worker::Recoverable
+// (dlrun/recoverable.h) is the whole loop in one object, the DDP wrapper with it; these are
+// its parts, for a trainer that builds its own (examples/unet/trainer.cc).
 //
 //   dlrun::worker::Recovery recovery(ctx, *model, optimizer);
 //   int64_t start = 0;

@@ -1,0 +1,143 @@
+// dlrun::worker::Recoverable: in-process recovery with the shape of Python's
+// dlrun_recovery.Recoverable. One object, made from the model, the optimizer and the trainer's
+// own state, resumes (from a peer when this process replaces a lost rank, else from the
+// checkpoint, collectively), owns the DistributedDataParallel wrapper (built after the resume,
+// rebuilt over the new group after a recovery with its options, bucket order and comm hook) and
+// runs the loop: a step is whole or not at all, and a lost rank costs that one step.
+//
+//   dlrun::worker::CheckpointManager ckpt({.dir = "ckpt"});
+//   dlrun::worker::Recoverable rec(ctx, model, optimizer, {.checkpoint = &ckpt});
+//   rec.run(total_steps, [&](int64_t step) {  // from the step after the one resumed
+//     optimizer.zero_grad();
+//     torch::mse_loss(rec.ddp()(x_of(step)), y_of(step)).backward();
+//     rec.update();  // optimizer.step(), undone if a peer is lost later in the step
+//     // anything after it (an EMA, a logging all-reduce, a checkpoint) is part of the step
+//   });
+//
+// The rules (docs/EMBEDDING.md, "A lost rank costs one step"): the step's data is a function of
+// `step` (a sampler's position set from it, or indices), the update goes through update(), the
+// trainer's state beyond the model and the optimizer (an EMA, a loss scale) is given as
+// `state` (capture/restore), and randomness of each rank's own comes from
+// RecoveryOptions::seed_per_rank. What cannot be made exact is refused in one line, and the
+// agent restarts the group from the checkpoint. Outside dlrun, or under `dlrun --recovery
+// restart`, run() runs the steps one after another and exceptions stand.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include "dlrun/checkpoint.h"
+#include "dlrun/ddp.h"
+#include "dlrun/recovery.h"
+#include "dlrun/sync_batch_norm.h"
+#include "dlrun/worker.h"
+
+namespace dlrun::worker {
+
+struct RecoverableOptions {
+  DDPOptions ddp;
+  // The trainer's state beyond the model and the optimizer, as of the last whole step: sent to
+  // a replacement, put back in a step given up, and restored from the checkpoint's resume.
+  RecoveryHooks state;
+  RecoveryOptions recovery;
+  // Resumed from, collectively, when the process starts (not in a replacement); the trainer
+  // saves into it (checkpointState(step) gives the state to save). Null: no resume.
+  CheckpointManager* checkpoint = nullptr;
+  // A communication hook, made for each group: the first, and each one after a recovery.
+  std::function<std::unique_ptr<c10d::CommHookInterface>(c10::intrusive_ptr<c10d::ProcessGroup>)>
+      comm_hook;
+  // After a recovery, before the step is done again (Outcome::resized: this rank's place
+  // changed, ctx.rank() and ctx.worldSize() are the new ones; rank-dependent streams follow).
+  std::function<void(const Recovery::Outcome&)> on_recovery;
+};
+
+template <typename Model>
+class Recoverable {
+ public:
+  // `model` is a module holder (`Net model;`) or a std::shared_ptr to the module.
+  Recoverable(Context& ctx, Model model, torch::optim::Optimizer& optimizer,
+              RecoverableOptions options = {})
+      : ctx_(ctx),
+        model_(std::move(model)),
+        optimizer_(optimizer),
+        options_(std::move(options)),
+        recovery_(ctx, *model_, optimizer, options_.state, options_.recovery) {
+    if (recovery_.replacement()) {
+      start_ = recovery_.receive().step;
+    } else if (options_.checkpoint) {
+      if (auto st = options_.checkpoint->resumeLatest(*model_, optimizer_, ctx_)) {
+        start_ = st->step;
+        if (options_.state.restore) options_.state.restore(*st);
+      }
+    }
+    recovery_.commit(start_);
+    Build();
+  }
+  Recoverable(const Recoverable&) = delete;
+  Recoverable& operator=(const Recoverable&) = delete;
+
+  // The wrapper of the current group: call it anew in each step (a recovery replaces it).
+  DistributedDataParallel<Model>& ddp() { return *ddp_; }
+  // The last step done when the object was made: resumed from the checkpoint or a peer, or 0.
+  int64_t startStep() const { return start_; }
+  // The last whole step.
+  int64_t committed() const { return recovery_.committed(); }
+  Recovery& recovery() { return recovery_; }
+
+  // The optimizer's update, in place of optimizer.step(), inside run()'s body.
+  void update() { recovery_.update(); }
+
+  // Runs body(step) for each step after committed() up to `last`; a step a peer's loss
+  // interrupted is done again once every rank holds the state of the step before it.
+  void run(int64_t last, const std::function<void(int64_t step)>& body) {
+    for (int64_t step = recovery_.committed() + 1; step <= last; ++step) {
+      const Recovery::Outcome r = recovery_.run([&] {
+        body(step);
+        recovery_.commit(step);
+      });
+      if (!r.recovered) continue;
+      Build();
+      step = r.step;  // the loop goes on with the step given up
+      if (options_.on_recovery) options_.on_recovery(r);
+    }
+  }
+
+  // The state a checkpoint of `step` holds: the trainer's (options.state.capture) and the step.
+  TrainingState checkpointState(int64_t step) const {
+    TrainingState st;
+    if (options_.state.capture) st = options_.state.capture();
+    st.step = step;
+    st.world_size = ctx_.worldSize();
+    return st;
+  }
+
+ private:
+  // The wrapper over ctx.pg: at the start, and after a recovery (the former one let go first,
+  // its bucket order kept, every SyncBatchNorm moved onto the new group, the hook made anew).
+  void Build() {
+    DDPOptions o = options_.ddp;
+    if (ddp_) {
+      o.ready_order = ddp_->readyOrder();
+      ddp_.reset();
+    }
+    useGroup(*model_, ctx_.pg);
+    ddp_ = std::make_unique<DistributedDataParallel<Model>>(model_, ctx_.pg, o);
+    if (options_.comm_hook) ddp_->registerCommHook(options_.comm_hook(ctx_.pg));
+  }
+
+  Context& ctx_;
+  Model model_;
+  torch::optim::Optimizer& optimizer_;
+  RecoverableOptions options_;
+  Recovery recovery_;
+  int64_t start_ = 0;
+  std::unique_ptr<DistributedDataParallel<Model>> ddp_;
+};
+
+}  // namespace dlrun::worker

@@ -1,11 +1,14 @@
 // A small custom trainer embedding dlrun::worker, as a LibTorch user would write one: a CNN with
 // BatchNorm on a synthetic dataset through torch::data's loader, DDP, LR warm-up and decay,
 // EMA weights kept in the checkpoint beside the model, and a resume that goes on mid-epoch at
-// the right sample. At the end every rank checks that all ranks hold the same parameters.
+// the right sample. The loop is dlrun::worker::Recoverable's (dlrun/recoverable.h): under dlrun
+// a lost rank costs one step (in-process recovery), and each step reads the batch its number
+// names (epoch and position in it), so a step done again reads the same samples. At the end
+// every rank checks that all ranks hold the same parameters.
 //   dlrun --nproc-per-node 2 custom_trainer CHECKPOINT_DIR [--steps N] [--checkpoint-every K]
 //                                           [--die-at-step S]
-// --die-at-step S: rank 1 SIGKILLs itself after step S in the first attempt (a fault for the
-// kill-and-resume test; dlrun --max-restarts 1 restarts the group, which resumes).
+// --die-at-step S: rank 1 SIGKILLs itself at the end of step S in the job's first process (a
+// fault: dlrun replaces it in process; with --recovery restart, the group restarts and resumes).
 #include <signal.h>
 
 #include <torch/torch.h>
@@ -21,6 +24,7 @@
 #include "dlrun/data_sampler.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
+#include "dlrun/recoverable.h"
 #include "dlrun/worker.h"
 
 namespace {
@@ -67,11 +71,6 @@ void UpdateEma(std::vector<torch::Tensor>& ema, Net& model) {
   for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
 }
 
-void SaveCheckpoint(dlrun::worker::CheckpointManager& ckpt, Net& model, torch::optim::SGD& opt,
-                    const std::vector<torch::Tensor>& ema, dlrun::worker::TrainingState st) {
-  for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
-  ckpt.save(*model, opt, st);
-}
 
 }  // namespace
 
@@ -89,7 +88,6 @@ int main(int argc, char** argv) try {
   auto ctx = dlrun::worker::init();  // dlrun, torchrun, mpirun or srun environment
   torch::manual_seed(0);
   Net model;
-  dlrun::worker::DistributedDataParallel ddp(model, ctx.pg, {.bucket_cap_mb = 1});
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   std::vector<torch::Tensor> ema;  // an exponential moving average of the parameters
   for (const auto& p : model->parameters()) ema.push_back(p.detach().clone());
@@ -99,47 +97,57 @@ int main(int argc, char** argv) try {
   auto loader = torch::data::make_data_loader(
       Regression().map(torch::data::transforms::Stack<>()), sampler,
       torch::data::DataLoaderOptions(kBatch));
+  const int64_t per_epoch = (sampler.sampler().numSamples() + kBatch - 1) / kBatch;
   dlrun::worker::LrSchedule lr{.start_lr = 0.05, .end_lr = 0.001, .tot_steps = total_steps,
                                .warmup_steps = 5};
   dlrun::worker::Validate(lr);
 
+  // The trainer's state beside the model and the optimizer: the EMA (and, in the checkpoint,
+  // where in the data the run is, for whoever reads it).
   dlrun::worker::CheckpointManager ckpt({.dir = argv[1]});
-  int64_t step = 0, epoch = 0;
-  if (auto resumed = ckpt.resumeLatest(*model, opt)) {
-    step = resumed->step;
-    epoch = resumed->epoch;
-    sampler.setStart(resumed->epoch_position);  // mid-epoch: on from the next unseen sample
-    for (size_t i = 0; i < ema.size(); ++i) {
-      ema[i].copy_(resumed->tensors.at("ema." + std::to_string(i)));
-    }
-    if (ctx.rank() == 0) {
-      std::printf("resumed at step %ld, epoch %ld, sample %ld of this rank's share\n", step, epoch,
-                  resumed->epoch_position);
-    }
+  dlrun::worker::RecoverableOptions options;
+  options.ddp.bucket_cap_mb = 1;
+  options.checkpoint = &ckpt;
+  options.state.capture = [&] {
+    dlrun::worker::TrainingState st;
+    for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
+    return st;
+  };
+  options.state.restore = [&](const dlrun::worker::TrainingState& st) {
+    for (size_t i = 0; i < ema.size(); ++i) ema[i].copy_(st.tensors.at("ema." + std::to_string(i)));
+  };
+  dlrun::worker::Recoverable rec(ctx, model, opt, options);
+  const bool first_process = rec.startStep() == 0;
+  if (rec.startStep() > 0 && ctx.rank() == 0) {
+    std::printf("resumed at step %ld, epoch %ld, sample %ld of this rank's share\n",
+                rec.startStep(), rec.startStep() / per_epoch,
+                rec.startStep() % per_epoch * kBatch);
   }
   double loss_value = 0;
-  for (; step < total_steps; ++epoch) {
+  rec.run(total_steps, [&](int64_t step) {
+    // Step `step` (from 1) is batch (step - 1) of the run: its epoch and place in the epoch.
+    const int64_t epoch = (step - 1) / per_epoch, position = (step - 1) % per_epoch * kBatch;
     sampler.setEpoch(epoch);
-    for (auto& batch : *loader) {
-      dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step));
-      opt.zero_grad();
-      auto loss = torch::mse_loss(ddp(batch.data), batch.target);
-      loss.backward();
-      opt.step();
-      UpdateEma(ema, model);
-      loss_value = ctx.allReduce(torch::tensor({loss.item<double>()})).item<double>() /
-                   ctx.worldSize();
-      ++step;
-      if (step % every == 0 && ctx.rank() == 0) {
-        dlrun::worker::TrainingState st{.step = step, .epoch = epoch,
-                                        .epoch_position = sampler.position()};
-        st.values["loss"] = loss_value;
-        SaveCheckpoint(ckpt, model, opt, ema, std::move(st));
-      }
-      if (step == die_at && ctx.rank() == 1 && ctx.env.restart_count == 0) raise(SIGKILL);
-      if (step == total_steps) break;
+    sampler.setStart(position);
+    auto batch = *loader->begin();
+    dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step - 1));
+    opt.zero_grad();
+    auto loss = torch::mse_loss(rec.ddp()(batch.data), batch.target);
+    loss.backward();
+    rec.update();
+    UpdateEma(ema, model);
+    loss_value = ctx.allReduce(torch::tensor({loss.item<double>()})).item<double>() /
+                 ctx.worldSize();
+    if (step % every == 0 && ctx.rank() == 0) {
+      dlrun::worker::TrainingState st = rec.checkpointState(step);
+      st.epoch = step / per_epoch;
+      st.epoch_position = step % per_epoch * kBatch;
+      st.values["loss"] = loss_value;
+      ckpt.save(*model, opt, st);
     }
-  }
+    if (step == die_at && ctx.rank() == 1 && first_process) raise(SIGKILL);
+  });
+  const int64_t step = rec.committed();
   // Every rank must hold the same parameters. (BatchNorm's running statistics are rank 0's at
   // the start of each forward and each rank's own after it, as in PyTorch's DDP.)
   const uint64_t digest = dlrun::worker::digest(model->parameters());

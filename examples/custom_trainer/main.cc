@@ -72,6 +72,24 @@ void UpdateEma(std::vector<torch::Tensor>& ema, Net& model) {
 }
 
 
+// The recovery's options: small buckets, the checkpoint resumed from, and the trainer's state
+// beside the model and the optimizer (the EMA, under the checkpoint's extra tensors).
+dlrun::worker::RecoverableOptions RecoveryOptions(dlrun::worker::CheckpointManager* ckpt,
+                                                  std::vector<torch::Tensor>& ema) {
+  dlrun::worker::RecoverableOptions options;
+  options.ddp.bucket_cap_mb = 1;
+  options.checkpoint = ckpt;
+  options.state.capture = [&ema] {
+    dlrun::worker::TrainingState st;
+    for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
+    return st;
+  };
+  options.state.restore = [&ema](const dlrun::worker::TrainingState& st) {
+    for (size_t i = 0; i < ema.size(); ++i) ema[i].copy_(st.tensors.at("ema." + std::to_string(i)));
+  };
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -102,21 +120,8 @@ int main(int argc, char** argv) try {
                                .warmup_steps = 5};
   dlrun::worker::Validate(lr);
 
-  // The trainer's state beside the model and the optimizer: the EMA (and, in the checkpoint,
-  // where in the data the run is, for whoever reads it).
   dlrun::worker::CheckpointManager ckpt({.dir = argv[1]});
-  dlrun::worker::RecoverableOptions options;
-  options.ddp.bucket_cap_mb = 1;
-  options.checkpoint = &ckpt;
-  options.state.capture = [&] {
-    dlrun::worker::TrainingState st;
-    for (size_t i = 0; i < ema.size(); ++i) st.tensors["ema." + std::to_string(i)] = ema[i];
-    return st;
-  };
-  options.state.restore = [&](const dlrun::worker::TrainingState& st) {
-    for (size_t i = 0; i < ema.size(); ++i) ema[i].copy_(st.tensors.at("ema." + std::to_string(i)));
-  };
-  dlrun::worker::Recoverable rec(ctx, model, opt, options);
+  dlrun::worker::Recoverable rec(ctx, model, opt, RecoveryOptions(&ckpt, ema));
   const bool first_process = rec.startStep() == 0;
   if (rec.startStep() > 0 && ctx.rank() == 0) {
     std::printf("resumed at step %ld, epoch %ld, sample %ld of this rank's share\n",

@@ -114,7 +114,7 @@ void CheckpointSample(const dlrun::worker::Context& ctx, Net model, torch::optim
   st.tensors["ema.weight"] = ema_weight;           // extra state: tensors ...
   st.values["best_loss"] = best_loss;              // ... and values (any c10::IValue)
   if (ctx.rank() == 0) ckpt.save(*model, opt, st); // throws std::runtime_error on failure
-  if (auto resumed = ckpt.resumeLatest(*model, opt)) step = resumed->step;
+  if (auto resumed = ckpt.resumeLatest(*model, opt, ctx)) step = resumed->step;
 }
 
 // recovery.h

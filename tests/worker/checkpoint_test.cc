@@ -290,5 +290,37 @@ TEST(Checkpoint, AResumeAtAnotherWorldSizeConvertsThePositionOrRefuses) {
   EXPECT_EQ(said[1], refusal);
 }
 
+// The one-rank resume in a job of several ranks: each rank would resume alone (node-local
+// directories: at different steps, then out of step until the hang detection ends the job).
+// One line naming the collective form instead.
+TEST(Checkpoint, TheOneRankResumeInAJobOfSeveralRanksIsAnErrorNamingTheCollectiveOne) {
+  const std::string dir = testing::MakeTempDir();
+  CheckpointManager m({.dir = dir});
+  Tiny a;
+  torch::optim::SGD opt(a.parameters(), 0.1);
+  m.save(a, opt, {.step = 3});
+  EXPECT_TRUE(m.resumeLatest(a, opt).has_value());  // one process: as before
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  try {
+    (void)m.resumeLatest(a, opt);
+    ADD_FAILURE() << "the one-rank resume ran in a job of 2 ranks";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("resumeLatest(model, optimizer) in a job of 2 ranks: "
+                                         "each rank would resume from its own directory alone"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("call resumeLatest(model, optimizer, ctx) on every rank"),
+              std::string::npos) << e.what();
+  }
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  unsetenv("LOCAL_RANK");
+  unsetenv("MASTER_ADDR");
+  unsetenv("MASTER_PORT");
+}
+
 }  // namespace
 }  // namespace dlrun::worker

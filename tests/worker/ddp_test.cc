@@ -145,6 +145,9 @@ TEST(DdpTwoRanks, AHookOnOneRankOnlyIsOneLineOnEveryRankNotAHang) {
                 std::string::npos)
           << "DLRUN_DDP_SHM=" << shm << "\n" << out;
     }
+    // The hook by PyTorch's name, not its mangled C++ type.
+    EXPECT_NE(out.find("rank 1 has a fp16_compress_hook)"), std::string::npos) << out;
+    EXPECT_NE(out.find("rank 0 has none)"), std::string::npos) << out;
   }
 }
 

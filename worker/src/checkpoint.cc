@@ -24,6 +24,7 @@
 #include "text.h"
 #include "dlrun/agent_link.h"
 #include "dlrun/nvtx_ranges.h"
+#include "dlrun/dist_env.h"
 #include "dlrun/worker.h"
 #include "fnv1a.h"
 #include "group.h"
@@ -368,6 +369,17 @@ void CheckpointManager::save(const torch::nn::Module& model,
 std::optional<TrainingState> CheckpointManager::resumeLatest(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer,
     const std::function<void(const std::string&)>& warn_to) {
+  int world = 1;
+  try {
+    world = ParseDistEnv(ProcessEnvironment()).world_size;
+  } catch (const std::exception&) {  // no job's environment (or a broken one): one process
+  }
+  if (world > 1) {
+    throw std::logic_error(lite::StrCat(
+        "CheckpointManager::resumeLatest(model, optimizer) in a job of ", world, " ranks: each "
+        "rank would resume from its own directory alone (node-local ones differ, and the ranks "
+        "then train out of step); call resumeLatest(model, optimizer, ctx) on every rank"));
+  }
   ScopedRange range("checkpoint load");
   const auto warn = WarnTo(warn_to);
   const auto load_start = std::chrono::steady_clock::now();

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <ATen/core/ivalue.h>
+#include <cxxabi.h>
 
 #include <unistd.h>
 
@@ -71,7 +72,11 @@ class CastAllreduceHook : public c10d::CppCommHookInterface<c10::intrusive_ptr<c
  public:
   CastAllreduceHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, std::optional<c10::ScalarType> wire)
       : CppCommHookInterface(std::move(pg)), wire_(wire) {}
-  std::string WireName() const { return wire_ ? lite::StrCat("(", c10::toString(*wire_), ")") : ""; }
+  // PyTorch's name of the hook (its default_hooks).
+  std::string Name() const {
+    if (!wire_) return "allreduce_hook";
+    return *wire_ == torch::kHalf ? "fp16_compress_hook" : "bf16_compress_hook";
+  }
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     torch::Tensor buffer = bucket.getBufferRef();
     torch::Tensor sent = wire_ ? buffer.to(*wire_) : buffer;
@@ -263,9 +268,13 @@ void DistributedDataParallelBase::Impl::AgreeOnHook() {
   std::string mine = "none";
   if (hook) {
     const c10d::CommHookInterface& h = *hook;
-    mine = typeid(h).name();
     if (const auto* cast = dynamic_cast<const CastAllreduceHook*>(hook.get())) {
-      mine += cast->WireName();
+      mine = cast->Name();
+    } else {  // a hook of the trainer's own: its type, readable
+      int status = 0;
+      char* readable = abi::__cxa_demangle(typeid(h).name(), nullptr, nullptr, &status);
+      mine = status == 0 && readable != nullptr ? readable : typeid(h).name();
+      std::free(readable);
     }
   }
   const double fingerprint =

@@ -9,7 +9,7 @@
 //   st.tensors["ema.weight"] = ema_weight;           // extra state: tensors ...
 //   st.values["best_loss"] = best_loss;              // ... and values (any c10::IValue)
 //   if (ctx.rank() == 0) ckpt.save(*model, opt, st); // throws std::runtime_error on failure
-//   if (auto resumed = ckpt.resumeLatest(*model, opt)) step = resumed->step;
+//   if (auto resumed = ckpt.resumeLatest(*model, opt, ctx)) step = resumed->step;
 //
 // The model is loaded in place (each parameter and buffer copied into the tensor it already
 // has), as PyTorch's load_state_dict does, so a DistributedDataParallel wrapping it and an
@@ -76,7 +76,9 @@ class CheckpointManager {
   // Loads the newest valid checkpoint into model and optimizer in place (and restores the CPU
   // RNG), and returns its state with the extra tensors and values. nullopt when there is none;
   // damaged files, or files of another model, are reported through `warn` (default: stderr)
-  // and skipped.
+  // and skipped. For one process: in a job of several ranks (WORLD_SIZE, OMPI_COMM_WORLD_SIZE
+  // or SLURM_NTASKS above 1) it throws std::logic_error naming the collective form, for ranks
+  // that resume alone from node-local directories resume at different steps and hang.
   std::optional<TrainingState> resumeLatest(
       torch::nn::Module& model, torch::optim::Optimizer& optimizer,
       const std::function<void(const std::string&)>& warn = {});

@@ -202,12 +202,13 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
         fail_with_dlrun_lines "$test_name" "$shape: not resumed from step 8 and recovered to it" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 1 0
       ;;
-    cxx_object)  # the loop written with dlrun::worker::Recoverable: every point of a step; a
+    cxx_object)  # the loop written with dlrun::worker::Recoverable: every point of a step and
+      # between its two micro-steps (the first under noSync); a
       # fault in the first step after a checkpoint resume; rank 0 lost (its running statistics
       # with it: refused, resumed from the checkpoint, with the default flags)
-      run "$shape-fault" "$shape" "$EVERY_POINT" ||
+      run "$shape-fault" "$shape" "$EVERY_POINT,13:1:micro" ||
         fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
-      check "$shape" "$shape-fault" 4 0
+      check "$shape" "$shape-fault" 5 0
       STEPS=9 run "$shape-resume" "$shape" "" ||
         fail_with_dlrun_lines "$test_name" "$shape-resume's first 9 steps failed" "$work/$shape-resume.out"
       run "$shape-resume" "$shape" 9:1:backward ||

@@ -9,10 +9,12 @@
 // dlrun::worker::SyncBatchNorm, which must follow the new group after a recovery), fp16 / bf16
 // (bn with the built-in comm hook, registered again on the rebuilt wrapper), resume (bn without
 // commit() after the checkpoint resume, as docs/EMBEDDING.md's loop), dropout_once (Dropout, the
-// CPU generator seeded once), dropout_rank (seeded per rank by the trainer: refused),
-// dropout_seeded (per rank through RecoveryOptions::seed_per_rank), object (RunObject: the loop
-// written with dlrun::worker::Recoverable).
-// KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit).
+// CPU generator seeded once), allreduce_hook (bn with PyTorch's allreduce_hook), dropout_rank
+// (seeded per rank by the trainer: refused), dropout_seeded (per rank through
+// RecoveryOptions::seed_per_rank), object (RunObject: the loop written with
+// dlrun::worker::Recoverable).
+// KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit;
+// object: also micro, between its two micro-steps).
 // Lines: "rank R digest D buffers B" at the end (parameters and the EMA; the buffers).
 #include <signal.h>
 #include <unistd.h>
@@ -142,6 +144,7 @@ int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir
       if (micro == 0) local.emplace(&rec.ddp());
       loss = torch::mse_loss(rec.ddp()(x), x.sum(1, true).tanh());
       loss.backward();
+      if (micro == 0) kill.At(step, "micro");  // between the micro-steps
     }
     rec.update();
     kill.At(step, "update");
@@ -204,6 +207,7 @@ int main(int argc, char** argv) try {
   auto register_hook = [&] {
     if (shape == "fp16") ddp->registerCommHook(dlrun::worker::comm_hooks::Fp16Compress(ctx.pg));
     if (shape == "bf16") ddp->registerCommHook(dlrun::worker::comm_hooks::Bf16Compress(ctx.pg));
+    if (shape == "allreduce_hook") ddp->registerCommHook(dlrun::worker::comm_hooks::Allreduce(ctx.pg));
   };
   register_hook();
   const Killer killer(dir, rank);

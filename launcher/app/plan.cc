@@ -26,6 +26,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/contract.h"
+#include "common/scheduler_env.h"
 #include "launcher/app/commands.h"
 #include "common/host_port.h"
 #include "launcher/detect/env_detect.h"
@@ -181,6 +182,24 @@ void SplitSignals(const std::vector<int>& handled, AgentOptions* a) {
     (sig == SIGUSR1 || sig == SIGUSR2 ? a->passthrough_signals : a->forwarded_signals)
         .push_back(sig);
   }
+}
+
+namespace {
+bool SlurmAddsUsr1(const LaunchOptions& o, const EnvLookup& env) {
+  return !o.signals_to_handle_given && env(sched::kSlurmJobId).has_value() &&
+         std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), SIGUSR1) ==
+             o.signals_to_handle.end();
+}
+}  // namespace
+
+std::vector<int> HandledSignals(const LaunchOptions& o, const EnvLookup& env) {
+  std::vector<int> handled = o.signals_to_handle;
+  if (SlurmAddsUsr1(o, env)) handled.push_back(SIGUSR1);
+  return handled;
+}
+
+std::string HandledSignalsText(const LaunchOptions& o, const EnvLookup& env) {
+  return SlurmAddsUsr1(o, env) ? o.signals_to_handle_text + ",SIGUSR1" : o.signals_to_handle_text;
 }
 
 std::string DefaultPython(const EnvLookup& env) {
@@ -368,7 +387,7 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
     a->spares_on_declaration = false;
   }
   a->telemetry.warm_spares = !a->spare_argv.empty();
-  a->extra_env[contract::kSignalsToHandle] = o.signals_to_handle_text;  // as torchrun 2.x
+  a->extra_env[contract::kSignalsToHandle] = HandledSignalsText(o, env);  // as torchrun 2.x
   if (RunsPython(o) && !env(contract::kPythonUnbuffered)) {
     // (insert_or_assign: GCC 12's -Wrestrict misfires on `= "1"` once this is inlined)
     a->extra_env.insert_or_assign(contract::kPythonUnbuffered, std::string("1"));
@@ -411,7 +430,7 @@ absl::StatusOr<AgentOptions> BuildAgentOptions(const LaunchOptions& o, int nproc
                                                const Machine& m, const EnvLookup& env) {
   AgentOptions a;
   a.nproc = nproc;
-  SplitSignals(o.signals_to_handle, &a);
+  SplitSignals(HandledSignals(o, env), &a);
   a.grace = o.grace_period;
   a.hang.timeout = o.hang_timeout;
   a.hang.on = o.hang_detect;

@@ -86,6 +86,13 @@ std::vector<std::vector<int>> WorkerCpus(CpuAffinity mode, const std::vector<int
 // and are passed on with the job running; the others stop the job.
 void SplitSignals(const std::vector<int>& handled, AgentOptions* a);
 
+// The signals dlrun handles: --signals-to-handle as given, else its default, with SIGUSR1 added
+// under Slurm (SLURM_JOB_ID set): `--signal=USR1@90` is Slurm's preemption warning, and SIGUSR1's
+// default action would end dlrun (rc 138) before the program could checkpoint. The text is the
+// same list, for the workers' environment (TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun 2.x).
+std::vector<int> HandledSignals(const LaunchOptions& o, const EnvLookup& env);
+std::string HandledSignalsText(const LaunchOptions& o, const EnvLookup& env);
+
 // Static rendezvous (--rdzv-backend static, or standalone): the fixed assignment; as torchrun,
 // --rdzv-endpoint HOST[:PORT], when given, is the store's address instead of --master-addr/port.
 Assignment StaticAssignment(const LaunchOptions& o, int nproc);

@@ -167,6 +167,7 @@ absl::Status SetSignals(O& o, const std::string& v) {
   if (!s.ok()) return s.status();
   o.signals_to_handle = *s;
   o.signals_to_handle_text = v;
+  o.signals_to_handle_given = true;
   return absl::OkStatus();
 }
 
@@ -220,8 +221,9 @@ const std::vector<Flag> kBaseFlags = {
      absl::StrCat("port of the c10d store on node rank 0 (static; default ", defaults::kMasterPort, ")")},
     {"local-addr", "", true, StrField(&O::local_addr), "address of this node"},
     {"signals-to-handle", "", true, SetSignals,
-     "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGUSR1/SIGUSR2 "
-     "are passed on without stopping the job)"},
+     "signals forwarded to workers (default SIGTERM,SIGINT,SIGHUP,SIGQUIT, and SIGUSR1 "
+     "under Slurm: its preemption warning; SIGUSR1/SIGUSR2 are passed on without stopping "
+     "the job)"},
     {"hang-timeout", "", true, DurationField("hang-timeout", &O::hang_timeout, true),
      "stop and restart a worker whose heartbeats (dlrun::worker::heartbeat(), step records) "
      "stop this long, or a group of programs that never heartbeat when every rank is idle "

@@ -92,6 +92,7 @@ struct LaunchOptions : cli::CommandLine {  // command: PROGRAM ARGS...
   std::string local_addr;
   std::vector<int> signals_to_handle;  // parsed --signals-to-handle (default TERM,INT,HUP,QUIT)
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given
+  bool signals_to_handle_given = false;  // --signals-to-handle on the command line
   std::chrono::milliseconds grace_period = defaults::kGracePeriod;  // SIGTERM -> SIGKILL
   std::chrono::milliseconds hang_timeout{0};      // 0: off
   bool hang_detect = true;                        // --hang-detect on|off

@@ -190,6 +190,31 @@ TEST(Plan, TheSparesBootstrapGoesIntoTheRunDirectoryAndItsCommandNamesTheFile) {
   std::filesystem::remove_all(dir);
 }
 
+// Under Slurm, SIGUSR1 (its preemption warning, --signal=USR1@90) is handled by default: passed
+// on to the workers with the job running. Its default action ended dlrun with rc 138.
+TEST(Plan, SlurmsPreemptionSignalIsPassedOnByDefaultUnderSlurm) {
+  LaunchOptions o;
+  o.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};  // the parser's default
+  const EnvLookup slurm = [](std::string_view k) -> std::optional<std::string> {
+    if (k == "SLURM_JOB_ID") return "42";
+    return std::nullopt;
+  };
+  const EnvLookup none = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
+  EXPECT_EQ(HandledSignals(o, none), (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT}));
+  EXPECT_EQ(HandledSignalsText(o, none), "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
+  EXPECT_EQ(HandledSignals(o, slurm), (std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1}));
+  EXPECT_EQ(HandledSignalsText(o, slurm), "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1");
+  AgentOptions a;
+  SplitSignals(HandledSignals(o, slurm), &a);
+  EXPECT_EQ(a.passthrough_signals, (std::vector<int>{SIGUSR1}));
+  // A list given on the command line is the user's, under Slurm too.
+  o.signals_to_handle = {SIGTERM};
+  o.signals_to_handle_text = "SIGTERM";
+  o.signals_to_handle_given = true;
+  EXPECT_EQ(HandledSignals(o, slurm), (std::vector<int>{SIGTERM}));
+  EXPECT_EQ(HandledSignalsText(o, slurm), "SIGTERM");
+}
+
 TEST(Plan, ThreadsSignalsRunDirAndStaticAssignment) {
   EXPECT_EQ(OmpThreads(false, 8, 3), 2);
   EXPECT_EQ(OmpThreads(false, 2, 4), 1);

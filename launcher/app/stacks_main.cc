@@ -65,10 +65,13 @@ int StacksMain(const std::vector<std::string>& args) {
   if (!job->endpoint.empty()) {
     auto report = JobWide(job->endpoint, job->run_id, job->token, a.timeout);
     if (!report.ok()) return FailRun(report.status());
+    report->job = job->run_id;
     return print(*std::move(report));
   }
   const WorkersFile& w = job->run->workers;
-  return print(GroupStacks(DumpStacks(w.workers, FindStackTools(), w.host, a.timeout)));
+  StackReport report = GroupStacks(DumpStacks(w.workers, FindStackTools(), w.host, a.timeout));
+  report.job = absl::StrCat(w.run_id, " (agent pid ", w.agent_pid, ")");
+  return print(std::move(report));
 }
 
 }  // namespace dlrun::launcher

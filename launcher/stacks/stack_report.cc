@@ -295,6 +295,7 @@ std::string StackReportJson(const StackReport& r, int indent) {
   }
   json j{{"groups", groups}, {"suspects", r.suspects}, {"missing", missing},
          {"missing_nodes", missing_nodes}, {"took_s", r.took_s}, {"ranks", ranks}};
+  if (!r.job.empty()) j["job"] = r.job;
   return j.dump(indent);
 }
 
@@ -331,8 +332,9 @@ std::string StackSummaryJson(const StackReport& r, const std::string& host, cons
 std::string FormatStackReport(const StackReport& r) {
   std::set<std::string> hosts;
   for (const RankStack& s : r.ranks) hosts.insert(s.host);
-  std::string out = absl::StrFormat("stacks of %d rank(s) on %d node(s) in %.2f s\n",
-                                    r.ranks.size(), hosts.size(), r.took_s);
+  std::string out = absl::StrFormat("stacks of %d rank(s) on %d node(s) in %.2f s%s\n",
+                                    r.ranks.size(), hosts.size(), r.took_s,
+                                    r.job.empty() ? "" : absl::StrCat(", job ", r.job));
   std::vector<int> read;
   for (const StackGroup& g : r.groups) read.insert(read.end(), g.ranks.begin(), g.ranks.end());
   // Suspects named by another verdict (the hang detection's step records) may have no stack

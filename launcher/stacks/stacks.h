@@ -109,6 +109,9 @@ struct StackReport {
   // Nodes of a job-wide dump that did not answer: host name and why.
   std::vector<std::pair<std::string, std::string>> missing_nodes;
   double took_s = 0;
+  // The job read, as `dlrun stacks` found it ("dlrun-3f2a... (agent pid 4242)"): a job chosen
+  // among the live ones of this node is named, so another job's stacks never pass for yours.
+  std::string job;
 };
 StackReport GroupStacks(std::vector<RankStack> ranks);
 

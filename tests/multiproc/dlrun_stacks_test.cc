@@ -253,6 +253,34 @@ wait_here()
   std::filesystem::remove_all(tmp);
 }
 
+// The user's job ended while another job of theirs runs on the node: `dlrun stacks` names the job
+// it reads (the other one's run id, not silently), and the ended job's run id finds nothing.
+TEST(DlrunStacks, TheJobReadIsNamedAndAnEndedJobsRunIdFindsNone) {
+  HungJob other;
+  ASSERT_TRUE(ReadUntil(other.job, "hang_probe: rank", 4, std::chrono::seconds(90)))
+      << other.job.output;
+  ProcResult ended = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "/bin/true"},
+                                {{"TMPDIR", other.tmp}}, std::chrono::seconds(60));
+  ASSERT_EQ(ended.exit_code, 0) << ended.output;
+  auto run_id = [](const std::string& out) {
+    const size_t at = out.find("run id ");
+    return at == std::string::npos ? std::string() : out.substr(at + 7, out.find_first_of(" \n", at + 7) - at - 7);
+  };
+  const std::string ended_id = run_id(ended.output), other_id = run_id(other.job.output);
+  ASSERT_FALSE(ended_id.empty()) << ended.output;
+  ASSERT_FALSE(other_id.empty()) << other.job.output;
+  ProcResult r = other.Stacks();
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(", job " + other_id + " (agent pid "), std::string::npos) << r.output;
+  const json j = json::parse(other.Stacks({"--json"}).output, nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j["job"].get<std::string>().rfind(other_id + " (agent pid ", 0), 0u) << j.dump();
+  ProcResult gone = other.Stacks({"--run-id", ended_id});
+  EXPECT_EQ(gone.exit_code, 1) << gone.output;
+  EXPECT_NE(gone.output.find("no running dlrun job with run id '" + ended_id + "'"),
+            std::string::npos) << gone.output;
+}
+
 TEST(DlrunStacks, WithNoJobRunningItIsOneLineAndExitOne) {
   const std::string tmp = MakeTempDir();
   ProcResult r = RunCommand({DLRUN_BIN, "stacks"}, {{"TMPDIR", tmp}});

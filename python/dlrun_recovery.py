@@ -146,7 +146,7 @@ class Recoverable:
             secs = time.monotonic() - t0
             dlrun_report._record("P %d %.6f" % (max(self.committed, 0), secs))
             print("dlrun_recovery: rank %d took the state of step %d from rank %d in %.3f s "
-                  "(generation %d)" % (self.rank, self.committed, root, secs, gen),
+                  "(generation %d)" % (self.rank, max(self.committed, 0), root, secs, gen),
                   file=sys.stderr, flush=True)
             self.ddp = self._watched(_ddp_like_peers(self.module, self.ddp_kwargs,
                                                      self._peer_layout))
@@ -415,7 +415,7 @@ class Recoverable:
             print("dlrun_recovery: rank %d sent the state of step %d %.3f s after it met the loss "
                   "(generation %d; the word %.3f s, old group ended %.3f s, to the next step "
                   "%.3f s, new group %.3f s, transfer %.3f s)"
-                  % (root, self.committed, secs, gen, loss.heard - loss.seen,
+                  % (root, max(self.committed, 0), secs, gen, loss.heard - loss.seen,
                      loss.ended - loss.heard, t_next - loss.ended, t_group - t_next,
                      time.monotonic() - t_group), file=sys.stderr, flush=True)
         return True

@@ -121,6 +121,8 @@ TEST(PythonInProcessRecovery, AFaultInTheFirstOrSecondStepIsRecoveredInProcessTo
                        std::to_string(std::max(kill_step - 1, 0))),
               std::string::npos) << out;
     EXPECT_EQ(out.find("restart 1:"), std::string::npos) << out;
+    // The workers name the step as the agent does: step 0 before any step is whole, not -1.
+    EXPECT_EQ(out.find("state of step -1"), std::string::npos) << out;
     ASSERT_EQ(fault.digests.size(), 4u) << out;
     for (const auto& [rank, digest] : fault.digests) {
       EXPECT_EQ(digest, clean.digests.at(0)) << "kill at step " << kill_step << ", rank " << rank

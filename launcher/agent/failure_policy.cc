@@ -286,6 +286,17 @@ std::optional<FailurePolicy::Hung> FailurePolicy::CheckHangs(SteadyTime* next) {
   return std::nullopt;
 }
 
+namespace {
+// HoldersBySyscall over the live workers of `group` (stacks.h).
+std::vector<int> HoldersByCall(const WorkerGroup& group, const ProcessFacts& facts) {
+  std::map<int, std::string> calls;
+  for (const WorkerGroup::Worker& w : group.workers()) {
+    if (w.alive) calls[w.rank] = facts.BlockedCall(w.pid);
+  }
+  return HoldersBySyscall(calls);
+}
+}  // namespace
+
 int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   const std::string& reason = hung.reason;
   const int rank = hung.rank;
@@ -299,6 +310,16 @@ int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
     v.culprits = stopped;
   }
   std::vector<int> culprits = v.culprits;
+  // No stack read names one (no py-spy): the system call each main thread is blocked in may.
+  if (culprits.empty() && !v.all_wait) {
+    culprits = HoldersByCall(s_.group, s_.processes.facts());
+    if (!culprits.empty()) {
+      v.where += absl::StrCat(v.where.empty() ? "" : "; ", RanksPhrase(culprits),
+                              culprits.size() == 1 ? "'s" : "'", " main thread is in ",
+                              "its own work, the others' wait on their communication threads (by "
+                              "the system calls they are blocked in)");
+    }
+  }
   // Every rank here waits in a collective: the one holding them up is not on this node.
   if (culprits.empty() && rank >= 0 && !v.all_wait) culprits = {rank};
   const std::string who = culprits.empty()

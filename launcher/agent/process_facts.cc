@@ -75,4 +75,11 @@ bool ProcFsFacts::Stopped(pid_t pid) const {
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
 }
 
+std::string ProcFsFacts::BlockedCall(pid_t pid) const {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/syscall"));
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
 }  // namespace dlrun::launcher

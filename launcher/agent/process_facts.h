@@ -23,6 +23,11 @@ class ProcessFacts {
   // Whether the worker `pid` is stopped by a signal (SIGSTOP, SIGTSTP; /proc/PID/stat's state
   // T): hang detection names such a rank the culprit.
   virtual bool Stopped(pid_t pid) const { return false; }
+  // Where the worker `pid`'s main thread is, as /proc/PID/syscall says: the number of the system
+  // call it is blocked in and its arguments, "running", or "" when it cannot be read. Hang
+  // detection tells a rank waiting on its communication threads (a futex wait) from one blocked
+  // in its own work when no stack could be read (HoldersBySyscall, stacks.h).
+  virtual std::string BlockedCall(pid_t pid) const { return ""; }
   // The OOM kills the kernel counted so far in the memory cgroup the agent and its workers run
   // in (v2 memory.events, v1 memory.oom_control); -1 when it cannot be read.
   virtual int64_t OomKills() const { return -1; }
@@ -36,6 +41,7 @@ class ProcFsFacts final : public ProcessFacts {
   ProcFsFacts();
   SignalAction Disposition(pid_t pid, int sig) const override;
   bool Stopped(pid_t pid) const override;
+  std::string BlockedCall(pid_t pid) const override;
   int64_t OomKills() const override;
 
  private:

@@ -1,10 +1,14 @@
 // NameHung (stacks.h): which ranks of a hung group hold the others up, from their stacks.
+#include <sys/syscall.h>
+
 #include <algorithm>
 #include <cctype>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "launcher/stacks/stacks.h"
 
@@ -80,6 +84,22 @@ HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped) {
   v.all_wait = culprit_at.empty() && !waiting_at.empty();
   std::sort(v.culprits.begin(), v.culprits.end());
   return v;
+}
+
+std::vector<int> HoldersBySyscall(const std::map<int, std::string>& blocked_call_by_rank) {
+  std::vector<int> holders;
+  size_t known = 0;
+  for (const auto& [rank, call] : blocked_call_by_rank) {
+    std::istringstream in(call);
+    std::string first;
+    if (!(in >> first)) continue;  // not read: unknown
+    ++known;
+    long number = -1;
+    const bool in_call = absl::SimpleAtoi(first, &number) && number >= 0;
+    if (!(in_call && number == SYS_futex)) holders.push_back(rank);  // running, or its own call
+  }
+  if (holders.empty() || holders.size() == known) return {};
+  return holders;
 }
 
 }  // namespace dlrun::launcher

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -155,6 +156,13 @@ struct HangVerdict {
   bool all_wait = false;  // every rank read waits in a collective (and none is stopped)
 };
 HangVerdict NameHung(const StackReport& r, const std::vector<int>& stopped);
+
+// Which ranks hold a hung group up when their stacks could not be read (no py-spy): from the
+// system call each rank's main thread is blocked in (/proc/PID/syscall's text, by rank). A futex
+// wait is a thread waiting for another one, as a collective waits for its communication threads;
+// a rank blocked in another call (a sleep, a read of its own) or running is in its own work.
+// Those ranks when some but not all are; else none (the calls do not tell them apart).
+std::vector<int> HoldersBySyscall(const std::map<int, std::string>& blocked_call_by_rank);
 
 // "0-2,4,6-7".
 std::string RankRanges(std::vector<int> ranks);

@@ -1,6 +1,8 @@
 // Stack dumps (launcher/stacks/stacks.h): the tools' output parsed, ranks grouped by stack with
 // the suspects named, the JSON and text reports, the workers file; and the agent's capture
 // before kill, against the fake process table (when it dumps, what it writes, what it says).
+#include <sys/syscall.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -37,6 +39,20 @@ TID 200:
 #2  0x0000562cc71934b0 dlrun::worker::Train(std::vector<int, std::allocator<int> > const&) - /w/build/bin/train_unet
     /w/examples/unet/trainer.cc:120
 )";
+
+// Without a stack (no py-spy), the call each main thread is blocked in: a futex wait waits on
+// another thread (a collective's), a sleep or running is the rank's own work.
+TEST(Stacks, WithoutStacksTheRankNotInAFutexWaitHoldsTheOthersUp) {
+  const std::string futex = std::to_string(SYS_futex) + " 0x7f3a 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f3b";
+  const std::string sleep = std::to_string(SYS_clock_nanosleep) + " 0x1 0x0 0x7ffd 0x0 0x0 0x0";
+  EXPECT_EQ(HoldersBySyscall({{0, futex}, {1, sleep}, {2, futex}}), (std::vector<int>{1}));
+  EXPECT_EQ(HoldersBySyscall({{0, futex}, {1, "running"}}), (std::vector<int>{1}));
+  // Not told apart: every rank in a futex wait, or none; a rank not read counts for neither.
+  EXPECT_TRUE(HoldersBySyscall({{0, futex}, {1, futex}}).empty());
+  EXPECT_TRUE(HoldersBySyscall({{0, sleep}, {1, "running"}}).empty());
+  EXPECT_TRUE(HoldersBySyscall({{0, sleep}, {1, ""}}).empty());
+  EXPECT_EQ(HoldersBySyscall({{0, futex}, {1, ""}, {2, sleep}}), (std::vector<int>{2}));
+}
 
 TEST(Stacks, PySpysJsonIsReadWithTheMainThreadFirst) {
   auto threads = ParsePySpyJson(kPySpyJson, 100);

@@ -92,6 +92,30 @@ TEST(DlrunHang, ARankWhoseStepRecordsStopIsNamedFromTheStacksCapturedAndRestarte
   std::filesystem::remove_all(tmp);
 }
 
+// The same without py-spy (DLRUN_PY_SPY names none): no stack is read, and the rank sleeping in
+// its own work is named from the system call its main thread is blocked in, not the one whose
+// records the hang detection happened to judge first (it named rank 0, waiting in all_reduce).
+TEST(DlrunHang, WithoutPySpyTheRankInItsOwnWorkIsNamedNotTheOneWaiting) {
+  const std::string tmp = MakeTempDir();
+  for (const char* hang_rank : {"1", "0"}) {
+    ProcResult r = RunCommand(
+        {DLRUN_BIN, "--standalone", "--nproc-per-node", "2", "--hang-floor", "8", "--max-restarts",
+         "1", TEST_PYTHON, kHangProbe},
+        ProbeEnv(tmp, {{"REPORT_STEPS", "1"}, {"HANG_STEP", "12"}, {"HANG_RANK", hang_rank},
+                       {"DLRUN_PY_SPY", tmp + "/no-such-py-spy"}}),
+        std::chrono::seconds(180));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::string line = LineWith(r.output, "stopping the worker group");
+    const std::string other = hang_rank == std::string("1") ? "0" : "1";
+    EXPECT_NE(line.find("rank " + std::string(hang_rank) + " hung: "), std::string::npos) << line;
+    EXPECT_EQ(line.find("rank " + other + " hung"), std::string::npos) << line;
+    EXPECT_NE(line.find("rank " + std::string(hang_rank) + "'s main thread is in its own work, "
+                        "the others' wait on their communication threads"),
+              std::string::npos) << line;
+  }
+  std::filesystem::remove_all(tmp);
+}
+
 // Work that is not a step, declared with dlrun_report.pause, is no hang however long it takes;
 // the same wait undeclared is one (the agent's pipe reader once dropped the pause records).
 TEST(DlrunHang, ADeclaredPauseLongerThanTheBoundIsNoHangAndAnUndeclaredOneIs) {

@@ -4,7 +4,7 @@
 set(DLRUN_COMMON_SOURCES common/env.cc common/local_address.cc common/cpus.cc common/files.cc)
 # LibTorch-free: environment parsing, agent link, crash traces, shared-memory allreduce, NVTX
 # ranges.
-set(DLRUN_DIST_ENV_SOURCES worker/src/dist_env.cc worker/src/agent_link.cc worker/src/crash_trace.cc
+set(DLRUN_DIST_ENV_SOURCES worker/src/dist_env.cc worker/src/agent_link.cc worker/src/crash_handler.cc
   worker/src/shm_allreduce.cc worker/src/nvtx_ranges.cc worker/src/agent_word.cc)
 # LibTorch: process groups, DDP, LR schedule, checkpoints, SyncBatchNorm, the sampler (its
 # shuffle is torch.randperm, as PyTorch's DistributedSampler).

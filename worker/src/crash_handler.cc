@@ -1,5 +1,6 @@
-// installCrashTrace() (agent_link.h): on a fatal signal, the crashing thread's native frames to
-// stderr in the form the agent reads (launcher/stacks/crash_trace.h), then the default action.
+// installCrashTrace() (agent_link.h), the worker's side of a crash trace: on a fatal signal,
+// the crashing thread's native frames to stderr in the form the agent reads
+// (launcher/stacks/crash_trace.h, the reading side), then the default action.
 // Only async-signal-safe calls in the handler, but for backtrace() (preloaded at install) and
 // dladdr() (a lock-free read of the loaded modules in practice), as every crash reporter does.
 #include <dlfcn.h>

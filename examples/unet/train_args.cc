@@ -187,9 +187,11 @@ void AddRunFlags(CLI::App& app, TrainArgs& a) {
   app.add_option("--fail-at-step", a.fail_at_step,
                  "testing: the last rank exits 1 at this step of the first attempt");
   app.add_option("--fail-how", a.fail_how,
-                 "testing: how --fail-at-step fails: exit (exit 1), kill (SIGKILL itself) or "
-                 "stop (SIGSTOP itself: its peers wait in a collective, a hang)")
-      ->check(CLI::IsMember({"exit", "kill", "stop"}));
+                 "testing: how --fail-at-step fails: exit (exit 1), kill (SIGKILL itself), "
+                 "stop (SIGSTOP itself: its peers wait in a collective, a hang), or "
+                 "kill-before-save (rank 0, the checkpoints' writer, SIGKILLs itself after the "
+                 "step's commit, right before that step's checkpoint)")
+      ->check(CLI::IsMember({"exit", "kill", "stop", "kill-before-save"}));
   app.add_option("--fail-replacement", a.fail_replacement,
                  "testing: the process replacing a lost rank (in-process recovery) hangs (never "
                  "joins) or differs (changes a parameter after taking the state)")

@@ -189,6 +189,7 @@ void Trainer::Resume() {
     ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
   }
   recovery_->commit(start_step_);
+  if (from_peer) SaveIfLost(start_step_);
   MakeDdp(/*init_sync=*/!from_peer);
   std::signal(SIGUSR1, OnSigusr1);
 }

@@ -141,6 +141,10 @@ class Trainer {
   Batch NextValBatch();
   double Validate();
   void Save(int64_t step);
+  // In a process that replaced rank 0: the checkpoint of the step it took from a peer, when that
+  // is a checkpoint step and its file is missing (the lost rank 0 died after the step's commit,
+  // before its save; the step is not done again, so its save would never come).
+  void SaveIfLost(int64_t step);
   void TrainStep(const torch::Tensor& x, const torch::Tensor& y);
 
   TrainArgs a_;

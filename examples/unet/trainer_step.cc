@@ -2,6 +2,9 @@
 // validation, checkpoints and the per-epoch report.
 #include "unet/trainer_impl.h"
 
+#include <cstdio>
+#include <filesystem>
+
 namespace train_unet_internal {
 
 torch::Tensor Trainer::ToDevice(torch::Tensor t) const {
@@ -53,8 +56,29 @@ double Trainer::Validate() {
   return t[0].item<double>() / world_;
 }
 
+void Trainer::SaveIfLost(int64_t step) {
+  if (!ckpt_ || rank_ != 0 || a_.checkpoint_every <= 0 || step <= 0 ||
+      step % a_.checkpoint_every != 0) {
+    return;
+  }
+  for (const std::string& path : ckpt_->list()) {
+    long long saved = -1;
+    const std::string name = std::filesystem::path(path).filename().string();
+    if (std::sscanf(name.c_str(), "ckpt-%lld.dlrun", &saved) == 1 && saved == step) return;
+  }
+  std::printf("checkpoint of step %ld missing (its writer was lost after the step): saving it\n",
+              step);
+  Save(step);
+}
+
 void Trainer::Save(int64_t step) {
   if (!ckpt_ || rank_ != 0) return;
+  if (step == a_.fail_at_step && a_.fail_how == "kill-before-save" &&
+      ctx_.env.restart_count == 0 && std::getenv(dlrun::contract::kRecoveryGen) == nullptr) {
+    std::fprintf(stderr, "train_unet: --fail-at-step %ld: SIGKILL before the save as asked\n", step);
+    std::fflush(stderr);
+    raise(SIGKILL);
+  }
   const dlrun::worker::HangPause pause("checkpoint");
   try {
     dlrun::worker::TrainingState state{.step = step, .world_size = world_};
@@ -167,7 +191,7 @@ torch::Tensor Trainer::MicroStep(int64_t step, bool sync, double* data_s) {
 void Trainer::Step(int64_t step) {
   // Once: not after a restart, and not in the process that replaced it (in-process recovery).
   if (step == a_.fail_at_step && ctx_.env.restart_count == 0 && rank_ == world_ - 1 &&
-      std::getenv(dlrun::contract::kRecoveryGen) == nullptr) {
+      a_.fail_how != "kill-before-save" && std::getenv(dlrun::contract::kRecoveryGen) == nullptr) {
     std::fprintf(stderr, "train_unet: --fail-at-step %ld: %s as asked\n", step,
                  a_.fail_how == "kill"   ? "SIGKILL"
                  : a_.fail_how == "stop" ? "SIGSTOP"

@@ -6,6 +6,7 @@
 // with a one-line reason.
 #include <signal.h>
 
+#include <filesystem>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -120,6 +121,26 @@ TEST(InProcessRecovery, AFaultInTheFirstOrSecondStepIsRecoveredInProcessToo) {
     EXPECT_EQ(a["param_digests"], b["param_digests"]) << "kill at step " << step;
     EXPECT_EQ(b["param_digests"].size(), 4u);
   }
+}
+
+// Rank 0, the checkpoints' writer, lost after step 4's commit and before its save: the step is
+// not done again, so the process that replaces it writes that checkpoint (chaos found a later
+// restart resuming from step 10 of a fault at step 22: step 20's save had been lost so).
+TEST(InProcessRecovery, ACheckpointWhoseWriterWasLostBeforeItsSaveIsWrittenByItsReplacement) {
+  const std::string dir = MakeTempDir();
+  ProcResult r = RunCommand(
+      TrainUnet(dir, "lostsave", {}, {"--fail-at-step", "4", "--fail-how", "kill-before-save"}, 5),
+      {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--fail-at-step 4: SIGKILL before the save as asked"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rank 0 took the state of step 4 from rank 1"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("checkpoint of step 4 missing (its writer was lost after the step): "
+                          "saving it"),
+            std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt-lostsave/ckpt-000000000004.dlrun")) << r.output;
+  EXPECT_EQ(r.output.find("restart 1:"), std::string::npos) << r.output;
 }
 
 // --recovery restart: torchrun's way even for a program that declares in-process recovery.

@@ -178,6 +178,11 @@ class FakeProcesses final : public Processes {
   struct Facts final : ProcessFacts {
     int64_t oom_kills = -1;
     int64_t OomKills() const override { return oom_kills; }
+    std::map<pid_t, std::string> blocked_calls;  // /proc/PID/syscall's text, by pid
+    std::string BlockedCall(pid_t pid) const override {
+      auto it = blocked_calls.find(pid);
+      return it == blocked_calls.end() ? "" : it->second;
+    }
   } facts_said;
   std::string ErrorTail(pid_t pid) const override {
     auto it = error_tails.find(pid);

@@ -2,6 +2,10 @@
 // max(K x its p99 gap, --hang-floor) once it has sent kHangMinSteps), and by --hang-timeout (a
 // worker that has heartbeated and then goes silent for the timeout). Whole-group idleness needs
 // the /proc sampler: tests/multiproc/dlrun_hang_test.cc.
+#include <sys/syscall.h>
+
+#include <string>
+
 #include "gtest/gtest.h"
 #include "agent/harness.h"
 
@@ -21,6 +25,30 @@ TEST(AgentHang, ASilentWorkerIsStoppedAtTheTimeoutAndTheJobExits124) {
   ASSERT_FALSE(h.procs.SentTo(hung).empty());
   EXPECT_EQ(h.procs.SentTo(hung)[0].sig, SIGTERM);
   EXPECT_EQ(h.procs.SentTo(hung)[0].at, seconds(13));  // last heartbeat at 3 s + 10 s
+}
+
+// Every rank's records stop together and no stack can be read (no dump tool): the rank whose main
+// thread is not in a futex wait (rank 1, asleep) is named, not the one the hang detection judged
+// first (rank 0, the lowest pid), whose main thread waits on its collective's threads.
+TEST(AgentHang, WithoutStacksTheRankWhoseMainThreadIsNotInAFutexWaitIsNamed) {
+  Harness h(3);
+  auto src = std::make_unique<ScriptedSource>(Assignment{}, 0, seconds(1));
+  ScriptedSource* s = src.get();
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    StepRecord step;
+    step.samples = 1;
+    step.step_s = 0.1;
+    f.StepsEvery(p.pid, milliseconds(100), seconds(10), step);  // then all three silent
+    f.facts_said.blocked_calls[p.pid] =
+        std::to_string(p.spec.local_rank == 1 ? SYS_clock_nanosleep : SYS_futex) + " 0x0 0x80";
+    f.ExitAfter(p.pid, seconds(300), 0);
+  };
+  EXPECT_EQ(h.Run(std::move(src)), Agent::kHangExitCode);
+  ASSERT_EQ(s->failure_reasons.size(), 1u);
+  EXPECT_EQ(s->failure_reasons[0].rfind("rank 1 hung: ", 0), 0u) << s->failure_reasons[0];
+  EXPECT_NE(s->failure_reasons[0].find("rank 1's main thread is in its own work, the others' wait "
+                                       "on their communication threads"),
+            std::string::npos) << s->failure_reasons[0];
 }
 
 TEST(AgentHang, AHangRestartsTheGroupWhenRestartsRemain) {

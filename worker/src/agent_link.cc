@@ -96,9 +96,10 @@ void reportResume(long long step, double load_s) {
 }
 
 namespace {
+// A record is at most 256 bytes (launcher/agent/step_record.h).
 void WriteRecord(const char* line, int n) {
   const int fd = HeartbeatFd();
-  if (fd < 0 || n <= 0 || n >= 128) return;
+  if (fd < 0 || n <= 0 || n > 256) return;
   (void)!write(fd, line, static_cast<size_t>(n));  // one write: atomic on a pipe
 }
 }  // namespace
@@ -107,16 +108,14 @@ void declareInProcessRecovery() { WriteRecord("C recovery\n", 11); }
 
 namespace detail {
 void RecordRefusal(const std::string& rule) {
-  const int fd = HeartbeatFd();
-  if (fd < 0) return;
-  // A record is at most 256 bytes (launcher/agent/step_record.h): the rule's start, in ASCII.
+  // The rule's first line, in ASCII, as much as a record holds.
   std::string line = "C refused ";
   for (const char c : rule.substr(0, rule.find('\n'))) {
     if (line.size() >= 240) break;
     line += static_cast<unsigned char>(c) < 0x80 && c >= ' ' ? c : '?';
   }
   line += '\n';
-  (void)!write(fd, line.data(), line.size());  // one write: atomic on a pipe
+  WriteRecord(line.data(), static_cast<int>(line.size()));
 }
 }  // namespace detail
 

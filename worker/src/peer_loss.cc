@@ -1,16 +1,15 @@
 // The library's waits under in-process recovery (dlrun/recovery.h): a collective, a comm hook's
 // future or a long forward that meets the agent's word of a lost peer ends in PeerLost instead
-// of waiting for Gloo's timeout; NCCL's group errors and abort; and the step a checkpoint resume left this process at, which a
-// Recovery goes on from.
+// of waiting for Gloo's timeout; NCCL's group errors and abort; and the step a checkpoint resume
+// left this process at, which a Recovery goes on from.
 #include <torch/torch.h>
 #include <torch/version.h>
 
-#include <cstdio>
-#include <string>
-
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
+#include <string>
 
 #include "agent_word.h"
 #include "dlrun/recovery.h"
@@ -99,8 +98,9 @@ void AbortGroup(c10d::ProcessGroup& pg) {
   try {
     pg.abort();  // ProcessGroup::abort and Backend::abort came with LibTorch 2.7
   } catch (const std::exception& e) {  // the recovery's own timeout ends what the abort did not
+    const std::string what = e.what();
     std::fprintf(stderr, "dlrun::worker: aborting the NCCL group: %s\n",
-                 std::string(e.what()).substr(0, std::string(e.what()).find('\n')).c_str());
+                 what.substr(0, what.find('\n')).c_str());
   }
 #else
   (void)pg;

@@ -3,7 +3,6 @@
 #include "unet/trainer_impl.h"
 
 #include <cstdio>
-#include <filesystem>
 
 namespace train_unet_internal {
 
@@ -61,11 +60,7 @@ void Trainer::SaveIfLost(int64_t step) {
       step % a_.checkpoint_every != 0) {
     return;
   }
-  for (const std::string& path : ckpt_->list()) {
-    long long saved = -1;
-    const std::string name = std::filesystem::path(path).filename().string();
-    if (std::sscanf(name.c_str(), "ckpt-%lld.dlrun", &saved) == 1 && saved == step) return;
-  }
+  if (ckpt_->holds(step)) return;
   std::printf("checkpoint of step %ld missing (its writer was lost after the step): saving it\n",
               step);
   Save(step);

@@ -37,6 +37,8 @@ TEST(Checkpoint, RoundTripKeepsLastKAndRestoresRng) {
     m.save(a, opt, {.step = step, .epoch = step / 10, .sampler_epoch = 7});
   }
   EXPECT_EQ(m.list().size(), 2u);  // keep_last = 2
+  EXPECT_TRUE(m.holds(30) && m.holds(20));
+  EXPECT_FALSE(m.holds(10));  // removed: the newest 2 are kept
   const torch::Tensor expected_next = torch::rand({3});  // RNG draws after the last save...
   Tiny b;
   torch::optim::Adam opt_b(b.parameters(), 0.1);

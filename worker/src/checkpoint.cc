@@ -95,6 +95,11 @@ void SetCheckpointWriteHook(std::function<void(size_t)> hook) { WriteHook() = st
 
 CheckpointManager::CheckpointManager(CheckpointOptions options) : o_(std::move(options)) {}
 
+bool CheckpointManager::holds(int64_t step) const {
+  std::error_code ec;
+  return std::filesystem::exists(lite::StrCat(o_.dir, "/", FileName(step)), ec);
+}
+
 std::vector<std::string> CheckpointManager::list() const {
   std::vector<std::string> out;
   std::error_code ec;

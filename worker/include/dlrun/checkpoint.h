@@ -96,6 +96,9 @@ class CheckpointManager {
       const std::function<void(const std::string&)>& warn = {});
   // Checkpoint files, newest first.
   std::vector<std::string> list() const;
+  // Whether a checkpoint file of `step` is in the directory (whether it verifies is resume's
+  // question).
+  bool holds(int64_t step) const;
 
  private:
   CheckpointOptions o_;

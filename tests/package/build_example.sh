@@ -55,6 +55,13 @@ out=$("$dlrun" --nproc-per-node 2 "$trainer" "$tmp/ckpt-a" 2>&1) || { echo "$out
 clean=$(echo "$out" | sed -n 's/.*rank 0: 40 steps, .*parameters \([0-9a-f]*\), the same on every rank$/\1/p')
 [ -n "$clean" ] || { echo "$out"; echo "FAIL: no 40-step run with agreeing ranks"; exit 1; }
 ls "$tmp/ckpt-a"/ckpt-000000000040.dlrun >/dev/null
+# ends_as_clean WHAT: every rank of the run in $out ended with the uninterrupted run's parameters.
+ends_as_clean() {
+  for r in 0 1; do
+    echo "$out" | grep -q "rank $r: 40 steps, .*parameters $clean, the same on every rank" ||
+      { echo "$out"; echo "FAIL: rank $r does not end with the uninterrupted run's parameters $clean $1"; exit 1; }
+  done
+}
 # Killed: rank 1 SIGKILLs itself at the end of step 13. The trainer's loop is
 # dlrun::worker::Recoverable's: dlrun replaces the rank in process (one step), and the run ends
 # bit for bit where the uninterrupted run did, on every rank.
@@ -62,10 +69,7 @@ out=$("$dlrun" --nproc-per-node 2 "$trainer" "$tmp/ckpt-b" --die-at-step 13 2>&1
   { echo "$out"; exit 1; }
 echo "$out" | grep -q "in-process recovery done: every rank holds the state of step 1[23] " ||
   { echo "$out"; echo "FAIL: no in-process recovery"; exit 1; }
-for r in 0 1; do
-  echo "$out" | grep -q "rank $r: 40 steps, .*parameters $clean, the same on every rank" ||
-    { echo "$out"; echo "FAIL: rank $r does not end with the uninterrupted run's parameters $clean (in process)"; exit 1; }
-done
+ends_as_clean "(in process)"
 # The same with --recovery restart: dlrun restarts the group, which resumes from the step-10
 # checkpoint in the middle of epoch 1 (8 steps of 16 samples per epoch and rank) with the EMA
 # weights, and ends bit for bit where the uninterrupted run did, on every rank.
@@ -73,8 +77,5 @@ out=$("$dlrun" --nproc-per-node 2 --recovery restart --max-restarts 1 "$trainer"
   { echo "$out"; exit 1; }
 echo "$out" | grep -q "resumed at step 10, epoch 1, sample 32 of this rank's share" ||
   { echo "$out"; echo "FAIL: no mid-epoch resume"; exit 1; }
-for r in 0 1; do
-  echo "$out" | grep -q "rank $r: 40 steps, .*parameters $clean, the same on every rank" ||
-    { echo "$out"; echo "FAIL: rank $r does not end with the uninterrupted run's parameters $clean"; exit 1; }
-done
+ends_as_clean "(--recovery restart)"
 echo "package ok: find_package(dlrun) build, 2-rank run, kill at step 13 recovered in process, and with --recovery restart a mid-epoch resume from step 10, parameters $clean on every rank as without the kill"

@@ -19,6 +19,12 @@ torch::Tensor Loss(const torch::Tensor& gen, const torch::Tensor& tar, double la
 std::atomic<bool> g_checkpoint_requested{false};
 void OnSigusr1(int) { g_checkpoint_requested = true; }
 
+// This process replaces a lost rank (contract::kRecoveryGen: a generation after the first).
+bool IsReplacement() {
+  const char* gen = std::getenv(dlrun::contract::kRecoveryGen);
+  return gen != nullptr && std::atoi(gen) > 0;
+}
+
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
@@ -134,18 +140,28 @@ void Trainer::BuildSchedule() {
 
 // Resume after an elastic restart or a requeue: the collective resume, so every rank loads the
 // newest checkpoint any rank holds (the directory may be shared or node-local: the file goes to
-// the ranks without it in one broadcast). Then wrap in DDP, as with PyTorch.
+// the ranks without it in one broadcast); a replacement of a lost rank takes the state from a
+// survivor instead. Then the DDP wrapper, as with PyTorch: dlrun::worker::Recoverable does all
+// three, and makes the wrapper anew after a recovery.
 void Trainer::Resume() {
-  dlrun::worker::RecoveryHooks hooks;
-  hooks.capture = [this] {
+  if (a_.fail_replacement == "hang" && IsReplacement()) {  // testing: one that never joins
+    std::fprintf(stderr, "train_unet: --fail-replacement hang: not joining\n");
+    std::fflush(stderr);
+    for (;;) pause();
+  }
+  dlrun::worker::RecoverableOptions o;
+  o.ddp.bucket_cap_mb = a_.bucket_cap_mb;
+  o.ddp.broadcast_buffers = a_.broadcast_buffers;
+  o.ddp.fp16_compression = a_.fp16_grad_compression;
+  o.state.capture = [this] {
     dlrun::worker::TrainingState st;
-    if (scaler_->enabled()) {
+    if (scaler_->enabled()) {  // the AMP loss scale (CUDA), so a resume goes on with it
       st.values["amp.scale"] = scaler_->currentScale();
       st.values["amp.good_steps"] = scaler_->goodSteps();
     }
     return st;
   };
-  hooks.restore = [this](const dlrun::worker::TrainingState& st) {
+  o.state.restore = [this](const dlrun::worker::TrainingState& st) {
     if (a_.fail_replacement == "differs") {  // testing: replicas that differ must be refused
       torch::NoGradGuard no_grad;
       params_[0].add_(1e-3);
@@ -155,59 +171,29 @@ void Trainer::Resume() {
       scaler_->restore(v.at("amp.scale").toDouble(), v.at("amp.good_steps").toInt());
     }
   };
-  recovery_ = std::make_unique<dlrun::worker::Recovery>(ctx_, *model_, *opt_, std::move(hooks));
-  const bool from_peer = recovery_->replacement();
-  if (from_peer) {
-    if (a_.fail_replacement == "hang") {  // testing: a replacement that never joins
-      std::fprintf(stderr, "train_unet: --fail-replacement hang: not joining\n");
-      std::fflush(stderr);
-      for (;;) pause();
-    }
-    // This process replaces a lost rank: the state comes from a survivor, not a checkpoint.
-    start_step_ = recovery_->receive().step;
-  } else if (!a_.checkpoint_dir.empty()) {
+  o.on_warning = [](const std::string& w) {
+    std::fprintf(stderr, "train_unet: warning: %s\n", w.c_str());
+  };
+  o.on_recovery = [this](const dlrun::worker::Recovery::Outcome& r) { AfterRecovery(r); };
+  if (!a_.checkpoint_dir.empty()) {
     ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
-    const auto load_start = Clock::now();
-    auto resumed = ckpt_->resumeLatest(*model_, *opt_, ctx_, {}, [&](const std::string& w) {
-      std::fprintf(stderr, "train_unet: warning: %s\n", w.c_str());
-    });
-    if (resumed.has_value()) {
-      start_step_ = resumed->step;
-      const auto& v = resumed->values;
-      if (scaler_->enabled() && v.count("amp.scale") && v.count("amp.good_steps")) {
-        scaler_->restore(v.at("amp.scale").toDouble(), v.at("amp.good_steps").toInt());
-      }
-      if (rank_ == 0) {
-        // The restart's phases inside the worker (bench/recovery reads them).
-        std::printf("resumed from step %ld (%s to init() done %.3f s, checkpoint load %.3f s)\n",
-                    start_step_, ctx_.promoted_at ? "promotion" : "process start", init_done_s_,
-                    Seconds(load_start));
-      }
-    }
+    o.checkpoint = &*ckpt_;
   }
-  if (!a_.checkpoint_dir.empty() && !ckpt_) {
-    ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
+  rec_.emplace(ctx_, model_, *opt_, std::move(o));
+  start_step_ = rec_->startStep();
+  if (rec_->resumed() && rank_ == 0) {
+    // The restart's phases inside the worker (bench/recovery reads them).
+    std::printf("resumed from step %ld (%s to init() done %.3f s, checkpoint load %.3f s)\n",
+                start_step_, ctx_.promoted_at ? "promotion" : "process start", init_done_s_,
+                rec_->resumeSeconds());
   }
-  recovery_->commit(start_step_);
-  if (from_peer) SaveIfLost(start_step_);
-  MakeDdp(/*init_sync=*/!from_peer);
+  if (rec_->replacement()) SaveIfLost(start_step_);
   std::signal(SIGUSR1, OnSigusr1);
 }
 
-void Trainer::MakeDdp(bool init_sync) {
-  dlrun::worker::DDPOptions ddp_opts;
-  ddp_opts.init_sync = init_sync;
-  ddp_opts.bucket_cap_mb = a_.bucket_cap_mb;
-  ddp_opts.broadcast_buffers = a_.broadcast_buffers;
-  ddp_opts.fp16_compression = a_.fp16_grad_compression;
-  if (ddp_ && !init_sync) ddp_opts.ready_order = ddp_->readyOrder();  // the same sums as before
-  ddp_.reset();  // after a recovery: the old group's engine goes first
-  ddp_ = std::make_unique<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>>(model_, ctx_.pg, ddp_opts);
-}
-
-// A peer was lost and the group regrouped: every rank now holds the state of step r.step. The
-// DDP engine is made anew over the new group, and the data streams go on after r.step, so the
-// interrupted step is done again with the same samples.
+// A peer was lost and the group regrouped: every rank now holds the state of step r.step, and
+// the DDP wrapper is the new group's. The data streams go on after r.step, so the interrupted
+// step is done again with the same samples.
 // A lost node: the survivors go on at the smaller world size with their local batch (the
 // global batch shrinks with it; the LR schedule and the epochs' length stay as they were), each
 // rank's data stream now the one of its new rank.
@@ -218,13 +204,12 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
     world_ = ctx_.worldSize();
     sizes_.global_batch = a_.local_batch_size * world_ * a_.accumulation_steps;
   }
-  MakeDdp(/*init_sync=*/false);  // the transfer ended with every rank's digest equal
   data_.prefetched.reset();
   OpenData(r.step);
   if (rank_ == 0) {
     std::printf(
-        "recovered in process at step %ld (generation %d, %.3f s; DDP and data again "
-        "%.3f s): going on with step %ld%s\n",
+        "recovered in process at step %ld (generation %d, %.3f s; data again %.3f s): going on "
+        "with step %ld%s\n",
         r.step, r.generation, r.seconds, Seconds(t), r.step + 1,
         r.resized ? lite::StrCat(" on ", world_, " rank(s)").c_str() : "");
     std::fflush(stdout);
@@ -284,7 +269,7 @@ void Trainer::PrintHeader() {
               a_.checkpoint_activations ? ", activation checkpointing" : "",
               device_.is_cuda() && !a_.tf32 ? ", TF32 off" : "",
               data_.loader && a_.rotate_on_device ? ", rotations on the device" : "");
-  std::printf("%s\n", ddp_->bucketReport().c_str());
+  std::printf("%s\n", Ddp().bucketReport().c_str());
   std::fflush(stdout);
 }
 
@@ -390,17 +375,11 @@ int Trainer::Run() {
   if (!device_.is_cuda() && a_.measure_allocations) {
     cpu_peak_ = std::make_unique<dlrun::examples::CpuAllocationPeak>();
   }
-  for (int64_t step = start_step_ + 1; step <= a_.max_steps; ++step) {
+  rec_->run(a_.max_steps, [&](int64_t step) {  // a step a lost peer interrupted comes again
     if (step == start_step_ + a_.warmup_steps + 1) progress_.start = Clock::now();
-    const auto r = recovery_->run([&] {
-      Step(step);  // commits the step after its optimizer update
-      if (step % sizes_.steps_per_epoch == 0 || step == a_.max_steps) EndOfEpoch(step);
-    });
-    if (r.recovered) {
-      AfterRecovery(r);
-      step = r.step;  // the loop goes on with r.step + 1
-    }
-  }
+    Step(step);  // its update ends the step: committed there
+    if (step % sizes_.steps_per_epoch == 0 || step == a_.max_steps) EndOfEpoch(step);
+  });
   return Finish();
 }
 

@@ -26,7 +26,7 @@
 #include "dlrun/checkpoint.h"
 #include "dlrun/ddp.h"
 #include "dlrun/lr_schedule.h"
-#include "dlrun/recovery.h"
+#include "dlrun/recoverable.h"
 #include "dlrun/worker.h"
 #include "nlohmann/json.hpp"
 #include "unet/data.h"
@@ -125,8 +125,7 @@ class Trainer {
   void Resume();
   void OpenData(int64_t at_step);
   void AfterRecovery(const dlrun::worker::Recovery::Outcome& r);
-  // init_sync false where every rank holds the same state already (after a state transfer).
-  void MakeDdp(bool init_sync);
+  dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>& Ddp() { return rec_->ddp(); }
   void PrintHeader();
   int Benchy();
   void SetThreads(int local_world_size);
@@ -161,9 +160,9 @@ class Trainer {
   dlrun::worker::LrSchedule sched_;
   std::optional<dlrun::worker::CheckpointManager> ckpt_;
   int64_t start_step_ = 0;
-  std::unique_ptr<dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>> ddp_;
-  // In-process recovery (docs/RECOVERY.md): a lost rank costs the step it interrupted.
-  std::unique_ptr<dlrun::worker::Recovery> recovery_;
+  // The resume, the DDP wrapper and in-process recovery (docs/RECOVERY.md): a lost rank costs
+  // the step it interrupted.
+  std::optional<dlrun::worker::Recoverable<dlrun::examples::UNet>> rec_;
   std::unique_ptr<dlrun::examples::EventWriter> tb_;
   Sizes sizes_;
   Data data_;

@@ -76,12 +76,7 @@ void Trainer::Save(int64_t step) {
   }
   const dlrun::worker::HangPause pause("checkpoint");
   try {
-    dlrun::worker::TrainingState state{.step = step, .world_size = world_};
-    if (scaler_->enabled()) {  // the AMP loss scale (CUDA), so a resume goes on with it
-      state.values["amp.scale"] = scaler_->currentScale();
-      state.values["amp.good_steps"] = scaler_->goodSteps();
-    }
-    ckpt_->save(*model_, *opt_, state);
+    ckpt_->save(*model_, *opt_, rec_->checkpointState(step));
     std::printf("checkpoint saved at step %ld\n", step);
   } catch (const std::runtime_error& e) {
     std::fprintf(stderr, "train_unet: checkpoint failed: %s\n", e.what());
@@ -94,7 +89,7 @@ void Trainer::TrainStep(const torch::Tensor& x, const torch::Tensor& y) {
   torch::Tensor loss;
   {
     dlrun::examples::AutocastScope autocast(scaler_->enabled());
-    loss = Loss((*ddp_)(x), y, a_.lambda_rho);
+    loss = Loss(Ddp()(x), y, a_.lambda_rho);
   }
   scaler_->scale(loss).backward();
   const bool finite = scaler_->unscale(params_);
@@ -161,13 +156,13 @@ torch::Tensor Trainer::MicroStep(int64_t step, bool sync, double* data_s) {
   }();
   *data_s += Seconds(wait_start);
   std::optional<dlrun::worker::DistributedDataParallelBase::NoSyncGuard> local_only;
-  if (!sync) local_only.emplace(ddp_.get());
+  if (!sync) local_only.emplace(&Ddp());
   torch::Tensor loss;
   {
     dlrun::worker::ScopedRange r("forward");
     dlrun::examples::AutocastScope autocast(scaler_->enabled());
     // Without gradient sync at all (benchmarks): the model itself, gradients stay local.
-    loss = Loss(a_.grad_sync ? (*ddp_)(x) : model_->forward(x), y, a_.lambda_rho);
+    loss = Loss(a_.grad_sync ? Ddp()(x) : model_->forward(x), y, a_.lambda_rho);
   }
   // --inject-inf-step: an overflow on purpose (every gradient becomes inf or NaN).
   if (step == a_.inject_inf_step) loss = loss * std::numeric_limits<float>::infinity();
@@ -218,19 +213,23 @@ void Trainer::Step(int64_t step) {
   std::vector<torch::Tensor> l{torch::stack(
       {loss, torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
   if (world_ > 1) ctx_.allReduce(l[0]);
-  // NCCL runs the step's sums behind the CPU: wait for them before the scaler reads the
-  // gradients, and give the step up when a peer was lost meanwhile (never apply a partial sum).
-  recovery_->awaitCollectives();
-  std::optional<dlrun::worker::ScopedRange> opt_range(std::in_place, "optimizer step");
-  const bool finite = scaler_->unscale(params_);
-  if (finite) opt_->step();  // an overflow under AMP skips the step on every rank alike
-  opt_range.reset();
+  // The update ends the step (nothing after it changes the state: committed there, nothing
+  // copied). NCCL runs the step's sums behind the CPU: the update waits for them before the
+  // scaler reads the gradients, and gives the step up when a peer was lost meanwhile (a partial
+  // sum is never applied). An overflow under AMP skips the update on every rank alike.
+  bool finite = true;
+  rec_->update({.apply =
+                    [&] {
+                      dlrun::worker::ScopedRange opt_range("optimizer step");
+                      finite = scaler_->unscale(params_);
+                      if (finite) opt_->step();
+                      scaler_->update(finite);
+                    },
+                .ends_step = true});
   if (!finite && rank_ == 0) {
     std::printf("step %ld: non-finite gradients, step skipped%s\n", step,
                 scaler_->enabled() ? " by the loss scaler" : "");
   }
-  scaler_->update(finite);
-  recovery_->commit(step);  // this step's state is complete on this rank
   const double mean_loss = l[0][0].item<double>() / world_;
   // The step record for dlrun's telemetry (docs/TELEMETRY.md); it is also the heartbeat.
   dlrun::worker::StepReport report;
@@ -239,7 +238,7 @@ void Trainer::Step(int64_t step) {
   report.step_s = Seconds(step_start);
   report.data_s = data_s;
   if (a_.grad_sync && world_ > 1) {
-    const auto timing = ddp_->lastStepTiming();
+    const auto timing = Ddp().lastStepTiming();
     report.sync_s = timing.sync_s;
     // DDP times the last micro-step's compute only: with accumulation the step's compute is
     // what the data wait and the sync wait leave.

@@ -132,8 +132,9 @@ void RecoverySample(dlrun::worker::Context& ctx, Net model, torch::optim::Optimi
   auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
   for (int64_t step = start + 1; step <= steps; ++step) {
     const auto r = recovery.run([&] {
-      train_step(*ddp, step);  // its collectives all come before optimizer.step()
-      recovery.commit(step);   // right after optimizer.step()
+      train_step(*ddp, step);  // forward, backward
+      recovery.update();       // in place of optimizer.step()
+      recovery.commit(step);   // the step's end
     });
     if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
       dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // ddp.h: the wrapper anew

@@ -128,6 +128,7 @@ void Recovery::commit(int64_t step) {
   // now; a peer lost meanwhile then refuses the recovery (GiveUp: changed parameters).
   if (undo_ && !undo_->settled) awaitCollectives();
   committed_ = step;
+  updates_committed_ = updates_;
   if (undo_) {  // what comes after it in the body is not done again: its changes are checked
     undo_->committed_in_step = true;
     undo_->versions = Versions(model_);
@@ -157,14 +158,20 @@ void Recovery::awaitCollectives() {
   }
 }
 
-void Recovery::update() {
+void Recovery::update(const UpdateOptions& options) {
   awaitCollectives();
-  if (undo_ && !undo_->updated) {
+  if (undo_ && !undo_->updated && !options.ends_step) {
     CloneInto(&undo_->params, model_.parameters());
     detail::CopyOptimizerInto(optimizer_, &undo_->optimizer);
     undo_->updated = true;
   }
-  optimizer_.step();
+  if (options.apply) {
+    options.apply();
+  } else {
+    optimizer_.step();
+  }
+  ++updates_;
+  if (options.ends_step) commit(running_);
 }
 
 void Recovery::GiveUp() {
@@ -253,24 +260,34 @@ Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
   const bool drew_own = rng_per_rank_ && my_step >= 0 && CpuRngDigest() != rng_at_start_;
   const std::optional<bool> broadcasts = detail::BroadcastsBuffers(&model_);
   const std::vector<torch::Tensor> rows = ctx_.allGather(torch::tensor(
-      {my_step, int64_t{drew_own}, broadcasts ? int64_t{*broadcasts} : -1}, torch::kInt64));
-  std::vector<int64_t> steps;
+      {my_step, int64_t{drew_own}, broadcasts ? int64_t{*broadcasts} : -1, updates_committed_},
+      torch::kInt64));
+  std::vector<int64_t> steps, updates;
   std::vector<int> drew;
   std::optional<bool> broadcast;
   int64_t best = -1;
   int root = -1;
   for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
     const std::vector<int64_t> row(rows[static_cast<size_t>(r)].data_ptr<int64_t>(),
-                                   rows[static_cast<size_t>(r)].data_ptr<int64_t>() + 3);
+                                   rows[static_cast<size_t>(r)].data_ptr<int64_t>() + 4);
     steps.push_back(row[0]);
+    updates.push_back(row[3]);
     if (row[1] != 0) drew.push_back(r);
     if (row[2] >= 0) broadcast = row[2] != 0;
     if (steps.back() > best) best = steps.back(), root = r;
   }
   if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
-  std::vector<int> behind;
+  std::vector<int> behind, counts;
   for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
-    if (steps[static_cast<size_t>(r)] < best) behind.push_back(r);
+    const auto i = static_cast<size_t>(r);
+    if (steps[i] < best) behind.push_back(r);
+    if (steps[i] == best && updates[i] != updates[static_cast<size_t>(root)]) counts.push_back(r);
+  }
+  if (!counts.empty()) {
+    throw std::runtime_error(lite::StrCat(
+        "refused: rank(s) ", lite::StrJoin(counts, ","), " applied another number of optimizer "
+        "updates by step ", best, " than rank ", root, " (", updates[static_cast<size_t>(root)],
+        "): an update outside run(), or one applied twice"));
   }
   if (!behind.empty() && !drew.empty()) {
     throw std::runtime_error(lite::StrCat(
@@ -293,7 +310,7 @@ Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
                  "each rank's own, DDP's broadcast_buffers off) were lost with its process: it "
                  "goes on with rank %d's\n", ctx_.rank(), buffers.begin()->key().c_str(), root);
   }
-  return {best, root, std::move(behind)};
+  return {best, root, std::move(behind), updates[static_cast<size_t>(root)]};
 }
 
 // Collective over ctx_: the lowest rank with the highest committed step sends model, optimizer
@@ -339,6 +356,7 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
   }
   timing_.check_s = lap();
   st.step = best;
+  updates_ = updates_committed_ = plan.updates;
   return st;
 }
 
@@ -409,6 +427,8 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
   // A checkpoint resume since the last step: the recovery goes on from its step (the trainer
   // need not commit(step) after it).
   if (const int64_t resumed = detail::TakeResumedStep(); resumed >= 0) committed_ = resumed;
+  running_ = committed_ + 1;
+  updates_ = updates_committed_;  // a step given up: its update is not counted
   if (options_.seed_per_rank) {  // this rank's randomness of the step, whoever runs it
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -27,9 +27,12 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "dlrun/checkpoint.h"
@@ -52,6 +55,10 @@ struct RecoverableOptions {
   // A communication hook, made for each group: the first, and each one after a recovery.
   std::function<std::unique_ptr<c10d::CommHookInterface>(c10::intrusive_ptr<c10d::ProcessGroup>)>
       comm_hook;
+  // The resume's options, and where its warnings go (a rank that resumed from another rank's
+  // file, a damaged checkpoint skipped); unset: stderr.
+  ResumeOptions resume;
+  std::function<void(const std::string&)> on_warning;
   // After a recovery, before the step is done again (Outcome::resized: this rank's place
   // changed, ctx.rank() and ctx.worldSize() are the new ones; rank-dependent streams follow).
   std::function<void(const Recovery::Outcome&)> on_recovery;
@@ -68,14 +75,22 @@ class Recoverable {
         optimizer_(optimizer),
         options_(std::move(options)),
         recovery_(ctx, *model_, optimizer, options_.state, options_.recovery) {
+    const auto t0 = std::chrono::steady_clock::now();
     if (recovery_.replacement()) {
+      from_peer_ = true;
       start_ = recovery_.receive().step;
     } else if (options_.checkpoint) {
-      if (auto st = options_.checkpoint->resumeLatest(*model_, optimizer_, ctx_)) {
+      auto warn = options_.on_warning ? options_.on_warning : [](const std::string& w) {
+        std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
+      };
+      if (auto st = options_.checkpoint->resumeLatest(*model_, optimizer_, ctx_,
+                                                      options_.resume, warn)) {
         start_ = st->step;
+        resumed_ = true;
         if (options_.state.restore) options_.state.restore(*st);
       }
     }
+    resume_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     recovery_.commit(start_);
     Build();
   }
@@ -86,12 +101,19 @@ class Recoverable {
   DistributedDataParallel<Model>& ddp() { return *ddp_; }
   // The last step done when the object was made: resumed from the checkpoint or a peer, or 0.
   int64_t startStep() const { return start_; }
+  // This process replaced a lost rank: its state came from a peer when it was made.
+  bool replacement() const { return from_peer_; }
+  // It resumed from a checkpoint when it was made; the seconds that took (or the peer's).
+  bool resumed() const { return resumed_; }
+  double resumeSeconds() const { return resume_s_; }
   // The last whole step.
   int64_t committed() const { return recovery_.committed(); }
   Recovery& recovery() { return recovery_; }
 
-  // The optimizer's update, in place of optimizer.step(), inside run()'s body.
-  void update() { recovery_.update(); }
+  // The optimizer's update, in place of optimizer.step(), inside run()'s body: the one way to
+  // write it (Recovery::update: what is waited for and copied; UpdateOptions: an update of the
+  // trainer's own, and one that ends the step without the copy).
+  void update(const UpdateOptions& options = {}) { recovery_.update(options); }
 
   // Runs body(step) for each step after committed() up to `last`; a step a peer's loss
   // interrupted is done again once every rank holds the state of the step before it.
@@ -137,6 +159,8 @@ class Recoverable {
   RecoverableOptions options_;
   Recovery recovery_;
   int64_t start_ = 0;
+  bool from_peer_ = false, resumed_ = false;
+  double resume_s_ = 0;
   std::unique_ptr<DistributedDataParallel<Model>> ddp_;
 };
 

@@ -4,8 +4,8 @@
 // the new process group, and the replacement takes the model, the optimizer and the training
 // state from a survivor (one broadcast); every rank checks that it holds the same parameters,
 // and the interrupted step is done again. No checkpoint is read. dlrun::worker::Recoverable
-// (dlrun/recoverable.h) is the whole loop in one object, the DDP wrapper with it; these are
-// its parts, for a trainer that builds its own (examples/unet/trainer.cc).
+// (dlrun/recoverable.h) is the whole loop in one object, the DDP wrapper with it (custom_trainer
+// and train_unet use it); these are its parts, for a trainer that builds its own loop.
 //
 //   dlrun::worker::Recovery recovery(ctx, *model, optimizer);
 //   int64_t start = 0;
@@ -17,8 +17,9 @@
 //   auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
 //   for (int64_t step = start + 1; step <= steps; ++step) {
 //     const auto r = recovery.run([&] {
-//       train_step(*ddp, step);  // its collectives all come before optimizer.step()
-//       recovery.commit(step);   // right after optimizer.step()
+//       train_step(*ddp, step);  // forward, backward
+//       recovery.update();       // in place of optimizer.step()
+//       recovery.commit(step);   // the step's end
 //     });
 //     if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
 //       dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // ddp.h: the wrapper anew
@@ -99,6 +100,16 @@ struct RecoveryHooks {
   std::function<void(const TrainingState&)> restore;
 };
 
+struct UpdateOptions {
+  // The update itself when it is more than optimizer.step() of the Recovery's optimizer: a loss
+  // scaler's unscale, skip and scale (the trainer's state, given through RecoveryHooks).
+  std::function<void()> apply;
+  // Nothing after the update in the step runs a collective or changes the state (what only
+  // reads it, a checkpoint's save, printing, aside): the step is committed at the update, and
+  // nothing is copied before it (train_unet: 88 MB a step). A peer lost after it keeps the step.
+  bool ends_step = false;
+};
+
 class Recovery {
  public:
   // Declares in-process recovery to the dlrun agent (when there is one). `ctx` is updated in
@@ -126,12 +137,16 @@ class Recovery {
   void commit(int64_t step);
   int64_t committed() const { return committed_; }
 
-  // The optimizer's update inside run()'s body, in place of optimizer.step(): the parameters
-  // and the optimizer's state are copied first (one more copy of them in memory), so that a
-  // peer lost later in the same step (a collective after the update, an EMA's, a logging
-  // all-reduce) gives the whole step up; then commit() at the step's end (docs/RECOVERY.md,
-  // "A step is whole or not at all").
-  void update();
+  // The optimizer's update inside run()'s body, in place of optimizer.step(): the step's
+  // collectives are waited for (awaitCollectives()), the parameters and the optimizer's state
+  // copied (one more copy of them in memory), so that a peer lost later in the same step (a
+  // collective after the update, an EMA's, a logging all-reduce) gives the whole step up; then
+  // commit() at the step's end (docs/RECOVERY.md, "A step is whole or not at all").
+  // UpdateOptions: an update of the trainer's own, and an update that ends the step.
+  void update(const UpdateOptions& options = {});
+  // Optimizer updates applied by update() as of the last committed step: compared across the
+  // ranks at a recovery (a rank that updated another number of times refuses it).
+  int64_t updates() const { return updates_committed_; }
 
   // Right before the optimizer's update, inside run()'s body, when the update is the trainer's
   // own optimizer.step() (update() calls it): with NCCL, waits for the step's collectives on the
@@ -169,6 +184,7 @@ class Recovery {
     int64_t best = -1;         // the highest committed step
     int root = -1;             // the lowest rank holding it: the sender
     std::vector<int> behind;   // the ranks that take the state
+    int64_t updates = 0;       // the sender's optimizer updates (update()) by then
   };
   TransferPlan PlanTransfer(int64_t my_step);
   TrainingState Transfer(int64_t my_step, bool* loaded, int* root);
@@ -193,6 +209,8 @@ class Recovery {
   bool enabled_ = false;
   bool replacement_ = false;
   int64_t committed_ = 0;
+  int64_t running_ = 0;  // the step run() runs: committed_ + 1 at its start
+  int64_t updates_ = 0, updates_committed_ = 0;  // update() calls: all, as of commit()
   // The CPU generator differed across ranks when the Recovery was made (seeded per rank), and
   // its digest then: a step that drew from it refuses a transfer to a rank behind.
   bool rng_per_rank_ = false;

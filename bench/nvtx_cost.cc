@@ -1,5 +1,5 @@
 // What dlrun::worker's NVTX ranges (dlrun/nvtx_ranges.h) cost with no tool attached: nanoseconds
-// per range, pushed and popped (ScopedRange) and started and ended (startRange/endRange, the
+// per range, pushed and popped (ScopedRange) and started and ended (start_range/end_range, the
 // buckets' all-reduce). bench/profile_overhead multiplies it by the ranges of a U-Net step.
 //
 //   nvtx_cost [iterations]     prints: {"compiled_in": true, "scoped_ns": .., "start_end_ns": ..}
@@ -35,9 +35,9 @@ int main(int argc, char** argv) {
     }
   });
   const double start_end = NanosPerCall(n, [&](long k) {
-    for (long i = 0; i < k; ++i) dlrun::worker::endRange(dlrun::worker::startRange("allreduce bucket", i));
+    for (long i = 0; i < k; ++i) dlrun::worker::end_range(dlrun::worker::start_range("allreduce bucket", i));
   });
   std::printf("{\"compiled_in\": %s, \"scoped_ns\": %.3f, \"start_end_ns\": %.3f}\n",
-              dlrun::worker::nvtxCompiledIn() ? "true" : "false", scoped, start_end);
+              dlrun::worker::nvtx_compiled_in() ? "true" : "false", scoped, start_end);
   return 0;
 }

@@ -3,7 +3,7 @@
 // rendezvous and the worker library include it, and no other non-test source spells these
 // names (tests/launcher/contract_test.cc checks that).
 //
-// The worker's side of the contract is read by dlrun::worker::ParseDistEnv (dlrun/dist_env.h);
+// The worker's side of the contract is read by dlrun::worker::parse_dist_env (dlrun/dist_env.h);
 // the agent's side is written by dlrun::launcher::BuildWorkerEnv (launcher/agent/worker_env.h).
 #pragma once
 

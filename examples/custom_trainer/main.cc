@@ -111,40 +111,40 @@ int main(int argc, char** argv) try {
   for (const auto& p : model->parameters()) ema.push_back(p.detach().clone());
 
   dlrun::worker::DataLoaderSampler sampler(
-      {.dataset_size = 256, .rank = ctx.rank(), .world_size = ctx.worldSize(), .seed = 3});
+      {.dataset_size = 256, .rank = ctx.rank(), .world_size = ctx.world_size(), .seed = 3});
   auto loader = torch::data::make_data_loader(
       Regression().map(torch::data::transforms::Stack<>()), sampler,
       torch::data::DataLoaderOptions(kBatch));
-  const int64_t per_epoch = (sampler.sampler().numSamples() + kBatch - 1) / kBatch;
+  const int64_t per_epoch = (sampler.sampler().num_samples() + kBatch - 1) / kBatch;
   dlrun::worker::LrSchedule lr{.start_lr = 0.05, .end_lr = 0.001, .tot_steps = total_steps,
                                .warmup_steps = 5};
-  dlrun::worker::Validate(lr);
+  dlrun::worker::validate(lr);
 
   dlrun::worker::CheckpointManager ckpt({.dir = argv[1]});
   dlrun::worker::Recoverable rec(ctx, model, opt, RecoveryOptions(&ckpt, ema));
-  const bool first_process = rec.startStep() == 0;
-  if (rec.startStep() > 0 && ctx.rank() == 0) {
+  const bool first_process = rec.start_step() == 0;
+  if (rec.start_step() > 0 && ctx.rank() == 0) {
     std::printf("resumed at step %ld, epoch %ld, sample %ld of this rank's share\n",
-                rec.startStep(), rec.startStep() / per_epoch,
-                rec.startStep() % per_epoch * kBatch);
+                rec.start_step(), rec.start_step() / per_epoch,
+                rec.start_step() % per_epoch * kBatch);
   }
   double loss_value = 0;
   rec.run(total_steps, [&](int64_t step) {
     // Step `step` (from 1) is batch (step - 1) of the run: its epoch and place in the epoch.
     const int64_t epoch = (step - 1) / per_epoch, position = (step - 1) % per_epoch * kBatch;
-    sampler.setEpoch(epoch);
-    sampler.setStart(position);
+    sampler.set_epoch(epoch);
+    sampler.set_start(position);
     auto batch = *loader->begin();
-    dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step - 1));
+    dlrun::worker::set_learning_rate(opt, dlrun::worker::learning_rate(lr, step - 1));
     opt.zero_grad();
     auto loss = torch::mse_loss(rec.ddp()(batch.data), batch.target);
     loss.backward();
     rec.update();
     UpdateEma(ema, model);
-    loss_value = ctx.allReduce(torch::tensor({loss.item<double>()})).item<double>() /
-                 ctx.worldSize();
+    loss_value = ctx.all_reduce(torch::tensor({loss.item<double>()})).item<double>() /
+                 ctx.world_size();
     if (step % every == 0 && ctx.rank() == 0) {
-      dlrun::worker::TrainingState st = rec.checkpointState(step);
+      dlrun::worker::TrainingState st = rec.checkpoint_state(step);
       st.epoch = step / per_epoch;
       st.epoch_position = step % per_epoch * kBatch;
       st.values["loss"] = loss_value;
@@ -156,14 +156,14 @@ int main(int argc, char** argv) try {
   // Every rank must hold the same parameters. (BatchNorm's running statistics are rank 0's at
   // the start of each forward and each rank's own after it, as in PyTorch's DDP.)
   const uint64_t digest = dlrun::worker::digest(model->parameters());
-  const bool agree = ctx.ranksAgree(digest);
+  const bool agree = ctx.ranks_agree(digest);
   std::printf("custom_trainer rank %d: %ld steps, final loss %.6f, parameters %016lx, %s\n",
               ctx.rank(), step, loss_value, static_cast<unsigned long>(digest),
               agree ? "the same on every rank" : "DIFFERENT between ranks");
   // Trained: 40 steps take the loss from 19.4 to 0.60 (in PyTorch's DistributedSampler order).
   return agree && loss_value < 1.0 ? 0 : 1;
 } catch (const std::exception& e) {
-  dlrun::worker::recordError(e.what());
+  dlrun::worker::record_error(e.what());
   std::fprintf(stderr, "custom_trainer: %s\n", e.what());
   return 1;
 }

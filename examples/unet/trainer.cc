@@ -62,7 +62,7 @@ int64_t PeakRssBytes() {
 
 void Trainer::ResolveSizes() {
   rank_ = ctx_.rank();
-  world_ = ctx_.worldSize();
+  world_ = ctx_.world_size();
   if (a_.global_batch_size > 0 && !a_.local_batch_given) {
     if (a_.global_batch_size % world_ != 0) {
       throw std::runtime_error(lite::StrCat("global_batch_size ", a_.global_batch_size,
@@ -92,7 +92,7 @@ void Trainer::ResolveSizes() {
 void Trainer::Init() {
   dlrun::worker::DistEnv env;
   try {
-    env = dlrun::worker::ParseDistEnv(dlrun::worker::ProcessEnvironment());
+    env = dlrun::worker::parse_dist_env(dlrun::worker::process_environment());
   } catch (const std::invalid_argument&) {
     // init() below reports it, in its own words.
   }
@@ -111,7 +111,7 @@ void Trainer::BuildModel(int local_rank) {
   device_ = dlrun::examples::PickDevice(a_.device, local_rank);
   dlrun::examples::ConfigureBackends(device_, a_.tf32, a_.deterministic);
   model_->to(device_);
-  model_->setBetweenLevels(dlrun::worker::interruptionPoint);  // a lost peer: give up at once
+  model_->setBetweenLevels(dlrun::worker::interruption_point);  // a lost peer: give up at once
   channels_last_ = a_.channels_last < 0 ? device_.is_cuda() : a_.channels_last > 0;
   if (channels_last_) dlrun::examples::ToChannelsLast(model_->parameters());
   scaler_ = std::make_unique<dlrun::examples::GradScaler>(a_.amp && device_.is_cuda());
@@ -129,9 +129,9 @@ void Trainer::BuildSchedule() {
   sched_.global_batch_size = sizes_.global_batch;
   sched_.base_batch_size = a_.base_batch_size > 0 ? a_.base_batch_size : sizes_.global_batch;
   sched_.scaling = a_.lr_scaling;
-  dlrun::worker::Validate(sched_);
+  dlrun::worker::validate(sched_);
   if (rank_ == 0) {
-    for (const std::string& note : dlrun::worker::IneffectiveSettings(sched_)) {
+    for (const std::string& note : dlrun::worker::ineffective_settings(sched_)) {
       std::fprintf(stderr, "train_unet: note: %s\n", note.c_str());
     }
   }
@@ -180,12 +180,12 @@ void Trainer::Resume() {
     o.checkpoint = &*ckpt_;
   }
   rec_.emplace(ctx_, model_, *opt_, std::move(o));
-  start_step_ = rec_->startStep();
+  start_step_ = rec_->start_step();
   if (rec_->resumed() && rank_ == 0) {
     // The restart's phases inside the worker (bench/recovery reads them).
     std::printf("resumed from step %ld (%s to init() done %.3f s, checkpoint load %.3f s)\n",
                 start_step_, ctx_.promoted_at ? "promotion" : "process start", init_done_s_,
-                rec_->resumeSeconds());
+                rec_->resume_seconds());
   }
   if (rec_->replacement()) SaveIfLost(start_step_);
   std::signal(SIGUSR1, OnSigusr1);
@@ -201,7 +201,7 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
   const auto t = Clock::now();
   if (r.resized) {
     rank_ = ctx_.rank();
-    world_ = ctx_.worldSize();
+    world_ = ctx_.world_size();
     sizes_.global_batch = a_.local_batch_size * world_ * a_.accumulation_steps;
   }
   data_.prefetched.reset();
@@ -269,7 +269,7 @@ void Trainer::PrintHeader() {
               a_.checkpoint_activations ? ", activation checkpointing" : "",
               device_.is_cuda() && !a_.tf32 ? ", TF32 off" : "",
               data_.loader && a_.rotate_on_device ? ", rotations on the device" : "");
-  std::printf("%s\n", Ddp().bucketReport().c_str());
+  std::printf("%s\n", Ddp().bucket_report().c_str());
   std::fflush(stdout);
 }
 
@@ -309,7 +309,7 @@ int Trainer::Finish() {
   std::vector<torch::Tensor> mine{torch::tensor({static_cast<int64_t>(final_digest)}, long_opts)};
   std::vector<std::vector<torch::Tensor>> all(1);
   for (int r = 0; r < world_; ++r) all[0].push_back(torch::zeros({1}, long_opts));
-  all[0] = ctx_.allGather(mine[0]);
+  all[0] = ctx_.all_gather(mine[0]);
   if (rank_ != 0) return 0;
   std::printf("Time taken for %ld steps is %.3f sec, avg %.3f samples/sec\n", timed_steps, secs,
               sps);
@@ -394,12 +394,12 @@ int TrainUnetMain(int argc, char** argv) {
   if (const int rc = ParseTrainArgs(argc, argv, &a); rc >= 0) return rc;
   try {
     const int rc = Trainer(a).Run();  // the trainer, its threads and group are gone after it
-    if (rc == 0) dlrun::worker::reportDone();
+    if (rc == 0) dlrun::worker::report_done();
     return rc;
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
-    dlrun::worker::recordError("train_unet: " + what);
+    dlrun::worker::record_error("train_unet: " + what);
     std::fprintf(stderr, "train_unet: %s\n", what.c_str());
     return 1;
   }

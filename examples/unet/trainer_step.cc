@@ -51,7 +51,7 @@ double Trainer::Validate() {
   }
   std::vector<torch::Tensor> t{torch::tensor({sum / std::max<int64_t>(1, sizes_.val_steps)},
                                              torch::TensorOptions().device(device_))};
-  if (world_ > 1) ctx_.allReduce(t[0]);
+  if (world_ > 1) ctx_.all_reduce(t[0]);
   return t[0].item<double>() / world_;
 }
 
@@ -76,7 +76,7 @@ void Trainer::Save(int64_t step) {
   }
   const dlrun::worker::HangPause pause("checkpoint");
   try {
-    ckpt_->save(*model_, *opt_, rec_->checkpointState(step));
+    ckpt_->save(*model_, *opt_, rec_->checkpoint_state(step));
     std::printf("checkpoint saved at step %ld\n", step);
   } catch (const std::runtime_error& e) {
     std::fprintf(stderr, "train_unet: checkpoint failed: %s\n", e.what());
@@ -195,8 +195,8 @@ void Trainer::Step(int64_t step) {
   // NVTX ranges for nsys (dlrun/nvtx_ranges.h): the step, and its data wait, forward, backward (the
   // buckets' all-reduce ranges start inside it) and optimizer step; the checkpoint after it.
   std::optional<dlrun::worker::ScopedRange> step_range(std::in_place, "step", step);
-  progress_.lr = dlrun::worker::LearningRate(sched_, step - 1);
-  dlrun::worker::SetLearningRate(*opt_, progress_.lr);
+  progress_.lr = dlrun::worker::learning_rate(sched_, step - 1);
+  dlrun::worker::set_learning_rate(*opt_, progress_.lr);
   opt_->zero_grad(/*set_to_none=*/true);  // the DGX guide's: no memset, fresh gradients
   double data_s = 0;
   torch::Tensor loss_sum;
@@ -212,7 +212,7 @@ void Trainer::Step(int64_t step) {
   // every survivor's state at the step before (in-process recovery redoes this one).
   std::vector<torch::Tensor> l{torch::stack(
       {loss, torch::tensor(g_checkpoint_requested ? 1.0f : 0.0f, torch::TensorOptions().device(device_))})};
-  if (world_ > 1) ctx_.allReduce(l[0]);
+  if (world_ > 1) ctx_.all_reduce(l[0]);
   // The update ends the step (nothing after it changes the state: committed there, nothing
   // copied). NCCL runs the step's sums behind the CPU: the update waits for them before the
   // scaler reads the gradients, and gives the step up when a peer was lost meanwhile (a partial
@@ -238,7 +238,7 @@ void Trainer::Step(int64_t step) {
   report.step_s = Seconds(step_start);
   report.data_s = data_s;
   if (a_.grad_sync && world_ > 1) {
-    const auto timing = Ddp().lastStepTiming();
+    const auto timing = Ddp().last_step_timing();
     report.sync_s = timing.sync_s;
     // DDP times the last micro-step's compute only: with accumulation the step's compute is
     // what the data wait and the sync wait leave.
@@ -251,7 +251,7 @@ void Trainer::Step(int64_t step) {
   }
   report.loss = mean_loss;
   step_range.reset();
-  dlrun::worker::reportStep(report);
+  dlrun::worker::report_step(report);
   AfterStep(step, mean_loss, l[0][1].item<float>() > 0);
 }
 
@@ -262,14 +262,14 @@ void Trainer::AfterStep(int64_t step, double mean_loss, bool signalled) {
     g_checkpoint_requested = false;
     Save(step);
   }
-  if (signalled && rank_ == 0 && dlrun::worker::requeueOnSignalRequested()) {
+  if (signalled && rank_ == 0 && dlrun::worker::requeue_on_signal_requested()) {
     // Preemption (dlrun slurm --preemptible): the checkpoint is on disk, hand the job back to
     // Slurm; the requeued run resumes from it. Slurm then stops this run at once, so the line
     // comes first: printed after the requeue it may never reach the job's output.
     std::printf("requeueing Slurm job %s after the checkpoint at step %ld\n",
                 std::getenv("SLURM_JOB_ID"), step);
     std::fflush(stdout);
-    const std::string err = dlrun::worker::requeueSlurmJob();
+    const std::string err = dlrun::worker::requeue_slurm_job();
     if (!err.empty()) std::fprintf(stderr, "train_unet: %s\n", err.c_str());
   }
   if (step == start_step_ + 1) progress_.first_loss = mean_loss;

@@ -34,7 +34,7 @@ class UNetImpl : public torch::nn::Module {
   // The spatial size must be a multiple of 64 (six stride-2 down-samplings to 1).
   static constexpr int64_t kSizeMultiple = 64;
   void setCheckpointActivations(bool on) { checkpoint_ = on; }
-  // Called between the levels of forward (the trainer passes dlrun::worker::interruptionPoint,
+  // Called between the levels of forward (the trainer passes dlrun::worker::interruption_point,
   // so a step given up for a lost peer stops within a level, not at the end of forward).
   void setBetweenLevels(std::function<void()> fn) { between_levels_ = std::move(fn); }
 

@@ -232,7 +232,7 @@ class ToolProfiler : public RankProfiler {
         p.note = absl::StrCat("no capture: --profile-steps ", spec_.steps->first, ":",
                               spec_.steps->last, " counts step records and rank ", rank,
                               " sent none (Python: dlrun_report.report_step or "
-                              "timed(report=True); C++: dlrun::worker::reportStep)");
+                              "timed(report=True); C++: dlrun::worker::report_step)");
       }
       p.rank = rank;
       p.host = hostname_;

@@ -40,8 +40,8 @@ struct Data : torch::data::datasets::Dataset<Data> {
 void WorkerSample(Net model, double loss_value) {
   auto ctx = dlrun::worker::init();          // reads RANK, WORLD_SIZE, MASTER_ADDR, ...
   dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
-  auto loss_sum = ctx.allReduce(torch::tensor({loss_value}));     // small collectives
-  if (!ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) std::abort();
+  auto loss_sum = ctx.all_reduce(torch::tensor({loss_value}));     // small collectives
+  if (!ctx.ranks_agree(dlrun::worker::digest(model->parameters()))) std::abort();
   (void)loss_sum;
 }
 
@@ -53,7 +53,7 @@ void DdpSample(const dlrun::worker::Context& ctx, Net model, torch::optim::Optim
   loss.backward();                    // buckets are allreduced while backward runs;
   optimizer.step();                   // grads are averaged when backward returns
   {
-    auto guard = ddp.noSync();        // accumulate locally, no communication
+    auto guard = ddp.no_sync();        // accumulate locally, no communication
     torch::mse_loss(ddp(x), y).backward();
   }
 }
@@ -63,13 +63,13 @@ struct CountingAllreduce : c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::P
   using CppCommHookInterface::CppCommHookInterface;
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     ++calls;
-    return dlrun::worker::comm_hooks::Allreduce(state_)->runHook(bucket);
+    return dlrun::worker::comm_hooks::allreduce(state_)->runHook(bucket);
   }
   int calls = 0;
 };
 void CommHookSample(const dlrun::worker::Context& ctx, Net model) {
   dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
-  ddp.registerCommHook(std::make_unique<CountingAllreduce>(ctx.pg));
+  ddp.register_comm_hook(std::make_unique<CountingAllreduce>(ctx.pg));
 }
 
 // ddp.h, join()
@@ -101,7 +101,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 void UseGroupSample(Net model, dlrun::worker::Context& ctx, dlrun::worker::Recovery::Outcome r) {
-  if (r.recovered) dlrun::worker::useGroup(*model, ctx.pg);
+  if (r.recovered) dlrun::worker::use_group(*model, ctx.pg);
 }
 }  // namespace sync_bn_sample
 
@@ -114,7 +114,7 @@ void CheckpointSample(const dlrun::worker::Context& ctx, Net model, torch::optim
   st.tensors["ema.weight"] = ema_weight;           // extra state: tensors ...
   st.values["best_loss"] = best_loss;              // ... and values (any c10::IValue)
   if (ctx.rank() == 0) ckpt.save(*model, opt, st); // throws std::runtime_error on failure
-  if (auto resumed = ckpt.resumeLatest(*model, opt, ctx)) step = resumed->step;
+  if (auto resumed = ckpt.resume_latest(*model, opt, ctx)) step = resumed->step;
 }
 
 // recovery.h
@@ -126,7 +126,7 @@ void RecoverySample(dlrun::worker::Context& ctx, Net model, torch::optim::Optimi
   int64_t start = 0;
   if (recovery.replacement()) {
     start = recovery.receive().step;  // before the DDP wrapper, as the survivors
-  } else if (auto st = ckpt.resumeLatest(*model, optimizer, ctx)) {
+  } else if (auto st = ckpt.resume_latest(*model, optimizer, ctx)) {
     start = st->step;
   }
   auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
@@ -137,7 +137,7 @@ void RecoverySample(dlrun::worker::Context& ctx, Net model, torch::optim::Optimi
       recovery.commit(step);   // the step's end
     });
     if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
-      dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // ddp.h: the wrapper anew
+      dlrun::worker::rebuild_after_recovery(ddp, ctx.pg);  // ddp.h: the wrapper anew
       step = r.step;  // the loop goes on with r.step + 1: the interrupted step again
     }
   }
@@ -146,7 +146,7 @@ void RecoverySample(dlrun::worker::Context& ctx, Net model, torch::optim::Optimi
 // ddp.h, after a recovery
 void RebuildSample(dlrun::worker::Context& ctx, dlrun::worker::Recovery::Outcome r, int64_t step,
                    std::unique_ptr<dlrun::worker::DistributedDataParallel<Net>>& ddp) {
-  if (r.recovered) { dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg); step = r.step; }
+  if (r.recovered) { dlrun::worker::rebuild_after_recovery(ddp, ctx.pg); step = r.step; }
   (void)step;
 }
 
@@ -170,7 +170,7 @@ using dlrun::worker::TrainingState;
 void EmbeddingRecoverySample(int64_t steps) {
   auto x = [](int64_t) { return torch::zeros({2, 4}); };
   auto y = [](int64_t) { return torch::zeros({2, 1}); };
-  auto log_allreduce = [](dlrun::worker::Context& c) { c.allReduce(torch::ones({1})); };
+  auto log_allreduce = [](dlrun::worker::Context& c) { c.all_reduce(torch::ones({1})); };
   Net model;                                      // 1. model and optimizer before init():
   torch::optim::AdamW opt(model->parameters());   //    a warm spare has them built already
   auto ctx = dlrun::worker::init();
@@ -179,14 +179,14 @@ void EmbeddingRecoverySample(int64_t steps) {
   options.state = {[&] { return TrainingState{/* EMA, scaler... */}; },  // 2. state beyond
                    [&](const TrainingState&) { /* put it back */ }};    //    model and optimizer
   options.checkpoint = &ckpt;                     // 3. resumed from, collectively
-  options.comm_hook = [](auto pg) { return dlrun::worker::comm_hooks::Fp16Compress(pg); };
+  options.comm_hook = [](auto pg) { return dlrun::worker::comm_hooks::fp16_compress(pg); };
   dlrun::worker::Recoverable rec(ctx, model, opt, options);
   rec.run(steps, [&](int64_t step) {
     opt.zero_grad();
     torch::mse_loss(rec.ddp()(x(step)), y(step)).backward();  // 4. the step's data from `step`
     rec.update();                                 // 5. the update, undoable
     log_allreduce(ctx);                           //    anything after it is part of the step
-    if (ctx.rank() == 0 && step % 100 == 0) ckpt.save(*model, opt, rec.checkpointState(step));
+    if (ctx.rank() == 0 && step % 100 == 0) ckpt.save(*model, opt, rec.checkpoint_state(step));
   });
 }
 
@@ -197,11 +197,11 @@ void DataSamplerSample(const dlrun::worker::Context& ctx, Net model, Data data, 
   auto dataset = data.map(torch::data::transforms::Stack<>());
   int64_t position = 0;
   dlrun::worker::DataLoaderSampler sampler({.dataset_size = n, .rank = ctx.rank(),
-                                            .world_size = ctx.worldSize(), .seed = 3});
+                                            .world_size = ctx.world_size(), .seed = 3});
   auto loader = torch::data::make_data_loader(dataset, sampler,
                                               torch::data::DataLoaderOptions(batch));
-  sampler.setEpoch(epoch);                 // before each pass over the loader
-  sampler.setStart(resumed->epoch_position);  // once, to go on mid-epoch after a resume
+  sampler.set_epoch(epoch);                 // before each pass over the loader
+  sampler.set_start(resumed->epoch_position);  // once, to go on mid-epoch after a resume
   for (auto& batch : *loader) {
     torch::mse_loss(ddp(batch.data), batch.target).backward();
     position = sampler.position();   // this rank's samples of the epoch so far
@@ -212,9 +212,9 @@ void DataSamplerSample(const dlrun::worker::Context& ctx, Net model, Data data, 
 // lr_schedule.h
 void LrSample(torch::optim::Optimizer& opt, int64_t step) {
   dlrun::worker::LrSchedule lr{.start_lr = 1e-3, .tot_steps = 1000, .warmup_steps = 100};
-  dlrun::worker::Validate(lr);  // throws std::invalid_argument naming the bad field
-  for (const std::string& note : dlrun::worker::IneffectiveSettings(lr)) std::puts(note.c_str());
-  dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step));
+  dlrun::worker::validate(lr);  // throws std::invalid_argument naming the bad field
+  for (const std::string& note : dlrun::worker::ineffective_settings(lr)) std::puts(note.c_str());
+  dlrun::worker::set_learning_rate(opt, dlrun::worker::learning_rate(lr, step));
 }
 
 // docs/EMBEDDING.md (its #include lines are at the top of this file)

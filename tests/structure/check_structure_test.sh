@@ -111,4 +111,12 @@ out=$("$checker" --root "$root") || { echo "FAIL: a plain struct of 45 was refus
 echo "ok: a plain struct of 45 data members passes"
 klass Agent class 16 10 > "$root/launcher/base/big.h"
 expect "an Agent over 15 member functions" "launcher/base/big.h:1: class Agent has 16 member functions, over 15"
+rm "$root/launcher/base/big.h"
+# The worker library's public API: snake_case functions (its detail namespace aside).
+mkdir -p "$root/worker/include/dlrun"
+printf 'namespace dlrun::worker {\nnamespace detail {\nvoid HelperOne();\nvoid innerWay();\n}  // namespace detail\n// resumeLatest() in a comment\nvoid resume_latest();\nint ctx_world(Context& c) { return c.worldSize(); }\n}\n' > "$root/worker/include/dlrun/api.h"
+out=$("$checker" --root "$root") || { echo "FAIL: snake_case names were refused: $out"; exit 1; }
+echo "ok: snake_case functions, a camelCase call of another's and detail's names pass"
+printf 'namespace dlrun::worker {\nstruct S {\n  void bucketReport() const;\n};\n}\n' > "$root/worker/include/dlrun/api.h"
+expect "a camelCase method in the public API" "worker/include/dlrun/api.h:3: 'bucketReport': the public API's functions are snake_case"
 echo "check-structure catches every kind of breach"

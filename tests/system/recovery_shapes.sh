@@ -203,7 +203,7 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 1 0
       ;;
     cxx_object)  # the loop written with dlrun::worker::Recoverable: every point of a step and
-      # between its two micro-steps (the first under noSync); a
+      # between its two micro-steps (the first under no_sync); a
       # fault in the first step after a checkpoint resume; rank 0 lost (its running statistics
       # with it: refused, resumed from the checkpoint, with the default flags)
       run "$shape-fault" "$shape" "$EVERY_POINT,13:1:micro" ||

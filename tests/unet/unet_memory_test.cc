@@ -52,7 +52,7 @@ TEST(UNetCheckpointing, NoGradForwardIsPlainAndInputGradientsFlow) {
   EXPECT_GT(x.grad().abs().sum().item<double>(), 0.0);
 }
 
-// In-process recovery (docs/RECOVERY.md): train_unet calls dlrun::worker::interruptionPoint()
+// In-process recovery (docs/RECOVERY.md): train_unet calls dlrun::worker::interruption_point()
 // between the U-Net's levels, so a survivor in the middle of a long CPU forward gives the step
 // up at the next level once the agent said a peer was lost, and runs as before once the new
 // generation is entered. Nothing is given up without the word.
@@ -62,7 +62,7 @@ TEST(UNetInterruption, AForwardGivesUpAtTheNextLevelOnceAPeerLossIsAnnounced) {
     int levels = 0;
     net->setBetweenLevels([&] {
       ++levels;
-      dlrun::worker::interruptionPoint();
+      dlrun::worker::interruption_point();
     });
     const torch::Tensor x = torch::randn({1, 4, 64, 64, 64});
     EXPECT_NO_THROW(net->forward(x));

@@ -42,7 +42,7 @@ TEST(Checkpoint, RoundTripKeepsLastKAndRestoresRng) {
   const torch::Tensor expected_next = torch::rand({3});  // RNG draws after the last save...
   Tiny b;
   torch::optim::Adam opt_b(b.parameters(), 0.1);
-  auto st = m.resumeLatest(b, opt_b, [](const std::string& w) { ADD_FAILURE() << w; });
+  auto st = m.resume_latest(b, opt_b, [](const std::string& w) { ADD_FAILURE() << w; });
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->step, 30);
   EXPECT_EQ(st->epoch, 3);
@@ -69,7 +69,7 @@ TEST(Checkpoint, FlippedByteIsDetectedAndTheOlderOneLoaded) {
     f.put(static_cast<char>(c ^ 0x01));  // one flipped bit in the payload
   }
   std::vector<std::string> warnings;
-  auto st = m.resumeLatest(a, opt, [&](const std::string& w) { warnings.push_back(w); });
+  auto st = m.resume_latest(a, opt, [&](const std::string& w) { warnings.push_back(w); });
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->step, 1);
   ASSERT_EQ(warnings.size(), 1u);
@@ -78,7 +78,7 @@ TEST(Checkpoint, FlippedByteIsDetectedAndTheOlderOneLoaded) {
   // A truncated file is caught too.
   std::filesystem::resize_file(m.list()[1], 30);
   warnings.clear();
-  st = m.resumeLatest(a, opt, [&](const std::string& w) { warnings.push_back(w); });
+  st = m.resume_latest(a, opt, [&](const std::string& w) { warnings.push_back(w); });
   EXPECT_FALSE(st.has_value());
   EXPECT_EQ(warnings.size(), 2u);
 }
@@ -107,7 +107,7 @@ TEST(Checkpoint, KillDuringWriteLeavesThePreviousOneLoadable) {
   EXPECT_EQ(m.list().size(), 1u);  // only the complete checkpoint has a final name
   Tiny b;
   torch::optim::SGD opt(b.parameters(), 0.1);
-  auto st = m.resumeLatest(b, opt);
+  auto st = m.resume_latest(b, opt);
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->step, 5);
   // The next save clears the dead writer's temporary file.
@@ -136,7 +136,7 @@ TEST(Checkpoint, ExtraTensorsValuesAndThePositionInTheEpochComeBackAndTheModelIs
   torch::optim::SGD opt_b(b.parameters(), 0.1);
   const torch::Tensor weight_before = b.l->weight;
   const auto accumulator = torch::autograd::impl::grad_accumulator(b.l->weight);
-  auto got = m.resumeLatest(b, opt_b);
+  auto got = m.resume_latest(b, opt_b);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->epoch_position, 40);
   ASSERT_EQ(got->tensors.size(), 2u);
@@ -166,7 +166,7 @@ TEST(Checkpoint, AnotherModelsCheckpointIsSkippedUntouchedAndASaveErrorThrowsOne
   torch::optim::SGD opt_b(b.parameters(), 0.1);
   const torch::Tensor before = b.l->weight.clone();
   std::vector<std::string> warnings;
-  EXPECT_FALSE(m.resumeLatest(b, opt_b, [&](const std::string& w) { warnings.push_back(w); }));
+  EXPECT_FALSE(m.resume_latest(b, opt_b, [&](const std::string& w) { warnings.push_back(w); }));
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("l.weight has shape [5, 4] in the checkpoint, [3, 4] in the model"),
             std::string::npos)
@@ -214,7 +214,7 @@ TEST(Checkpoint, TheCollectiveResumeTakesTheNewestStepAnyRankHoldsAndEveryRankLo
     torch::optim::Adam opt(m.parameters(), 0.1);
     // 1. Rank 1's directory is empty: both resume at rank 0's step 20.
     auto st = CheckpointManager(CheckpointOptions{.dir = root + (rank == 0 ? "/r0" : "/r1-empty")})
-                  .resumeLatest(m, opt, ctx, {}, warn);
+                  .resume_latest(m, opt, ctx, {}, warn);
     if (!st || st->step != 20) f += "not step 20; ";
     if (!torch::equal(m.l->weight, saved[0])) f += "not rank 0's step 20; ";
     if (rank == 1 && (warnings.size() != 1 ||
@@ -225,7 +225,7 @@ TEST(Checkpoint, TheCollectiveResumeTakesTheNewestStepAnyRankHoldsAndEveryRankLo
     // 2. Rank 1 holds a newer one: both resume at its step 30.
     warnings.clear();
     st = CheckpointManager(CheckpointOptions{.dir = root + (rank == 0 ? "/r0" : "/r1-later")})
-             .resumeLatest(m, opt, ctx, {}, warn);
+             .resume_latest(m, opt, ctx, {}, warn);
     if (!st || st->step != 30 || !torch::equal(m.l->weight, saved[1])) f += "not step 30; ";
     if (rank == 0 && (warnings.size() != 1 ||
                       warnings[0] != "resumed from step 30 sent by rank 1 (the newest here was step 20)")) {
@@ -233,9 +233,9 @@ TEST(Checkpoint, TheCollectiveResumeTakesTheNewestStepAnyRankHoldsAndEveryRankLo
     }
     // 3. Nothing anywhere: nullopt on both, and strict throws on both.
     CheckpointManager none(CheckpointOptions{.dir = root + "/none-" + std::to_string(rank)});
-    if (none.resumeLatest(m, opt, ctx, {}, warn).has_value()) f += "resumed from nothing; ";
+    if (none.resume_latest(m, opt, ctx, {}, warn).has_value()) f += "resumed from nothing; ";
     try {
-      none.resumeLatest(m, opt, ctx, {.strict = true}, warn);
+      none.resume_latest(m, opt, ctx, {.strict = true}, warn);
       f += "strict did not throw; ";
     } catch (const std::runtime_error& e) {
       const std::string expected = "checkpoint: no rank has a usable checkpoint in " + root +
@@ -262,7 +262,7 @@ TEST(Checkpoint, AResumeAtAnotherWorldSizeConvertsThePositionOrRefuses) {
   testing::RunRanksInThreads(1, [&](Context& one) {
     std::vector<std::string> warnings;
     auto st = CheckpointManager(CheckpointOptions{.dir = dir + "/w2"})
-                  .resumeLatest(a, opt, one, {},
+                  .resume_latest(a, opt, one, {},
                                 [&](const std::string& w) { warnings.push_back(w); });
     ASSERT_TRUE(st.has_value());
     EXPECT_EQ(st->epoch_position, 120);
@@ -278,7 +278,7 @@ TEST(Checkpoint, AResumeAtAnotherWorldSizeConvertsThePositionOrRefuses) {
     Tiny m;
     torch::optim::Adam o(m.parameters(), 0.1);
     try {
-      CheckpointManager(CheckpointOptions{.dir = dir + "/w3"}).resumeLatest(m, o, ctx);
+      CheckpointManager(CheckpointOptions{.dir = dir + "/w3"}).resume_latest(m, o, ctx);
       said[rank] = "resumed";
     } catch (const std::runtime_error& e) {
       said[rank] = e.what();
@@ -301,20 +301,20 @@ TEST(Checkpoint, TheOneRankResumeInAJobOfSeveralRanksIsAnErrorNamingTheCollectiv
   Tiny a;
   torch::optim::SGD opt(a.parameters(), 0.1);
   m.save(a, opt, {.step = 3});
-  EXPECT_TRUE(m.resumeLatest(a, opt).has_value());  // one process: as before
+  EXPECT_TRUE(m.resume_latest(a, opt).has_value());  // one process: as before
   setenv("RANK", "1", 1);
   setenv("WORLD_SIZE", "2", 1);
   setenv("LOCAL_RANK", "1", 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", "29500", 1);
   try {
-    (void)m.resumeLatest(a, opt);
+    (void)m.resume_latest(a, opt);
     ADD_FAILURE() << "the one-rank resume ran in a job of 2 ranks";
   } catch (const std::logic_error& e) {
-    EXPECT_NE(std::string(e.what()).find("resumeLatest(model, optimizer) in a job of 2 ranks: "
+    EXPECT_NE(std::string(e.what()).find("resume_latest(model, optimizer) in a job of 2 ranks: "
                                          "each rank would resume from its own directory alone"),
               std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("call resumeLatest(model, optimizer, ctx) on every rank"),
+    EXPECT_NE(std::string(e.what()).find("call resume_latest(model, optimizer, ctx) on every rank"),
               std::string::npos) << e.what();
   }
   unsetenv("RANK");

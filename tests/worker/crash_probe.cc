@@ -1,4 +1,4 @@
-// A C++ worker that crashes: the worker library's crash trace (installCrashTrace()) writes its
+// A C++ worker that crashes: the worker library's crash trace (install_crash_trace()) writes its
 // native frames, for DlrunStacks.ACxxWorkersSegfaultIsNamedAtItsFaultingFrame.
 #include <cstdio>
 
@@ -21,7 +21,7 @@ int main() {
   std::fprintf(stderr, "crash_probe: no crash trace installed (built with a sanitizer)\n");
   return 3;
 #endif
-  if (!dlrun::worker::installCrashTrace()) {
+  if (!dlrun::worker::install_crash_trace()) {
     std::fprintf(stderr, "crash_probe: no crash trace installed\n");
     return 3;
   }

@@ -82,7 +82,7 @@ TORCH_MODULE(TwinNet);
 
 int RunTwin(const std::string& mode, const std::string& out_dir) {
   auto ctx = dlrun::worker::init();
-  const int rank = ctx.rank(), world = ctx.worldSize();
+  const int rank = ctx.rank(), world = ctx.world_size();
   constexpr int kSteps = 5, kLocal = 4;
   torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
   TwinNet model(mode == "twin-static");
@@ -94,8 +94,8 @@ int RunTwin(const std::string& mode, const std::string& out_dir) {
   DDPOptions opts;
   opts.static_graph = mode == "twin-static";
   DistributedDataParallel ddp(model, ctx.pg, opts);
-  if (mode == "twin-fp16") ddp.registerCommHook(dlrun::worker::comm_hooks::Fp16Compress(ctx.pg));
-  if (mode == "twin-bf16") ddp.registerCommHook(dlrun::worker::comm_hooks::Bf16Compress(ctx.pg));
+  if (mode == "twin-fp16") ddp.register_comm_hook(dlrun::worker::comm_hooks::fp16_compress(ctx.pg));
+  if (mode == "twin-bf16") ddp.register_comm_hook(dlrun::worker::comm_hooks::bf16_compress(ctx.pg));
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
   const bool join = mode == "twin-join";
   const int steps = join ? kSteps + 2 * rank : kSteps;
@@ -129,7 +129,7 @@ int RunTwin(const std::string& mode, const std::string& out_dir) {
   f.write(static_cast<const char*>(all.data_ptr()), all.numel() * sizeof(double));
   if (!f) return Fail("cannot write to " + out_dir);
   std::printf("ddp_check ok: %s, rank %d, %d steps; %s\n", mode.c_str(), rank, steps,
-              ddp.bucketReport().c_str());
+              ddp.bucket_report().c_str());
   return 0;
 }
 
@@ -149,7 +149,7 @@ struct CountingAllreduce
     if (bucket.getGradients().size() != bucket.getParameters().size()) {
       throw std::runtime_error("getGradients() and getParameters() differ in length");
     }
-    return dlrun::worker::comm_hooks::Allreduce(state_)->runHook(bucket);
+    return dlrun::worker::comm_hooks::allreduce(state_)->runHook(bucket);
   }
   size_t next = 0, steps = 0, params = 0;
 };
@@ -180,7 +180,7 @@ TORCH_MODULE(BnNet);
 // outputs, gradients (so trained parameters) and running statistics.
 int RunSyncBatchNorm() {
   auto ctx = dlrun::worker::init();
-  const int rank = ctx.rank(), world = ctx.worldSize();
+  const int rank = ctx.rank(), world = ctx.world_size();
   torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
   constexpr int kLocal = 3;  // small per-rank batches: what SyncBatchNorm is for
   torch::manual_seed(3);
@@ -248,7 +248,7 @@ int RunHookMismatch() {
   torch::manual_seed(7);
   Net model(false, false, false);
   DistributedDataParallel ddp(model, ctx.pg);
-  if (ctx.rank() == 1) ddp.registerCommHook(dlrun::worker::comm_hooks::Fp16Compress(ctx.pg));
+  if (ctx.rank() == 1) ddp.register_comm_hook(dlrun::worker::comm_hooks::fp16_compress(ctx.pg));
   try {
     torch::mse_loss(ddp(torch::randn({4, 8})), torch::zeros({4, 4})).backward();
   } catch (const std::runtime_error& e) {
@@ -267,11 +267,11 @@ int RunInitSync() {
   DDPOptions off;
   off.init_sync = false;
   { DistributedDataParallel ddp(model, ctx.pg, off); }
-  if (ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) {
+  if (ctx.ranks_agree(dlrun::worker::digest(model->parameters()))) {
     return Fail("init_sync = false broadcast rank 0's parameters");
   }
   { DistributedDataParallel ddp(model, ctx.pg); }
-  if (!ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) {
+  if (!ctx.ranks_agree(dlrun::worker::digest(model->parameters()))) {
     return Fail("the default init_sync left the ranks' parameters apart");
   }
   std::printf("ddp_check ok: init-sync, rank %d\n", ctx.rank());
@@ -280,7 +280,7 @@ int RunInitSync() {
 
 // DDPOptions::ready_order (the wrapper made anew after an in-process recovery): every rank takes
 // the order of the lowest rank that has one (rank 1 has none, as a replacement), its buckets
-// start in it with no rebuild, and readyOrder() gives it back.
+// start in it with no rebuild, and ready_order() gives it back.
 int RunReadyOrder() {
   auto ctx = dlrun::worker::init();
   torch::manual_seed(7);
@@ -296,12 +296,12 @@ int RunReadyOrder() {
   opts.init_sync = false;
   if (ctx.rank() == 0) opts.ready_order = order;
   DistributedDataParallel ddp(model, ctx.pg, opts);
-  if (ddp.readyOrder() != order) return Fail("the ranks did not take rank 0's bucket order");
+  if (ddp.ready_order() != order) return Fail("the ranks did not take rank 0's bucket order");
   if (ddp.buckets().front().parameters.front() != first) {
     return Fail("the first bucket does not start with the order's first parameter " + first);
   }
   DistributedDataParallel fresh(model, ctx.pg);  // no order given: PyTorch's, until a step
-  if (!fresh.readyOrder().empty()) return Fail("a fresh wrapper claims an agreed order");
+  if (!fresh.ready_order().empty()) return Fail("a fresh wrapper claims an agreed order");
   std::printf("ddp_check ok: ready-order, rank %d\n", ctx.rank());
   return 0;
 }
@@ -313,7 +313,7 @@ int Run(const std::string& mode) {
   if (mode == "hook-mismatch") return RunHookMismatch();
   if (mode == "init-sync") return RunInitSync();
   auto ctx = dlrun::worker::init();
-  const int rank = ctx.rank(), world = ctx.worldSize();
+  const int rank = ctx.rank(), world = ctx.world_size();
   torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
   constexpr int kSteps = 5, kLocal = 4;
   const bool bn = mode.rfind("buffers", 0) == 0;
@@ -336,7 +336,7 @@ int Run(const std::string& mode) {
   if (mode == "hook" || mode == "nosync-forward") {
     auto hook = std::make_unique<CountingAllreduce>(ctx.pg);
     counting = hook.get();
-    ddp.registerCommHook(std::move(hook));
+    ddp.register_comm_hook(std::move(hook));
   }
   if (mode == "reload") {
     // Loading a checkpoint after wrapping (as a resuming trainer may) replaces the parameters'
@@ -349,7 +349,7 @@ int Run(const std::string& mode) {
     in.load_from(ss);
     model->load(in);
   }
-  if (rank == 0) std::printf("%s\n", ddp.bucketReport().c_str());
+  if (rank == 0) std::printf("%s\n", ddp.bucket_report().c_str());
   if (ddp.buckets().size() < 3) return Fail("expected several buckets");
   const auto first_layer = [&] { return ddp.buckets().front().parameters.front().substr(0, 2); };
   if (reordered && first_layer() != "a.") {
@@ -376,11 +376,11 @@ int Run(const std::string& mode) {
     opt->zero_grad();
     if (mode == "nosync") {
       {
-        auto guard = ddp.noSync();
-        ddp.prepareForward();
+        auto guard = ddp.no_sync();
+        ddp.prepare_forward();
         torch::mse_loss(model->forward(mine(0, x)), mine(0, y)).backward();
       }
-      ddp.prepareForward();
+      ddp.prepare_forward();
       torch::mse_loss(model->forward(mine(1, x)), mine(1, y)).backward();
     } else if (mode == "nosync-forward") {
       // The Python habit: only the forward under the guard, backward after it ended. The
@@ -388,13 +388,13 @@ int Run(const std::string& mode) {
       // reduced backward a step).
       torch::Tensor local;
       {
-        auto guard = ddp.noSync();
+        auto guard = ddp.no_sync();
         local = torch::mse_loss(ddp(mine(0, x)), mine(0, y));
       }
       local.backward();
       torch::mse_loss(ddp(mine(1, x)), mine(1, y)).backward();
     } else if (mode.rfind("unused", 0) == 0) {
-      ddp.prepareForward();
+      ddp.prepare_forward();
       try {
         torch::mse_loss(model->forward(mine(0, x)), mine(0, y)).backward();
       } catch (const std::exception& e) {
@@ -435,7 +435,7 @@ int Run(const std::string& mode) {
   if (bn) {
     // Buffers: after a final broadcast (the next forward's), every rank holds rank 0's
     // running statistics when broadcast_buffers is on; each keeps its own when off.
-    ddp.prepareForward();
+    ddp.prepare_forward();
     auto mean = model->bn->running_mean.clone().reshape({1, -1});
     std::vector<torch::Tensor> in{mean};
     std::vector<std::vector<torch::Tensor>> all(1);
@@ -452,7 +452,7 @@ int Run(const std::string& mode) {
   if (mode != "unused-error") {
     // After the first step the buckets follow the order gradients arrived in: the last layer
     // (c) first. Every rank uses rank 0's order.
-    std::printf("after training: %s\n", ddp.bucketReport().c_str());
+    std::printf("after training: %s\n", ddp.bucket_report().c_str());
     if (first_layer() != "c.") {
       return Fail("after the first step the first bucket holds " +
                   ddp.buckets().front().parameters.front() + ", expected the last layer's");
@@ -474,8 +474,8 @@ int Run(const std::string& mode) {
       scale = std::max(scale, q[i].abs().max().item<double>());
     }
     const double rel = worst / scale;
-    if (ddp.bucketReport().find("fp16-compressed") == std::string::npos) {
-      return Fail("fp16: the report does not say fp16-compressed: " + ddp.bucketReport());
+    if (ddp.bucket_report().find("fp16-compressed") == std::string::npos) {
+      return Fail("fp16: the report does not say fp16-compressed: " + ddp.bucket_report());
     }
     if (!(rel > 1e-9 && rel < 1e-3)) {
       return Fail("fp16: max difference " + std::to_string(rel) +

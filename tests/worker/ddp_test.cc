@@ -19,7 +19,7 @@ namespace dlrun::worker {
 namespace {
 
 c10::intrusive_ptr<c10d::ProcessGroup> SoloGroup() {
-  return makeGlooGroup(c10::make_intrusive<c10d::HashStore>(), 0, 1, "127.0.0.1");
+  return make_gloo_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, "127.0.0.1");
 }
 
 // Expected counts from PyTorch 2.15's own dist._compute_bucket_assignment_by_size on the same
@@ -40,7 +40,7 @@ TEST(DdpBuckets, UNetBucketCountsMatchPyTorch) {
       o.bucket_cap_mb = caps[i];
       DistributedDataParallel ddp(unet.ptr(), pg, o);
       EXPECT_EQ(ddp.buckets().size(), expected[i]) << "width " << width << " cap " << caps[i]
-                                                   << ": " << ddp.bucketReport();
+                                                   << ": " << ddp.bucket_report();
       // Ready order: the last layer's gradients come first; the first layers share the small
       // last bucket.
       const auto& first = ddp.buckets().front().parameters;
@@ -55,15 +55,15 @@ TEST(DdpBuckets, UNetBucketCountsMatchPyTorch) {
 TEST(DdpBuckets, AssignmentRules) {
   // 3 x 0.6 MiB with caps [1 MiB, 1 MiB]: [0,1] then [2], reversed into ready order.
   const int64_t mb = 1024 * 1024;
-  auto b = AssignBuckets({6 * mb / 10, 6 * mb / 10, 6 * mb / 10}, mb, mb);
+  auto b = assign_buckets({6 * mb / 10, 6 * mb / 10, 6 * mb / 10}, mb, mb);
   ASSERT_EQ(b.size(), 2u);
   EXPECT_EQ(b[0], (std::vector<size_t>{2}));
   EXPECT_EQ(b[1], (std::vector<size_t>{0, 1}));
   // One parameter above the cap gets a bucket of its own.
-  b = AssignBuckets({10, 5 * mb, 10}, mb, mb);
+  b = assign_buckets({10, 5 * mb, 10}, mb, mb);
   EXPECT_EQ(b.size(), 2u);
   // The rebuild keeps the observed order, inside buckets too; the first bucket has the small cap.
-  b = AssignBucketsInReadyOrder({6 * mb / 10, 6 * mb / 10, 6 * mb / 10, 6 * mb / 10}, {2, 0, 3, 1},
+  b = assign_buckets_in_ready_order({6 * mb / 10, 6 * mb / 10, 6 * mb / 10, 6 * mb / 10}, {2, 0, 3, 1},
                                 mb / 2, mb);
   ASSERT_EQ(b.size(), 3u);
   EXPECT_EQ(b[0], (std::vector<size_t>{2}));
@@ -169,7 +169,7 @@ std::vector<double> ReadDoubles(const std::string& path) {
 // PyTorch's own DistributedDataParallel (tests/worker/ddp_twin.py, Python, torch 2.15) and
 // dlrun's (ddp_check's twin modes) train the same model from the same values on the same data,
 // two ranks each under dlrun: every rank ends with the same parameters, to 1e-6 of the largest.
-// fp16/bf16: PyTorch's compression hooks against comm_hooks::Fp16Compress/Bf16Compress;
+// fp16/bf16: PyTorch's compression hooks against comm_hooks::fp16_compress/bf16_compress;
 // static: static_graph with a parameter forward never uses; join: rank r has 5 + 2r batches.
 class DdpTwin : public ::testing::TestWithParam<std::string> {};
 

@@ -17,10 +17,10 @@
 namespace dlrun::worker {
 namespace {
 
-// ParseDistEnv throws std::invalid_argument; as a StatusOr here to compare messages.
+// parse_dist_env throws std::invalid_argument; as a StatusOr here to compare messages.
 absl::StatusOr<DistEnv> Parse(std::map<std::string, std::string> vars) {
   try {
-    return ParseDistEnv([vars](std::string_view n) -> std::optional<std::string> {
+    return parse_dist_env([vars](std::string_view n) -> std::optional<std::string> {
       auto it = vars.find(std::string(n));
       if (it == vars.end()) return std::nullopt;
       return it->second;
@@ -139,7 +139,7 @@ void OnPipe(int) {}
 TEST(WorkerSigpipe, ASurvivorWritingToAKilledPeerGetsEpipeAndLivesOn) {
   EXPECT_EQ(EndOfChild([] {
               signal(SIGPIPE, SIG_DFL);  // as dlrun starts a C++ worker
-              if (!dlrun::worker::ignoreSigpipeUnlessHandled()) _exit(12);
+              if (!dlrun::worker::ignore_sigpipe_unless_handled()) _exit(12);
               WriteToAKilledPeer();
             }),
             0);
@@ -154,7 +154,7 @@ TEST(WorkerSigpipe, ASurvivorWritingToAKilledPeerGetsEpipeAndLivesOn) {
 TEST(WorkerSigpipe, AHandlerTheProgramInstalledIsKept) {
   EXPECT_EQ(EndOfChild([] {
               signal(SIGPIPE, OnPipe);
-              if (dlrun::worker::ignoreSigpipeUnlessHandled()) _exit(13);
+              if (dlrun::worker::ignore_sigpipe_unless_handled()) _exit(13);
               struct sigaction now {};
               sigaction(SIGPIPE, nullptr, &now);
               if (now.sa_handler != OnPipe) _exit(14);

@@ -168,7 +168,7 @@ TEST_F(RecoveryStep, AnUpdateOfTheTrainersOwnBeforeAWordRefusesTheRecoveryLoudly
     rec.run([&] {
       model->forward(torch::ones({3, 4})).sum().backward();
       Word();
-      opt.step();     // no update(), no awaitCollectives(): applied, perhaps with partial sums
+      opt.step();     // no update(), no await_collectives(): applied, perhaps with partial sums
       rec.commit(1);  // finds the word: the step is given up, but its update cannot be
     });
   } catch (const std::exception& e) {
@@ -183,7 +183,7 @@ TEST_F(RecoveryStep, OnGlooTheUpdateIsAppliedAsBeforeAndNoGroupIsAborted) {
   const torch::Tensor before = model->weight.detach().clone();
   const auto r = rec.run([&] {
     model->forward(torch::ones({3, 4})).sum().backward();
-    rec.awaitCollectives();  // nothing to wait for: Gloo's sums ended in the library's waits
+    rec.await_collectives();  // nothing to wait for: Gloo's sums ended in the library's waits
     rec.update();
     rec.commit(1);
   });
@@ -208,7 +208,7 @@ TEST_F(RecoveryStep, AnSgdUpdateOutsideUpdateBeforeALostPeerRefusesTheRecovery) 
       model->forward(torch::ones({3, 4})).sum().backward();
       opt.step();
       Word();
-      interruptionPoint();  // the logging all-reduce after the update: PeerLost
+      interruption_point();  // the logging all-reduce after the update: PeerLost
       rec.commit(1);
     });
     error = r.recovered ? "recovered" : "not recovered";

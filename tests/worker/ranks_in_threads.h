@@ -20,7 +20,7 @@ inline void RunRanksInThreads(int world, const std::function<void(worker::Contex
     ctx.env.rank = rank;
     ctx.env.world_size = world;
     ctx.store = store;
-    ctx.pg = worker::makeGlooGroup(store, rank, world, "127.0.0.1", std::chrono::seconds(30));
+    ctx.pg = worker::make_gloo_group(store, rank, world, "127.0.0.1", std::chrono::seconds(30));
     rank_main(ctx);
   };
   std::vector<std::thread> others;

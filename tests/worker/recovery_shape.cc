@@ -97,7 +97,7 @@ void PrintEnd(int rank, Net& model, const std::vector<torch::Tensor>& ema) {
 
 // The object shape: the loop written with dlrun::worker::Recoverable (docs/EMBEDDING.md):
 // BatchNorm, Dropout of each rank's own (RecoveryOptions::seed_per_rank), AdamW with a warm-up
-// schedule, two micro-batches a step (the first under noSync), the fp16 comm hook, an EMA as
+// schedule, two micro-batches a step (the first under no_sync), the fp16 comm hook, an EMA as
 // the trainer's state, a logging all-reduce after the update, the checkpoint inside the step.
 int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir) {
   const int rank = ctx.rank();
@@ -120,10 +120,10 @@ int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir
   options.recovery.seed_per_rank = 7;
   options.checkpoint = &ckpt;
   options.comm_hook = [](c10::intrusive_ptr<c10d::ProcessGroup> pg) {
-    return dlrun::worker::comm_hooks::Fp16Compress(std::move(pg));
+    return dlrun::worker::comm_hooks::fp16_compress(std::move(pg));
   };
   dlrun::worker::Recoverable rec(ctx, model, opt, std::move(options));
-  if (rec.startStep() > 0) std::printf("rank %d resumed from step %ld\n", rank, rec.startStep());
+  if (rec.start_step() > 0) std::printf("rank %d resumed from step %ld\n", rank, rec.start_step());
   const Killer kill(dir, rank);
   int64_t current = 0;
   model->parameters()[0].register_hook([&](torch::Tensor g) {
@@ -134,7 +134,7 @@ int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir
     current = step;
     kill.At(step - 1, "commit");  // between the steps: after the last one's end
     kill.At(step, "start");
-    dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(schedule, step));
+    dlrun::worker::set_learning_rate(opt, dlrun::worker::learning_rate(schedule, step));
     opt.zero_grad();
     torch::Tensor loss;
     for (int micro = 0; micro < 2; ++micro) {
@@ -153,8 +153,8 @@ int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir
       const auto params = model->parameters();
       for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
     }
-    ctx.allReduce(loss.detach().clone());  // the loss for the log, after the update
-    if (rank == 0 && step % 4 == 0) ckpt.save(*model, opt, rec.checkpointState(step));
+    ctx.all_reduce(loss.detach().clone());  // the loss for the log, after the update
+    if (rank == 0 && step % 4 == 0) ckpt.save(*model, opt, rec.checkpoint_state(step));
   });
   PrintEnd(rank, model, ema);
   return 0;
@@ -195,7 +195,7 @@ int main(int argc, char** argv) try {
   int64_t start = 0;
   if (recovery.replacement()) {
     start = recovery.receive().step;
-  } else if (auto st = ckpt.resumeLatest(*model, opt, ctx)) {
+  } else if (auto st = ckpt.resume_latest(*model, opt, ctx)) {
     start = st->step;
     hooks.restore(*st);
     std::printf("rank %d resumed from step %ld\n", rank, start);
@@ -205,9 +205,9 @@ int main(int argc, char** argv) try {
   opts.broadcast_buffers = shape != "bn_nobcast";
   auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg, opts);
   auto register_hook = [&] {
-    if (shape == "fp16") ddp->registerCommHook(dlrun::worker::comm_hooks::Fp16Compress(ctx.pg));
-    if (shape == "bf16") ddp->registerCommHook(dlrun::worker::comm_hooks::Bf16Compress(ctx.pg));
-    if (shape == "allreduce_hook") ddp->registerCommHook(dlrun::worker::comm_hooks::Allreduce(ctx.pg));
+    if (shape == "fp16") ddp->register_comm_hook(dlrun::worker::comm_hooks::fp16_compress(ctx.pg));
+    if (shape == "bf16") ddp->register_comm_hook(dlrun::worker::comm_hooks::bf16_compress(ctx.pg));
+    if (shape == "allreduce_hook") ddp->register_comm_hook(dlrun::worker::comm_hooks::allreduce(ctx.pg));
   };
   register_hook();
   const Killer killer(dir, rank);
@@ -242,12 +242,12 @@ int main(int argc, char** argv) try {
         for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(0.9).add_(params[i], 0.1);
       }
       if (shape == "log_allreduce" || shape == "direct_tail") {
-        ctx.allReduce(loss.detach().clone());  // the loss for the log, after the update
+        ctx.all_reduce(loss.detach().clone());  // the loss for the log, after the update
         recovery.commit(step);
       }
     });
     if (r.recovered) {
-      dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // the wrapper anew over the new group
+      dlrun::worker::rebuild_after_recovery(ddp, ctx.pg);  // the wrapper anew over the new group
       register_hook();
       step = r.step;
       continue;
@@ -262,7 +262,7 @@ int main(int argc, char** argv) try {
   PrintEnd(rank, model, ema);
   return 0;
 } catch (const std::exception& e) {
-  dlrun::worker::recordError(e.what());
+  dlrun::worker::record_error(e.what());
   std::fprintf(stderr, "recovery_shape: %s\n", e.what());
   return 1;
 }

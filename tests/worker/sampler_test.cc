@@ -32,7 +32,7 @@ TEST(Sampler, PartitionsPadsAndShufflesPerEpoch) {
     EXPECT_EQ(idx.size(), 4u);  // ceil(10 / 3), padded
     seen.insert(idx.begin(), idx.end());
     per_rank.push_back(idx);
-    s.setEpoch(1);
+    s.set_epoch(1);
     EXPECT_NE(s.indices(), idx);  // a new permutation each epoch
   }
   EXPECT_EQ(seen.size(), 12u);
@@ -75,7 +75,7 @@ TEST(Sampler, EqualsPyTorchsDistributedSamplerIndexForIndex) {
           for (int rank = 0; rank < world; ++rank) {
             DistributedSampler d({.dataset_size = 11, .rank = rank, .world_size = world,
                                   .shuffle = true, .seed = seed, .drop_last = drop});
-            d.setEpoch(epoch);
+            d.set_epoch(epoch);
             std::string line = std::to_string(seed) + " " + std::to_string(epoch) + " " +
                                std::to_string(world) + " " + std::to_string(drop) + " " +
                                std::to_string(rank) + " ";
@@ -93,7 +93,7 @@ TEST(Sampler, EqualsPyTorchsDistributedSamplerIndexForIndex) {
 }
 
 // The torch::data sampler hands out exactly DistributedSampler's indices through LibTorch's own
-// data loader, and setStart() makes the next pass begin mid-epoch where position() left off.
+// data loader, and set_start() makes the next pass begin mid-epoch where position() left off.
 TEST(DataLoaderSampler, TheLoaderSeesTheSamplersIndicesAndAResumeStartsMidEpoch) {
   struct Ids : torch::data::datasets::Dataset<Ids, int64_t> {
     int64_t get(size_t i) override { return static_cast<int64_t>(i); }
@@ -104,16 +104,16 @@ TEST(DataLoaderSampler, TheLoaderSeesTheSamplersIndicesAndAResumeStartsMidEpoch)
   auto loader = torch::data::make_data_loader(Ids(), sampler, torch::data::DataLoaderOptions(2));
   DistributedSampler reference(o);
   for (int64_t epoch : {0, 1}) {
-    sampler.setEpoch(epoch);
-    reference.setEpoch(epoch);
+    sampler.set_epoch(epoch);
+    reference.set_epoch(epoch);
     std::vector<int64_t> got;
     for (const std::vector<int64_t>& batch : *loader) got.insert(got.end(), batch.begin(), batch.end());
     EXPECT_EQ(got, reference.indices()) << "epoch " << epoch;
     EXPECT_EQ(sampler.position(), 5);
   }
   // Two batches of epoch 1 done, then a restart: the new pass gives the rest of epoch 1.
-  sampler.setEpoch(1);
-  sampler.setStart(4);
+  sampler.set_epoch(1);
+  sampler.set_start(4);
   std::vector<int64_t> rest;
   for (const std::vector<int64_t>& batch : *loader) rest.insert(rest.end(), batch.begin(), batch.end());
   const std::vector<int64_t> epoch1 = reference.indices();
@@ -126,17 +126,17 @@ TEST(ContextCollectives, AllReduceGatherBroadcastBarrierAndRanksAgree) {
   testing::RunRanksInThreads(2, [&](Context& ctx) {
     const int rank = ctx.rank();
     std::string& f = failures[rank];
-    if (ctx.allReduce(torch::tensor({rank + 1.0})).item<double>() != 3.0) f += "allReduce; ";
-    if (ctx.allReduce(torch::tensor({rank + 1.0}), c10d::ReduceOp::MAX).item<double>() != 2.0) {
-      f += "allReduce MAX; ";
+    if (ctx.all_reduce(torch::tensor({rank + 1.0})).item<double>() != 3.0) f += "all_reduce; ";
+    if (ctx.all_reduce(torch::tensor({rank + 1.0}), c10d::ReduceOp::MAX).item<double>() != 2.0) {
+      f += "all_reduce MAX; ";
     }
-    auto all = ctx.allGather(torch::tensor({10 * rank, 10 * rank + 1}));
-    if (all.size() != 2 || !torch::equal(all[1], torch::tensor({10, 11}))) f += "allGather; ";
+    auto all = ctx.all_gather(torch::tensor({10 * rank, 10 * rank + 1}));
+    if (all.size() != 2 || !torch::equal(all[1], torch::tensor({10, 11}))) f += "all_gather; ";
     if (ctx.broadcast(torch::tensor({rank == 1 ? 7 : 0}), 1).item<int64_t>() != 7) f += "broadcast; ";
     ctx.barrier();
-    if (!ctx.ranksAgree(0x1234567890abcdefULL)) f += "ranksAgree(same); ";
-    if (ctx.ranksAgree(rank == 0 ? 1 : 2)) f += "ranksAgree(different); ";
-    if (ctx.ranksDiffering(rank == 0 ? 1 : 2) != std::vector<int>{1}) f += "ranksDiffering; ";
+    if (!ctx.ranks_agree(0x1234567890abcdefULL)) f += "ranks_agree(same); ";
+    if (ctx.ranks_agree(rank == 0 ? 1 : 2)) f += "ranks_agree(different); ";
+    if (ctx.ranks_differing(rank == 0 ? 1 : 2) != std::vector<int>{1}) f += "ranks_differing; ";
     try {
       ctx.broadcast(torch::tensor({0}), 2);
       f += "broadcast from rank 2 accepted; ";

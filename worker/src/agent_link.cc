@@ -62,8 +62,8 @@ int HeartbeatFd() {
 
 }  // namespace
 
-void reportStep(const StepReport& r) {
-  profileCaptureAfterStep(r.step);  // --profile nsys --profile-steps (dlrun/nvtx_ranges.h)
+void report_step(const StepReport& r) {
+  profile_capture_after_step(r.step);  // --profile nsys --profile-steps (dlrun/nvtx_ranges.h)
   const int fd = HeartbeatFd();
   if (fd < 0) return;
   // "S <step> <samples> <step_s> [data_s=] [compute_s=] [sync_s=] [loss=]\n" (step_record.h).
@@ -84,7 +84,7 @@ void reportStep(const StepReport& r) {
   (void)!write(fd, line, static_cast<size_t>(n));  // one write: atomic on a pipe (< PIPE_BUF)
 }
 
-void reportResume(long long step, double load_s) {
+void report_resume(long long step, double load_s) {
   const int fd = HeartbeatFd();
   if (fd < 0 || step < 0) return;
   char line[64];
@@ -104,7 +104,7 @@ void WriteRecord(const char* line, int n) {
 }
 }  // namespace
 
-void declareInProcessRecovery() { WriteRecord("C recovery\n", 11); }
+void declare_in_process_recovery() { WriteRecord("C recovery\n", 11); }
 
 namespace detail {
 void RecordRefusal(const std::string& rule) {
@@ -119,7 +119,7 @@ void RecordRefusal(const std::string& rule) {
 }
 }  // namespace detail
 
-void reportDone() { WriteRecord("D done\n", 7); }
+void report_done() { WriteRecord("D done\n", 7); }
 
 HangPause::HangPause(const char* what) {
   char line[96];
@@ -136,7 +136,7 @@ HangPause::HangPause(const char* what) {
 
 HangPause::~HangPause() { WriteRecord("Z resume\n", 9); }
 
-void reportStateFromPeer(long long step, double seconds) {
+void report_state_from_peer(long long step, double seconds) {
   char line[128];
   const int n = std::snprintf(line, sizeof line, "P %lld %.6f\n", step < 0 ? 0 : step,
                               std::isfinite(seconds) && seconds > 0 ? seconds : 0.0);
@@ -151,7 +151,7 @@ void heartbeat() {
   }
 }
 
-bool awaitPromotion() {
+bool await_promotion() {
   const char* v = std::getenv(contract::kSpareFd);
   int fd = -1;
   if (v == nullptr || !lite::SimpleAtoi(v, &fd) || fd < 0) return false;
@@ -184,7 +184,7 @@ bool awaitPromotion() {
   return true;
 }
 
-void recordError(const std::string& message) {
+void record_error(const std::string& message) {
   const char* path = std::getenv(contract::kErrorFile);
   if (path == nullptr || *path == '\0') return;
   const double now =
@@ -202,7 +202,7 @@ void recordError(const std::string& message) {
   std::rename(tmp.c_str(), path);  // the agent never reads a half-written file
 }
 
-bool keepFreedMemory() {
+bool keep_freed_memory() {
   if (const char* v = std::getenv(contract::kKeepFreedMemory); v != nullptr && std::string(v) == "0") {
     return false;
   }
@@ -217,13 +217,13 @@ bool keepFreedMemory() {
   return ok;
 }
 
-bool requeueOnSignalRequested() {
+bool requeue_on_signal_requested() {
   const char* want = std::getenv(contract::kRequeueOnSignal);
   const char* job = std::getenv(sched::kSlurmJobId);
   return want != nullptr && std::string(want) == "1" && job != nullptr && *job != '\0';
 }
 
-std::string requeueSlurmJob() {
+std::string requeue_slurm_job() {
   const char* job = std::getenv(sched::kSlurmJobId);
   if (job == nullptr || *job == '\0') return "SLURM_JOB_ID is unset: not a Slurm job";
   std::string id = job;

@@ -371,19 +371,19 @@ void CheckpointManager::save(const torch::nn::Module& model,
   }
 }
 
-std::optional<TrainingState> CheckpointManager::resumeLatest(
+std::optional<TrainingState> CheckpointManager::resume_latest(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer,
     const std::function<void(const std::string&)>& warn_to) {
   int world = 1;
   try {
-    world = ParseDistEnv(ProcessEnvironment()).world_size;
+    world = parse_dist_env(process_environment()).world_size;
   } catch (const std::exception&) {  // no job's environment (or a broken one): one process
   }
   if (world > 1) {
     throw std::logic_error(lite::StrCat(
-        "CheckpointManager::resumeLatest(model, optimizer) in a job of ", world, " ranks: each "
+        "CheckpointManager::resume_latest(model, optimizer) in a job of ", world, " ranks: each "
         "rank would resume from its own directory alone (node-local ones differ, and the ranks "
-        "then train out of step); call resumeLatest(model, optimizer, ctx) on every rank"));
+        "then train out of step); call resume_latest(model, optimizer, ctx) on every rank"));
   }
   ScopedRange range("checkpoint load");
   const auto warn = WarnTo(warn_to);
@@ -405,7 +405,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
       continue;
     }
     // For the agent's restart ledger: what this attempt resumed from, and what it cost.
-    reportResume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+    report_resume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                         load_start).count());
     detail::NoteResumedStep(st.step);  // a Recovery goes on from it
     return st;
@@ -413,7 +413,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
   return std::nullopt;
 }
 
-std::optional<TrainingState> CheckpointManager::resumeLatest(
+std::optional<TrainingState> CheckpointManager::resume_latest(
     torch::nn::Module& model, torch::optim::Optimizer& optimizer, const Context& ctx,
     const ResumeOptions& options, const std::function<void(const std::string&)>& warn_to) {
   ScopedRange range("checkpoint load");
@@ -434,7 +434,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
   }
   // The newest step any rank holds, and the lowest rank holding it sends it.
   const int64_t best =
-      ctx.allReduce(torch::tensor({my_step}, torch::kInt64), c10d::ReduceOp::MAX).item<int64_t>();
+      ctx.all_reduce(torch::tensor({my_step}, torch::kInt64), c10d::ReduceOp::MAX).item<int64_t>();
   if (best < 0) {
     if (options.strict) {
       throw std::runtime_error(lite::StrCat("checkpoint: no rank has a usable checkpoint in ",
@@ -442,7 +442,7 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
     }
     return std::nullopt;
   }
-  const int64_t root = ctx.allReduce(torch::tensor({my_step == best ? ctx.rank() : ctx.worldSize()},
+  const int64_t root = ctx.all_reduce(torch::tensor({my_step == best ? ctx.rank() : ctx.world_size()},
                                                    torch::kInt64),
                                      c10d::ReduceOp::MIN)
                            .item<int64_t>();
@@ -467,20 +467,20 @@ std::optional<TrainingState> CheckpointManager::resumeLatest(
                                           " does not match this model (",
                                           what.substr(0, what.find('\n')), ")"));
   }
-  if (const std::vector<int> differ = ctx.ranksDiffering(digest(model.parameters()));
+  if (const std::vector<int> differ = ctx.ranks_differing(digest(model.parameters()));
       !differ.empty()) {
     throw std::runtime_error(lite::StrCat("checkpoint of step ", best, ": rank(s) ",
                                           lite::StrJoin(differ, ","),
                                           " hold other parameters than rank 0 after the resume"));
   }
-  ConvertPosition(&st, ctx.worldSize(), warn);
+  ConvertPosition(&st, ctx.world_size(), warn);
   if (my_step != best) {
     warn(lite::StrCat("resumed from step ", best, " sent by rank ", root, " (",
                       my_step < 0 ? std::string("no checkpoint here")
                                   : lite::StrCat("the newest here was step ", my_step),
                       ")"));
   }
-  reportResume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+  report_resume(st.step, std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                       load_start).count());
   detail::NoteResumedStep(st.step);  // a Recovery goes on from it
   return st;

@@ -1,4 +1,4 @@
-// installCrashTrace() (agent_link.h), the worker's side of a crash trace: on a fatal signal,
+// install_crash_trace() (agent_link.h), the worker's side of a crash trace: on a fatal signal,
 // the crashing thread's native frames to stderr in the form the agent reads
 // (launcher/stacks/crash_trace.h, the reading side), then the default action.
 // Only async-signal-safe calls in the handler, but for backtrace() (preloaded at install) and
@@ -92,7 +92,7 @@ void OnFatalSignal(int sig, siginfo_t*, void* context) {
 
 }  // namespace
 
-bool installCrashTrace() {
+bool install_crash_trace() {
   if (const char* v = std::getenv(contract::kCrashTrace); v != nullptr && std::string(v) == "0") {
     return false;
   }

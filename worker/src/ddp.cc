@@ -116,18 +116,18 @@ std::optional<bool> BroadcastsBuffers(const torch::nn::Module* module) {
 }  // namespace detail
 
 namespace comm_hooks {
-std::unique_ptr<c10d::CommHookInterface> Allreduce(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+std::unique_ptr<c10d::CommHookInterface> allreduce(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
   return std::make_unique<CastAllreduceHook>(std::move(pg), std::nullopt);
 }
-std::unique_ptr<c10d::CommHookInterface> Fp16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+std::unique_ptr<c10d::CommHookInterface> fp16_compress(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
   return std::make_unique<CastAllreduceHook>(std::move(pg), torch::kHalf);
 }
-std::unique_ptr<c10d::CommHookInterface> Bf16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+std::unique_ptr<c10d::CommHookInterface> bf16_compress(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
   return std::make_unique<CastAllreduceHook>(std::move(pg), torch::kBFloat16);
 }
 }  // namespace comm_hooks
 
-std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& sizes_bytes,
                                                int64_t first_cap_bytes, int64_t cap_bytes) {
   // Cut in registration order, then reversed: the last-defined parameters are ready first.
   std::vector<size_t> order(sizes_bytes.size());
@@ -137,7 +137,7 @@ std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes
   return buckets;
 }
 
-std::vector<std::vector<size_t>> AssignBucketsInReadyOrder(const std::vector<int64_t>& sizes_bytes,
+std::vector<std::vector<size_t>> assign_buckets_in_ready_order(const std::vector<int64_t>& sizes_bytes,
                                                            const std::vector<size_t>& ready_order,
                                                            int64_t first_cap_bytes,
                                                            int64_t cap_bytes) {
@@ -240,11 +240,11 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   m.rebuilt = !m.ready_order.empty();
   std::vector<std::vector<size_t>> layout;
   if (m.rebuilt) {
-    layout = AssignBucketsInReadyOrder(m.SlotBytes(), m.ready_order,
+    layout = assign_buckets_in_ready_order(m.SlotBytes(), m.ready_order,
                                        Impl::CapBytes(options.first_bucket_cap_mb),
                                        Impl::CapBytes(options.bucket_cap_mb));
   } else {
-    layout = AssignBuckets(m.SlotBytes(), Impl::CapBytes(options.first_bucket_cap_mb),
+    layout = assign_buckets(m.SlotBytes(), Impl::CapBytes(options.first_bucket_cap_mb),
                            Impl::CapBytes(options.bucket_cap_mb));
     for (auto& bucket : layout) std::reverse(bucket.begin(), bucket.end());
   }
@@ -257,7 +257,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(
     }
     m.Hook(i);
   }
-  if (options.fp16_compression) m.hook = comm_hooks::Fp16Compress(m.pg);
+  if (options.fp16_compression) m.hook = comm_hooks::fp16_compress(m.pg);
   m.StartIteration();
   m.SetUpSharedMemory();
 }
@@ -292,17 +292,17 @@ void DistributedDataParallelBase::Impl::AgreeOnHook() {
         "DistributedDataParallel: the communication hook differs across ranks: rank(s) ",
         lite::StrJoin(differ, ","), " have another one than rank 0 (rank ", pg->getRank(),
         " has ", hook ? lite::StrCat("a ", mine) : std::string("none"),
-        "); every rank must register the same hook (registerCommHook) before its first forward"));
+        "); every rank must register the same hook (register_comm_hook) before its first forward"));
   }
 }
 
 const DDPOptions& DistributedDataParallelBase::options() const { return impl_->options; }
 
-void DistributedDataParallelBase::registerCommHook(std::unique_ptr<c10d::CommHookInterface> hook) {
-  if (!hook) throw std::invalid_argument("registerCommHook: the hook is null");
+void DistributedDataParallelBase::register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook) {
+  if (!hook) throw std::invalid_argument("register_comm_hook: the hook is null");
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->hook && !impl_->options.fp16_compression) {
-    throw std::logic_error("registerCommHook: a communication hook is already registered");
+    throw std::logic_error("register_comm_hook: a communication hook is already registered");
   }
   impl_->hook = std::move(hook);
 }
@@ -327,14 +327,14 @@ DistributedDataParallelBase::JoinGuard::~JoinGuard() noexcept(false) {
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
-void DistributedDataParallelBase::prepareForward() {
+void DistributedDataParallelBase::prepare_forward() {
   Impl& m = *impl_;
   detail::ThrowIfPeerLost();  // in-process recovery: this step is to be done again anyway
   if (!m.hook_agreed) m.AgreeOnHook();
   const auto start = std::chrono::steady_clock::now();
   if (m.join_active && m.no_sync) {
     // A joined rank answers one buffer broadcast and one reduced backward per forward.
-    throw std::logic_error("DistributedDataParallel: noSync() inside join() is not supported");
+    throw std::logic_error("DistributedDataParallel: no_sync() inside join() is not supported");
   }
   if (m.join_active && m.pg->getSize() > 1) {
     // join(): "still training", matched by the flag a joined rank sends each round.
@@ -353,7 +353,7 @@ void DistributedDataParallelBase::prepareForward() {
   m.broadcast_s = std::chrono::duration<double>(now - start).count();
 }
 
-DistributedDataParallelBase::StepTiming DistributedDataParallelBase::lastStepTiming() const {
+DistributedDataParallelBase::StepTiming DistributedDataParallelBase::last_step_timing() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->last_timing;
 }
@@ -371,12 +371,12 @@ DistributedDataParallelBase::NoSyncGuard::~NoSyncGuard() {
 
 const std::vector<BucketInfo>& DistributedDataParallelBase::buckets() const { return impl_->info; }
 
-std::vector<size_t> DistributedDataParallelBase::readyOrder() const {
+std::vector<size_t> DistributedDataParallelBase::ready_order() const {
   const bool agreed = impl_->rebuilt && impl_->options.rebuild_buckets_in_ready_order;
   return agreed ? impl_->ready_order : std::vector<size_t>{};
 }
 
-std::string DistributedDataParallelBase::bucketReport() const {
+std::string DistributedDataParallelBase::bucket_report() const {
   std::string backend = "process group";
   try {
     backend = impl_->pg->getBackendName();  // "gloo", "nccl"; not every process group has one

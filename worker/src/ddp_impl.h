@@ -54,7 +54,7 @@ struct DistributedDataParallelBase::Impl {
   std::vector<torch::Tensor> buffers;
   std::mutex mu;  // hooks of different parameters may run on different autograd threads
   bool no_sync = false;
-  // Whether the guard was on at the last forward through the wrapper (prepareForward), until
+  // Whether the guard was on at the last forward through the wrapper (prepare_forward), until
   // its backward ends: as in PyTorch, that forward decides whether its backward syncs. A
   // backward after model->forward() called directly goes by the guard at backward time.
   std::optional<bool> forward_no_sync;
@@ -99,7 +99,7 @@ struct DistributedDataParallelBase::Impl {
   // DDPOptions::ready_order as every rank agrees on it (init_sync false): the lowest rank's
   // that has one, else empty. Collective.
   std::vector<size_t> AgreeOnReadyOrder(size_t n);
-  // Once, at the first forward (registerCommHook comes after the construction's check): every
+  // Once, at the first forward (register_comm_hook comes after the construction's check): every
   // rank has the same communication hook (its type, and a cast hook's wire type), or each
   // throws one line naming the ranks that differ; a rank reducing through a hook while another
   // waits in the shared-memory sum would hang there (a hook everywhere: LaunchReady takes it

@@ -44,7 +44,7 @@ void DistributedDataParallelBase::Impl::CommLoop() {
     lite::Status st = flat.scalar_type() == torch::kDouble
                           ? shm->Sum(flat.data_ptr<double>(), flat.numel())
                           : shm->Sum(flat.data_ptr<float>(), flat.numel());
-    endRange(std::exchange(buckets[idx].range, 0));
+    end_range(std::exchange(buckets[idx].range, 0));
     {
       std::lock_guard<std::mutex> lock(comm_mu);
       if (!st.ok() && comm_status.ok()) comm_status = st;
@@ -131,7 +131,7 @@ void DistributedDataParallelBase::Impl::RebuildInReadyOrder() {
     detail::WaitWork(pg->broadcast(t));
   }
   ready_order = CheckedOrder(order, 0);
-  BuildBuckets(AssignBucketsInReadyOrder(SlotBytes(), ready_order,
+  BuildBuckets(assign_buckets_in_ready_order(SlotBytes(), ready_order,
                                          CapBytes(options.first_bucket_cap_mb),
                                          CapBytes(options.bucket_cap_mb)));
 }
@@ -221,7 +221,7 @@ void DistributedDataParallelBase::Impl::LaunchReady() {
     const size_t idx = next_launch++;
     Bucket& b = buckets[idx];
     b.launched = true;
-    b.range = startRange("allreduce bucket", static_cast<int64_t>(idx));
+    b.range = start_range("allreduce bucket", static_cast<int64_t>(idx));
     if (hook) {
       c10d::GradBucket grad_bucket = MakeGradBucket(idx);
       b.hook_done = hook->runHook(grad_bucket);
@@ -388,12 +388,12 @@ void DistributedDataParallelBase::Impl::AwaitBuckets() {
       detail::WaitFuture(b.hook_done);  // PeerLost at the agent's word
       const torch::Tensor mean = hook->parseHookResult(b.hook_done->value());  // throws its error
       if (!mean.is_same(b.flat)) b.flat.copy_(mean.view_as(b.flat));
-      endRange(std::exchange(b.range, 0));
+      end_range(std::exchange(b.range, 0));
       continue;
     }
     if (b.work) detail::WaitWork(b.work);
     b.flat.mul_(scale);
-    endRange(std::exchange(b.range, 0));
+    end_range(std::exchange(b.range, 0));
   }
   // A hook of the trainer's own may have dropped its all-reduce's error (a lost peer): with the
   // agent's word heard, its sums may miss the peer, so the step is given up.
@@ -412,7 +412,7 @@ void DistributedDataParallelBase::Impl::EndStep() {
   }
   if (!rebuilt) {
     if (options.rebuild_buckets_in_ready_order) {
-      RebuildInReadyOrder();  // keeps the agreed order (readyOrder())
+      RebuildInReadyOrder();  // keeps the agreed order (ready_order())
     } else {
       ready_order.clear();
     }

@@ -48,7 +48,7 @@ constexpr int kMax = std::numeric_limits<int>::max();
 
 }  // namespace
 
-EnvLookup ProcessEnvironment() { return dlrun::ProcessEnvironment(); }
+EnvLookup process_environment() { return dlrun::ProcessEnvironment(); }
 
 namespace {
 
@@ -133,15 +133,15 @@ lite::StatusOr<DistEnv> Parse(const EnvLookup& env) {
 
 }  // namespace
 
-DistEnv ParseDistEnv(const EnvLookup& env) {
+DistEnv parse_dist_env(const EnvLookup& env) {
   lite::StatusOr<DistEnv> d = Parse(env);
   if (!d.ok()) throw std::invalid_argument(std::string(d.status().message()));
   return *d;
 }
 
-std::string localAddressFor(const std::string& host) { return LocalAddressFor(host); }
+std::string local_address_for(const std::string& host) { return LocalAddressFor(host); }
 
-bool ignoreSigpipeUnlessHandled() {
+bool ignore_sigpipe_unless_handled() {
   struct sigaction old {};
   if (sigaction(SIGPIPE, nullptr, &old) != 0) return false;
   if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return false;

@@ -24,7 +24,7 @@ void WaitWork(const c10::intrusive_ptr<c10d::Work>& work);
 // The same for a communication hook's future (its error is its own: value() throws it).
 void WaitFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future);
 
-// The step a checkpoint resume (CheckpointManager::resumeLatest, either form) left this process
+// The step a checkpoint resume (CheckpointManager::resume_latest, either form) left this process
 // at: a Recovery goes on from it, whether or not the trainer calls commit(step) after the
 // resume. Taken once: -1 when no resume came since the last take.
 void NoteResumedStep(int64_t step);

@@ -107,7 +107,7 @@ std::shared_ptr<::gloo::transport::Device> GlooDeviceFor(const std::string& mast
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   if (IsLoopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  if (const std::string local = localAddressFor(master_addr); !local.empty()) {
+  if (const std::string local = local_address_for(master_addr); !local.empty()) {
     return c10d::ProcessGroupGloo::createDeviceForHostname(local);
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
@@ -136,7 +136,7 @@ c10::intrusive_ptr<c10d::Backend> NcclBackend(const c10::intrusive_ptr<c10d::Sto
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(const c10::intrusive_ptr<c10d::Store>& store,
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size, const std::string& address,
                                                     std::chrono::milliseconds timeout) {
   return MakeProcessGroup(store, rank, size,
@@ -148,7 +148,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(const c10::intrusive_ptr<c1
                           nullptr);
 }
 
-std::string ResolveBackend(const std::string& requested) {
+std::string resolve_backend(const std::string& requested) {
   if (requested != "auto" && requested != "gloo" && requested != "nccl") {
     throw std::runtime_error(lite::StrCat("unknown backend '", requested,
                                           "': expected auto, gloo or nccl"));
@@ -229,15 +229,15 @@ void ConnectGroup(Context& ctx, const std::string& backend, std::chrono::millise
 Context init(const InitOptions& options) {
   // A warm spare waits here for the attempt it will run (docs/RECOVERY.md).
   std::optional<std::chrono::steady_clock::time_point> promoted_at;
-  if (awaitPromotion()) promoted_at = std::chrono::steady_clock::now();
-  if (options.keep_freed_memory) keepFreedMemory();
-  if (options.crash_trace) installCrashTrace();
+  if (await_promotion()) promoted_at = std::chrono::steady_clock::now();
+  if (options.keep_freed_memory) keep_freed_memory();
+  if (options.crash_trace) install_crash_trace();
   // dlrun starts C++ workers with SIGPIPE's default (an ignored signal would survive exec into any
   // program); a survivor's write to a lost peer's socket must fail with EPIPE, not kill it.
-  if (options.ignore_sigpipe) ignoreSigpipeUnlessHandled();
+  if (options.ignore_sigpipe) ignore_sigpipe_unless_handled();
   Context ctx;
   try {
-    ctx.env = ParseDistEnv(ProcessEnvironment());
+    ctx.env = parse_dist_env(process_environment());
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(e.what());  // init() reports its errors as runtime_error
   }
@@ -252,14 +252,14 @@ Context init(const InitOptions& options) {
     }
     timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
-  const std::string backend = ResolveBackend(options.backend);
+  const std::string backend = resolve_backend(options.backend);
   ctx.backend = backend;
   detail::ConnectGroup(ctx, backend, timeout);
-  profileCaptureAtStart();  // --profile nsys --profile-steps 0:B (dlrun/nvtx_ranges.h)
+  profile_capture_at_start();  // --profile nsys --profile-steps 0:B (dlrun/nvtx_ranges.h)
   return ctx;
 }
 
-torch::Tensor Context::allReduce(torch::Tensor t, c10d::ReduceOp op) const {
+torch::Tensor Context::all_reduce(torch::Tensor t, c10d::ReduceOp op) const {
   std::vector<torch::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = op;
@@ -267,7 +267,7 @@ torch::Tensor Context::allReduce(torch::Tensor t, c10d::ReduceOp op) const {
   return t;
 }
 
-std::vector<torch::Tensor> Context::allGather(const torch::Tensor& t) const {
+std::vector<torch::Tensor> Context::all_gather(const torch::Tensor& t) const {
   std::vector<torch::Tensor> in{t.contiguous()};
   std::vector<std::vector<torch::Tensor>> out(1);
   for (int r = 0; r < pg->getSize(); ++r) out[0].push_back(torch::empty_like(in[0]));
@@ -289,9 +289,9 @@ torch::Tensor Context::broadcast(torch::Tensor t, int root) const {
 
 void Context::barrier() const { detail::WaitWork(pg->barrier()); }
 
-std::vector<int> Context::ranksDiffering(uint64_t value) const {
+std::vector<int> Context::ranks_differing(uint64_t value) const {
   // The 64 bits as an int64 (Gloo has no uint64 allgather).
-  const auto all = allGather(torch::tensor({static_cast<int64_t>(value)}, torch::kLong));
+  const auto all = all_gather(torch::tensor({static_cast<int64_t>(value)}, torch::kLong));
   std::vector<int> differ;
   const int64_t first = all[0].item<int64_t>();
   for (size_t r = 1; r < all.size(); ++r) {
@@ -300,7 +300,7 @@ std::vector<int> Context::ranksDiffering(uint64_t value) const {
   return differ;
 }
 
-bool Context::ranksAgree(uint64_t value) const { return ranksDiffering(value).empty(); }
+bool Context::ranks_agree(uint64_t value) const { return ranks_differing(value).empty(); }
 
 uint64_t digest(const std::vector<torch::Tensor>& tensors) {
   uint64_t h = detail::kFnv1aOffset;

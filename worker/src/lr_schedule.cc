@@ -9,7 +9,7 @@
 
 namespace dlrun::worker {
 
-void Validate(const LrSchedule& s) {
+void validate(const LrSchedule& s) {
   auto bad = [](const std::string& field, const std::string& v, const std::string& expected) {
     throw std::invalid_argument(
         lite::StrCat("invalid lr schedule ", field, " '", v, "': expected ", expected));
@@ -27,7 +27,7 @@ void Validate(const LrSchedule& s) {
   }
 }
 
-std::vector<std::string> IneffectiveSettings(const LrSchedule& s) {
+std::vector<std::string> ineffective_settings(const LrSchedule& s) {
   std::vector<std::string> notes;
   if (s.scaling != "none" && s.global_batch_size == s.base_batch_size) {
     notes.push_back(lite::StrCat("lr schedule: scaling '", s.scaling,
@@ -35,7 +35,7 @@ std::vector<std::string> IneffectiveSettings(const LrSchedule& s) {
                                  s.base_batch_size, ")"));
   }
   if (s.scaling != "none" && s.global_batch_size > s.base_batch_size && s.warmup_steps == 0) {
-    notes.push_back(lite::StrCat("lr schedule: the LR is scaled up ", InitialLearningRate(s) / s.start_lr,
+    notes.push_back(lite::StrCat("lr schedule: the LR is scaled up ", initial_learning_rate(s) / s.start_lr,
                                  "x without a warm-up (warmup_steps 0)"));
   }
   if (s.warmup_steps >= s.tot_steps) {
@@ -43,28 +43,28 @@ std::vector<std::string> IneffectiveSettings(const LrSchedule& s) {
                                  " >= tot_steps ", s.tot_steps,
                                  ": the whole run is warm-up, the cosine decay never starts"));
   }
-  if (s.end_lr >= InitialLearningRate(s)) {
+  if (s.end_lr >= initial_learning_rate(s)) {
     notes.push_back(lite::StrCat("lr schedule: end_lr ", s.end_lr, " >= the initial LR ",
-                                 InitialLearningRate(s), ": the LR does not decay"));
+                                 initial_learning_rate(s), ": the LR does not decay"));
   }
   return notes;
 }
 
-double InitialLearningRate(const LrSchedule& s) {
+double initial_learning_rate(const LrSchedule& s) {
   const double ratio = static_cast<double>(s.global_batch_size) / s.base_batch_size;
   if (s.scaling == "linear") return s.start_lr * ratio;
   if (s.scaling == "sqrt") return s.start_lr * std::sqrt(ratio);
   return s.start_lr;
 }
 
-double LearningRate(const LrSchedule& s, int64_t step) {
-  const double init = InitialLearningRate(s);
+double learning_rate(const LrSchedule& s, int64_t step) {
+  const double init = initial_learning_rate(s);
   if (step < s.warmup_steps) return static_cast<double>(step + 1) / s.warmup_steps * init;
   return s.end_lr +
          0.5 * (init - s.end_lr) * (1 + std::cos(M_PI * static_cast<double>(step) / s.tot_steps));
 }
 
-void SetLearningRate(torch::optim::Optimizer& opt, double lr) {
+void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr);
 }
 

@@ -52,23 +52,23 @@ ScopedRange::ScopedRange(const char* name, int64_t payload) noexcept {
 }
 ScopedRange::~ScopedRange() { nvtxDomainRangePop(Domain()); }
 
-uint64_t startRange(const char* name, int64_t payload) noexcept {
+uint64_t start_range(const char* name, int64_t payload) noexcept {
   const nvtxEventAttributes_t a = Attributes(name, payload, true);
   return nvtxDomainRangeStartEx(Domain(), &a);
 }
-void endRange(uint64_t id) noexcept {
+void end_range(uint64_t id) noexcept {
   if (id != 0) nvtxDomainRangeEnd(Domain(), id);
 }
-bool nvtxCompiledIn() noexcept { return true; }
+bool nvtx_compiled_in() noexcept { return true; }
 
 #else  // no NVTX3 headers at build time
 
 ScopedRange::ScopedRange(const char*) noexcept {}
 ScopedRange::ScopedRange(const char*, int64_t) noexcept {}
 ScopedRange::~ScopedRange() = default;
-uint64_t startRange(const char*, int64_t) noexcept { return 0; }
-void endRange(uint64_t) noexcept {}
-bool nvtxCompiledIn() noexcept { return false; }
+uint64_t start_range(const char*, int64_t) noexcept { return 0; }
+void end_range(uint64_t) noexcept {}
+bool nvtx_compiled_in() noexcept { return false; }
 
 #endif
 
@@ -117,7 +117,7 @@ ProfileCapture& ProcessCapture() {
 
 }  // namespace
 
-void profileCaptureAtStart() noexcept { ProcessCapture().AtStart(); }
-void profileCaptureAfterStep(int64_t step) noexcept { ProcessCapture().AfterStep(step); }
+void profile_capture_at_start() noexcept { ProcessCapture().AtStart(); }
+void profile_capture_after_step(int64_t step) noexcept { ProcessCapture().AfterStep(step); }
 
 }  // namespace dlrun::worker

@@ -116,6 +116,6 @@ bool SettledStepMayApply(bool collectives_run_behind, bool word_heard, bool grou
 
 }  // namespace detail
 
-void interruptionPoint() { detail::ThrowIfPeerLost(); }
+void interruption_point() { detail::ThrowIfPeerLost(); }
 
 }  // namespace dlrun::worker

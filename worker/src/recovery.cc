@@ -117,16 +117,16 @@ struct Recovery::StepUndo {
   std::vector<double> lrs;
   torch::Tensor rng;
   std::optional<TrainingState> trainer;  // hooks.capture() at the start, its tensors copied
-  bool settled = false;                  // awaitCollectives() ran: the step's sums are whole
+  bool settled = false;                  // await_collectives() ran: the step's sums are whole
   bool updated = false;  // update() ran: the parameters and the optimizer before it
   std::vector<torch::Tensor> params;
   detail::OptimizerCopy optimizer;
 };
 
 void Recovery::commit(int64_t step) {
-  // NCCL, an update of the trainer's own without awaitCollectives(): the step's sums are checked
+  // NCCL, an update of the trainer's own without await_collectives(): the step's sums are checked
   // now; a peer lost meanwhile then refuses the recovery (GiveUp: changed parameters).
-  if (undo_ && !undo_->settled) awaitCollectives();
+  if (undo_ && !undo_->settled) await_collectives();
   committed_ = step;
   updates_committed_ = updates_;
   if (undo_) {  // what comes after it in the body is not done again: its changes are checked
@@ -142,7 +142,7 @@ bool Recovery::ParametersChanged() const {
          (!undo_->params_at.empty() && !SameTensors(model_.parameters(), undo_->params_at));
 }
 
-void Recovery::awaitCollectives() {
+void Recovery::await_collectives() {
   if (!enabled_ || !CollectivesRunBehind(ctx_)) return;
   try {
     torch::cuda::synchronize();
@@ -159,7 +159,7 @@ void Recovery::awaitCollectives() {
 }
 
 void Recovery::update(const UpdateOptions& options) {
-  awaitCollectives();
+  await_collectives();
   if (undo_ && !undo_->updated && !options.ends_step) {
     CloneInto(&undo_->params, model_.parameters());
     detail::CopyOptimizerInto(optimizer_, &undo_->optimizer);
@@ -221,7 +221,7 @@ std::string Recovery::FirstDiffering(int other) {
     names.push_back(item.key());
     mine.push_back(static_cast<int64_t>(digest({item.value()})));
   }
-  const std::vector<torch::Tensor> all = ctx_.allGather(torch::tensor(mine, torch::kInt64));
+  const std::vector<torch::Tensor> all = ctx_.all_gather(torch::tensor(mine, torch::kInt64));
   const torch::Tensor theirs = all[static_cast<size_t>(other)], first = all[0];
   for (int64_t i = 0; i < theirs.numel() && i < first.numel(); ++i) {
     if (theirs[i].item<int64_t>() != first[i].item<int64_t>()) return names[static_cast<size_t>(i)];
@@ -241,10 +241,10 @@ Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimiz
     abort_->Set(ctx_.pg);
     detail::SetPeerLossHook([target = abort_] { target->Abort(); });
   }
-  if (enabled_) declareInProcessRecovery();
-  if (enabled_ && !replacement_ && ctx_.worldSize() > 1) {  // every first process: one allgather
+  if (enabled_) declare_in_process_recovery();
+  if (enabled_ && !replacement_ && ctx_.world_size() > 1) {  // every first process: one allgather
     rng_at_start_ = CpuRngDigest();
-    rng_per_rank_ = !ctx_.ranksAgree(rng_at_start_);
+    rng_per_rank_ = !ctx_.ranks_agree(rng_at_start_);
   }
 }
 
@@ -259,7 +259,7 @@ Recovery::~Recovery() {
 Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
   const bool drew_own = rng_per_rank_ && my_step >= 0 && CpuRngDigest() != rng_at_start_;
   const std::optional<bool> broadcasts = detail::BroadcastsBuffers(&model_);
-  const std::vector<torch::Tensor> rows = ctx_.allGather(torch::tensor(
+  const std::vector<torch::Tensor> rows = ctx_.all_gather(torch::tensor(
       {my_step, int64_t{drew_own}, broadcasts ? int64_t{*broadcasts} : -1, updates_committed_},
       torch::kInt64));
   std::vector<int64_t> steps, updates;
@@ -334,7 +334,7 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
   if (ctx_.rank() == root) {
     if (hooks_.capture) st = hooks_.capture();
     st.step = best;
-    st.world_size = ctx_.worldSize();
+    st.world_size = ctx_.world_size();
     detail::SendState(ctx_, model_, optimizer_, st, plan.behind, &tt);
   } else if (*loaded) {
     st = detail::ReceiveState(ctx_, model_, optimizer_, root, &tt);
@@ -346,7 +346,7 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
   lap();
   // The parameters, not the buffers: each rank's running statistics take in its own batch
   // after DDP's broadcast of rank 0's, so they differ between ranks at the end of a step.
-  if (const std::vector<int> differ = ctx_.ranksDiffering(digest(model_.parameters()));
+  if (const std::vector<int> differ = ctx_.ranks_differing(digest(model_.parameters()));
       !differ.empty()) {
     const std::string first = FirstDiffering(differ.front());
     throw std::runtime_error(lite::StrCat("recovery: rank(s) ", lite::StrJoin(differ, ","),
@@ -368,7 +368,7 @@ TrainingState Recovery::receive() {
   TrainingState st = Transfer(-1, &loaded, &root);
   committed_ = st.step;
   replacement_ = false;
-  reportStateFromPeer(st.step, SecondsSince(t0));
+  report_state_from_peer(st.step, SecondsSince(t0));
   std::fprintf(stderr, "dlrun::worker: rank %d took the state of step %lld from rank %d in %.3f s "
                "(generation %d; receive %.3f s, load %.3f s, check %.3f s)\n", ctx_.rank(),
                static_cast<long long>(st.step), root, SecondsSince(t0),
@@ -452,7 +452,7 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::optional<detail::Regroup> word = detail::AwaitRegroup(options_.word_timeout);
   if (!word) std::rethrow_exception(error);  // not a peer's loss: the error stands
-  if (word->world_size > ctx_.worldSize()) {  // a node admitted into the running group
+  if (word->world_size > ctx_.world_size()) {  // a node admitted into the running group
     std::fprintf(stderr,
                  "dlrun::worker: rank %d: a node joined: the group grows to %d ranks (%s); "
                  "joining generation %d\n",
@@ -471,7 +471,7 @@ Recovery::Outcome Recovery::run(const std::function<void()>& body) {
     const TrainingState st = Transfer(committed_, &loaded, &root);
     committed_ = st.step;
     const double secs = SecondsSince(t0);
-    reportStateFromPeer(st.step, secs);
+    report_state_from_peer(st.step, secs);
     if (ctx_.rank() == root) {
       std::fprintf(stderr, "dlrun::worker: rank %d sent the state of step %lld in %.3f s after "
                    "the loss (generation %d; new group %.3f s, serialize %.3f s, send %.3f s, "

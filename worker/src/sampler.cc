@@ -19,7 +19,7 @@ DistributedSampler::DistributedSampler(SamplerOptions o) : o_(o) {
   }
 }
 
-int64_t DistributedSampler::numSamples() const {
+int64_t DistributedSampler::num_samples() const {
   if (o_.drop_last) return o_.dataset_size / o_.world_size;
   return (o_.dataset_size + o_.world_size - 1) / o_.world_size;
 }
@@ -35,7 +35,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
     const int64_t* p = perm.data_ptr<int64_t>();
     all.assign(p, p + o_.dataset_size);
   }
-  const int64_t total = numSamples() * o_.world_size;
+  const int64_t total = num_samples() * o_.world_size;
   if (static_cast<int64_t>(all.size()) > total) {
     all.resize(total);  // drop_last
   } else {

@@ -59,8 +59,8 @@ void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
          << ", momentum=" << options.momentum().value_or(-1) << ", ranks=" << pg->getSize() << ")";
 }
 
-int useGroup(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
-  if (!pg) throw std::invalid_argument("useGroup: the process group is null");
+int use_group(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+  if (!pg) throw std::invalid_argument("use_group: the process group is null");
   int moved = 0;
   module.apply([&](torch::nn::Module& m) {  // the module and every one below it
     if (auto* bn = dynamic_cast<SyncBatchNormImpl*>(&m)) bn->pg = pg, ++moved;

@@ -1,7 +1,7 @@
 // Checkpoints for elastic restarts: model + optimizer + step + epoch + position in the epoch +
 // the CPU RNG + whatever named tensors and values the trainer adds, written atomically (temp
 // file, fsync, rename, fsync of the directory) with a checksum, the newest `keep_last` kept.
-// resumeLatest() loads the newest checkpoint that verifies and skips a damaged one with a
+// resume_latest() loads the newest checkpoint that verifies and skips a damaged one with a
 // warning: a damaged file is never loaded.
 //
 //   dlrun::worker::CheckpointManager ckpt({.dir = "ckpt"});
@@ -9,7 +9,7 @@
 //   st.tensors["ema.weight"] = ema_weight;           // extra state: tensors ...
 //   st.values["best_loss"] = best_loss;              // ... and values (any c10::IValue)
 //   if (ctx.rank() == 0) ckpt.save(*model, opt, st); // throws std::runtime_error on failure
-//   if (auto resumed = ckpt.resumeLatest(*model, opt, ctx)) step = resumed->step;
+//   if (auto resumed = ckpt.resume_latest(*model, opt, ctx)) step = resumed->step;
 //
 // The model is loaded in place (each parameter and buffer copied into the tensor it already
 // has), as PyTorch's load_state_dict does, so a DistributedDataParallel wrapping it and an
@@ -37,7 +37,7 @@ struct TrainingState {
   int64_t epoch = 0;
   int64_t sampler_epoch = 0;
   // How far into `epoch` training got, in the trainer's own unit (e.g. this rank's samples,
-  // DataLoaderSampler::position()): a resume goes on from there (DataLoaderSampler::setStart,
+  // DataLoaderSampler::position()): a resume goes on from there (DataLoaderSampler::set_start,
   // or the index loop's start) instead of the epoch's first sample.
   int64_t epoch_position = 0;
   // The world size the checkpoint was written at (0: not recorded). With it, the collective
@@ -79,7 +79,7 @@ class CheckpointManager {
   // and skipped. For one process: in a job of several ranks (WORLD_SIZE, OMPI_COMM_WORLD_SIZE
   // or SLURM_NTASKS above 1) it throws std::logic_error naming the collective form, for ranks
   // that resume alone from node-local directories resume at different steps and hang.
-  std::optional<TrainingState> resumeLatest(
+  std::optional<TrainingState> resume_latest(
       torch::nn::Module& model, torch::optim::Optimizer& optimizer,
       const std::function<void(const std::string&)>& warn = {});
   // The same, as a resume every rank agrees on: call it on every rank (a collective over
@@ -90,7 +90,7 @@ class CheckpointManager {
   // rank that resumed from another rank's file says so through `warn`. nullopt on every rank
   // when no rank has one (ResumeOptions::strict: throws). Throws a one-line
   // std::runtime_error when the file arrived damaged, is another model's, or the ranks differ.
-  std::optional<TrainingState> resumeLatest(
+  std::optional<TrainingState> resume_latest(
       torch::nn::Module& model, torch::optim::Optimizer& optimizer, const Context& ctx,
       const ResumeOptions& options = {},
       const std::function<void(const std::string&)>& warn = {});

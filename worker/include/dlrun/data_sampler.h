@@ -2,11 +2,11 @@
 // position in the epoch for a mid-epoch resume.
 //
 //   dlrun::worker::DataLoaderSampler sampler({.dataset_size = n, .rank = ctx.rank(),
-//                                             .world_size = ctx.worldSize(), .seed = 3});
+//                                             .world_size = ctx.world_size(), .seed = 3});
 //   auto loader = torch::data::make_data_loader(dataset, sampler,
 //                                               torch::data::DataLoaderOptions(batch));
-//   sampler.setEpoch(epoch);                 // before each pass over the loader
-//   sampler.setStart(resumed->epoch_position);  // once, to go on mid-epoch after a resume
+//   sampler.set_epoch(epoch);                 // before each pass over the loader
+//   sampler.set_start(resumed->epoch_position);  // once, to go on mid-epoch after a resume
 //   for (auto& batch : *loader) {
 //     torch::mse_loss(ddp(batch.data), batch.target).backward();
 //     position = sampler.position();   // this rank's samples of the epoch so far
@@ -35,9 +35,9 @@ class DataLoaderSampler : public torch::data::samplers::Sampler<> {
       : options_(o), state_(std::make_shared<State>(State{DistributedSampler(o)})) {}
 
   // Which epoch the next pass draws (the shuffle is seeded by seed + epoch, as in PyTorch).
-  void setEpoch(int64_t epoch) { state_->sampler.setEpoch(epoch); }
+  void set_epoch(int64_t epoch) { state_->sampler.set_epoch(epoch); }
   // The next pass starts at this rank's `position`-th index of the epoch instead of the first.
-  void setStart(int64_t position) { state_->start = std::max<int64_t>(0, position); }
+  void set_start(int64_t position) { state_->start = std::max<int64_t>(0, position); }
   // How many of this rank's indices of the epoch were handed out so far (to checkpoint).
   int64_t position() const { return state_->next; }
   const DistributedSampler& sampler() const { return state_->sampler; }
@@ -49,7 +49,7 @@ class DataLoaderSampler : public torch::data::samplers::Sampler<> {
       const int64_t epoch = s.sampler.epoch();
       options_.dataset_size = static_cast<int64_t>(*new_size);
       s.sampler = DistributedSampler(options_);
-      s.sampler.setEpoch(epoch);
+      s.sampler.set_epoch(epoch);
     }
     s.indices = s.sampler.indices();
     s.next = std::min<int64_t>(s.start, static_cast<int64_t>(s.indices.size()));
@@ -72,8 +72,8 @@ class DataLoaderSampler : public torch::data::samplers::Sampler<> {
     torch::Tensor epoch, position;
     archive.read("epoch", epoch);
     archive.read("position", position);
-    setEpoch(epoch.item<int64_t>());
-    setStart(position.item<int64_t>());
+    set_epoch(epoch.item<int64_t>());
+    set_start(position.item<int64_t>());
   }
 
  private:

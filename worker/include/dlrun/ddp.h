@@ -5,7 +5,7 @@
 //   loss.backward();                    // buckets are allreduced while backward runs;
 //   optimizer.step();                   // grads are averaged when backward returns
 //   {
-//     auto guard = ddp.noSync();        // accumulate locally, no communication
+//     auto guard = ddp.no_sync();        // accumulate locally, no communication
 //     torch::mse_loss(ddp(x), y).backward();
 //   }
 //
@@ -13,7 +13,7 @@
 // module. Calling model->forward(x) directly also averages the gradients, as does any forward:
 // the reduction hangs off each parameter (its post-accumulate-grad hook), so it survives
 // loading a checkpoint into the model, in place or by set_() as torch::load does. Only the
-// buffer broadcast (broadcast_buffers) needs ddp(x), ddp.forward(x) or ddp.prepareForward().
+// buffer broadcast (broadcast_buffers) needs ddp(x), ddp.forward(x) or ddp.prepare_forward().
 //
 // Gradients are packed into buckets in reverse registration order (the order backward usually
 // produces them), re-packed once in the observed order after the first step; each bucket's allreduce starts as soon as its last gradient is ready, buckets start in
@@ -55,7 +55,7 @@ struct DDPOptions {
   // became ready on rank 0 (PyTorch's _rebuild_buckets), once, so each bucket can start as
   // early as the model allows even when registration order differs from use order.
   bool rebuild_buckets_in_ready_order = true;
-  // Registers comm_hooks::Fp16Compress (PyTorch's fp16_compress_hook): each bucket is cast to
+  // Registers comm_hooks::fp16_compress (PyTorch's fp16_compress_hook): each bucket is cast to
   // float16, divided by the world size, allreduced (half the bytes on the wire) and copied back
   // into the gradients. float16's range and 11-bit precision apply. For jobs across hosts: it
   // goes through the process group (Gloo or NCCL), so it also turns the shared-memory path off.
@@ -72,7 +72,7 @@ struct DDPOptions {
   // generation after the first (a replacement's wrapper, a survivor's rebuilt one) it is false
   // whatever is asked, so a replacement may build its wrapper as the job's first ranks did.
   bool init_sync = true;
-  // The bucket order a former wrapper of the same model settled on (its readyOrder()), for the
+  // The bucket order a former wrapper of the same model settled on (its ready_order()), for the
   // wrapper made anew after an in-process recovery: with init_sync false, every rank takes the
   // order of the lowest rank that has one (a replacement has none), and the buckets start in
   // it with no rebuild. The order decides which rank sums which part of a bucket first in
@@ -95,18 +95,18 @@ struct DDPOptions {
 //     using CppCommHookInterface::CppCommHookInterface;
 //     c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
 //       ++calls;
-//       return dlrun::worker::comm_hooks::Allreduce(state_)->runHook(bucket);
+//       return dlrun::worker::comm_hooks::allreduce(state_)->runHook(bucket);
 //     }
 //     int calls = 0;
 //   };
 //
-//   ddp.registerCommHook(std::make_unique<CountingAllreduce>(ctx.pg));
+//   ddp.register_comm_hook(std::make_unique<CountingAllreduce>(ctx.pg));
 namespace comm_hooks {
 // PyTorch's allreduce_hook: divide by the world size, allreduce (sum).
-std::unique_ptr<c10d::CommHookInterface> Allreduce(c10::intrusive_ptr<c10d::ProcessGroup> pg);
+std::unique_ptr<c10d::CommHookInterface> allreduce(c10::intrusive_ptr<c10d::ProcessGroup> pg);
 // PyTorch's fp16_compress_hook and bf16_compress_hook: cast, divide, allreduce, cast back.
-std::unique_ptr<c10d::CommHookInterface> Fp16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg);
-std::unique_ptr<c10d::CommHookInterface> Bf16Compress(c10::intrusive_ptr<c10d::ProcessGroup> pg);
+std::unique_ptr<c10d::CommHookInterface> fp16_compress(c10::intrusive_ptr<c10d::ProcessGroup> pg);
+std::unique_ptr<c10d::CommHookInterface> bf16_compress(c10::intrusive_ptr<c10d::ProcessGroup> pg);
 }  // namespace comm_hooks
 
 struct BucketInfo {
@@ -126,12 +126,12 @@ class DistributedDataParallelBase {
   DistributedDataParallelBase& operator=(const DistributedDataParallelBase&) = delete;
 
   // Before a forward (ddp(x) does it): rank 0's buffers to every rank when broadcast_buffers is
-  // set, and the start of the step's compute time for lastStepTiming().
-  void prepareForward();
+  // set, and the start of the step's compute time for last_step_timing().
+  void prepare_forward();
 
   // While the guard lives, backward accumulates gradients locally without communicating; the
   // first backward after it reduces the accumulated sum. As PyTorch's no_sync(), the forward
-  // decides: a backward whose forward went through the wrapper (ddp(x), prepareForward())
+  // decides: a backward whose forward went through the wrapper (ddp(x), prepare_forward())
   // inside the guard stays local even when the guard ended before backward (the Python habit:
   // only the forward under the guard), and one whose forward came after the guard syncs. After
   // model->forward() called directly, the guard at backward time decides.
@@ -146,7 +146,7 @@ class DistributedDataParallelBase {
     DistributedDataParallelBase* d_;
     bool previous_;
   };
-  NoSyncGuard noSync() { return NoSyncGuard(this); }
+  NoSyncGuard no_sync() { return NoSyncGuard(this); }
 
   // The last reduced step, for dlrun's telemetry (dlrun::worker::StepReport): compute_s from
   // the start of forward (after the buffer broadcast) to the end of backward, sync_s the time
@@ -157,11 +157,11 @@ class DistributedDataParallelBase {
     double compute_s = -1;
     double sync_s = -1;
   };
-  StepTiming lastStepTiming() const;
+  StepTiming last_step_timing() const;
 
   // Replaces the allreduce of every bucket with `hook` (see comm_hooks above). Call it once, on
   // every rank, before the first backward; the shared-memory path is then not used.
-  void registerCommHook(std::unique_ptr<c10d::CommHookInterface> hook);
+  void register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook);
 
   // PyTorch's join() for uneven inputs: while the guard lives, ranks may run different numbers
   // of steps. Each forward tells the others this rank is still training; when the guard ends on
@@ -170,7 +170,7 @@ class DistributedDataParallelBase {
   // gradients) until every rank has ended its guard. Gradients are divided by the whole world
   // size, as PyTorch does by default (divide_by_initial_world_size). Then every rank takes the
   // parameters (and buffers) of the highest rank among the last to finish, as PyTorch does.
-  // Use ddp(x) or prepareForward() for every forward inside the guard, and no noSync().
+  // Use ddp(x) or prepare_forward() for every forward inside the guard, and no no_sync().
   //
   //   {
   //     auto joined = ddp.join();
@@ -196,8 +196,8 @@ class DistributedDataParallelBase {
   const std::vector<BucketInfo>& buckets() const;
   // The parameter order the buckets were re-packed in (rank 0's ready order), once they were;
   // else empty. For DDPOptions::ready_order.
-  std::vector<size_t> readyOrder() const;
-  std::string bucketReport() const;  // one line for logs
+  std::vector<size_t> ready_order() const;
+  std::string bucket_report() const;  // one line for logs
   const DDPOptions& options() const;  // as constructed
   torch::nn::Module& module() { return *module_; }
 
@@ -217,10 +217,10 @@ class DistributedDataParallel : public DistributedDataParallelBase {
       : DistributedDataParallelBase(ModulePtr(model), std::move(pg), options),
         model_(std::move(model)) {}
 
-  // The model's forward, after prepareForward(); the result is whatever the model returns.
+  // The model's forward, after prepare_forward(); the result is whatever the model returns.
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
-    prepareForward();
+    prepare_forward();
     return model_->forward(std::forward<Args>(args)...);
   }
   template <typename... Args>
@@ -253,19 +253,19 @@ DistributedDataParallel(Model, c10::intrusive_ptr<c10d::ProcessGroup>, DDPOption
 // its options, no broadcast of rank 0's values (init_sync off: the state was checked equal), the
 // buckets the old wrapper settled on (the same sums as before the fault), the old wrapper let go
 // first (its engine is the old group's), every SyncBatchNorm of the model moved onto `pg`
-// (useGroup, dlrun/sync_batch_norm.h). A communication hook given with registerCommHook is
+// (use_group, dlrun/sync_batch_norm.h). A communication hook given with register_comm_hook is
 // the trainer's to register again on the new wrapper (the first forward checks every rank has
 // the same); DDPOptions::fp16_compression carries over.
 //
-//   if (r.recovered) { dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg); step = r.step; }
+//   if (r.recovered) { dlrun::worker::rebuild_after_recovery(ddp, ctx.pg); step = r.step; }
 template <typename Model>
-void rebuildAfterRecovery(std::unique_ptr<DistributedDataParallel<Model>>& ddp,
+void rebuild_after_recovery(std::unique_ptr<DistributedDataParallel<Model>>& ddp,
                           c10::intrusive_ptr<c10d::ProcessGroup> pg) {
-  if (!ddp) throw std::invalid_argument("rebuildAfterRecovery: no wrapper to rebuild");
+  if (!ddp) throw std::invalid_argument("rebuild_after_recovery: no wrapper to rebuild");
   DDPOptions o = ddp->options();
   o.init_sync = false;
-  o.ready_order = ddp->readyOrder();
-  useGroup(ddp->module(), pg);
+  o.ready_order = ddp->ready_order();
+  use_group(ddp->module(), pg);
   Model model = ddp->model();
   ddp.reset();
   ddp = std::make_unique<DistributedDataParallel<Model>>(std::move(model), std::move(pg), o);
@@ -273,12 +273,12 @@ void rebuildAfterRecovery(std::unique_ptr<DistributedDataParallel<Model>>& ddp,
 
 // The bucket assignment alone (PyTorch's compute_bucket_assignment_by_size followed by DDP's
 // reversal): indices into `sizes_bytes` per bucket, buckets in the order gradients are ready.
-std::vector<std::vector<size_t>> AssignBuckets(const std::vector<int64_t>& sizes_bytes,
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& sizes_bytes,
                                                int64_t first_cap_bytes, int64_t cap_bytes);
 
 // The rebuild after the first step: `ready_order` (parameter indices as their gradients became
 // ready) cut greedily into buckets, the first capped at first_cap_bytes, the rest at cap_bytes.
-std::vector<std::vector<size_t>> AssignBucketsInReadyOrder(const std::vector<int64_t>& sizes_bytes,
+std::vector<std::vector<size_t>> assign_buckets_in_ready_order(const std::vector<int64_t>& sizes_bytes,
                                                            const std::vector<size_t>& ready_order,
                                                            int64_t first_cap_bytes,
                                                            int64_t cap_bytes);

@@ -13,7 +13,7 @@ namespace dlrun::worker {
 
 // The same type as the launcher's dlrun::EnvLookup (common/env.h, not installed).
 using EnvLookup = std::function<std::optional<std::string>(std::string_view)>;
-EnvLookup ProcessEnvironment();
+EnvLookup process_environment();
 
 struct DistEnv {
   int rank = 0;
@@ -31,16 +31,16 @@ struct DistEnv {
 // Throws std::invalid_argument with a one-line message naming the variable and the bad value
 // when the environment is incomplete or inconsistent (e.g. RANK >= WORLD_SIZE). A process with
 // no launcher variables at all is a single-process job (world size 1).
-DistEnv ParseDistEnv(const EnvLookup& env);
+DistEnv parse_dist_env(const EnvLookup& env);
 
 // The local IPv4 address this host uses to reach `host` (a name or address), or "" when it
 // cannot be resolved or routed. No packet is sent.
-std::string localAddressFor(const std::string& host);
+std::string local_address_for(const std::string& host);
 
 // Sets SIGPIPE to be ignored when its disposition is the default (which kills the process at a
 // write to a socket or pipe whose reader is gone), as Python does at its start; a handler or an
 // ignore the program set is kept. init() calls it (InitOptions::ignore_sigpipe). Returns whether
 // it changed the disposition.
-bool ignoreSigpipeUnlessHandled();
+bool ignore_sigpipe_unless_handled();
 
 }  // namespace dlrun::worker

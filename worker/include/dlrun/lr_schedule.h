@@ -3,9 +3,9 @@
 // over the first warmup_steps, then cosine decay to end_lr over tot_steps.
 //
 //   dlrun::worker::LrSchedule lr{.start_lr = 1e-3, .tot_steps = 1000, .warmup_steps = 100};
-//   dlrun::worker::Validate(lr);  // throws std::invalid_argument naming the bad field
-//   for (const std::string& note : dlrun::worker::IneffectiveSettings(lr)) std::puts(note.c_str());
-//   dlrun::worker::SetLearningRate(opt, dlrun::worker::LearningRate(lr, step));
+//   dlrun::worker::validate(lr);  // throws std::invalid_argument naming the bad field
+//   for (const std::string& note : dlrun::worker::ineffective_settings(lr)) std::puts(note.c_str());
+//   dlrun::worker::set_learning_rate(opt, dlrun::worker::learning_rate(lr, step));
 //
 // Two departures from the tutorial's function, which users of it tripped over: warm-up applies
 // whenever warmup_steps > 0 (the tutorial skipped it without a word unless the LR was scaled
@@ -33,16 +33,16 @@ struct LrSchedule {
 };
 
 // Throws std::invalid_argument, one line naming the field, its value and what was expected.
-void Validate(const LrSchedule& s);
+void validate(const LrSchedule& s);
 // Settings that are valid but change nothing (scaling with equal batch sizes, a warm-up as long
 // as the whole run, ...), one line each, for the trainer to print at start.
-std::vector<std::string> IneffectiveSettings(const LrSchedule& s);
+std::vector<std::string> ineffective_settings(const LrSchedule& s);
 // The scaled initial LR (start_lr x 1, x B/b or x sqrt(B/b)).
-double InitialLearningRate(const LrSchedule& s);
+double initial_learning_rate(const LrSchedule& s);
 // The LR at step `step` (0-based): init_lr x (step + 1) / warmup_steps during warm-up, then
 // end_lr + (init_lr - end_lr) x (1 + cos(pi x step / tot_steps)) / 2.
-double LearningRate(const LrSchedule& s, int64_t step);
+double learning_rate(const LrSchedule& s, int64_t step);
 // Sets `lr` on every parameter group of any torch::optim optimizer.
-void SetLearningRate(torch::optim::Optimizer& opt, double lr);
+void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 
 }  // namespace dlrun::worker

@@ -26,21 +26,21 @@ class ScopedRange {
 };
 
 // A range that may end on another thread than the one that started it (an asynchronous
-// collective). startRange returns its id (0 when there is no tool or no NVTX); endRange(0) is a
+// collective). start_range returns its id (0 when there is no tool or no NVTX); end_range(0) is a
 // no-op.
-uint64_t startRange(const char* name, int64_t payload) noexcept;
-void endRange(uint64_t id) noexcept;
+uint64_t start_range(const char* name, int64_t payload) noexcept;
+void end_range(uint64_t id) noexcept;
 
 // Whether this build of dlrun::worker has NVTX compiled in.
-bool nvtxCompiledIn() noexcept;
+bool nvtx_compiled_in() noexcept;
 
 // `dlrun --profile nsys --profile-steps A:B` (DLRUN_PROFILE=nsys and DLRUN_PROFILE_STEPS in the
 // environment): calls cudaProfilerStart after the step record of step A-1 (or at init() when
 // A is 0) and cudaProfilerStop after the record of step B, once per process, so that
-// `nsys --capture-range=cudaProfilerApi` captures steps A to B. reportStep() and init() call
+// `nsys --capture-range=cudaProfilerApi` captures steps A to B. report_step() and init() call
 // these; a trainer that reports its steps needs nothing more. cudaProfilerStart/Stop are looked
 // up in the process (the CUDA runtime LibTorch loaded): without CUDA nothing happens.
-void profileCaptureAtStart() noexcept;
-void profileCaptureAfterStep(int64_t step) noexcept;
+void profile_capture_at_start() noexcept;
+void profile_capture_after_step(int64_t step) noexcept;
 
 }  // namespace dlrun::worker

@@ -50,7 +50,7 @@ struct RecoverableOptions {
   RecoveryHooks state;
   RecoveryOptions recovery;
   // Resumed from, collectively, when the process starts (not in a replacement); the trainer
-  // saves into it (checkpointState(step) gives the state to save). Null: no resume.
+  // saves into it (checkpoint_state(step) gives the state to save). Null: no resume.
   CheckpointManager* checkpoint = nullptr;
   // A communication hook, made for each group: the first, and each one after a recovery.
   std::function<std::unique_ptr<c10d::CommHookInterface>(c10::intrusive_ptr<c10d::ProcessGroup>)>
@@ -60,7 +60,7 @@ struct RecoverableOptions {
   ResumeOptions resume;
   std::function<void(const std::string&)> on_warning;
   // After a recovery, before the step is done again (Outcome::resized: this rank's place
-  // changed, ctx.rank() and ctx.worldSize() are the new ones; rank-dependent streams follow).
+  // changed, ctx.rank() and ctx.world_size() are the new ones; rank-dependent streams follow).
   std::function<void(const Recovery::Outcome&)> on_recovery;
 };
 
@@ -83,7 +83,7 @@ class Recoverable {
       auto warn = options_.on_warning ? options_.on_warning : [](const std::string& w) {
         std::fprintf(stderr, "dlrun::worker: warning: %s\n", w.c_str());
       };
-      if (auto st = options_.checkpoint->resumeLatest(*model_, optimizer_, ctx_,
+      if (auto st = options_.checkpoint->resume_latest(*model_, optimizer_, ctx_,
                                                       options_.resume, warn)) {
         start_ = st->step;
         resumed_ = true;
@@ -100,12 +100,12 @@ class Recoverable {
   // The wrapper of the current group: call it anew in each step (a recovery replaces it).
   DistributedDataParallel<Model>& ddp() { return *ddp_; }
   // The last step done when the object was made: resumed from the checkpoint or a peer, or 0.
-  int64_t startStep() const { return start_; }
+  int64_t start_step() const { return start_; }
   // This process replaced a lost rank: its state came from a peer when it was made.
   bool replacement() const { return from_peer_; }
   // It resumed from a checkpoint when it was made; the seconds that took (or the peer's).
   bool resumed() const { return resumed_; }
-  double resumeSeconds() const { return resume_s_; }
+  double resume_seconds() const { return resume_s_; }
   // The last whole step.
   int64_t committed() const { return recovery_.committed(); }
   Recovery& recovery() { return recovery_; }
@@ -131,11 +131,11 @@ class Recoverable {
   }
 
   // The state a checkpoint of `step` holds: the trainer's (options.state.capture) and the step.
-  TrainingState checkpointState(int64_t step) const {
+  TrainingState checkpoint_state(int64_t step) const {
     TrainingState st;
     if (options_.state.capture) st = options_.state.capture();
     st.step = step;
-    st.world_size = ctx_.worldSize();
+    st.world_size = ctx_.world_size();
     return st;
   }
 
@@ -145,12 +145,12 @@ class Recoverable {
   void Build() {
     DDPOptions o = options_.ddp;
     if (ddp_) {
-      o.ready_order = ddp_->readyOrder();
+      o.ready_order = ddp_->ready_order();
       ddp_.reset();
     }
-    useGroup(*model_, ctx_.pg);
+    use_group(*model_, ctx_.pg);
     ddp_ = std::make_unique<DistributedDataParallel<Model>>(model_, ctx_.pg, o);
-    if (options_.comm_hook) ddp_->registerCommHook(options_.comm_hook(ctx_.pg));
+    if (options_.comm_hook) ddp_->register_comm_hook(options_.comm_hook(ctx_.pg));
   }
 
   Context& ctx_;

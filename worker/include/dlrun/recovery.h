@@ -11,7 +11,7 @@
 //   int64_t start = 0;
 //   if (recovery.replacement()) {
 //     start = recovery.receive().step;  // before the DDP wrapper, as the survivors
-//   } else if (auto st = ckpt.resumeLatest(*model, optimizer, ctx)) {
+//   } else if (auto st = ckpt.resume_latest(*model, optimizer, ctx)) {
 //     start = st->step;
 //   }
 //   auto ddp = std::make_unique<dlrun::worker::DistributedDataParallel<Net>>(model, ctx.pg);
@@ -22,14 +22,14 @@
 //       recovery.commit(step);   // the step's end
 //     });
 //     if (r.recovered) {  // ctx.pg is the new group; every rank holds the state of r.step
-//       dlrun::worker::rebuildAfterRecovery(ddp, ctx.pg);  // ddp.h: the wrapper anew
+//       dlrun::worker::rebuild_after_recovery(ddp, ctx.pg);  // ddp.h: the wrapper anew
 //       step = r.step;  // the loop goes on with r.step + 1: the interrupted step again
 //     }
 //   }
 //
 // NCCL (ctx.backend "nccl"): the agent's word aborts the group's communicators at once (a kernel
 // waiting on the lost peer ends), and the step's collectives, which run behind the CPU, are
-// waited for before the optimizer's update: update() does it, or awaitCollectives() right before
+// waited for before the optimizer's update: update() does it, or await_collectives() right before
 // an optimizer.step() of the trainer's own. A step whose sums may miss the lost peer is given up,
 // never applied; an update applied without that wait when a peer was lost refuses the recovery.
 //
@@ -74,7 +74,7 @@ class PeerLost : public std::runtime_error {
 // The library's collectives and DistributedDataParallel's forward and gradient hooks are such
 // points already; a trainer adds it between the layers of a forward that runs for long on the
 // CPU (train_unet: between the U-Net's levels), so a survivor stops within a layer.
-void interruptionPoint();
+void interruption_point();
 
 struct RecoveryOptions {
   // A step that threw without the agent's word: how long to wait for it before the exception
@@ -138,7 +138,7 @@ class Recovery {
   int64_t committed() const { return committed_; }
 
   // The optimizer's update inside run()'s body, in place of optimizer.step(): the step's
-  // collectives are waited for (awaitCollectives()), the parameters and the optimizer's state
+  // collectives are waited for (await_collectives()), the parameters and the optimizer's state
   // copied (one more copy of them in memory), so that a peer lost later in the same step (a
   // collective after the update, an EMA's, a logging all-reduce) gives the whole step up; then
   // commit() at the step's end (docs/RECOVERY.md, "A step is whole or not at all").
@@ -153,7 +153,7 @@ class Recovery {
   // GPU and gives the step up (PeerLost) when the agent's word of a lost peer came meanwhile or
   // the group reports an error, for their sums may miss the peer. Otherwise (Gloo: every wait
   // of the library's already ends in PeerLost) it does nothing.
-  void awaitCollectives();
+  void await_collectives();
 
   struct Outcome {
     bool recovered = false;
@@ -161,7 +161,7 @@ class Recovery {
     int generation = 0;      // recovered: the group's generation
     double seconds = 0;      // recovered: from the exception to the state agreed
     // A node was lost and the job goes on without it: this rank's place changed (ctx.rank(),
-    // ctx.worldSize() are the new ones). Rank-dependent streams (data shards, seeds) follow.
+    // ctx.world_size() are the new ones). Rank-dependent streams (data shards, seeds) follow.
     bool resized = false;
   };
   // Runs `body` (one step); a peer lost during it is a recovery (Outcome::recovered) instead of

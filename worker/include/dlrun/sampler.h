@@ -22,11 +22,11 @@ struct SamplerOptions {
 class DistributedSampler {
  public:
   explicit DistributedSampler(SamplerOptions o);
-  void setEpoch(int64_t epoch) { epoch_ = epoch; }
+  void set_epoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
   // The indices of this rank for the current epoch (same length on every rank).
   std::vector<int64_t> indices() const;
-  int64_t numSamples() const;  // per rank
+  int64_t num_samples() const;  // per rank
 
  private:
   SamplerOptions o_;

@@ -19,11 +19,11 @@
 // works (BatchNorm1d, 2d and 3d alike). Each training forward and backward is one allreduce on
 // the process group; every rank must call forward the same number of times, as with DDP.
 //
-// After an in-process recovery (docs/RECOVERY.md) the old group is gone: rebuildAfterRecovery
+// After an in-process recovery (docs/RECOVERY.md) the old group is gone: rebuild_after_recovery
 // (dlrun/ddp.h) moves every SyncBatchNorm of the model it wraps onto the new group; a trainer
-// without the DDP wrapper calls useGroup itself:
+// without the DDP wrapper calls use_group itself:
 //
-//   if (r.recovered) dlrun::worker::useGroup(*model, ctx.pg);
+//   if (r.recovered) dlrun::worker::use_group(*model, ctx.pg);
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -52,6 +52,6 @@ TORCH_MODULE(SyncBatchNorm);
 
 // Every SyncBatchNorm in `module` (itself included) normalizes over `pg` from now on; returns
 // how many there were.
-int useGroup(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& pg);
+int use_group(torch::nn::Module& module, const c10::intrusive_ptr<c10d::ProcessGroup>& pg);
 
 }  // namespace dlrun::worker

@@ -3,8 +3,8 @@
 //
 //   auto ctx = dlrun::worker::init();          // reads RANK, WORLD_SIZE, MASTER_ADDR, ...
 //   dlrun::worker::DistributedDataParallel ddp(model, ctx.pg);
-//   auto loss_sum = ctx.allReduce(torch::tensor({loss_value}));     // small collectives
-//   if (!ctx.ranksAgree(dlrun::worker::digest(model->parameters()))) std::abort();
+//   auto loss_sum = ctx.all_reduce(torch::tensor({loss_value}));     // small collectives
+//   if (!ctx.ranks_agree(dlrun::worker::digest(model->parameters()))) std::abort();
 //
 // Errors are exceptions with one-line messages (std::runtime_error; std::invalid_argument for
 // bad settings), here and in every header of the library.
@@ -30,9 +30,9 @@ struct InitOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // "gloo" (CPU), "nccl" (where LibTorch has CUDA) or "auto".
   std::string backend = "auto";
-  // Keep freed memory in the process for the next step (keepFreedMemory() below).
+  // Keep freed memory in the process for the next step (keep_freed_memory() below).
   bool keep_freed_memory = true;
-  // A crash's native frames to stderr for dlrun's failure report (installCrashTrace()).
+  // A crash's native frames to stderr for dlrun's failure report (install_crash_trace()).
   bool crash_trace = true;
   // Ignore SIGPIPE, as Python does at its start: a write to a peer that died (Gloo's sockets, the
   // store's) then fails with EPIPE, which the recovery handles, instead of killing the survivor.
@@ -44,28 +44,28 @@ struct Context {
   DistEnv env;
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
-  // A warm spare: when the agent promoted it (awaitPromotion() returned); unset otherwise.
+  // A warm spare: when the agent promoted it (await_promotion() returned); unset otherwise.
   std::optional<std::chrono::steady_clock::time_point> promoted_at;
   // The backend init() resolved ("gloo" or "nccl"); in-process recovery rebuilds the group with it.
   std::string backend = "gloo";
   int rank() const { return env.rank; }
-  int worldSize() const { return env.world_size; }
+  int world_size() const { return env.world_size; }
 
   // Small collectives over `pg`, for a trainer's bookkeeping (losses, counts, flags, checks);
   // every rank must make the same calls in the same order. They block until done. CPU tensors
   // go through Gloo, CUDA tensors through NCCL when init() made it.
   // Sums (or `op`: c10d::ReduceOp::MAX, MIN, PRODUCT, AVG on NCCL) `t` in place and returns it.
-  torch::Tensor allReduce(torch::Tensor t, c10d::ReduceOp op = c10d::ReduceOp::SUM) const;
+  torch::Tensor all_reduce(torch::Tensor t, c10d::ReduceOp op = c10d::ReduceOp::SUM) const;
   // Every rank's `t` (same shape and type everywhere), indexed by rank.
-  std::vector<torch::Tensor> allGather(const torch::Tensor& t) const;
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t) const;
   // Rank `root`'s `t` into every rank's `t` (in place); returns it.
   torch::Tensor broadcast(torch::Tensor t, int root = 0) const;
   void barrier() const;
   // True on every rank when every rank passed the same value, e.g.
-  // ctx.ranksAgree(dlrun::worker::digest(model->parameters())); ranksDiffering() names them.
-  bool ranksAgree(uint64_t value) const;
+  // ctx.ranks_agree(dlrun::worker::digest(model->parameters())); ranks_differing() names them.
+  bool ranks_agree(uint64_t value) const;
   // The ranks whose value differs from rank 0's (empty when all agree).
-  std::vector<int> ranksDiffering(uint64_t value) const;
+  std::vector<int> ranks_differing(uint64_t value) const;
 };
 
 // Creates the c10d TCPStore (hosted by rank 0) and the process group. Throws std::runtime_error
@@ -75,14 +75,14 @@ Context init(const InitOptions& options = {});
 // A Gloo process group over `store` for a trainer that makes its own store (or a one-rank group
 // over a c10d::HashStore in a test), bound to `address` ("" = the host's default interface).
 // init() makes its Gloo backend the same way; Gloo's headers stay inside the library.
-c10::intrusive_ptr<c10d::ProcessGroup> makeGlooGroup(
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& address,
     std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
 // "auto" -> "nccl" where LibTorch has CUDA and a GPU is visible, else "gloo". Throws a one-line
 // std::runtime_error for an unknown name, or "nccl" without CUDA or without a GPU, before any
 // process group is made (init() calls it first).
-std::string ResolveBackend(const std::string& requested);
+std::string resolve_backend(const std::string& requested);
 
 // A 64-bit digest of the exact bytes of `tensors` (for checking ranks agree bit for bit).
 uint64_t digest(const std::vector<torch::Tensor>& tensors);

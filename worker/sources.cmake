@@ -10,5 +10,5 @@ set(DLRUN_DIST_ENV_SOURCES worker/src/dist_env.cc worker/src/agent_link.cc worke
 # shuffle is torch.randperm, as PyTorch's DistributedSampler).
 set(DLRUN_WORKER_SOURCES worker/src/init.cc worker/src/ddp.cc worker/src/ddp_reduce.cc
   worker/src/ddp_join.cc worker/src/lr_schedule.cc
-  worker/src/checkpoint.cc worker/src/sync_batch_norm.cc worker/src/sampler.cc worker/src/recovery.cc worker/src/state_transfer.cc
+  worker/src/checkpoint.cc worker/src/sync_batch_norm.cc worker/src/sampler.cc worker/src/recovery.cc worker/src/state_transfer.cc worker/src/step_state.cc
   worker/src/peer_loss.cc)

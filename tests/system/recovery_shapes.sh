@@ -232,6 +232,27 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
         fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the generator, or no uncounted restart" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 0 1 0
       ;;
+    cxx_two_optimizers)  # AdamW and SGD with momentum, both given: every point in process, and
+      # a fault in the first step after a resume from the checkpoint (the second's momentum in it)
+      run "$shape-fault" "$shape" "$EVERY_POINT" ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 4 0
+      STEPS=9 run "$shape-resume" "$shape" "" ||
+        fail_with_dlrun_lines "$test_name" "$shape-resume's first 9 steps failed" "$work/$shape-resume.out"
+      run "$shape-resume" "$shape" 9:1:backward ||
+        fail_with_dlrun_lines "$test_name" "$shape-resume failed" "$work/$shape-resume.out"
+      grep -q "rank 0 resumed from step 8" "$work/$shape-resume.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: not resumed from step 8" "$work/$shape-resume.out"
+      check "$shape" "$shape-resume" 1 0
+      ;;
+    cxx_two_optimizers_one)  # the second optimizer not given: its momentum cannot be sent:
+      # refused in one line, the restart from the checkpoint, with the default flags
+      MAX_RESTARTS=0 run "$shape-fault" "$shape" 6:1:backward ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed with --max-restarts 0" "$work/$shape-fault.out"
+      grep -q "refused: parameter 'bn.weight' is in none of the recovery's optimizers" "$work/$shape-fault.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the parameter" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 0 1 0
+      ;;
     cxx_update_rank)  # rank 1 updated twice in step 3: the survivors' update counts differ
       # at the recovery of step 6: refused in one line, the restart from the checkpoint (the
       # replicas differ in the fault-free run too: not compared)

@@ -12,7 +12,8 @@
 // CPU generator seeded once), allreduce_hook (bn with PyTorch's allreduce_hook), dropout_rank
 // (seeded per rank by the trainer: refused), dropout_seeded (per rank through
 // RecoveryOptions::seed_per_rank), object (RunObject: the loop written with
-// dlrun::worker::Recoverable).
+// dlrun::worker::Recoverable), two_optimizers and two_optimizers_one (RunTwoOptimizers), and
+// update_rank (log_allreduce with rank 1 updating twice in step 3).
 // KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit;
 // object: also micro, between its two micro-steps).
 // Lines: "rank R digest D buffers B" at the end (parameters and the EMA; the buffers).
@@ -160,6 +161,57 @@ int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir
   return 0;
 }
 
+// two_optimizers: AdamW for the first layer, SGD with momentum for the rest, both given to
+// Recoverable (their states sent, undone and checkpointed); two_optimizers_one: only the
+// first given, the second stepped in the update's apply: a recovery that sends the state
+// must refuse (the second's momentum cannot be sent).
+int RunTwoOptimizers(dlrun::worker::Context& ctx, const std::string& shape, int64_t steps,
+                     const std::string& dir) {
+  const int rank = ctx.rank();
+  torch::manual_seed(0);
+  Net model(nullptr, 0.0);
+  torch::optim::AdamW first(model->inp->parameters(), torch::optim::AdamWOptions(1e-2));
+  std::vector<torch::Tensor> rest = model->bn.ptr()->parameters();
+  for (const auto& p : model->out->parameters()) rest.push_back(p);
+  torch::optim::SGD second(rest, torch::optim::SGDOptions(1e-2).momentum(0.9));
+  dlrun::worker::CheckpointManager ckpt({.dir = dir});
+  dlrun::worker::RecoverableOptions options;
+  options.checkpoint = &ckpt;
+  const bool both = shape == "two_optimizers";
+  std::optional<dlrun::worker::Recoverable<Net>> rec;
+  if (both) {
+    rec.emplace(ctx, model, std::vector<torch::optim::Optimizer*>{&first, &second}, options);
+  } else {
+    rec.emplace(ctx, model, first, options);
+  }
+  if (rec->start_step() > 0) std::printf("rank %d resumed from step %ld\n", rank, rec->start_step());
+  const Killer kill(dir, rank);
+  int64_t current = 0;
+  model->parameters()[0].register_hook([&](torch::Tensor g) {
+    kill.At(current, "backward");
+    return g;
+  });
+  rec->run(steps, [&](int64_t step) {
+    current = step;
+    kill.At(step - 1, "commit");
+    kill.At(step, "start");
+    first.zero_grad();
+    second.zero_grad();
+    torch::Generator g = at::detail::createCPUGenerator(10000 * step + rank);
+    const torch::Tensor x = torch::randn({8, 8}, g);
+    torch::mse_loss(rec->ddp()(x), x.sum(1, true).tanh()).backward();
+    if (both) {
+      rec->update();  // steps both
+    } else {
+      rec->update({.apply = [&] { first.step(); second.step(); }});
+    }
+    kill.At(step, "update");
+    if (rank == 0 && step % 4 == 0) ckpt.save(*model, first, rec->checkpoint_state(step));
+  });
+  PrintEnd(rank, model, {});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -171,6 +223,7 @@ int main(int argc, char** argv) try {
   const int64_t steps = std::stoll(argv[2]);
   auto ctx = dlrun::worker::init();
   if (shape == "object") return RunObject(ctx, steps, dir);
+  if (shape.rfind("two_optimizers", 0) == 0) return RunTwoOptimizers(ctx, shape, steps, dir);
   const int rank = ctx.rank();
   torch::manual_seed(0);
   const bool dropout = shape.rfind("dropout", 0) == 0;

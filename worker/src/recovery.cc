@@ -14,6 +14,7 @@
 
 #include "agent_word.h"
 #include "state_transfer.h"
+#include "step_state.h"
 #include "dlrun/agent_link.h"
 #include "group.h"
 #include "text.h"
@@ -29,54 +30,13 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-// The sum of the parameters' version counters: any in-place change (an optimizer's update)
-// raises it.
-int64_t Versions(const torch::nn::Module& model) {
-  int64_t v = 0;
-  for (const torch::Tensor& p : model.parameters()) v += static_cast<int64_t>(p._version());
-  return v;
-}
-
 using detail::CloneInto;
-
-void CopyInto(const std::vector<torch::Tensor>& to, const std::vector<torch::Tensor>& from) {
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < to.size() && i < from.size(); ++i) to[i].copy_(from[i]);
-}
-
-// Whether an update by `optimizer` raises its parameters' version counters (Versions()). LibTorch's
-// SGD updates through Tensor::data(), whose in-place change leaves the parameter's counter as
-// it was, as may an optimizer of the trainer's own: for those a step's change is seen by
-// comparing the parameters with a copy (StepUndo::params_at).
-bool UpdateRaisesVersions(const torch::optim::Optimizer& optimizer) {
-  return dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr ||
-         dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr ||
-         dynamic_cast<const torch::optim::RMSprop*>(&optimizer) != nullptr ||
-         dynamic_cast<const torch::optim::Adagrad*>(&optimizer) != nullptr;
-}
-
-bool SameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) return false;
-  }
-  return true;
-}
-
-uint64_t CpuRngDigest() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return digest({gen.get_state()});
-}
-
-// RecoveryOptions::seed_per_rank: one seed per (seed, step, rank) (splitmix64's mixing).
-uint64_t StepSeed(uint64_t seed, int64_t step, int rank) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(step) * 1000003ULL +
-                                               static_cast<uint64_t>(rank) + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using detail::CopyInto;
+using detail::CpuRngDigest;
+using detail::SameTensors;
+using detail::StepSeed;
+using detail::UpdateRaisesVersions;
+using detail::Versions;
 
 // NCCL runs a step's collectives on the GPU behind the CPU; Gloo's have ended (or thrown
 // PeerLost) when the library's wait returns.
@@ -135,6 +95,14 @@ void Recovery::commit(int64_t step) {
     CloneInto(&undo_->buffers, model_.buffers());
     if (!undo_->params_at.empty()) CloneInto(&undo_->params_at, model_.parameters());
   }
+}
+
+TrainingState Recovery::capture_state() const {
+  return hooks_.capture ? hooks_.capture() : TrainingState{};
+}
+
+void Recovery::restore_state(const TrainingState& state) {
+  if (hooks_.restore) hooks_.restore(state);
 }
 
 bool Recovery::ParametersChanged() const {
@@ -231,8 +199,8 @@ std::string Recovery::FirstDiffering(int other) {
 
 Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                    RecoveryHooks hooks, RecoveryOptions options)
-    : ctx_(ctx), model_(model), optimizer_(optimizer), hooks_(std::move(hooks)),
-      options_(options) {
+    : ctx_(ctx), model_(model), optimizer_(optimizer),
+      hooks_(detail::WithOptimizers(std::move(hooks))), options_(options) {
   enabled_ = detail::WatchAgentWords();
   // Made at start-up: only a replacement starts in a generation after the first.
   replacement_ = enabled_ && detail::CurrentGeneration() > 0;
@@ -295,6 +263,15 @@ Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
         lite::StrJoin(drew, ","), " drew from it in their steps: rank(s) ",
         lite::StrJoin(behind, ","), " cannot be given the lost one's "
         "(RecoveryOptions::seed_per_rank derives each rank's from the step)"));
+  }
+  std::vector<const torch::optim::Optimizer*> all(hooks_.optimizers.begin(), hooks_.optimizers.end());
+  all.push_back(&optimizer_);
+  if (const std::string outside = detail::FirstParameterOutside(model_, all);
+      !behind.empty() && !outside.empty()) {
+    throw std::runtime_error(lite::StrCat(
+        "refused: parameter '", outside, "' is in none of the recovery's optimizers (updated by "
+        "another optimizer? give them all: RecoveryHooks::optimizers, or Recoverable's list): "
+        "its optimizer's state cannot be sent"));
   }
   const auto buffers = model_.named_buffers();
   if (!buffers.is_empty() && best > 0 && steps[0] < 0) {
@@ -405,7 +382,9 @@ void Recovery::BeginStep() {
   undo_ = std::move(next);
   undo_->committed = committed_;
   undo_->versions = Versions(model_);
-  if (UpdateRaisesVersions(optimizer_)) {
+  bool raise = UpdateRaisesVersions(optimizer_);
+  for (const auto* o : hooks_.optimizers) raise = raise && UpdateRaisesVersions(*o);
+  if (raise) {
     undo_->params_at.clear();  // empty: the version counters tell (ParametersChanged)
   } else {
     CloneInto(&undo_->params_at, model_.parameters());

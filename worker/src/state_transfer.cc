@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <set>
+#include <sstream>
 
 #include "checkpoint_bytes.h"
 #include "text.h"
@@ -161,6 +163,103 @@ void RestoreOptimizer(torch::optim::Optimizer& optimizer, const OptimizerCopy& c
   OptimizerTensors(optimizer, &live, &unused);
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < live.size() && i < copy.tensors.size(); ++i) live[i].copy_(copy.tensors[i]);
+}
+
+void CaptureOptimizers(const std::vector<torch::optim::Optimizer*>& optimizers, TrainingState* state) {
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    const torch::optim::Optimizer& o = *optimizers[i];
+    const std::string key = lite::StrCat("dlrun.optimizer.", i + 1, ".");
+    std::vector<torch::Tensor> tensors;
+    std::vector<int64_t> layout;
+    if (OptimizerTensors(o, &tensors, &layout)) {
+      state->tensors[key + "layout"] = torch::tensor(layout, torch::kInt64);
+      for (size_t t = 0; t < tensors.size(); ++t) state->tensors[lite::StrCat(key, t)] = tensors[t];
+    } else {  // a kind not known here: its archive, whole
+      torch::serialize::OutputArchive archive;
+      o.save(archive);
+      std::ostringstream bytes;
+      archive.save_to(bytes);
+      const std::string b = bytes.str();
+      state->tensors[key + "archive"] =
+          torch::from_blob(const_cast<char*>(b.data()), {static_cast<int64_t>(b.size())},
+                           torch::kUInt8).clone();
+    }
+    std::vector<double> lrs;
+    for (const auto& g : o.param_groups()) lrs.push_back(g.options().get_lr());
+    state->tensors[key + "lr"] = torch::tensor(lrs, torch::kFloat64);
+  }
+}
+
+void RestoreOptimizers(const std::vector<torch::optim::Optimizer*>& optimizers,
+                       const TrainingState& state) {
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    torch::optim::Optimizer& o = *optimizers[i];
+    const std::string key = lite::StrCat("dlrun.optimizer.", i + 1, ".");
+    const auto& ts = state.tensors;
+    const auto lr = ts.find(key + "lr");
+    if (lr == ts.end()) {
+      throw std::runtime_error(lite::StrCat(
+          "the state of step ", state.step, " holds none of optimizer ", i + 1, "'s (written "
+          "without it: one optimizer given where the trainer has ", optimizers.size() + 1, ")"));
+    }
+    if (const auto a = ts.find(key + "archive"); a != ts.end()) {
+      torch::serialize::InputArchive archive;
+      const torch::Tensor b = a->second.contiguous();
+      archive.load_from(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()),
+                        static_cast<size_t>(b.numel()));
+      o.load(archive);
+    } else {
+      OptimizerCopy copy;
+      const torch::Tensor layout = ts.at(key + "layout").contiguous();
+      copy.layout.assign(layout.data_ptr<int64_t>(), layout.data_ptr<int64_t>() + layout.numel());
+      for (size_t t = 0; ts.count(lite::StrCat(key, t)); ++t) {
+        copy.tensors.push_back(ts.at(lite::StrCat(key, t)));
+      }
+      std::vector<torch::Tensor> live;
+      std::vector<int64_t> unused;
+      PrimeOptimizer(o, copy.layout);
+      OptimizerTensors(o, &live, &unused);
+      if (live.size() != copy.tensors.size()) {
+        throw std::runtime_error(lite::StrCat("the state of optimizer ", i + 1, " holds ",
+                                              copy.tensors.size(), " tensors, this one has ",
+                                              live.size()));
+      }
+      RestoreOptimizer(o, copy);
+    }
+    const torch::Tensor lrs = lr->second;
+    for (size_t g = 0; g < o.param_groups().size() && g < static_cast<size_t>(lrs.numel()); ++g) {
+      o.param_groups()[g].options().set_lr(lrs[static_cast<int64_t>(g)].item<double>());
+    }
+  }
+}
+
+RecoveryHooks WithOptimizers(RecoveryHooks hooks) {
+  if (hooks.optimizers.empty()) return hooks;
+  RecoveryHooks out = hooks;
+  out.capture = [hooks] {
+    TrainingState st = hooks.capture ? hooks.capture() : TrainingState{};
+    CaptureOptimizers(hooks.optimizers, &st);
+    return st;
+  };
+  out.restore = [hooks](const TrainingState& st) {
+    if (hooks.restore) hooks.restore(st);
+    RestoreOptimizers(hooks.optimizers, st);
+  };
+  return out;
+}
+
+std::string FirstParameterOutside(const torch::nn::Module& model,
+                                  const std::vector<const torch::optim::Optimizer*>& optimizers) {
+  std::set<const void*> in;
+  for (const torch::optim::Optimizer* o : optimizers) {
+    for (const torch::Tensor& p : OptimizerParams(*o)) in.insert(p.unsafeGetTensorImpl());
+  }
+  for (const auto& item : model.named_parameters()) {
+    if (item.value().requires_grad() && !in.count(item.value().unsafeGetTensorImpl())) {
+      return item.key();
+    }
+  }
+  return "";
 }
 
 void SendState(const Context& ctx, const torch::nn::Module& model,

@@ -8,9 +8,11 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <string>
 #include <vector>
 
 #include "dlrun/checkpoint.h"
+#include "dlrun/recovery.h"
 #include "dlrun/worker.h"
 
 namespace dlrun::worker::detail {
@@ -43,5 +45,20 @@ void CopyOptimizerInto(const torch::optim::Optimizer& optimizer, OptimizerCopy* 
 // shape, type and device, else made anew (clone()).
 void CloneInto(std::vector<torch::Tensor>* to, const std::vector<torch::Tensor>& from);
 void RestoreOptimizer(torch::optim::Optimizer& optimizer, const OptimizerCopy& copy);
+
+// The trainer's other optimizers (RecoveryHooks::optimizers) as part of its state: each one's
+// state tensors (or, for a kind not known here, its archive's bytes) and learning rates under
+// "dlrun.optimizer.N." (N = 1, 2, ...), into `state`.
+void CaptureOptimizers(const std::vector<torch::optim::Optimizer*>& optimizers, TrainingState* state);
+// Puts them back from `state`; a one-line std::runtime_error when it holds none for optimizer N
+// (a checkpoint written without it) or a state that does not fit it.
+void RestoreOptimizers(const std::vector<torch::optim::Optimizer*>& optimizers,
+                       const TrainingState& state);
+// `hooks` whose capture and restore also carry hooks.optimizers (CaptureOptimizers).
+RecoveryHooks WithOptimizers(RecoveryHooks hooks);
+// The name of the first parameter of `model` that needs a gradient and is in none of
+// `optimizers`' groups ("" when each is in one).
+std::string FirstParameterOutside(const torch::nn::Module& model,
+                                  const std::vector<const torch::optim::Optimizer*>& optimizers);
 
 }  // namespace dlrun::worker::detail

@@ -32,8 +32,10 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dlrun/checkpoint.h"
 #include "dlrun/ddp.h"
@@ -70,11 +72,19 @@ class Recoverable {
   // `model` is a module holder (`Net model;`) or a std::shared_ptr to the module.
   Recoverable(Context& ctx, Model model, torch::optim::Optimizer& optimizer,
               RecoverableOptions options = {})
+      : Recoverable(ctx, std::move(model), std::vector<torch::optim::Optimizer*>{&optimizer},
+                    std::move(options)) {}
+  // Several optimizers (a second model's, a GAN's discriminator's): each one's state is sent,
+  // undone and checkpointed (the first's as the checkpoint's optimizer, the others' in its
+  // training state); update() steps them all.
+  Recoverable(Context& ctx, Model model, std::vector<torch::optim::Optimizer*> optimizers,
+              RecoverableOptions options = {})
       : ctx_(ctx),
         model_(std::move(model)),
-        optimizer_(optimizer),
-        options_(std::move(options)),
-        recovery_(ctx, *model_, optimizer, options_.state, options_.recovery) {
+        optimizer_(*First(optimizers)),
+        others_(optimizers.begin() + 1, optimizers.end()),
+        options_(WithOthers(std::move(options), others_)),
+        recovery_(ctx, *model_, optimizer_, options_.state, options_.recovery) {
     const auto t0 = std::chrono::steady_clock::now();
     if (recovery_.replacement()) {
       from_peer_ = true;
@@ -87,7 +97,7 @@ class Recoverable {
                                                       options_.resume, warn)) {
         start_ = st->step;
         resumed_ = true;
-        if (options_.state.restore) options_.state.restore(*st);
+        recovery_.restore_state(*st);
       }
     }
     resume_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -113,7 +123,15 @@ class Recoverable {
   // The optimizer's update, in place of optimizer.step(), inside run()'s body: the one way to
   // write it (Recovery::update: what is waited for and copied; UpdateOptions: an update of the
   // trainer's own, and one that ends the step without the copy).
-  void update(const UpdateOptions& options = {}) { recovery_.update(options); }
+  void update(const UpdateOptions& options = {}) {
+    if (options.apply || others_.empty()) return recovery_.update(options);
+    UpdateOptions all = options;
+    all.apply = [this] {
+      optimizer_.step();
+      for (torch::optim::Optimizer* o : others_) o->step();
+    };
+    recovery_.update(all);
+  }
 
   // Runs body(step) for each step after committed() up to `last`; a step a peer's loss
   // interrupted is done again once every rank holds the state of the step before it.
@@ -130,10 +148,10 @@ class Recoverable {
     }
   }
 
-  // The state a checkpoint of `step` holds: the trainer's (options.state.capture) and the step.
+  // The state a checkpoint of `step` holds: the trainer's (options.state.capture, the other
+  // optimizers') and the step.
   TrainingState checkpoint_state(int64_t step) const {
-    TrainingState st;
-    if (options_.state.capture) st = options_.state.capture();
+    TrainingState st = recovery_.capture_state();
     st.step = step;
     st.world_size = ctx_.world_size();
     return st;
@@ -153,9 +171,22 @@ class Recoverable {
     if (options_.comm_hook) ddp_->register_comm_hook(options_.comm_hook(ctx_.pg));
   }
 
+  static torch::optim::Optimizer* First(const std::vector<torch::optim::Optimizer*>& optimizers) {
+    if (optimizers.empty() || optimizers.front() == nullptr) {
+      throw std::invalid_argument("Recoverable: no optimizer given");
+    }
+    return optimizers.front();
+  }
+  static RecoverableOptions WithOthers(RecoverableOptions o,
+                                      const std::vector<torch::optim::Optimizer*>& others) {
+    o.state.optimizers.insert(o.state.optimizers.end(), others.begin(), others.end());
+    return o;
+  }
+
   Context& ctx_;
   Model model_;
   torch::optim::Optimizer& optimizer_;
+  std::vector<torch::optim::Optimizer*> others_;
   RecoverableOptions options_;
   Recovery recovery_;
   int64_t start_ = 0;

@@ -98,6 +98,11 @@ struct RecoveryHooks {
   // Applied on the ranks that took the state from a peer (the replacement, and a survivor that
   // was a step behind).
   std::function<void(const TrainingState&)> restore;
+  // The trainer's other optimizers (a second model's, a GAN's discriminator's), beside the one
+  // the Recovery is made with: their state and learning rates are part of the trainer's state
+  // (captured, sent, undone with it; in Recoverable's checkpoints). A parameter that needs a
+  // gradient and is in none of the optimizers refuses a recovery that sends the state.
+  std::vector<torch::optim::Optimizer*> optimizers;
 };
 
 struct UpdateOptions {
@@ -136,6 +141,9 @@ class Recovery {
   // are put back, parameters it changed refuse the recovery.
   void commit(int64_t step);
   int64_t committed() const { return committed_; }
+  // The trainer's state as the hooks give it (hooks.capture, the other optimizers'), and back.
+  TrainingState capture_state() const;
+  void restore_state(const TrainingState& state);
 
   // The optimizer's update inside run()'s body, in place of optimizer.step(): the step's
   // collectives are waited for (await_collectives()), the parameters and the optimizer's state

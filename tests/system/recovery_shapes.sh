@@ -222,15 +222,26 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
         fail_with_dlrun_lines "$test_name" "$shape: rank 0's loss not refused" "$work/$shape-rank0.out"
       check "$shape" "$shape-rank0" 0 1
       ;;
-    cxx_dropout_rank)  # the CPU generator seeded per rank by the trainer, then drawn from: the
-      # lost rank's cannot be known: refused in one line, with the default flags (the resume
-      # gives every rank rank 0's generator, so the end is not the fault-free run's: not compared)
-      MAX_RESTARTS=0 run "$shape-fault" "$shape" 6:1:commit ||
-        fail_with_dlrun_lines "$test_name" "$shape-fault failed with --max-restarts 0" "$work/$shape-fault.out"
-      grep -q "refused: the CPU random generator differs across ranks (seeded per rank?) and rank(s) 0 drew from it" "$work/$shape-fault.out" &&
-        grep -q "restarting from the checkpoint in place of the in-process recovery" "$work/$shape-fault.out" ||
-        fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the generator, or no uncounted restart" "$work/$shape-fault.out"
-      check "$shape" "$shape-fault" 0 1 0
+    cxx_dropout_rank)  # the CPU generator seeded per rank by the trainer, then drawn from:
+      # every rank's generator is gathered at each commit, so the replacement takes the lost
+      # rank's own: in process and exact at every point
+      run "$shape-fault" "$shape" "$EVERY_POINT" ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 4 0
+      ;;
+    cxx_object_rank)  # Recoverable, seeded per rank by the trainer: every point in process; a
+      # fault in the first step after a resume (no rank's generator gathered yet in the new
+      # processes: refused in one line) resumes each rank with its own from the checkpoint: exact
+      run "$shape-fault" "$shape" "$EVERY_POINT,13:1:micro" ||
+        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      check "$shape" "$shape-fault" 5 0
+      STEPS=9 run "$shape-resume" "$shape" "" ||
+        fail_with_dlrun_lines "$test_name" "$shape-resume's first 9 steps failed" "$work/$shape-resume.out"
+      MAX_RESTARTS=0 run "$shape-resume" "$shape" 9:1:backward ||
+        fail_with_dlrun_lines "$test_name" "$shape-resume failed" "$work/$shape-resume.out"
+      grep -q "refused: the CPU random generator differs across ranks (seeded per rank?)" "$work/$shape-resume.out" ||
+        fail_with_dlrun_lines "$test_name" "$shape: the fault after the resume not refused" "$work/$shape-resume.out"
+      check "$shape" "$shape-resume" 0 1
       ;;
     cxx_two_optimizers)  # AdamW and SGD with momentum, both given: every point in process, and
       # a fault in the first step after a resume from the checkpoint (the second's momentum in it)

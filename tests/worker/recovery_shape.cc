@@ -10,9 +10,10 @@
 // (bn with the built-in comm hook, registered again on the rebuilt wrapper), resume (bn without
 // commit() after the checkpoint resume, as docs/EMBEDDING.md's loop), dropout_once (Dropout, the
 // CPU generator seeded once), allreduce_hook (bn with PyTorch's allreduce_hook), dropout_rank
-// (seeded per rank by the trainer: refused), dropout_seeded (per rank through
+// (seeded per rank by the trainer, Recovery::update(): each rank's generator gathered at the
+// update and the commit), dropout_seeded (per rank through
 // RecoveryOptions::seed_per_rank), object (RunObject: the loop written with
-// dlrun::worker::Recoverable), two_optimizers and two_optimizers_one (RunTwoOptimizers), and
+// dlrun::worker::Recoverable; object_rank: seeded per rank by the trainer), two_optimizers and two_optimizers_one (RunTwoOptimizers), and
 // update_rank (log_allreduce with rank 1 updating twice in step 3).
 // KILLS=STEP:RANK:POINT,...: as tests/python/shapes_train.py (start, backward, update, commit;
 // object: also micro, between its two micro-steps).
@@ -100,10 +101,14 @@ void PrintEnd(int rank, Net& model, const std::vector<torch::Tensor>& ema) {
 // BatchNorm, Dropout of each rank's own (RecoveryOptions::seed_per_rank), AdamW with a warm-up
 // schedule, two micro-batches a step (the first under no_sync), the fp16 comm hook, an EMA as
 // the trainer's state, a logging all-reduce after the update, the checkpoint inside the step.
-int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir) {
+// object_rank: the same with the CPU generator seeded per rank by the trainer, as PyTorch users do
+// (torch::manual_seed(1000 + rank)), not through seed_per_rank.
+int RunObject(dlrun::worker::Context& ctx, const std::string& shape, int64_t steps,
+              const std::string& dir) {
   const int rank = ctx.rank();
   torch::manual_seed(0);
   Net model(nullptr, 0.3);
+  if (shape == "object_rank") torch::manual_seed(1000 + rank);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   const dlrun::worker::LrSchedule schedule{.start_lr = 1e-2, .tot_steps = 20, .warmup_steps = 5};
   std::vector<torch::Tensor> ema;
@@ -118,7 +123,7 @@ int RunObject(dlrun::worker::Context& ctx, int64_t steps, const std::string& dir
   options.state.restore = [&](const dlrun::worker::TrainingState& st) {
     for (size_t i = 0; i < ema.size(); ++i) ema[i].copy_(st.tensors.at("ema." + std::to_string(i)));
   };
-  options.recovery.seed_per_rank = 7;
+  if (shape == "object") options.recovery.seed_per_rank = 7;
   options.checkpoint = &ckpt;
   options.comm_hook = [](c10::intrusive_ptr<c10d::ProcessGroup> pg) {
     return dlrun::worker::comm_hooks::fp16_compress(std::move(pg));
@@ -222,7 +227,7 @@ int main(int argc, char** argv) try {
   const std::string shape = argv[1], dir = argv[3];
   const int64_t steps = std::stoll(argv[2]);
   auto ctx = dlrun::worker::init();
-  if (shape == "object") return RunObject(ctx, steps, dir);
+  if (shape.rfind("object", 0) == 0) return RunObject(ctx, shape, steps, dir);
   if (shape.rfind("two_optimizers", 0) == 0) return RunTwoOptimizers(ctx, shape, steps, dir);
   const int rank = ctx.rank();
   torch::manual_seed(0);
@@ -279,7 +284,7 @@ int main(int argc, char** argv) try {
       opt.zero_grad();
       const torch::Tensor loss = torch::mse_loss((*ddp)(x), x.sum(1, true).tanh());
       loss.backward();
-      if (shape == "log_allreduce" || shape == "update_rank") {
+      if (shape == "log_allreduce" || shape == "update_rank" || shape == "dropout_rank") {
         recovery.update();
         // update_rank: rank 1 applies step 3's update twice (a bug of the trainer's): the
         // ranks' update counts differ from then on

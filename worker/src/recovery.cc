@@ -87,6 +87,9 @@ void Recovery::commit(int64_t step) {
   // NCCL, an update of the trainer's own without await_collectives(): the step's sums are checked
   // now; a peer lost meanwhile then refuses the recovery (GiveUp: changed parameters).
   if (undo_ && !undo_->settled) await_collectives();
+  // Seeded per rank: each rank's generator as of this step, for a rank that loses its own.
+  if (undo_ && rng_per_rank_) rng_table_ = detail::GatherCpuRng(ctx_);
+  rng_table_in_step_ = torch::Tensor();
   committed_ = step;
   updates_committed_ = updates_;
   if (undo_) {  // what comes after it in the body is not done again: its changes are checked
@@ -98,11 +101,18 @@ void Recovery::commit(int64_t step) {
 }
 
 TrainingState Recovery::capture_state() const {
-  return hooks_.capture ? hooks_.capture() : TrainingState{};
+  TrainingState st = hooks_.capture ? hooks_.capture() : TrainingState{};
+  const torch::Tensor& table = rng_table_in_step_.defined() ? rng_table_in_step_ : rng_table_;
+  if (table.defined()) st.tensors["dlrun.rng_table"] = table;  // each rank's own
+  return st;
 }
 
 void Recovery::restore_state(const TrainingState& state) {
   if (hooks_.restore) hooks_.restore(state);
+  const auto table = state.tensors.find("dlrun.rng_table");
+  if (table != state.tensors.end()) {
+    detail::SetCpuRngFromTable(table->second, ctx_.rank(), ctx_.world_size());
+  }
 }
 
 bool Recovery::ParametersChanged() const {
@@ -139,10 +149,14 @@ void Recovery::update(const UpdateOptions& options) {
     optimizer_.step();
   }
   ++updates_;
-  if (options.ends_step) commit(running_);
+  if (options.ends_step) return commit(running_);
+  // Seeded per rank: each rank's generator as of the update too, for a checkpoint the step
+  // saves after it (Recoverable::checkpoint_state); commit() gathers them again.
+  if (undo_ && rng_per_rank_) rng_table_in_step_ = detail::GatherCpuRng(ctx_);
 }
 
 void Recovery::GiveUp() {
+  rng_table_in_step_ = torch::Tensor();
   if (!undo_) return;
   StepUndo& u = *undo_;
   const int64_t step = u.committed + 1;
@@ -228,18 +242,20 @@ Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
   const bool drew_own = rng_per_rank_ && my_step >= 0 && CpuRngDigest() != rng_at_start_;
   const std::optional<bool> broadcasts = detail::BroadcastsBuffers(&model_);
   const std::vector<torch::Tensor> rows = ctx_.all_gather(torch::tensor(
-      {my_step, int64_t{drew_own}, broadcasts ? int64_t{*broadcasts} : -1, updates_committed_},
+      {my_step, int64_t{drew_own}, broadcasts ? int64_t{*broadcasts} : -1, updates_committed_,
+       int64_t{rng_table_.defined() && rng_table_.size(0) == ctx_.world_size()}},
       torch::kInt64));
-  std::vector<int64_t> steps, updates;
+  std::vector<int64_t> steps, updates, tables;
   std::vector<int> drew;
   std::optional<bool> broadcast;
   int64_t best = -1;
   int root = -1;
   for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
     const std::vector<int64_t> row(rows[static_cast<size_t>(r)].data_ptr<int64_t>(),
-                                   rows[static_cast<size_t>(r)].data_ptr<int64_t>() + 4);
+                                   rows[static_cast<size_t>(r)].data_ptr<int64_t>() + 5);
     steps.push_back(row[0]);
     updates.push_back(row[3]);
+    tables.push_back(row[4]);
     if (row[1] != 0) drew.push_back(r);
     if (row[2] >= 0) broadcast = row[2] != 0;
     if (steps.back() > best) best = steps.back(), root = r;
@@ -257,7 +273,8 @@ Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
         "updates by step ", best, " than rank ", root, " (", updates[static_cast<size_t>(root)],
         "): an update outside run(), or one applied twice"));
   }
-  if (!behind.empty() && !drew.empty()) {
+  // The sender's table of every rank's generator gives a rank behind its own (rng_table_).
+  if (!behind.empty() && !drew.empty() && tables[static_cast<size_t>(root)] == 0) {
     throw std::runtime_error(lite::StrCat(
         "refused: the CPU random generator differs across ranks (seeded per rank?) and rank(s) ",
         lite::StrJoin(drew, ","), " drew from it in their steps: rank(s) ",
@@ -310,12 +327,18 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
   *loaded = my_step < best;
   if (ctx_.rank() == root) {
     if (hooks_.capture) st = hooks_.capture();
+    if (rng_per_rank_) st.values["dlrun.rng_per_rank"] = true;
+    if (rng_table_.defined()) st.tensors["dlrun.rng_table"] = rng_table_;
     st.step = best;
     st.world_size = ctx_.world_size();
     detail::SendState(ctx_, model_, optimizer_, st, plan.behind, &tt);
   } else if (*loaded) {
     st = detail::ReceiveState(ctx_, model_, optimizer_, root, &tt);
     if (hooks_.restore) hooks_.restore(st);
+    rng_per_rank_ = st.values.count("dlrun.rng_per_rank") != 0;  // the next commits gather
+    const auto table = st.tensors.find("dlrun.rng_table");
+    rng_table_ = table == st.tensors.end() ? torch::Tensor() : table->second;
+    detail::SetCpuRngFromTable(rng_table_, ctx_.rank(), ctx_.world_size());
   }
   timing_.serialize_s = tt.serialize_s;
   timing_.send_s = tt.send_s;

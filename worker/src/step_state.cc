@@ -49,4 +49,27 @@ uint64_t StepSeed(uint64_t seed, int64_t step, int rank) {
   return z ^ (z >> 31);
 }
 
+torch::Tensor GatherCpuRng(const Context& ctx) {
+  torch::Tensor mine;
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    mine = gen.get_state();
+  }
+  return torch::stack(ctx.all_gather(mine));
+}
+
+bool SetCpuRngFromTable(const torch::Tensor& table, int rank, int world_size) {
+  if (!table.defined() || table.dim() != 2 || table.size(0) != world_size || rank >= world_size ||
+      table.scalar_type() != torch::kUInt8) {
+    return false;
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  const torch::Tensor row = table[rank].to(torch::kCPU).clone();
+  if (row.numel() != gen.get_state().numel()) return false;
+  gen.set_state(row);
+  return true;
+}
+
 }  // namespace dlrun::worker::detail

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "dlrun/worker.h"
+
 namespace dlrun::worker::detail {
 
 // The sum of the parameters' version counters: any in-place change (an optimizer's update)
@@ -24,6 +26,12 @@ bool UpdateRaisesVersions(const torch::optim::Optimizer& optimizer);
 bool SameTensors(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
 // The digest of the CPU generator's state.
 uint64_t CpuRngDigest();
+// Every rank's CPU generator state, one row per rank (collective over ctx): a generator seeded
+// per rank, as of a commit, so that a rank that lost it (a replacement, a resume) takes its own.
+torch::Tensor GatherCpuRng(const Context& ctx);
+// This process's CPU generator from row `rank` of `table` (GatherCpuRng); false when the table
+// has not `world_size` rows (gathered in a group of another size).
+bool SetCpuRngFromTable(const torch::Tensor& table, int rank, int world_size);
 // RecoveryOptions::seed_per_rank: one seed per (seed, step, rank) (splitmix64's mixing).
 uint64_t StepSeed(uint64_t seed, int64_t step, int rank);
 

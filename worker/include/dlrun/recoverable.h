@@ -139,7 +139,7 @@ class Recoverable {
     for (int64_t step = recovery_.committed() + 1; step <= last; ++step) {
       const Recovery::Outcome r = recovery_.run([&] {
         body(step);
-        recovery_.commit(step);
+        if (recovery_.committed() != step) recovery_.commit(step);  // unless its update did
       });
       if (!r.recovered) continue;
       Build();

@@ -84,10 +84,11 @@ struct RecoveryOptions {
   std::chrono::milliseconds timeout{60000};
   // Randomness of each rank's own (Dropout that differs per rank, noise): set, run() seeds the
   // CPU generator at each step's start from (this seed, the step, the rank), so a replacement
-  // and a resume draw what the lost rank would have. Unset, every rank's CPU generator must be
-  // the same (seeded once, or not at all): one seeded per rank (torch::manual_seed(s + rank)),
-  // which a step drew from, refuses the recovery in one line, for the lost rank's cannot be
-  // known.
+  // and a resume draw what the lost rank would have, at no cost. Unset, a CPU generator the
+  // trainer seeded per rank (torch::manual_seed(s + rank)) is gathered from every rank at each
+  // step's update and commit (an allgather of ~5 KB a rank), so the lost rank's own is known
+  // and goes to its replacement (and into Recoverable's checkpoints); a fault before the first
+  // gather that needs it (the first step of new processes) refuses the recovery in one line.
   std::optional<uint64_t> seed_per_rank;
 };
 
@@ -223,6 +224,11 @@ class Recovery {
   // its digest then: a step that drew from it refuses a transfer to a rank behind.
   bool rng_per_rank_ = false;
   uint64_t rng_at_start_ = 0;
+  // Seeded per rank: every rank's generator as of the last commit and update (an allgather at
+  // each), so a replacement and a resume take the lost rank's own (a draw after the update and
+  // before a checkpoint in the same step is not in the checkpoint's); undefined until the first.
+  torch::Tensor rng_table_;
+  torch::Tensor rng_table_in_step_;  // gathered at the open step's update
   std::shared_ptr<StepUndo> undo_;
   std::shared_ptr<AbortTarget> abort_;  // set with NCCL
 };

@@ -68,7 +68,9 @@ std::string RecoveryMachine::WhyNot(const std::vector<Member>& members,
     ++failed;
     // Any rank: a bug that the step done again meets fails on one rank, then on its
     // replacement's peer, alternately; recovering it again would never end.
-    if (why.empty() && last_recovered_ && last_recovered_->second == last_step(e.global_rank)) {
+    // A step unknown (-1: a program without step records) is not the same step.
+    if (why.empty() && last_recovered_ && last_recovered_->second >= 0 &&
+        last_recovered_->second == last_step(e.global_rank)) {
       why = absl::StrCat("rank ", e.global_rank, " failed after step ", last_recovered_->second,
                          " again (rank ", last_recovered_->first,
                          " failed there before and was recovered in process)");

@@ -175,6 +175,15 @@ std::vector<Row> Rows() {
        },
        Kind::kFallBack, Phase::kFallingBack,
        "rank 0 failed after step 7 again (rank 1 failed there before"},
+      {"healthy: a program without step records (the last step unknown) is recovered again: "
+       "an unknown step is not the same step",
+       [](Walk& w) {
+         w.last_step = -1;
+         w.Begin();
+         for (pid_t p : {100, 103, 102}) w.m.StateFromPeer(p, 7, w.now);
+         return w.Fail();
+       },
+       Kind::kRecover, Phase::kHealthy, ""},
       {"healthy: the same rank at a later step is recovered again",
        [](Walk& w) {
          w.Begin();
@@ -495,7 +504,7 @@ TEST(RecoveryMachine, EveryRowOfTheTransitionTable) {
     if (row.also) row.also(w, d);
     ++rows;
   }
-  EXPECT_EQ(rows, 44);
+  EXPECT_EQ(rows, 45);
 }
 
 }  // namespace

@@ -5,10 +5,10 @@ set(DLRUN_COMMON_SOURCES common/env.cc common/local_address.cc common/cpus.cc co
 # LibTorch-free: environment parsing, agent link, crash traces, shared-memory allreduce, NVTX
 # ranges.
 set(DLRUN_DIST_ENV_SOURCES worker/src/dist_env.cc worker/src/agent_link.cc worker/src/crash_handler.cc
-  worker/src/shm_allreduce.cc worker/src/nvtx_ranges.cc worker/src/agent_word.cc)
+  worker/src/shm_allreduce.cc worker/src/nvtx_ranges.cc worker/src/recovery/agent_word.cc)
 # LibTorch: process groups, DDP, LR schedule, checkpoints, SyncBatchNorm, the sampler (its
 # shuffle is torch.randperm, as PyTorch's DistributedSampler).
 set(DLRUN_WORKER_SOURCES worker/src/init.cc worker/src/ddp.cc worker/src/ddp_reduce.cc
   worker/src/ddp_join.cc worker/src/lr_schedule.cc
-  worker/src/checkpoint.cc worker/src/sync_batch_norm.cc worker/src/sampler.cc worker/src/recovery.cc worker/src/state_transfer.cc worker/src/step_state.cc
-  worker/src/peer_loss.cc)
+  worker/src/checkpoint.cc worker/src/sync_batch_norm.cc worker/src/sampler.cc worker/src/recovery/recovery.cc worker/src/recovery/state_transfer.cc worker/src/recovery/step_state.cc
+  worker/src/recovery/peer_loss.cc)

@@ -3,7 +3,7 @@
 // up between levels for in-process recovery.
 #include <torch/torch.h>
 
-#include "agent_word.h"  // worker/src: the agent's word, for tests
+#include "recovery/agent_word.h"  // worker/src: the agent's word, for tests
 #include "dlrun/recovery.h"
 #include "gtest/gtest.h"
 #include "unet/unet.h"

@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "agent_word.h"
+#include "recovery/agent_word.h"
 #include "dlrun/recovery.h"
 #include "dlrun/worker.h"
 #include "group.h"

@@ -1,5 +1,5 @@
 #include "dlrun/agent_link.h"
-#include "agent_word.h"
+#include "recovery/agent_word.h"
 
 #include <fcntl.h>
 #include <malloc.h>

@@ -27,7 +27,7 @@
 #include <thread>
 #include <utility>
 
-#include "agent_word.h"
+#include "recovery/agent_word.h"
 #include "group.h"
 #include "text.h"
 #include "shm_allreduce.h"

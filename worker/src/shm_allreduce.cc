@@ -1,6 +1,6 @@
 #include "shm_allreduce.h"
 
-#include "agent_word.h"
+#include "recovery/agent_word.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

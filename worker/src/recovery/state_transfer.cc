@@ -10,8 +10,8 @@
 #include <set>
 #include <sstream>
 
-#include "checkpoint_bytes.h"
-#include "text.h"
+#include "worker/src/checkpoint_bytes.h"
+#include "worker/src/text.h"
 
 namespace dlrun::worker::detail {
 namespace {

@@ -16,8 +16,8 @@
 #include "state_transfer.h"
 #include "step_state.h"
 #include "dlrun/agent_link.h"
-#include "group.h"
-#include "text.h"
+#include "worker/src/group.h"
+#include "worker/src/text.h"
 
 namespace dlrun::worker {
 

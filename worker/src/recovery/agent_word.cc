@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "common/contract.h"
-#include "text.h"
+#include "worker/src/text.h"
 
 namespace dlrun::worker::detail {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "agent_word.h"
 #include "dlrun/recovery.h"
-#include "group.h"
+#include "worker/src/group.h"
 
 namespace dlrun::worker {
 

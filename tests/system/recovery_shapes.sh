@@ -61,6 +61,15 @@ $clean" "$work/$tag.out"
   echo "ok: $tag (in process: $done, refused: $refused): $(echo "$got" | tr '\n' ' ')"
 }
 
+# resume_then_fault TAG SHAPE: 9 steps (checkpoints of steps 4 and 8), then the same run again:
+# it resumes from step 8 and rank 1 is killed in step 9's backward, the first after the resume.
+resume_then_fault() {
+  STEPS=9 run "$1" "$2" "" ||
+    fail_with_dlrun_lines "$test_name" "$1's first 9 steps failed" "$work/$1.out"
+  run "$1" "$2" 9:1:backward ||
+    fail_with_dlrun_lines "$test_name" "$1 failed" "$work/$1.out"
+}
+
 for shape in "$@"; do
   if [[ $shape == hook_one_rank ]]; then  # a hook on rank 1 only: one line at the first step
     rc=0
@@ -193,10 +202,7 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
       ;;
     cxx_resume)  # a fault in the first step after a checkpoint resume, the trainer not telling
       # the recovery the resumed step (docs/EMBEDDING.md's loop): step 8's state, not step 0's
-      STEPS=9 run "$shape-fault" "$shape" "" ||
-        fail_with_dlrun_lines "$test_name" "$shape-fault's first 9 steps failed" "$work/$shape-fault.out"
-      run "$shape-fault" "$shape" 9:1:backward ||
-        fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
+      resume_then_fault "$shape-fault" "$shape"
       grep -q "rank 0 resumed from step 8" "$work/$shape-fault.out" &&
         grep -q "sent the state of step 8 " "$work/$shape-fault.out" ||
         fail_with_dlrun_lines "$test_name" "$shape: not resumed from step 8 and recovered to it" "$work/$shape-fault.out"
@@ -209,10 +215,7 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
       run "$shape-fault" "$shape" "$EVERY_POINT,13:1:micro" ||
         fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 5 0
-      STEPS=9 run "$shape-resume" "$shape" "" ||
-        fail_with_dlrun_lines "$test_name" "$shape-resume's first 9 steps failed" "$work/$shape-resume.out"
-      run "$shape-resume" "$shape" 9:1:backward ||
-        fail_with_dlrun_lines "$test_name" "$shape-resume failed" "$work/$shape-resume.out"
+      resume_then_fault "$shape-resume" "$shape"
       grep -q "sent the state of step 8 " "$work/$shape-resume.out" ||
         fail_with_dlrun_lines "$test_name" "$shape: not recovered to the resumed step 8" "$work/$shape-resume.out"
       check "$shape" "$shape-resume" 1 0
@@ -235,10 +238,7 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
       run "$shape-fault" "$shape" "$EVERY_POINT,13:1:micro" ||
         fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 5 0
-      STEPS=9 run "$shape-resume" "$shape" "" ||
-        fail_with_dlrun_lines "$test_name" "$shape-resume's first 9 steps failed" "$work/$shape-resume.out"
-      MAX_RESTARTS=0 run "$shape-resume" "$shape" 9:1:backward ||
-        fail_with_dlrun_lines "$test_name" "$shape-resume failed" "$work/$shape-resume.out"
+      MAX_RESTARTS=0 resume_then_fault "$shape-resume" "$shape"
       grep -q "refused: the CPU random generator differs across ranks (seeded per rank?)" "$work/$shape-resume.out" ||
         fail_with_dlrun_lines "$test_name" "$shape: the fault after the resume not refused" "$work/$shape-resume.out"
       check "$shape" "$shape-resume" 0 1
@@ -248,10 +248,7 @@ $(ends "$shape-by-hand")" "$work/$shape-fault.out"
       run "$shape-fault" "$shape" "$EVERY_POINT" ||
         fail_with_dlrun_lines "$test_name" "$shape-fault failed" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 4 0
-      STEPS=9 run "$shape-resume" "$shape" "" ||
-        fail_with_dlrun_lines "$test_name" "$shape-resume's first 9 steps failed" "$work/$shape-resume.out"
-      run "$shape-resume" "$shape" 9:1:backward ||
-        fail_with_dlrun_lines "$test_name" "$shape-resume failed" "$work/$shape-resume.out"
+      resume_then_fault "$shape-resume" "$shape"
       grep -q "rank 0 resumed from step 8" "$work/$shape-resume.out" ||
         fail_with_dlrun_lines "$test_name" "$shape: not resumed from step 8" "$work/$shape-resume.out"
       check "$shape" "$shape-resume" 1 0

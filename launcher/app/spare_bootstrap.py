@@ -39,7 +39,7 @@ def _dlrun_freeze():
 def _dlrun_serve(server_fd):
     """The fork server's loop; returns only in a forked process: its spare fd, or -1 (a worker,
     its environment already set)."""
-    import ctypes, socket, warnings
+    import ctypes, select, socket
     try:
         import torch, torch.distributed, torch.nn.parallel
         import torch._dynamo
@@ -48,38 +48,141 @@ def _dlrun_serve(server_fd):
     libc = ctypes.CDLL(None, use_errno=True)
     _dlrun_freeze()
     sock = socket.socket(fileno=server_fd)
+    sock.set_inheritable(False)
     agent = os.getppid()
+    # Ready processes, forked ahead, one per local rank and one more (a refused recovery's
+    # replacement, then the whole group restarted): a request is then answered in about a
+    # millisecond, not the ~90 ms of two forks of an interpreter that holds torch and the middle
+    # one's exit. Refilled, all in a row, once no request came for half a second (a restart's
+    # requests come together).
+    try:
+        size = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) + 1
+    except ValueError:
+        size = 2
+    pool = []
+    for _ in range(size):
+        got = _dlrun_fork(sock, libc, agent, None, [], pool)
+        if got[0] == "child":
+            return got[1]  # in the ready process, once it was handed a request
+        if got[1]:
+            pool.append(got[1])
     sock.send(b"ready")
+    refilling = False
     while True:
+        quiet = 0.0 if refilling else 0.5
+        refilling = len(pool) < size and not select.select([sock], [], [], quiet)[0]
+        if refilling:
+            got = _dlrun_fork(sock, libc, agent, None, [], pool)
+            if got[0] == "child":
+                return got[1]
+            if got[1]:
+                pool.append(got[1])
+            continue
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
         except OSError:
             os._exit(0)
         if not msg:
             os._exit(0)  # the agent is gone
-        r, w = os.pipe()
-        with warnings.catch_warnings():  # 3.12+: numpy's BLAS thread is known and harmless
-            warnings.simplefilter("ignore", DeprecationWarning)
-            mid = os.fork()
-            if mid == 0:
-                os.close(r)
-                pid = os.fork()
-                if pid == 0:
-                    os.close(w)
-                    return _dlrun_forked(sock, libc, agent, msg, fds)
+        pid = None
+        while pool and pid is None:
+            pid = _dlrun_hand_over(pool.pop(0), msg, fds)
+        if pid is None:
+            got = _dlrun_fork(sock, libc, agent, msg, fds, pool)
+            if got[0] == "child":
+                return got[1]
+            pid = got[1]
+        for d in fds:
+            os.close(d)
+        sock.send(b"pid %d" % pid if pid else b"error the fork failed")
+def _dlrun_fork(sock, libc, agent, msg, fds, pool):
+    """Two forks: a middle process forks the worker and goes, so that the worker becomes the
+    agent's child (a subreaper). In the server: ("server", the worker's pid or None) for a
+    request; without one (msg None), ("server", a ready process (the middle's pid, its pid,
+    the socket to it) or None), the middle left as a small `sleep` that the server kills at the
+    hand-over. In the worker: ("child", what _dlrun_forked returns)."""
+    import signal, socket, warnings
+    r, w = os.pipe()
+    here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if msg is None else (None, None)
+    with warnings.catch_warnings():  # 3.12+: numpy's BLAS thread is known and harmless
+        warnings.simplefilter("ignore", DeprecationWarning)
+        mid = os.fork()
+        if mid == 0:
+            os.close(r)
+            for _, _, other in pool:
+                other.detach()  # closed below by number; never again by a collected object
+            pool.clear()
+            pid = os.fork()
+            if pid == 0:
+                os.close(w)
+                if msg is None:
+                    here.close()
+                    msg, fds = _dlrun_await_hand_over(sock, there)
+                return ("child", _dlrun_forked(sock, libc, agent, msg, fds))
+            if msg is not None:
                 try:
                     os.setpgid(pid, pid)
                 except OSError:
                     pass
-                os.write(w, b"%d" % pid)
+            os.write(w, b"%d" % pid)
+            if msg is not None:
                 os._exit(0)
-        os.close(w)
-        with os.fdopen(r, "rb") as f:
-            got = f.read()
+            # Ready: the worker stays this process' child until it is handed a request, and
+            # this one sheds the interpreter's memory (its exit would take ~30 ms then).
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the server
+            try:
+                os.execv("/bin/sleep", ["sleep", "2147483647"])
+            except OSError:
+                while True:
+                    os.pause()
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read()
+    if msg is not None:
         os.waitpid(mid, 0)
-        for d in fds:
-            os.close(d)
-        sock.send(b"pid " + got if got else b"error the fork failed")
+        return ("server", int(got) if got else None)
+    there.close()
+    if not got:
+        here.close()
+        os.waitpid(mid, 0)
+        return ("server", None)
+    return ("server", (mid, int(got), here))
+def _dlrun_hand_over(ready, msg, fds):
+    """A request to a ready process; its pid once it is the agent's child, None if it is gone."""
+    import socket, signal
+    mid, pid, here = ready
+    try:
+        socket.send_fds(here, [msg], fds)
+        ok = here.recv(16) == b"ok"
+    except OSError:
+        ok = False
+    here.close()
+    try:
+        os.kill(mid, signal.SIGKILL)
+    except OSError:
+        pass
+    os.waitpid(mid, 0)  # the ready process now is the agent's
+    return pid if ok else None
+def _dlrun_await_hand_over(sock, there):
+    """In a ready process: its request (and fds) from the server; it goes with the server."""
+    import socket
+    sock.close()
+    keep = sorted({0, 1, 2, there.fileno()})
+    for lo, hi in zip(keep, keep[1:] + [1 << 20]):
+        os.closerange(lo + 1, hi)
+    try:
+        msg, fds, _, _ = socket.recv_fds(there, 1 << 20, 16)
+    except OSError:
+        os._exit(0)
+    if not msg:
+        os._exit(0)  # the server is gone
+    try:
+        os.setpgid(0, 0)
+        there.send(b"ok")
+    except OSError:
+        os._exit(0)
+    there.close()
+    return msg, fds
 def _dlrun_forked(sock, libc, agent, msg, fds):
     import fcntl, io, time
     sock.close()

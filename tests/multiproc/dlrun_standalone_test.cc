@@ -362,6 +362,20 @@ std::map<std::string, std::string> ReadKeyValues(const std::string& path) {
   return ParseEnvDump(ReadFile(path));
 }
 
+// The live processes whose environment holds `entry` (KEY=VALUE).
+std::vector<int> ProcessesWithEnvironment(const std::string& entry) {
+  std::vector<int> pids;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &pid)) continue;
+    std::ifstream in(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string nul(1, '\0');
+    if ((nul + env).find(nul + entry + nul) != std::string::npos) pids.push_back(pid);
+  }
+  return pids;
+}
+
 TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   const std::string dir = MakeTempDir();
   const std::string prog = dir + "/probe.py";
@@ -420,6 +434,10 @@ TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) 
                               {{"PYTHON_EXEC", TEST_PYTHON}, {"PYTHONPATH", dir + "/fake"},
                                {"PROBE_OUT", dir}});
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    // The server's ready processes (forked ahead, the server's environment) go with it.
+    for (int pid : ProcessesWithEnvironment("PROBE_OUT=" + dir)) {
+      EXPECT_TRUE(WaitForExit(pid, std::chrono::seconds(10))) << "pid " << pid << " outlived dlrun";
+    }
     auto first = ReadKeyValues(dir + "/attempt0");
     auto second = ReadKeyValues(dir + "/attempt1");
     const std::string imports = ReadFile(dir + "/imports");

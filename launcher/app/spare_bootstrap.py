@@ -11,11 +11,13 @@
 # replaces the environment, then waits for the imports (raised to normal priority, or replaced
 # by a cold start when they are starved).
 # As the node's fork server ({FORK_SERVER_FD} set; launcher/agent/fork_server.h): the same
-# imports once, in the main thread, then one process forked per request of the agent on its
-# socket (every worker, spare and replacement of the program on this node): copy-on-write, a
-# few milliseconds, at any load. Each request: a kind (W a worker, S a spare), the CPUs, the fd
-# numbers its fds take, the environment; a middle process forks the worker and exits, so the
-# worker becomes the agent's child (the agent is a subreaper) and the agent reaps it as any.
+# imports once, in the main thread, then one process per request of the agent on its socket
+# (every worker, spare and replacement of the program on this node): copy-on-write, at any
+# load. Each request: a kind (W a worker, S a spare), the CPUs, the fd numbers its fds take, the
+# environment. A middle process forks each and goes, so the worker becomes the agent's child
+# (the agent is a subreaper) and the agent reaps it as any. The server keeps ready processes
+# forked ahead (one per local rank and one more), each under a middle that became a `sleep`:
+# a request is handed to one, the middle killed, and the pid answered in about a millisecond.
 # Either way the process then makes a rank other than 0 wait for rank 0's store port before its
 # TCPStore client connects, and runs the script as `python SCRIPT` does (or the module, as
 # `python -m`).

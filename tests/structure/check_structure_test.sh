@@ -3,7 +3,8 @@
 # checks"): in a small tree made here, a launcher folder that includes a folder it does not
 # declare, a library below the launcher that includes it, a function of 81 lines, a file of
 # 501, a function-try-block of 81 (to its last handler), and a tracked core dump, ELF file and
-# .pyc; and the same tree without them passes.
+# .pyc, a class over its bounds, a camelCase public function, and a launcher folder, gRPC
+# service or RPC that docs/ARCHITECTURE.md does not name; and the same tree without them passes.
 set -euo pipefail
 checker=${1:?usage: check_structure_test.sh scripts/check-structure}
 root=$(mktemp -d "${TMPDIR:-/tmp}/check-structure.XXXXXX")
@@ -119,4 +120,20 @@ out=$("$checker" --root "$root") || { echo "FAIL: snake_case names were refused:
 echo "ok: snake_case functions, a camelCase call of another's and detail's names pass"
 printf 'namespace dlrun::worker {\nstruct S {\n  void bucketReport() const;\n};\n}\n' > "$root/worker/include/dlrun/api.h"
 expect "a camelCase method in the public API" "worker/include/dlrun/api.h:3: 'bucketReport': the public API's functions are snake_case"
+rm -r "$root/worker"
+# docs/ARCHITECTURE.md, the map: every launcher folder on a line of its own, every gRPC service
+# with its RPCs.
+mkdir -p "$root/docs" "$root/proto"
+printf 'service Membership {\n  rpc Join(A) returns (B);\n  rpc Leave(A) returns (B);\n}\n' > "$root/proto/x.proto"
+printf '# Map\n```\nlauncher/\n  base/   the leaf\n  cli/    flags\n  agent/  the loop\n```\nMembership (Join, Leave)\n' > "$root/docs/ARCHITECTURE.md"
+out=$("$checker" --root "$root") || { echo "FAIL: a map naming everything was refused: $out"; exit 1; }
+echo "ok: a map that names every folder, service and RPC passes"
+mkdir -p "$root/launcher/recovery" && printf 'int R();\n' > "$root/launcher/recovery/r.h"
+printf 'dlrun_launcher_folder(recovery\n  SOURCES recovery/r.cc\n  DEPS base)\n' >> "$root/launcher/CMakeLists.txt"
+expect "a launcher folder the map does not name" "docs/ARCHITECTURE.md: launcher/recovery/ is not in the Components map"
+printf '  recovery/  in-process recovery\n' >> "$root/docs/ARCHITECTURE.md"
+printf 'service Regroup {\n  rpc Ask(A) returns (B);\n}\n' >> "$root/proto/x.proto"
+expect "a gRPC service the map does not name" "docs/ARCHITECTURE.md: the service Regroup (proto/x.proto) is not named"
+printf 'Regroup\n' >> "$root/docs/ARCHITECTURE.md"
+expect "an RPC the map does not name" "docs/ARCHITECTURE.md: the RPC Regroup.Ask (proto/x.proto) is not named"
 echo "check-structure catches every kind of breach"

@@ -39,21 +39,13 @@ void FailurePolicy::NoteHardwareFault(const std::string& what) {
       s_.options.hostname, what, s_.options.hostname);
 }
 
-bool FailurePolicy::RepeatsLastFailure(const FailureSignature& now) {
-  const bool repeated = last_failure_ && RepeatsTheLast(*last_failure_, now);
-  last_failure_ = now;
-  return repeated;
-}
-
 bool FailurePolicy::FirstFailureTells() const {
   for (const WorkerExit& e : s_.group.exits()) {
     if (!e.failed() || e.stopped) continue;
-    if (e.signal != 0) return true;
     const ErrorRecord rec = s_.run_dir.ReadErrorRecord(s_.group.attempt(), e.local_rank);
     const FailureClass c =
         ClassifyFailure(e, absl::StrCat(rec.message, "\n", rec.traceback), false).cls;
-    return rec.traceback.empty() || c == FailureClass::kCollectiveTimeout ||
-           c == FailureClass::kPeerLost;
+    return FailureVerdict::StacksTell(e, rec, c);
   }
   return true;
 }
@@ -162,39 +154,40 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from, bool in_proc
   if (const std::string advice = FailureAdvice(cls.cls); !advice.empty()) {
     spdlog::warn("{}: {}", FailureClassName(cls.cls), advice);
   }
-  return s_.options.exit_with_worker_code ? first.code() : 1;
+  return FailureVerdict::ExitCode(s_.options.exit_with_worker_code, first);
 }
 
 bool FailurePolicy::Restarts(const FailureSignature& signature, const std::string& cause,
                              const WorkerExit& first, const char* class_name,
                              bool in_process) {
   const std::string& message = signature.message;
-  if (RepeatsLastFailure(signature)) {
-    spdlog::error(
-        "rank {} failed the same way twice ({}{}): not restarting, a restart would "
-        "repeat it",
-        first.global_rank, class_name,
-        signature.step >= 0 ? absl::StrCat(" after step ", signature.step, ", its last reported")
-                            : std::string(" before its first step"));
-    s_.source.OnFailure(absl::StrCat(cause, ", the same way as the attempt before"), true);
-  } else if (FallsBack(signature.step, in_process)) {
-    // A program that declared in-process recovery: its restart from the checkpoint, once per
-    // fault, is not counted against --max-restarts (the recovery it replaces was the plan).
-    if (s_.source.OnFallback(cause)) {
+  switch (verdict_.Decide({signature, in_process, s_.group.AllDeclared()})) {
+    case FailureVerdict::Route::kEndRepeated:
+      spdlog::error(
+          "rank {} failed the same way twice ({}{}): not restarting, a restart would "
+          "repeat it",
+          first.global_rank, class_name,
+          signature.step >= 0 ? absl::StrCat(" after step ", signature.step, ", its last reported")
+                              : std::string(" before its first step"));
+      s_.source.OnFailure(absl::StrCat(cause, ", the same way as the attempt before"), true);
+      return false;
+    case FailureVerdict::Route::kFallBack:
+      // A program that declared in-process recovery: its restart from the checkpoint, once per
+      // fault, is not counted against --max-restarts (the recovery it replaces was the plan).
+      if (!s_.source.OnFallback(cause)) return false;
       spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting from the checkpoint in "
                    "place of the in-process recovery (not counted against --max-restarts)",
-                   first.global_rank, first.local_rank, first.pid, class_name,
-                   message);
+                   first.global_rank, first.local_rank, first.pid, class_name, message);
       return true;
-    }
-  } else if (s_.source.OnFailure(cause, false)) {
-    // An attempt that is followed by a restart is one line; the failure block and "job failed"
-    // come once, when the job ends failed (as torchrun), so a log grep for them means the end.
-    spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}", first.global_rank,
-                 first.local_rank, first.pid, class_name,
-                 message, s_.group.current().restart_count + 1,
-                 s_.group.current().max_restarts);
-    return true;
+    case FailureVerdict::Route::kCounted:
+      if (!s_.source.OnFailure(cause, false)) return false;
+      // An attempt that is followed by a restart is one line; the failure block and "job
+      // failed" come once, when the job ends failed (as torchrun), so a log grep for them
+      // means the end.
+      spdlog::warn("rank {} (local rank {}, pid {}) [{}]: {}; restarting {} of {}",
+                   first.global_rank, first.local_rank, first.pid, class_name, message,
+                   s_.group.current().restart_count + 1, s_.group.current().max_restarts);
+      return true;
   }
   return false;
 }
@@ -223,14 +216,6 @@ void FailurePolicy::NoteHang(int culprit, const std::string& message,
                             stacks_json,
                             s_.forensics.ReadFlightRecorder(s_.group.attempt(), s_.group.Ranks()),
                             {}});
-}
-
-bool FailurePolicy::FallsBack(int64_t step, bool in_process) {
-  if (!in_process || !s_.group.AllDeclared()) return false;
-  // A failure at the step the last fallback was for repeats there: the ordinary count decides.
-  if (last_fallback_step_ && *last_fallback_step_ == step) return false;
-  last_fallback_step_ = step;
-  return true;
 }
 
 HangVerdict FailurePolicy::WhereRanksAre() {
@@ -360,7 +345,8 @@ int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   if (alone > 0) return kRecoverInProcess;
   const FailureSignature signature{FailureClass::kHang, culprit, s_.telemetry.LastStep(culprit),
                                    who};
-  if (RepeatsLastFailure(signature)) {
+  if (verdict_.Decide({signature, in_process, s_.group.AllDeclared()}) ==
+      FailureVerdict::Route::kEndRepeated) {
     spdlog::error("{} hung the same way twice ({}): not restarting, a restart would repeat it", who,
                   signature.step >= 0
                       ? absl::StrCat("after step ", signature.step, ", its last reported")

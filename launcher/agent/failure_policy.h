@@ -13,6 +13,7 @@
 
 #include "launcher/agent/agent_options.h"
 #include "launcher/agent/agent_telemetry.h"
+#include "launcher/agent/failure_verdict.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/forensics.h"
 #include "launcher/agent/hang_watch.h"
@@ -80,10 +81,9 @@ class FailurePolicy {
   // Whether the first failure's stacks tell something (--capture-before-kill auto): not a
   // plain exception whose traceback is in its error file.
   bool FirstFailureTells() const;
-  // Whether `now` repeats the last attempt's root failure; it becomes the last.
-  bool RepeatsLastFailure(const FailureSignature& now);
-  // Whether the job goes on after a failure (it was reported to the membership source, and the
-  // restart said in one line): not when it repeats the last one, or no restart is left.
+  // Whether the job goes on after a failure (verdict_'s route carried out: the membership
+  // source told, the restart said in one line): not when it repeats the last one, or no
+  // restart is left.
   bool Restarts(const FailureSignature& signature, const std::string& cause,
                 const WorkerExit& first, const char* class_name, bool in_process);
   // The pid of the one culprit to kill alone (a live local rank of a group that declared
@@ -92,9 +92,6 @@ class FailurePolicy {
   // The hang in the report's failures, with the stacks captured before the stop.
   void NoteHang(int culprit, const std::string& message, std::optional<Forensics::Capture> capture,
                 const std::vector<int>& culprits);
-  // Whether a failure after `step` of a program that declared in-process recovery restarts from
-  // the checkpoint without counting against --max-restarts: once per step it failed at.
-  bool FallsBack(int64_t step, bool in_process);
   // A failure HardwareFault named: the second puts this node in options.bad_nodes_files.
   void NoteHardwareFault(const std::string& what);
   // The live ranks' stacks now, and what they say of a hang.
@@ -103,8 +100,7 @@ class FailurePolicy {
   Seams s_;
   HangWatch hang_;
   SteadyTime next_cpu_{};                         // when hang_ next reads the workers' CPU use
-  std::optional<FailureSignature> last_failure_;  // the last attempt's root failure
-  std::optional<int64_t> last_fallback_step_;     // the step of the last uncounted restart
+  FailureVerdict verdict_;  // the repeat rule and the fallback's once-per-step: pure
   int hardware_faults_ = 0;  // this node's workers' failures that point at the node
 };
 

@@ -55,9 +55,9 @@ def _dlrun_serve(server_fd):
     # Ready processes, forked ahead, one per local rank and one more (a refused recovery's
     # replacement, then the whole group restarted): a request is then answered in about a
     # millisecond, not the ~90 ms of two forks of an interpreter that holds torch and the middle
-    # one's exit. Refilled, all in a row, once no request came for 2 s: a restart's requests
-    # come together, and the refill's forks (~90 ms of CPU each) then take no CPU from the
-    # workers while they start.
+    # one's exit. Refilled, all in a row, once no request came for half a second (a restart's
+    # requests come together): 2 s was slower on a busy node (bench/RESULTS.md), a fault soon
+    # after the start then found the pool empty.
     try:
         size = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) + 1
     except ValueError:
@@ -72,7 +72,7 @@ def _dlrun_serve(server_fd):
     sock.send(b"ready")
     refilling = False
     while True:
-        quiet = 0.0 if refilling else 2.0
+        quiet = 0.0 if refilling else 0.5
         refilling = len(pool) < size and not select.select([sock], [], [], quiet)[0]
         if refilling:
             got = _dlrun_fork(sock, libc, agent, None, [], pool)

@@ -67,8 +67,8 @@ from dlrun_group import (Loss as _Loss, Refused, Words as _Words,
                          generation as _generation, group_sockets as _group_sockets,
                          is_comm_error as _is_comm_error, nccl_failed as _nccl_failed)
 from dlrun_loader import Loader as _Loader, watch_raw_loaders
-from dlrun_step import (StepUndo as _Txn, await_store as _await_store, carry_comm_hooks,
-                        check_comm_hooks, comm_hooks, flat_inputs,
+from dlrun_step import (Step as _Step, await_store as _await_store, carry_comm_hooks,
+                        comm_hooks, flat_inputs,
                         RNG_NAMES, rng_digests, rng_state, same_inputs)
 import dlrun_transfer
 from dlrun_step import digest as _digest  # noqa: F401 (the test programs' digest)
@@ -89,7 +89,7 @@ class Recoverable:
         # copy in memory); without, a peer lost after an update in a step is refused.
         self.snapshot = snapshot
         self.updates = 0      # optimizer updates this rank applied, as of `committed`
-        self._txn = None      # the open step's undo record (_Txn)
+        self._txn = None      # the open step's undo record (dlrun_step.StepUndo)
         self._grads_left = False  # the last whole step left gradients and made no update
         self._refusal = None  # a program shape that cannot be recovered exactly, with its place
         self._hooks_checked = False
@@ -422,56 +422,6 @@ class Recoverable:
 
     def _transfer(self, replacement=False):
         return dlrun_transfer.transfer(self, replacement)
-
-
-class _Step:
-    """`with rec.step() as s:`: `s.number` is the step, `s.committed` whether it was done (false
-    after the block when a peer was lost in it: steps() yields it again)."""
-
-    def __init__(self, rec):
-        self.rec = rec
-        self.number = None
-        self.committed = False
-
-    def __enter__(self):
-        rec = self.rec
-        rec._regroup_if_told()  # a loop of the program's own, without rec.steps()
-        rec._current = rec.committed + 1
-        self.number = rec._current
-        if rec._last_raw is not None:  # `for batch in loader:` around the step
-            rec._raw_loader, rec._last_raw = True, None
-        if not rec._hooks_checked:  # collective: before any rank's first hooked backward
-            rec._refusal = rec._refusal or check_comm_hooks(rec.ddp)
-            rec._hooks_checked = True
-        rec._txn = _Txn(rec) if rec._words is not None else None
-        if rec._txn is not None:
-            for l in rec._loaders:
-                l.into_step(rec._txn)
-        return self
-
-    def __exit__(self, kind, value, tb):
-        rec = self.rec
-        txn, rec._txn = rec._txn, None
-        if kind is None:
-            rec.committed = rec._current
-            self.committed = True
-            if txn is not None:
-                for it, _ in txn.drawn:
-                    it.committed += 1
-                now = rng_state(rec.device)
-                digests = rng_digests(now)
-                rec._rng_used = [u or a != b for u, a, b in zip(
-                    rec._rng_used, digests, rec._rng_commit_digests)]
-                rec._rng_commit, rec._rng_commit_digests = now, digests
-            # Gradients left without an update carry into the next step: state no transfer sends.
-            rec._grads_left = (txn is not None and txn.updates == 0 and
-                               any(p.grad is not None for p in rec.module.parameters()))
-            return False
-        if not isinstance(value, Exception) or rec._words is None or isinstance(value, Refused):
-            return False
-        if not (rec._words.interrupted() or _is_comm_error(value)):
-            return False  # the program's own error: a failure now, not after a wait for a word
-        return rec._give_up(value, txn)
 
 
 def _said(rank, why):

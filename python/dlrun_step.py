@@ -11,6 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from dlrun_group import Refused, is_comm_error
+
 
 class StepUndo:
     """The undo record of one step (docs/RECOVERY.md, "A step is whole or not at all"): what the
@@ -351,3 +353,54 @@ def _detach_torch_library_finalizers():
     for f, info in list(weakref.finalize._registry.items()):
         if info.func is undo:
             f.detach()
+
+
+class Step:
+    """`with rec.step() as s:` (dlrun_recovery.Recoverable.step): `s.number` is the step,
+    `s.committed` whether it was done (false after the block when a peer was lost in it: steps()
+    yields it again)."""
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.number = None
+        self.committed = False
+
+    def __enter__(self):
+        rec = self.rec
+        rec._regroup_if_told()  # a loop of the program's own, without rec.steps()
+        rec._current = rec.committed + 1
+        self.number = rec._current
+        if rec._last_raw is not None:  # `for batch in loader:` around the step
+            rec._raw_loader, rec._last_raw = True, None
+        if not rec._hooks_checked:  # collective: before any rank's first hooked backward
+            rec._refusal = rec._refusal or check_comm_hooks(rec.ddp)
+            rec._hooks_checked = True
+        rec._txn = StepUndo(rec) if rec._words is not None else None
+        if rec._txn is not None:
+            for l in rec._loaders:
+                l.into_step(rec._txn)
+        return self
+
+    def __exit__(self, kind, value, tb):
+        rec = self.rec
+        txn, rec._txn = rec._txn, None
+        if kind is None:
+            rec.committed = rec._current
+            self.committed = True
+            if txn is not None:
+                for it, _ in txn.drawn:
+                    it.committed += 1
+                now = rng_state(rec.device)
+                digests = rng_digests(now)
+                rec._rng_used = [u or a != b for u, a, b in zip(
+                    rec._rng_used, digests, rec._rng_commit_digests)]
+                rec._rng_commit, rec._rng_commit_digests = now, digests
+            # Gradients left without an update carry into the next step: state no transfer sends.
+            rec._grads_left = (txn is not None and txn.updates == 0 and
+                               any(p.grad is not None for p in rec.module.parameters()))
+            return False
+        if not isinstance(value, Exception) or rec._words is None or isinstance(value, Refused):
+            return False
+        if not (rec._words.interrupted() or is_comm_error(value)):
+            return False  # the program's own error: a failure now, not after a wait for a word
+        return rec._give_up(value, txn)

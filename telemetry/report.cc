@@ -138,6 +138,31 @@ Knobs KnobsFor(const std::string& program) {
 
 // Restarts that cost more than 10% of the wall time: what to change for the phase that cost the
 // most (summed over the restarts); "checkpoint more often" only where recomputing was it.
+// The workers' start cost the most: by how the restarted processes started (forked, promoted
+// spares, cold), else by whether warm spares were on.
+std::string StartAdvice(const JobTelemetry::Snapshot& s) {
+  int ready = 0, cold = 0;
+  for (const RestartCost& c : s.restart_costs) {
+    ready += c.started_forked + c.started_spare;
+    cold += c.started_cold;
+  }
+  if (cold > 0) {
+    return absl::StrFormat(
+        "the workers' start: %d of %d process(es) started cold, importing everything "
+        "themselves: a Python program's are forked from the fork server (--fork-server auto, "
+        "the default for `python SCRIPT`) or promoted warm spares (--spare-workers on)",
+        cold, cold + ready);
+  }
+  if (ready > 0 || s.warm_spares) {
+    return "the workers' start: every process was ready (forked from the fork server or a "
+           "promoted spare), so this is the program's own work before its first step (its "
+           "process group, the checkpoint, the model, the data loader), slower on a node whose "
+           "cores are busy beside the job: make that shorter, or keep other work off the job's "
+           "cores";
+  }
+  return "the workers' start: use warm spares (--spare-workers)";
+}
+
 std::string RestartAdvice(const JobTelemetry::Snapshot& s) {
   std::string head = "restarts cost more than 10% of the wall time";
   if (s.warm_spares) absl::StrAppend(&head, " (warm spares were on)");
@@ -162,13 +187,7 @@ std::string RestartAdvice(const JobTelemetry::Snapshot& s) {
     return absl::StrCat(head, share, "recomputing steps done before the fault: checkpoint more "
                                      "often");
   }
-  if (most == "start") {
-    return absl::StrCat(
-        head, share, "the workers' start",
-        s.warm_spares ? ": a spare had been started, so this is the program's own work before its "
-                        "first step (imports, model build, data loader start): make that shorter"
-                      : ": use warm spares (--spare-workers)");
-  }
+  if (most == "start") return absl::StrCat(head, share, StartAdvice(s));
   if (most == "checkpoint_load") {
     return absl::StrCat(head, share, "loading the checkpoint: a smaller checkpoint, or one on a "
                                      "node-local or faster file system");

@@ -105,7 +105,7 @@ TEST(Advice, CostlyRestartsAreAdvisedByTheirLargestPhase) {
   const Case cases[] = {
       {&RC::recomputed_s, false, "recomputing steps done before the fault: checkpoint more often",
        "warm spares"},
-      {&RC::start_s, true, "the workers' start: a spare had been started", "checkpoint more often"},
+      {&RC::start_s, true, "the workers' start: every process was ready", "checkpoint more often"},
       {&RC::start_s, false, "the workers' start: use warm spares (--spare-workers)",
        "checkpoint more often"},
       {&RC::checkpoint_load_s, false, "loading the checkpoint: a smaller checkpoint",
@@ -131,6 +131,25 @@ TEST(Advice, CostlyRestartsAreAdvisedByTheirLargestPhase) {
     EXPECT_EQ(Count(advice, c.says), 1) << c.says << ::testing::PrintToString(advice);
     EXPECT_EQ(Count(advice, c.not_says), 0) << c.says << ::testing::PrintToString(advice);
     EXPECT_EQ(Count(advice, "restarts cost more than 10% of the wall time"), 1);
+  }
+  // The start by how the processes started: cold ones are counted and pointed at the fork
+  // server; ready ones (forked, spares) make it the program's own work, whatever the flags said.
+  for (const bool cold : {true, false}) {
+    telemetry::JobTelemetry::Snapshot s = Make(Job{});
+    RC cost;
+    cost.restart = 1;
+    cost.start_s = 12;
+    cost.started_forked = cold ? 1 : 3;
+    cost.started_cold = cold ? 2 : 0;
+    s.restart_costs = {cost};
+    s.restarts = 1;
+    s.lost_s = cost.total_s();
+    const auto advice = AdviceLines(telemetry::FormatJobReport(s, 0));
+    const char* says = cold ? "the workers' start: 2 of 3 process(es) started cold"
+                            : "the workers' start: every process was ready (forked from the fork "
+                              "server or a promoted spare), so this is the program's own work";
+    EXPECT_EQ(Count(advice, says), 1) << ::testing::PrintToString(advice);
+    EXPECT_EQ(Count(advice, "use warm spares"), 0) << ::testing::PrintToString(advice);
   }
   // Under 10% of the wall time: no restart advice at all.
   telemetry::JobTelemetry::Snapshot s = Make(Job{});

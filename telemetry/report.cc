@@ -136,8 +136,6 @@ Knobs KnobsFor(const std::string& program) {
           "or fewer DataLoader workers"};
 }
 
-// Restarts that cost more than 10% of the wall time: what to change for the phase that cost the
-// most (summed over the restarts); "checkpoint more often" only where recomputing was it.
 // The workers' start cost the most: by how the restarted processes started (forked, promoted
 // spares, cold), else by whether warm spares were on.
 std::string StartAdvice(const JobTelemetry::Snapshot& s) {
@@ -163,6 +161,8 @@ std::string StartAdvice(const JobTelemetry::Snapshot& s) {
   return "the workers' start: use warm spares (--spare-workers)";
 }
 
+// Restarts that cost more than 10% of the wall time: what to change for the phase that cost the
+// most (summed over the restarts); "checkpoint more often" only where recomputing was it.
 std::string RestartAdvice(const JobTelemetry::Snapshot& s) {
   std::string head = "restarts cost more than 10% of the wall time";
   if (s.warm_spares) absl::StrAppend(&head, " (warm spares were on)");

@@ -13,8 +13,8 @@
 
 #include "launcher/agent/agent_options.h"
 #include "launcher/agent/agent_telemetry.h"
-#include "launcher/agent/failure_verdict.h"
 #include "launcher/agent/clock.h"
+#include "launcher/agent/failure_verdict.h"
 #include "launcher/agent/forensics.h"
 #include "launcher/agent/hang_watch.h"
 #include "launcher/agent/membership.h"

@@ -62,24 +62,21 @@ def _dlrun_serve(server_fd):
         size = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) + 1
     except ValueError:
         size = 2
-    pool = []
-    for _ in range(size):
-        got = _dlrun_fork(sock, libc, agent, None, [], pool)
-        if got[0] == "child":
-            return got[1]  # in the ready process, once it was handed a request
-        if got[1]:
-            pool.append(got[1])
-    sock.send(b"ready")
-    refilling = False
+    # Filled before the agent hears "ready"; a fork that fails is not tried again at once.
+    pool, said_ready, quiet = [], False, 0.0
     while True:
-        quiet = 0.0 if refilling else 0.5
-        refilling = len(pool) < size and not select.select([sock], [], [], quiet)[0]
-        if refilling:
+        if len(pool) < size and (not said_ready or not select.select([sock], [], [], quiet)[0]):
             got = _dlrun_fork(sock, libc, agent, None, [], pool)
             if got[0] == "child":
-                return got[1]
+                return got[1]  # in the ready process, once it was handed a request
             if got[1]:
                 pool.append(got[1])
+                quiet = 0.0
+                continue
+            quiet = 0.5
+        if not said_ready:
+            sock.send(b"ready")
+            said_ready = True
             continue
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 16)
@@ -98,6 +95,7 @@ def _dlrun_serve(server_fd):
         for d in fds:
             os.close(d)
         sock.send(b"pid %d" % pid if pid else b"error the fork failed")
+        quiet = 0.5
 def _dlrun_fork(sock, libc, agent, msg, fds, pool):
     """Two forks: a middle process forks the worker and goes, so that the worker becomes the
     agent's child (a subreaper). In the server: ("server", the worker's pid or None) for a
@@ -170,9 +168,7 @@ def _dlrun_await_hand_over(sock, there):
     """In a ready process: its request (and fds) from the server; it goes with the server."""
     import socket
     sock.close()
-    keep = sorted({0, 1, 2, there.fileno()})
-    for lo, hi in zip(keep, keep[1:] + [1 << 20]):
-        os.closerange(lo + 1, hi)
+    _dlrun_close_fds_but({0, 1, 2, there.fileno()})
     try:
         msg, fds, _, _ = socket.recv_fds(there, 1 << 20, 16)
     except OSError:
@@ -186,6 +182,10 @@ def _dlrun_await_hand_over(sock, there):
         os._exit(0)
     there.close()
     return msg, fds
+def _dlrun_close_fds_but(keep):
+    keep = sorted(keep)
+    for lo, hi in zip(keep, keep[1:] + [1 << 20]):
+        os.closerange(lo + 1, hi)
 def _dlrun_forked(sock, libc, agent, msg, fds):
     import fcntl, io, time
     sock.close()
@@ -206,9 +206,7 @@ def _dlrun_forked(sock, libc, agent, msg, fds):
     for d, t in zip(high, targets):
         os.dup2(d, t)
         os.close(d)
-    keep = sorted(set(targets) | {0, 1, 2})
-    for lo, hi in zip(keep, keep[1:] + [1 << 20]):
-        os.closerange(lo + 1, hi)
+    _dlrun_close_fds_but(set(targets) | {0, 1, 2})
     if cpus:
         os.sched_setaffinity(0, [int(c) for c in cpus.split(b",")])
     _dlrun_set_environ(fields[3:])

@@ -13,13 +13,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import dlrun_report
 
-if "DLRUN_CONTROL_FD" in os.environ:
-    if os.environ.get("DLRUN_NCCL_ERROR_HANDLING_DEFAULT") == "1":  # dlrun's "1", not the user's
-        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
-        os.environ["NCCL_ASYNC_ERROR_HANDLING"] = "0"
-    else:
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
-
 
 class Loss:
     """A peer's loss as this rank met it: the step given up (None: told between steps), the

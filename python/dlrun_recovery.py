@@ -47,8 +47,7 @@ NCCL (CUDA tensors, `init_process_group("nccl")`): the word aborts the communica
 step's optimizer update waits for the step's collectives and gives the step up if the word came
 meanwhile or PyTorch saw the group fail (a summed gradient missing a peer is never applied), and
 the transfer runs on the GPU. Importing this under dlrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=0
-unless the user set it (dlrun's own default is torchrun's 1): PyTorch's watchdog would otherwise
-abort the group at the lost peer's error, and end the process before the group is rebuilt.
+unless the user set it (dlrun's default, torchrun's 1, lets PyTorch's watchdog end the process).
 """
 import datetime
 import gc
@@ -74,6 +73,11 @@ import dlrun_transfer
 from dlrun_step import digest as _digest  # noqa: F401 (the test programs' digest)
 from dlrun_step import exit_now as _exit_now
 _active = [None]  # the Recoverable of this process (one per process)
+# Here, not in its modules (dlrun's fork server imports those before the worker's environment).
+if "DLRUN_CONTROL_FD" in os.environ:  # dlrun's own "1" replaced; the user's value kept
+    if os.environ.get("DLRUN_NCCL_ERROR_HANDLING_DEFAULT") == "1":
+        os.environ.update(TORCH_NCCL_ASYNC_ERROR_HANDLING="0", NCCL_ASYNC_ERROR_HANDLING="0")
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
 
 
 class Recoverable:

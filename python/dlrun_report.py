@@ -77,78 +77,15 @@ def _pipe():
     return _fd
 
 
-class _Profile:
-    """dlrun's --profile in this rank: DLRUN_PROFILE (the tool), DLRUN_PROFILE_STEPS ("A:B"),
-    DLRUN_PROFILE_FILE (the torch trace). Captures from the end of step A-1 (from the start
-    when A is 0 or no range is given) to the end of step B."""
-
-    def __init__(self):
-        self.tool = os.environ.get("DLRUN_PROFILE", "")
-        self.first, self.last = 0, None
-        try:
-            a, b = os.environ.get("DLRUN_PROFILE_STEPS", "").split(":")
-            self.first, self.last = int(a), int(b)
-        except ValueError:
-            pass
-        self.prof = None
-        self.on = False
-        self.done = False
-        if self.tool in ("torch", "nsys") and self.first == 0 and (self.tool == "torch" or self.last is not None):
-            self._start()
-
-    def _start(self):
-        try:
-            import torch
-            if self.tool == "torch":
-                acts = [torch.profiler.ProfilerActivity.CPU]
-                if torch.cuda.is_available():
-                    acts.append(torch.profiler.ProfilerActivity.CUDA)
-                self.prof = torch.profiler.profile(activities=acts, record_shapes=False)
-                self.prof.__enter__()
-                import atexit
-                atexit.register(self._stop)
-            elif torch.cuda.is_available():
-                torch.cuda.cudart().cudaProfilerStart()
-            self.on = True
-        except Exception as e:  # the training goes on without the profile
-            sys.stderr.write("dlrun_report: cannot start the %s profile: %s\n" % (self.tool, e))
-            self.done = True
-
-    def _stop(self):
-        if not self.on:
-            return
-        self.on, self.done = False, True
-        try:
-            if self.prof is not None:
-                self.prof.__exit__(None, None, None)
-                self.prof.export_chrome_trace(os.environ.get("DLRUN_PROFILE_FILE", "trace.json"))
-            else:
-                import torch
-                torch.cuda.cudart().cudaProfilerStop()
-        except Exception as e:
-            sys.stderr.write("dlrun_report: cannot write the %s profile: %s\n" % (self.tool, e))
-
-    def step(self, step):
-        if self.done or self.tool not in ("torch", "nsys"):
-            return
-        if self.on and self.last is not None and step >= self.last:
-            self._stop()
-        elif not self.on and self.last is not None and self.first - 1 <= step < self.last:
-            self._start()
-
-
 _profile = None
 
 
 def _profile_step(step):
     global _profile
     if _profile is None:
-        _profile = _Profile()
+        from dlrun_profile import Profile  # beside this file
+        _profile = Profile()
     _profile.step(int(step))
-
-
-if os.environ.get("DLRUN_PROFILE") in ("torch", "nsys"):
-    _profile_step(-2)  # from the start, when the range says so
 
 
 _data_wait = None  # seconds waited in timed() since the last report_step (None: not timing)
@@ -288,9 +225,18 @@ def _tcp_sockets():
     return found
 
 
-# The sockets open before the program made its process group (dlrun_recovery shuts down the
-# group's own on a peer's loss, never these); only where dlrun passed the control pipe.
-_tcp_at_import = _tcp_sockets() if "DLRUN_CONTROL_FD" in os.environ else {}
+def _from_environment():
+    """What this module takes from the environment at its import; called again in a worker that
+    dlrun's fork server forked (it imported this module before the worker's environment)."""
+    global _tcp_at_import
+    # The sockets open before the program made its process group (dlrun_recovery shuts down the
+    # group's own on a peer's loss, never these); only where dlrun passed the control pipe.
+    _tcp_at_import = _tcp_sockets() if "DLRUN_CONTROL_FD" in os.environ else {}
+    if os.environ.get("DLRUN_PROFILE") in ("torch", "nsys"):
+        _profile_step(-2)  # from the start, when the range says so
+
+
+_from_environment()
 
 
 def report_resume(step, load_s):

@@ -47,6 +47,16 @@ def _dlrun_serve(server_fd):
         import torch._dynamo
     except Exception:
         pass  # a program that does not import torch: the fork is cheap all the same
+    # dlrun's helpers (python/, on the workers' PYTHONPATH; compiled at each import where no
+    # bytecode is written), imported as outside a job: what they take from the environment, a
+    # forked worker takes again. Not dlrun_recovery: its import changes NCCL's settings.
+    env = dict(os.environb)
+    os.environ.clear()
+    try:
+        import dlrun_report, dlrun_loader, dlrun_transfer  # noqa: F401
+    except Exception:
+        pass
+    os.environb.update(env)
     libc = ctypes.CDLL(None, use_errno=True)
     _dlrun_freeze()
     sock = socket.socket(fileno=server_fd)
@@ -210,6 +220,9 @@ def _dlrun_forked(sock, libc, agent, msg, fds):
     if cpus:
         os.sched_setaffinity(0, [int(c) for c in cpus.split(b",")])
     _dlrun_set_environ(fields[3:])
+    report = sys.modules.get("dlrun_report")
+    if report is not None and hasattr(report, "_from_environment"):
+        report._from_environment()
     # The streams as a fresh interpreter opens them on these fds (a terminal: line-buffered).
     unbuffered = sys.stdout.write_through or bool(os.environ.get("PYTHONUNBUFFERED"))  # or -u
     for name, fd in (("stdout", 1), ("stderr", 2)):

@@ -476,6 +476,35 @@ TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) 
   EXPECT_EQ(r.output, "dlrun: invalid value 'on' for --fork-server: expected auto or off\n");
 }
 
+// The fork server imports dlrun's helpers too (their import is no longer in a worker's start),
+// and each worker takes their part of its own environment: a program without dlrun_recovery
+// keeps dlrun's NCCL error handling at every rank (rank 1's wait for the store port once
+// imported a module that turned it off), one with it has it off at every rank.
+TEST(DlrunStandalone, AForkedWorkerFindsDlrunsHelpersImportedAndTheNcclHandlingItsImportsSay) {
+  const std::string dir = MakeTempDir();
+  const std::string prog = dir + "/probe.py";
+  std::ofstream(prog) << "import os, sys\n"
+                         "pre = 'dlrun_report' in sys.modules and 'dlrun_recovery' not in sys.modules\n"
+                         "if sys.argv[1] == 'recovery':\n"
+                         "    import dlrun_recovery\n"
+                         "import torch.distributed as dist\n"
+                         "dist.init_process_group('gloo')\n"
+                         "print('rank %s preloaded %s nccl %s' % (os.environ['RANK'], pre,\n"
+                         "      os.environ['TORCH_NCCL_ASYNC_ERROR_HANDLING']), flush=True)\n"
+                         "dist.destroy_process_group()\n";
+  for (const char* imports : {"plain", "recovery"}) {
+    SCOPED_TRACE(imports);
+    ProcResult r = RunCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "2", prog, imports},
+                              {{"PYTHON_EXEC", TEST_PYTHON}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string nccl = imports == std::string("plain") ? "1" : "0";
+    for (const char* rank : {"0", "1"}) {
+      EXPECT_NE(r.output.find(std::string("rank ") + rank + " preloaded True nccl " + nccl),
+                std::string::npos) << r.output;
+    }
+  }
+}
+
 // The spare's imports run at idle priority, so they take no CPU from the workers it stands
 // beside (bench/RESULTS.md: 2 Python ranks on 2 cores lost a third of their samples/s to them).
 // A stand-in torch package records the policy of the thread that imports it.

@@ -86,7 +86,7 @@ echo "--- ldd dlrun"; ldd /work/v/bin/dlrun
 grep -q "bin/dlrun\$" /work/show.txt && grep -q "dlrun_report.py\$" /work/show.txt &&
   grep -q "dlrun/__init__.py\$" /work/show.txt || { cat /work/show.txt; echo "the wheel's dlrun does not own both"; exit 1; }
 # dlrun_recovery imports torch (not in this root): it must be there, not importable here.
-/work/v/bin/python -c 'import importlib.util as u; assert all(u.find_spec(m) for m in ("dlrun_recovery", "dlrun_step", "dlrun_group", "dlrun_loader", "dlrun_transfer")), "a dlrun_recovery module is missing in the wheel"'
+/work/v/bin/python -c 'import importlib.util as u; assert all(u.find_spec(m) for m in ("dlrun_recovery", "dlrun_step", "dlrun_group", "dlrun_loader", "dlrun_transfer", "dlrun_profile")), "a dlrun_recovery module is missing in the wheel"'
 echo "cmake prefix: \$(/work/v/bin/dlrun --cmake-prefix-path) \$(/work/v/bin/python -m dlrun --cmake-prefix-path)"
 # Standalone, without activating the environment: the workers get its python3.
 /work/v/bin/dlrun --standalone --nproc-per-node 2 /work/wheel_prog.py /work/out1

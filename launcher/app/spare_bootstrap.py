@@ -1,4 +1,4 @@
-# The warm spare's bootstrap (dlrun --warm-spares, launcher/app/plan.cc WarmSpareArgv), run as
+# The warm spare's bootstrap (dlrun --warm-spares, launcher/app/worker_program.cc WarmSpareArgv), run as
 # `python [FLAGS] -c <this> SCRIPT|-m MODULE ARGS...` with {SPARE_FD} and {FORK_SERVER_FD}
 # replaced by the names of the variables that hold the fds it is given (common/contract.h).
 # Compiled into dlrun (launcher/CMakeLists.txt), so nothing is read at run time.

@@ -4,10 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdlib.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
-#include <termios.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,23 +17,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
-
-extern char** environ;
+#include "launcher/agent/worker_pipes.h"
 
 namespace dlrun::launcher {
 namespace {
-
-std::vector<std::string> MergedEnvironment(const std::map<std::string, std::string>& overrides) {
-  std::vector<std::string> out;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view kv(*e);
-    size_t eq = kv.find('=');
-    if (eq != std::string_view::npos && overrides.count(std::string(kv.substr(0, eq)))) continue;
-    out.emplace_back(kv);
-  }
-  for (const auto& [k, v] : overrides) out.push_back(k + "=" + v);
-  return out;
-}
 
 sigset_t SignalSet(const std::vector<int>& handled) {
   sigset_t mask;
@@ -54,53 +38,6 @@ void CloseFd(int* fd) {
 std::unique_ptr<LineStream> OpenStream(const std::string& prefix, const StreamRoute& r) {
   FILE* log = r.log_path.empty() ? nullptr : std::fopen(r.log_path.c_str(), "w");
   return std::make_unique<LineStream>(prefix, r.console_fd, log);
-}
-
-// In the child, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void ExecChild(pid_t agent_pid, int out_w, int err_w, int hb_w, int ctl_r, int spare_r,
-                            const cpu_set_t* cpus, char** argv, char** envp,
-                            const std::string& failure) {
-  EnterChildOfAgent(agent_pid);
-  dup2(out_w, STDOUT_FILENO);
-  dup2(err_w, STDERR_FILENO);
-  fcntl(hb_w, F_SETFD, 0);  // the heartbeat pipe survives exec
-  fcntl(hb_w, F_SETFL, fcntl(hb_w, F_GETFL) | O_NONBLOCK);  // a full pipe never blocks a worker
-  fcntl(ctl_r, F_SETFD, 0);  // the agent's words (in-process recovery) survive exec too
-  if (spare_r >= 0) fcntl(spare_r, F_SETFD, 0);  // a spare reads its environment here
-  if (cpus != nullptr) sched_setaffinity(0, sizeof *cpus, cpus);
-  execvpe(argv[0], argv, envp);
-  const std::string msg = absl::StrCat(failure, std::strerror(errno), "\n");
-  (void)!write(STDERR_FILENO, msg.data(), msg.size());
-  _exit(127);
-}
-
-// A pseudo-terminal for a worker's stdout: [0] the agent's end, [1] the worker's. The size is
-// the agent's terminal's (progress bars fit); no \n -> \r\n translation (the agent adds the
-// rank prefix to bytes as written). POSIX's calls, not openpty(), which glibc before 2.34 keeps
-// in libutil (the wheel's dlrun needs the C library alone, on glibc 2.28: docs/PACKAGING.md).
-bool OpenPty(int fds[2]) {
-  const int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
-  if (master < 0) return false;
-  char name[128];
-  if (grantpt(master) != 0 || unlockpt(master) != 0 || ptsname_r(master, name, sizeof name) != 0) {
-    close(master);
-    return false;
-  }
-  const int slave = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
-  if (slave < 0) {
-    close(master);
-    return false;
-  }
-  fds[0] = master;
-  fds[1] = slave;
-  struct winsize ws {};
-  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0) ioctl(slave, TIOCSWINSZ, &ws);
-  struct termios t;
-  if (tcgetattr(fds[1], &t) == 0) {
-    t.c_oflag &= ~static_cast<tcflag_t>(ONLCR);
-    tcsetattr(fds[1], TCSANOW, &t);
-  }
-  return true;
 }
 
 }  // namespace
@@ -138,17 +75,11 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
     const std::vector<std::string>& argv_in, std::map<std::string, std::string> env,
     const std::vector<int>& cpu_list, bool pty, bool spare,
     const std::vector<std::string>& fork_server_argv) {
-  int out_pipe[2], err_pipe[2], hb_pipe[2], ctl_pipe[2], spare_pipe[2] = {-1, -1};
-  if (pty ? !OpenPty(out_pipe) : pipe2(out_pipe, O_CLOEXEC) != 0) {
-    return absl::InternalError(std::strerror(errno));
-  }
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  if (pipe2(hb_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return absl::InternalError(std::strerror(errno));
-  if (pipe2(ctl_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  if (spare && pipe2(spare_pipe, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  env[contract::kHeartbeatFd] = std::to_string(hb_pipe[1]);
-  env[contract::kControlFd] = std::to_string(ctl_pipe[0]);
-  if (spare) env[contract::kSpareFd] = std::to_string(spare_pipe[0]);
+  WorkerPipes p;
+  if (absl::Status st = p.Open(pty, spare); !st.ok()) return st;
+  env[contract::kHeartbeatFd] = std::to_string(p.heartbeat[1]);
+  env[contract::kControlFd] = std::to_string(p.control[0]);
+  if (spare) env[contract::kSpareFd] = std::to_string(p.spare[0]);
   std::vector<std::string> env_strings = MergedEnvironment(env);
   std::vector<char*> envp, argv;
   for (std::string& s : env_strings) envp.push_back(s.data());
@@ -163,7 +94,7 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
   pid_t pid = -1;
   if (ForkServerReady(fork_server_argv, env_strings)) {
     auto forked = fork_server_->Fork(ForkServer::WorkerRequest(
-        out_pipe[1], err_pipe[1], hb_pipe[1], ctl_pipe[0], spare_pipe[0], env_strings, cpu_list));
+        p.out[1], p.err[1], p.heartbeat[1], p.control[0], p.spare[0], env_strings, cpu_list));
     if (forked.ok()) pid = *forked;
   }
   const bool forked = pid >= 0;
@@ -172,27 +103,27 @@ absl::StatusOr<PosixProcesses::Started> PosixProcesses::Start(
     pid = fork();
     if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
     if (pid == 0) {
-      ExecChild(agent_pid, out_pipe[1], err_pipe[1], hb_pipe[1], ctl_pipe[0], spare_pipe[0],
+      ExecChild(agent_pid, p.out[1], p.err[1], p.heartbeat[1], p.control[0], p.spare[0],
                 cpu_list.empty() ? nullptr : &cpus, argv.data(), envp.data(), failure);
     }
     setpgid(pid, pid);  // also in the parent, so signalling the group cannot race the child
   }
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  close(hb_pipe[1]);
-  close(ctl_pipe[0]);
+  close(p.out[1]);
+  close(p.err[1]);
+  close(p.heartbeat[1]);
+  close(p.control[0]);
   // The agent never waits on a worker that does not read: a full pipe drops the word.
-  fcntl(ctl_pipe[1], F_SETFL, fcntl(ctl_pipe[1], F_GETFL) | O_NONBLOCK);
-  if (spare) close(spare_pipe[0]);
+  fcntl(p.control[1], F_SETFL, fcntl(p.control[1], F_GETFL) | O_NONBLOCK);
+  if (spare) close(p.spare[0]);
   Started st;
   st.pid = pid;
-  st.out_fd = out_pipe[0];
-  st.err_fd = err_pipe[0];
-  st.heartbeat_fd = hb_pipe[0];
-  st.heartbeat_child_fd = hb_pipe[1];
-  st.control_fd = ctl_pipe[1];
-  st.control_child_fd = ctl_pipe[0];
-  st.spare_fd = spare_pipe[1];
+  st.out_fd = p.out[0];
+  st.err_fd = p.err[0];
+  st.heartbeat_fd = p.heartbeat[0];
+  st.heartbeat_child_fd = p.heartbeat[1];
+  st.control_fd = p.control[1];
+  st.control_child_fd = p.control[0];
+  st.spare_fd = p.spare[1];
   st.forked = forked;
   return st;
 }

@@ -36,7 +36,9 @@ void HangWatch::Beat(pid_t pid, SteadyTime now) {
 
 void HangWatch::Recompute(Worker& w) const {
   w.due.reset();
-  if (!options_.on || w.paused || w.records <= options_.min_steps || w.gaps.empty()) return;
+  if (!options_.on || w.paused || w.done || w.records <= options_.min_steps || w.gaps.empty()) {
+    return;
+  }
   std::vector<double> g = w.gaps;
   const size_t k = std::min(g.size() - 1, static_cast<size_t>(0.99 * g.size()));
   std::nth_element(g.begin(), g.begin() + static_cast<long>(k), g.end());
@@ -55,6 +57,8 @@ void HangWatch::Record(pid_t pid, const StepRecord& r, SteadyTime now) {
   } else if (r.kind == 'z') {
     w.paused.reset();
     w.last_record = now;  // the time paused is no gap
+  } else if (r.kind == 'D') {
+    w.done = true;  // the interpreter's teardown may take seconds on a busy node
   } else if (r.kind == 'S') {
     if (w.records > 0 && !w.paused) {
       const double gap = Seconds(now - w.last_record);

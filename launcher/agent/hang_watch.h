@@ -40,7 +40,7 @@ class HangWatch {
   void Start(const std::vector<pid_t>& pids, SteadyTime now);
   void Add(pid_t pid);
   void Exited(pid_t pid);
-  // Any byte on a worker's heartbeat pipe; a record ('S' steps, 'Z'/'z' pauses).
+  // Any byte on a worker's heartbeat pipe; a record ('S' steps, 'Z'/'z' pauses, 'D' done).
   void Beat(pid_t pid, SteadyTime now);
   void Record(pid_t pid, const StepRecord& r, SteadyTime now);
   // The workers' CPU use over the last sampling period, in cores (absent: not sampled yet), and
@@ -76,6 +76,7 @@ class HangWatch {
     std::vector<double> gaps;  // seconds between step records, the last kMaxGaps (a ring)
     size_t next_gap = 0;
     std::optional<std::string> paused;  // what, while a pause is declared
+    bool done = false;  // its work is done ('D', dlrun_report.done()): its teardown is no hang
     bool sampled = false;
     bool busy = true;
     std::optional<SteadyTime> due;  // when it is hung by its step records

@@ -18,6 +18,7 @@
 #include "launcher/detect/net.h"
 #include "launcher/rdzv/failover.h"
 #include "launcher/rdzv/rdzv_endpoints.h"
+#include "launcher/rdzv/rdzv_job_channel.h"
 #include "launcher/rdzv/rdzv_regroup.h"
 #include "launcher/rdzv/rdzv_loader.h"
 #include "spdlog/spdlog.h"
@@ -36,14 +37,15 @@ constexpr int kHostAttempts = 6;  // an agent that may host: tries while nobody 
 // Membership from the gRPC rendezvous, with host failover (docs/FAILOVER.md): when the host
 // stops answering for the liveness limit, the survivors pick the next candidate, which hosts a
 // new epoch, and re-join it with what they know of the job.
-class RdzvSource final : public MembershipSource, public JobChannel {
+class RdzvSource final : public MembershipSource {
  public:
   RdzvSource(RdzvSourceOptions o, rdzv::Api* api, std::unique_ptr<rdzv::HostedRendezvous> hosted,
              Clock& clock)
       : o_(std::move(o)), api_(api), clock_(clock), hosted_(std::move(hosted)),
         regroup_(std::make_shared<RdzvRegroup>(
             [api, o = o_](const std::string& at) { return api->CreateClient(ClientFor(o, at)); },
-            NodeId(o_))) {
+            NodeId(o_))),
+        channel_(std::make_shared<RdzvJobChannel>(NodeId(o_), o_.hostname, o_.run_id, o_.token)) {
     node_.node_id = NodeId(o_);
     node_.hostname = o_.hostname;
     node_.address = o_.local_addr;
@@ -55,9 +57,11 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   }
 
   const std::shared_ptr<RdzvRegroup>& regroup() const { return regroup_; }
+  const std::shared_ptr<RdzvJobChannel>& channel() const { return channel_; }
 
   ~RdzvSource() override {
     regroup_->Stop();  // its held watch first: a server shuts down after its calls end
+    channel_->Use(nullptr, nullptr);  // it may outlive this source in a JobLink
     if (!hosted_) return;
     // If the job has ended, keep serving a few heartbeats until every node has heard it, so no
     // agent is cut off and mistakes the hosting agent's exit for a lost rendezvous.
@@ -144,7 +148,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
     }
     last_ok_ = now;
     Adopt(r->epoch);
-    if (rdzv::PublishesAfter(beats_++, node_rank_, num_nodes_)) Exchange();
+    if (rdzv::PublishesAfter(beats_++, node_rank_, num_nodes_)) channel_->Exchange();
     *reason = r->reason;
     if (!r->redirect.empty()) {
       redirect_ = r->redirect;
@@ -161,53 +165,19 @@ class RdzvSource final : public MembershipSource, public JobChannel {
 
   std::chrono::milliseconds check_interval() const override { return o_.config.heartbeat_interval; }
 
-  Wanted DiagnosticsWanted() const override {
-    if (wanted_.request == 0 || wanted_.request == posted_) return {};
-    return {wanted_.request, wanted_.profile};
-  }
-  void PostDiagnostics(uint64_t id, const std::string& answer_json) override {
-    posted_ = id;
-    if (auto s = client_->PostDiagnostics(id, {node_.node_id, o_.hostname, answer_json}); !s.ok()) {
-      spdlog::warn("cannot post this node's stacks to the rendezvous: {}",
-                   std::string(s.message()));
-    }
-  }
-  RdzvAddress Address() const override { return {client_->endpoint(), o_.run_id, o_.token}; }
-
-  void Publish(const telemetry::NodeTelemetry& t) override {
-    telemetry_ = t;
-    ++published_;
-  }
-  std::shared_ptr<telemetry::JobTelemetry> job_telemetry() const override {
-    return hosted_ ? hosted_->telemetry() : nullptr;
-  }
 
   void OnSuccess() override {
-    Exchange();  // the final figures, before the leave that may end the job
+    channel_->Exchange();  // the final figures, before the leave that may end the job
     if (auto s = client_->Leave(node_.node_id, round_, true); !s.ok()) {
       spdlog::warn("leave: {}", std::string(s.message()));
     }
   }
 
  private:
-  // The job channel's exchange, after each answered heartbeat (every few in a job of thousands
-  // of nodes: rdzv::PublishesAfter) and before the leave: this node's figures when new since the
-  // last one sent, and in return what the job asks of it. A miss is not a membership matter:
-  // the next exchange tries again.
-  void Exchange() {
-    const bool fresh = telemetry_ && published_ != sent_;
-    auto r = client_->Publish(node_.node_id, fresh ? &*telemetry_ : nullptr);
-    if (!r.ok()) {
-      spdlog::debug("job channel: {}", std::string(r.status().message()));
-      return;
-    }
-    sent_ = published_;
-    wanted_ = *std::move(r);
-  }
-
   void SwitchTo(const std::string& endpoint) {
     client_ = api_->CreateClient(ClientFor(o_, endpoint));
     client_->set_epoch(epoch_);
+    channel_->Use(client_.get(), hosted_.get());
     hosts_seen_.push_back(endpoint);
   }
 
@@ -356,6 +326,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   void HostAt(const std::string& endpoint) {
     if (hosted_) {
       hosted_->Shutdown();  // an earlier host of ours that stepped down
+      channel_->Use(client_.get(), nullptr);
       hosted_.reset();
     }
     const rdzv::HostOptions h = HostFor(o_, endpoint, epoch_ + 1);
@@ -366,6 +337,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
       return;
     }
     hosted_ = std::move(*s);
+    channel_->Use(client_.get(), hosted_.get());
     spdlog::warn("taking over the rendezvous at {} (epoch {})", endpoint, h.epoch);
   }
 
@@ -374,8 +346,7 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   Clock& clock_;  // the liveness limit of the host is measured on it
   std::unique_ptr<rdzv::HostedRendezvous> hosted_;
   std::shared_ptr<RdzvRegroup> regroup_;  // in-process recovery across nodes
-  std::optional<telemetry::NodeTelemetry> telemetry_;  // the latest Publish
-  uint64_t published_ = 0, sent_ = 0;  // Publish calls; the count when last sent
+  std::shared_ptr<RdzvJobChannel> channel_;  // on the current host's client
   std::unique_ptr<rdzv::RendezvousClient> client_;
   rdzv::NodeInfo node_;
   uint64_t round_ = 0;
@@ -387,8 +358,6 @@ class RdzvSource final : public MembershipSource, public JobChannel {
   std::vector<std::string> hosts_seen_;
   SteadyTime last_ok_ = clock_.Now();
   bool lost_ = false;  // the host stopped answering: the next Next() fails over
-  rdzv::DiagnosticsAsk wanted_;  // the last exchange's (docs/STACKS.md)
-  uint64_t posted_ = 0;
   std::string lost_reason_;
   std::string redirect_;  // the host stepped down: the next Next() joins here
   PortReservation port_;
@@ -447,9 +416,7 @@ absl::StatusOr<JobLink> MakeRendezvousSource(RdzvSourceOptions o, rdzv::Api& api
     if (o.is_host == "true") return s.status();
   }
   auto source = std::make_shared<RdzvSource>(std::move(o), api, std::move(hosted), clock);
-  JobLink link = JobLink::Of(source);
-  link.regroup = source->regroup();
-  return link;
+  return JobLink{source, source->channel(), source->regroup()};
 }
 
 }  // namespace dlrun::launcher

@@ -134,6 +134,22 @@ TEST(AgentHang, ADeclaredPauseIsNotAHang) {
   EXPECT_TRUE(h.procs.sent.empty());
 }
 
+// After dlrun_report.done() a rank's teardown (destroy_process_group, the interpreter's exit:
+// seconds on a busy node) is no hang, however short its steps were.
+TEST(AgentHang, ARankWhoseWorkIsDoneIsNotAHangWhileItExits) {
+  Harness h(1);
+  h.options.hang.step_floor = seconds(3);
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.StepsEvery(p.pid, milliseconds(100), seconds(10), Step());
+    StepRecord done;
+    done.kind = 'D';
+    f.RecordAfter(p.pid, milliseconds(10050), done);
+    f.ExitAfter(p.pid, seconds(20), 0);  // 10 s of teardown: over the 3 s floor
+  };
+  EXPECT_EQ(h.RunStatic(0), 0);
+  EXPECT_TRUE(h.procs.sent.empty());
+}
+
 TEST(AgentHang, TheFirstStepsAreLearntFromNotJudged) {
   Harness h(1);
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlrun/proto/rendezvous.grpc.pb.h"
+#include "rendezvous/grpc_log.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/port_probe.h"
 
@@ -62,6 +63,7 @@ RegroupNotice NoticeFromProto(const v1::RegroupNotice& n) {
 class ClientImpl final : public RendezvousClient {
  public:
   explicit ClientImpl(const ClientOptions& o) : o_(o) {
+    RouteGrpcLog();
     grpc::ChannelArguments args;
     // A job-wide stacks answer holds every node's post (each at most kMaxMessageBytes).
     args.SetMaxReceiveMessageSize(kMaxStacksResponseBytes);

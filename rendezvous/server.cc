@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlrun/proto/rendezvous.grpc.pb.h"
+#include "rendezvous/grpc_log.h"
 
 namespace dlrun::rdzv {
 namespace {
@@ -194,6 +195,7 @@ class ServerImpl final : public RendezvousServer {
         regroup_service_(&regroup_, [this] { Poke(); }) {}
 
   absl::Status Init(const std::string& listen, const TlsConfig& tls) {
+    RouteGrpcLog();  // a port it cannot bind is this function's error line, not gRPC's
     grpc::ServerBuilder b;
     std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
     if (tls.enabled()) {

@@ -60,9 +60,10 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
   const int n = std::max<int>(static_cast<int>(s.restart_causes.size()),
                               cost.empty() ? 0 : cost.rbegin()->first);
   for (int i = 1, shown = 0; i <= n && shown < 5; ++i) {
-    const std::string cause =
+    std::string cause =
         i <= static_cast<int>(s.restart_causes.size()) ? s.restart_causes[i - 1] : "";
     auto it = cost.find(i);
+    if (cause.empty() && it != cost.end()) cause = it->second->cause;  // a node's own report
     if (cause.empty() && it == cost.end()) continue;
     ++shown;
     absl::StrAppend(&out, "\n  restart ", i, ": ", cause.empty() ? "(cause not recorded)" : cause);

@@ -77,6 +77,9 @@ struct RestartCost {
   // How the span's last group's new processes started (the replacement in process, every worker
   // after a restart): forked from the fork server, promoted warm spares, cold (their own start).
   int started_forked = 0, started_spare = 0, started_cold = 0;
+  // The cause this node's agent gave (a failure of its own ranks); empty: another node's, or
+  // none. A node's own report names it where the job's list of causes is not at hand.
+  std::string cause;
   // The span's in-process recoveries (each begun, finished or not) and its group restarts.
   int recoveries() const { return in_process ? restarts : in_process_tries; }
   int group_restarts() const { return in_process ? 0 : restarts - in_process_tries; }

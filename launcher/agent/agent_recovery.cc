@@ -80,7 +80,7 @@ std::vector<std::string> InProcessRecovery::NoteLost(const std::vector<WorkerExi
         e, absl::StrCat(rec.message, "\n", rec.traceback, "\n", s_.processes.ErrorTail(e.pid)),
         false);
     s_.telemetry.NoteFailure(
-        {e.global_rank, s_.options.hostname, FailureClassName(cls.cls), what, {}, {}, {}});
+        {e.global_rank, s_.options.hostname, FailureClassName(cls.cls), what, {}, {}, {}, {}});
   }
   return said;
 }

@@ -106,8 +106,13 @@ class AgentTelemetry {
     // A crash's faulting frame ("file:line function"), from the stack the worker wrote as it
     // died (crash_trace.h), named in the background where it is native; invalid: none.
     std::shared_future<std::string> faulting_frame;
+    // What this agent told the rendezvous the restart is for (the node's report says it).
+    std::string cause;
   };
-  void NoteFailure(Failure f) { failures_.push_back(std::move(f)); }
+  void NoteFailure(Failure f) {
+    if (!f.cause.empty()) ledger_.Cause(f.cause);
+    failures_.push_back(std::move(f));
+  }
   // The last capture before kill, summarised (stacks.h StackSummaryJson): sent with every
   // publication from now on. Thread-safe (the capture is kept on a thread of its own).
   void SetStacks(std::string summary_json) {

@@ -131,7 +131,7 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from, bool in_proc
   s_.telemetry.NoteFailure({first.global_rank, s_.options.hostname, FailureClassName(cls.cls),
                             message, stacks_json,
                             s_.forensics.ReadFlightRecorder(s_.group.attempt(), s_.group.Ranks()),
-                            failure.faulting_frame});
+                            failure.faulting_frame, cause});
   // A failure that repeats the last one the same way would only repeat again: the job ends
   // here instead of spending every restart on it.
   const FailureSignature signature{cls.cls, first.global_rank,
@@ -215,7 +215,8 @@ void FailurePolicy::NoteHang(int culprit, const std::string& message,
                             message,
                             stacks_json,
                             s_.forensics.ReadFlightRecorder(s_.group.attempt(), s_.group.Ranks()),
-                            {}});
+                            {},
+                            message});
 }
 
 HangVerdict FailurePolicy::WhereRanksAre() {

@@ -72,6 +72,10 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.running = running;
 }
 
+void RestartLedger::Cause(const std::string& cause) {
+  if (open_ && open_->cost.cause.empty()) open_->cost.cause = cause;
+}
+
 void RestartLedger::Resumed(int64_t step, double load_s) {
   if (!open_ || !open_->in_group) return;
   open_->cost.resumed_step = step;

@@ -45,6 +45,8 @@ class RestartLedger {
   // were running at `running`.
   // `generation`: an in-process recovery's group generation (0: a restarted group).
   void GroupStarted(int restart, SteadyTime assigned, SteadyTime running, int generation = 0);
+  // This node's own failure caused the span in progress, described as `cause` (the first kept).
+  void Cause(const std::string& cause);
   // A worker's step record arrived at `now` (the step's end): step `step` took `step_s`.
   void Step(int64_t step, double step_s, SteadyTime now);
   // A worker said it resumed from the checkpoint of `step`; loading took `load_s`.

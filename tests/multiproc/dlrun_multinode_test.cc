@@ -142,6 +142,16 @@ TEST(DlrunMultiNode, AnEndpointThatAnotherProgramHoldsIsSaidInSeconds) {
                                        "'SSH-2.0-OpenSSH_9.2'")),
             std::string::npos)
       << s.output;
+  // Told to host it there (is_host=true): dlrun's one line, without gRPC's raw one beside it
+  // ("chttp2_server.cc ... No address added out of total 1 resolved").
+  ProcResult h = RunCommand({DLRUN_BIN, "--nnodes", "2", "--rdzv-backend", "c10d",
+                             "--rdzv-endpoint", endpoint, "--rdzv-id", "x", "--rdzv-conf",
+                             "is_host=true", "/bin/true"},
+                            {{"DLRUN_RDZV_TOKEN", "test-token-123"}}, kMultiNodeDeadline);
+  EXPECT_NE(h.exit_code, 0);
+  EXPECT_NE(h.output.find("cannot listen on 127.0.0.1:"), std::string::npos) << h.output;
+  EXPECT_EQ(h.output.find("No address added"), std::string::npos) << h.output;
+  EXPECT_EQ(h.output.find("chttp2"), std::string::npos) << h.output;
   kill(s.pid, SIGTERM);
   EXPECT_NE(FinishCommand(s, kMultiNodeDeadline), 0);
   shutdown(fd, SHUT_RDWR);

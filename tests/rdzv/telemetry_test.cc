@@ -727,6 +727,24 @@ TEST(JobReport, ARestartAfterAFailedInProcessRecoveryIsOneRestartSaidSo) {
   EXPECT_FALSE(telemetry::TelemetryFromProto(wire).ok());
 }
 
+// A node's own report (not the rendezvous host's: the job's causes are not at hand) names the
+// cause its agent gave for a restart of its own ranks' failure, and no other.
+TEST(JobReport, ANodesOwnReportNamesTheCauseOfItsOwnRanksFailure) {
+  telemetry::RestartCost own = Cost(1, 0.2, 5, 3);
+  own.cause = "rank 3 (local rank 1, pid 9): SIGKILL";
+  telemetry::RestartCost other = Cost(2, 0.2, 8, 6);
+  telemetry::JobTelemetry::Snapshot s;
+  s.wall_s = 10;
+  s.restart_costs = {own, other};
+  const std::string report = telemetry::FormatJobReport(s, 0);
+  EXPECT_NE(report.find("restart 1: rank 3 (local rank 1, pid 9): SIGKILL; "), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("restart 2: (cause not recorded); "), std::string::npos) << report;
+  s.restart_causes = {"the job's own word for it"};  // the host's list comes first
+  EXPECT_NE(telemetry::FormatJobReport(s, 0).find("restart 1: the job's own word for it; "),
+            std::string::npos);
+}
+
 TEST(JobReport, SaysWhatSamplesPerSecondIsOverAndWhenThereAreNoStepRecords) {
   telemetry::JobTelemetry::Snapshot s;
   s.wall_s = 10;

@@ -198,7 +198,23 @@ def _record(line):
 
 
 def _tcp_sockets():
-    """{inode: fd} of this process's TCP sockets that are not listening (Linux /proc)."""
+    """{inode: fd} of this process's TCP sockets that are not listening (Linux /proc). Its own
+    sockets first: /proc/self/net/tcp lists the whole network namespace's, read only when this
+    process holds a socket at all (a forked worker's start holds none)."""
+    sockets = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return {}
+    for fd in fds:
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            sockets[link[8:-1]] = int(fd)
+    if not sockets:
+        return {}
     inodes = set()
     for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
@@ -210,19 +226,7 @@ def _tcp_sockets():
                         inodes.add(fields[9])
         except OSError:
             pass
-    found = {}
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return found
-    for fd in fds:
-        try:
-            link = os.readlink("/proc/self/fd/" + fd)
-        except OSError:
-            continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            found[link[8:-1]] = int(fd)
-    return found
+    return {i: fd for i, fd in sockets.items() if i in inodes}
 
 
 def _from_environment():

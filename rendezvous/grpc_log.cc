@@ -12,11 +12,10 @@
 namespace dlrun::rdzv {
 namespace {
 
-// What gRPC logs when a listening port cannot be bound (1.51's chttp2_server.cc and the socket
-// utilities): the caller reports that failure itself.
+// What gRPC logs when a listening port cannot be bound (1.51's chttp2_server.cc: one line whose
+// children name the socket's error): the caller reports that failure itself.
 bool IsBindFailure(absl::string_view msg) {
-  for (absl::string_view s : {"No address added", "Failed to add", "Unable to configure socket",
-                              "bind", "Address already in use"}) {
+  for (absl::string_view s : {"No address added", "Failed to add", "Address already in use"}) {
     if (absl::StrContains(msg, s)) return true;
   }
   return false;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <ctime>
 #include <future>
-#include <optional>
 #include <random>
 #include <utility>
 #include <thread>
@@ -164,7 +163,6 @@ class RdzvSource final : public MembershipSource {
   }
 
   std::chrono::milliseconds check_interval() const override { return o_.config.heartbeat_interval; }
-
 
   void OnSuccess() override {
     channel_->Exchange();  // the final figures, before the leave that may end the job

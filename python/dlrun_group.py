@@ -84,16 +84,24 @@ def end_group(sockets):
     abort() does not end a wait of DDP's reducer): its connections are shut down under it. The
     main thread aborts and forgets the group once its step has failed. Listening sockets are left
     alone (Gloo's listener aborts the process on a failed accept)."""
-    open_now = dlrun_report._tcp_sockets()
     for inode, fd in sockets.items():
-        if open_now.get(inode) != fd:
-            continue  # closed meanwhile, its fd maybe reused
         try:
-            s = socket.socket(fileno=os.dup(fd))
+            mine = os.dup(fd)  # this process' own reference: the check below holds until close
+        except OSError:
+            continue  # closed meanwhile
+        if dlrun_report._socket_inode(mine) != inode:
+            os.close(mine)  # closed meanwhile, its fd reused
+            continue
+        try:
+            s = socket.socket(fileno=mine)
+        except OSError:
+            os.close(mine)
+            continue
+        try:
             s.shutdown(socket.SHUT_RDWR)
-            s.close()
         except OSError:
             pass
+        s.close()
 
 
 def abort_nccl(group):

@@ -59,6 +59,8 @@ import atexit
 import math
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -198,35 +200,45 @@ def _record(line):
 
 
 def _tcp_sockets():
-    """{inode: fd} of this process's TCP sockets that are not listening (Linux /proc). Its own
-    sockets first: /proc/self/net/tcp lists the whole network namespace's, read only when this
-    process holds a socket at all (a forked worker's start holds none)."""
+    """{inode: fd} of this process's TCP sockets that are not listening, asked of each socket
+    fd itself (Linux /proc/self/fd, fstat, getsockopt): never /proc/self/net/tcp, whose read
+    walks the kernel's whole connection table (8 ms on a quiet machine, 20-30 ms on a busy
+    one, once on each side of a recovery's new group)."""
     sockets = {}
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
         return {}
-    for fd in fds:
+    for name in fds:
+        inode = _socket_inode(int(name), tcp=True)
+        if inode is not None:
+            sockets[inode] = int(name)
+    return sockets
+
+
+def _socket_inode(fd, tcp=False):
+    """The inode (str) of the socket open at `fd`; None when none is (with tcp, also when it is
+    not a connected or connecting TCP socket: a listener, a Unix socket)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        return None
+    if tcp:
         try:
-            link = os.readlink("/proc/self/fd/" + fd)
+            s = socket.socket(fileno=fd)
         except OSError:
-            continue
-        if link.startswith("socket:["):
-            sockets[link[8:-1]] = int(fd)
-    if not sockets:
-        return {}
-    inodes = set()
-    for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+            return None
         try:
-            with open(name) as f:
-                next(f, None)
-                for line in f:
-                    fields = line.split()
-                    if len(fields) > 9 and fields[3] != "0A":  # 0A: LISTEN
-                        inodes.add(fields[9])
+            if (s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM
+                    or s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                return None
         except OSError:
-            pass
-    return {i: fd for i, fd in sockets.items() if i in inodes}
+            return None
+        finally:
+            s.detach()
+    return str(st.st_ino)
 
 
 def _from_environment():

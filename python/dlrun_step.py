@@ -5,6 +5,7 @@ import copy
 import hashlib
 import random
 import socket
+import struct
 import sys
 import time
 
@@ -228,9 +229,17 @@ def check_replicas(module, stateful, root, dev):
     (of rank 0's, at each forward), so they differ between ranks at the end of a step."""
     world = dist.get_world_size()
     names, digests = named_digests(module, stateful, buffers=False)
-    counts = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([len(digests)], dtype=torch.int64, device=dev))
-    counts = [int(c.item()) for c in counts]
+    # One gather of (count, a digest of the digests); the digests themselves only to name what
+    # differs.
+    summary = [torch.zeros(2, dtype=torch.int64, device=dev) for _ in range(world)]
+    whole = hashlib.blake2b(struct.pack("<%dq" % len(digests), *digests), digest_size=8)
+    dist.all_gather(summary, torch.tensor([len(digests), int.from_bytes(whole.digest(), "little",
+                                                                        signed=True)],
+                                          dtype=torch.int64, device=dev))
+    summary = [t.tolist() for t in summary]
+    if all(row == summary[0] for row in summary):
+        return
+    counts = [row[0] for row in summary]
     if len(set(counts)) > 1:
         raise RuntimeError("rank(s) %s hold %s tensors of state, rank 0 %d: not going on with "
                            "replicas that differ" % (",".join(str(r) for r, c in

@@ -12,14 +12,17 @@ from dlrun_group import bucket_layout
 from dlrun_step import RNG_NAMES, check_replicas, own_buffers, rng_digests, rng_state, set_rng_state
 
 # The columns of each rank's row in the agreement (one allgather).
-_STEP, _UPDATES, _GRADS_LEFT, _REFUSES, _RNG, _RNG_PER_RANK, _RANK0_BUFFERS = range(7)
+_STEP, _UPDATES, _GRADS_LEFT, _REFUSES, _RNG, _RNG_PER_RANK, _RANK0_BUFFERS, _LAYOUT = range(8)
 
 
 def transfer(rec, replacement=False):
     """Collective: the lowest rank with the newest committed step sends its state to every
     rank behind it (a replacement is behind every survivor: a fault before the first step
-    sends the state the survivors started with), and its DDP bucket layout to every rank;
-    then every rank must hold the same parameters. Returns the sender."""
+    sends the state the survivors started with), with its DDP bucket layout; a rank not
+    behind keeps its own layout when it is the sender's (compared by digest in the gather),
+    else the sender broadcasts it. Then every rank must hold the same parameters. Returns the
+    sender. Collectives in the usual case: the gather, the state sent (size, then bytes) and
+    the replicas' check."""
     refusal = None if replacement else rec._refusal_now()
     rows = _gather(rec, replacement, refusal)
     held = [row[_STEP] for row in rows]
@@ -27,9 +30,13 @@ def transfer(rec, replacement=False):
     root = held.index(best)
     behind = [r for r in range(len(rows)) if held[r] < best]
     _check(rec, rows, best, root, behind, refusal)
-    layout = [bucket_layout(rec.ddp) if dist.get_rank() == root else None]
-    dist.broadcast_object_list(layout, src=root, device=rec.device)
-    rec._peer_layout = layout[0]
+    rank = dist.get_rank()
+    own = bucket_layout(rec.ddp) if rank not in behind else None
+    if any(row[_LAYOUT] != rows[root][_LAYOUT] for r, row in enumerate(rows) if r not in behind):
+        layout = [own if rank == root else None]  # a survivor's rebuild differs: rare
+        dist.broadcast_object_list(layout, src=root, device=rec.device)
+        own = layout[0]
+    rec._peer_layout = own  # a rank behind: set from the state it receives
     _exchange(rec, root, behind, best, replacement)
     check_replicas(rec.module, rec.stateful, root, rec.device)
     rec.committed = best
@@ -43,15 +50,17 @@ def _gather(rec, replacement, refusal):
     """Each rank's last whole step, its optimizer updates by then, whether gradients were left
     over from it without an update, whether its program refuses, its random generators that
     were equal across ranks (digest), whether its steps drew from one seeded per rank, and the
-    step whose rank-0 buffers it holds (from DDP's broadcast in the step given up)."""
+    step whose rank-0 buffers it holds (from DDP's broadcast in the step given up), and its
+    DDP bucket layout's digest (-1: none)."""
     dev = rec.device
     mine = torch.tensor([-2 if replacement else rec.committed, rec.updates,
                          int(rec._grads_left), int(refusal is not None),
                          _shared_digest(rec._rng_commit_digests, rec._rng_shared),
                          int(any(u and not sh for u, sh in zip(rec._rng_used, rec._rng_shared))),
-                         rec._rank0_buffers[0] if rec._rank0_buffers else -3],
+                         rec._rank0_buffers[0] if rec._rank0_buffers else -3,
+                         _layout_digest(None if replacement else bucket_layout(rec.ddp))],
                         dtype=torch.int64, device=dev)
-    rows = [torch.zeros(7, dtype=torch.int64, device=dev) for _ in range(dist.get_world_size())]
+    rows = [torch.zeros(8, dtype=torch.int64, device=dev) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, mine)
     return [[int(v) for v in t.tolist()] for t in rows]
 
@@ -115,7 +124,8 @@ def _exchange(rec, root, behind, best, replacement):
                         "stateful": [s.state_dict() for s in rec.stateful],
                         "rng": rec._rng_commit, "rng_shared": rec._rng_shared,
                         "loaders": [l.position() for l in rec._loaders],
-                        "epoch": rec._epoch, "rank0_buffers": rank0_buffers}, buf)
+                        "epoch": rec._epoch, "rank0_buffers": rank0_buffers,
+                        "layout": rec._peer_layout}, buf)
         finally:
             rec._sending = False
         data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(dev)
@@ -140,6 +150,7 @@ def _exchange(rec, root, behind, best, replacement):
 def _load(rec, state, root, replacement):
     rank = dist.get_rank()
     rec.module.load_state_dict(state["model"])
+    rec._peer_layout = state["layout"]
     for o, sd in zip(rec.optimizers, state["optimizers"]):
         o.load_state_dict(sd)
     for s, sd in zip(rec.stateful, state["stateful"]):
@@ -166,6 +177,12 @@ def _load(rec, state, root, replacement):
         print("dlrun_recovery: rank %d: the running statistics of its %s (each rank's own) were "
               "lost with its process: it goes on with rank %d's" % (rank, ", ".join(own), root),
               file=sys.stderr, flush=True)
+
+
+def _layout_digest(layout):
+    """A digest of a DDP bucket layout (a list of parameter indices; None: -1), the same in
+    every process (Python hashes ints and tuples of them without a per-process seed)."""
+    return -1 if layout is None else hash(tuple(layout)) & (2 ** 63 - 1)
 
 
 def _shared_digest(digests, shared):

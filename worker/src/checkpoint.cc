@@ -1,8 +1,7 @@
 #include "dlrun/checkpoint.h"
 #include "checkpoint_bytes.h"
-#include "checkpoint_testing.h"
+#include "checkpoint_file.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,12 +10,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -26,33 +23,10 @@
 #include "dlrun/nvtx_ranges.h"
 #include "dlrun/dist_env.h"
 #include "dlrun/worker.h"
-#include "fnv1a.h"
 #include "group.h"
 
 namespace dlrun::worker {
 namespace {
-
-constexpr char kMagic[8] = {'D', 'L', 'R', 'U', 'N', 'C', 'K', '1'};
-constexpr size_t kHeader = 24;
-
-void PutU64(std::string* s, uint64_t v) {
-  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-uint64_t GetU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
-  return v;
-}
-
-std::runtime_error Errno(const std::string& what, const std::string& path) {
-  return std::runtime_error(lite::StrCat("checkpoint: ", what, " ", path, ": ", std::strerror(errno)));
-}
-
-std::function<void(size_t)>& WriteHook() {
-  static std::function<void(size_t)> hook;
-  return hook;
-}
 
 // Copies the archive's values into the module's own parameters and buffers (recursively), as
 // load_state_dict does: the tensors keep their identity, gradient accumulators and hooks.
@@ -79,25 +53,13 @@ void LoadInPlace(torch::nn::Module& m, torch::serialize::InputArchive& a, const 
   }
 }
 
-std::string FileName(int64_t step) { return lite::StrFormat("ckpt-%012lld.dlrun", static_cast<long long>(step)); }
-// The step in a checkpoint's file name (FileName's), or -1.
-int64_t StepOfFileName(const std::string& path) {
-  long long step = -1;
-  const std::string name = std::filesystem::path(path).filename().string();
-  return std::sscanf(name.c_str(), "ckpt-%lld.dlrun", &step) == 1 ? step : -1;
-}
-
 }  // namespace
-
-namespace testing_only {
-void SetCheckpointWriteHook(std::function<void(size_t)> hook) { WriteHook() = std::move(hook); }
-}  // namespace testing_only
 
 CheckpointManager::CheckpointManager(CheckpointOptions options) : o_(std::move(options)) {}
 
 bool CheckpointManager::holds(int64_t step) const {
   std::error_code ec;
-  return std::filesystem::exists(lite::StrCat(o_.dir, "/", FileName(step)), ec);
+  return std::filesystem::exists(lite::StrCat(o_.dir, "/", detail::CheckpointFileName(step)), ec);
 }
 
 std::vector<std::string> CheckpointManager::list() const {
@@ -150,56 +112,6 @@ std::string SerializeCheckpoint(const torch::nn::Module& model, const torch::opt
   return payload_stream.str();
 }
 
-// header + payload into `tmp`, synced, then renamed to `final_path`: a reader sees the whole
-// file or none. On failure the temporary file is removed and the error thrown.
-void WriteThenRename(const std::string& header, const std::string& payload, const std::string& tmp,
-                     const std::string& final_path) {
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Errno("cannot create", tmp);
-  size_t written = 0;
-  auto write_all = [&](const char* p, size_t n) {
-    while (n > 0) {
-      const size_t chunk = std::min<size_t>(n, 1 << 20);
-      ssize_t w = write(fd, p, chunk);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return false;
-      p += w;
-      n -= static_cast<size_t>(w);
-      written += static_cast<size_t>(w);
-      if (WriteHook()) WriteHook()(written);
-    }
-    return true;
-  };
-  if (!write_all(header.data(), header.size()) || !write_all(payload.data(), payload.size()) ||
-      fsync(fd) != 0) {
-    std::runtime_error e = Errno("cannot write", tmp);
-    close(fd);
-    unlink(tmp.c_str());
-    throw e;
-  }
-  close(fd);
-  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
-    std::runtime_error e = Errno("cannot rename to", final_path);
-    unlink(tmp.c_str());
-    throw e;
-  }
-}
-
-// Why a checkpoint file's bytes cannot be loaded: its header, length and checksum (empty: none).
-std::string FileProblem(const std::string& data) {
-  if (data.size() < kHeader || std::memcmp(data.data(), kMagic, sizeof kMagic) != 0) {
-    return "not a dlrun checkpoint (bad magic or truncated header)";
-  }
-  if (GetU64(data.data() + 8) != data.size() - kHeader) {
-    return lite::StrCat("payload is ", data.size() - kHeader, " bytes, header says ",
-                        GetU64(data.data() + 8), " (truncated?)");
-  }
-  if (GetU64(data.data() + 16) != detail::Fnv1a(data.data() + kHeader, data.size() - kHeader)) {
-    return "checksum mismatch (the file is damaged)";
-  }
-  return "";
-}
-
 // The step, epoch, sampler position, the trainer's tensors and values, and the CPU RNG.
 void ReadTrainingState(torch::serialize::InputArchive& archive, TrainingState* st) {
   auto read_int = [&](const char* key) {
@@ -237,13 +149,13 @@ void ReadTrainingState(torch::serialize::InputArchive& archive, TrainingState* s
   gen.set_state(t);
 }
 
-// A checkpoint file's bytes (FileProblem found none) into the model and optimizer in place, and
-// its training state into `st`. Throws when they are another model's, leaving the model as it
+// A checkpoint file's bytes (CheckpointFileProblem found none) into the model and optimizer in
+// place, and its training state into `st`. Throws when they are another model's, leaving the model as it
 // was: every parameter and buffer is read and its shape checked before anything changes.
 void LoadCheckpointBytes(const std::string& data, torch::nn::Module& model,
                          torch::optim::Optimizer& optimizer, TrainingState* st) {
   torch::serialize::InputArchive archive;
-  std::istringstream payload(data.substr(kHeader));
+  std::istringstream payload(detail::CheckpointPayload(data));
   // Onto the model's device (a checkpoint written on one GPU loads on another, or the CPU).
   std::vector<torch::Tensor> mp = model.parameters();
   archive.load_from(payload, mp.empty() ? torch::Device(torch::kCPU) : mp[0].device());
@@ -290,12 +202,6 @@ Warn WarnTo(const Warn& to) {
   };
 }
 
-// A checkpoint file's bytes (empty when unreadable: FileProblem then names it).
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 namespace detail {
@@ -303,13 +209,10 @@ namespace detail {
 std::string CheckpointBytes(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                             const TrainingState& state) {
   const std::string payload = SerializeCheckpoint(model, optimizer, state);
-  std::string bytes(kMagic, sizeof kMagic);
-  PutU64(&bytes, payload.size());
-  PutU64(&bytes, detail::Fnv1a(payload.data(), payload.size()));
-  return bytes + payload;
+  return CheckpointHeader(payload) + payload;
 }
 
-std::string CheckpointBytesProblem(const std::string& data) { return FileProblem(data); }
+std::string CheckpointBytesProblem(const std::string& data) { return CheckpointFileProblem(data); }
 
 void LoadCheckpointBytesInPlace(const std::string& data, torch::nn::Module& model,
                                 torch::optim::Optimizer& optimizer, TrainingState* st) {
@@ -345,19 +248,13 @@ void CheckpointManager::save(const torch::nn::Module& model,
   if (ec) throw std::runtime_error(lite::StrCat("checkpoint: cannot create ", o_.dir, ": ", ec.message()));
 
   const std::string payload = SerializeCheckpoint(model, optimizer, state);
+  const std::string header = detail::CheckpointHeader(payload);
 
-  std::string header(kMagic, sizeof kMagic);
-  PutU64(&header, payload.size());
-  PutU64(&header, detail::Fnv1a(payload.data(), payload.size()));
-
-  const std::string final_path = lite::StrCat(o_.dir, "/", FileName(state.step));
-  const std::string tmp = lite::StrCat(o_.dir, "/.tmp-", FileName(state.step), "-", getpid());
-  WriteThenRename(header, payload, tmp, final_path);
-  // The rename is durable only once the directory is synced.
-  if (int dfd = open(o_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
+  const std::string final_path = lite::StrCat(o_.dir, "/", detail::CheckpointFileName(state.step));
+  const std::string tmp =
+      lite::StrCat(o_.dir, "/.tmp-", detail::CheckpointFileName(state.step), "-", getpid());
+  detail::WriteThenRename(header, payload, tmp, final_path);
+  detail::SyncDirectory(o_.dir);  // the rename is durable only once the directory is synced
   // Keep the newest keep_last; clear temp files of writers that died.
   std::vector<std::string> all = list();
   for (size_t i = static_cast<size_t>(std::max(1, o_.keep_last)); i < all.size(); ++i) {
@@ -389,8 +286,8 @@ std::optional<TrainingState> CheckpointManager::resume_latest(
   const auto warn = WarnTo(warn_to);
   const auto load_start = std::chrono::steady_clock::now();
   for (const std::string& path : list()) {
-    std::string data = ReadWhole(path);
-    const std::string problem = FileProblem(data);
+    std::string data = detail::ReadWholeFile(path);
+    const std::string problem = detail::CheckpointFileProblem(data);
     if (!problem.empty()) {
       warn(lite::StrCat("checkpoint ", path, " skipped: ", problem));
       continue;
@@ -423,13 +320,13 @@ std::optional<TrainingState> CheckpointManager::resume_latest(
   std::string mine;
   int64_t my_step = -1;
   for (const std::string& path : list()) {
-    std::string data = ReadWhole(path);
-    if (const std::string problem = FileProblem(data); !problem.empty()) {
+    std::string data = detail::ReadWholeFile(path);
+    if (const std::string problem = detail::CheckpointFileProblem(data); !problem.empty()) {
       warn(lite::StrCat("checkpoint ", path, " skipped: ", problem));
       continue;
     }
     mine = std::move(data);
-    my_step = StepOfFileName(path);
+    my_step = detail::StepOfCheckpointFile(path);
     break;
   }
   // The newest step any rank holds, and the lowest rank holding it sends it.
@@ -454,7 +351,7 @@ std::optional<TrainingState> CheckpointManager::resume_latest(
   if (ctx.rank() == root) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
   ctx.broadcast(bytes, static_cast<int>(root));
   const std::string data(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(size));
-  if (const std::string problem = FileProblem(data); !problem.empty()) {
+  if (const std::string problem = detail::CheckpointFileProblem(data); !problem.empty()) {
     throw std::runtime_error(lite::StrCat("checkpoint of step ", best, " from rank ", root,
                                           " arrived damaged: ", problem));
   }

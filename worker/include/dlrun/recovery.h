@@ -60,6 +60,7 @@ namespace dlrun::worker {
 
 namespace detail {
 struct Regroup;  // the agent's word (internal)
+struct TransferPlan;  // the state transfer's plan (internal)
 }  // namespace detail
 
 // Thrown by the library's collectives (Context's, DistributedDataParallel's) when the agent said
@@ -189,21 +190,14 @@ class Recovery {
  private:
   struct StepUndo;     // the open step's undo record (recovery.cc)
   struct AbortTarget;  // the group the agent's word aborts (NCCL; recovery.cc)
-  struct TransferPlan {
-    int64_t best = -1;         // the highest committed step
-    int root = -1;             // the lowest rank holding it: the sender
-    std::vector<int> behind;   // the ranks that take the state
-    int64_t updates = 0;       // the sender's optimizer updates (update()) by then
-  };
-  TransferPlan PlanTransfer(int64_t my_step);
+  // Who sends the state and who takes it (one allgather; detail::DecideTransfer).
+  detail::TransferPlan PlanTransfer(int64_t my_step);
   TrainingState Transfer(int64_t my_step, bool* loaded, int* root);
   void BeginStep();  // the undo record of the step about to run
   // Puts back what the given-up step changed (StepUndo); throws the refusal when it cannot.
   void GiveUp();
   // The parameters changed since the open step's start (or its commit()).
   bool ParametersChanged() const;
-  // The first parameter whose digest differs on rank `other` (collective); "" when none.
-  std::string FirstDiffering(int other);
   // Joins the group the agent's word names (a new place in it when a node was lost).
   void Regroup(const detail::Regroup& word);
 

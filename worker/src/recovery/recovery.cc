@@ -15,12 +15,12 @@
 #include "agent_word.h"
 #include "state_transfer.h"
 #include "step_state.h"
+#include "transfer_plan.h"
 #include "dlrun/agent_link.h"
 #include "worker/src/group.h"
 #include "worker/src/text.h"
 
 namespace dlrun::worker {
-
 
 namespace {
 
@@ -43,7 +43,6 @@ using detail::Versions;
 bool CollectivesRunBehind(const Context& ctx) { return ctx.backend == "nccl"; }
 
 }  // namespace
-
 
 // The group the agent's word aborts: the current generation's, swapped at each regroup.
 struct Recovery::AbortTarget {
@@ -196,21 +195,6 @@ void Recovery::GiveUp() {
   for (torch::Tensor& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
 }
 
-std::string Recovery::FirstDiffering(int other) {
-  std::vector<int64_t> mine;
-  std::vector<std::string> names;
-  for (const auto& item : model_.named_parameters()) {
-    names.push_back(item.key());
-    mine.push_back(static_cast<int64_t>(digest({item.value()})));
-  }
-  const std::vector<torch::Tensor> all = ctx_.all_gather(torch::tensor(mine, torch::kInt64));
-  const torch::Tensor theirs = all[static_cast<size_t>(other)], first = all[0];
-  for (int64_t i = 0; i < theirs.numel() && i < first.numel(); ++i) {
-    if (theirs[i].item<int64_t>() != first[i].item<int64_t>()) return names[static_cast<size_t>(i)];
-  }
-  return "";
-}
-
 Recovery::Recovery(Context& ctx, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                    RecoveryHooks hooks, RecoveryOptions options)
     : ctx_(ctx), model_(model), optimizer_(optimizer),
@@ -236,75 +220,33 @@ Recovery::~Recovery() {
 
 // The transfer's collective plan (one allgather): each rank's last whole step, whether its steps
 // drew from a CPU generator seeded per rank, and whether its DDP wrapper broadcasts buffers (-1:
-// no wrapper yet, as in a replacement). Throws the refusal of what the transfer cannot make
-// exact.
-Recovery::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
+// no wrapper yet, as in a replacement); detail::DecideTransfer throws the refusal of what the
+// transfer cannot make exact.
+detail::TransferPlan Recovery::PlanTransfer(int64_t my_step) {
   const bool drew_own = rng_per_rank_ && my_step >= 0 && CpuRngDigest() != rng_at_start_;
   const std::optional<bool> broadcasts = detail::BroadcastsBuffers(&model_);
-  const std::vector<torch::Tensor> rows = ctx_.all_gather(torch::tensor(
+  const std::vector<torch::Tensor> gathered = ctx_.all_gather(torch::tensor(
       {my_step, int64_t{drew_own}, broadcasts ? int64_t{*broadcasts} : -1, updates_committed_,
        int64_t{rng_table_.defined() && rng_table_.size(0) == ctx_.world_size()}},
       torch::kInt64));
-  std::vector<int64_t> steps, updates, tables;
-  std::vector<int> drew;
-  std::optional<bool> broadcast;
-  int64_t best = -1;
-  int root = -1;
-  for (int r = 0; r < static_cast<int>(rows.size()); ++r) {
-    const std::vector<int64_t> row(rows[static_cast<size_t>(r)].data_ptr<int64_t>(),
-                                   rows[static_cast<size_t>(r)].data_ptr<int64_t>() + 5);
-    steps.push_back(row[0]);
-    updates.push_back(row[3]);
-    tables.push_back(row[4]);
-    if (row[1] != 0) drew.push_back(r);
-    if (row[2] >= 0) broadcast = row[2] != 0;
-    if (steps.back() > best) best = steps.back(), root = r;
+  std::vector<detail::TransferRow> rows;
+  for (const torch::Tensor& t : gathered) {
+    const int64_t* v = t.data_ptr<int64_t>();
+    rows.push_back({v[0], v[1] != 0, static_cast<int>(v[2]), v[3], v[4] != 0});
   }
-  if (best < 0) throw std::runtime_error("recovery: no rank holds a state to send");
-  std::vector<int> behind, counts;
-  for (int r = 0; r < static_cast<int>(steps.size()); ++r) {
-    const auto i = static_cast<size_t>(r);
-    if (steps[i] < best) behind.push_back(r);
-    if (steps[i] == best && updates[i] != updates[static_cast<size_t>(root)]) counts.push_back(r);
-  }
-  if (!counts.empty()) {
-    throw std::runtime_error(lite::StrCat(
-        "refused: rank(s) ", lite::StrJoin(counts, ","), " applied another number of optimizer "
-        "updates by step ", best, " than rank ", root, " (", updates[static_cast<size_t>(root)],
-        "): an update outside run(), or one applied twice"));
-  }
-  // The sender's table of every rank's generator gives a rank behind its own (rng_table_).
-  if (!behind.empty() && !drew.empty() && tables[static_cast<size_t>(root)] == 0) {
-    throw std::runtime_error(lite::StrCat(
-        "refused: the CPU random generator differs across ranks (seeded per rank?) and rank(s) ",
-        lite::StrJoin(drew, ","), " drew from it in their steps: rank(s) ",
-        lite::StrJoin(behind, ","), " cannot be given the lost one's "
-        "(RecoveryOptions::seed_per_rank derives each rank's from the step)"));
-  }
+  detail::TransferModel what;
   std::vector<const torch::optim::Optimizer*> all(hooks_.optimizers.begin(), hooks_.optimizers.end());
   all.push_back(&optimizer_);
-  if (const std::string outside = detail::FirstParameterOutside(model_, all);
-      !behind.empty() && !outside.empty()) {
-    throw std::runtime_error(lite::StrCat(
-        "refused: parameter '", outside, "' is in none of the recovery's optimizers (updated by "
-        "another optimizer? give them all: RecoveryHooks::optimizers, or Recoverable's list): "
-        "its optimizer's state cannot be sent"));
-  }
+  what.parameter_outside = detail::FirstParameterOutside(model_, all);
   const auto buffers = model_.named_buffers();
-  if (!buffers.is_empty() && best > 0 && steps[0] < 0) {
-    throw std::runtime_error(lite::StrCat(
-        "refused: rank 0 was lost, and with it the module's buffers as of step ", best, " ('",
-        buffers.begin()->key(), "'...: ",
-        broadcast == false ? "its own running statistics, DDP's broadcast_buffers off"
-                           : "running statistics, which DDP broadcasts from rank 0 at each forward",
-        "): no other rank holds them"));
-  }
-  if (!buffers.is_empty() && broadcast == false && my_step < best) {
+  if (!buffers.is_empty()) what.first_buffer = buffers.begin()->key();
+  detail::TransferPlan plan = detail::DecideTransfer(rows, what);
+  if (!what.first_buffer.empty() && plan.own_buffers && my_step < plan.best) {
     std::fprintf(stderr, "dlrun::worker: rank %d: the running statistics of its model ('%s'...: "
                  "each rank's own, DDP's broadcast_buffers off) were lost with its process: it "
-                 "goes on with rank %d's\n", ctx_.rank(), buffers.begin()->key().c_str(), root);
+                 "goes on with rank %d's\n", ctx_.rank(), what.first_buffer.c_str(), plan.root);
   }
-  return {best, root, std::move(behind), updates[static_cast<size_t>(root)]};
+  return plan;
 }
 
 // Collective over ctx_: the lowest rank with the highest committed step sends model, optimizer
@@ -317,7 +259,7 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
     t = std::chrono::steady_clock::now();
     return s;
   };
-  const TransferPlan plan = PlanTransfer(my_step);
+  const detail::TransferPlan plan = PlanTransfer(my_step);
   const int64_t best = plan.best;
   const int root = plan.root;
   *root_out = root;
@@ -348,7 +290,7 @@ TrainingState Recovery::Transfer(int64_t my_step, bool* loaded, int* root_out) {
   // after DDP's broadcast of rank 0's, so they differ between ranks at the end of a step.
   if (const std::vector<int> differ = ctx_.ranks_differing(digest(model_.parameters()));
       !differ.empty()) {
-    const std::string first = FirstDiffering(differ.front());
+    const std::string first = detail::FirstDifferingParameter(ctx_, model_, differ.front());
     throw std::runtime_error(lite::StrCat("recovery: rank(s) ", lite::StrJoin(differ, ","),
                                           " hold other parameters than rank 0 after the state "
                                           "transfer from rank ", root, ", first '", first,

@@ -343,4 +343,19 @@ TrainingState ReceiveState(const Context& ctx, torch::nn::Module& model,
   return st;
 }
 
+std::string FirstDifferingParameter(const Context& ctx, const torch::nn::Module& model, int other) {
+  std::vector<int64_t> mine;
+  std::vector<std::string> names;
+  for (const auto& item : model.named_parameters()) {
+    names.push_back(item.key());
+    mine.push_back(static_cast<int64_t>(digest({item.value()})));
+  }
+  const std::vector<torch::Tensor> all = ctx.all_gather(torch::tensor(mine, torch::kInt64));
+  const torch::Tensor theirs = all[static_cast<size_t>(other)], first = all[0];
+  for (int64_t i = 0; i < theirs.numel() && i < first.numel(); ++i) {
+    if (theirs[i].item<int64_t>() != first[i].item<int64_t>()) return names[static_cast<size_t>(i)];
+  }
+  return "";
+}
+
 }  // namespace dlrun::worker::detail

@@ -31,6 +31,10 @@ void SendState(const Context& ctx, const torch::nn::Module& model,
 TrainingState ReceiveState(const Context& ctx, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, int root, TransferTiming* timing);
 
+// The first parameter of `model` whose digest differs on rank `other` from rank 0's
+// (collective: one allgather); "" when none.
+std::string FirstDifferingParameter(const Context& ctx, const torch::nn::Module& model, int other);
+
 // A copy of an optimizer's state (its learning rates are not in it), for a step's undo
 // (recovery.cc).
 struct OptimizerCopy {

@@ -38,8 +38,8 @@ absl::Status Agent::SpawnGroup(const Assignment& next, int attempt, SteadyTime a
   if (absl::Status s = group_.Start(next, attempt); !s.ok()) return s;
   const Assignment& current = group_.current();
   if (group_.attempt() == 0 && current.rank_offset == 0) WarnOfProfileRanksNotInTheJob();
-  failures_.hang().Start(group_.Pids(), clock_.Now());
-  const std::vector<DumpTarget> group = group_.Targets(/*live_only=*/false);
+  failures_.hang().Start(PidsOf(group_.workers()), clock_.Now());
+  const std::vector<DumpTarget> group = DumpTargets(group_.workers(), /*live_only=*/false);
   spdlog::info(
       "{}", GroupTable(current, group, {fault_seen_at_, stopped_at_, assigned_at, clock_.Now()}));
   std::vector<AgentTelemetry::Member> members;
@@ -112,7 +112,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
         }
         break;
       case ProcEvent::Kind::kBadRecord:
-        telemetry_.BadRecord();
+        telemetry_.steps().BadRecord();
         break;
     }
   }
@@ -124,7 +124,7 @@ Agent::Watch Agent::WatchGroup() {
   const Millis interval = source_->check_interval();
   SteadyTime next_check = interval.count() > 0 ? clock_.Now() + interval : SteadyTime::max();
   // A node whose every rank was lost (one rank a node) waits for the job's answer with none alive.
-  while (group_.AliveCount() > 0 || recovery_.under_way()) {
+  while (AliveCount(group_.workers()) > 0 || recovery_.under_way()) {
     SteadyTime next_hang;
     if (std::optional<FailurePolicy::Hung> hung = failures_.CheckHangs(&next_hang)) {
       return {Outcome::kHung, hung->reason, 0, hung->rank};
@@ -150,7 +150,7 @@ Agent::Watch Agent::WatchGroup() {
     if (clock_.Now() >= next_check) {
       std::string reason;
       const MembershipSource::Verdict verdict = source_->Check(&reason);
-      diagnostics_.Poll(group_.Targets(/*live_only=*/true));
+      diagnostics_.Poll(DumpTargets(group_.workers(), /*live_only=*/true));
       switch (verdict) {
         case MembershipSource::Verdict::kContinue:
           break;
@@ -172,16 +172,16 @@ bool Agent::WaitForGroup(SteadyTime deadline) {
   // does not matter here: the group is being stopped anyway.
   const Millis interval = source_->check_interval();
   SteadyTime next_check = interval.count() > 0 ? clock_.Now() + interval : SteadyTime::max();
-  while (group_.AliveCount() > 0 && clock_.Now() < deadline) {
+  while (AliveCount(group_.workers()) > 0 && clock_.Now() < deadline) {
     HandleEvents(processes_.Wait(std::min(deadline, next_check)));
     if (clock_.Now() >= next_check) {
       std::string ignored;
       source_->Check(&ignored);
-      diagnostics_.Poll(group_.Targets(/*live_only=*/true));
+      diagnostics_.Poll(DumpTargets(group_.workers(), /*live_only=*/true));
       next_check = clock_.Now() + interval;
     }
   }
-  return group_.AliveCount() == 0;
+  return AliveCount(group_.workers()) == 0;
 }
 
 void Agent::StopGroup(int first_signal) {
@@ -213,7 +213,7 @@ int Agent::AfterSuccess() {
     if (sig != 0) return 128 + sig;
     std::string reason;
     const MembershipSource::Verdict verdict = source_->Check(&reason);
-    diagnostics_.Poll(group_.Targets(/*live_only=*/true));
+    diagnostics_.Poll(DumpTargets(group_.workers(), /*live_only=*/true));
     switch (verdict) {
       case MembershipSource::Verdict::kContinue:
         continue;

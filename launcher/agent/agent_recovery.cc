@@ -32,7 +32,7 @@ InProcessRecovery::InProcessRecovery(Seams seams, std::shared_ptr<RegroupLink> r
 
 void InProcessRecovery::GroupStarted(SteadyTime now) {
   const int admitted_at = s_.group.current().recovery_generation;
-  machine_.GroupStarted(admitted_at, s_.group.Pids(), now);
+  machine_.GroupStarted(admitted_at, PidsOf(s_.group.workers()), now);
   if (admitted_at > 0) {
     spdlog::info(
         "admitted into the running group at generation {} (master port {}): every "
@@ -87,9 +87,9 @@ std::vector<std::string> InProcessRecovery::NoteLost(const std::vector<WorkerExi
 
 bool InProcessRecovery::Recover() {
   using Kind = RecoveryMachine::Decision::Kind;
-  RecoveryMachine::Decision d =
-      machine_.Failed(s_.group.Members(), s_.group.exits(), s_.group.current(), s_.group.stopping(),
-                      [this](int rank) { return s_.telemetry.LastStep(rank); });
+  RecoveryMachine::Decision d = machine_.Failed(
+      MembersOf(s_.group.workers()), s_.group.exits(), s_.group.current(), s_.group.stopping(),
+      [this](int rank) { return s_.telemetry.steps().LastStep(rank); });
   if (d.kind != Kind::kRecover) {
     if (!d.why.empty()) spdlog::warn("no in-process recovery: {}", d.why);
     return false;
@@ -134,8 +134,10 @@ bool InProcessRecovery::Recover() {
 RecoveryMachine::Decision InProcessRecovery::Begin(const RecoveryMachine::Decision& d) {
   std::vector<std::string> replaced;
   const bool started = s_.group.Replace(d.lost, d.next, d.generation, &replaced);
-  const int64_t lost_step = d.lost.empty() ? -1 : s_.telemetry.LastStep(d.lost.front().global_rank);
-  RecoveryMachine::Decision began = machine_.Began(started, d, s_.group.Pids(), lost_step);
+  const int64_t lost_step =
+      d.lost.empty() ? -1 : s_.telemetry.steps().LastStep(d.lost.front().global_rank);
+  RecoveryMachine::Decision began =
+      machine_.Began(started, d, PidsOf(s_.group.workers()), lost_step);
   if (began.kind != RecoveryMachine::Decision::Kind::kNone) return began;
   // Every survivor hears of the new group; every rank is to say it holds the state. When the
   // group's nodes changed (a node lost), the word carries each rank's new place.
@@ -184,7 +186,7 @@ std::optional<std::string> InProcessRecovery::Follow() {
   if (!machine_.across_nodes()) return std::nullopt;
   RegroupLink::Notice n = regroup_->Latest();
   RecoveryMachine::Decision d = machine_.Noticed(n, s_.group.current(), regroup_->node_id(),
-                                                 s_.group.Members(), s_.clock.Now());
+                                                 MembersOf(s_.group.workers()), s_.clock.Now());
   if (d.kind == Kind::kPostPort) {
     const int port =
         s_.options.pick_master_port ? s_.options.pick_master_port(d.next.master_addr) : 0;
@@ -193,8 +195,8 @@ std::optional<std::string> InProcessRecovery::Follow() {
                  : absl::UnavailableError(absl::StrCat("no free port on ", d.next.master_addr));
     d = machine_.Posted(posted.status(), d.generation);
     if (posted.ok()) {
-      d = machine_.Noticed(*posted, s_.group.current(), regroup_->node_id(), s_.group.Members(),
-                           s_.clock.Now());
+      d = machine_.Noticed(*posted, s_.group.current(), regroup_->node_id(),
+                           MembersOf(s_.group.workers()), s_.clock.Now());
     }
   }
   switch (d.kind) {
@@ -214,7 +216,7 @@ std::optional<std::string> InProcessRecovery::Follow() {
 void InProcessRecovery::TellInProcess() {
   if (!machine_.across_nodes()) return;
   regroup_->SetInProcess(static_cast<bool>(s_.options.pick_master_port) &&
-                         s_.group.AllDeclared());
+                         AllDeclared(s_.group.workers()));
 }
 
 void InProcessRecovery::SpareOnDeclaration(int local_rank) {

@@ -26,6 +26,19 @@ double AgentCpuSeconds() {
          1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
 }
 
+// The ledger's start kinds: of `members` not in `before` (the new processes).
+void CountStarts(const std::vector<AgentTelemetry::Member>& members,
+                 const std::vector<AgentTelemetry::Member>& before, RestartLedger* ledger) {
+  int n[4] = {0, 0, 0, 0};  // by StartKind
+  for (const AgentTelemetry::Member& m : members) {
+    const bool kept = std::any_of(before.begin(), before.end(),
+                                  [&](const AgentTelemetry::Member& b) { return b.pid == m.pid; });
+    if (!kept) ++n[static_cast<int>(m.start)];
+  }
+  ledger->StartedAs(n[static_cast<int>(StartKind::kForked)], n[static_cast<int>(StartKind::kSpare)],
+                    n[static_cast<int>(StartKind::kCold)]);
+}
+
 }  // namespace
 
 AgentTelemetry::AgentTelemetry(TelemetryOptions options, std::string hostname,
@@ -45,11 +58,11 @@ void AgentTelemetry::Start() {
 void AgentTelemetry::GroupStarted(std::vector<Member> members, const Assignment& group,
                                   SteadyTime assigned_at) {
   ledger_.GroupStarted(static_cast<int>(group.restart_count), assigned_at, clock_.Now());
-  CountStarts(members, {});
+  CountStarts(members, {}, &ledger_);
   world_size_ = group.world_size;
   max_world_size_ = std::max(max_world_size_, group.world_size);
   max_nodes_ = std::max(max_nodes_, group.num_nodes);
-  attempt_last_step_.clear();
+  steps_.NewGroup();
   for (const Member& m : members_) {  // the CPU time of the group that ended stays counted
     if (auto it = cpu_seen_.find(m.pid); it != cpu_seen_.end()) {
       cpu_base_[m.rank] += it->second;
@@ -68,7 +81,7 @@ void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& gro
                               int generation) {
   ledger_.Stopped(t);
   ledger_.GroupStarted(static_cast<int>(group.restart_count), t, clock_.Now(), generation);
-  CountStarts(members, members_);
+  CountStarts(members, members_, &ledger_);
   for (const Member& m : members_) {  // a lost rank's CPU time stays counted
     const bool kept = std::any_of(members.begin(), members.end(),
                                   [&](const Member& n) { return n.pid == m.pid; });
@@ -79,18 +92,6 @@ void AgentTelemetry::Replaced(std::vector<Member> members, const Assignment& gro
   }
   members_ = std::move(members);
   WatchMembersAndSpares();
-}
-
-void AgentTelemetry::CountStarts(const std::vector<Member>& members,
-                                 const std::vector<Member>& before) {
-  int n[4] = {0, 0, 0, 0};  // by StartKind
-  for (const Member& m : members) {
-    const bool kept = std::any_of(before.begin(), before.end(),
-                                  [&](const Member& b) { return b.pid == m.pid; });
-    if (!kept) ++n[static_cast<int>(m.start)];
-  }
-  ledger_.StartedAs(n[static_cast<int>(StartKind::kForked)], n[static_cast<int>(StartKind::kSpare)],
-                    n[static_cast<int>(StartKind::kCold)]);
 }
 
 void AgentTelemetry::WatchMembersAndSpares() {
@@ -126,31 +127,12 @@ void AgentTelemetry::Step(pid_t pid, const StepRecord& step) {
       ledger_.StateFromPeer(step.step, step.step_s);
       // The rank holds that step whole: its progress also where it reports no steps (the
       // rule "failed at the same step again after an in-process recovery" reads it).
-      attempt_last_step_[m.rank] = std::max(LastStep(m.rank), step.step);
+      steps_.Holds(m.rank, step.step);
       continue;
     }
     if (step.kind != 'S') continue;  // 'C': a declaration
     ledger_.Step(step.step, step.step_s, clock_.Now());
-    RankSteps& r = rank_steps_[m.rank];
-    attempt_last_step_[m.rank] = step.step;
-    ++r.steps;
-    r.samples += step.samples;
-    r.step_s += step.step_s;
-    if (step.data_s) {
-      r.data_s += *step.data_s;
-      r.has_data = true;
-    }
-    if (step.compute_s && step.sync_s) {
-      r.compute_s += *step.compute_s;
-      r.sync_s += *step.sync_s;
-      r.has_split = true;
-    }
-    if (step.loss) r.loss = step.loss;
-    if (r.step_times.size() < kMaxStepTimes) {
-      r.step_times.push_back(step.step_s);
-    } else {
-      r.step_times[static_cast<size_t>(r.steps - 1) % kMaxStepTimes] = step.step_s;
-    }
+    steps_.Add(m.rank, step);
   }
 }
 
@@ -171,20 +153,6 @@ void AgentTelemetry::MaybePublish(bool now_anyway, bool all_steps) {
 }
 
 namespace {
-
-// The latest `n` step times of a rank's ring (kept in step order up to kMaxStepTimes, then
-// overwritten at steps % kMaxStepTimes).
-std::vector<double> LatestStepTimes(const AgentTelemetry::RankSteps& r, size_t n) {
-  constexpr size_t kMax = AgentTelemetry::kMaxStepTimes;
-  const std::vector<double>& ring = r.step_times;
-  n = std::min(n, ring.size());
-  if (ring.size() < kMax) return {ring.end() - static_cast<std::ptrdiff_t>(n), ring.end()};
-  const size_t end = static_cast<size_t>(r.steps) % kMax;  // one past the latest
-  std::vector<double> v;
-  v.reserve(n);
-  for (size_t k = 0; k < n; ++k) v.push_back(ring[(end + kMax - n + k) % kMax]);
-  return v;
-}
 
 void SetPercentiles(std::vector<double> v, telemetry::RankTelemetry* x) {
   if (v.empty()) return;
@@ -260,7 +228,7 @@ telemetry::NodeTelemetry AgentTelemetry::NodeTelemetryNow(bool all_steps) {
   // Ranks with steps, and the current workers (a program that reports nothing still gets its
   // process figures).
   std::map<int, int> ranks;  // rank -> local rank
-  for (const auto& [rank, r] : rank_steps_) {
+  for (const auto& [rank, r] : steps_.ranks()) {
     // A rank beyond the world size ran in an earlier, larger round (as the rendezvous drops it).
     if (world_size_ == 0 || rank < world_size_) ranks[rank] = rank - rank_offset_;
   }
@@ -269,8 +237,8 @@ telemetry::NodeTelemetry AgentTelemetry::NodeTelemetryNow(bool all_steps) {
     telemetry::RankTelemetry x;
     x.rank = rank;
     x.local_rank = local;
-    if (auto it = rank_steps_.find(rank); it != rank_steps_.end()) {
-      const RankSteps& r = it->second;
+    if (auto it = steps_.ranks().find(rank); it != steps_.ranks().end()) {
+      const StepTally::RankSteps& r = it->second;
       x.steps = r.steps;
       x.samples = r.samples;
       x.step_s = r.step_s;
@@ -282,7 +250,8 @@ telemetry::NodeTelemetry AgentTelemetry::NodeTelemetryNow(bool all_steps) {
       x.loss = r.loss;
       // Periodic figures use the latest steps only (cheap on the restart path); the report
       // uses every step the ring holds.
-      SetPercentiles(LatestStepTimes(r, all_steps ? kMaxStepTimes : 1024), &x);
+      SetPercentiles(StepTally::LatestStepTimes(r, all_steps ? StepTally::kMaxStepTimes : 1024),
+                     &x);
     }
     if (auto w = by_rank.find(rank); w != by_rank.end()) {
       AddProcessFigures(*w->second, procs, &x);
@@ -322,8 +291,8 @@ void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
   if (options_.on && any) {
     std::string text = telemetry::FormatJobReport(snap, rc);
     if (!whole) text.replace(0, std::string("job report").size(), "job report (this node)");
-    if (bad_records_ > 0) {
-      absl::StrAppend(&text, "\n  malformed step records dropped: ", bad_records_);
+    if (steps_.bad_records() > 0) {
+      absl::StrAppend(&text, "\n  malformed step records dropped: ", steps_.bad_records());
     }
     spdlog::info("{}", text);
   }
@@ -334,7 +303,7 @@ void AgentTelemetry::Finish(int rc, double wall_s, const Assignment& last) {
 void AgentTelemetry::WriteJson(const std::string& snapshot_json, int rc, bool whole) const {
   nlohmann::json j = nlohmann::json::parse(snapshot_json);
   j["exit_code"] = rc;
-  j["bad_records"] = bad_records_;
+  j["bad_records"] = steps_.bad_records();
   j["scope"] = whole ? "job" : "node";
   j["failures"] = nlohmann::json::array();
   for (const Failure& f : failures_) {

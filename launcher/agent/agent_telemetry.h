@@ -24,10 +24,11 @@
 #include "launcher/agent/clock.h"
 #include "launcher/agent/job_channel.h"
 #include "launcher/agent/processes.h"
-#include "launcher/base/file_system.h"
 #include "launcher/agent/resource_sampler.h"
 #include "launcher/agent/restart_ledger.h"
 #include "launcher/agent/step_record.h"
+#include "launcher/agent/step_tally.h"
+#include "launcher/base/file_system.h"
 
 namespace dlrun::launcher {
 
@@ -49,15 +50,6 @@ struct TelemetryOptions {
 
 class AgentTelemetry {
  public:
-  // What one rank reported in its step records, summed over the run.
-  struct RankSteps {
-    int64_t steps = 0, samples = 0;
-    double step_s = 0, data_s = 0, compute_s = 0, sync_s = 0;
-    bool has_data = false, has_split = false;
-    std::optional<double> loss;
-    std::vector<double> step_times;  // the last kMaxStepTimes (a ring), for the percentiles
-  };
-  static constexpr size_t kMaxStepTimes = 10000;  // 80 KB per rank
   // One worker of the current group.
   struct Member {
     int rank = 0;  // global
@@ -89,7 +81,6 @@ class AgentTelemetry {
   void RecoveryDone(SteadyTime t) { ledger_.RecoveryDone(t); }
   void Exited(pid_t pid);
   void Step(pid_t pid, const StepRecord& step);
-  void BadRecord() { ++bad_records_; }
   void SetWarmSpares(bool on) { options_.warm_spares = on; }
   // The warm spares standing by now: sampled beside the workers, reported apart from them.
   void SetSpares(std::vector<pid_t> pids);
@@ -121,11 +112,8 @@ class AgentTelemetry {
   }
   // The profiled ranks' results so far (profiler.h), sent with every publication from now on.
   void SetProfiles(std::vector<telemetry::RankProfile> p) { profiles_ = std::move(p); }
-  // The last step `rank` reported in the current group, or -1 before its first record.
-  int64_t LastStep(int rank) const {
-    auto it = attempt_last_step_.find(rank);
-    return it == attempt_last_step_.end() ? -1 : it->second;
-  }
+  // What the ranks said in their step records: LastStep(rank), BadRecord().
+  StepTally& steps() { return steps_; }
 
   // Each current worker's CPU use over the sampler's last period, in cores (with its children);
   // empty before the sampler's first reads, or without the sampler.
@@ -170,14 +158,10 @@ class AgentTelemetry {
   std::vector<pid_t> spare_pids_;      // SetSpares
   int64_t spare_rss_peak_bytes_ = 0;  // their summed resident memory, at its peak
   void WatchMembersAndSpares();       // the sampler's pids: the members and the spares
-  // The ledger's start kinds: of `members` not in `before` (the new processes).
-  void CountStarts(const std::vector<Member>& members, const std::vector<Member>& before);
   int rank_offset_ = 0;
-  std::map<int, RankSteps> rank_steps_;
-  std::map<int, int64_t> attempt_last_step_;  // per rank, in the current group
+  StepTally steps_;
   std::mutex stacks_mu_;
   std::string stacks_json_;  // guarded by stacks_mu_
-  int64_t bad_records_ = 0;
   std::vector<Failure> failures_;
   std::vector<telemetry::RankProfile> profiles_;
   std::unique_ptr<ResourceSampler> sampler_;

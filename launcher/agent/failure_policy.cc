@@ -21,8 +21,8 @@
 namespace dlrun::launcher {
 
 void FailurePolicy::StopWithCapture(const std::string& why) {
-  std::optional<Forensics::Capture> capture =
-      s_.forensics.CaptureBeforeKill(s_.group.Targets(/*live_only=*/true), /*telling=*/true, why);
+  std::optional<Forensics::Capture> capture = s_.forensics.CaptureBeforeKill(
+      DumpTargets(s_.group.workers(), /*live_only=*/true), /*telling=*/true, why);
   s_.stop_group(SIGTERM);
   if (capture) s_.forensics.FinishCapture(*std::move(capture), s_.group.attempt());
 }
@@ -98,7 +98,7 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from, bool in_proc
   // Is the first failure one whose stacks tell something (--capture-before-kill auto)?
   const bool telling = FirstFailureTells();
   std::optional<Forensics::Capture> capture = s_.forensics.CaptureBeforeKill(
-      s_.group.Targets(/*live_only=*/true), telling, "a worker failed");
+      DumpTargets(s_.group.workers(), /*live_only=*/true), telling, "a worker failed");
   s_.stop_group(SIGTERM);
   const std::map<int, ErrorRecord> records = FailedRecords();
   auto error_of = [&records](int lr) {
@@ -128,14 +128,14 @@ int FailurePolicy::AfterFailure(const std::string& recovering_from, bool in_proc
     stacks_json = Forensics::JsonWhenRead(s_.forensics.FinishCapture(
         *std::move(capture), s_.group.attempt(), first.global_rank, cause));
   }
-  s_.telemetry.NoteFailure({first.global_rank, s_.options.hostname, FailureClassName(cls.cls),
-                            message, stacks_json,
-                            s_.forensics.ReadFlightRecorder(s_.group.attempt(), s_.group.Ranks()),
-                            failure.faulting_frame, cause});
+  s_.telemetry.NoteFailure(
+      {first.global_rank, s_.options.hostname, FailureClassName(cls.cls), message, stacks_json,
+       s_.forensics.ReadFlightRecorder(s_.group.attempt(), RanksOf(s_.group.workers())),
+       failure.faulting_frame, cause});
   // A failure that repeats the last one the same way would only repeat again: the job ends
   // here instead of spending every restart on it.
   const FailureSignature signature{cls.cls, first.global_rank,
-                                   s_.telemetry.LastStep(first.global_rank),
+                                   s_.telemetry.steps().LastStep(first.global_rank),
                                    message.substr(0, message.find('\n'))};
   if (Restarts(signature, cause, first, FailureClassName(cls.cls), in_process)) return -1;
   FailureReport report{s_.options.program_name,
@@ -161,7 +161,7 @@ bool FailurePolicy::Restarts(const FailureSignature& signature, const std::strin
                              const WorkerExit& first, const char* class_name,
                              bool in_process) {
   const std::string& message = signature.message;
-  switch (verdict_.Decide({signature, in_process, s_.group.AllDeclared()})) {
+  switch (verdict_.Decide({signature, in_process, AllDeclared(s_.group.workers())})) {
     case FailureVerdict::Route::kEndRepeated:
       spdlog::error(
           "rank {} failed the same way twice ({}{}): not restarting, a restart would "
@@ -193,7 +193,7 @@ bool FailurePolicy::Restarts(const FailureSignature& signature, const std::strin
 }
 
 pid_t FailurePolicy::HungAlone(const std::vector<int>& culprits) const {
-  if (culprits.size() != 1 || !s_.group.AllDeclared()) return -1;
+  if (culprits.size() != 1 || !AllDeclared(s_.group.workers())) return -1;
   for (const WorkerGroup::Worker& w : s_.group.workers()) {
     if (w.rank == culprits[0] && w.alive) return w.pid;
   }
@@ -209,22 +209,24 @@ void FailurePolicy::NoteHang(int culprit, const std::string& message,
         s_.forensics.FinishCapture(*std::move(capture), s_.group.attempt(), -1, "", culprits));
   }
   s_.telemetry.MaybePublish(/*now_anyway=*/true);
-  s_.telemetry.NoteFailure({culprit,
-                            s_.options.hostname,
-                            FailureClassName(FailureClass::kHang),
-                            message,
-                            stacks_json,
-                            s_.forensics.ReadFlightRecorder(s_.group.attempt(), s_.group.Ranks()),
-                            {},
-                            message});
+  s_.telemetry.NoteFailure(
+      {culprit,
+       s_.options.hostname,
+       FailureClassName(FailureClass::kHang),
+       message,
+       stacks_json,
+       s_.forensics.ReadFlightRecorder(s_.group.attempt(), RanksOf(s_.group.workers())),
+       {},
+       message});
 }
 
 HangVerdict FailurePolicy::WhereRanksAre() {
   if (!s_.options.dump_stacks) return {};
   const std::vector<int> stopped = s_.group.StoppedRanks();
-  return NameHung(GroupStacks(s_.options.dump_stacks(s_.group.Targets(/*live_only=*/true),
-                                                     s_.options.capture_bound)),
-                  stopped);
+  return NameHung(
+      GroupStacks(s_.options.dump_stacks(DumpTargets(s_.group.workers(), /*live_only=*/true),
+                                         s_.options.capture_bound)),
+      stopped);
 }
 
 std::optional<FailurePolicy::Hung> FailurePolicy::CheckHangs(SteadyTime* next) {
@@ -288,7 +290,7 @@ int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   const int rank = hung.rank;
   const std::vector<int> stopped = s_.group.StoppedRanks();
   std::optional<Forensics::Capture> capture = s_.forensics.CaptureBeforeKill(
-      s_.group.Targets(/*live_only=*/true), /*telling=*/true, "a hang");
+      DumpTargets(s_.group.workers(), /*live_only=*/true), /*telling=*/true, "a hang");
   HangVerdict v;
   if (capture) {
     v = NameHung(GroupStacks(capture->ranks), stopped);
@@ -308,9 +310,10 @@ int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   }
   // Every rank here waits in a collective: the one holding them up is not on this node.
   if (culprits.empty() && rank >= 0 && !v.all_wait) culprits = {rank};
-  const std::string who = culprits.empty()
-                              ? absl::StrCat("the group (ranks ", RankRanges(s_.group.Ranks()), ")")
-                              : RanksPhrase(culprits);
+  const std::string who =
+      culprits.empty()
+          ? absl::StrCat("the group (ranks ", RankRanges(RanksOf(s_.group.workers())), ")")
+          : RanksPhrase(culprits);
   const std::string detected = rank < 0 || (culprits.size() == 1 && culprits[0] == rank)
                                    ? reason
                                    : absl::StrCat("rank ", rank, ": ", reason);
@@ -344,9 +347,9 @@ int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   const int culprit = culprits.empty() ? (workers.empty() ? 0 : workers[0].rank) : culprits[0];
   NoteHang(culprit, message, std::move(capture), culprits);
   if (alone > 0) return kRecoverInProcess;
-  const FailureSignature signature{FailureClass::kHang, culprit, s_.telemetry.LastStep(culprit),
-                                   who};
-  if (verdict_.Decide({signature, in_process, s_.group.AllDeclared()}) ==
+  const FailureSignature signature{FailureClass::kHang, culprit,
+                                   s_.telemetry.steps().LastStep(culprit), who};
+  if (verdict_.Decide({signature, in_process, AllDeclared(s_.group.workers())}) ==
       FailureVerdict::Route::kEndRepeated) {
     spdlog::error("{} hung the same way twice ({}): not restarting, a restart would repeat it", who,
                   signature.step >= 0

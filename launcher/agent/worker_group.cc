@@ -189,48 +189,12 @@ void WorkerGroup::MoveTo(const Assignment& next) {
   current_ = next;
 }
 
-bool WorkerGroup::AllDeclared() const {
-  return !workers_.empty() && std::all_of(workers_.begin(), workers_.end(),
-                                          [](const Worker& w) { return w.recoverable; });
-}
-
-int WorkerGroup::AliveCount() const {
-  return static_cast<int>(
-      std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.alive; }));
-}
-
-std::vector<DumpTarget> WorkerGroup::Targets(bool live_only) const {
-  std::vector<DumpTarget> targets;
-  for (const Worker& w : workers_) {
-    if (w.alive || !live_only) targets.push_back({w.rank, w.local_rank, w.pid});
-  }
-  return targets;
-}
-
-std::vector<int> WorkerGroup::Ranks() const {
-  std::vector<int> ranks;
-  for (const Worker& w : workers_) ranks.push_back(w.rank);
-  return ranks;
-}
-
 std::vector<int> WorkerGroup::StoppedRanks() const {
   std::vector<int> stopped;
   for (const Worker& w : workers_) {
     if (w.alive && processes_.facts().Stopped(w.pid)) stopped.push_back(w.rank);
   }
   return stopped;
-}
-
-std::vector<RecoveryMachine::Member> WorkerGroup::Members() const {
-  std::vector<RecoveryMachine::Member> members;
-  for (const Worker& w : workers_) members.push_back({w.local_rank, w.pid, w.alive, w.recoverable});
-  return members;
-}
-
-std::vector<pid_t> WorkerGroup::Pids() const {
-  std::vector<pid_t> pids;
-  for (const Worker& w : workers_) pids.push_back(w.pid);
-  return pids;
 }
 
 bool WorkerGroup::OomKilled() const {
@@ -240,9 +204,13 @@ bool WorkerGroup::OomKilled() const {
 
 void WorkerGroup::WriteWorkersFile(const JobChannel::RdzvAddress& rdzv) const {
   if (options_.run_dir.empty()) return;  // for `dlrun stacks`
-  const WorkersFile wf{
-      current_.run_id, options_.hostname, getpid(), attempt_, Targets(/*live_only=*/false),
-      rdzv.endpoint,   rdzv.token};
+  const WorkersFile wf{current_.run_id,
+                       options_.hostname,
+                       getpid(),
+                       attempt_,
+                       DumpTargets(workers_, /*live_only=*/false),
+                       rdzv.endpoint,
+                       rdzv.token};
   if (absl::Status s = run_dir_.WriteWorkers(wf); !s.ok()) {
     spdlog::debug("{}", std::string(s.message()));
   }

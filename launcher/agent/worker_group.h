@@ -17,20 +17,14 @@
 #include "launcher/agent/recovery_machine.h"
 #include "launcher/agent/root_cause.h"
 #include "launcher/agent/run_dir.h"
+#include "launcher/agent/worker_roster.h"
 #include "launcher/stacks/stacks.h"
 
 namespace dlrun::launcher {
 
 class WorkerGroup {
  public:
-  struct Worker {
-    int local_rank = 0;
-    int rank = 0;  // global, in its attempt
-    pid_t pid = -1;
-    bool alive = false;
-    bool recoverable = false;  // declared in-process recovery (a "C recovery" record)
-    bool done = false;         // said its work is done (a "D done" record)
-  };
+  using Worker = GroupWorker;  // worker_roster.h: the views of workers()
 
   WorkerGroup(AgentOptions& options, Processes& processes, RunDir& run_dir)
       : options_(options), processes_(processes), run_dir_(run_dir) {}
@@ -65,14 +59,7 @@ class WorkerGroup {
   const std::vector<WorkerExit>& exits() const { return exits_; }
   // The group moved to `next` (a recovery): each worker's global rank follows.
   void MoveTo(const Assignment& next);
-  int AliveCount() const;
-  // Whether the group has workers and every one declared in-process recovery.
-  bool AllDeclared() const;
-  std::vector<DumpTarget> Targets(bool live_only) const;
-  std::vector<int> Ranks() const;  // the group's global ranks on this node
   std::vector<int> StoppedRanks() const;
-  std::vector<RecoveryMachine::Member> Members() const;
-  std::vector<pid_t> Pids() const;
   // Whether the memory cgroup's OOM killer ended a worker since the group started.
   bool OomKilled() const;
   // RUN_DIR/workers.json for `dlrun stacks`: the group, the rendezvous' address.

@@ -1,7 +1,7 @@
 // The preflight's verdict in the rendezvous (docs/USAGE.md "Preflight and bad nodes"): each
 // join carries the node's compute probe; a node far under the round's median is left out, or
-// fails the job when the round cannot do without it. Part of the StateMachine
-// (state_machine.h), in its own file.
+// fails the job when the round cannot do without it (StateMachine::Close acts on the verdicts):
+// pure functions of the nodes' figures.
 #include <algorithm>
 #include <set>
 #include <string>
@@ -41,34 +41,20 @@ bool SharesAHost(const std::vector<T>& nodes, Node node_of) {
 
 }  // namespace
 
-bool StateMachine::LeaveOutSlowNodes(Deliveries* out) {
-  if (SharesAHost(joining_, [](const Pending& p) -> const NodeInfo& { return p.node; })) {
-    return true;
-  }
+std::vector<std::pair<size_t, std::string>> SlowJoiners(const std::vector<NodeInfo>& joining,
+                                                        double ratio) {
+  if (SharesAHost(joining, [](const NodeInfo& n) -> const NodeInfo& { return n; })) return {};
   std::vector<double> figures;
-  for (const Pending& p : joining_) figures.push_back(p.node.preflight_gflops);
-  const double ratio = config_.preflight_slow_ratio;
+  for (const NodeInfo& n : joining) figures.push_back(n.preflight_gflops);
   const double bound = SlowBound(figures, ratio);
-  std::vector<Pending> kept;
-  std::vector<std::string> verdicts;
-  for (Pending& p : joining_) {
-    if (p.node.preflight_gflops <= 0 || p.node.preflight_gflops >= bound) {
-      kept.push_back(std::move(p));
-      continue;
+  std::vector<std::pair<size_t, std::string>> slow;
+  for (size_t i = 0; i < joining.size(); ++i) {
+    const NodeInfo& n = joining[i];
+    if (n.preflight_gflops > 0 && n.preflight_gflops < bound) {
+      slow.emplace_back(i, SlowVerdict(n, bound, ratio));
     }
-    verdicts.push_back(SlowVerdict(p.node, bound, ratio));
-    out->push_back({std::move(p.cb), absl::FailedPreconditionError(
-                                         absl::StrCat(kLeftOutByPreflight, verdicts.back()))});
   }
-  joining_ = std::move(kept);
-  joining_index_.clear();
-  for (size_t i = 0; i < joining_.size(); ++i) joining_index_[joining_[i].node.node_id] = i;
-  if (verdicts.empty() || static_cast<int>(joining_.size()) >= config_.min_nodes) return true;
-  Fail(absl::StrCat("the preflight found a slow node the round cannot do without (--nnodes needs "
-                    "at least ",
-                    config_.min_nodes, "): ", absl::StrJoin(verdicts, "; ")),
-       out);
-  return false;
+  return slow;
 }
 
 std::optional<std::string> SlowScaleUp(const NodeInfo& joining, const Roster& members,

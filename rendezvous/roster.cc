@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/host_port.h"
+
 namespace dlrun::rdzv {
 
 const Roster::Member* Roster::Find(const std::string& node_id) const {
@@ -87,6 +89,17 @@ std::optional<TimePoint> WatchLossAt(const Roster::Member& m, Duration watch_gra
     return std::nullopt;
   }
   return *m.watch_ended + watch_grace;
+}
+
+bool NodeIdLess(const std::string& a, const std::string& b) {
+  const HostPort x = SplitHostPort(a), y = SplitHostPort(b);
+  auto digits = [](const HostPort& h) {
+    return h.has_port && !h.port.empty() && h.port.find_first_not_of("0123456789") == std::string::npos;
+  };
+  if (digits(x) && digits(y) && x.host == y.host && x.port.size() != y.port.size()) {
+    return x.port.size() < y.port.size();  // no leading zeros in a pid: the shorter number is smaller
+  }
+  return a < b;
 }
 
 }  // namespace dlrun::rdzv

@@ -66,4 +66,8 @@ class Roster {
 // was heard from it since (`watch_grace` after the end); nullopt when that does not apply.
 std::optional<TimePoint> WatchLossAt(const Roster::Member& m, Duration watch_grace);
 
+// The order of node ids in a round: "host:987" before "host:1001" (ids that share the text
+// before their last ':' and end in digits compare those digits as numbers), else as text.
+bool NodeIdLess(const std::string& a, const std::string& b);
+
 }  // namespace dlrun::rdzv

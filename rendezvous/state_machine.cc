@@ -4,25 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/host_port.h"
 
 namespace dlrun::rdzv {
 namespace {
 
 int64_t Seconds(Duration d) { return std::chrono::duration_cast<std::chrono::seconds>(d).count(); }
-
-// "host:987" before "host:1001": node ids that share the text before their last ':' and end in
-// digits compare those digits as numbers; anything else compares as text.
-bool NodeIdLess(const std::string& a, const std::string& b) {
-  const HostPort x = SplitHostPort(a), y = SplitHostPort(b);
-  auto digits = [](const HostPort& h) {
-    return h.has_port && !h.port.empty() && h.port.find_first_not_of("0123456789") == std::string::npos;
-  };
-  if (digits(x) && digits(y) && x.host == y.host && x.port.size() != y.port.size()) {
-    return x.port.size() < y.port.size();  // no leading zeros in a pid: the shorter number is smaller
-  }
-  return a < b;
-}
 
 // The joining nodes' host names, sorted, at most 16 (for a line).
 template <class Pendings>
@@ -191,6 +177,33 @@ void StateMachine::MaybeClose(TimePoint now, Deliveries* out) {
   }
   if (!min_reached_at_) min_reached_at_ = now;
   if (now >= *min_reached_at_ + config_.last_call) Close(now, out);
+}
+
+bool StateMachine::LeaveOutSlowNodes(Deliveries* out) {
+  std::vector<NodeInfo> nodes;
+  for (const Pending& p : joining_) nodes.push_back(p.node);
+  const auto slow = SlowJoiners(nodes, config_.preflight_slow_ratio);
+  if (slow.empty()) return true;
+  std::vector<Pending> kept;
+  std::vector<std::string> verdicts;
+  for (size_t i = 0, k = 0; i < joining_.size(); ++i) {
+    if (k == slow.size() || slow[k].first != i) {
+      kept.push_back(std::move(joining_[i]));
+      continue;
+    }
+    verdicts.push_back(slow[k++].second);
+    out->push_back({std::move(joining_[i].cb), absl::FailedPreconditionError(absl::StrCat(
+                                                   kLeftOutByPreflight, verdicts.back()))});
+  }
+  joining_ = std::move(kept);
+  joining_index_.clear();
+  for (size_t i = 0; i < joining_.size(); ++i) joining_index_[joining_[i].node.node_id] = i;
+  if (static_cast<int>(joining_.size()) >= config_.min_nodes) return true;
+  Fail(absl::StrCat("the preflight found a slow node the round cannot do without (--nnodes needs "
+                    "at least ",
+                    config_.min_nodes, "): ", absl::StrJoin(verdicts, "; ")),
+       out);
+  return false;
 }
 
 void StateMachine::Close(TimePoint now, Deliveries* out) {

@@ -156,6 +156,11 @@ class StateMachine {
   std::optional<Admission> admitting_;
 };
 
+// preflight_round.cc: of the nodes closing a round, those far under its median compute probe
+// (by index in `joining`, with the line that says so); none when two share a host (their probes
+// measure each other).
+std::vector<std::pair<size_t, std::string>> SlowJoiners(const std::vector<NodeInfo>& joining,
+                                                        double ratio);
 // preflight_round.cc: a node that would join the running round of `members`, far slower than
 // they are: the line that refuses it at once (so the members do not restart for it); nullopt:
 // it may join.

@@ -32,7 +32,18 @@ Agent::Agent(AgentOptions options, JobLink link, Processes& processes, Clock& cl
       recovery_(
           {options_, processes_, clock_, telemetry_, run_dir_, failures_.hang(), group_, *channel_},
           options_.recovery == AgentOptions::Recovery::kRestart ? nullptr
-                                                                : std::move(link.regroup)) {}
+                                                                : std::move(link.regroup)) {
+  // A start that waits for the fork server's imports heartbeats meanwhile (the verdict is
+  // read at the loop's next check).
+  if (source_->check_interval().count() > 0) {
+    processes_.BeatWhileWaiting(
+        [this] {
+          std::string ignored;
+          source_->Check(&ignored);
+        },
+        source_->check_interval());
+  }
+}
 
 absl::Status Agent::SpawnGroup(const Assignment& next, int attempt, SteadyTime assigned_at) {
   if (absl::Status s = group_.Start(next, attempt); !s.ok()) return s;

@@ -29,11 +29,13 @@ int LeftMs(SteadyTime deadline) {
 }
 
 // One message from the server within `deadline` (empty: none, or its end of the socket closed).
-std::string Receive(int sock, SteadyTime deadline, int interrupt_fd, bool* interrupted) {
+std::string Receive(int sock, SteadyTime deadline, int interrupt_fd, bool* interrupted,
+                    bool* timed_out = nullptr) {
   for (;;) {
     pollfd p[2] = {{sock, POLLIN, 0}, {interrupt_fd, POLLIN, 0}};
     const int r = poll(p, interrupt_fd >= 0 ? 2 : 1, LeftMs(deadline));
     if (r < 0 && errno == EINTR) continue;
+    if (r == 0 && timed_out != nullptr) *timed_out = true;
     if (r <= 0) return "";
     if (interrupt_fd >= 0 && (p[1].revents & POLLIN)) {
       *interrupted = true;
@@ -102,10 +104,19 @@ ForkServer::~ForkServer() {
   if (!gone()) kill(-pid_, SIGKILL);
 }
 
-bool ForkServer::AwaitReady(SteadyTime deadline, int interrupt_fd) {
+bool ForkServer::AwaitReady(SteadyTime deadline, int interrupt_fd,
+                            const std::function<void()>& beat, Millis every) {
   if (state_ != State::kImporting) return ready();
   bool interrupted = false;
-  const std::string said = Receive(sock_, deadline, interrupt_fd, &interrupted);
+  std::string said;
+  for (;;) {
+    const SteadyTime now = std::chrono::steady_clock::now();
+    const SteadyTime slice = beat && deadline - now > every ? now + every : deadline;
+    bool timed_out = false;
+    said = Receive(sock_, slice, interrupt_fd, &interrupted, &timed_out);
+    if (!timed_out || slice == deadline) break;
+    beat();  // still importing: the agent's heartbeat goes on meanwhile
+  }
   if (said == "ready") {
     state_ = State::kReady;
   } else if (!interrupted) {

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -38,8 +39,12 @@ class ForkServer {
   bool ready() const { return state_ == State::kReady; }
   bool gone() const { return state_ == State::kGone; }
   // Until it has done its imports (true), or it exited, `deadline` passed or `interrupt_fd`
-  // became readable (a signal for the agent: false, and the caller starts cold).
-  bool AwaitReady(SteadyTime deadline, int interrupt_fd);
+  // became readable (a signal for the agent: false, and the caller starts cold). `beat`, when
+  // set, is called every `every` meanwhile: the agent's heartbeat to its rendezvous, which
+  // declares a node silent for 5 s dead, where torch's import can take longer (a loaded node, a
+  // venv on a network file system).
+  bool AwaitReady(SteadyTime deadline, int interrupt_fd, const std::function<void()>& beat = {},
+                  Millis every = Millis(1000));
   // Its process exited (the agent reaped it): no more forks.
   void Exited() { state_ = State::kGone; }
 

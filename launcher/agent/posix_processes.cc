@@ -138,7 +138,8 @@ bool PosixProcesses::ForkServerReady(const std::vector<std::string>& argv,
   if (!fork_server_ || fork_server_->argv() != argv) return false;
   // The first workers wait for its imports (they would do the same imports themselves); a
   // signal for the agent ends the wait (those workers then start cold).
-  return fork_server_->AwaitReady(SystemClock().Now() + Millis(180000), signal_fd_);
+  return fork_server_->AwaitReady(SystemClock().Now() + Millis(180000), signal_fd_, beat_,
+                                  beat_every_);
 }
 
 SteadyTime PosixProcesses::SpareDue(const SpawnSpec& spec) const {

@@ -3,6 +3,7 @@
 // (SIGCHLD and the handled ones) through a signalfd, wake-ups through an eventfd.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -34,6 +35,10 @@ class PosixProcesses final : public Processes {
     for (const auto& [lr, s] : spares_) pids.push_back(s.proc.pid);
     if (fork_server_ && !fork_server_->gone()) pids.push_back(fork_server_->pid());
     return pids;
+  }
+  void BeatWhileWaiting(std::function<void()> beat, Millis every) override {
+    beat_ = std::move(beat);
+    beat_every_ = every;
   }
   std::vector<ProcEvent> Wait(SteadyTime deadline) override;
   void Wake() override;
@@ -99,6 +104,8 @@ class PosixProcesses final : public Processes {
   std::map<int, PendingSpare> pending_spares_;  // by local rank
   std::map<pid_t, std::string> error_tails_;    // of the group CloseOutputs() closed last
   std::unique_ptr<ForkServer> fork_server_;     // started at the first spec that names one
+  std::function<void()> beat_;                  // BeatWhileWaiting
+  Millis beat_every_{1000};
   bool fork_server_tried_ = false;
   std::map<pid_t, StartKind> started_;          // the workers Spawn started, how
   ProcFsFacts facts_;

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,6 +74,9 @@ class Processes {
   virtual StartKind HowStarted(pid_t pid) const { return StartKind::kUnknown; }
   // The warm spares standing by now (their memory is reported beside the workers').
   virtual std::vector<pid_t> SparePids() const { return {}; }
+  // Called about every `every` while a start waits long (the fork server's imports): the
+  // agent's heartbeat, so that its rendezvous does not take the wait for a lost node.
+  virtual void BeatWhileWaiting(std::function<void()> beat, Millis every) {}
   // What the kernel says about the workers (process_facts.h): how one handles a signal, whether
   // it is stopped, the cgroup's OOM kills. The base answers "unknown" to each.
   virtual const ProcessFacts& facts() const {

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -218,6 +219,39 @@ TEST(PosixProcesses, ASpareIsPromotedWithTheNewEnvironmentAndADeadOneMeansAColdS
   EXPECT_EQ(WaitExit(**procs, *again, &beats).exit_code, 0);  // the cold command, not a spare
   (*procs)->CloseOutputs();
   std::filesystem::remove_all(d);
+}
+
+}  // namespace
+}  // namespace dlrun::launcher
+
+namespace dlrun::launcher {
+namespace {
+
+// The fork server's imports can outlast the rendezvous' patience for a silent node (5 s): the
+// wait for them calls the agent's heartbeat meanwhile, and ends at "ready". Here a stand-in
+// server (sh) says "ready" after 1.2 s of "imports".
+TEST(ForkServerWait, TheAgentsHeartbeatGoesOnWhileItImportsAndTheWaitEndsAtReady) {
+  std::unique_ptr<ForkServer> server = ForkServer::Start(
+      {"/bin/sh", "-c", "sleep 1.2; printf ready >&\"$DLRUN_FORK_SERVER_FD\"; exec sleep 60"},
+      {"PATH=/usr/bin:/bin"});
+  ASSERT_NE(server, nullptr);
+  int beats = 0;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(server->AwaitReady(
+      start + std::chrono::seconds(60), -1, [&] { ++beats; }, Millis(100)));
+  EXPECT_TRUE(server->ready());
+  // A beat per 100 ms of the wait (about 12), none after it.
+  const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - start);
+  EXPECT_GE(beats, 5) << "waited " << waited.count() << " ms";
+  EXPECT_LE(beats, waited.count() / 100 + 1);
+}
+
+TEST(ForkServerWait, WithoutABeatTheWaitIsOneAndAServerThatExitsIsGone) {
+  std::unique_ptr<ForkServer> server =
+      ForkServer::Start({"/bin/sh", "-c", "exit 3"}, {"PATH=/usr/bin:/bin"});
+  ASSERT_NE(server, nullptr);
+  EXPECT_FALSE(server->AwaitReady(std::chrono::steady_clock::now() + std::chrono::seconds(60), -1));
+  EXPECT_TRUE(server->gone());
 }
 
 }  // namespace

@@ -30,11 +30,10 @@ std::string SlowVerdict(const NodeInfo& n, double bound, double ratio) {
 
 // Whether two of `nodes` share a host name: agents on one machine share its CPUs, so their
 // probes measure each other, not the machine (tests run several "nodes" on one host).
-template <typename T, typename Node>
-bool SharesAHost(const std::vector<T>& nodes, Node node_of) {
+bool SharesAHost(const std::vector<NodeInfo>& nodes) {
   std::set<std::string> hosts;
-  for (const T& n : nodes) {
-    if (!hosts.insert(node_of(n).hostname).second) return true;
+  for (const NodeInfo& n : nodes) {
+    if (!hosts.insert(n.hostname).second) return true;
   }
   return false;
 }
@@ -43,7 +42,7 @@ bool SharesAHost(const std::vector<T>& nodes, Node node_of) {
 
 std::vector<std::pair<size_t, std::string>> SlowJoiners(const std::vector<NodeInfo>& joining,
                                                         double ratio) {
-  if (SharesAHost(joining, [](const NodeInfo& n) -> const NodeInfo& { return n; })) return {};
+  if (SharesAHost(joining)) return {};
   std::vector<double> figures;
   for (const NodeInfo& n : joining) figures.push_back(n.preflight_gflops);
   const double bound = SlowBound(figures, ratio);
@@ -59,17 +58,11 @@ std::vector<std::pair<size_t, std::string>> SlowJoiners(const std::vector<NodeIn
 
 std::optional<std::string> SlowScaleUp(const NodeInfo& joining, const Roster& members,
                                        double slow_ratio) {
-  if (joining.preflight_gflops <= 0) return std::nullopt;
-  std::vector<NodeInfo> round{joining};
+  std::vector<NodeInfo> round{joining};  // the joining node first: index 0
   for (const Roster::Member& m : members) round.push_back(m.node);
-  if (SharesAHost(round, [](const NodeInfo& n) -> const NodeInfo& { return n; })) {
-    return std::nullopt;
-  }
-  std::vector<double> figures{joining.preflight_gflops};
-  for (const Roster::Member& m : members) figures.push_back(m.node.preflight_gflops);
-  const double bound = SlowBound(figures, slow_ratio);
-  if (joining.preflight_gflops >= bound) return std::nullopt;
-  return absl::StrCat(kLeftOutByPreflight, SlowVerdict(joining, bound, slow_ratio));
+  const auto slow = SlowJoiners(round, slow_ratio);
+  if (slow.empty() || slow.front().first != 0) return std::nullopt;
+  return absl::StrCat(kLeftOutByPreflight, slow.front().second);
 }
 
 }  // namespace dlrun::rdzv

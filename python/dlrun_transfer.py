@@ -24,19 +24,21 @@ def transfer(rec, replacement=False):
     sender. Collectives in the usual case: the gather, the state sent (size, then bytes) and
     the replicas' check."""
     refusal = None if replacement else rec._refusal_now()
-    rows = _gather(rec, replacement, refusal)
+    own = None if replacement else bucket_layout(rec.ddp)
+    rows = _gather(rec, replacement, refusal, own)
     held = [row[_STEP] for row in rows]
     best = max(held)
     root = held.index(best)
     behind = [r for r in range(len(rows)) if held[r] < best]
     _check(rec, rows, best, root, behind, refusal)
     rank = dist.get_rank()
-    own = bucket_layout(rec.ddp) if rank not in behind else None
+    if rank in behind:
+        own = None  # set from the state it receives
     if any(row[_LAYOUT] != rows[root][_LAYOUT] for r, row in enumerate(rows) if r not in behind):
         layout = [own if rank == root else None]  # a survivor's rebuild differs: rare
         dist.broadcast_object_list(layout, src=root, device=rec.device)
         own = layout[0]
-    rec._peer_layout = own  # a rank behind: set from the state it receives
+    rec._peer_layout = own
     _exchange(rec, root, behind, best, replacement)
     check_replicas(rec.module, rec.stateful, root, rec.device)
     rec.committed = best
@@ -46,19 +48,19 @@ def transfer(rec, replacement=False):
     return root
 
 
-def _gather(rec, replacement, refusal):
+def _gather(rec, replacement, refusal, layout):
     """Each rank's last whole step, its optimizer updates by then, whether gradients were left
     over from it without an update, whether its program refuses, its random generators that
     were equal across ranks (digest), whether its steps drew from one seeded per rank, and the
     step whose rank-0 buffers it holds (from DDP's broadcast in the step given up), and its
-    DDP bucket layout's digest (-1: none)."""
+    DDP bucket layout's digest (`layout`; -1: none)."""
     dev = rec.device
     mine = torch.tensor([-2 if replacement else rec.committed, rec.updates,
                          int(rec._grads_left), int(refusal is not None),
                          _shared_digest(rec._rng_commit_digests, rec._rng_shared),
                          int(any(u and not sh for u, sh in zip(rec._rng_used, rec._rng_shared))),
                          rec._rank0_buffers[0] if rec._rank0_buffers else -3,
-                         _layout_digest(None if replacement else bucket_layout(rec.ddp))],
+                         _layout_digest(layout)],
                         dtype=torch.int64, device=dev)
     rows = [torch.zeros(8, dtype=torch.int64, device=dev) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, mine)

@@ -83,7 +83,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
     switch (e.kind) {
       case ProcEvent::Kind::kExited:
         if (group_.Exited(e.pid, e.exit_code, e.signal, clock_.WallSeconds())) {
-          telemetry_.Exited(e.pid);
+          telemetry_.Exited(e.pid, e.cpu_s);
           failures_.hang().Exited(e.pid);
         }
         break;

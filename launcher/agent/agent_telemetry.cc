@@ -110,9 +110,14 @@ void AgentTelemetry::SetSpares(std::vector<pid_t> pids) {
   WatchMembersAndSpares();
 }
 
-void AgentTelemetry::Exited(pid_t pid) {
+void AgentTelemetry::Exited(pid_t pid, double cpu_s) {
   for (Member& m : members_) {
-    if (m.pid == pid) m.alive = false;
+    if (m.pid != pid) continue;
+    m.alive = false;
+    if (cpu_s >= 0) {  // the whole of it: the sampler's last read may be a period old
+      auto& seen = cpu_seen_[pid];
+      seen = std::max(seen, cpu_s);
+    }
   }
 }
 

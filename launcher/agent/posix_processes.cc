@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -304,7 +305,8 @@ void PosixProcesses::ReadRecords(Child* c, std::vector<ProcEvent>* events) {
 void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
   for (;;) {
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    rusage usage{};
+    const pid_t pid = wait4(-1, &status, WNOHANG, &usage);
     if (pid <= 0) return;
     if (fork_server_ && pid == fork_server_->pid()) {  // gone: workers start cold from now on
       fork_server_->Exited();
@@ -323,6 +325,8 @@ void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
     ProcEvent e;
     e.kind = ProcEvent::Kind::kExited;
     e.pid = pid;
+    e.cpu_s = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+              1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
     if (WIFSIGNALED(status)) {
       e.signal = WTERMSIG(status);
     } else {

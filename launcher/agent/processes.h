@@ -52,6 +52,9 @@ struct ProcEvent {
   int exit_code = 0;  // kExited, when signal == 0
   int signal = 0;     // kExited: the signal that ended it; kSignal: the signal the agent got
   StepRecord step;    // kStep: what the worker reported (step_record.h)
+  // kExited: its CPU seconds with those of the children it reaped (a DataLoader's workers), from
+  // wait4; -1 where unknown. The sampler's last read can be a period before the exit.
+  double cpu_s = -1;
 };
 
 // How a worker's process came to be (the report's "start" of a restart or a recovery).

@@ -60,6 +60,22 @@ TEST(AgentTelemetry, StepsArePublishedEachPeriodAndTheFinalFiguresBeforeTheLeave
   }
 }
 
+// A worker's CPU time comes whole from its exit (wait4: with the DataLoader workers it reaped),
+// not only from the sampler's last read, which can be a period older; a restart adds the next
+// process' time to the rank's.
+TEST(AgentTelemetry, AWorkersCpuTimeIsTakenWholeAtItsExit) {
+  Harness h(1);
+  auto src = std::make_unique<ScriptedSource>(Assignment{}, 1, seconds(1));
+  ScriptedSource* s = src.get();
+  h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
+    f.StepsEvery(p.pid, milliseconds(500), milliseconds(1000), Step(0.5, 0.4, 0.1));
+    f.ExitAfter(p.pid, milliseconds(1100), p.attempt == 0 ? 1 : 0, p.attempt == 0 ? 1.25 : 0.5);
+  };
+  EXPECT_EQ(h.Run(std::move(src)), 0);
+  ASSERT_FALSE(s->published.empty());
+  EXPECT_NEAR(s->published.back().ranks.at(0).cpu_s, 1.75, 1e-9) << "both processes' time";
+}
+
 // The restart ledger (restart_ledger.h) as the agent feeds it: the fault, the stop, the new
 // group, the resume record and the steps after it, all on the fake clock.
 TEST(AgentTelemetry, ARestartsPhasesComeFromTheAgentsMarksAndTheWorkersRecords) {

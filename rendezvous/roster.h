@@ -33,6 +33,10 @@ class Roster {
   void Replace(std::vector<Member> kept);
   void Erase(const std::string& node_id);
   void Clear();
+  // `node_id` (if a member) was heard from at `now`: a regroup watch's end is forgotten.
+  void Heard(const std::string& node_id, TimePoint now);
+  // `node_id`'s regroup watch ended at `now` (unless it left: then it is not waited for).
+  void WatchEnded(const std::string& node_id, TimePoint now);
 
   std::vector<Member>::iterator begin() { return members_.begin(); }
   std::vector<Member>::iterator end() { return members_.end(); }
@@ -54,6 +58,9 @@ class Roster {
   // master address (the first member's): the members keep their order (node ranks close up
   // after a loss; an admitted node comes last).
   void Place(Resize* r) const;
+  // The Assignment of the member at node rank `i`: its ranks in the world of all members, the
+  // first member's address as the master's with `master_port`.
+  Assignment AssignmentOf(size_t i, uint64_t round, int restart_count, int master_port) const;
   // Every member's workers declared in-process recovery and none has left (false when empty).
   bool AllRecoverInProcess() const;
 

@@ -1,3 +1,8 @@
+// The rendezvous' rounds (state_machine.h). The running round's membership is here too: who is
+// lost, and what the round does without them (a new round, the job's failure below min_nodes,
+// or, when every survivor recovers in process, the same round at the smaller size:
+// docs/RECOVERY.md, "A node lost"), and a node admitted into it at the larger size ("A node
+// that joins"; admission.h holds it until the new group's port is posted).
 #include "rendezvous/state_machine.h"
 
 #include <algorithm>
@@ -10,37 +15,20 @@ namespace {
 
 int64_t Seconds(Duration d) { return std::chrono::duration_cast<std::chrono::seconds>(d).count(); }
 
-// The joining nodes' host names, sorted, at most 16 (for a line).
-template <class Pendings>
-std::string JoinedHosts(const Pendings& joining) {
-  std::vector<std::string> hosts;
-  for (const auto& p : joining) hosts.push_back(p.node.hostname);
-  std::sort(hosts.begin(), hosts.end());
-  if (hosts.size() > 16) {
-    hosts.resize(16);
-    hosts.push_back("...");
-  }
-  return absl::StrJoin(hosts, ", ");
+// Lost: silent past the liveness limit, or its watch ended and nothing was heard from it within
+// the watch grace; never the node being admitted.
+bool IsLost(const Roster::Member& m, TimePoint now, const Config& config,
+            const Admission& admitting) {
+  if (admitting.Holds(m.node.node_id)) return false;  // waits
+  if (now - m.last_seen > config.liveness_limit()) return true;
+  const std::optional<TimePoint> at = WatchLossAt(m, config.watch_grace);
+  return at && now >= *at;
 }
 
 }  // namespace
 
 StateMachine::StateMachine(Config config, TimePoint now)
     : config_(std::move(config)), round_opened_at_(now) {}
-
-void StateMachine::AddJoining(Pending p, Deliveries* out) {
-  auto it = joining_index_.find(p.node.node_id);
-  if (it != joining_index_.end()) {
-    // The same node joined again (its agent retried): the newer call replaces the older one.
-    Pending& old = joining_[it->second];
-    out->push_back({std::move(old.cb),
-                    absl::AbortedError("superseded by a newer join from the same node")});
-    old = std::move(p);
-    return;
-  }
-  joining_index_[p.node.node_id] = joining_.size();
-  joining_.push_back(std::move(p));
-}
 
 void StateMachine::Resume(const NodeInfo& node, Deliveries* out) {
   // Only a host that has not closed a round yet rebuilds state from resumes: for a host that is
@@ -76,12 +64,11 @@ absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint
   }
   Pending p{node, ticket, std::move(cb)};
   if (state_.phase == Phase::kJoining) {
-    if (static_cast<int>(joining_.size()) >= config_.max_nodes &&
-        !joining_index_.count(node.node_id)) {
+    if (static_cast<int>(joining_.size()) >= config_.max_nodes && !joining_.Has(node.node_id)) {
       waiting_.push_back(std::move(p));
       return absl::OkStatus();
     }
-    AddJoining(std::move(p), out);
+    joining_.Add(std::move(p), out);
     MaybeClose(now, out);
     return absl::OkStatus();
   }
@@ -107,16 +94,8 @@ absl::Status StateMachine::Join(const NodeInfo& node, uint64_t ticket, TimePoint
 }
 
 bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
-  if (CancelAdmission(node_id, ticket)) return true;
-  auto it = joining_index_.find(node_id);
-  if (it != joining_index_.end() && joining_[it->second].ticket == ticket) {
-    const size_t i = it->second;
-    joining_index_.erase(it);
-    if (i + 1 != joining_.size()) {
-      joining_[i] = std::move(joining_.back());
-      joining_index_[joining_[i].node.node_id] = i;
-    }
-    joining_.pop_back();
+  if (admitting_.Cancel(node_id, ticket)) return true;
+  if (joining_.Cancel(node_id, ticket)) {
     if (static_cast<int>(joining_.size()) < config_.min_nodes) min_reached_at_.reset();
     return true;
   }
@@ -131,7 +110,8 @@ bool StateMachine::CancelJoin(const std::string& node_id, uint64_t ticket) {
 
 void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool counts_as_restart,
                              Deliveries* out, bool fallback) {
-  ReleaseAdmission();  // the node being admitted joins the new round
+  // The node being admitted joins the new round.
+  if (std::optional<Pending> p = admitting_.Release()) waiting_.push_back(std::move(*p));
   ++state_.round;
   state_.restart_reason = reason;
   state_.phase = Phase::kJoining;
@@ -151,10 +131,9 @@ void StateMachine::OpenRound(TimePoint now, const std::string& reason, bool coun
   std::vector<Pending> waiting = std::move(waiting_);
   waiting_.clear();
   for (Pending& p : waiting) {
-    if (static_cast<int>(joining_.size()) < config_.max_nodes ||
-        joining_index_.count(p.node.node_id)) {
+    if (static_cast<int>(joining_.size()) < config_.max_nodes || joining_.Has(p.node.node_id)) {
       expected_.insert(p.node.node_id);
-      AddJoining(std::move(p), out);
+      joining_.Add(std::move(p), out);
     } else {
       waiting_.push_back(std::move(p));
     }
@@ -170,86 +149,34 @@ void StateMachine::MaybeClose(TimePoint now, Deliveries* out) {
   if (expected_survivors_ > 0 && known_.empty() && n >= expected_survivors_) {
     return Close(now, out);  // every survivor of the lost host's round is here
   }
-  if (!expected_.empty() &&
-      std::all_of(expected_.begin(), expected_.end(),
-                  [&](const std::string& id) { return joining_index_.count(id) > 0; })) {
+  if (!expected_.empty() && std::all_of(expected_.begin(), expected_.end(),
+                                        [&](const std::string& id) { return joining_.Has(id); })) {
     return Close(now, out);  // every survivor is back: no need to wait for the last call
   }
   if (!min_reached_at_) min_reached_at_ = now;
   if (now >= *min_reached_at_ + config_.last_call) Close(now, out);
 }
 
-bool StateMachine::LeaveOutSlowNodes(Deliveries* out) {
-  std::vector<NodeInfo> nodes;
-  for (const Pending& p : joining_) nodes.push_back(p.node);
-  const auto slow = SlowJoiners(nodes, config_.preflight_slow_ratio);
-  if (slow.empty()) return true;
-  std::vector<Pending> kept;
-  std::vector<std::string> verdicts;
-  for (size_t i = 0, k = 0; i < joining_.size(); ++i) {
-    if (k == slow.size() || slow[k].first != i) {
-      kept.push_back(std::move(joining_[i]));
-      continue;
-    }
-    verdicts.push_back(slow[k++].second);
-    out->push_back({std::move(joining_[i].cb), absl::FailedPreconditionError(absl::StrCat(
-                                                   kLeftOutByPreflight, verdicts.back()))});
-  }
-  joining_ = std::move(kept);
-  joining_index_.clear();
-  for (size_t i = 0; i < joining_.size(); ++i) joining_index_[joining_[i].node.node_id] = i;
-  if (static_cast<int>(joining_.size()) >= config_.min_nodes) return true;
-  Fail(absl::StrCat("the preflight found a slow node the round cannot do without (--nnodes needs "
-                    "at least ",
-                    config_.min_nodes, "): ", absl::StrJoin(verdicts, "; ")),
-       out);
-  return false;
-}
-
 void StateMachine::Close(TimePoint now, Deliveries* out) {
-  if (!LeaveOutSlowNodes(out)) return;
-  // Deterministic node ranks: by Slurm node id when every node knows it; else the hosting
-  // agent first (the rendezvous and MASTER_ADDR on one machine, as under torchrun), then by
-  // node id, with a numeric "host:pid" suffix compared as a number.
-  const bool all_slurm = std::all_of(joining_.begin(), joining_.end(),
-                                     [](const Pending& p) { return p.node.slurm_node_id >= 0; });
-  const std::string& first = config_.first_node_id;
-  std::sort(joining_.begin(), joining_.end(), [&](const Pending& a, const Pending& b) {
-    if (all_slurm && a.node.slurm_node_id != b.node.slurm_node_id) {
-      return a.node.slurm_node_id < b.node.slurm_node_id;
-    }
-    if (!all_slurm && !first.empty() && (a.node.node_id == first) != (b.node.node_id == first)) {
-      return a.node.node_id == first;
-    }
-    return NodeIdLess(a.node.node_id, b.node.node_id);
-  });
-  int world = 0;
-  for (const Pending& p : joining_) world += p.node.nproc;
-
+  const std::vector<std::string> slow = joining_.LeaveOutSlow(config_.preflight_slow_ratio, out);
+  if (!slow.empty() && static_cast<int>(joining_.size()) < config_.min_nodes) {
+    return Fail(absl::StrCat("the preflight found a slow node the round cannot do without "
+                             "(--nnodes needs at least ",
+                             config_.min_nodes, "): ", absl::StrJoin(slow, "; ")),
+                out);
+  }
+  std::vector<Pending> joined = joining_.TakeInRankOrder(config_.first_node_id);
   members_.Clear();
-  const std::string master_addr = joining_.empty() ? "" : joining_[0].node.address;
-  const int master_port = joining_.empty() ? 0 : joining_[0].node.master_port;
-  int offset = 0;
-  out->reserve(out->size() + joining_.size());
-  for (size_t i = 0; i < joining_.size(); ++i) {
-    Pending& p = joining_[i];
-    Assignment a;
-    a.round = state_.round;
-    a.node_rank = static_cast<int>(i);
-    a.num_nodes = static_cast<int>(joining_.size());
-    a.rank_offset = offset;
-    a.world_size = world;
-    a.local_world_size = p.node.nproc;
-    a.master_addr = master_addr;
-    a.master_port = master_port;
-    a.restart_count = state_.restart_count;
-    offset += p.node.nproc;
+  for (Pending& p : joined) {
     known_.insert(p.node.node_id);
     members_.Add({std::move(p.node), now, false, false, std::nullopt});
-    out->push_back({std::move(p.cb), std::move(a)});
   }
-  joining_.clear();
-  joining_index_.clear();
+  const int master_port = joined.empty() ? 0 : members_.front().node.master_port;
+  out->reserve(out->size() + joined.size());
+  for (size_t i = 0; i < joined.size(); ++i) {
+    out->push_back({std::move(joined[i].cb),
+                    members_.AssignmentOf(i, state_.round, state_.restart_count, master_port)});
+  }
   expected_.clear();
   min_reached_at_.reset();
   state_.phase = Phase::kRunning;
@@ -258,15 +185,14 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
 void StateMachine::Fail(const std::string& reason, Deliveries* out) {
   state_.phase = Phase::kFailed;
   state_.failure_reason = reason;
-  ReleaseAdmission();  // its join is answered with the failure below
-  for (auto* list : {&joining_, &waiting_}) {
-    for (Pending& p : *list) {
-      out->push_back({std::move(p.cb),
-                      absl::FailedPreconditionError(absl::StrCat("the job has failed: ", reason))});
-    }
-    list->clear();
+  std::vector<Pending> held = joining_.TakeAll();
+  for (Pending& p : waiting_) held.push_back(std::move(p));
+  waiting_.clear();
+  if (std::optional<Pending> p = admitting_.Release()) held.push_back(std::move(*p));
+  for (Pending& p : held) {
+    out->push_back({std::move(p.cb),
+                    absl::FailedPreconditionError(absl::StrCat("the job has failed: ", reason))});
   }
-  joining_index_.clear();
 }
 
 absl::StatusOr<HeartbeatReply> StateMachine::Heartbeat(const std::string& node_id, uint64_t round,
@@ -361,7 +287,7 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
       std::string msg = absl::StrCat("rendezvous round ", state_.round, " timed out after ",
                                      Seconds(config_.join_timeout), " s: ", n, " of the minimum ",
                                      config_.min_nodes, " nodes joined");
-      if (n > 0) absl::StrAppend(&msg, " (", JoinedHosts(joining_), ")");
+      if (n > 0) absl::StrAppend(&msg, " (", joining_.Hosts(), ")");
       if (!config_.expected_hosts.empty()) {
         absl::StrAppend(&msg, "; expected ", absl::StrJoin(config_.expected_hosts, ", "));
       }
@@ -373,7 +299,7 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
     // first): stop expecting it, so the survivors' round closes without the last call.
     const Duration limit = config_.liveness_limit();
     for (auto it = expected_.begin(); it != expected_.end();) {
-      const Member* m = joining_index_.count(*it) ? nullptr : members_.Find(*it);
+      const Member* m = joining_.Has(*it) ? nullptr : members_.Find(*it);
       if (m != nullptr && now - m->last_seen > limit) {
         it = expected_.erase(it);
       } else {
@@ -384,7 +310,10 @@ void StateMachine::Tick(TimePoint now, Deliveries* out) {
     return;
   }
   if (state_.phase != Phase::kRunning) return;
-  if (admitting_ && now >= admitting_->deadline) return EndAdmission(now, out);
+  if (std::optional<Admission::Expiry> e = admitting_.Expired(now, config_.admit_timeout)) {
+    members_.Erase(e->node_id);
+    return OpenRound(now, e->reason, /*counts_as_restart=*/false, out);
+  }
   DropLost(now, out);
 }
 
@@ -393,13 +322,13 @@ std::optional<TimePoint> StateMachine::NextDeadline() const {
     TimePoint next = min_reached_at_ ? *min_reached_at_ + config_.last_call
                                      : round_opened_at_ + config_.join_timeout;
     for (const std::string& id : expected_) {  // when an absent member counts as lost
-      const Member* m = joining_index_.count(id) ? nullptr : members_.Find(id);
+      const Member* m = joining_.Has(id) ? nullptr : members_.Find(id);
       if (m != nullptr) next = std::min(next, m->last_seen + config_.liveness_limit() + Duration(1));
     }
     return next;
   }
   if (state_.phase != Phase::kRunning || members_.empty()) return std::nullopt;
-  TimePoint next = admitting_ ? admitting_->deadline : TimePoint::max();
+  TimePoint next = admitting_.deadline().value_or(TimePoint::max());
   for (const Member& m : members_) {
     next = std::min(next, m.last_seen + config_.liveness_limit() + Duration(1));
     if (const std::optional<TimePoint> at = WatchLossAt(m, config_.watch_grace)) {
@@ -434,6 +363,85 @@ StatusSnapshot StateMachine::Snapshot() const {
   s.restart_count = state_.restart_count;
   for (const Member& m : members_) s.nodes.push_back(m.node.hostname);
   return s;
+}
+
+void StateMachine::DropLost(TimePoint now, Deliveries* out) {
+  if (std::none_of(members_.begin(), members_.end(),
+                   [&](const Member& m) { return IsLost(m, now, config_, admitting_); })) {
+    return;
+  }
+  // Drop the dead from the membership so the new round does not wait for them.
+  std::vector<std::string> dead;
+  std::vector<Member> alive;
+  for (Member& m : members_) {
+    if (IsLost(m, now, config_, admitting_)) {
+      dead.push_back(absl::StrCat(m.node.hostname, " (", m.node.node_id,
+                                  now - m.last_seen > config_.liveness_limit()
+                                      ? ", missed heartbeats)"
+                                      : ", its connection closed)"));
+    } else {
+      alive.push_back(std::move(m));
+    }
+  }
+  members_.Replace(std::move(alive));
+  const int survivors = static_cast<int>(members_.size() + waiting_.size());
+  const std::string what =
+      absl::StrCat("lost ", dead.size(), " node(s): ", absl::StrJoin(dead, ", "));
+  if (survivors < config_.min_nodes) {
+    ++state_.round;
+    Fail(absl::StrCat(what, "; ", survivors, " node(s) left, below the minimum of ",
+                      config_.min_nodes),
+         out);
+    return;
+  }
+  if (waiting_.empty() && members_.AllRecoverInProcess()) {
+    resize_ = Resize{state_.round, {}, 0, "", what, ""};
+    members_.Place(&*resize_);
+    state_.restart_reason = what;
+    return;
+  }
+  OpenRound(now, what, /*counts_as_restart=*/true, out);
+}
+
+std::optional<Resize> StateMachine::TakeResize() {
+  std::optional<Resize> s = std::move(resize_);
+  resize_.reset();
+  return s;
+}
+
+bool StateMachine::Admit(Pending& p, TimePoint now) {
+  if (state_.phase != Phase::kRunning || admitting_.active() || resize_ || !waiting_.empty() ||
+      static_cast<int>(members_.size()) >= config_.max_nodes || !members_.AllRecoverInProcess()) {
+    return false;
+  }
+  const std::string what =
+      absl::StrCat("node ", p.node.hostname, " (", p.node.node_id, ") joined the running round");
+  members_.Add({p.node, now, false, false, std::nullopt});
+  resize_ = Resize{state_.round, {}, 0, "", what, p.node.node_id};
+  members_.Place(&*resize_);
+  state_.restart_reason = what;
+  admitting_.Begin(std::move(p), now + config_.admit_timeout);
+  return true;
+}
+
+void StateMachine::Admitted(uint64_t round, int generation, int port, Deliveries* out) {
+  if (round != state_.round || state_.phase != Phase::kRunning) return;
+  std::optional<Pending> p = admitting_.Answer();
+  if (!p) return;
+  const std::optional<size_t> at = members_.IndexOf(p->node.node_id);
+  if (!at) return;
+  Assignment a = members_.AssignmentOf(*at, state_.round, state_.restart_count, port);
+  a.recovery_generation = generation;
+  known_.insert(p->node.node_id);
+  out->push_back({std::move(p->cb), std::move(a)});
+}
+
+void StateMachine::WatchEnded(const std::string& node_id, TimePoint now) {
+  if (state_.phase == Phase::kRunning) members_.WatchEnded(node_id, now);
+}
+
+void StateMachine::Heard(const std::string& node_id, TimePoint now) {
+  members_.Heard(node_id, now);
 }
 
 }  // namespace dlrun::rdzv

@@ -7,26 +7,18 @@
 // here blocks.
 #pragma once
 
-#include <functional>
-#include <map>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "rendezvous/admission.h"
+#include "rendezvous/joins.h"
 #include "rendezvous/roster.h"
 #include "rendezvous/types.h"
 
 namespace dlrun::rdzv {
-
-using JoinCallback = std::function<void(absl::StatusOr<Assignment>)>;
-struct Delivery {
-  JoinCallback callback;
-  absl::StatusOr<Assignment> result;
-};
-using Deliveries = std::vector<Delivery>;
 
 class StateMachine {
  public:
@@ -92,34 +84,14 @@ class StateMachine {
   StatusSnapshot Snapshot() const;
 
  private:
-  struct Pending {
-    NodeInfo node;
-    uint64_t ticket;
-    JoinCallback cb;
-  };
+  using Pending = PendingJoin;
   using Member = Roster::Member;
-  // Lost: silent past the liveness limit, or its watch ended and nothing was heard from it
-  // within the watch grace; never the node being admitted.
-  bool IsLost(const Member& m, TimePoint now) const;
   // Drops the lost members; the survivors go on in the same round when they all recover in
   // process, else a new round opens (or the job fails below min_nodes).
   void DropLost(TimePoint now, Deliveries* out);
-  // A node admitted into the running round, until the new group's port is posted; after
-  // config.admit_timeout (or when its caller went away) it joins through a new round.
-  struct Admission {
-    Pending pending;
-    TimePoint deadline;
-    bool cancelled = false;
-  };
   // Admits `p` when the running round can take it in (every member recovers in process, room,
   // nothing else under way); false, `p` untouched, otherwise.
   bool Admit(Pending& p, TimePoint now);
-  bool CancelAdmission(const std::string& node_id, uint64_t ticket);
-  // The node being admitted goes back to the held joins (unless its caller went away).
-  void ReleaseAdmission();
-  void EndAdmission(TimePoint now, Deliveries* out);
-
-  void AddJoining(Pending p, Deliveries* out);
   // A survivor's first join at a new host: take over the lost host's round and restart count.
   void Resume(const NodeInfo& node, Deliveries* out);
   // `fallback`: a restart in place of an in-process recovery, not counted against max_restarts.
@@ -127,16 +99,13 @@ class StateMachine {
                  Deliveries* out, bool fallback = false);
   void MaybeClose(TimePoint now, Deliveries* out);
   void Close(TimePoint now, Deliveries* out);
-  // The preflight's verdict on the joining nodes; false when it failed the job.
-  bool LeaveOutSlowNodes(Deliveries* out);
   void Fail(const std::string& reason, Deliveries* out);
 
   const Config config_;
   Standing state_;
 
   // The open round.
-  std::vector<Pending> joining_;
-  std::unordered_map<std::string, size_t> joining_index_;
+  OpenJoins joining_;
   std::unordered_set<std::string> expected_;  // nodes a re-rendezvous waits for
   TimePoint round_opened_at_;
   std::optional<TimePoint> min_reached_at_;
@@ -153,14 +122,9 @@ class StateMachine {
   // Restarts of the count that were fallbacks (this host's; a failover host counts them all).
   int fallbacks_ = 0;
   std::optional<Resize> resize_;  // not yet taken
-  std::optional<Admission> admitting_;
+  Admission admitting_;
 };
 
-// preflight_round.cc: of the nodes closing a round, those far under its median compute probe
-// (by index in `joining`, with the line that says so); none when two share a host (their probes
-// measure each other).
-std::vector<std::pair<size_t, std::string>> SlowJoiners(const std::vector<NodeInfo>& joining,
-                                                        double ratio);
 // preflight_round.cc: a node that would join the running round of `members`, far slower than
 // they are: the line that refuses it at once (so the members do not restart for it); nullopt:
 // it may join.

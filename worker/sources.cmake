@@ -9,7 +9,7 @@ set(DLRUN_DIST_ENV_SOURCES worker/src/dist_env.cc worker/src/agent_link.cc worke
   worker/src/recovery/transfer_plan.cc)
 # LibTorch: process groups, DDP, LR schedule, checkpoints, SyncBatchNorm, the sampler (its
 # shuffle is torch.randperm, as PyTorch's DistributedSampler).
-set(DLRUN_WORKER_SOURCES worker/src/init.cc worker/src/ddp.cc worker/src/ddp_reduce.cc
-  worker/src/ddp_join.cc worker/src/lr_schedule.cc
+set(DLRUN_WORKER_SOURCES worker/src/init.cc worker/src/ddp.cc worker/src/ddp_impl.cc
+  worker/src/shm_reducer.cc worker/src/lr_schedule.cc
   worker/src/checkpoint.cc worker/src/checkpoint_file.cc worker/src/sync_batch_norm.cc worker/src/sampler.cc worker/src/recovery/recovery.cc worker/src/recovery/state_transfer.cc worker/src/recovery/step_state.cc
   worker/src/recovery/peer_loss.cc)

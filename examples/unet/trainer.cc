@@ -114,6 +114,7 @@ void Trainer::BuildModel(int local_rank) {
   model_->setBetweenLevels(dlrun::worker::interruption_point);  // a lost peer: give up at once
   channels_last_ = a_.channels_last < 0 ? device_.is_cuda() : a_.channels_last > 0;
   if (channels_last_) dlrun::examples::ToChannelsLast(model_->parameters());
+  data_.SetDevice(device_, channels_last_);
   scaler_ = std::make_unique<dlrun::examples::GradScaler>(a_.amp && device_.is_cuda());
   params_ = model_->parameters();
   initial_digest_ = dlrun::worker::digest(params_);
@@ -204,7 +205,6 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
     world_ = ctx_.world_size();
     sizes_.global_batch = a_.local_batch_size * world_ * a_.accumulation_steps;
   }
-  data_.prefetched.reset();
   OpenData(r.step);
   if (rank_ == 0) {
     std::printf(
@@ -216,33 +216,10 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
   }
 }
 
+// The data streams where `at_step` steps left them (batch_feed.h), and on rank 0 (a survivor
+// that became rank 0 too) the TensorBoard writer.
 void Trainer::OpenData(int64_t at_step) {
-  // Where a resume at at_step picks the streams up: the batches the steps before it took, and
-  // the validation batches of the epochs they ended.
-  const int64_t train_batches = at_step * a_.accumulation_steps;
-  const int64_t val_batches = at_step / sizes_.steps_per_epoch * sizes_.val_steps;
-  auto open_loader = [&](const std::string& path, uint64_t seed, int64_t batches) {
-    auto src = dlrun::examples::CropSource::Open(path, a_.data_size, a_.data_mode == "inmem");
-    if (!src.ok()) throw std::runtime_error(std::string(src.status().message()));
-    return std::make_unique<dlrun::examples::Prefetcher>(
-        std::shared_ptr<dlrun::examples::CropSource>(std::move(*src)), threads_.loader,
-        a_.prefetch_factor, seed, /*rotate_in_loader=*/!a_.rotate_on_device,
-        /*start=*/batches * a_.local_batch_size);
-  };
-  if (a_.data.empty()) {
-    data_.synthetic = std::make_unique<SyntheticData>(a_.data_size, a_.seed, rank_,
-                                                      train_batches * a_.local_batch_size);
-    if (a_.nsamples_val > 0) {
-      data_.synthetic_val = std::make_unique<SyntheticData>(a_.data_size, a_.seed, 7777 + rank_,
-                                                            val_batches * a_.local_batch_size);
-    }
-  } else {
-    data_.loader = open_loader(a_.data, a_.seed * 7919 + rank_ + 1, train_batches);
-    if (a_.nsamples_val > 0) {
-      data_.loader_val = open_loader(a_.val_path.empty() ? a_.data : a_.val_path,
-                                     a_.seed * 31 + rank_ + 1, val_batches);
-    }
-  }
+  data_.Open(a_, sizes_.steps_per_epoch, sizes_.val_steps, rank_, threads_.loader, at_step);
   if (!a_.tensorboard_dir.empty() && rank_ == 0 && !tb_) {
     auto w = dlrun::examples::EventWriter::Open(a_.tensorboard_dir);
     if (!w.ok()) throw std::runtime_error(std::string(w.status().message()));
@@ -268,7 +245,7 @@ void Trainer::PrintHeader() {
                                         : "",
               a_.checkpoint_activations ? ", activation checkpointing" : "",
               device_.is_cuda() && !a_.tf32 ? ", TF32 off" : "",
-              data_.loader && a_.rotate_on_device ? ", rotations on the device" : "");
+              data_.from_files() && a_.rotate_on_device ? ", rotations on the device" : "");
   std::printf("%s\n", Ddp().bucket_report().c_str());
   std::fflush(stdout);
 }

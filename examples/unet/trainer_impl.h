@@ -1,5 +1,5 @@
-// train_unet's Trainer (trainer.cc: set-up, the run, the end; trainer_step.cc: batches, the
-// step and its micro-steps, benchy, validation and the per-epoch report). Internal to
+// train_unet's Trainer (trainer.cc: set-up, the run, the end; trainer_step.cc: the step and its
+// micro-steps, benchy, validation and the per-epoch report). Internal to
 // dlrun_unet: the program's entry point is trainer.h's TrainUnetMain.
 #pragma once
 #include <time.h>
@@ -29,6 +29,7 @@
 #include "dlrun/recoverable.h"
 #include "dlrun/worker.h"
 #include "nlohmann/json.hpp"
+#include "unet/batch_feed.h"
 #include "unet/data.h"
 #include "unet/gpu.h"
 #include "unet/tensorboard.h"
@@ -51,36 +52,7 @@ torch::Tensor Loss(const torch::Tensor& gen, const torch::Tensor& tar, double la
 extern std::atomic<bool> g_checkpoint_requested;
 void OnSigusr1(int);
 
-// Synthetic pairs with a learnable relation: the target is tanh of a fixed per-voxel mix of the
-// input channels, so the loss falls as the model trains. Each rank draws its own samples.
-// Sample i of a rank's stream is drawn from its own seed (dlrun::examples::SampleSeed), as the
-// HDF5 loader's are: a batch of 2 is two micro-batches of 1, and a resume at step s (its
-// samples counted) goes on with the samples the uninterrupted run drew.
-struct SyntheticData {
-  torch::Tensor mix;  // [out, in]
-  uint64_t seed;
-  int64_t size;
-  int64_t next = 0;  // the index of the next sample
-  SyntheticData(int64_t size, uint64_t seed, int rank, int64_t start = 0)
-      : seed(seed * 7919 + rank + 1), size(size), next(start) {
-    torch::manual_seed(seed);
-    mix = torch::randn({5, 4}) * 0.5;
-  }
-  std::pair<torch::Tensor, torch::Tensor> Batch(int64_t n) {
-    std::vector<torch::Tensor> xs;
-    for (int64_t i = 0; i < n; ++i) {
-      auto gen = torch::make_generator<torch::CPUGeneratorImpl>(
-          dlrun::examples::SampleSeed(seed, next++));
-      xs.push_back(torch::randn({4, size, size, size}, gen));
-    }
-    auto x = torch::stack(xs);
-    auto y = torch::tanh(torch::einsum("oi,nidhw->nodhw", {mix, x}));
-    return {x, y};
-  }
-};
-
 using Clock = std::chrono::steady_clock;
-using Batch = std::pair<torch::Tensor, torch::Tensor>;
 
 double Seconds(Clock::time_point since);
 // Seconds since this process started (its exec, before LibTorch was loaded), from
@@ -92,11 +64,6 @@ int64_t PeakRssBytes();
 // The Trainer's state in plain groups.
 struct Sizes {
   int64_t global_batch = 1, steps_per_epoch = 1, val_steps = 0, nparams = 0;
-};
-struct Data {
-  std::unique_ptr<SyntheticData> synthetic, synthetic_val;
-  std::unique_ptr<dlrun::examples::Prefetcher> loader, loader_val;
-  std::optional<Batch> prefetched;  // CUDA: the next batch, copied during this step
 };
 struct Progress {
   Clock::time_point t0, start, epoch_start;
@@ -134,10 +101,6 @@ class Trainer {
   void AfterStep(int64_t step, double mean_loss, bool signalled);
   void EndOfEpoch(int64_t step);
   int Finish();
-  torch::Tensor ToDevice(torch::Tensor t) const;
-  Batch NextBatch();
-  Batch TakeBatch();
-  Batch NextValBatch();
   double Validate();
   void Save(int64_t step);
   // In a process that replaced rank 0: the checkpoint of the step it took from a peer, when that
@@ -165,7 +128,7 @@ class Trainer {
   std::optional<dlrun::worker::Recoverable<dlrun::examples::UNet>> rec_;
   std::unique_ptr<dlrun::examples::EventWriter> tb_;
   Sizes sizes_;
-  Data data_;
+  BatchFeed data_;
   Progress progress_;
   Threads threads_;
   std::unique_ptr<dlrun::examples::CpuAllocationPeak> cpu_peak_;  // over the training steps

@@ -1,4 +1,4 @@
-// train_unet's step loop: batches, micro-steps and the optimizer step, benchy's trials,
+// train_unet's step loop: micro-steps and the optimizer step, benchy's trials,
 // validation, checkpoints and the per-epoch report.
 #include "unet/trainer_impl.h"
 
@@ -6,46 +6,12 @@
 
 namespace train_unet_internal {
 
-torch::Tensor Trainer::ToDevice(torch::Tensor t) const {
-  t = dlrun::examples::ToDeviceAsync(t, device_);
-  return channels_last_ ? t.contiguous(torch::MemoryFormat::ChannelsLast3d) : t;
-}
-
-// A batch on the device: uploaded first, then rotated there (the 24-rotation augmentation)
-// unless --rotate-in-loader.
-Batch Trainer::NextBatch() {
-  if (!data_.loader) {
-    Batch b = data_.synthetic->Batch(a_.local_batch_size);
-    return {ToDevice(b.first), ToDevice(b.second)};
-  }
-  dlrun::examples::HostBatch b = data_.loader->NextBatch(a_.local_batch_size);
-  return {ToDevice(dlrun::examples::RotateBatch(dlrun::examples::ToDeviceAsync(b.input, device_), b.rotations)),
-          ToDevice(dlrun::examples::RotateBatch(dlrun::examples::ToDeviceAsync(b.target, device_), b.rotations))};
-}
-
-// The batch this micro-step trains on: on CUDA the one fetched and copied during the step
-// before (its host-to-device copy on a side stream overlapped that step's compute).
-Batch Trainer::TakeBatch() {
-  if (data_.prefetched) {
-    Batch b = std::move(*data_.prefetched);
-    data_.prefetched.reset();
-    return b;
-  }
-  return NextBatch();
-}
-
-Batch Trainer::NextValBatch() {
-  Batch b = data_.loader_val ? data_.loader_val->Next(a_.local_batch_size)
-                             : data_.synthetic_val->Batch(a_.local_batch_size);
-  return {ToDevice(b.first), ToDevice(b.second)};
-}
-
 double Trainer::Validate() {
   const dlrun::worker::HangPause pause("eval");  // not a step: hang detection waits
   torch::NoGradGuard no_grad;
   double sum = 0;
   for (int64_t i = 0; i < sizes_.val_steps; ++i) {
-    auto [x, y] = NextValBatch();
+    auto [x, y] = data_.NextValidation();
     dlrun::examples::AutocastScope autocast(scaler_->enabled());
     sum += Loss(model_->forward(x), y, a_.lambda_rho).item<double>();
   }
@@ -123,11 +89,11 @@ int Trainer::Benchy() {
     r.spread = std::sqrt(r.spread);
     return r;
   };
-  const Trial io_t = trial("IO", [&] { NextBatch(); });
-  auto cached = NextBatch();
+  const Trial io_t = trial("IO", [&] { data_.Next(); });
+  auto cached = data_.Next();
   const Trial synth_t = trial("SYNTHETIC", [&] { TrainStep(cached.first, cached.second); });
   const Trial full_t = trial("FULL", [&] {
-    auto b = NextBatch();
+    auto b = data_.Next();
     TrainStep(b.first, b.second);
   });
   const double io = io_t.mean, synth = synth_t.mean;
@@ -152,7 +118,7 @@ torch::Tensor Trainer::MicroStep(int64_t step, bool sync, double* data_s) {
   const auto wait_start = Clock::now();
   auto [x, y] = [&] {
     dlrun::worker::ScopedRange r("data wait");
-    return TakeBatch();
+    return data_.Take();
   }();
   *data_s += Seconds(wait_start);
   std::optional<dlrun::worker::DistributedDataParallelBase::NoSyncGuard> local_only;
@@ -171,7 +137,7 @@ torch::Tensor Trainer::MicroStep(int64_t step, bool sync, double* data_s) {
   scaler_->scale(k > 1 ? loss / k : loss).backward();  // with sync: averaged over ranks on return
   // CUDA: the next batch's host-to-device copy goes on its side stream now, while this step's
   // kernels run (no effect on the CPU, where the copy is the batch itself).
-  if (device_.is_cuda() && (step < a_.max_steps || !sync)) data_.prefetched = NextBatch();
+  if (device_.is_cuda() && (step < a_.max_steps || !sync)) data_.Prefetch();
   return loss.detach();
 }
 

@@ -98,6 +98,19 @@ a=\$!
 /work/v/bin/dlrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port \
   --rdzv-id wheel --node-rank 1 /work/wheel_prog.py /work/out2 > /work/agent1.log 2>&1
 wait \$a
+if [ "$suite" = bullseye ]; then  # Debian 11's python3 without a venv: pip install --user (issue 71)
+  # Its pip (20.3.4, as python3-pip's) from a fresh venv's (not /work/v's: pip would find dlrun
+  # installed there), run by the system python3: the root has no python3-pip and no network.
+  # HOME a writable one for this install only.
+  python3 -m venv /work/pv
+  sp=\$(echo /work/pv/lib/python3*/site-packages)
+  mkdir -p /work/uh /work/out3
+  HOME=/work/uh PYTHONPATH=\$sp python3 -m pip install --user --no-index --no-cache-dir \
+    --disable-pip-version-check -q "/work/$name"
+  echo "user cmake prefix: \$(HOME=/work/uh /work/uh/.local/bin/dlrun --cmake-prefix-path) \$(HOME=/work/uh python3 -m dlrun --cmake-prefix-path)"
+  HOME=/work/uh /work/uh/.local/bin/dlrun --standalone --nproc-per-node 2 /work/wheel_prog.py /work/out3
+  echo "user job ranks: \$(ls /work/out3 | tr '\n' ' ')"
+fi
 echo "written outside /work: \$(find /tmp /var/tmp /dev/shm -user \$(id -u) 2>/dev/null | head -5 | tr '\n' ' ')"
 echo "in root done"
 SH
@@ -118,6 +131,14 @@ SH
   grep -q "^import dlrun " <<<"$out" || { echo "FAIL: $suite: import dlrun"; exit 1; }
   grep -q "^tools: py-spy 0\.[4-9]" <<<"$out" || { echo "FAIL: $suite: dlrun[tools] brought no py-spy"; exit 1; }
   grep -q "^cmake prefix: /work/v /work/v$" <<<"$out" || { echo "FAIL: $suite: --cmake-prefix-path"; exit 1; }
+  if [[ "$suite" == bullseye ]]; then
+    grep -q "^user cmake prefix: /work/uh/.local /work/uh/.local$" <<<"$out" ||
+      { echo "FAIL: $suite: pip install --user: --cmake-prefix-path"; exit 1; }
+    grep -q "^user job ranks: rank-0 rank-1 $" <<<"$out" ||
+      { echo "FAIL: $suite: pip install --user: the 2-worker job"; exit 1; }
+    grep -q "python=/usr/bin/python3$" "$work/out3/rank-0" ||
+      { cat "$work/out3/rank-0"; echo "FAIL: $suite: pip install --user: the workers' python"; exit 1; }
+  fi
   grep -q "^written outside /work: $" <<<"$out" || { echo "FAIL: $suite: files left outside the job's directory"; exit 1; }
   # The root's own files: what the user changed there (the overlay's upper layer) must be nothing.
   local changed

@@ -262,40 +262,6 @@ DistributedDataParallelBase::DistributedDataParallelBase(
   m.SetUpSharedMemory();
 }
 
-void DistributedDataParallelBase::Impl::AgreeOnHook() {
-  hook_agreed = true;
-  if (pg->getSize() < 2) return;
-  std::string mine = "none";
-  if (hook) {
-    const c10d::CommHookInterface& h = *hook;
-    if (const auto* cast = dynamic_cast<const CastAllreduceHook*>(hook.get())) {
-      mine = cast->Name();
-    } else {  // a hook of the trainer's own: its type, readable
-      int status = 0;
-      char* readable = abi::__cxa_demangle(typeid(h).name(), nullptr, nullptr, &status);
-      mine = status == 0 && readable != nullptr ? readable : typeid(h).name();
-      std::free(readable);
-    }
-  }
-  const double fingerprint =
-      static_cast<double>(std::hash<std::string>{}(mine) % (uint64_t{1} << 52));
-  std::vector<std::vector<torch::Tensor>> all(1);
-  for (int r = 0; r < pg->getSize(); ++r) all[0].push_back(torch::empty({1}, torch::kDouble));
-  std::vector<torch::Tensor> in{torch::full({1}, fingerprint, torch::kDouble)};
-  detail::WaitWork(pg->allgather(all, in));
-  std::vector<std::string> differ;
-  for (int r = 1; r < pg->getSize(); ++r) {
-    if (all[0][r].item<double>() != all[0][0].item<double>()) differ.push_back(lite::StrCat(r));
-  }
-  if (!differ.empty()) {
-    throw std::runtime_error(lite::StrCat(
-        "DistributedDataParallel: the communication hook differs across ranks: rank(s) ",
-        lite::StrJoin(differ, ","), " have another one than rank 0 (rank ", pg->getRank(),
-        " has ", hook ? lite::StrCat("a ", mine) : std::string("none"),
-        "); every rank must register the same hook (register_comm_hook) before its first forward"));
-  }
-}
-
 const DDPOptions& DistributedDataParallelBase::options() const { return impl_->options; }
 
 void DistributedDataParallelBase::register_comm_hook(std::unique_ptr<c10d::CommHookInterface> hook) {

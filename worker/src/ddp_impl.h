@@ -1,7 +1,7 @@
-// The state behind DistributedDataParallelBase (dlrun/ddp.h), internal to the worker library:
-// the gradient buckets and their reduction (ddp_reduce.cc: readiness hooks, launch in a fixed
-// order, the shared-memory or Gloo path, communication hooks) and join() (ddp_join.cc). The
-// public methods are in ddp.cc.
+// The state behind DistributedDataParallelBase (dlrun/ddp.h), internal to the worker library,
+// and its work (ddp_impl.cc): the gradient buckets, their readiness hooks, launch in a fixed
+// order and reduction (Gloo's, the shared-memory path of shm_reducer.h, or a communication
+// hook), and join(). The public methods are in ddp.cc.
 #pragma once
 
 #include <torch/csrc/autograd/function_hook.h>
@@ -9,17 +9,14 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "dlrun/ddp.h"
 #include "group.h"
-#include "shm_allreduce.h"
+#include "shm_reducer.h"
 #include "text.h"
 
 namespace dlrun::worker {
@@ -74,20 +71,10 @@ struct DistributedDataParallelBase::Impl {
   bool graph_recorded = false;  // static_graph: the first step's record is in the slots
   bool join_active = false;     // inside a JoinGuard
 
-  // The shared-memory path: a communication thread sums launched buckets in launch order (the
-  // same order on every rank), so reduction still overlaps the rest of backward.
-  std::unique_ptr<ShmAllreduce> shm;
-  std::thread comm_thread;
-  std::mutex comm_mu;
-  std::condition_variable comm_cv;
-  std::deque<size_t> comm_queue;
-  size_t comm_done = 0;  // buckets reduced in this iteration
-  lite::Status comm_status;
-  bool comm_stop = false;
+  // The shared-memory path (the whole group on this host; SetUpSharedMemory): null for Gloo's.
+  std::unique_ptr<ShmReducer> shm;
 
   ~Impl();
-
-  void CommLoop();
 
   // (Re)creates the buckets: `layout` lists each bucket's slots in their order within it. Values
   // the old views held (the gradients just reduced, at a rebuild) move to the new views.

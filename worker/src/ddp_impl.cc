@@ -1,5 +1,11 @@
-#include "common/contract.h"
+// DDP's state and its work (ddp_impl.h): the gradient buckets, their readiness hooks and launch
+// in a fixed order, their reduction (Gloo's allreduce, the shared-memory path of shm_reducer.h,
+// or a communication hook), the agreement on the hook, and join()'s side of a rank out of data.
 #include "ddp_impl.h"
+
+#include <cxxabi.h>
+
+#include "common/contract.h"
 #include "dlrun/agent_link.h"
 #include "dlrun/nvtx_ranges.h"
 
@@ -20,41 +26,11 @@ namespace dlrun::worker {
 
 DistributedDataParallelBase::Impl::~Impl() {
   Unhook();
-  if (comm_thread.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(comm_mu);
-      comm_stop = true;
-    }
-    comm_cv.notify_all();
-    comm_thread.join();
-  }
+  shm.reset();  // its thread ends before the buckets it sums go
 }
 
-void DistributedDataParallelBase::Impl::CommLoop() {
-  for (;;) {
-    size_t idx = 0;
-    {
-      std::unique_lock<std::mutex> lock(comm_mu);
-      comm_cv.wait(lock, [&] { return comm_stop || !comm_queue.empty(); });
-      if (comm_stop) return;
-      idx = comm_queue.front();
-      comm_queue.pop_front();
-    }
-    torch::Tensor& flat = buckets[idx].flat;
-    lite::Status st = flat.scalar_type() == torch::kDouble
-                          ? shm->Sum(flat.data_ptr<double>(), flat.numel())
-                          : shm->Sum(flat.data_ptr<float>(), flat.numel());
-    end_range(std::exchange(buckets[idx].range, 0));
-    {
-      std::lock_guard<std::mutex> lock(comm_mu);
-      if (!st.ok() && comm_status.ok()) comm_status = st;
-      ++comm_done;
-    }
-    comm_cv.notify_all();
-  }
-}
-
-void DistributedDataParallelBase::Impl::BuildBuckets(const std::vector<std::vector<size_t>>& layout) {
+void DistributedDataParallelBase::Impl::BuildBuckets(
+    const std::vector<std::vector<size_t>>& layout) {
   std::vector<torch::Tensor> old_views(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) old_views[i] = slots[i].view;
   buckets.clear();
@@ -132,8 +108,8 @@ void DistributedDataParallelBase::Impl::RebuildInReadyOrder() {
   }
   ready_order = CheckedOrder(order, 0);
   BuildBuckets(assign_buckets_in_ready_order(SlotBytes(), ready_order,
-                                         CapBytes(options.first_bucket_cap_mb),
-                                         CapBytes(options.bucket_cap_mb)));
+                                             CapBytes(options.first_bucket_cap_mb),
+                                             CapBytes(options.bucket_cap_mb)));
 }
 
 std::vector<size_t> DistributedDataParallelBase::Impl::AgreeOnReadyOrder(size_t n) {
@@ -186,8 +162,7 @@ void DistributedDataParallelBase::Impl::StartIteration() {
   }
   next_launch = 0;
   callback_queued = false;
-  std::lock_guard<std::mutex> lock(comm_mu);
-  comm_done = 0;
+  if (shm) shm->NewIteration();
 }
 
 void DistributedDataParallelBase::Impl::Gather(Slot& s) {
@@ -228,11 +203,7 @@ void DistributedDataParallelBase::Impl::LaunchReady() {
       continue;
     }
     if (shm) {
-      {
-        std::lock_guard<std::mutex> lock(comm_mu);
-        comm_queue.push_back(idx);
-      }
-      comm_cv.notify_all();
+      shm->Enqueue(b.flat, std::exchange(b.range, 0));
       continue;
     }
     std::vector<torch::Tensor> t{b.flat};
@@ -289,52 +260,15 @@ void DistributedDataParallelBase::Impl::MarkReady(Slot& s) {
 }
 
 void DistributedDataParallelBase::Impl::SetUpSharedMemory() {
-  const int world = pg->getSize();
-  if (world < 2) return;
   bool want = options.shared_memory_allreduce && !hook;
   if (const char* v = std::getenv(contract::kDdpShm); v != nullptr && std::string(v) == "0") {
     want = false;
   }
   const char* lws = std::getenv(contract::kLocalWorldSize);
-  if (lws == nullptr || std::atoi(lws) != world) want = false;
-  int64_t max_bytes = 0;
-  for (const Bucket& b : buckets) {
-    // Every rank places the model alike, so this return is the same everywhere: GPU
-    // gradients (NCCL, which also refuses the CPU tensors of the agreement below) never
-    // take this path.
-    if (!b.flat.device().is_cpu()) return;
-    const auto t = b.flat.scalar_type();
-    if (t != torch::kFloat && t != torch::kDouble) want = false;
-    max_bytes = std::max<int64_t>(max_bytes, b.flat.numel() * b.flat.element_size());
-  }
-  // Everyone agrees, and learns rank 0's pid and instance count for a segment name unique on
-  // this host (a process that replaced a lost rank has made fewer engines than the others).
-  static std::atomic<int> instances{0};
-  const int instance = instances++;
-  const bool zero = pg->getRank() == 0;
-  std::vector<torch::Tensor> t{torch::tensor({static_cast<int64_t>(want ? 1 : 0),
-                                              static_cast<int64_t>(zero ? getpid() : 0),
-                                              static_cast<int64_t>(zero ? instance : 0)})};
-  detail::WaitWork(pg->allreduce(t));
-  if (t[0][0].item<int64_t>() != world) return;
-  const std::string name =
-      lite::StrCat("/dlrun-ddp-", t[0][1].item<int64_t>(), "-", t[0][2].item<int64_t>());
-  auto created = ShmAllreduce::Create(
-      name, pg->getRank(), world,
-      // Pieces as large as 32 MiB of segment allow (2 sets of world + 1 areas).
-      std::max<int64_t>(4096, std::min<int64_t>(max_bytes, (32 << 20) / (2 * (world + 1)))),
-      [this] { detail::WaitWork(pg->barrier()); }, std::chrono::minutes(5));
-  std::vector<torch::Tensor> ok{torch::tensor({static_cast<int64_t>(created.ok() ? 1 : 0)})};
-  detail::WaitWork(pg->allreduce(ok));
-  if (ok[0].item<int64_t>() != world) {
-    if (!created.ok()) {
-      std::fprintf(stderr, "dlrun::worker DDP: %s; using Gloo's allreduce\n",
-                   std::string(created.status().message()).c_str());
-    }
-    return;
-  }
-  shm = std::move(*created);
-  comm_thread = std::thread([this] { CommLoop(); });
+  if (lws == nullptr || std::atoi(lws) != pg->getSize()) want = false;
+  std::vector<torch::Tensor> flats;
+  for (const Bucket& b : buckets) flats.push_back(b.flat);
+  shm = ShmReducer::Agree(pg, flats, want);
 }
 
 void DistributedDataParallelBase::Impl::Finalize() {
@@ -359,10 +293,10 @@ void DistributedDataParallelBase::Impl::Finalize() {
       missing.resize(8);
       missing.push_back("...");
     }
-    throw std::runtime_error(lite::StrCat(
-        "DistributedDataParallel: parameter(s) ", lite::StrJoin(missing, ", "),
-        " got no gradient in this backward; construct DistributedDataParallel with "
-        "find_unused_parameters = true if parts of the model are unused"));
+    throw std::runtime_error(
+        lite::StrCat("DistributedDataParallel: parameter(s) ", lite::StrJoin(missing, ", "),
+                     " got no gradient in this backward; construct DistributedDataParallel with "
+                     "find_unused_parameters = true if parts of the model are unused"));
   }
   LaunchReady();
   AwaitBuckets();
@@ -378,11 +312,7 @@ void DistributedDataParallelBase::Impl::Finalize() {
 
 void DistributedDataParallelBase::Impl::AwaitBuckets() {
   const double scale = 1.0 / pg->getSize();
-  if (shm && !hook) {
-    std::unique_lock<std::mutex> lock(comm_mu);
-    comm_cv.wait(lock, [&] { return comm_done == buckets.size(); });
-    if (!comm_status.ok()) throw std::runtime_error(std::string(comm_status.message()));
-  }
+  if (shm && !hook) shm->AwaitSummed(buckets.size());
   for (Bucket& b : buckets) {
     if (b.hook_done) {
       detail::WaitFuture(b.hook_done);  // PeerLost at the agent's word
@@ -420,6 +350,102 @@ void DistributedDataParallelBase::Impl::EndStep() {
   }
   StartIteration();
   heartbeat();  // one reduced backward = one step of progress for the agent's hang check
+}
+
+void DistributedDataParallelBase::Impl::AgreeOnHook() {
+  hook_agreed = true;
+  if (pg->getSize() < 2) return;
+  std::string mine = "none";
+  if (hook) {
+    const c10d::CommHookInterface& h = *hook;
+    if (const auto* cast = dynamic_cast<const CastAllreduceHook*>(hook.get())) {
+      mine = cast->Name();
+    } else {  // a hook of the trainer's own: its type, readable
+      int status = 0;
+      char* readable = abi::__cxa_demangle(typeid(h).name(), nullptr, nullptr, &status);
+      mine = status == 0 && readable != nullptr ? readable : typeid(h).name();
+      std::free(readable);
+    }
+  }
+  const double fingerprint =
+      static_cast<double>(std::hash<std::string>{}(mine) % (uint64_t{1} << 52));
+  std::vector<std::vector<torch::Tensor>> all(1);
+  for (int r = 0; r < pg->getSize(); ++r) all[0].push_back(torch::empty({1}, torch::kDouble));
+  std::vector<torch::Tensor> in{torch::full({1}, fingerprint, torch::kDouble)};
+  detail::WaitWork(pg->allgather(all, in));
+  std::vector<std::string> differ;
+  for (int r = 1; r < pg->getSize(); ++r) {
+    if (all[0][r].item<double>() != all[0][0].item<double>()) differ.push_back(lite::StrCat(r));
+  }
+  if (!differ.empty()) {
+    throw std::runtime_error(lite::StrCat(
+        "DistributedDataParallel: the communication hook differs across ranks: rank(s) ",
+        lite::StrJoin(differ, ","), " have another one than rank 0 (rank ", pg->getRank(), " has ",
+        hook ? lite::StrCat("a ", mine) : std::string("none"),
+        "); every rank must register the same hook (register_comm_hook) before its first forward"));
+  }
+}
+
+// join() (DistributedDataParallelBase::JoinGuard): a rank out of data answers the collectives
+// the others still run, as PyTorch's Join context manager does for DDP.
+
+torch::Tensor DistributedDataParallelBase::Impl::Flag(int64_t v) const {
+  return torch::full(
+      {1}, v,
+      torch::TensorOptions()
+          .dtype(torch::kLong)
+          .device(slots.empty() ? torch::Device(torch::kCPU) : slots[0].param.device()));
+}
+
+int DistributedDataParallelBase::Impl::BufferRoot(bool training) {
+  if (!join_active && training) return 0;
+  std::vector<torch::Tensor> t{Flag(training ? pg->getRank() : -1)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  detail::WaitWork(pg->allreduce(t, max));
+  return static_cast<int>(t[0].item<int64_t>());
+}
+
+void DistributedDataParallelBase::Impl::ShadowUntilAllJoined() {
+  const int world = pg->getSize();
+  if (world < 2) return;
+  if (!hook_agreed) AgreeOnHook();  // joined before its first forward: the others' first words
+  bool last_to_finish = true;
+  for (;;) {
+    std::vector<torch::Tensor> still{Flag(0)};
+    detail::WaitWork(pg->allreduce(still));
+    if (still[0].item<int64_t>() == 0) break;
+    last_to_finish = false;
+    if (options.broadcast_buffers && !buffers.empty()) {
+      torch::NoGradGuard no_grad;
+      c10d::broadcast_coalesced(pg, buffers, 250 * 1024 * 1024, BufferRoot(false));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!rebuilt && ready_order.size() != slots.size()) {
+      ready_order.clear();  // rank 0's order wins the rebuild; any complete one will do here
+      for (size_t i = 0; i < slots.size(); ++i) ready_order.push_back(i);
+    }
+    for (Slot& s : slots) {
+      s.ready = true;
+      s.view.zero_();
+    }
+    for (Bucket& b : buckets) b.pending = 0;
+    LaunchReady();
+    AwaitBuckets();
+    EndStep();
+  }
+  // Every rank ends with the model of the highest rank among the last to finish (PyTorch's
+  // _sync_final_model): the ranks that ran out early stopped stepping.
+  std::vector<torch::Tensor> root{Flag(last_to_finish ? pg->getRank() : -1)};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  detail::WaitWork(pg->allreduce(root, max));
+  std::vector<torch::Tensor> state;
+  for (const Slot& s : slots) state.push_back(s.param);
+  if (options.broadcast_buffers) state.insert(state.end(), buffers.begin(), buffers.end());
+  torch::NoGradGuard no_grad;
+  c10d::broadcast_coalesced(pg, state, 250 * 1024 * 1024,
+                            static_cast<int>(root[0].item<int64_t>()));
 }
 
 }  // namespace dlrun::worker

@@ -61,29 +61,30 @@ int64_t PeakRssBytes() {
 
 
 void Trainer::ResolveSizes() {
-  rank_ = ctx_.rank();
-  world_ = ctx_.world_size();
-  if (a_.global_batch_size > 0 && !a_.local_batch_given) {
-    if (a_.global_batch_size % world_ != 0) {
-      throw std::runtime_error(lite::StrCat("global_batch_size ", a_.global_batch_size,
-                                            " does not split over ", world_,
+  s_.rank = s_.ctx.rank();
+  s_.world = s_.ctx.world_size();
+  if (s_.a.global_batch_size > 0 && !s_.a.local_batch_given) {
+    if (s_.a.global_batch_size % s_.world != 0) {
+      throw std::runtime_error(lite::StrCat("global_batch_size ", s_.a.global_batch_size,
+                                            " does not split over ", s_.world,
                                             " ranks: expected a multiple of the world size"));
     }
-    a_.local_batch_size = a_.global_batch_size / world_;
+    s_.a.local_batch_size = s_.a.global_batch_size / s_.world;
   }
   // The global (effective) batch of one optimizer step: K micro-batches on every rank. The LR
   // scaling, the epochs and samples/s count it.
-  sizes_.global_batch = a_.local_batch_size * world_ * a_.accumulation_steps;
+  s_.sizes.global_batch = s_.a.local_batch_size * s_.world * s_.a.accumulation_steps;
   // Epochs as in the tutorial: Nsamples per epoch over the global batch; without a config an
   // epoch is --max-steps steps (the whole run unless --num-epochs says more).
-  sizes_.steps_per_epoch =
-      a_.nsamples > 0 ? std::max<int64_t>(1, a_.nsamples / sizes_.global_batch) : a_.max_steps;
-  if (a_.num_epochs > 0 && (a_.nsamples == 0 || !a_.max_steps_given)) {
-    a_.max_steps = a_.num_epochs * sizes_.steps_per_epoch;
+  s_.sizes.steps_per_epoch = s_.a.nsamples > 0
+                                 ? std::max<int64_t>(1, s_.a.nsamples / s_.sizes.global_batch)
+                                 : s_.a.max_steps;
+  if (s_.a.num_epochs > 0 && (s_.a.nsamples == 0 || !s_.a.max_steps_given)) {
+    s_.a.max_steps = s_.a.num_epochs * s_.sizes.steps_per_epoch;
   }
-  if (a_.warmup_steps >= a_.max_steps) a_.warmup_steps = 0;
-  sizes_.val_steps =
-      a_.nsamples_val > 0 ? std::max<int64_t>(1, a_.nsamples_val / sizes_.global_batch) : 0;
+  if (s_.a.warmup_steps >= s_.a.max_steps) s_.a.warmup_steps = 0;
+  s_.sizes.val_steps =
+      s_.a.nsamples_val > 0 ? std::max<int64_t>(1, s_.a.nsamples_val / s_.sizes.global_batch) : 0;
 }
 
 // The model and its optimizer are built before init(): a warm spare waits inside init() until
@@ -98,45 +99,46 @@ void Trainer::Init() {
   }
   SetThreads(env.local_world_size);
   BuildModel(env.local_rank);
-  ctx_ = dlrun::worker::init();
-  init_done_s_ = ctx_.promoted_at ? Seconds(*ctx_.promoted_at) : SecondsSinceProcessStart();
+  s_.ctx = dlrun::worker::init();
+  s_.init_done_s = s_.ctx.promoted_at ? Seconds(*s_.ctx.promoted_at) : SecondsSinceProcessStart();
 }
 
 void Trainer::BuildModel(int local_rank) {
-  torch::manual_seed(a_.seed);  // identical init everywhere; rank 0's values are broadcast anyway
-  model_ = dlrun::examples::UNet(
-      dlrun::examples::UNetOptions{4, 5, a_.base_channels, a_.checkpoint_activations});
+  torch::manual_seed(s_.a.seed);  // identical init everywhere; rank 0's values are broadcast anyway
+  s_.model = dlrun::examples::UNet(
+      dlrun::examples::UNetOptions{4, 5, s_.a.base_channels, s_.a.checkpoint_activations});
   // The GPU path (never run here: no GPU): the rank's device, cuDNN/TF32, channels-last,
   // autocast with loss scaling. On the CPU only channels-last can be asked for.
-  device_ = dlrun::examples::PickDevice(a_.device, local_rank);
-  dlrun::examples::ConfigureBackends(device_, a_.tf32, a_.deterministic);
-  model_->to(device_);
-  model_->setBetweenLevels(dlrun::worker::interruption_point);  // a lost peer: give up at once
-  channels_last_ = a_.channels_last < 0 ? device_.is_cuda() : a_.channels_last > 0;
-  if (channels_last_) dlrun::examples::ToChannelsLast(model_->parameters());
-  data_.SetDevice(device_, channels_last_);
-  scaler_ = std::make_unique<dlrun::examples::GradScaler>(a_.amp && device_.is_cuda());
-  params_ = model_->parameters();
-  initial_digest_ = dlrun::worker::digest(params_);
-  for (const auto& p : params_) sizes_.nparams += p.numel();
-  opt_ = std::make_unique<torch::optim::Adam>(params_, torch::optim::AdamOptions(a_.lr));
+  s_.device = dlrun::examples::PickDevice(s_.a.device, local_rank);
+  dlrun::examples::ConfigureBackends(s_.device, s_.a.tf32, s_.a.deterministic);
+  s_.model->to(s_.device);
+  s_.model->setBetweenLevels(dlrun::worker::interruption_point);  // a lost peer: give up at once
+  s_.channels_last = s_.a.channels_last < 0 ? s_.device.is_cuda() : s_.a.channels_last > 0;
+  if (s_.channels_last) dlrun::examples::ToChannelsLast(s_.model->parameters());
+  s_.data.SetDevice(s_.device, s_.channels_last);
+  s_.scaler = std::make_unique<dlrun::examples::GradScaler>(s_.a.amp && s_.device.is_cuda());
+  s_.params = s_.model->parameters();
+  s_.initial_digest = dlrun::worker::digest(s_.params);
+  for (const auto& p : s_.params) s_.sizes.nparams += p.numel();
+  s_.opt = std::make_unique<torch::optim::Adam>(s_.params, torch::optim::AdamOptions(s_.a.lr));
 }
 
 void Trainer::BuildSchedule() {
-  sched_.start_lr = a_.lr;
-  sched_.end_lr = a_.end_lr;
-  sched_.tot_steps = a_.max_steps;
-  sched_.warmup_steps = a_.lr_warmup_steps;
-  sched_.global_batch_size = sizes_.global_batch;
-  sched_.base_batch_size = a_.base_batch_size > 0 ? a_.base_batch_size : sizes_.global_batch;
-  sched_.scaling = a_.lr_scaling;
-  dlrun::worker::validate(sched_);
-  if (rank_ == 0) {
-    for (const std::string& note : dlrun::worker::ineffective_settings(sched_)) {
+  s_.sched.start_lr = s_.a.lr;
+  s_.sched.end_lr = s_.a.end_lr;
+  s_.sched.tot_steps = s_.a.max_steps;
+  s_.sched.warmup_steps = s_.a.lr_warmup_steps;
+  s_.sched.global_batch_size = s_.sizes.global_batch;
+  s_.sched.base_batch_size =
+      s_.a.base_batch_size > 0 ? s_.a.base_batch_size : s_.sizes.global_batch;
+  s_.sched.scaling = s_.a.lr_scaling;
+  dlrun::worker::validate(s_.sched);
+  if (s_.rank == 0) {
+    for (const std::string& note : dlrun::worker::ineffective_settings(s_.sched)) {
       std::fprintf(stderr, "train_unet: note: %s\n", note.c_str());
     }
   }
-  progress_.lr = a_.lr;
+  s_.progress.lr = s_.a.lr;
 }
 
 // Resume after an elastic restart or a requeue: the collective resume, so every rank loads the
@@ -145,50 +147,50 @@ void Trainer::BuildSchedule() {
 // survivor instead. Then the DDP wrapper, as with PyTorch: dlrun::worker::Recoverable does all
 // three, and makes the wrapper anew after a recovery.
 void Trainer::Resume() {
-  if (a_.fail_replacement == "hang" && IsReplacement()) {  // testing: one that never joins
+  if (s_.a.fail_replacement == "hang" && IsReplacement()) {  // testing: one that never joins
     std::fprintf(stderr, "train_unet: --fail-replacement hang: not joining\n");
     std::fflush(stderr);
     for (;;) pause();
   }
   dlrun::worker::RecoverableOptions o;
-  o.ddp.bucket_cap_mb = a_.bucket_cap_mb;
-  o.ddp.broadcast_buffers = a_.broadcast_buffers;
-  o.ddp.fp16_compression = a_.fp16_grad_compression;
+  o.ddp.bucket_cap_mb = s_.a.bucket_cap_mb;
+  o.ddp.broadcast_buffers = s_.a.broadcast_buffers;
+  o.ddp.fp16_compression = s_.a.fp16_grad_compression;
   o.state.capture = [this] {
     dlrun::worker::TrainingState st;
-    if (scaler_->enabled()) {  // the AMP loss scale (CUDA), so a resume goes on with it
-      st.values["amp.scale"] = scaler_->currentScale();
-      st.values["amp.good_steps"] = scaler_->goodSteps();
+    if (s_.scaler->enabled()) {  // the AMP loss scale (CUDA), so a resume goes on with it
+      st.values["amp.scale"] = s_.scaler->currentScale();
+      st.values["amp.good_steps"] = s_.scaler->goodSteps();
     }
     return st;
   };
   o.state.restore = [this](const dlrun::worker::TrainingState& st) {
-    if (a_.fail_replacement == "differs") {  // testing: replicas that differ must be refused
+    if (s_.a.fail_replacement == "differs") {  // testing: replicas that differ must be refused
       torch::NoGradGuard no_grad;
-      params_[0].add_(1e-3);
+      s_.params[0].add_(1e-3);
     }
     const auto& v = st.values;
-    if (scaler_->enabled() && v.count("amp.scale") && v.count("amp.good_steps")) {
-      scaler_->restore(v.at("amp.scale").toDouble(), v.at("amp.good_steps").toInt());
+    if (s_.scaler->enabled() && v.count("amp.scale") && v.count("amp.good_steps")) {
+      s_.scaler->restore(v.at("amp.scale").toDouble(), v.at("amp.good_steps").toInt());
     }
   };
   o.on_warning = [](const std::string& w) {
     std::fprintf(stderr, "train_unet: warning: %s\n", w.c_str());
   };
   o.on_recovery = [this](const dlrun::worker::Recovery::Outcome& r) { AfterRecovery(r); };
-  if (!a_.checkpoint_dir.empty()) {
-    ckpt_.emplace(dlrun::worker::CheckpointOptions{.dir = a_.checkpoint_dir, .keep_last = 3});
-    o.checkpoint = &*ckpt_;
+  if (!s_.a.checkpoint_dir.empty()) {
+    s_.ckpt.emplace(dlrun::worker::CheckpointOptions{.dir = s_.a.checkpoint_dir, .keep_last = 3});
+    o.checkpoint = &*s_.ckpt;
   }
-  rec_.emplace(ctx_, model_, *opt_, std::move(o));
-  start_step_ = rec_->start_step();
-  if (rec_->resumed() && rank_ == 0) {
+  s_.rec.emplace(s_.ctx, s_.model, *s_.opt, std::move(o));
+  s_.start_step = s_.rec->start_step();
+  if (s_.rec->resumed() && s_.rank == 0) {
     // The restart's phases inside the worker (bench/recovery reads them).
     std::printf("resumed from step %ld (%s to init() done %.3f s, checkpoint load %.3f s)\n",
-                start_step_, ctx_.promoted_at ? "promotion" : "process start", init_done_s_,
-                rec_->resume_seconds());
+                s_.start_step, s_.ctx.promoted_at ? "promotion" : "process start", s_.init_done_s,
+                s_.rec->resume_seconds());
   }
-  if (rec_->replacement()) SaveIfLost(start_step_);
+  if (s_.rec->replacement()) steps_.SaveIfLost(s_.start_step);
   std::signal(SIGUSR1, OnSigusr1);
 }
 
@@ -201,17 +203,17 @@ void Trainer::Resume() {
 void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
   const auto t = Clock::now();
   if (r.resized) {
-    rank_ = ctx_.rank();
-    world_ = ctx_.world_size();
-    sizes_.global_batch = a_.local_batch_size * world_ * a_.accumulation_steps;
+    s_.rank = s_.ctx.rank();
+    s_.world = s_.ctx.world_size();
+    s_.sizes.global_batch = s_.a.local_batch_size * s_.world * s_.a.accumulation_steps;
   }
   OpenData(r.step);
-  if (rank_ == 0) {
+  if (s_.rank == 0) {
     std::printf(
         "recovered in process at step %ld (generation %d, %.3f s; data again %.3f s): going on "
         "with step %ld%s\n",
         r.step, r.generation, r.seconds, Seconds(t), r.step + 1,
-        r.resized ? lite::StrCat(" on ", world_, " rank(s)").c_str() : "");
+        r.resized ? lite::StrCat(" on ", s_.world, " rank(s)").c_str() : "");
     std::fflush(stdout);
   }
 }
@@ -219,34 +221,35 @@ void Trainer::AfterRecovery(const dlrun::worker::Recovery::Outcome& r) {
 // The data streams where `at_step` steps left them (batch_feed.h), and on rank 0 (a survivor
 // that became rank 0 too) the TensorBoard writer.
 void Trainer::OpenData(int64_t at_step) {
-  data_.Open(a_, sizes_.steps_per_epoch, sizes_.val_steps, rank_, threads_.loader, at_step);
-  if (!a_.tensorboard_dir.empty() && rank_ == 0 && !tb_) {
-    auto w = dlrun::examples::EventWriter::Open(a_.tensorboard_dir);
+  s_.data.Open(s_.a, s_.sizes.steps_per_epoch, s_.sizes.val_steps, s_.rank, s_.threads.loader,
+               at_step);
+  if (!s_.a.tensorboard_dir.empty() && s_.rank == 0 && !s_.tb) {
+    auto w = dlrun::examples::EventWriter::Open(s_.a.tensorboard_dir);
     if (!w.ok()) throw std::runtime_error(std::string(w.status().message()));
-    tb_ = std::move(*w);
+    s_.tb = std::move(*w);
   }
 }
 
 void Trainer::PrintHeader() {
-  if (rank_ != 0) return;
+  if (s_.rank != 0) return;
   std::printf(
       "train_unet: %d rank(s), base width %ld (%.2f M parameters), %ld^3 crops, "
       "local batch %ld, %d thread(s) per rank, gradient sync %s, device %s%s%s\n",
-      world_, a_.base_channels, sizes_.nparams / 1e6, a_.data_size, a_.local_batch_size,
-      torch::get_num_threads(), a_.grad_sync ? "on" : "off", device_.str().c_str(),
-      scaler_->enabled() ? ", AMP" : "", channels_last_ ? ", channels-last" : "");
+      s_.world, s_.a.base_channels, s_.sizes.nparams / 1e6, s_.a.data_size, s_.a.local_batch_size,
+      torch::get_num_threads(), s_.a.grad_sync ? "on" : "off", s_.device.str().c_str(),
+      s_.scaler->enabled() ? ", AMP" : "", s_.channels_last ? ", channels-last" : "");
   std::printf("threads per rank: %d loader + %d intra-op (%d CPU(s) per rank)%s%s%s%s\n",
-              threads_.loader, threads_.intra, threads_.cpus_per_rank,
-              a_.accumulation_steps > 1 ? lite::StrCat(", ", a_.accumulation_steps,
-                                                       " micro-batches per step (effective "
-                                                       "global batch ",
-                                                       sizes_.global_batch, ")")
-                                              .c_str()
-                                        : "",
-              a_.checkpoint_activations ? ", activation checkpointing" : "",
-              device_.is_cuda() && !a_.tf32 ? ", TF32 off" : "",
-              data_.from_files() && a_.rotate_on_device ? ", rotations on the device" : "");
-  std::printf("%s\n", Ddp().bucket_report().c_str());
+              s_.threads.loader, s_.threads.intra, s_.threads.cpus_per_rank,
+              s_.a.accumulation_steps > 1 ? lite::StrCat(", ", s_.a.accumulation_steps,
+                                                         " micro-batches per step (effective "
+                                                         "global batch ",
+                                                         s_.sizes.global_batch, ")")
+                                                .c_str()
+                                          : "",
+              s_.a.checkpoint_activations ? ", activation checkpointing" : "",
+              s_.device.is_cuda() && !s_.a.tf32 ? ", TF32 off" : "",
+              s_.data.from_files() && s_.a.rotate_on_device ? ", rotations on the device" : "");
+  std::printf("%s\n", s_.ddp().bucket_report().c_str());
   std::fflush(stdout);
 }
 
@@ -256,85 +259,86 @@ void Trainer::PrintHeader() {
 void Trainer::SetThreads(int local_world_size) {
   const dlrun::CpuAllocation cpus = dlrun::AllocatedCpus();
   const int local_world = std::max(1, local_world_size);
-  threads_.cpus_per_rank = std::max(1, static_cast<int>(cpus.cpus / local_world));
-  threads_.loader = a_.data.empty() ? 0 : a_.num_data_workers;
-  if (threads_.loader > 0 && !a_.num_data_workers_given) {
-    threads_.loader = std::clamp(threads_.cpus_per_rank - 1, 1, a_.num_data_workers);
+  s_.threads.cpus_per_rank = std::max(1, static_cast<int>(cpus.cpus / local_world));
+  s_.threads.loader = s_.a.data.empty() ? 0 : s_.a.num_data_workers;
+  if (s_.threads.loader > 0 && !s_.a.num_data_workers_given) {
+    s_.threads.loader = std::clamp(s_.threads.cpus_per_rank - 1, 1, s_.a.num_data_workers);
   }
-  threads_.intra =
-      std::max(1, std::min(torch::get_num_threads(), threads_.cpus_per_rank - threads_.loader));
-  torch::set_num_threads(threads_.intra);
+  s_.threads.intra =
+      std::max(1, std::min(torch::get_num_threads(), s_.threads.cpus_per_rank - s_.threads.loader));
+  torch::set_num_threads(s_.threads.intra);
 }
 
 // The last checkpoint, the summary, and every rank's parameter digest (so scripts can check
 // the ranks agree bit for bit).
 int Trainer::Finish() {
-  if (start_step_ < a_.max_steps &&
-      !(a_.checkpoint_every > 0 && a_.max_steps % a_.checkpoint_every == 0)) {
-    Save(a_.max_steps);
+  if (s_.start_step < s_.a.max_steps &&
+      !(s_.a.checkpoint_every > 0 && s_.a.max_steps % s_.a.checkpoint_every == 0)) {
+    steps_.Save(s_.a.max_steps);
   }
-  const int64_t timed_steps = std::max<int64_t>(1, a_.max_steps - start_step_ - a_.warmup_steps);
-  const double secs = Seconds(progress_.start);
-  const double sps = timed_steps * sizes_.global_batch / secs;
-  const uint64_t final_digest = dlrun::worker::digest(params_);
+  const int64_t timed_steps =
+      std::max<int64_t>(1, s_.a.max_steps - s_.start_step - s_.a.warmup_steps);
+  const double secs = Seconds(s_.progress.start);
+  const double sps = timed_steps * s_.sizes.global_batch / secs;
+  const uint64_t final_digest = dlrun::worker::digest(s_.params);
   double grad_sq = 0;
-  for (const torch::Tensor& p : params_) {
+  for (const torch::Tensor& p : s_.params) {
     if (p.grad().defined()) grad_sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
   }
   const double grad_norm = std::sqrt(grad_sq);
-  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(device_);
+  const auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(s_.device);
   std::vector<torch::Tensor> mine{torch::tensor({static_cast<int64_t>(final_digest)}, long_opts)};
   std::vector<std::vector<torch::Tensor>> all(1);
-  for (int r = 0; r < world_; ++r) all[0].push_back(torch::zeros({1}, long_opts));
-  all[0] = ctx_.all_gather(mine[0]);
-  if (rank_ != 0) return 0;
+  for (int r = 0; r < s_.world; ++r) all[0].push_back(torch::zeros({1}, long_opts));
+  all[0] = s_.ctx.all_gather(mine[0]);
+  if (s_.rank != 0) return 0;
   std::printf("Time taken for %ld steps is %.3f sec, avg %.3f samples/sec\n", timed_steps, secs,
               sps);
   std::printf("final loss %.5f (first step %.5f), %.3f samples/s over %d rank(s)\n",
-              progress_.last_loss, progress_.first_loss, sps, world_);
-  if (a_.metrics_json.empty()) return 0;
+              s_.progress.last_loss, s_.progress.first_loss, sps, s_.world);
+  if (s_.a.metrics_json.empty()) return 0;
   nlohmann::json j;
-  j["world_size"] = world_;
-  j["steps"] = a_.max_steps;
-  j["local_batch_size"] = a_.local_batch_size;
-  j["accumulation_steps"] = a_.accumulation_steps;
-  j["global_batch_size"] = sizes_.global_batch;  // effective: ranks x local batch x micro-batches
-  j["checkpoint_activations"] = a_.checkpoint_activations;
+  j["world_size"] = s_.world;
+  j["steps"] = s_.a.max_steps;
+  j["local_batch_size"] = s_.a.local_batch_size;
+  j["accumulation_steps"] = s_.a.accumulation_steps;
+  j["global_batch_size"] = s_.sizes.global_batch;  // effective: ranks x local batch x micro-batches
+  j["checkpoint_activations"] = s_.a.checkpoint_activations;
   j["peak_rss_bytes"] = PeakRssBytes();
-  const int64_t peak_device = dlrun::examples::PeakDeviceMemoryBytes(device_);
+  const int64_t peak_device = dlrun::examples::PeakDeviceMemoryBytes(s_.device);
   j["peak_device_memory_bytes"] = peak_device >= 0 ? nlohmann::json(peak_device) : nlohmann::json();
   // The most tensor memory allocated at once during the steps: max_memory_allocated on CUDA,
   // LibTorch's CPU allocation reports on the CPU.
   j["peak_allocated_bytes"] = peak_device >= 0 ? nlohmann::json(peak_device)
-                              : cpu_peak_     ? nlohmann::json(cpu_peak_->peakBytes())
-                                              : nlohmann::json();
+                              : s_.cpu_peak    ? nlohmann::json(s_.cpu_peak->peakBytes())
+                                               : nlohmann::json();
   j["grad_norm"] = grad_norm;  // the last step's averaged gradient
-  j["loader_threads"] = threads_.loader;
-  j["intra_op_threads"] = threads_.intra;
-  if (a_.target_loss > 0) {
-    j["target_loss"] = a_.target_loss;
+  j["loader_threads"] = s_.threads.loader;
+  j["intra_op_threads"] = s_.threads.intra;
+  if (s_.a.target_loss > 0) {
+    j["target_loss"] = s_.a.target_loss;
     j["target_loss_step"] =
-        progress_.target_step >= 0 ? nlohmann::json(progress_.target_step) : nlohmann::json();
+        s_.progress.target_step >= 0 ? nlohmann::json(s_.progress.target_step) : nlohmann::json();
     j["target_loss_s"] =
-        progress_.target_step >= 0 ? nlohmann::json(progress_.target_s) : nlohmann::json();
+        s_.progress.target_step >= 0 ? nlohmann::json(s_.progress.target_s) : nlohmann::json();
     j["target_loss_of"] =
-        progress_.target_step >= 0 ? nlohmann::json(progress_.target_of) : nlohmann::json();
+        s_.progress.target_step >= 0 ? nlohmann::json(s_.progress.target_of) : nlohmann::json();
   }
   j["samples_per_sec"] = sps;
-  j["start_step"] = start_step_;
-  j["final_lr"] = progress_.lr;
-  j["final_loss"] = progress_.last_loss;
-  j["first_loss"] = progress_.first_loss;
-  j["parameters"] = sizes_.nparams;
-  j["initial_param_digest"] = std::to_string(initial_digest_);
+  j["start_step"] = s_.start_step;
+  j["final_lr"] = s_.progress.lr;
+  j["final_loss"] = s_.progress.last_loss;
+  j["first_loss"] = s_.progress.first_loss;
+  j["parameters"] = s_.sizes.nparams;
+  j["initial_param_digest"] = std::to_string(s_.initial_digest);
   j["param_digests"] = nlohmann::json::array();
   for (const auto& t : all[0]) {
     j["param_digests"].push_back(std::to_string(static_cast<uint64_t>(t.item<int64_t>())));
   }
-  std::ofstream out(a_.metrics_json);
+  std::ofstream out(s_.a.metrics_json);
   out << j.dump(2) << "\n";
   if (!out) {
-    std::fprintf(stderr, "train_unet: cannot write --metrics-json %s\n", a_.metrics_json.c_str());
+    std::fprintf(stderr, "train_unet: cannot write --metrics-json %s\n", s_.a.metrics_json.c_str());
     return 1;
   }
   return 0;
@@ -345,17 +349,17 @@ int Trainer::Run() {
   ResolveSizes();
   BuildSchedule();
   Resume();
-  OpenData(start_step_);
+  OpenData(s_.start_step);
   PrintHeader();
-  if (a_.benchy) return Benchy();
-  progress_.t0 = progress_.start = progress_.epoch_start = Clock::now();
-  if (!device_.is_cuda() && a_.measure_allocations) {
-    cpu_peak_ = std::make_unique<dlrun::examples::CpuAllocationPeak>();
+  if (s_.a.benchy) return steps_.Benchy();
+  s_.progress.t0 = s_.progress.start = s_.progress.epoch_start = Clock::now();
+  if (!s_.device.is_cuda() && s_.a.measure_allocations) {
+    s_.cpu_peak = std::make_unique<dlrun::examples::CpuAllocationPeak>();
   }
-  rec_->run(a_.max_steps, [&](int64_t step) {  // a step a lost peer interrupted comes again
-    if (step == start_step_ + a_.warmup_steps + 1) progress_.start = Clock::now();
-    Step(step);  // its update ends the step: committed there
-    if (step % sizes_.steps_per_epoch == 0 || step == a_.max_steps) EndOfEpoch(step);
+  s_.rec->run(s_.a.max_steps, [&](int64_t step) {  // a step a lost peer interrupted comes again
+    if (step == s_.start_step + s_.a.warmup_steps + 1) s_.progress.start = Clock::now();
+    steps_.Step(step);  // its update ends the step: committed there
+    if (step % s_.sizes.steps_per_epoch == 0 || step == s_.a.max_steps) steps_.EndOfEpoch(step);
   });
   return Finish();
 }

@@ -1,5 +1,5 @@
-// train_unet's Trainer (trainer.cc: set-up, the run, the end; trainer_step.cc: the step and its
-// micro-steps, benchy, validation and the per-epoch report). Internal to
+// train_unet's Trainer (trainer.cc: set-up, the run, the end) and its Steps (trainer_step.cc: the
+// step and its micro-steps, benchy, validation and the per-epoch report). Internal to
 // dlrun_unet: the program's entry point is trainer.h's TrainUnetMain.
 #pragma once
 #include <time.h>
@@ -77,11 +77,64 @@ struct Threads {
   int loader = 0, intra = 0, cpus_per_rank = 0;
 };
 
-// One training run: set up (model, optimiser, schedule, checkpoint resume, DDP, data), then the
-// step loop with its per-epoch reports, or benchy's throughput trials.
+// One training run's state, shared by its set-up and end (Trainer, trainer.cc) and its steps
+// (Steps, trainer_step.cc).
+struct TrainState {
+  TrainArgs a;
+  dlrun::worker::Context ctx;
+  double init_done_s = -1;  // process start (a spare: its promotion) -> init() done
+  int rank = 0, world = 1;
+  torch::Device device{torch::kCPU};
+  bool channels_last = false;
+  dlrun::examples::UNet model{nullptr};
+  std::unique_ptr<dlrun::examples::GradScaler> scaler;
+  std::vector<torch::Tensor> params;
+  uint64_t initial_digest = 0;
+  std::unique_ptr<torch::optim::Adam> opt;
+  dlrun::worker::LrSchedule sched;
+  std::optional<dlrun::worker::CheckpointManager> ckpt;
+  int64_t start_step = 0;
+  // The resume, the DDP wrapper and in-process recovery (docs/RECOVERY.md): a lost rank costs
+  // the step it interrupted.
+  std::optional<dlrun::worker::Recoverable<dlrun::examples::UNet>> rec;
+  std::unique_ptr<dlrun::examples::EventWriter> tb;
+  Sizes sizes;
+  BatchFeed data;
+  Progress progress;
+  Threads threads;
+  std::unique_ptr<dlrun::examples::CpuAllocationPeak> cpu_peak;  // over the training steps
+
+  dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>& ddp() { return rec->ddp(); }
+};
+
+// The steps of a run (trainer_step.cc): each step's micro-steps and update, the per-epoch
+// report with its validation, the checkpoints, and benchy's throughput trials.
+class Steps {
+ public:
+  explicit Steps(TrainState& s) : s_(s) {}
+  void Step(int64_t step);
+  void EndOfEpoch(int64_t step);
+  int Benchy();
+  void Save(int64_t step);
+  // In a process that replaced rank 0: the checkpoint of the step it took from a peer, when that
+  // is a checkpoint step and its file is missing (the lost rank 0 died after the step's commit,
+  // before its save; the step is not done again, so its save would never come).
+  void SaveIfLost(int64_t step);
+
+ private:
+  torch::Tensor MicroStep(int64_t step, bool sync, double* data_s);
+  void AfterStep(int64_t step, double mean_loss, bool signalled);
+  double Validate();
+  void TrainStep(const torch::Tensor& x, const torch::Tensor& y);
+
+  TrainState& s_;
+};
+
+// One training run (trainer.cc): set up (model, optimiser, schedule, checkpoint resume, DDP,
+// data), then the steps (Steps) with their per-epoch reports, or benchy's trials, then the end.
 class Trainer {
  public:
-  explicit Trainer(TrainArgs a) : a_(std::move(a)) {}
+  explicit Trainer(TrainArgs a) { s_.a = std::move(a); }
   int Run();
 
  private:
@@ -92,46 +145,12 @@ class Trainer {
   void Resume();
   void OpenData(int64_t at_step);
   void AfterRecovery(const dlrun::worker::Recovery::Outcome& r);
-  dlrun::worker::DistributedDataParallel<dlrun::examples::UNet>& Ddp() { return rec_->ddp(); }
   void PrintHeader();
-  int Benchy();
   void SetThreads(int local_world_size);
-  void Step(int64_t step);
-  torch::Tensor MicroStep(int64_t step, bool sync, double* data_s);
-  void AfterStep(int64_t step, double mean_loss, bool signalled);
-  void EndOfEpoch(int64_t step);
   int Finish();
-  double Validate();
-  void Save(int64_t step);
-  // In a process that replaced rank 0: the checkpoint of the step it took from a peer, when that
-  // is a checkpoint step and its file is missing (the lost rank 0 died after the step's commit,
-  // before its save; the step is not done again, so its save would never come).
-  void SaveIfLost(int64_t step);
-  void TrainStep(const torch::Tensor& x, const torch::Tensor& y);
 
-  TrainArgs a_;
-  dlrun::worker::Context ctx_;
-  double init_done_s_ = -1;  // process start (a spare: its promotion) -> init() done
-  int rank_ = 0, world_ = 1;
-  torch::Device device_{torch::kCPU};
-  bool channels_last_ = false;
-  dlrun::examples::UNet model_{nullptr};
-  std::unique_ptr<dlrun::examples::GradScaler> scaler_;
-  std::vector<torch::Tensor> params_;
-  uint64_t initial_digest_ = 0;
-  std::unique_ptr<torch::optim::Adam> opt_;
-  dlrun::worker::LrSchedule sched_;
-  std::optional<dlrun::worker::CheckpointManager> ckpt_;
-  int64_t start_step_ = 0;
-  // The resume, the DDP wrapper and in-process recovery (docs/RECOVERY.md): a lost rank costs
-  // the step it interrupted.
-  std::optional<dlrun::worker::Recoverable<dlrun::examples::UNet>> rec_;
-  std::unique_ptr<dlrun::examples::EventWriter> tb_;
-  Sizes sizes_;
-  BatchFeed data_;
-  Progress progress_;
-  Threads threads_;
-  std::unique_ptr<dlrun::examples::CpuAllocationPeak> cpu_peak_;  // over the training steps
+  TrainState s_;
+  Steps steps_{s_};
 };
 
 }  // namespace train_unet_internal

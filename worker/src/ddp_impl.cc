@@ -3,24 +3,21 @@
 // or a communication hook), the agreement on the hook, and join()'s side of a rank out of data.
 #include "ddp_impl.h"
 
+#include <ATen/core/ivalue.h>
 #include <cxxabi.h>
-
-#include "common/contract.h"
-#include "dlrun/agent_link.h"
-#include "dlrun/nvtx_ranges.h"
-
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
-
-#include <ATen/core/ivalue.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
 #include <exception>
 #include <stdexcept>
 #include <utility>
+
+#include "common/contract.h"
+#include "dlrun/agent_link.h"
+#include "dlrun/nvtx_ranges.h"
 
 namespace dlrun::worker {
 

@@ -78,56 +78,40 @@ void Agent::WarnOfProfileRanksNotInTheJob() const {
 }
 
 int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
-  int forwarded = 0;
+  int stop = 0;
   for (const ProcEvent& e : events) {
-    switch (e.kind) {
-      case ProcEvent::Kind::kExited:
-        if (group_.Exited(e.pid, e.exit_code, e.signal, clock_.WallSeconds())) {
-          telemetry_.Exited(e.pid, e.cpu_s);
-          failures_.hang().Exited(e.pid);
-        }
-        break;
-      case ProcEvent::Kind::kHeartbeat:
-        failures_.hang().Beat(e.pid, clock_.Now());
-        break;
-      case ProcEvent::Kind::kSignal:
-        if (group_.IsPassthrough(e.signal)) {
-          spdlog::info("forwarding SIG{} to the workers", dlrun::SignalAbbrev(e.signal));
-          group_.PassOn(e.signal);
-        } else if (forwarded == 0) {
-          forwarded = e.signal;
-        }
-        break;
-      case ProcEvent::Kind::kWake:
-        woken_ = true;
-        break;
-      case ProcEvent::Kind::kStep:
-        if (e.step.kind == 'C' || e.step.kind == 'P')
-          recovery_.Record(e.pid, e.step.kind, e.step.step);
-        if (e.step.kind == 'D') group_.Done(e.pid);
-        if (e.step.kind == 'F') {  // one line for the rule; the tracebacks are in the logs
-          for (const WorkerGroup::Worker& w : group_.workers()) {
-            if (w.pid == e.pid) {
-              spdlog::warn("rank {} refused the in-process recovery: {}", w.rank, e.step.what);
-            }
-          }
-        }
-        telemetry_.Step(e.pid, e.step);
-        failures_.hang().Record(e.pid, e.step, clock_.Now());
-        if (options_.profiler && e.step.kind == 'S') {
-          for (const WorkerGroup::Worker& w : group_.workers()) {
-            if (w.pid == e.pid && options_.profiler->Wants(w.rank)) {
-              options_.profiler->Step(w.rank, e.step.step);
-            }
-          }
-        }
-        break;
-      case ProcEvent::Kind::kBadRecord:
-        telemetry_.steps().BadRecord();
-        break;
+    // The worker an event is about (nullptr: none of the group's, or no worker at all).
+    const WorkerGroup::Worker* w = nullptr;
+    for (const WorkerGroup::Worker& x : group_.workers()) {
+      if (x.pid == e.pid) w = &x;
     }
+    EventFacts facts;
+    facts.passthrough = e.kind == ProcEvent::Kind::kSignal && group_.IsPassthrough(e.signal);
+    facts.profiled = w != nullptr && options_.profiler && options_.profiler->Wants(w->rank);
+    const Sinks to = RouteOf(e, facts);
+    if (Has(to, Sink::kGroupExit) &&
+        group_.Exited(e.pid, e.exit_code, e.signal, clock_.WallSeconds())) {
+      if (Has(to, Sink::kTelemetryExit)) telemetry_.Exited(e.pid, e.cpu_s);
+      if (Has(to, Sink::kHangExit)) failures_.hang().Exited(e.pid);
+    }
+    if (Has(to, Sink::kHangBeat)) failures_.hang().Beat(e.pid, clock_.Now());
+    if (Has(to, Sink::kPassOn)) {
+      spdlog::info("forwarding SIG{} to the workers", dlrun::SignalAbbrev(e.signal));
+      group_.PassOn(e.signal);
+    }
+    if (Has(to, Sink::kStop) && stop == 0) stop = e.signal;
+    if (Has(to, Sink::kWake)) woken_ = true;
+    if (Has(to, Sink::kRecovery)) recovery_.Record(e.pid, e.step.kind, e.step.step);
+    if (Has(to, Sink::kDone)) group_.Done(e.pid);
+    if (Has(to, Sink::kRefusalLine) && w != nullptr) {  // the tracebacks are in the logs
+      spdlog::warn("rank {} refused the in-process recovery: {}", w->rank, e.step.what);
+    }
+    if (Has(to, Sink::kTelemetryRecord)) telemetry_.Step(e.pid, e.step);
+    if (Has(to, Sink::kHangRecord)) failures_.hang().Record(e.pid, e.step, clock_.Now());
+    if (Has(to, Sink::kProfilerStep)) options_.profiler->Step(w->rank, e.step.step);
+    if (Has(to, Sink::kBadRecord)) telemetry_.steps().BadRecord();
   }
-  return forwarded;
+  return stop;
 }
 
 Agent::Watch Agent::WatchGroup() {

@@ -19,6 +19,7 @@
 #include "launcher/agent/agent_telemetry.h"
 #include "launcher/agent/clock.h"
 #include "launcher/agent/diagnostics.h"
+#include "launcher/agent/event_routes.h"
 #include "launcher/agent/failure_policy.h"
 #include "launcher/agent/forensics.h"
 #include "launcher/agent/membership.h"

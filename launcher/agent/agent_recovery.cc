@@ -48,10 +48,10 @@ std::optional<std::string> InProcessRecovery::Tick() {
   return std::nullopt;
 }
 
-void InProcessRecovery::Record(pid_t pid, char kind, int64_t step) {
+void InProcessRecovery::Record(pid_t pid, RecordKind kind, int64_t step) {
   const int local_rank = s_.group.Declared(pid);
-  if (kind == 'C' && local_rank >= 0) SpareOnDeclaration(local_rank);
-  if (kind == 'P') {
+  if (kind == RecordKind::kDeclared && local_rank >= 0) SpareOnDeclaration(local_rank);
+  if (kind == RecordKind::kFromPeer) {
     const RecoveryMachine::Decision d = machine_.StateFromPeer(pid, step, s_.clock.Now());
     if (d.kind == RecoveryMachine::Decision::Kind::kDone) {
       s_.telemetry.RecoveryDone(d.fault);

@@ -48,8 +48,8 @@ class InProcessRecovery {
   // its port is known, and the deadline: why the group cannot go on in process, else nullopt.
   std::optional<std::string> Follow();
   std::optional<std::string> Tick();
-  // A worker's "C recovery" ('C') or "state from peer" ('P') record.
-  void Record(pid_t pid, char kind, int64_t step);
+  // A worker's "C recovery" (kDeclared) or "state from peer" (kFromPeer) record.
+  void Record(pid_t pid, RecordKind kind, int64_t step);
   std::optional<SteadyTime> deadline() const { return machine_.deadline(); }
   // The fault the recovery under way began with, else empty.
   std::string recovering_from() const { return machine_.recovering_from(); }

@@ -124,18 +124,18 @@ void AgentTelemetry::Exited(pid_t pid, double cpu_s) {
 void AgentTelemetry::Step(pid_t pid, const StepRecord& step) {
   for (const Member& m : members_) {
     if (m.pid != pid) continue;
-    if (step.kind == 'R') {  // a resume, not a step
+    if (step.kind == RecordKind::kResumed) {  // a resume, not a step
       ledger_.Resumed(step.step, step.step_s);
       continue;
     }
-    if (step.kind == 'P') {  // in-process recovery: the state came from a peer
+    if (step.kind == RecordKind::kFromPeer) {  // in-process recovery: the state came from a peer
       ledger_.StateFromPeer(step.step, step.step_s);
       // The rank holds that step whole: its progress also where it reports no steps (the
       // rule "failed at the same step again after an in-process recovery" reads it).
       steps_.Holds(m.rank, step.step);
       continue;
     }
-    if (step.kind != 'S') continue;  // 'C': a declaration
+    if (step.kind != RecordKind::kStep) continue;  // kDeclared, kPause, ...: not a step
     ledger_.Step(step.step, step.step_s, clock_.Now());
     steps_.Add(m.rank, step);
   }

@@ -52,14 +52,14 @@ void HangWatch::Record(pid_t pid, const StepRecord& r, SteadyTime now) {
   auto it = workers_.find(pid);
   if (it == workers_.end()) return;
   Worker& w = it->second;
-  if (r.kind == 'Z') {
+  if (r.kind == RecordKind::kPause) {
     w.paused = r.what;
-  } else if (r.kind == 'z') {
+  } else if (r.kind == RecordKind::kUnpause) {
     w.paused.reset();
     w.last_record = now;  // the time paused is no gap
-  } else if (r.kind == 'D') {
+  } else if (r.kind == RecordKind::kDone) {
     w.done = true;  // the interpreter's teardown may take seconds on a busy node
-  } else if (r.kind == 'S') {
+  } else if (r.kind == RecordKind::kStep) {
     if (w.records > 0 && !w.paused) {
       const double gap = Seconds(now - w.last_record);
       if (w.gaps.size() < kMaxGaps) {

@@ -19,35 +19,35 @@ std::optional<StepRecord> ParseStepRecord(const std::string& line) {
   std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
   if (f.size() == 2 && f[0] == "C" && f[1] == "recovery") {
     StepRecord r;
-    r.kind = 'C';
+    r.kind = RecordKind::kDeclared;
     return r;
   }
   if (f.size() >= 3 && f[0] == "C" && f[1] == "refused") {
     // "C refused RULE...": the rank refuses the in-process recovery under way (dlrun_recovery).
     StepRecord r;
-    r.kind = 'F';
+    r.kind = RecordKind::kRefused;
     r.what = line.substr(line.find("refused") + 8);
     return r;
   }
   if (f.size() == 3 && f[0] == "Z" && f[1] == "pause") {
     StepRecord r;
-    r.kind = 'Z';
+    r.kind = RecordKind::kPause;
     r.what = std::string(f[2]);
     return r;
   }
   if (f.size() == 2 && f[0] == "D" && f[1] == "done") {
     StepRecord r;
-    r.kind = 'D';
+    r.kind = RecordKind::kDone;
     return r;
   }
   if (f.size() == 2 && f[0] == "Z" && f[1] == "resume") {
     StepRecord r;
-    r.kind = 'z';
+    r.kind = RecordKind::kUnpause;
     return r;
   }
   if (!f.empty() && (f[0] == "R" || f[0] == "P")) {
     StepRecord r;
-    r.kind = f[0][0];
+    r.kind = f[0] == "R" ? RecordKind::kResumed : RecordKind::kFromPeer;
     if (f.size() != 3 || !absl::SimpleAtoi(f[1], &r.step) || r.step < 0 ||
         !Seconds(f[2], &r.step_s)) {
       return std::nullopt;

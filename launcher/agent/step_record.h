@@ -30,13 +30,21 @@ inline constexpr size_t kMaxStepRecord = 256;
 // The first letters of the records; any other byte outside a record is a heartbeat.
 inline constexpr char kStepRecordLetters[] = "SRCPZD";
 
+// What a record says (its first letter on the pipe).
+enum class RecordKind : char {
+  kStep = 'S',      // a step
+  kResumed = 'R',   // resumed: `step` the checkpoint's step, `step_s` the load's seconds
+  kDeclared = 'C',  // in-process recovery declared
+  kRefused = 'F',   // the rank refuses the in-process recovery under way ("C refused RULE",
+                    // `what`: the rule)
+  kFromPeer = 'P',  // state from a peer: `step`, `step_s` its seconds
+  kPause = 'Z',     // a pause of hang detection begins (`what`: why)
+  kUnpause = 'z',   // it ends
+  kDone = 'D',      // the program's work is done
+};
+
 struct StepRecord {
-  // 'S': a step; 'R': a resume (`step`: the checkpoint's step, `step_s`: the load's seconds);
-  // 'C': in-process recovery declared; 'F': the rank refuses the in-process recovery under way
-  // ("C refused RULE", `what`: the rule); 'P': state from peer (`step`, `step_s`: its seconds);
-  // 'Z': a pause of hang detection begins (`what`: why), 'z': it ends; 'D': the program's work
-  // is done.
-  char kind = 'S';
+  RecordKind kind = RecordKind::kStep;
   std::string what;
   int64_t step = 0;
   int64_t samples = 0;

@@ -48,10 +48,10 @@ TEST(StepRecord, MalformedRecordsAreRefused) {
 TEST(StepRecord, AResumeRecordSaysTheCheckpointsStepAndItsLoadTime) {
   auto r = ParseStepRecord("R 40 0.25");
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->kind, 'R');
+  EXPECT_EQ(r->kind, RecordKind::kResumed);
   EXPECT_EQ(r->step, 40);
   EXPECT_DOUBLE_EQ(r->step_s, 0.25);
-  EXPECT_EQ(ParseStepRecord("S 40 1 0.25")->kind, 'S');
+  EXPECT_EQ(ParseStepRecord("S 40 1 0.25")->kind, RecordKind::kStep);
   for (const char* bad : {"R", "R 40", "R -1 0.2", "R 40 -0.2", "R 40 nan", "R 40 0.2 x=1",
                           "R x 0.2"}) {
     EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
@@ -59,16 +59,16 @@ TEST(StepRecord, AResumeRecordSaysTheCheckpointsStepAndItsLoadTime) {
   const Read read = ReadAll("hR 8 1.5\nhS 9 2 0.1\n");
   const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(out[0].kind, 'R');
-  EXPECT_EQ(out[1].kind, 'S');
+  EXPECT_EQ(out[0].kind, RecordKind::kResumed);
+  EXPECT_EQ(out[1].kind, RecordKind::kStep);
 }
 
 // In-process recovery (docs/RECOVERY.md): the declaration, and the state taken from a peer.
 TEST(StepRecord, RecoveryRecordsDeclareItAndSayTheStateFromAPeer) {
-  EXPECT_EQ(ParseStepRecord("C recovery")->kind, 'C');
+  EXPECT_EQ(ParseStepRecord("C recovery")->kind, RecordKind::kDeclared);
   auto p = ParseStepRecord("P 12 0.125");
   ASSERT_TRUE(p.has_value());
-  EXPECT_EQ(p->kind, 'P');
+  EXPECT_EQ(p->kind, RecordKind::kFromPeer);
   EXPECT_EQ(p->step, 12);
   EXPECT_DOUBLE_EQ(p->step_s, 0.125);
   for (const char* bad : {"C", "C restart", "C recovery now", "P 12", "P -1 0.1", "P 12 x"}) {
@@ -77,20 +77,20 @@ TEST(StepRecord, RecoveryRecordsDeclareItAndSayTheStateFromAPeer) {
   const Read read = ReadAll("hC recovery\nhP 3 0.5\nhS 4 1 0.1\n");
   const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 3u);
-  EXPECT_EQ(out[0].kind, 'C');
-  EXPECT_EQ(out[1].kind, 'P');
-  EXPECT_EQ(out[2].kind, 'S');
+  EXPECT_EQ(out[0].kind, RecordKind::kDeclared);
+  EXPECT_EQ(out[1].kind, RecordKind::kFromPeer);
+  EXPECT_EQ(out[2].kind, RecordKind::kStep);
   EXPECT_EQ(read.bad, 0);
 }
 
 TEST(StepRecord, APauseOfHangDetectionAndItsEnd) {
   auto p = ParseStepRecord("Z pause eval");
   ASSERT_TRUE(p);
-  EXPECT_EQ(p->kind, 'Z');
+  EXPECT_EQ(p->kind, RecordKind::kPause);
   EXPECT_EQ(p->what, "eval");
   auto r = ParseStepRecord("Z resume");
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->kind, 'z');
+  EXPECT_EQ(r->kind, RecordKind::kUnpause);
   EXPECT_FALSE(ParseStepRecord("Z pause"));
   EXPECT_FALSE(ParseStepRecord("Z pause a b"));
   EXPECT_FALSE(ParseStepRecord("Z resume now"));
@@ -99,22 +99,22 @@ TEST(StepRecord, APauseOfHangDetectionAndItsEnd) {
   const Read read = ReadAll("hS 4 1 0.1\nhZ pause eval\nhhZ resume\nhS 5 1 0.1\n");
   const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 4u);
-  EXPECT_EQ(out[1].kind, 'Z');
+  EXPECT_EQ(out[1].kind, RecordKind::kPause);
   EXPECT_EQ(out[1].what, "eval");
-  EXPECT_EQ(out[2].kind, 'z');
+  EXPECT_EQ(out[2].kind, RecordKind::kUnpause);
   EXPECT_EQ(read.bad, 0);
 }
 
 // The program's work is done (dlrun_report.done()); through the reader like every record.
 TEST(StepRecord, DoneSaysTheProgramFinishedItsWork) {
-  EXPECT_EQ(ParseStepRecord("D done")->kind, 'D');
+  EXPECT_EQ(ParseStepRecord("D done")->kind, RecordKind::kDone);
   for (const char* bad : {"D", "D done now", "D finished"}) {
     EXPECT_FALSE(ParseStepRecord(bad).has_value()) << bad;
   }
   const Read read = ReadAll("hS 9 1 0.1\nhD done\nh");
   const std::vector<StepRecord>& out = read.records;
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(out[1].kind, 'D');
+  EXPECT_EQ(out[1].kind, RecordKind::kDone);
   EXPECT_EQ(read.bad, 0);
   // Every record letter starts a record in the reader, and the heartbeat byte none.
   for (const char* line :

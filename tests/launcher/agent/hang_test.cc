@@ -122,11 +122,11 @@ TEST(AgentHang, ADeclaredPauseIsNotAHang) {
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
     f.StepsEvery(p.pid, seconds(1), seconds(10), Step());
     StepRecord pause;
-    pause.kind = 'Z';
+    pause.kind = RecordKind::kPause;
     pause.what = "eval";
     f.RecordAfter(p.pid, milliseconds(10500), pause);
     StepRecord resume;
-    resume.kind = 'z';
+    resume.kind = RecordKind::kUnpause;
     f.RecordAfter(p.pid, seconds(200), resume);  // a 190 s evaluation
     f.ExitAfter(p.pid, seconds(230), 0);         // 30 s after it: within the floor
   };
@@ -142,7 +142,7 @@ TEST(AgentHang, ARankWhoseWorkIsDoneIsNotAHangWhileItExits) {
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
     f.StepsEvery(p.pid, milliseconds(100), seconds(10), Step());
     StepRecord done;
-    done.kind = 'D';
+    done.kind = RecordKind::kDone;
     f.RecordAfter(p.pid, milliseconds(10050), done);
     f.ExitAfter(p.pid, seconds(20), 0);  // 10 s of teardown: over the 3 s floor
   };
@@ -204,7 +204,7 @@ TEST(HangWatch, AGroupIsIdleOnlyWhenEveryRankAndEveryGpuIsQuietAndNoneIsPaused) 
   w.Cpu({{21, 0.0}}, t0 + seconds(51));
   EXPECT_FALSE(w.IdleFor(t0 + seconds(51)));
   StepRecord pause;
-  pause.kind = 'Z';
+  pause.kind = RecordKind::kPause;
   pause.what = "eval";
   w.Record(22, pause, t0 + seconds(52));
   w.Cpu({{21, 0.0}, {22, 0.0}}, t0 + seconds(53));

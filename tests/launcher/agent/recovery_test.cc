@@ -17,13 +17,13 @@ namespace {
 
 StepRecord Declared() {
   StepRecord r;
-  r.kind = 'C';
+  r.kind = RecordKind::kDeclared;
   return r;
 }
 
 StepRecord FromPeer(int64_t step) {
   StepRecord r;
-  r.kind = 'P';
+  r.kind = RecordKind::kFromPeer;
   r.step = step;
   r.step_s = 0.05;
   return r;

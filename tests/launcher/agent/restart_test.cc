@@ -36,7 +36,7 @@ TEST(AgentRestarts, FailedGroupRestartsUntilMaxRestartsThenExitsWithTheWorkersCo
 // the record, an exit code after it, or a record from the other rank only, still fails.
 TEST(AgentRestarts, ASignalAfterDoneIsAFinishAndNothingElseIs) {
   StepRecord done;
-  done.kind = 'D';
+  done.kind = RecordKind::kDone;
   struct Case {
     const char* what;
     bool says_done;        // local rank 1 sends "D done" at 1 s

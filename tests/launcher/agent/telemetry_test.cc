@@ -89,7 +89,7 @@ TEST(AgentTelemetry, ARestartsPhasesComeFromTheAgentsMarksAndTheWorkersRecords) 
       return;
     }
     StepRecord resume;  // the checkpoint of step 2, loaded in 0.3 s
-    resume.kind = 'R';
+    resume.kind = RecordKind::kResumed;
     resume.step = 2;
     resume.step_s = 0.3;
     f.RecordAfter(p.pid, milliseconds(800), resume);

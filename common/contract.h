@@ -4,7 +4,7 @@
 // names (tests/launcher/contract_test.cc checks that).
 //
 // The worker's side of the contract is read by dlrun::worker::parse_dist_env (dlrun/dist_env.h);
-// the agent's side is written by dlrun::launcher::BuildWorkerEnv (launcher/agent/worker_env.h).
+// the agent's side is written by dlrun::launcher::BuildWorkerEnv (launcher/workers/worker_env.h).
 #pragma once
 
 namespace dlrun::contract {
@@ -49,7 +49,7 @@ inline constexpr char kHeartbeatFd[] = "DLRUN_HEARTBEAT_FD";
 // whole environment (NUL-separated KEY=VALUE entries, then end of file) when it promotes the
 // spare to a worker. End of file with nothing written: the spare is not needed, exit 0.
 inline constexpr char kSpareFd[] = "DLRUN_SPARE_FD";
-// The node's fork server of a Python program (launcher/agent/fork_server.h): its end of the
+// The node's fork server of a Python program (launcher/workers/fork_server.h): its end of the
 // agent's socket (SOCK_SEQPACKET), on which it says "ready" once it has imported torch, then
 // takes one request per process to fork (the fds it passes, as SCM_RIGHTS) and answers its pid.
 inline constexpr char kForkServerFd[] = "DLRUN_FORK_SERVER_FD";

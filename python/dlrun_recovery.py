@@ -439,7 +439,7 @@ def _say_refused(rank, why):
     line = " ".join(why.split())
     print("dlrun_recovery: rank %d: in-process recovery refused: %s; the group restarts from "
           "the checkpoint" % (rank, line), file=sys.stderr, flush=True)
-    # A record is at most 256 bytes (launcher/agent/step_record.h): the rule's start, in ASCII.
+    # A record is at most 256 bytes (launcher/workers/step_record.h): the rule's start, in ASCII.
     short = line.encode("ascii", "replace").decode()
     dlrun_report._record("C refused " + (short if len(short) <= 230 else short[:227] + "..."))
 

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/signal_name.h"
-#include "launcher/agent/spawn_spec.h"
 #include "launcher/stacks/stacks.h"
+#include "launcher/workers/spawn_spec.h"
 #include "spdlog/spdlog.h"
 
 namespace dlrun::launcher {

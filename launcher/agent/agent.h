@@ -14,18 +14,18 @@
 
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
-#include "launcher/agent/agent_options.h"
-#include "launcher/agent/agent_recovery.h"
-#include "launcher/agent/agent_telemetry.h"
-#include "launcher/agent/clock.h"
-#include "launcher/agent/diagnostics.h"
 #include "launcher/agent/event_routes.h"
 #include "launcher/agent/failure_policy.h"
-#include "launcher/agent/forensics.h"
 #include "launcher/agent/membership.h"
-#include "launcher/agent/processes.h"
-#include "launcher/agent/run_dir.h"
-#include "launcher/agent/worker_group.h"
+#include "launcher/recovery/in_process_recovery.h"
+#include "launcher/workers/agent_options.h"
+#include "launcher/workers/agent_telemetry.h"
+#include "launcher/workers/clock.h"
+#include "launcher/workers/diagnostics.h"
+#include "launcher/workers/forensics.h"
+#include "launcher/workers/processes.h"
+#include "launcher/workers/run_dir.h"
+#include "launcher/workers/worker_group.h"
 
 namespace dlrun::launcher {
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "launcher/agent/processes.h"
+#include "launcher/workers/processes.h"
 
 namespace dlrun::launcher {
 

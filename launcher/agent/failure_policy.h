@@ -11,17 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "launcher/agent/agent_options.h"
-#include "launcher/agent/agent_telemetry.h"
-#include "launcher/agent/clock.h"
 #include "launcher/agent/failure_verdict.h"
-#include "launcher/agent/forensics.h"
-#include "launcher/agent/hang_watch.h"
 #include "launcher/agent/membership.h"
-#include "launcher/agent/processes.h"
-#include "launcher/agent/root_cause.h"
-#include "launcher/agent/run_dir.h"
-#include "launcher/agent/worker_group.h"
+#include "launcher/workers/agent_options.h"
+#include "launcher/workers/agent_telemetry.h"
+#include "launcher/workers/clock.h"
+#include "launcher/workers/forensics.h"
+#include "launcher/workers/hang_watch.h"
+#include "launcher/workers/processes.h"
+#include "launcher/workers/root_cause.h"
+#include "launcher/workers/run_dir.h"
+#include "launcher/workers/worker_group.h"
 
 namespace dlrun::launcher {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "launcher/agent/root_cause.h"
+#include "launcher/workers/root_cause.h"
 
 namespace dlrun::launcher {
 

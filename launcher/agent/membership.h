@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/assignment.h"
-#include "launcher/agent/job_channel.h"
-#include "launcher/agent/regroup_link.h"
+#include "launcher/recovery/regroup_link.h"
+#include "launcher/workers/job_channel.h"
 
 namespace dlrun::launcher {
 

@@ -1,6 +1,6 @@
 // `dlrun [options] PROGRAM ARGS` and `dlrun env`: one step per folder, in this order, each
 // visited once: parse (cli/options.cc), detect the environment and the machine (detect/), plan
-// (app/plan.cc), processes (agent/posix_processes.cc), the rendezvous backend (app/backends.cc:
+// (app/plan.cc), processes (workers/posix_processes.cc), the rendezvous backend (app/backends.cc:
 // rdzv/ or the static source), run directory (app/run_location.cc), agent (agent/agent.cc).
 // docs/ARCHITECTURE.md follows one launch through these steps.
 #include <unistd.h>
@@ -13,15 +13,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract.h"
 #include "launcher/agent/agent.h"
-#include "launcher/agent/posix_processes.h"
-#include "launcher/app/commands.h"
 #include "launcher/app/backends.h"
+#include "launcher/app/commands.h"
 #include "launcher/app/plan.h"
 #include "launcher/app/run_location.h"
 #include "launcher/cli/options.h"
 #include "launcher/detect/env_detect.h"
 #include "launcher/detect/machine.h"
 #include "launcher/profile/live_profile.h"
+#include "launcher/workers/posix_processes.h"
 
 namespace dlrun::launcher {
 

@@ -1,4 +1,4 @@
-// Where a run lives: its directory made (the agent's RunDir, launcher/agent/run_dir.h, then
+// Where a run lives: its directory made (the agent's RunDir, launcher/workers/run_dir.h, then
 // holds every file in it) and this machine's index of runs for `dlrun stacks`.
 // The directory: where a run's worker error files and logs go. With --log-dir
 // (or -r/-t without it): torchrun's DIR/<run_id>_<random>/, created here and kept. Else a

@@ -10,7 +10,7 @@
 # stands beside. The main thread waits for the worker's environment on contract::kSpareFd,
 # replaces the environment, then waits for the imports (raised to normal priority, or replaced
 # by a cold start when they are starved).
-# As the node's fork server ({FORK_SERVER_FD} set; launcher/agent/fork_server.h): the same
+# As the node's fork server ({FORK_SERVER_FD} set; launcher/workers/fork_server.h): the same
 # imports once, in the main thread, then one process per request of the agent on its socket
 # (every worker, spare and replacement of the program on this node): copy-on-write, at any
 # load. Each request: a kind (W a worker, S a spare), the CPUs, the fd numbers its fds take, the

@@ -1,5 +1,5 @@
 // The job channel over dlrun's rendezvous (the proto's `service JobChannel`; the interface is
-// launcher/agent/job_channel.h): this node's figures for the job's report go to the current
+// launcher/workers/job_channel.h): this node's figures for the job's report go to the current
 // host, and what the job asks of this node (a job-wide `dlrun stacks` or `dlrun profile`) comes
 // back, in one exchange that RdzvSource paces with its heartbeats. A miss is not a membership
 // matter: the next exchange tries again.
@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "launcher/agent/job_channel.h"
+#include "launcher/workers/job_channel.h"
 #include "rendezvous/api.h"
 #include "telemetry/telemetry.h"
 

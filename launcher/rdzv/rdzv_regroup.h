@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "launcher/agent/regroup_link.h"
+#include "launcher/recovery/regroup_link.h"
 #include "rendezvous/client.h"
 
 namespace dlrun::launcher {

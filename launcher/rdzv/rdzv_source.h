@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "launcher/agent/clock.h"
 #include "launcher/agent/membership.h"
+#include "launcher/workers/clock.h"
 #include "rendezvous/api.h"
-#include "telemetry/telemetry.h"
 #include "rendezvous/tls.h"
 #include "rendezvous/types.h"
+#include "telemetry/telemetry.h"
 
 namespace dlrun::launcher {
 

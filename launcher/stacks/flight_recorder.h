@@ -1,6 +1,6 @@
 // PyTorch's Flight Recorder (docs/STACKS.md): every rank's ring of its last collectives, dumped
 // to a file per rank when a collective times out. dlrun points the dumps at the attempt's log
-// directory (agent/worker_env.cc), reads them after a failure and says where the ranks first
+// directory (workers/worker_env.cc), reads them after a failure and says where the ranks first
 // disagree: the collective some ranks entered and the others never did. No LibTorch here: the
 // dump is a Python pickle (protocol 2) of plain dicts, lists and scalars, read by pickle.h's
 // small reader; a JSON dump (torch's _dump_fr_trace_json) is read too.

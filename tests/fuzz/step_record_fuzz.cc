@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "launcher/agent/step_record.h"
+#include "launcher/workers/step_record.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using dlrun::launcher::StepRecord;

@@ -1,6 +1,6 @@
 // Worker output on its way to the console: whole lines with the rank prefix, an unfinished last
 // line printed when the stream ends, everything in the log file as it came.
-#include "launcher/agent/output.h"
+#include "launcher/workers/output.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // The POSIX side of the agent on its own: real fork/exec, pipes, the heartbeat pipe, signalfd.
-#include "launcher/agent/posix_processes.h"
+#include "launcher/workers/posix_processes.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,6 +1,7 @@
-// The agent's resource sampler (launcher/agent/resource_sampler.h): /proc parsing, a busy child measured as busy
-// and an idle one as idle, and NVML through the fake library (tests/compat/fake_nvml.c).
-#include "launcher/agent/resource_sampler.h"
+// The agent's resource sampler (launcher/workers/resource_sampler.h): /proc parsing, a busy child
+// measured as busy and an idle one as idle, and NVML through the fake library
+// (tests/compat/fake_nvml.c).
+#include "launcher/workers/resource_sampler.h"
 
 #include <signal.h>
 #include <sys/wait.h>

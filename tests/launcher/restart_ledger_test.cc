@@ -1,6 +1,6 @@
 // The restart ledger (restart_ledger.h): each restart's phases from the agent's marks and the
 // workers' records, on made-up times.
-#include "launcher/agent/restart_ledger.h"
+#include "launcher/workers/restart_ledger.h"
 
 #include <gtest/gtest.h>
 

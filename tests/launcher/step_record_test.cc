@@ -1,5 +1,5 @@
 // Step records on the heartbeat pipe (docs/TELEMETRY.md): the parser and the stream splitter.
-#include "launcher/agent/step_record.h"
+#include "launcher/workers/step_record.h"
 
 #include "gtest/gtest.h"
 

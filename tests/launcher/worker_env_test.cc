@@ -1,4 +1,4 @@
-#include "launcher/agent/worker_env.h"
+#include "launcher/workers/worker_env.h"
 
 #include "gtest/gtest.h"
 

@@ -410,7 +410,7 @@ TEST(DlrunStandalone, AFailedPythonWorkerIsReplacedByItsWarmSpare) {
   EXPECT_NE(r.output.find("[rank 0]: hello from attempt 1"), std::string::npos) << r.output;
 }
 
-// The fork server (launcher/agent/fork_server.h, the default for a Python program): torch is
+// The fork server (launcher/workers/fork_server.h, the default for a Python program): torch is
 // imported once on the node, by the server, and the worker, its spare and the restart are
 // forks that see what `python probe.py` shows (a stand-in torch records each import's pid).
 TEST(DlrunStandalone, AForkServerImportsOnceAndEveryWorkerIsAForkTheAgentReaps) {

@@ -96,7 +96,7 @@ void report_resume(long long step, double load_s) {
 }
 
 namespace {
-// A record is at most 256 bytes (launcher/agent/step_record.h).
+// A record is at most 256 bytes (launcher/workers/step_record.h).
 void WriteRecord(const char* line, int n) {
   const int fd = HeartbeatFd();
   if (fd < 0 || n <= 0 || n > 256) return;

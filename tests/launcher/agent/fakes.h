@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "launcher/agent/agent.h"
-#include "launcher/agent/clock.h"
-#include "launcher/agent/processes.h"
 #include "launcher/base/file_system.h"
+#include "launcher/workers/clock.h"
+#include "launcher/workers/processes.h"
 
 namespace dlrun::launcher::testing {
 

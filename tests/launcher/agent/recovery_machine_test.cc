@@ -1,8 +1,8 @@
-// The recovery state machine (launcher/agent/recovery_machine.h) walked row by row on a fake
+// The recovery state machine (launcher/recovery/recovery_machine.h) walked row by row on a fake
 // clock: from each state, each event, the decision and the state after. Every fallback that
 // docs/RECOVERY.md lists is a row ("a failure during it" covers the digests that differ: the
 // ranks throw, and a rank's failure during a recovery ends it).
-#include "launcher/agent/recovery_machine.h"
+#include "launcher/recovery/recovery_machine.h"
 
 #include <functional>
 #include <string>

@@ -1,4 +1,4 @@
-// In-process recovery in the agent's loop (recovery_machine.h, agent_recovery.cc;
+// In-process recovery in the agent's loop (recovery_machine.h, in_process_recovery.cc;
 // docs/RECOVERY.md): a worker of a program that declared it dies, the others keep running, the
 // lost local rank starts again in the group's next generation, the survivors are told it on
 // their control pipes; the fallbacks to the ordinary restart.

@@ -3,9 +3,9 @@
 // death by a signal after the worker said it is done is no failure.
 #include <fstream>
 
-#include "gtest/gtest.h"
 #include "agent/harness.h"
-#include "launcher/agent/spawn_spec.h"
+#include "gtest/gtest.h"
+#include "launcher/workers/spawn_spec.h"
 
 namespace dlrun::launcher::testing {
 namespace {

@@ -1,11 +1,11 @@
 // The root cause of a failed job, torchrun's rule: the earliest error-file timestamp wins over
 // the first exit; without error files, the first worker to exit; a signal is reported as
 // 128 + N. Workers the agent stopped are never the cause.
-#include "gtest/gtest.h"
-#include "launcher/agent/root_cause.h"
-#include "launcher/base/bad_nodes.h"
-#include "agent/harness.h"
+#include "launcher/workers/root_cause.h"
 #include "absl/strings/str_cat.h"
+#include "agent/harness.h"
+#include "gtest/gtest.h"
+#include "launcher/base/bad_nodes.h"
 
 namespace dlrun::launcher::testing {
 namespace {

@@ -70,7 +70,7 @@ class Agent {
   // --profile-ranks that the job does not have: one line, at the first group (node 0).
   void WarnOfProfileRanksNotInTheJob() const;
 
-  AgentOptions options_;
+  const AgentOptions options_;  // as launch.cc planned it: nothing changes it after
   std::shared_ptr<MembershipSource> source_;
   std::shared_ptr<JobChannel> channel_;
   Processes& processes_;

@@ -237,16 +237,17 @@ void InProcessRecovery::SpareOnDeclaration(int local_rank) {
     return;
   }
   const std::vector<std::string>& held = s_.options.spare_argv_on_declaration;
-  if (s_.options.spare_argv.empty()) {
+  std::vector<std::string>& spare_argv = s_.group.spare_argv();
+  if (spare_argv.empty()) {
     // Every later spawn promotes and replaces a spare: the program's own command (C++), or the
     // Python bootstrap held back until now (--max-restarts 0).
-    s_.options.spare_argv = held.empty() ? s_.options.argv : held;
+    spare_argv = held.empty() ? s_.options.argv : held;
     s_.telemetry.SetWarmSpares(true);
-  } else if (s_.options.spare_argv != s_.options.argv && s_.options.spare_argv != held) {
+  } else if (spare_argv != s_.options.argv && spare_argv != held) {
     return;  // a Python worker's spares are in place already (spare_bootstrap)
   }
-  s_.processes.KeepSpare(
-      MakeSpawnSpec(s_.options, s_.group.current(), s_.run_dir, s_.group.attempt(), local_rank));
+  s_.processes.KeepSpare(MakeSpawnSpec(s_.options, spare_argv, s_.group.current(), s_.run_dir,
+                                       s_.group.attempt(), local_rank));
 }
 
 }  // namespace dlrun::launcher

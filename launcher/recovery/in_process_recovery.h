@@ -28,7 +28,7 @@ class InProcessRecovery {
  public:
   // The seams it acts through; `regroup` null: a single-node job, or one that cannot regroup.
   struct Seams {
-    AgentOptions& options;  // spare_argv is set at the first declaration
+    const AgentOptions& options;
     Processes& processes;
     Clock& clock;
     AgentTelemetry& telemetry;

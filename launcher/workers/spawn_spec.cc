@@ -23,12 +23,12 @@ std::string ConsolePrefix(const AgentOptions& options, const Assignment& current
                               {"${hostname}", options.hostname}});
 }
 
-SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
-                        const RunDir& run_dir, int attempt, int lr) {
+SpawnSpec MakeSpawnSpec(const AgentOptions& options, const std::vector<std::string>& spare_argv,
+                        const Assignment& current, const RunDir& run_dir, int attempt, int lr) {
   SpawnSpec spec;
   spec.local_rank = lr;
   spec.argv = options.argv;
-  spec.spare_argv = options.spare_argv;
+  spec.spare_argv = spare_argv;
   spec.fork_server_argv = options.fork_server_argv;
   const std::string err = run_dir.FreshErrorFile(attempt, lr);
   spec.env = BuildWorkerEnv(current, lr, err, options.omp_threads, options.virtual_local_rank);

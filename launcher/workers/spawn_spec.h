@@ -19,8 +19,10 @@ namespace dlrun::launcher {
 std::string ConsolePrefix(const AgentOptions& options, const Assignment& current, int rank,
                           int local_rank);
 
-SpawnSpec MakeSpawnSpec(const AgentOptions& options, const Assignment& current,
-                        const RunDir& run_dir, int attempt, int local_rank);
+// `spare_argv`: the warm spares' command now (WorkerGroup::spare_argv()).
+SpawnSpec MakeSpawnSpec(const AgentOptions& options, const std::vector<std::string>& spare_argv,
+                        const Assignment& current, const RunDir& run_dir, int attempt,
+                        int local_rank);
 
 // When a restarted group's phases ended (bench/recovery reads them from the table's header).
 struct RestartPhases {

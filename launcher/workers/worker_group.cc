@@ -23,7 +23,7 @@ absl::Status WorkerGroup::Start(const Assignment& current, int attempt) {
   // takes the state from a peer in that generation, as a lost rank's replacement does.
   const int admitted_at = current_.recovery_generation;
   for (int lr = 0; lr < options_.nproc; ++lr) {
-    SpawnSpec spec = MakeSpawnSpec(options_, current_, run_dir_, attempt_, lr);
+    SpawnSpec spec = MakeSpawnSpec(options_, spare_argv_, current_, run_dir_, attempt_, lr);
     if (admitted_at > 0) spec.env[contract::kRecoveryGen] = absl::StrCat(admitted_at);
     auto pid = processes_.Spawn(spec);
     if (!pid.ok()) {
@@ -46,7 +46,7 @@ absl::Status WorkerGroup::Start(const Assignment& current, int attempt) {
 bool WorkerGroup::Replace(const std::vector<WorkerExit>& lost, const Assignment& next,
                           int generation, std::vector<std::string>* replaced) {
   for (const WorkerExit& e : lost) {
-    SpawnSpec spec = MakeSpawnSpec(options_, next, run_dir_, attempt_, e.local_rank);
+    SpawnSpec spec = MakeSpawnSpec(options_, spare_argv_, next, run_dir_, attempt_, e.local_rank);
     spec.env[contract::kRecoveryGen] = absl::StrCat(generation);
     // The lost worker's logs stay: the replacement writes beside them.
     for (StreamRoute* r : {&spec.out, &spec.err}) {

@@ -25,8 +25,11 @@ class WorkerGroup {
  public:
   using Worker = GroupWorker;  // worker_roster.h: the views of workers()
 
-  WorkerGroup(AgentOptions& options, Processes& processes, RunDir& run_dir)
-      : options_(options), processes_(processes), run_dir_(run_dir) {}
+  WorkerGroup(const AgentOptions& options, Processes& processes, RunDir& run_dir)
+      : options_(options),
+        processes_(processes),
+        run_dir_(run_dir),
+        spare_argv_(options.spare_argv) {}
 
   // Starts every local rank of `current` in `attempt`; with current.recovery_generation > 0
   // (a node admitted into a running group) each as a replacement of that generation.
@@ -66,11 +69,15 @@ class WorkerGroup {
   const Assignment& current() const { return current_; }
   int attempt() const { return attempt_; }
   const std::vector<Worker>& workers() const { return workers_; }
+  // The warm spares' command: options.spare_argv at first, set at run time by a declaration of
+  // in-process recovery (InProcessRecovery); every spawn after it promotes and replaces a spare.
+  std::vector<std::string>& spare_argv() { return spare_argv_; }
 
  private:
-  AgentOptions& options_;  // spare_argv changes with a declaration (InProcessRecovery)
+  const AgentOptions& options_;
   Processes& processes_;
   RunDir& run_dir_;
+  std::vector<std::string> spare_argv_;
   Assignment current_;
   int attempt_ = 0;
   std::vector<Worker> workers_;

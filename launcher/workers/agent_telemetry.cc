@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cpus.h"
+#include "launcher/workers/process_facts.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -22,8 +23,7 @@ namespace {
 double AgentCpuSeconds() {
   rusage self{};
   getrusage(RUSAGE_SELF, &self);
-  return static_cast<double>(self.ru_utime.tv_sec + self.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(self.ru_utime.tv_usec + self.ru_stime.tv_usec);
+  return CpuSeconds(self);
 }
 
 // The ledger's start kinds: of `members` not in `before` (the new processes).

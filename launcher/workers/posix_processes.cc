@@ -326,8 +326,7 @@ void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
     ProcEvent e;
     e.kind = ProcEvent::Kind::kExited;
     e.pid = pid;
-    e.cpu_s = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-              1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+    e.cpu_s = CpuSeconds(usage);
     if (WIFSIGNALED(status)) {
       e.signal = WTERMSIG(status);
     } else {

@@ -12,6 +12,11 @@
 
 namespace dlrun::launcher {
 
+double CpuSeconds(const rusage& usage) {
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
 std::vector<std::string> OomKillFiles(const std::string& proc_self_cgroup,
                                       const std::string& root) {
   // v2: "0::/PATH" -> ROOT/PATH/memory.events; v1: "N:memory:/PATH" (or a list with memory)

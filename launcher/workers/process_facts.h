@@ -4,6 +4,7 @@
 // through Processes::facts(), and in-process tests answer with a fake.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -11,6 +12,10 @@
 #include <vector>
 
 namespace dlrun::launcher {
+
+// The user and system CPU seconds of `usage` (getrusage's, or wait4's for a reaped child: with
+// the children it reaped itself).
+double CpuSeconds(const rusage& usage);
 
 class ProcessFacts {
  public:

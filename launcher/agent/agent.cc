@@ -80,14 +80,18 @@ void Agent::WarnOfProfileRanksNotInTheJob() const {
 int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
   int stop = 0;
   for (const ProcEvent& e : events) {
-    // The worker an event is about (nullptr: none of the group's, or no worker at all).
+    // The worker a step record is about (its rank names a refusal and the profiler's counts);
+    // not looked up for the other events (heartbeats come with every read of a pipe).
     const WorkerGroup::Worker* w = nullptr;
-    for (const WorkerGroup::Worker& x : group_.workers()) {
-      if (x.pid == e.pid) w = &x;
+    if (e.kind == ProcEvent::Kind::kStep) {
+      for (const WorkerGroup::Worker& x : group_.workers()) {
+        if (x.pid == e.pid) w = &x;
+      }
     }
     EventFacts facts;
     facts.passthrough = e.kind == ProcEvent::Kind::kSignal && group_.IsPassthrough(e.signal);
-    facts.profiled = w != nullptr && options_.profiler && options_.profiler->Wants(w->rank);
+    facts.profiled = w != nullptr && e.step.kind == RecordKind::kStep && options_.profiler &&
+                     options_.profiler->Wants(w->rank);
     const Sinks to = RouteOf(e, facts);
     if (Has(to, Sink::kGroupExit) &&
         group_.Exited(e.pid, e.exit_code, e.signal, clock_.WallSeconds())) {

@@ -70,19 +70,25 @@ void Roster::WatchEnded(const std::string& node_id, TimePoint now) {
   if (Member* m = Find(node_id); m != nullptr && !m->left) m->watch_ended = now;
 }
 
-Assignment Roster::AssignmentOf(size_t i, uint64_t round, int restart_count,
-                                int master_port) const {
-  Assignment a;
-  a.round = round;
-  a.node_rank = static_cast<int>(i);
-  a.num_nodes = static_cast<int>(members_.size());
-  for (size_t k = 0; k < i; ++k) a.rank_offset += members_[k].node.nproc;
-  a.world_size = WorldSize();
-  a.local_world_size = members_[i].node.nproc;
-  a.master_addr = members_.front().node.address;
-  a.master_port = master_port;
-  a.restart_count = restart_count;
-  return a;
+std::vector<Assignment> Roster::Assignments(uint64_t round, int restart_count,
+                                            int master_port) const {
+  const int world = WorldSize();
+  std::vector<Assignment> out(members_.size());
+  int offset = 0;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    Assignment& a = out[i];
+    a.round = round;
+    a.node_rank = static_cast<int>(i);
+    a.num_nodes = static_cast<int>(members_.size());
+    a.rank_offset = offset;
+    a.world_size = world;
+    a.local_world_size = members_[i].node.nproc;
+    a.master_addr = members_.front().node.address;
+    a.master_port = master_port;
+    a.restart_count = restart_count;
+    offset += members_[i].node.nproc;
+  }
+  return out;
 }
 
 std::vector<Successor> Roster::Successors(const std::string& exclude) const {

@@ -58,9 +58,9 @@ class Roster {
   // master address (the first member's): the members keep their order (node ranks close up
   // after a loss; an admitted node comes last).
   void Place(Resize* r) const;
-  // The Assignment of the member at node rank `i`: its ranks in the world of all members, the
-  // first member's address as the master's with `master_port`.
-  Assignment AssignmentOf(size_t i, uint64_t round, int restart_count, int master_port) const;
+  // Each member's Assignment, by node rank: its ranks in the world of all members, the first
+  // member's address as the master's with `master_port`.
+  std::vector<Assignment> Assignments(uint64_t round, int restart_count, int master_port) const;
   // Every member's workers declared in-process recovery and none has left (false when empty).
   bool AllRecoverInProcess() const;
 

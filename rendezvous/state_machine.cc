@@ -172,10 +172,11 @@ void StateMachine::Close(TimePoint now, Deliveries* out) {
     members_.Add({std::move(p.node), now, false, false, std::nullopt});
   }
   const int master_port = joined.empty() ? 0 : members_.front().node.master_port;
+  std::vector<Assignment> assigned =
+      members_.Assignments(state_.round, state_.restart_count, master_port);
   out->reserve(out->size() + joined.size());
   for (size_t i = 0; i < joined.size(); ++i) {
-    out->push_back({std::move(joined[i].cb),
-                    members_.AssignmentOf(i, state_.round, state_.restart_count, master_port)});
+    out->push_back({std::move(joined[i].cb), std::move(assigned[i])});
   }
   expected_.clear();
   min_reached_at_.reset();
@@ -430,7 +431,7 @@ void StateMachine::Admitted(uint64_t round, int generation, int port, Deliveries
   if (!p) return;
   const std::optional<size_t> at = members_.IndexOf(p->node.node_id);
   if (!at) return;
-  Assignment a = members_.AssignmentOf(*at, state_.round, state_.restart_count, port);
+  Assignment a = members_.Assignments(state_.round, state_.restart_count, port)[*at];
   a.recovery_generation = generation;
   known_.insert(p->node.node_id);
   out->push_back({std::move(p->cb), std::move(a)});

@@ -98,7 +98,7 @@ a=\$!
 /work/v/bin/dlrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:$port \
   --rdzv-id wheel --node-rank 1 /work/wheel_prog.py /work/out2 > /work/agent1.log 2>&1
 wait \$a
-if [ "$suite" = bullseye ]; then  # Debian 11's python3 without a venv: pip install --user (issue 71)
+if [ "$suite" = bullseye ]; then  # Debian 11's python3 without a venv: pip install --user
   # Its pip (20.3.4, as python3-pip's) from a fresh venv's (not /work/v's: pip would find dlrun
   # installed there), run by the system python3: the root has no python3-pip and no network.
   # HOME a writable one for this install only.

@@ -8,14 +8,17 @@
 # and the program read the clock at different points of a step); the steps computed again must be
 # the ones between the checkpoint and the fault, their time the program's own for them; and Slurm
 # must record COMPLETED. Nothing here bounds how fast this machine is: a warm spare starts a worker
-# in 0.03 s, a loaded machine takes 0.3 s a step where the program sleeps 0.1 s.
+# in 0.03 s, a loaded machine takes 0.3 s a step where the program sleeps 0.1 s. The program
+# sleeps 0.25 s a step: from the "step 13 began" the kill waits for to the checkpoint of step 20
+# is 1.75 s, room for the follower and `ss` on a loaded machine (with 0.1 s it was 0.7 s, and a
+# CI run beside the whole suite killed after step 20's checkpoint: "resumed from step 20").
 source "$(dirname "$0")/lib.sh"
 : "${TEST_PYTHON:?}"
 
 cp "$SOURCE_DIR/tests/python/lost_time_train.py" train.py
 port=$(free_port)
 "$DLRUN" slurm --nodes 2 --min-nodes 1 --nproc-per-node 2 --time 10 --rdzv-port "$port" \
-  -o job.sbatch -- "$TEST_PYTHON" "$work/train.py" 40 10 "$work/ckpt" 0.1 2>/dev/null
+  -o job.sbatch -- "$TEST_PYTHON" "$work/train.py" 40 10 "$work/ckpt" 0.25 2>/dev/null
 submit job.sbatch 300
 wait_for_line "$out" "checkpoint saved at step 10" 180
 wait_for_line "$out" "step 13 began" 60

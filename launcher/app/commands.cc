@@ -7,12 +7,6 @@
 
 namespace dlrun::launcher {
 
-std::string SelfPath() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("dlrun") : p.string();
-}
-
 int CmakePrefixPathMain() {
   const std::filesystem::path prefix = std::filesystem::path(SelfPath()).parent_path().parent_path();
   for (const char* libdir : {"lib", "lib64"}) {

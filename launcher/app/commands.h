@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "launcher/base/self_path.h"  // SelfPath, which the subcommands use
 
 namespace dlrun::launcher {
 
@@ -30,9 +31,6 @@ int ProfileMain(const std::vector<std::string>& args);
 // package (the wheel's or `cmake --install`'s), for CMAKE_PREFIX_PATH, as
 // torch.utils.cmake_prefix_path is for Torch (docs/PACKAGING.md).
 int CmakePrefixPathMain();
-
-// This executable's path (/proc/self/exe), or "dlrun" if it cannot be read.
-std::string SelfPath();
 
 // `text` on stdout, exit 0: -h/--help of any subcommand (cli::Parsed::help), and what `dlrun
 // env` and --print-completion print.

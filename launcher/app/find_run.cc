@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -68,13 +69,21 @@ absl::StatusOr<FoundRun> FindRun(const std::string& log_dir, const std::string& 
         " on this node (none ", where, "): start one, or give the --log-dir of a running job"));
   }
   if (runs->size() > 1) {
+    // Jobs that share a run id (torchrun's default --rdzv-id "none" of a static job, as pods
+    // set up by hand have) are told apart by their run directories alone.
     std::vector<std::string> names;
+    std::set<std::string> ids;
     for (const FoundRun& r : *runs) {
-      names.push_back(absl::StrCat(r.workers.run_id, " (agent pid ", r.workers.agent_pid, ")"));
+      names.push_back(absl::StrCat(r.workers.run_id, " (agent pid ", r.workers.agent_pid,
+                                   ", --log-dir ", r.run_dir, ")"));
+      ids.insert(r.workers.run_id);
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat(runs->size(), " dlrun jobs run on this node (", absl::StrJoin(names, ", "),
-                     "): pick one with --run-id or --log-dir"));
+    const bool shared_id = ids.size() < runs->size();
+    return absl::FailedPreconditionError(absl::StrCat(
+        runs->size(), " dlrun jobs run on this node (", absl::StrJoin(names, ", "),
+        "): pick one with ",
+        shared_id ? "--log-dir (their run ids are the same: --rdzv-id names a job when it starts)"
+                  : "--run-id or --log-dir"));
   }
   return std::move(runs->front());
 }

@@ -309,12 +309,18 @@ if _dlrun_warming is not None:
 del _dlrun_warming, _dlrun_warm, _dlrun_server, _dlrun_set_environ, _dlrun_freeze
 # Threads the imports started (a pool, a watchdog) inherited their idle priority, and would keep
 # it in the worker: every thread of a promoted spare goes to normal priority where allowed.
-for _t in os.listdir("/proc/self/task"):
+# (No /proc, as in a chroot entered by hand: nothing to list, and the spare was raised above.)
+try:
+    _tids = os.listdir("/proc/self/task")
+except OSError:
+    _tids = []
+for _t in _tids:
     try:
         if os.sched_getscheduler(int(_t)) == os.SCHED_IDLE:
             os.sched_setscheduler(int(_t), os.SCHED_OTHER, os.sched_param(0))
     except (OSError, ValueError):
         pass
+del _tids
 # Ranks other than 0 meet rank 0's TCPStore. Promoted together, one may get there before rank 0
 # has bound it, and TCPStore's client then backs off for up to a second: wait for the port first.
 try:

@@ -19,9 +19,11 @@ void AddJobFlags(std::vector<cli::Flag<A>>* flags, JobChoice A::*job,
   };
   flags->push_back({"log-dir", "", true, str(&JobChoice::log_dir),
                     "the job's run directory, or the --log-dir it was started with"});
-  flags->push_back({"run-id", "", true, str(&JobChoice::run_id),
-                    "the job's run id, when several jobs run on this node: the `run id` of "
-                    "dlrun's `restart 0:` line (a multi-node job's --rdzv-id)"});
+  flags->push_back(
+      {"run-id", "", true, str(&JobChoice::run_id),
+       "the job's run id, when several jobs run on this node: the `run id` of "
+       "dlrun's `restart 0:` line (a multi-node job's --rdzv-id; jobs started without one "
+       "share torchrun's default `none`: pick those by --log-dir)"});
   flags->push_back({"rdzv-id", "", true, str(&JobChoice::run_id), "the same as --run-id"});
   flags->push_back({"rdzv-endpoint", "", true, str(&JobChoice::rdzv_endpoint),
                     absl::StrCat("HOST:PORT of a multi-node job's rendezvous, for a job that "

@@ -1,12 +1,11 @@
 #include "launcher/rdzv/rdzv_loader.h"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
-#include <climits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "launcher/base/self_path.h"
 
 // Defined when the rendezvous is linked into dlrun (DLRUN_PORTABLE: the wheel); null otherwise.
 extern "C" dlrun::rdzv::Api* dlrun_rdzv_api() __attribute__((weak));
@@ -20,13 +19,9 @@ absl::StatusOr<rdzv::Api*> LoadRendezvous() {
     api = dlrun_rdzv_api();
     return api;
   }
-  char exe[PATH_MAX] = {0};
-  std::string dir = ".";
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    dir = std::string(exe, static_cast<size_t>(n));
-    dir = dir.substr(0, dir.rfind('/'));
-  }
+  const std::string self = SelfPath();
+  const size_t slash = self.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
   std::string errors;
   for (const std::string& path : {dir + "/../lib/libdlrun_rdzv.so", dir + "/libdlrun_rdzv.so",
                                   std::string("libdlrun_rdzv.so")}) {

@@ -7,11 +7,12 @@
 #include <fstream>
 #include <set>
 
-#include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "multiproc/marked_line.h"
 #include "multiproc/subprocess.h"
+#include "nlohmann/json.hpp"
 #include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
 
 namespace dlrun::testing {
@@ -279,6 +280,37 @@ TEST(DlrunStacks, TheJobReadIsNamedAndAnEndedJobsRunIdFindsNone) {
   EXPECT_EQ(gone.exit_code, 1) << gone.output;
   EXPECT_NE(gone.output.find("no running dlrun job with run id '" + ended_id + "'"),
             std::string::npos) << gone.output;
+}
+
+// Two static jobs on one node with torchrun's default run id "none" (pods set up by hand, no
+// --rdzv-id): `dlrun stacks` names each one's --log-dir, and says --run-id cannot tell them apart
+// (before: "pick one with --run-id or --log-dir", listing "none" twice).
+TEST(DlrunStacks, JobsThatShareTheDefaultRunIdAreToldApartByTheirLogDirs) {
+  const std::string tmp = MakeTempDir();
+  std::vector<Started> jobs;
+  for (int i = 0; i < 2; ++i) {
+    jobs.push_back(StartCommand(
+        {DLRUN_BIN, "--nnodes", "1", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+         "--master-port", std::to_string(FreeTcpPort()), "/bin/sleep", "120"},
+        {{"TMPDIR", tmp}}));
+  }
+  for (Started& j : jobs) {
+    ASSERT_TRUE(ReadUntil(j, "run id none\n", 1, std::chrono::seconds(60))) << j.output;
+  }
+  ProcResult r = RunCommand({DLRUN_BIN, "stacks"}, {{"TMPDIR", tmp}}, std::chrono::seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  for (const Started& j : jobs) {
+    EXPECT_NE(r.output.find(absl::StrCat("none (agent pid ", j.pid, ", --log-dir ")),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_NE(r.output.find("pick one with --log-dir (their run ids are the same"), std::string::npos)
+      << r.output;
+  for (Started& j : jobs) {
+    kill(j.pid, SIGTERM);
+    FinishCommand(j, std::chrono::seconds(60));
+  }
+  std::filesystem::remove_all(tmp);
 }
 
 TEST(DlrunStacks, WithNoJobRunningItIsOneLineAndExitOne) {

@@ -1,18 +1,20 @@
 // dlrun --standalone as a user runs it: real processes, real environment, real exit codes.
 #include <sched.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "multiproc/subprocess.h"
-#include "tests/common/temp_dir.h"
+#include "nlohmann/json.hpp"
 #include "test_paths.h"  // DLRUN_BIN, SOURCE_DIR, TEST_PYTHON...
+#include "tests/common/temp_dir.h"
 
 namespace dlrun::testing {
 namespace {
@@ -712,6 +714,57 @@ TEST(DlrunRunai, TheManifestIsTheOwnersAloneAndAMissingTokenIsWarnedAbout) {
   r = runai({"-e", "DLRUN_RDZV_TOKEN=s3cret"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("sets no rendezvous token"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// A chroot or sandbox without /proc (as a clean Debian root entered by hand): dlrun finds itself
+// from the path it was started by, so `--cmake-prefix-path` names the prefix it is installed in
+// (before: "no CMake package beside this dlrun (lib/cmake/dlrun/dlrunConfig.cmake)", from
+// ~/.local/bin/dlrun after `pip install --user`), started by an absolute path, a relative one, a
+// bare name found in PATH, and through a symlink (the target's prefix, as /proc/self/exe says).
+TEST(DlrunCli, WithoutProcItsPrefixIsFoundFromThePathItWasStartedBy) {
+  if (geteuid() != 0) GTEST_SKIP() << "hiding /proc needs root (unshare --mount)";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::canonical(MakeTempDir("noproc"));
+  const fs::path prefix = dir / "home/.local";
+  fs::create_directories(prefix / "bin");
+  fs::create_directories(prefix / "lib/cmake/dlrun");
+  fs::create_directories(dir / "links");
+  fs::copy_file(DLRUN_BIN, prefix / "bin/dlrun");
+  std::ofstream(prefix / "lib/cmake/dlrun/dlrunConfig.cmake") << "# dlrun\n";
+  fs::create_symlink(prefix / "bin/dlrun", dir / "links/dlrun");
+  const std::string script =
+      "mount -t tmpfs tmpfs /proc && test ! -e /proc/self/exe && echo proc hidden && "
+      "\"$0/home/.local/bin/dlrun\" --cmake-prefix-path && cd \"$0/home\" && "
+      "./.local/bin/dlrun --cmake-prefix-path && PATH=\"$0/home/.local/bin:$PATH\" dlrun "
+      "--cmake-prefix-path && \"$0/links/dlrun\" --cmake-prefix-path";
+  ProcResult r = RunCommand(
+      {"unshare", "--mount", "--propagation", "private", "sh", "-c", script, dir.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string p = prefix.string() + "\n";
+  EXPECT_EQ(r.output, "proc hidden\n" + p + p + p + p);
+
+  // A job from a virtual environment's dlrun: its workers on that environment's python3 (before:
+  // python3 from PATH), and the warm spares' start-up reads no /proc (before: FileNotFoundError
+  // '/proc/self/task' in every worker).
+  std::ofstream(prefix / "pyvenv.cfg") << "home = /usr/bin\n";
+  fs::create_symlink(TEST_PYTHON, prefix / "bin/python3");
+  fs::create_directories(prefix / "share");
+  fs::create_symlink(BUILD_SHARE_DIR, prefix / "share/dlrun");
+  std::ofstream(dir / "prog.py")
+      << "import os, sys\n"
+         "print('rank', os.environ['RANK'], sys.executable, flush=True)\n";
+  r = RunCommand({"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                  "mount -t tmpfs tmpfs /proc && \"$0/home/.local/bin/dlrun\" --standalone "
+                  "--nproc-per-node 2 \"$0/prog.py\"",
+                  dir.string()},
+                 {{"PATH", "/usr/bin:/bin"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_EQ(Count(r.output, absl::StrCat("rank ", rank, " ", (prefix / "bin/python3").string())),
+              1u)
+        << r.output;
+  }
   fs::remove_all(dir);
 }
 

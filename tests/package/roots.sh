@@ -11,7 +11,8 @@
 #                         $WORK directory) mounted, in a mount and PID namespace of its own;
 #                         with IN_ROOT_USER=UID, as that user (no entry in /etc/passwd, as on
 #                         many clusters' nodes), HOME a read-only /home/ro, TMPDIR and XDG_*
-#                         under /work (which the caller makes writable for UID).
+#                         under /work (which the caller makes writable for UID); with
+#                         IN_ROOT_NO_PROC=1, /proc not mounted (a chroot entered by hand).
 set -euo pipefail
 
 roots_home=${DLRUN_VENV_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/dlrun}/roots
@@ -71,11 +72,11 @@ in_root() {
   mkdir -p "$upper/upper" "$upper/work" "$upper/merged"
   unshare --mount --pid --fork --propagation private bash -c '
     set -e
-    root=$1 upper=$2 work=$3 user=$4
-    shift 4
+    root=$1 upper=$2 work=$3 user=$4 no_proc=$5
+    shift 5
     mount -t overlay overlay -o "lowerdir=$root,upperdir=$upper/upper,workdir=$upper/work" "$upper/merged"
     m=$upper/merged
-    mount -t proc proc "$m/proc"
+    [[ -n "$no_proc" ]] || mount -t proc proc "$m/proc"
     mount -t tmpfs -o size=256m tmpfs "$m/dev/shm" 2>/dev/null || { mkdir -p "$m/dev/shm"; mount -t tmpfs -o size=256m tmpfs "$m/dev/shm"; }
     for d in null zero random urandom; do
       [[ -c "$m/dev/$d" ]] || { touch "$m/dev/$d"; mount --bind "/dev/$d" "$m/dev/$d"; }
@@ -90,7 +91,7 @@ in_root() {
         XDG_DATA_HOME=/work/xdg/data XDG_STATE_HOME=/work/xdg/state "$@"
     fi
     exec chroot "$m" /usr/bin/env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 "$@"
-  ' in_root "$root" "$upper" "${WORK:-}" "${IN_ROOT_USER:-}" "$@"
+  ' in_root "$root" "$upper" "${WORK:-}" "${IN_ROOT_USER:-}" "${IN_ROOT_NO_PROC:-}" "$@"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -139,6 +139,28 @@ SH
     grep -q "python=/usr/bin/python3$" "$work/out3/rank-0" ||
       { cat "$work/out3/rank-0"; echo "FAIL: $suite: pip install --user: the workers' python"; exit 1; }
   fi
+  if [[ "$suite" == bullseye ]]; then  # the same --user install in the root entered without /proc
+    # (a chroot by hand): dlrun finds itself from the path it was started by, not /proc/self/exe.
+    mkdir -p "$work/out4" && chown 1000:1000 "$work/out4"
+    cat >"$work/noproc.sh" <<'SH'
+set -eu
+test -e /proc/self/exe && { echo "/proc is mounted"; exit 1; }
+echo "no proc: user cmake prefix: $(HOME=/work/uh /work/uh/.local/bin/dlrun --cmake-prefix-path) $(cd /work/uh && HOME=/work/uh .local/bin/dlrun --cmake-prefix-path) $(HOME=/work/uh PATH=/work/uh/.local/bin:$PATH dlrun --cmake-prefix-path)"
+HOME=/work/uh /work/uh/.local/bin/dlrun --standalone --nproc-per-node 2 /work/wheel_prog.py /work/out4
+echo "no proc: user job ranks: $(ls /work/out4 | tr '\n' ' ')"
+SH
+    local noproc
+    noproc=$(IN_ROOT_USER=1000 IN_ROOT_NO_PROC=1 WORK=$work timeout 120 bash -c \
+      'source "$1"; in_root "$2" "$3" bash /work/noproc.sh' _ "$here/roots.sh" "$root" "$tmp/$suite/ov" 2>&1) ||
+      { echo "$noproc"; echo "FAIL: $suite: pip install --user, without /proc"; exit 1; }
+    echo "$noproc" | sed "s/^/[$suite] /"
+    grep -q "^no proc: user cmake prefix: /work/uh/.local /work/uh/.local /work/uh/.local$" <<<"$noproc" ||
+      { echo "FAIL: $suite: pip install --user, without /proc: --cmake-prefix-path"; exit 1; }
+    grep -q "^no proc: user job ranks: rank-0 rank-1 $" <<<"$noproc" ||
+      { echo "FAIL: $suite: pip install --user, without /proc: the 2-worker job"; exit 1; }
+    grep -q "python=/usr/bin/python3$" "$work/out4/rank-1" ||
+      { cat "$work/out4/rank-1"; echo "FAIL: $suite: pip install --user, without /proc: the workers' python"; exit 1; }
+  fi
   grep -q "^written outside /work: $" <<<"$out" || { echo "FAIL: $suite: files left outside the job's directory"; exit 1; }
   # The root's own files: what the user changed there (the overlay's upper layer) must be nothing.
   local changed
@@ -159,4 +181,4 @@ SH
 for suite in "${roots[@]}"; do
   in_each_root "$suite"
 done
-echo "wheel ok ($arch): glibc floor $floor; installs and runs as a cluster user (uid 1000, HOME read-only) in clean ${root_arch:+$root_arch }roots of ${roots[*]} (2 workers standalone, 2 nodes over gRPC; ldd: the C library only; nothing written outside the job's directory)"
+echo "wheel ok ($arch): glibc floor $floor; installs and runs as a cluster user (uid 1000, HOME read-only) in clean ${root_arch:+$root_arch }roots of ${roots[*]} (2 workers standalone, 2 nodes over gRPC; ldd: the C library only; nothing written outside the job's directory)${root_arch:-; pip install --user in bullseye, with /proc and without}"

@@ -78,9 +78,16 @@ std::string RestartLines(const JobTelemetry::Snapshot& s) {
     // The span's faults less the in-process recoveries tried in it: the restarts themselves.
     if (c.group_restarts() > 1) absl::StrAppend(&out, " over ", c.group_restarts(), " restarts");
     if (c.in_process_tries > 0) {
-      absl::StrAppend(&out, ", after ", c.in_process_tries == 1 ? "an in-process recovery"
-                                          : absl::StrCat(c.in_process_tries, " in-process recoveries"),
-                      " that did not finish");
+      // Tried first in the span (the state may have arrived: that transfer is in the total).
+      absl::StrAppend(&out, ", after ",
+                      c.in_process_tries == 1
+                          ? "an in-process recovery"
+                          : absl::StrCat(c.in_process_tries, " in-process recoveries"),
+                      c.fault_step >= 0 ? absl::StrCat(" that did not get past step ", c.fault_step)
+                                        : std::string(" that did not finish"));
+      if (c.state_from_peer_s > 0) {
+        absl::StrAppend(&out, absl::StrFormat(" (state from peer %.2f)", c.state_from_peer_s));
+      }
     }
     if (!c.resumed) {
       absl::StrAppend(&out, c.fault_step >= 0

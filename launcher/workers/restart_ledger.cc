@@ -65,6 +65,9 @@ void RestartLedger::GroupStarted(int restart, SteadyTime assigned, SteadyTime ru
   o.mark = std::max(o.mark, assigned);
   o.cost.restart = restart;
   o.cost.generation = generation;
+  // A restart after an in-process group whose state had arrived: the span is the restart's
+  // (its line, its figures); that recovery is counted in in_process_tries (FaultSeen).
+  if (generation == 0) o.cost.in_process = false;
   o.in_group = true;
   o.first_begin.reset();
   o.load_s = 0;

@@ -222,6 +222,38 @@ TEST(RestartLedger, AnInProcessRecoveryThatFailedIsToldApartFromTheRestart) {
   EXPECT_EQ(k.Costs()[0].in_process_tries, 0);
 }
 
+// The replacement took the state of step 8 and failed before step 9 passed ("failed after step
+// 8 again"): the restart that followed is the span's group, so the span is a restart's, after
+// one in-process recovery, not an in-process recovery "over 2 in-process recoveries" with the
+// restart's start-up inside it and the restart's own line left without figures.
+TEST(RestartLedger, ARestartAfterTheReplacementTookTheStateIsTheSpansRestart) {
+  RestartLedger l;
+  Timeline tl;
+  EightSteps(l, tl);
+  l.FaultSeen(tl.at(0.85));
+  l.Stopped(tl.at(0.86));
+  l.GroupStarted(0, tl.at(0.86), tl.at(0.87), /*generation=*/1);
+  l.StateFromPeer(8, 0.05);
+  l.FaultSeen(tl.at(1.0));  // the replacement, in step 9
+  l.Stopped(tl.at(1.05));
+  l.GroupStarted(1, tl.at(1.1), tl.at(1.2));
+  l.StartedAs(2, 0, 0);
+  l.Resumed(4, 0.1);
+  for (int s = 5; s <= 9; ++s) l.Step(s, 0.1, tl.at(1.5 + 0.1 * (s - 4)));
+  auto costs = l.Costs();
+  ASSERT_EQ(costs.size(), 1u);
+  const telemetry::RestartCost& c = costs[0];
+  EXPECT_FALSE(c.in_process) << "its last group was a restart";
+  EXPECT_EQ(c.restart, 1);
+  EXPECT_EQ(c.generation, 0);
+  EXPECT_EQ(c.recoveries(), 1);
+  EXPECT_EQ(c.group_restarts(), 1);
+  EXPECT_EQ(c.resumed_step, 4) << "the checkpoint's step, not the peer's";
+  EXPECT_TRUE(c.resumed);
+  EXPECT_NEAR(c.state_from_peer_s, 0.05, 1e-6) << "the in-process group's transfer stays counted";
+  EXPECT_NEAR(c.total_s(), 1.9 - 0.801, 1e-6) << "from step 8's end to step 9's begin";
+}
+
 TEST(RestartLedger, AFaultThatEndsTheJobIsNoRestart) {
   RestartLedger l;
   Timeline tl;

@@ -717,8 +717,18 @@ TEST(JobReport, ARestartAfterAFailedInProcessRecoveryIsOneRestartSaidSo) {
   const std::string report = telemetry::FormatJobReport(s, 0);
   EXPECT_NE(report.find("restart 1: rank 1 (local rank 1, pid 7): SIGKILL, and the in-process"),
             std::string::npos) << report;
-  EXPECT_NE(report.find("(resumed from step 3), after an in-process recovery that did not finish"),
-            std::string::npos) << report;
+  EXPECT_NE(report.find("(resumed from step 3), after an in-process recovery that did not get "
+                        "past step 5"),
+            std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("state from peer"), std::string::npos) << "none arrived: " << report;
+  // The replacement took the state and failed again before the step passed: the transfer the
+  // span's total holds is said.
+  s.restart_costs[0].state_from_peer_s = 0.05;
+  EXPECT_NE(telemetry::FormatJobReport(s, 0).find("did not get past step 5 (state from peer 0.05)"),
+            std::string::npos)
+      << telemetry::FormatJobReport(s, 0);
+  s.restart_costs[0].state_from_peer_s = 0;
   EXPECT_EQ(report.find("over 2 restarts"), std::string::npos) << report;
   const nlohmann::json j = nlohmann::json::parse(telemetry::SnapshotJson(s, false));
   EXPECT_EQ(j["lost"]["restarts"][0]["in_process_recoveries"], 1) << j.dump();

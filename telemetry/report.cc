@@ -365,10 +365,19 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
     absl::StrAppend(&shape, absl::StrFormat(" (at most %d on %d)", std::max(world, s.max_world_size),
                                             std::max(nodes, s.max_nodes)));
   }
+  // In-process recoveries restart nothing, but cost time too: counted beside the restarts.
+  int recoveries = 0;
+  for (const RestartCost& c : s.restart_costs) {
+    if (!c.admission) recoveries += c.recoveries();
+  }
+  const std::string also =
+      recoveries == 0
+          ? ""
+          : absl::StrFormat(", %d in-process recover%s", recoveries, recoveries == 1 ? "y" : "ies");
   std::string out = absl::StrFormat(
-      "job report: %s after %.1f s wall (%.1f s lost to %d restart(s) and rendezvous), %s, ",
+      "job report: %s after %.1f s wall (%.1f s lost to %d restart(s)%s and rendezvous), %s, ",
       exit_code == 0 ? "succeeded" : absl::StrCat("failed (exit ", exit_code, ")"), s.wall_s,
-      s.lost_s, s.restarts, shape);
+      s.lost_s, s.restarts, also, shape);
   if (steps == 0) {
     absl::StrAppend(&out, "no step records (Python: dlrun_report.report_step, C++: "
                           "dlrun::worker; docs/TELEMETRY.md)");
@@ -387,7 +396,8 @@ std::string FormatJobReport(const JobTelemetry::Snapshot& s, int exit_code) {
                                           100 * std::min(1.0, s.productive_s / s.wall_s),
                                           s.productive_s, s.wall_s));
     if (!s.restart_costs.empty()) {
-      absl::StrAppend(&out, absl::StrFormat("; %.1f s lost to restarts", s.lost_s));
+      absl::StrAppend(&out, absl::StrFormat("; %.1f s lost to restarts%s", s.lost_s,
+                                            recoveries == 0 ? "" : " and recoveries"));
     }
   }
   absl::StrAppend(&out, RestartLines(s));

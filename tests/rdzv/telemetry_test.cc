@@ -693,6 +693,17 @@ TEST(JobReport, AnInProcessRecoveryWithoutStepRecordsNamesNoStep) {
       << report;
   EXPECT_EQ(report.find("step -1"), std::string::npos) << report;
   EXPECT_EQ(report.find("so far"), std::string::npos) << report;
+  // The header counts it (before: "lost to 0 restart(s) and rendezvous" and nothing else).
+  EXPECT_NE(report.find("lost to 0 restart(s), 1 in-process recovery and rendezvous"),
+            std::string::npos)
+      << report;
+  s.restart_costs.push_back(c);
+  s.restart_costs.back().admission = true;  // a node admitted: no recovery
+  s.restart_costs.push_back(c);
+  s.restart_costs.back().restarts = 2;  // a fault during the recovery: two in the span
+  EXPECT_NE(telemetry::FormatJobReport(s, 0).find(", 3 in-process recoveries and rendezvous"),
+            std::string::npos)
+      << telemetry::FormatJobReport(s, 0);
 }
 
 // A restart after an in-process recovery that did not finish: one restart, said so, with the
@@ -730,6 +741,9 @@ TEST(JobReport, ARestartAfterAFailedInProcessRecoveryIsOneRestartSaidSo) {
       << telemetry::FormatJobReport(s, 0);
   s.restart_costs[0].state_from_peer_s = 0;
   EXPECT_EQ(report.find("over 2 restarts"), std::string::npos) << report;
+  EXPECT_NE(report.find("lost to 0 restart(s), 1 in-process recovery and rendezvous"),
+            std::string::npos)
+      << "the header counts the recovery tried: " << report;
   const nlohmann::json j = nlohmann::json::parse(telemetry::SnapshotJson(s, false));
   EXPECT_EQ(j["lost"]["restarts"][0]["in_process_recoveries"], 1) << j.dump();
   EXPECT_EQ(j["lost"]["restarts"][0]["group_restarts"], 1) << j.dump();

@@ -26,12 +26,11 @@ ErrorRecord ReadErrorRecord(const FileSystem& fs, const std::string& path) {
   if (m->contains("message")) m = &(*m)["message"];
   if (m->is_object()) {
     if (m->contains("extraInfo") && (*m)["extraInfo"].is_object()) {
-      const auto& ts = (*m)["extraInfo"].value("timestamp", nlohmann::json());
+      const nlohmann::json& extra = (*m)["extraInfo"];
+      const auto& ts = extra.value("timestamp", nlohmann::json());
       if (ts.is_string()) r.timestamp = std::atof(ts.get<std::string>().c_str());
       if (ts.is_number()) r.timestamp = ts.get<double>();
-    }
-    if (m->contains("extraInfo") && (*m)["extraInfo"].is_object()) {
-      const auto& tb = (*m)["extraInfo"].value("py_callstack", nlohmann::json());
+      const auto& tb = extra.value("py_callstack", nlohmann::json());
       if (tb.is_string()) r.traceback = tb.get<std::string>();
     }
     if (m->contains("message")) m = &(*m)["message"];

@@ -28,74 +28,92 @@ std::string StartedText(const RestartCost& c) {
   return parts.empty() ? "" : absl::StrCat(" (", absl::StrJoin(parts, ", "), ")");
 }
 
-// One line per restart: its cause and, where measured, what it cost by phase.
+// An in-process recovery's line (or a node admitted's). In-process recoveries restart nothing:
+// the survivors kept running (docs/RECOVERY.md). A node admitted into the running group costs
+// the same phases, and is no fault. Without a step record before the fault there is no step to
+// name, and the span ran to the recovery's end (RestartLedger::RecoveryDone).
+std::string InProcessLine(const RestartCost& c) {
+  const std::string when = c.fault_step >= 0 ? absl::StrCat("after step ", c.fault_step)
+                                             : std::string("before any step record");
+  std::string out = absl::StrFormat(
+      "\n  %s %s: %.2f s lost (on %s): detection %.2f, start %.2f%s, "
+      "state from peer %.2f, %d step(s) recomputed %.2f",
+      c.admission ? "a node admitted" : "in-process recovery", when, c.total_s(), c.host,
+      c.detection_s, c.start_s, StartedText(c), c.state_from_peer_s, c.recomputed_steps,
+      c.recomputed_s);
+  if (c.recoveries() > 1) absl::StrAppend(&out, " over ", c.recoveries(), " in-process recoveries");
+  if (!c.resumed) {
+    absl::StrAppend(&out, " (so far)");
+  } else if (c.fault_step < 0) {
+    absl::StrAppend(&out, " (no step records: counted up to the recovery's end)");
+  }
+  return out;
+}
+
+// Restart `i`'s line: its cause and, where measured (`c`), what it cost by phase.
+std::string RestartLine(int i, std::string cause, const RestartCost* c) {
+  if (cause.empty() && c != nullptr) cause = c->cause;  // a node's own report
+  std::string out =
+      absl::StrCat("\n  restart ", i, ": ", cause.empty() ? "(cause not recorded)" : cause);
+  if (c == nullptr) return out;
+  absl::StrAppend(
+      &out, absl::StrFormat(
+                "; %.2f s lost (on %s): detection %.2f, stop %.2f, rendezvous %.2f, start %.2f%s, "
+                "checkpoint load %.2f, %d step(s) recomputed %.2f",
+                c->total_s(), c->host, c->detection_s, c->stop_s, c->rendezvous_s, c->start_s,
+                StartedText(*c), c->checkpoint_load_s, c->recomputed_steps, c->recomputed_s));
+  if (c->resumed_step >= 0) absl::StrAppend(&out, " (resumed from step ", c->resumed_step, ")");
+  // The span's faults less the in-process recoveries tried in it: the restarts themselves.
+  if (c->group_restarts() > 1) absl::StrAppend(&out, " over ", c->group_restarts(), " restarts");
+  if (c->in_process_tries > 0) {
+    // Tried first in the span (the state may have arrived: that transfer is in the total).
+    absl::StrAppend(&out, ", after ",
+                    c->in_process_tries == 1
+                        ? "an in-process recovery"
+                        : absl::StrCat(c->in_process_tries, " in-process recoveries"),
+                    c->fault_step >= 0 ? absl::StrCat(" that did not get past step ", c->fault_step)
+                                       : std::string(" that did not finish"));
+    if (c->state_from_peer_s > 0) {
+      absl::StrAppend(&out, absl::StrFormat(" (state from peer %.2f)", c->state_from_peer_s));
+    }
+  }
+  if (!c->resumed) {
+    absl::StrAppend(&out, c->fault_step >= 0
+                              ? absl::StrCat("; not yet past step ", c->fault_step, " (so far)")
+                              : std::string("; no step records: start counted up to the "
+                                            "workers' start"));
+  }
+  return out;
+}
+
+// The restarts and in-process recoveries in the order they came: the costs are ordered by
+// (restart count, generation), and a restart whose cost no node measured is said by its cause
+// where its number falls. At most 5 restarts are said.
 std::string RestartLines(const JobTelemetry::Snapshot& s) {
   std::map<int, const RestartCost*> cost;
-  std::string out;
   for (const RestartCost& c : s.restart_costs) {
-    if (!c.in_process) {
-      cost[c.restart] = &c;
-      continue;
-    }
-    // In-process recoveries restart nothing: the survivors kept running (docs/RECOVERY.md). A
-    // node admitted into the running group costs the same phases, and is no fault.
-    // Without a step record before the fault there is no step to name, and the span ran to
-    // the recovery's end (RestartLedger::RecoveryDone).
-    const std::string when = c.fault_step >= 0 ? absl::StrCat("after step ", c.fault_step)
-                                               : std::string("before any step record");
-    absl::StrAppend(
-        &out,
-        absl::StrFormat("\n  %s %s: %.2f s lost (on %s): detection %.2f, start %.2f%s, "
-                        "state from peer %.2f, %d step(s) recomputed %.2f",
-                        c.admission ? "a node admitted" : "in-process recovery", when,
-                        c.total_s(), c.host, c.detection_s, c.start_s, StartedText(c),
-                        c.state_from_peer_s, c.recomputed_steps, c.recomputed_s));
-    if (c.recoveries() > 1) absl::StrAppend(&out, " over ", c.recoveries(), " in-process recoveries");
-    if (!c.resumed) {
-      absl::StrAppend(&out, " (so far)");
-    } else if (c.fault_step < 0) {
-      absl::StrAppend(&out, " (no step records: counted up to the recovery's end)");
-    }
+    if (!c.in_process) cost[c.restart] = &c;
   }
   const int n = std::max<int>(static_cast<int>(s.restart_causes.size()),
                               cost.empty() ? 0 : cost.rbegin()->first);
-  for (int i = 1, shown = 0; i <= n && shown < 5; ++i) {
-    std::string cause =
-        i <= static_cast<int>(s.restart_causes.size()) ? s.restart_causes[i - 1] : "";
-    auto it = cost.find(i);
-    if (cause.empty() && it != cost.end()) cause = it->second->cause;  // a node's own report
-    if (cause.empty() && it == cost.end()) continue;
-    ++shown;
-    absl::StrAppend(&out, "\n  restart ", i, ": ", cause.empty() ? "(cause not recorded)" : cause);
-    if (it == cost.end()) continue;
-    const RestartCost& c = *it->second;
-    absl::StrAppend(&out, absl::StrFormat(
-        "; %.2f s lost (on %s): detection %.2f, stop %.2f, rendezvous %.2f, start %.2f%s, "
-        "checkpoint load %.2f, %d step(s) recomputed %.2f",
-        c.total_s(), c.host, c.detection_s, c.stop_s, c.rendezvous_s, c.start_s, StartedText(c),
-        c.checkpoint_load_s, c.recomputed_steps, c.recomputed_s));
-    if (c.resumed_step >= 0) absl::StrAppend(&out, " (resumed from step ", c.resumed_step, ")");
-    // The span's faults less the in-process recoveries tried in it: the restarts themselves.
-    if (c.group_restarts() > 1) absl::StrAppend(&out, " over ", c.group_restarts(), " restarts");
-    if (c.in_process_tries > 0) {
-      // Tried first in the span (the state may have arrived: that transfer is in the total).
-      absl::StrAppend(&out, ", after ",
-                      c.in_process_tries == 1
-                          ? "an in-process recovery"
-                          : absl::StrCat(c.in_process_tries, " in-process recoveries"),
-                      c.fault_step >= 0 ? absl::StrCat(" that did not get past step ", c.fault_step)
-                                        : std::string(" that did not finish"));
-      if (c.state_from_peer_s > 0) {
-        absl::StrAppend(&out, absl::StrFormat(" (state from peer %.2f)", c.state_from_peer_s));
-      }
+  std::string out;
+  int next = 1, shown = 0;
+  auto restarts_up_to = [&](int last) {  // restarts next..last, those with a cause or a cost
+    for (; next <= std::min(last, n); ++next) {
+      const std::string cause = next <= static_cast<int>(s.restart_causes.size())
+                                    ? s.restart_causes[next - 1]
+                                    : std::string();
+      auto it = cost.find(next);
+      if (cause.empty() && it == cost.end()) continue;
+      if (shown++ < 5)
+        absl::StrAppend(&out, RestartLine(next, cause, it == cost.end() ? nullptr : it->second));
     }
-    if (!c.resumed) {
-      absl::StrAppend(&out, c.fault_step >= 0
-                                ? absl::StrCat("; not yet past step ", c.fault_step, " (so far)")
-                                : std::string("; no step records: start counted up to the "
-                                              "workers' start"));
-    }
+  };
+  for (const RestartCost& c : s.restart_costs) {
+    restarts_up_to(c.restart);  // an in-process span of restart r's group came after restart r
+    if (c.in_process) absl::StrAppend(&out, InProcessLine(c));
   }
+  restarts_up_to(n);
   return out;
 }
 

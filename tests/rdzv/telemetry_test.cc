@@ -706,6 +706,34 @@ TEST(JobReport, AnInProcessRecoveryWithoutStepRecordsNamesNoStep) {
       << telemetry::FormatJobReport(s, 0);
 }
 
+// The report says the restarts and the in-process recoveries in the order they came (before:
+// every in-process recovery first, then the restarts), a restart that no node measured where its
+// number falls.
+TEST(JobReport, RestartsAndInProcessRecoveriesAreSaidInTheOrderTheyCame) {
+  telemetry::JobTelemetry::Snapshot s;
+  s.wall_s = 10;
+  auto in_process = [](int restart, int generation, int64_t fault_step) {
+    telemetry::RestartCost c = Cost(restart, 0.01, fault_step, fault_step);
+    c.in_process = true;
+    c.generation = generation;
+    c.host = "h";
+    return c;
+  };
+  telemetry::RestartCost r1 = Cost(1, 0.02, 7, 4);
+  r1.host = "h";
+  s.restart_costs = {in_process(0, 1, 3), r1, in_process(1, 1, 19)};
+  s.restart_causes = {"rank 1 got SIGKILL", "rank 0 got SIGTERM"};
+  const std::string report = telemetry::FormatJobReport(s, 1);
+  const size_t a = report.find("in-process recovery after step 3:"),
+               b = report.find("restart 1: rank 1 got SIGKILL; "),
+               c = report.find("in-process recovery after step 19:"),
+               d = report.find("restart 2: rank 0 got SIGTERM");
+  ASSERT_NE(d, std::string::npos) << report;
+  EXPECT_LT(a, b) << report;
+  EXPECT_LT(b, c) << report;
+  EXPECT_LT(c, d) << report;
+}
+
 // A restart after an in-process recovery that did not finish: one restart, said so, with the
 // fault the recovery began with as its cause (the agent's), across the proto.
 TEST(JobReport, ARestartAfterAFailedInProcessRecoveryIsOneRestartSaidSo) {

@@ -156,7 +156,7 @@ for shape in "$@"; do
         fail_with_dlrun_lines "$test_name" "$shape: no refusal naming the rule" "$work/$shape-fault.out"
       # The report: the restart's cause is the kill, and it is one restart after the recovery.
       grep -q "restart 1: rank 1 (local rank 1, pid [0-9]*): SIGKILL, and the in-process recovery after it failed" "$work/$shape-fault.out" &&
-        grep -q "after an in-process recovery that did not finish" "$work/$shape-fault.out" ||
+        grep -q "after an in-process recovery that did not get past step [0-9]*" "$work/$shape-fault.out" ||
         fail_with_dlrun_lines "$test_name" "$shape: the report's restart line names another cause" "$work/$shape-fault.out"
       check "$shape" "$shape-fault" 0 1
       ;;

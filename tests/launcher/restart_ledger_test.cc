@@ -25,6 +25,14 @@ void EightSteps(RestartLedger& l, const Timeline& tl) {
   }
 }
 
+// EightSteps, then a fault at 0.85 and an in-process group (generation 1) running from 0.87.
+void EightStepsThenInProcess(RestartLedger& l, const Timeline& tl) {
+  EightSteps(l, tl);
+  l.FaultSeen(tl.at(0.85));
+  l.Stopped(tl.at(0.86));
+  l.GroupStarted(0, tl.at(0.86), tl.at(0.87), /*generation=*/1);
+}
+
 TEST(RestartLedger, PhasesAreConsecutiveAndSumToLastStepEndToFirstNewStepBegin) {
   RestartLedger l;
   Timeline tl;
@@ -196,10 +204,7 @@ TEST(RestartLedger, AnInProcessRecoveryWithoutStepRecordsRunsToItsEnd) {
 TEST(RestartLedger, AnInProcessRecoveryThatFailedIsToldApartFromTheRestart) {
   RestartLedger l;
   Timeline tl;
-  EightSteps(l, tl);
-  l.FaultSeen(tl.at(0.85));
-  l.Stopped(tl.at(0.86));
-  l.GroupStarted(0, tl.at(0.86), tl.at(0.87), /*generation=*/1);
+  EightStepsThenInProcess(l, tl);
   l.FaultSeen(tl.at(1.5));  // the survivor refused
   l.Stopped(tl.at(1.6));
   l.GroupStarted(1, tl.at(1.7), tl.at(1.8));
@@ -212,10 +217,7 @@ TEST(RestartLedger, AnInProcessRecoveryThatFailedIsToldApartFromTheRestart) {
   EXPECT_EQ(costs[0].restart, 1);
   // One that finished is no try left over.
   RestartLedger k;
-  EightSteps(k, tl);
-  k.FaultSeen(tl.at(0.85));
-  k.Stopped(tl.at(0.86));
-  k.GroupStarted(0, tl.at(0.86), tl.at(0.87), /*generation=*/1);
+  EightStepsThenInProcess(k, tl);
   k.StateFromPeer(8, 0.2);
   k.Step(9, 0.1, tl.at(1.3));
   ASSERT_EQ(k.Costs().size(), 1u);
@@ -229,10 +231,7 @@ TEST(RestartLedger, AnInProcessRecoveryThatFailedIsToldApartFromTheRestart) {
 TEST(RestartLedger, ARestartAfterTheReplacementTookTheStateIsTheSpansRestart) {
   RestartLedger l;
   Timeline tl;
-  EightSteps(l, tl);
-  l.FaultSeen(tl.at(0.85));
-  l.Stopped(tl.at(0.86));
-  l.GroupStarted(0, tl.at(0.86), tl.at(0.87), /*generation=*/1);
+  EightStepsThenInProcess(l, tl);
   l.StateFromPeer(8, 0.05);
   l.FaultSeen(tl.at(1.0));  // the replacement, in step 9
   l.Stopped(tl.at(1.05));

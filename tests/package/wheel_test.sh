@@ -60,6 +60,18 @@ if ! ls "$house"/py_spy-*.whl >/dev/null 2>&1; then
     --disable-pip-version-check -q -d "$house" "py-spy>=0.4" ||
     { echo "FAIL: could not download py-spy for $arch from PyPI"; exit 1; }
 fi
+# The `pip install --user` job's lines: ~/.local from --cmake-prefix-path N times, both ranks
+# ran on the system python3.  user_install_ok SUITE WHAT OUTPUT LINE_PREFIX N RANKS_DIR
+user_install_ok() {
+  local suite=$1 what=$2 text=$3 label=$4 n=$5 ranks=$6 prefixes
+  prefixes=$(printf ' /work/uh/.local%.0s' $(seq "$n"))
+  grep -q "^${label}user cmake prefix:$prefixes$" <<<"$text" ||
+    { echo "FAIL: $suite: $what: --cmake-prefix-path"; exit 1; }
+  grep -q "^${label}user job ranks: rank-0 rank-1 $" <<<"$text" ||
+    { echo "FAIL: $suite: $what: the 2-worker job"; exit 1; }
+  grep -q "python=/usr/bin/python3$" "$ranks/rank-0" ||
+    { cat "$ranks/rank-0"; echo "FAIL: $suite: $what: the workers' python"; exit 1; }
+}
 in_each_root() {  # SUITE: the jobs in a clean root of SUITE; the checks after
   local suite=$1 root work=$tmp/$1/work port out
   root=$(make_root "$suite" "$root_arch")
@@ -132,15 +144,9 @@ SH
   grep -q "^tools: py-spy 0\.[4-9]" <<<"$out" || { echo "FAIL: $suite: dlrun[tools] brought no py-spy"; exit 1; }
   grep -q "^cmake prefix: /work/v /work/v$" <<<"$out" || { echo "FAIL: $suite: --cmake-prefix-path"; exit 1; }
   if [[ "$suite" == bullseye ]]; then
-    grep -q "^user cmake prefix: /work/uh/.local /work/uh/.local$" <<<"$out" ||
-      { echo "FAIL: $suite: pip install --user: --cmake-prefix-path"; exit 1; }
-    grep -q "^user job ranks: rank-0 rank-1 $" <<<"$out" ||
-      { echo "FAIL: $suite: pip install --user: the 2-worker job"; exit 1; }
-    grep -q "python=/usr/bin/python3$" "$work/out3/rank-0" ||
-      { cat "$work/out3/rank-0"; echo "FAIL: $suite: pip install --user: the workers' python"; exit 1; }
-  fi
-  if [[ "$suite" == bullseye ]]; then  # the same --user install in the root entered without /proc
-    # (a chroot by hand): dlrun finds itself from the path it was started by, not /proc/self/exe.
+    user_install_ok "$suite" "pip install --user" "$out" "" 2 "$work/out3"
+    # The same --user install in the root entered without /proc (a chroot by hand): dlrun finds
+    # itself from the path it was started by, not /proc/self/exe.
     mkdir -p "$work/out4" && chown 1000:1000 "$work/out4"
     cat >"$work/noproc.sh" <<'SH'
 set -eu
@@ -154,12 +160,7 @@ SH
       'source "$1"; in_root "$2" "$3" bash /work/noproc.sh' _ "$here/roots.sh" "$root" "$tmp/$suite/ov" 2>&1) ||
       { echo "$noproc"; echo "FAIL: $suite: pip install --user, without /proc"; exit 1; }
     echo "$noproc" | sed "s/^/[$suite] /"
-    grep -q "^no proc: user cmake prefix: /work/uh/.local /work/uh/.local /work/uh/.local$" <<<"$noproc" ||
-      { echo "FAIL: $suite: pip install --user, without /proc: --cmake-prefix-path"; exit 1; }
-    grep -q "^no proc: user job ranks: rank-0 rank-1 $" <<<"$noproc" ||
-      { echo "FAIL: $suite: pip install --user, without /proc: the 2-worker job"; exit 1; }
-    grep -q "python=/usr/bin/python3$" "$work/out4/rank-1" ||
-      { cat "$work/out4/rank-1"; echo "FAIL: $suite: pip install --user, without /proc: the workers' python"; exit 1; }
+    user_install_ok "$suite" "pip install --user, without /proc" "$noproc" "no proc: " 3 "$work/out4"
   fi
   grep -q "^written outside /work: $" <<<"$out" || { echo "FAIL: $suite: files left outside the job's directory"; exit 1; }
   # The root's own files: what the user changed there (the overlay's upper layer) must be nothing.

@@ -95,7 +95,7 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
     const Sinks to = RouteOf(e, facts);
     if (Has(to, Sink::kGroupExit) &&
         group_.Exited(e.pid, e.exit_code, e.signal, clock_.WallSeconds())) {
-      if (Has(to, Sink::kTelemetryExit)) telemetry_.Exited(e.pid, e.cpu_s);
+      if (Has(to, Sink::kTelemetryExit)) telemetry_.Exited(e.pid, e.cpu_s, e.rss_peak_bytes);
       if (Has(to, Sink::kHangExit)) failures_.hang().Exited(e.pid);
     }
     if (Has(to, Sink::kHangBeat)) failures_.hang().Beat(e.pid, clock_.Now());

@@ -237,6 +237,12 @@ absl::Status ApplyEnvironmentRules(const LaunchOptions& o, int nproc, const Mach
   for (const char* k : {contract::kNcclAsyncErrorHandling, contract::kNcclAsyncErrorHandlingOld}) {
     if (env(k)) a->keep_inherited.push_back(k);
   }
+  std::error_code ec;
+  if (!std::filesystem::exists("/proc/self/stat", ec)) {  // a chroot or sandbox without /proc
+    spdlog::warn(
+        "/proc is not mounted: the report has the workers' memory and CPU time only from their "
+        "exits, and a hang's stacks and out-of-memory kills cannot be read");
+  }
   a->worker_cpus = WorkerCpus(o.cpu_affinity, m.cpus, m.topology, nproc);
   return absl::OkStatus();
 }

@@ -110,7 +110,7 @@ void AgentTelemetry::SetSpares(std::vector<pid_t> pids) {
   WatchMembersAndSpares();
 }
 
-void AgentTelemetry::Exited(pid_t pid, double cpu_s) {
+void AgentTelemetry::Exited(pid_t pid, double cpu_s, int64_t rss_peak_bytes) {
   for (Member& m : members_) {
     if (m.pid != pid) continue;
     m.alive = false;
@@ -118,6 +118,10 @@ void AgentTelemetry::Exited(pid_t pid, double cpu_s) {
       auto& seen = cpu_seen_[pid];
       seen = std::max(seen, cpu_s);
     }
+    // The kernel's high-water mark: a peak the sampler missed between its reads, and the only
+    // figure where /proc cannot be read (a chroot without it).
+    auto& peak = proc_last_[m.rank].rss_peak_bytes;
+    peak = std::max(peak, rss_peak_bytes);
   }
 }
 

@@ -79,8 +79,9 @@ class AgentTelemetry {
   void Replaced(std::vector<Member> members, const Assignment& group, SteadyTime t, int generation);
   void Stopped(SteadyTime t) { ledger_.Stopped(t); }
   void RecoveryDone(SteadyTime t) { ledger_.RecoveryDone(t); }
-  // A worker exited; `cpu_s` (>= 0 when known) is its whole CPU time with its reaped children's.
-  void Exited(pid_t pid, double cpu_s = -1);
+  // A worker exited; `cpu_s` (>= 0 when known) is its whole CPU time with its reaped children's,
+  // `rss_peak_bytes` (> 0 when known) its peak resident memory: a floor under the sampler's.
+  void Exited(pid_t pid, double cpu_s = -1, int64_t rss_peak_bytes = 0);
   void Step(pid_t pid, const StepRecord& step);
   void SetWarmSpares(bool on) { options_.warm_spares = on; }
   // The warm spares standing by now: sampled beside the workers, reported apart from them.

@@ -327,6 +327,7 @@ void PosixProcesses::Reap(std::vector<ProcEvent>* events) {
     e.kind = ProcEvent::Kind::kExited;
     e.pid = pid;
     e.cpu_s = CpuSeconds(usage);
+    e.rss_peak_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;  // kilobytes on Linux
     if (WIFSIGNALED(status)) {
       e.signal = WTERMSIG(status);
     } else {

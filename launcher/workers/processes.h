@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <cstdint>
 
 #include <functional>
 #include <map>
@@ -55,6 +56,9 @@ struct ProcEvent {
   // kExited: its CPU seconds with those of the children it reaped (a DataLoader's workers), from
   // wait4; -1 where unknown. The sampler's last read can be a period before the exit.
   double cpu_s = -1;
+  // kExited: its resident memory at its peak (wait4's ru_maxrss: the largest of it and the
+  // children it reaped), 0 where unknown; what the report has where /proc cannot be read.
+  int64_t rss_peak_bytes = 0;
 };
 
 // How a worker's process came to be (the report's "start" of a restart or a recovery).

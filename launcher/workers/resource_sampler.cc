@@ -106,9 +106,25 @@ int64_t MemoryLimitBytes(const std::string& proc_cgroup, const std::string& memi
   return limit;
 }
 
+namespace {
+
+// /proc/meminfo, or where /proc cannot be read (a chroot without it) its MemTotal line from
+// sysconf, which asks the kernel (sysinfo) without /proc.
+std::string Meminfo() {
+  std::string meminfo = ReadWholeFile("/proc/meminfo");
+  if (meminfo.empty()) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+      meminfo = "MemTotal: " + std::to_string(static_cast<int64_t>(pages) * page / 1024) + " kB\n";
+    }
+  }
+  return meminfo;
+}
+
+}  // namespace
+
 int64_t MemoryLimitBytes() {
-  return MemoryLimitBytes(ReadWholeFile("/proc/self/cgroup"), ReadWholeFile("/proc/meminfo"),
-                          ReadWholeFile);
+  return MemoryLimitBytes(ReadWholeFile("/proc/self/cgroup"), Meminfo(), ReadWholeFile);
 }
 
 MemoryAllowance MemoryAllowanceOf(int64_t cgroup_or_machine_bytes, int64_t machine_bytes,
@@ -135,7 +151,7 @@ MemoryAllowance MemoryAllowanceOfThisMachine() {
     const char* v = std::getenv(k);
     return std::string(v ? v : "");
   };
-  const std::string meminfo = ReadWholeFile("/proc/meminfo");
+  const std::string meminfo = Meminfo();
   const int64_t machine = KbField(meminfo, "MemTotal:").value_or(0);
   const int64_t limit =
       MemoryLimitBytes(ReadWholeFile("/proc/self/cgroup"), meminfo, ReadWholeFile);

@@ -751,7 +751,9 @@ TEST(DlrunCli, WithoutProcItsPrefixIsFoundFromThePathItWasStartedBy) {
 
   // A job from a virtual environment's dlrun: its workers on that environment's python3 (before:
   // python3 from PATH), and the warm spares' start-up reads no /proc (before: FileNotFoundError
-  // '/proc/self/task' in every worker).
+  // '/proc/self/task' in every worker). dlrun says once what it cannot measure without /proc,
+  // and the report has each rank's peak memory and the node's against the machine's (from the
+  // workers' exits and sysconf; before: neither, and no word why).
   std::ofstream(prefix / "pyvenv.cfg") << "home = /usr/bin\n";
   fs::create_symlink(TEST_PYTHON, prefix / "bin/python3");
   fs::create_directories(prefix / "share");
@@ -770,6 +772,10 @@ TEST(DlrunCli, WithoutProcItsPrefixIsFoundFromThePathItWasStartedBy) {
               1u)
         << r.output;
   }
+  EXPECT_EQ(Count(r.output, "/proc is not mounted: the report has the workers' memory"), 1u)
+      << r.output;
+  EXPECT_EQ(Count(r.output, "peak RSS "), 2u) << "each rank's line: " << r.output;
+  EXPECT_EQ(Count(r.output, "(machine memory)"), 1u) << r.output;
   fs::remove_all(dir);
 }
 

@@ -66,8 +66,9 @@ class FakeProcesses final : public Processes {
   explicit FakeProcesses(FakeClock& clock) : clock_(clock) {}
 
   // --- scheduling, relative to now ---
-  void ExitAfter(pid_t pid, milliseconds d, int code, double cpu_s = -1) {
-    At(d, {ProcEvent::Kind::kExited, pid, code, 0, {}, cpu_s});
+  void ExitAfter(pid_t pid, milliseconds d, int code, double cpu_s = -1,
+                 int64_t rss_peak_bytes = 0) {
+    At(d, {ProcEvent::Kind::kExited, pid, code, 0, {}, cpu_s, rss_peak_bytes});
   }
   void KilledAfter(pid_t pid, milliseconds d, int sig) { At(d, {ProcEvent::Kind::kExited, pid, 0, sig, {}}); }
   void HeartbeatsEvery(pid_t pid, milliseconds every, milliseconds until) {

@@ -62,18 +62,22 @@ TEST(AgentTelemetry, StepsArePublishedEachPeriodAndTheFinalFiguresBeforeTheLeave
 
 // A worker's CPU time comes whole from its exit (wait4: with the DataLoader workers it reaped),
 // not only from the sampler's last read, which can be a period older; a restart adds the next
-// process' time to the rank's.
-TEST(AgentTelemetry, AWorkersCpuTimeIsTakenWholeAtItsExit) {
+// process' time to the rank's. Its peak memory too (wait4's ru_maxrss), the largest of the
+// rank's processes: before, a job where /proc could not be read had none in its report.
+TEST(AgentTelemetry, AWorkersCpuTimeAndPeakMemoryAreTakenWholeAtItsExit) {
   Harness h(1);
   auto src = std::make_unique<ScriptedSource>(Assignment{}, 1, seconds(1));
   ScriptedSource* s = src.get();
   h.procs.on_spawn = [](FakeProcesses& f, FakeProcesses::Proc& p) {
     f.StepsEvery(p.pid, milliseconds(500), milliseconds(1000), Step(0.5, 0.4, 0.1));
-    f.ExitAfter(p.pid, milliseconds(1100), p.attempt == 0 ? 1 : 0, p.attempt == 0 ? 1.25 : 0.5);
+    f.ExitAfter(p.pid, milliseconds(1100), p.attempt == 0 ? 1 : 0, p.attempt == 0 ? 1.25 : 0.5,
+                p.attempt == 0 ? 300 << 20 : 200 << 20);
   };
   EXPECT_EQ(h.Run(std::move(src)), 0);
   ASSERT_FALSE(s->published.empty());
-  EXPECT_NEAR(s->published.back().ranks.at(0).cpu_s, 1.75, 1e-9) << "both processes' time";
+  const telemetry::RankTelemetry& r = s->published.back().ranks.at(0);
+  EXPECT_NEAR(r.cpu_s, 1.75, 1e-9) << "both processes' time";
+  EXPECT_EQ(r.rss_peak_bytes, 300 << 20) << "the larger process' peak";
 }
 
 // The restart ledger (restart_ledger.h) as the agent feeds it: the fault, the stop, the new

@@ -15,6 +15,12 @@ namespace dlrun::telemetry {
 
 namespace {
 
+// A memory size in MiB below a GiB (a short job's "0.00 GiB" said nothing).
+std::string MemoryText(int64_t b) {
+  return b < (int64_t{1} << 30) ? absl::StrFormat("%.0f MiB", b / 1048576.0)
+                                : absl::StrFormat("%.2f GiB", b / 1073741824.0);
+}
+
 // How the span's processes started, after its start figure: " (forked)", " (2 forked, 1 cold)".
 std::string StartedText(const RestartCost& c) {
   const std::pair<int, const char*> kinds[] = {
@@ -133,9 +139,7 @@ std::string RankLine(int rank, const RankTelemetry& r) {
   if (r.cpu_utilization) {
     absl::StrAppend(&line, absl::StrFormat(", CPU %.0f%%", 100 * *r.cpu_utilization));
   }
-  if (r.rss_peak_bytes > 0) {
-    absl::StrAppend(&line, absl::StrFormat(", peak RSS %.0f MiB", r.rss_peak_bytes / 1048576.0));
-  }
+  if (r.rss_peak_bytes > 0) absl::StrAppend(&line, ", peak RSS ", MemoryText(r.rss_peak_bytes));
   return line;
 }
 
@@ -312,25 +316,24 @@ std::string EfficiencyLines(const JobTelemetry::Snapshot& s, const CpuSummary& c
                                           "(%.1f CPU-s over %.1f rank-s)",
                                           100 * cpu_sum / wall_cpu, cpu_sum, wall_cpu));
   }
-  // What dlrun itself cost: its agents' CPU time beside the workers'.
+  // dlrun's own cost: its agents' CPU time, a share of the workers' from a CPU-second of theirs.
   if (s.agent_cpu_s > 0 && cpu_sum > 0) {
-    absl::StrAppend(&out, absl::StrFormat("\n  dlrun's agents: %.2f CPU-s, %.2f%% of the workers' "
-                                          "%.1f CPU-s",
-                                          s.agent_cpu_s, 100 * s.agent_cpu_s / cpu_sum, cpu_sum));
+    absl::StrAppend(&out, absl::StrFormat("\n  dlrun's agents: %.2f CPU-s, ", s.agent_cpu_s),
+                    cpu_sum >= 1 ? absl::StrFormat("%.2f%% of the workers' %.1f CPU-s",
+                                                   100 * s.agent_cpu_s / cpu_sum, cpu_sum)
+                                 : absl::StrFormat("the workers' %.2f CPU-s", cpu_sum));
   }
   // As seff's memory efficiency: the node's ranks' peaks against the request or limit.
   for (const auto& m : s.node_memory) {
     if (m.limit_bytes <= 0 || m.peak_rss_bytes <= 0) continue;
-    absl::StrAppend(&out, absl::StrFormat("\n  memory on %s: peak %.2f GiB of %.2f GiB (%s), %.0f%%",
-                                          m.host, m.peak_rss_bytes / 1073741824.0,
-                                          m.limit_bytes / 1073741824.0,
+    absl::StrAppend(&out, absl::StrFormat("\n  memory on %s: peak %s of %s (%s), %.0f%%", m.host,
+                                          MemoryText(m.peak_rss_bytes), MemoryText(m.limit_bytes),
                                           m.limit_source.empty() ? "limit" : m.limit_source,
-                                          100.0 * static_cast<double>(m.peak_rss_bytes) /
-                                              static_cast<double>(m.limit_bytes)));
+                                          100.0 * m.peak_rss_bytes / m.limit_bytes));
     if (m.spare_rss_bytes > 0) {  // memory the ranks' peak leaves out, held all the same
-      absl::StrAppend(&out, absl::StrFormat(", and %.2f GiB more for ready processes (the fork "
+      absl::StrAppend(&out, absl::StrFormat(", and %s more for ready processes (the fork "
                                             "server, warm spares: their share of anonymous memory)",
-                                            m.spare_rss_bytes / 1073741824.0));
+                                            MemoryText(m.spare_rss_bytes)));
     }
   }
   if (!s.gpus.empty()) {

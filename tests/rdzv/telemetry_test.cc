@@ -589,9 +589,38 @@ TEST(Telemetry, TheWarmSparesMemoryIsReportedBesideTheRanksPeak) {
   snap.wall_s = 10;
   const std::string report = telemetry::FormatJobReport(snap, 0);
   EXPECT_NE(report.find("memory on host-a: peak 1.00 GiB of 16.00 GiB (machine memory), 6%, and "
-                        "0.75 GiB more for ready processes (the fork server, warm spares: "
+                        "768 MiB more for ready processes (the fork server, warm spares: "
                         "their share of anonymous memory)"),
-            std::string::npos) << report;
+            std::string::npos)
+      << report;
+}
+
+// A job of a few milliseconds (`dlrun --no-python echo hi`): its memory in MiB, and the agents'
+// CPU time without a share of the workers' next to nothing (before: "peak 0.00 GiB", "227.98% of
+// the workers' 0.0 CPU-s").
+TEST(Telemetry, AShortJobsMemoryAndTheAgentsTimeReadAsFiguresPeopleUse) {
+  telemetry::JobTelemetry job;
+  const auto now = std::chrono::steady_clock::now();
+  telemetry::NodeTelemetry n;
+  n.hostname = "host-a";
+  n.memory_limit_bytes = int64_t{16} << 30;
+  n.memory_limit_source = "machine memory";
+  n.agent_cpu_s = 0.01;
+  telemetry::RankTelemetry r;
+  r.rank = 0;
+  r.cpu_s = 0.004;
+  r.rss_peak_bytes = int64_t{2} << 20;
+  n.ranks.push_back(r);
+  job.Update("n0", "host-a", n, now);
+  auto snap = job.TakeSnapshot(now);
+  snap.wall_s = 1;
+  const std::string report = telemetry::FormatJobReport(snap, 0);
+  EXPECT_NE(report.find("memory on host-a: peak 2 MiB of 16.00 GiB (machine memory), 0%"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("dlrun's agents: 0.01 CPU-s, the workers' 0.00 CPU-s"), std::string::npos)
+      << report;
+  EXPECT_EQ(report.find("% of the workers'"), std::string::npos) << report;
 }
 
 TEST(Telemetry, AProfileOutOfRangeIsRefusedNamingIt) {

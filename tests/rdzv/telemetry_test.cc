@@ -563,22 +563,28 @@ TEST(Telemetry, AProfilesSharesComeWithTheirSampleCount) {
   EXPECT_EQ(telemetry::ProfileDetailJson(p)["samples"], 4000);
 }
 
+// host-a with 16 GiB of machine memory and its rank 0, whose resident memory peaked at `peak`.
+telemetry::NodeTelemetry HostA(int64_t peak) {
+  telemetry::NodeTelemetry n;
+  n.hostname = "host-a";
+  n.memory_limit_bytes = int64_t{16} << 30;
+  n.memory_limit_source = "machine memory";
+  telemetry::RankTelemetry r;
+  r.rank = 0;
+  r.rss_peak_bytes = peak;
+  n.ranks.push_back(r);
+  return n;
+}
+
 // The warm spares' memory (~380 MB each, issue 55) crosses the wire and is named in the memory
 // line beside the ranks' peak, which leaves it out.
 TEST(Telemetry, TheWarmSparesMemoryIsReportedBesideTheRanksPeak) {
   telemetry::JobTelemetry job;
   const auto now = std::chrono::steady_clock::now();
-  telemetry::NodeTelemetry n;
-  n.hostname = "host-a";
-  n.memory_limit_bytes = int64_t{16} << 30;
-  n.memory_limit_source = "machine memory";
+  telemetry::NodeTelemetry n = HostA(int64_t{1} << 30);
+  n.ranks[0].steps = 4;
   n.warm_spares = true;
   n.spare_rss_peak_bytes = int64_t{3} << 28;  // 0.75 GiB
-  telemetry::RankTelemetry r;
-  r.rank = 0;
-  r.steps = 4;
-  r.rss_peak_bytes = int64_t{1} << 30;
-  n.ranks.push_back(r);
   v1::NodeTelemetry p;
   ToProto(n, &p);
   auto back = telemetry::TelemetryFromProto(p);
@@ -601,16 +607,9 @@ TEST(Telemetry, TheWarmSparesMemoryIsReportedBesideTheRanksPeak) {
 TEST(Telemetry, AShortJobsMemoryAndTheAgentsTimeReadAsFiguresPeopleUse) {
   telemetry::JobTelemetry job;
   const auto now = std::chrono::steady_clock::now();
-  telemetry::NodeTelemetry n;
-  n.hostname = "host-a";
-  n.memory_limit_bytes = int64_t{16} << 30;
-  n.memory_limit_source = "machine memory";
+  telemetry::NodeTelemetry n = HostA(int64_t{2} << 20);
+  n.ranks[0].cpu_s = 0.004;
   n.agent_cpu_s = 0.01;
-  telemetry::RankTelemetry r;
-  r.rank = 0;
-  r.cpu_s = 0.004;
-  r.rss_peak_bytes = int64_t{2} << 20;
-  n.ranks.push_back(r);
   job.Update("n0", "host-a", n, now);
   auto snap = job.TakeSnapshot(now);
   snap.wall_s = 1;

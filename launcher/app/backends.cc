@@ -100,10 +100,11 @@ absl::StatusOr<JobLink> StaticBackend(const BackendInputs& in) {
   // The workers would retry an address that does not resolve until their store's timeout (minutes,
   // and again at each restart): said once, before any worker starts.
   if (absl::Status s = ResolveHost(base.master_addr); !s.ok()) {
-    return absl::NotFoundError(absl::StrCat(
-        "the master address (--master-addr or MASTER_ADDR: node 0's, which every node's workers "
-        "connect to): ",
-        s.message()));
+    const bool endpoint = !o.standalone && !o.rdzv_endpoint.empty();
+    return absl::NotFoundError(
+        absl::StrCat("the master address (",
+                     endpoint ? "--rdzv-endpoint's host" : "--master-addr or MASTER_ADDR",
+                     ": node 0's, which every node's workers connect to): ", s.message()));
   }
   return MakeStaticSource(base, o.max_restarts, nullptr, TelemetryOptionsFrom(o));
 }

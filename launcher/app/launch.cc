@@ -36,6 +36,7 @@ int LaunchMain(const std::vector<std::string>& args, bool env_only) {
 
   auto detected = DetectEnvironment(env, given);
   if (!detected.ok()) return Fail(detected.status());
+  if (absl::Status s = CheckStaticEndpoint(detected->options); !s.ok()) return Fail(s);
   if (env_only) return Print(FormatDetection(*detected));
   const LaunchOptions& o = detected->options;  // the flags, completed by the environment
   const Machine machine = DetectMachine(o, env);

@@ -98,6 +98,24 @@ absl::StatusOr<Detection> DetectEnvironment(const EnvLookup& env, const LaunchOp
   return d;
 }
 
+absl::Status CheckStaticEndpoint(const LaunchOptions& o) {
+  if (o.standalone || o.rdzv_backend != RdzvBackend::kStatic || o.rdzv_endpoint.empty()) {
+    return absl::OkStatus();
+  }
+  const HostPort hp = SplitHostPort(o.rdzv_endpoint);
+  int port = 0;
+  const bool bad_port =
+      hp.has_port && (!absl::SimpleAtoi(hp.port, &port) || port < 0 || port > 65535);
+  if (Unbracketed(hp.host).empty() || hp.host.find(',') != std::string::npos || bad_port) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid value '", o.rdzv_endpoint,
+        "' for --rdzv-endpoint: expected node 0's HOST[:PORT] with a port 0-65535 (the static "
+        "rendezvous, where the workers' store listens; a list of endpoints needs --rdzv-backend "
+        "c10d)"));
+  }
+  return absl::OkStatus();
+}
+
 std::pair<std::string, int> StaticMaster(const LaunchOptions& o) {
   std::string addr = o.master_addr;
   int port = o.master_port;
@@ -132,12 +150,13 @@ std::string FormatDetection(const Detection& d) {
   const std::pair<std::string, int> master = StaticMaster(o);
   absl::StrAppend(&s, absl::StrFormat("  %-16s %d:%d\n", "nnodes", o.min_nodes, o.max_nodes));
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "nproc-per-node", o.nproc_per_node.text));
-  absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "rendezvous",
-                                      o.standalone ? "standalone (local, free port)"
-                                                   : o.rdzv_backend == RdzvBackend::kStatic
-                                                         ? absl::StrCat("static: node rank ", o.node_rank, ", master ",
-                                                                master.first, ":", master.second)
-                                                         : absl::StrCat("grpc at ", o.rdzv_endpoint)));
+  absl::StrAppend(&s,
+                  absl::StrFormat("  %-16s %s\n", "rendezvous",
+                                  o.standalone ? "standalone (local, free port)"
+                                  : o.rdzv_backend == RdzvBackend::kStatic
+                                      ? absl::StrCat("static: node rank ", o.node_rank, ", master ",
+                                                     JoinHostPort(master.first, master.second))
+                                      : absl::StrCat("grpc at ", o.rdzv_endpoint)));
   absl::StrAppend(&s, absl::StrFormat("  %-16s %s\n", "run id", o.rdzv_id));
   return s;
 }

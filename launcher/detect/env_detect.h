@@ -38,5 +38,9 @@ std::string FormatDetection(const Detection& d);
 // Where the static backend's workers meet: --master-addr/--master-port, or, as torchrun,
 // --rdzv-endpoint HOST[:PORT] when one is given.
 std::pair<std::string, int> StaticMaster(const LaunchOptions& o);
+// The static backend's --rdzv-endpoint (one HOST[:PORT], a port 0-65535) before StaticMaster
+// reads it: a bad one is one line naming the flag, not a master "localhost:99999" handed to the
+// workers or "cannot resolve 'host:abc'" said of --master-addr.
+absl::Status CheckStaticEndpoint(const LaunchOptions& o);
 
 }  // namespace dlrun::launcher

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/contract.h"
+#include "common/host_port.h"
 #include "launcher/workers/worker_env.h"
 
 namespace dlrun::launcher {
@@ -88,9 +89,9 @@ SpawnSpec MakeSpawnSpec(const AgentOptions& options, const std::vector<std::stri
 
 std::string GroupTable(const Assignment& a, const std::vector<DumpTarget>& workers,
                        const RestartPhases& phases) {
-  std::string table =
-      absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ", a.num_nodes,
-                   ", world size ", a.world_size, ", master ", a.master_addr, ":", a.master_port);
+  std::string table = absl::StrCat("restart ", a.restart_count, ": node ", a.node_rank, " of ",
+                                   a.num_nodes, ", world size ", a.world_size, ", master ",
+                                   JoinHostPort(a.master_addr, a.master_port));
   // `dlrun stacks --run-id` and `dlrun profile --run-id` name the job by it.
   if (!a.run_id.empty()) absl::StrAppend(&table, ", run id ", a.run_id);
   if (phases.fault_seen && phases.stopped) {

@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "absl/strings/str_cat.h"
+
 #include "fake_env.h"
 #include "gtest/gtest.h"
 
@@ -281,6 +283,41 @@ TEST(EnvDetect, TheTableNamesTheMasterTheLaunchUses) {
   const std::string table = FormatDetection(*r.d);
   EXPECT_NE(table.find("static: node rank 1, master 10.1.2.3:29400"), std::string::npos) << table;
   EXPECT_EQ(StaticMaster(r.o), (std::pair<std::string, int>{"10.1.2.3", 29400}));
+}
+
+// torchrun's static backend reads --rdzv-endpoint as node 0's HOST[:PORT]. Before, a port out of
+// range reached the workers as MASTER_PORT=99999 and "host:abc" was resolved whole, said of
+// --master-addr.
+TEST(EnvDetect, TheStaticBackendsEndpointIsOneHostWithAPortInRange) {
+  for (const char* good : {"10.1.2.3:29400", "node-0", "[::1]:1234", "host:0"}) {
+    auto r = Detect({}, {"--nnodes", "2", "--rdzv-endpoint", good, "p"});
+    ASSERT_TRUE(r.d.ok()) << r.d.status();
+    EXPECT_TRUE(CheckStaticEndpoint(r.d->options).ok()) << good;
+  }
+  for (const char* bad : {"localhost:99999", "localhost:abc", ":29400", "a:1,b:2", "host:-1"}) {
+    auto r = Detect({}, {"--nnodes", "2", "--rdzv-endpoint", bad, "p"});
+    ASSERT_TRUE(r.d.ok()) << r.d.status();
+    const absl::Status s = CheckStaticEndpoint(r.d->options);
+    EXPECT_EQ(s.message(), absl::StrCat("invalid value '", bad,
+                                        "' for --rdzv-endpoint: expected node 0's HOST[:PORT] "
+                                        "with a port 0-65535 (the static rendezvous, where the "
+                                        "workers' store listens; a list of endpoints needs "
+                                        "--rdzv-backend c10d)"))
+        << bad;
+  }
+  // The gRPC backend checks its list itself (ParseEndpointList); standalone has none.
+  auto grpc =
+      Detect({}, {"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "a:1,b:2", "p"});
+  ASSERT_TRUE(grpc.d.ok()) << grpc.d.status();
+  EXPECT_TRUE(CheckStaticEndpoint(grpc.d->options).ok());
+}
+
+TEST(EnvDetect, AnIpv6MasterIsWrittenWithBrackets) {
+  auto r =
+      Detect({}, {"--nnodes", "2", "--rdzv-endpoint", "[fe80::2]:1234", "--node-rank", "1", "p"});
+  ASSERT_TRUE(r.d.ok()) << r.d.status();
+  const std::string table = FormatDetection(*r.d);
+  EXPECT_NE(table.find("static: node rank 1, master [fe80::2]:1234\n"), std::string::npos) << table;
 }
 
 }  // namespace

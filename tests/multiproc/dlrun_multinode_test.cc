@@ -104,6 +104,23 @@ TEST(DlrunMultiNode, AnUnresolvableMasterAddressOfTheStaticRendezvousFailsBefore
   EXPECT_EQ(r.output.find("a worker started"), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+
+  // torchrun's form, node 0's HOST:PORT as the static endpoint: the line names that flag, and an
+  // endpoint that is not one HOST[:PORT] is a usage error (exit 2) before anything starts.
+  r = RunCommand({DLRUN_BIN, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                  "nosuchhost.invalid:29500", "/bin/echo", "a worker started"},
+                 {});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.rfind("dlrun: the master address (--rdzv-endpoint's host: ", 0), 0u)
+      << r.output;
+  r = RunCommand({DLRUN_BIN, "--nnodes", "2", "--rdzv-endpoint", "localhost:99999", "/bin/echo",
+                  "a worker started"},
+                 {});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output,
+            "dlrun: invalid value 'localhost:99999' for --rdzv-endpoint: expected node "
+            "0's HOST[:PORT] with a port 0-65535 (the static rendezvous, where the "
+            "workers' store listens; a list of endpoints needs --rdzv-backend c10d)\n");
 }
 
 // A rendezvous endpoint whose port another program holds (it takes TCP connections, never

@@ -102,11 +102,7 @@ absl::Status CheckStaticEndpoint(const LaunchOptions& o) {
   if (o.standalone || o.rdzv_backend != RdzvBackend::kStatic || o.rdzv_endpoint.empty()) {
     return absl::OkStatus();
   }
-  const HostPort hp = SplitHostPort(o.rdzv_endpoint);
-  int port = 0;
-  const bool bad_port =
-      hp.has_port && (!absl::SimpleAtoi(hp.port, &port) || port < 0 || port > 65535);
-  if (Unbracketed(hp.host).empty() || hp.host.find(',') != std::string::npos || bad_port) {
+  if (!IsHostPort(o.rdzv_endpoint) || o.rdzv_endpoint.find(',') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid value '", o.rdzv_endpoint,
         "' for --rdzv-endpoint: expected node 0's HOST[:PORT] with a port 0-65535 (the static "

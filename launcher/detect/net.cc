@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace dlrun::launcher {
@@ -53,6 +54,13 @@ PortReservation ReservePort(const std::string& addr) {
   r.fd_ = fd;
   r.port_ = port;
   return r;
+}
+
+bool IsHostPort(const std::string& endpoint) {
+  const HostPort hp = SplitHostPort(endpoint);
+  int port = 0;
+  return !hp.host.empty() &&
+         (!hp.has_port || (absl::SimpleAtoi(hp.port, &port) && port >= 0 && port <= 65535));
 }
 
 absl::Status ResolveHost(const std::string& host) {

@@ -32,6 +32,11 @@ bool CanBind(const std::string& host, const std::string& port);
 
 using dlrun::Unbracketed;  // common/host_port.h
 
+// Whether `endpoint` is one HOST[:PORT] (common/host_port.h's split): a host, and a port 0-65535
+// when one is given. The check of --rdzv-endpoint, each entry of the gRPC backend's list and the
+// static backend's one.
+bool IsHostPort(const std::string& endpoint);
+
 // Whether `host` (a name or an address, IPv6 in brackets or not) resolves; the error names the
 // host and the resolver's reason.
 absl::Status ResolveHost(const std::string& host);

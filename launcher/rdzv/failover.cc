@@ -2,12 +2,12 @@
 
 #include <algorithm>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/defaults.h"
 #include "common/host_port.h"
+#include "launcher/detect/net.h"
 
 namespace dlrun::launcher {
 
@@ -21,13 +21,12 @@ absl::StatusOr<std::vector<std::string>> ParseEndpointList(const std::string& va
   std::vector<std::string> out;
   for (absl::string_view raw : absl::StrSplit(value, ',')) {
     const std::string entry(absl::StripAsciiWhitespace(raw));
-    auto [host, port] = SplitEndpoint(entry);
-    int p = 0;
-    if (entry.empty() || host.empty() || !absl::SimpleAtoi(port, &p) || p < 0 || p > 65535) {
+    if (!IsHostPort(entry)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid value '", value, "' for --rdzv-endpoint: entry '", entry,
           "' is not HOST[:PORT] with a port 0-65535 (a list is HOST:PORT,HOST:PORT,...)"));
     }
+    const auto [host, port] = SplitEndpoint(entry);
     const std::string ep = JoinHostPort(host, port);
     if (std::find(out.begin(), out.end(), ep) != out.end()) {
       return absl::InvalidArgumentError(absl::StrCat("invalid value '", value,

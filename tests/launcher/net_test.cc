@@ -41,6 +41,16 @@ TEST(PortReservation, TheStoreCanBindItAndNobodyElseCan) {
   close(later);
 }
 
+// The one check of a HOST[:PORT] endpoint, both rendezvous backends' (--rdzv-endpoint).
+TEST(HostPort, AnEndpointIsAHostAndAPortInRangeWhenOneIsGiven) {
+  for (const char* good : {"node1", "node1:29400", "[::1]:0", "10.0.0.1:65535", "fe80::2"}) {
+    EXPECT_TRUE(IsHostPort(good)) << good;
+  }
+  for (const char* bad : {"", ":29400", "node1:", "node1:abc", "node1:65536", "node1:-1"}) {
+    EXPECT_FALSE(IsHostPort(bad)) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace dlrun::launcher
 

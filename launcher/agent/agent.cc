@@ -104,7 +104,6 @@ int Agent::HandleEvents(const std::vector<ProcEvent>& events) {
       group_.PassOn(e.signal);
     }
     if (Has(to, Sink::kStop) && stop == 0) stop = e.signal;
-    if (Has(to, Sink::kWake)) woken_ = true;
     if (Has(to, Sink::kRecovery)) recovery_.Record(e.pid, e.step.kind, e.step.step);
     if (Has(to, Sink::kDone)) group_.Done(e.pid);
     if (Has(to, Sink::kRefusalLine) && w != nullptr) {  // the tracebacks are in the logs
@@ -232,28 +231,33 @@ absl::StatusOr<Assignment> Agent::NextAssignment(int* signal) {
   *signal = 0;
   if (!source_->NextMayBlock()) return source_->Next();
   // The join blocks: run it on a helper thread that wakes the loop, so signals still arrive.
+  // Other wakes come meanwhile too (a peer node's in-process recovery asks for a regroup): the
+  // loop ends on the join's own answer, never on a wake alone.
   struct Shared {
     std::mutex mu;
-    absl::StatusOr<Assignment> result = absl::UnknownError("pending");
+    bool done = false;
+    absl::StatusOr<Assignment> result = absl::UnknownError("the join gave no answer");
   };
   auto shared = std::make_shared<Shared>();
   MembershipSource* src = source_.get();
   Processes* procs = &processes_;
-  woken_ = false;
   std::thread([shared, src, procs] {
     auto r = src->Next();
     {
       std::lock_guard<std::mutex> lock(shared->mu);
       shared->result = std::move(r);
+      shared->done = true;
     }
-    procs->Wake();
+    procs->Wake();  // after `done`: the Wait that follows a check of `done` cannot miss it
   }).detach();
-  while (!woken_) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(shared->mu);
+      if (shared->done) return shared->result;
+    }
     *signal = HandleEvents(processes_.Wait(SteadyTime::max()));
     if (*signal != 0) return absl::CancelledError("interrupted by a signal");
   }
-  std::lock_guard<std::mutex> lock(shared->mu);
-  return shared->result;
 }
 
 int Agent::Run() {

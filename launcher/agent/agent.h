@@ -85,7 +85,6 @@ class Agent {
   // A restart's phases (bench/recovery reads them from the rank table's header): when the agent
   // saw the fault, and when the rest of the group was stopped.
   std::optional<SteadyTime> fault_seen_at_, stopped_at_;
-  bool woken_ = false;  // a Wake from NextAssignment's helper thread
 };
 
 }  // namespace dlrun::launcher

@@ -18,7 +18,6 @@ enum class Sink : uint32_t {
   kHangBeat = 1 << 3,          // HangWatch::Beat
   kPassOn = 1 << 4,            // a signal passed on to the workers (--signals-to-handle)
   kStop = 1 << 5,              // a signal that stops the job (the first of a batch is returned)
-  kWake = 1 << 6,              // the loop was woken (Processes::Wake)
   kRecovery = 1 << 7,          // InProcessRecovery::Record: a declaration, a state from a peer
   kDone = 1 << 8,              // WorkerGroup::Done: the program's work is done
   kRefusalLine = 1 << 9,       // the line naming the rank that refused the recovery and its rule

@@ -54,7 +54,7 @@ TEST(EventRoutes, EveryRowOfTheTable) {
        Event(ProcEvent::Kind::kSignal, SIGTERM),
        {},
        static_cast<Sinks>(Sink::kStop)},
-      {"a wake-up", Event(ProcEvent::Kind::kWake), {}, static_cast<Sinks>(Sink::kWake)},
+      {"a wake-up", Event(ProcEvent::Kind::kWake), {}, static_cast<Sinks>(Sink::kNone)},
       {"a malformed record is counted",
        Event(ProcEvent::Kind::kBadRecord),
        {},

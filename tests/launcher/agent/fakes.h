@@ -10,8 +10,11 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -127,6 +130,7 @@ class FakeProcesses final : public Processes {
     }
   }
   std::vector<ProcEvent> Wait(SteadyTime deadline) override {
+    TakeWakes(/*block=*/queue_.empty() && deadline == SteadyTime::max());
     if (queue_.empty() && deadline == SteadyTime::max()) {
       throw std::runtime_error("fake processes: Wait() with no deadline and nothing scheduled");
     }
@@ -174,7 +178,20 @@ class FakeProcesses final : public Processes {
   }
   std::vector<SpawnSpec> kept_spares;
   void KeepSpare(const SpawnSpec& spec) override { kept_spares.push_back(spec); }
-  void Wake() override { At(milliseconds(0), {ProcEvent::Kind::kWake, -1, 0, 0, {}}); }
+  // Thread-safe, as the real one (the agent's join runs on a helper thread): delivered by the
+  // next Wait, at the fake time then.
+  void Wake() override {
+    {
+      std::lock_guard<std::mutex> lock(wake_mu_);
+      ++wakes_;
+    }
+    wake_cv_.notify_all();
+  }
+  // How many times Wait found nothing scheduled and blocked for a Wake from another thread.
+  int blocked_waits() const {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    return blocked_waits_;
+  }
   void CloseOutputs() override { ++close_outputs_calls; }
   // What a test says a worker wrote to stderr, and the cgroup's OOM-kill count.
   std::map<pid_t, std::string> error_tails;
@@ -200,6 +217,17 @@ class FakeProcesses final : public Processes {
     ProcEvent event;
     std::pair<SteadyTime, uint64_t> seq_key() const { return {at, seq}; }
   };
+  // Schedules the wakes that came since (now); with `block`, first waits up to 10 s of real
+  // time for one (a helper thread's), as a real Wait with nothing else to come would.
+  void TakeWakes(bool block) {
+    std::unique_lock<std::mutex> lock(wake_mu_);
+    if (block && wakes_ == 0) {
+      ++blocked_waits_;
+      wake_cv_.notify_all();
+      wake_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return wakes_ > 0; });
+    }
+    for (; wakes_ > 0; --wakes_) At(milliseconds(0), {ProcEvent::Kind::kWake, -1, 0, 0, {}});
+  }
   bool Due() const {
     for (const Item& i : queue_) {
       if (i.at <= clock_.Now()) return true;
@@ -221,6 +249,9 @@ class FakeProcesses final : public Processes {
   }
 
   FakeClock& clock_;
+  mutable std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  int wakes_ = 0, blocked_waits_ = 0;
   std::vector<Item> queue_;
   uint64_t seq_ = 0;
   pid_t next_pid_ = 1000;
@@ -239,8 +270,13 @@ class ScriptedSource final : public MembershipSource, public JobChannel {
   int nexts = 0, failures = 0, checks = 0, successes = 0;
   std::vector<std::string> failure_reasons;
   std::vector<std::string> fallback_reasons;  // restarts in place of an in-process recovery
+  // A join that blocks, as the rendezvous's does: the agent runs Next() on a helper thread,
+  // which first calls `on_next` (the test's hold on the join).
+  bool next_may_block = false;
+  std::function<void()> on_next = [] {};
 
   absl::StatusOr<Assignment> Next() override {
+    on_next();
     Assignment a = base_;
     a.restart_count = failures;
     a.max_restarts = max_restarts_;
@@ -248,7 +284,7 @@ class ScriptedSource final : public MembershipSource, public JobChannel {
     waiting_for_others_ = false;
     return a;
   }
-  bool NextMayBlock() const override { return false; }
+  bool NextMayBlock() const override { return next_may_block; }
   bool OnFailure(const std::string& reason, bool fatal) override {
     failure_reasons.push_back(reason);
     return failures++ < max_restarts_;

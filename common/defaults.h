@@ -34,9 +34,9 @@ inline constexpr std::chrono::milliseconds kStacksBound{5000};
 // hung when no record has come for max(kHangStepFactor x the p99 of its gaps between records,
 // kHangStepFloor), once it has sent kHangMinSteps (the first steps, with their warm-up, are
 // learnt from, not judged). Any program: when every rank has used under kHangIdleCores of
-// CPU, and every GPU the node's NVML sees has been under kHangIdleGpu busy, for
-// kHangIdleBound, the agent says where each rank is (one line, from a stack dump); with
-// --hang-timeout it then stops the group. Measured on train_unet (bench/RESULTS.md, "Hang
+// CPU and none was busy off the CPU (storage reads, waiting for a CPU), and every GPU the
+// node's NVML sees has been under kHangIdleGpu busy, for kHangIdleBound, the agent says where
+// each rank is (one line, from a stack dump); with --hang-timeout it then stops the group. Measured on train_unet (bench/RESULTS.md, "Hang
 // detection"): the longest gap between two records over 10 minutes, checkpoint saves included,
 // was 1.3 x p99, so 20 leaves room for a slower node.
 inline constexpr double kHangStepFactor = 20;

@@ -233,7 +233,8 @@ std::optional<FailurePolicy::Hung> FailurePolicy::CheckHangs(SteadyTime* next) {
   const HangOptions& o = s_.options.hang;
   const SteadyTime now = s_.clock.Now();
   if (now >= next_cpu_) {
-    hang_.Cpu(s_.telemetry.CpuCores(), now, s_.telemetry.GpuUtilizationMax());
+    const AgentTelemetry::CpuUse cpu = s_.telemetry.Cpu();
+    hang_.Cpu(cpu.cores, now, s_.telemetry.GpuUtilizationMax(), cpu.busy_off_cpu);
     next_cpu_ = now + defaults::kTelemetryWindow;
   }
   const double timeout_s = std::chrono::duration<double>(o.timeout).count();
@@ -311,9 +312,8 @@ int FailurePolicy::AfterHang(const Hung& hung, bool in_process) {
   // Every rank here waits in a collective: the one holding them up is not on this node.
   if (culprits.empty() && rank >= 0 && !v.all_wait) culprits = {rank};
   const std::string who =
-      culprits.empty()
-          ? absl::StrCat("the group (ranks ", RankRanges(RanksOf(s_.group.workers())), ")")
-          : RanksPhrase(culprits);
+      culprits.empty() ? absl::StrCat("the group (", RanksPhrase(RanksOf(s_.group.workers())), ")")
+                       : RanksPhrase(culprits);
   const std::string detected = rank < 0 || (culprits.size() == 1 && culprits[0] == rank)
                                    ? reason
                                    : absl::StrCat("rank ", rank, ": ", reason);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -117,12 +118,22 @@ class AgentTelemetry {
   // What the ranks said in their step records: LastStep(rank), BadRecord().
   StepTally& steps() { return steps_; }
 
-  // Each current worker's CPU use over the sampler's last period, in cores (with its children);
-  // empty before the sampler's first reads, or without the sampler.
-  std::map<pid_t, std::optional<double>> CpuCores() const {
-    std::map<pid_t, std::optional<double>> out;
+  // What the hang watch reads of the sampler's last period: each current worker's CPU use, in
+  // cores (with its children; empty before the sampler's first reads, or without the sampler),
+  // and the workers busy off the CPU: they read from storage over the period (page faults,
+  // reads), or their main thread was runnable without using a CPU (waiting for one) or in
+  // uninterruptible I/O at the read.
+  struct CpuUse {
+    std::map<pid_t, std::optional<double>> cores;
+    std::set<pid_t> busy_off_cpu;
+  };
+  CpuUse Cpu() const {
+    CpuUse out;
     if (!sampler_) return out;
-    for (const auto& [pid, s] : sampler_->Latest()) out[pid] = s.cpu_utilization;
+    for (const auto& [pid, s] : sampler_->Latest()) {
+      out.cores[pid] = s.cpu_utilization;
+      if (s.read_storage || s.state == 'R' || s.state == 'D') out.busy_off_cpu.insert(pid);
+    }
     return out;
   }
 

@@ -104,13 +104,13 @@ std::optional<HangWatch::Hung> HangWatch::Check(SteadyTime now, SteadyTime* next
 }
 
 void HangWatch::Cpu(const std::map<pid_t, std::optional<double>>& cores, SteadyTime now,
-                    double gpu_utilization) {
+                    double gpu_utilization, const std::set<pid_t>& busy_off_cpu) {
   bool all_idle = !workers_.empty() && gpu_utilization < options_.idle_gpu;
   for (auto& [pid, w] : workers_) {
     auto it = cores.find(pid);
     if (it != cores.end() && it->second) {
       w.sampled = true;
-      w.busy = *it->second >= options_.idle_cores;
+      w.busy = *it->second >= options_.idle_cores || busy_off_cpu.count(pid) > 0;
     }
     if (!w.sampled || w.busy || w.paused) all_idle = false;
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,12 @@ class HangWatch {
   // Any byte on a worker's heartbeat pipe; a record ('S' steps, 'Z'/'z' pauses, 'D' done).
   void Beat(pid_t pid, SteadyTime now);
   void Record(pid_t pid, const StepRecord& r, SteadyTime now);
-  // The workers' CPU use over the last sampling period, in cores (absent: not sampled yet), and
-  // the busiest GPU's utilisation (0..1; 0 without GPUs): a GPU at work is no idle group.
+  // The workers' CPU use over the last sampling period, in cores (absent: not sampled yet), the
+  // busiest GPU's utilisation (0..1; 0 without GPUs): a GPU at work is no idle group, and the
+  // workers busy off the CPU (reading from storage, waiting for a CPU): a cold start paging
+  // LibTorch in from a slow disk, or a crowded machine, is no idle group either.
   void Cpu(const std::map<pid_t, std::optional<double>>& cores, SteadyTime now,
-           double gpu_utilization = 0);
+           double gpu_utilization = 0, const std::set<pid_t>& busy_off_cpu = {});
 
   struct Hung {
     pid_t pid = -1;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -50,6 +51,40 @@ std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_s
     sum += v;
   }
   return static_cast<double>(sum) / static_cast<double>(ticks_per_second);
+}
+
+std::optional<int64_t> ParseProcStatMajorFaults(const std::string& stat, bool with_children) {
+  // majflt and cmajflt are fields 12 and 13 (9 and 10 after the state).
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+  const size_t last = with_children ? 10 : 9;
+  if (f.size() <= last) return std::nullopt;
+  int64_t sum = 0;
+  for (size_t i = 9; i <= last; ++i) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(f[i], &v) || v < 0) return std::nullopt;
+    sum += v;
+  }
+  return sum;
+}
+
+std::optional<int64_t> ParseProcIoReadBytes(const std::string& io) {
+  std::istringstream in(io);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!absl::StartsWith(line, "read_bytes:")) continue;
+    int64_t v = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(11)), &v) && v >= 0) return v;
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+char ParseProcStatState(const std::string& stat) {
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return 0;
+  return stat[close + 2];
 }
 
 int64_t ParsePss(const std::string& smaps_rollup) {
@@ -166,11 +201,37 @@ namespace {
 void AddDescendants(pid_t pid, long ticks, ProcSample* s) {
   for (pid_t c : Descendants(pid, kMaxSampledChildren)) {
     const std::string dir = "/proc/" + std::to_string(c);
-    auto cpu = ParseProcStatCpu(ReadWholeFile(dir + "/stat"), ticks, /*with_children=*/true);
+    const std::string stat = ReadWholeFile(dir + "/stat");
+    auto cpu = ParseProcStatCpu(stat, ticks, /*with_children=*/true);
     if (cpu) s->cpu_s += *cpu;
+    s->major_faults += ParseProcStatMajorFaults(stat, /*with_children=*/true).value_or(0);
+    s->storage_read_bytes += ParseProcIoReadBytes(ReadWholeFile(dir + "/io")).value_or(0);
     s->rss_bytes += ParsePss(ReadWholeFile(dir + "/smaps_rollup"));
     ++s->children;
   }
+}
+
+// The worker with the processes it started (a DataLoader's workers): their CPU time (and that
+// of children already reaped), their faults and storage reads, and their proportional share of
+// memory (forked workers share most pages with the worker, which their RSS would count again);
+// with `proportional`, the worker's own share too. Nullopt when it is gone.
+std::optional<ProcSample> ReadProcess(pid_t pid, long ticks, bool proportional) {
+  const std::string dir = "/proc/" + std::to_string(pid);
+  const std::string stat = ReadWholeFile(dir + "/stat");
+  auto cpu = ParseProcStatCpu(stat, ticks, /*with_children=*/true);
+  if (!cpu) return std::nullopt;
+  ProcSample s;
+  s.cpu_s = *cpu;
+  s.major_faults = ParseProcStatMajorFaults(stat, /*with_children=*/true).value_or(0);
+  s.storage_read_bytes = ParseProcIoReadBytes(ReadWholeFile(dir + "/io")).value_or(0);
+  s.state = ParseProcStatState(stat);
+  if (proportional) {
+    s.rss_bytes = ParseAnonPss(ReadWholeFile(dir + "/smaps_rollup"));
+  } else {
+    ParseProcStatus(ReadWholeFile(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
+  }
+  AddDescendants(pid, ticks, &s);
+  return s;
 }
 
 }  // namespace
@@ -229,20 +290,10 @@ void ResourceSampler::SampleOnce() {
   const auto now = std::chrono::steady_clock::now();
   std::map<pid_t, ProcSample> out;
   for (pid_t pid : pids) {
-    const std::string dir = "/proc/" + std::to_string(pid);
-    // The worker with the processes it started (a DataLoader's workers): their CPU time (and
-    // that of children already reaped), and their proportional share of memory (forked
-    // workers share most pages with the worker, which their RSS would count again).
-    auto cpu = ParseProcStatCpu(ReadWholeFile(dir + "/stat"), ticks, /*with_children=*/true);
-    if (!cpu) continue;  // gone
-    ProcSample s;
-    s.cpu_s = *cpu;
-    if (std::find(proportional.begin(), proportional.end(), pid) != proportional.end()) {
-      s.rss_bytes = ParseAnonPss(ReadWholeFile(dir + "/smaps_rollup"));
-    } else {
-      ParseProcStatus(ReadWholeFile(dir + "/status"), &s.rss_bytes, &s.rss_peak_bytes);
-    }
-    AddDescendants(pid, ticks, &s);
+    std::optional<ProcSample> read = ReadProcess(
+        pid, ticks, std::find(proportional.begin(), proportional.end(), pid) != proportional.end());
+    if (!read) continue;  // gone
+    ProcSample& s = *read;
     auto& peak = peak_with_children_[pid];
     peak = std::max({peak, s.rss_bytes, s.rss_peak_bytes});
     s.rss_peak_bytes = peak;
@@ -251,23 +302,31 @@ void ResourceSampler::SampleOnce() {
     auto& top = cpu_top_[pid];
     top = std::max(top, s.cpu_s);
     s.cpu_s = top;
-    auto it = last_cpu_.find(pid);
-    if (it != last_cpu_.end()) {
-      const double dt = std::chrono::duration<double>(now - it->second.second).count();
+    const Last here{s.cpu_s, s.major_faults, s.storage_read_bytes, now};
+    auto it = last_.find(pid);
+    if (it != last_.end()) {
+      const Last& was = it->second;
+      const double dt = std::chrono::duration<double>(now - was.at).count();
       if (dt > 0.05) {
-        s.cpu_utilization = std::max(0.0, (s.cpu_s - it->second.first) / dt);
-        it->second = {s.cpu_s, now};
+        s.cpu_utilization = std::max(0.0, (s.cpu_s - was.cpu_s) / dt);
+        // A child that exits takes its faults and reads with it: only a rise counts.
+        s.read_storage =
+            s.major_faults > was.major_faults || s.storage_read_bytes > was.storage_read_bytes;
+        it->second = here;
       } else {
         auto prev = latest_.find(pid);
-        if (prev != latest_.end()) s.cpu_utilization = prev->second.cpu_utilization;
+        if (prev != latest_.end()) {
+          s.cpu_utilization = prev->second.cpu_utilization;
+          s.read_storage = prev->second.read_storage;
+        }
       }
     } else {
-      last_cpu_[pid] = {s.cpu_s, now};
+      last_[pid] = here;
     }
-    out[pid] = s;
+    out[pid] = std::move(s);
   }
-  for (auto it = last_cpu_.begin(); it != last_cpu_.end();) {
-    it = out.count(it->first) ? std::next(it) : last_cpu_.erase(it);
+  for (auto it = last_.begin(); it != last_.end();) {
+    it = out.count(it->first) ? std::next(it) : last_.erase(it);
   }
   for (auto it = cpu_top_.begin(); it != cpu_top_.end();) {
     it = out.count(it->first) ? std::next(it) : cpu_top_.erase(it);

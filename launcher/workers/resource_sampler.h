@@ -29,6 +29,14 @@ struct ProcSample {
   int64_t rss_bytes = 0, rss_peak_bytes = 0;
   int64_t gpu_memory_bytes = -1;  // -1: unknown (no NVML, or not on a GPU)
   int children = 0;               // live descendants counted in (DataLoader workers)
+  // Work off the CPU, which the hang watch must not take for idleness: page faults that read
+  // from storage (a cold start mapping LibTorch from a slow disk) and bytes read from storage,
+  // cumulative and whether they rose over the last period; and the main thread's state at the
+  // sample ('R' runnable: on a crowded machine, waiting for a CPU it does not get; 'D' in
+  // uninterruptible I/O; 'S' asleep, as a rank waiting in a collective is).
+  int64_t major_faults = 0, storage_read_bytes = 0;
+  bool read_storage = false;
+  char state = 0;
 };
 
 // The processes a worker started, and theirs, at most `limit` (from /proc/PID/task/*/children).
@@ -44,6 +52,14 @@ int64_t ParseAnonPss(const std::string& smaps_rollup);
 // children it has reaped); nullopt if unreadable or malformed.
 std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second,
                                        bool with_children = false);
+// /proc/<pid>/stat's major page faults (majflt; with `with_children`, plus cmajflt); nullopt if
+// malformed.
+std::optional<int64_t> ParseProcStatMajorFaults(const std::string& stat,
+                                                bool with_children = false);
+// /proc/<pid>/stat's state letter (0 if malformed).
+char ParseProcStatState(const std::string& stat);
+// /proc/<pid>/io's read_bytes (what the process had read from storage, not the page cache).
+std::optional<int64_t> ParseProcIoReadBytes(const std::string& io);
 // /proc/<pid>/status' VmRSS and VmHWM in bytes (0 when absent).
 void ParseProcStatus(const std::string& status, int64_t* rss, int64_t* peak);
 // What this process' workers may use: the cgroup v2 memory.max of the agent's cgroup (a Slurm
@@ -95,7 +111,12 @@ class ResourceSampler {
   std::vector<pid_t> proportional_;
   std::map<pid_t, ProcSample> latest_;
   std::vector<telemetry::GpuTelemetry> gpus_;
-  std::map<pid_t, std::pair<double, std::chrono::steady_clock::time_point>> last_cpu_;
+  struct Last {  // the figures at the start of the period
+    double cpu_s = 0;
+    int64_t major_faults = 0, storage_read_bytes = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::map<pid_t, Last> last_;
   std::map<pid_t, double> cpu_top_;              // the highest cumulative CPU seen per worker
   std::map<pid_t, int64_t> peak_with_children_;  // the worker's peak with its children
   std::thread thread_;

@@ -3,7 +3,10 @@
 // (tests/compat/fake_nvml.c).
 #include "launcher/workers/resource_sampler.h"
 
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +32,23 @@ TEST(ResourceSampler, ParsesStatWithSpacesAndParenthesesInTheName) {
   EXPECT_FALSE(ParseProcStatCpu("4242 (x) R 1", 100).has_value());
   EXPECT_FALSE(ParseProcStatCpu("garbage", 100).has_value());
   EXPECT_FALSE(ParseProcStatCpu("", 100).has_value());
+}
+
+TEST(ResourceSampler, ParsesMajorFaultsStorageReadsAndTheState) {
+  // majflt 7, cmajflt 5 (fields 12 and 13).
+  const std::string stat =
+      "4242 (my (odd) name) S 1 4242 4242 0 -1 4194304 100 0 7 5 250 50 0 0 20 0 3 0 1000";
+  EXPECT_EQ(ParseProcStatMajorFaults(stat), 7);
+  EXPECT_EQ(ParseProcStatMajorFaults(stat, /*with_children=*/true), 12);
+  EXPECT_FALSE(ParseProcStatMajorFaults("4242 (x) S 1 2 3").has_value());
+  EXPECT_FALSE(ParseProcStatMajorFaults("4242 (x) S 1 2 3 4 5 6 7 8 -9 0").has_value());
+  EXPECT_EQ(ParseProcIoReadBytes("rchar: 10\nwchar: 2\nsyscr: 1\nsyscw: 1\nread_bytes: 8192\n"
+                                 "write_bytes: 0\ncancelled_write_bytes: 0\n"),
+            8192);
+  EXPECT_FALSE(ParseProcIoReadBytes("").has_value());  // unreadable (another user's process)
+  EXPECT_FALSE(ParseProcIoReadBytes("read_bytes: lots\n").has_value());
+  EXPECT_EQ(ParseProcStatState(stat), 'S');
+  EXPECT_EQ(ParseProcStatState("4242 (x)"), 0);
 }
 
 TEST(ResourceSampler, ParsesStatusMemory) {
@@ -84,6 +104,79 @@ TEST(ResourceSampler, ABusyWorkerIsBusyAndAnIdleOneIsIdle) {
   EXPECT_GT(latest[busy].rss_bytes, 0);
   EXPECT_GE(latest[busy].rss_peak_bytes, latest[busy].rss_bytes);
   EXPECT_EQ(latest[busy].gpu_memory_bytes, -1) << "no NVML here";
+}
+
+// What the hang watch must not take for an idle group (chaos on CI: a cold start mapping
+// LibTorch from a slow disk used under 0.05 of a core for 8 s and was stopped as hung): a
+// process that reads from storage at almost no CPU, and one that wants a CPU and gets none.
+TEST(ResourceSampler, StorageReadsAndWaitsForACpuAreWorkOffTheCpu) {
+  // A file out of the page cache, which a child maps and touches a page at a time, slowly.
+  char path[] = "/var/tmp/dlrun-sampler-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const size_t size = 64 << 20;
+  const std::string chunk(1 << 20, 'x');
+  for (size_t done = 0; done < size; done += chunk.size()) {
+    ASSERT_EQ(write(fd, chunk.data(), chunk.size()), static_cast<ssize_t>(chunk.size()));
+  }
+  ASSERT_EQ(fsync(fd), 0);
+  ASSERT_EQ(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  unlink(path);
+  const pid_t reader = fork();
+  if (reader == 0) {
+    auto* p = static_cast<volatile char*>(mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0));
+    if (p == MAP_FAILED) _exit(1);
+    madvise(const_cast<char*>(p), size, MADV_RANDOM);  // no readahead: each touch reads
+    for (size_t off = 0;; off = (off + (256 << 10)) % size) {
+      (void)p[off];
+      usleep(20000);
+    }
+  }
+  close(fd);
+  // A child at SCHED_IDLE on one CPU beside a spinning one: runnable, and almost never run.
+  const int cpu = sched_getcpu() < 0 ? 0 : sched_getcpu();
+  auto pinned = [cpu](bool starved) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      sched_setaffinity(0, sizeof set, &set);
+      if (starved) {
+        sched_param none{};
+        sched_setscheduler(0, SCHED_IDLE, &none);
+      }
+      volatile uint64_t spins = 0;
+      for (;;) spins = spins + 1;
+    }
+    return pid;
+  };
+  const pid_t hog = pinned(false), starved = pinned(true), idle = Child(false);
+  ResourceSampler s(std::chrono::milliseconds(200));
+  s.Watch({reader, starved, idle});
+  std::map<pid_t, ProcSample> latest;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  int samples = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    latest = s.Latest();
+    if (latest[reader].read_storage && latest[starved].cpu_utilization &&
+        latest[idle].cpu_utilization && ++samples >= 3) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (pid_t p : {reader, hog, starved, idle}) {
+    kill(p, SIGKILL);
+    waitpid(p, nullptr, 0);
+  }
+  EXPECT_TRUE(latest[reader].read_storage);
+  EXPECT_GT(latest[reader].major_faults, 0);
+  EXPECT_LT(latest[reader].cpu_utilization.value_or(1), 0.05);
+  EXPECT_EQ(latest[starved].state, 'R');
+  EXPECT_LT(latest[starved].cpu_utilization.value_or(1), 0.05);
+  EXPECT_FALSE(latest[idle].read_storage);
+  EXPECT_EQ(latest[idle].state, 'S');
+  EXPECT_LT(latest[idle].cpu_utilization.value_or(1), 0.05);
 }
 
 TEST(ResourceSampler, GpusAndPerProcessMemoryThroughNvml) {

@@ -3,7 +3,9 @@
 // read by the real py-spy. With no flags the agent says where every rank is within a minute;
 // with step records it stops, names, captures and restarts; --hang-timeout acts on a group
 // that never heartbeats; a SIGSTOPped rank is named as such.
+#include <sched.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 
@@ -152,6 +154,43 @@ TEST(DlrunHang, HangTimeoutForAProgramThatNeverHeartbeatsSaysSoAndStopsTheIdleGr
   EXPECT_NE(r.output.find("job failed. Root cause (first failure): rank 1 hung"),
             std::string::npos)
       << r.output;
+  std::filesystem::remove_all(tmp);
+}
+
+// A rank that wants a CPU and does not get one (a crowded node) uses almost none, and is no
+// hang: the group's idle rule counts a runnable rank as busy (as it does one reading from
+// storage: chaos on CI saw a cold start, mapping LibTorch from a slow disk, stopped as hung).
+// The probe is pinned at SCHED_IDLE to a CPU where this test spins a process for longer than
+// --hang-timeout; before the fix the agent stopped it as hung after 3 s.
+TEST(DlrunHang, ARankWaitingForACpuIsNoHang) {
+  const std::string tmp = MakeTempDir();
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &allowed)) ++cpu;
+  const pid_t hog = fork();
+  if (hog == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    volatile uint64_t spins = 0;
+    for (;;) spins = spins + 1;
+  }
+  Started job =
+      StartCommand({DLRUN_BIN, "--standalone", "--nproc-per-node", "1", "--hang-timeout", "3",
+                    TEST_PYTHON, std::string(SOURCE_DIR) + "/tests/python/starved_probe.py"},
+                   {{"TMPDIR", tmp}, {"STARVE_CPU", std::to_string(cpu)}});
+  const bool starving = ReadUntil(job, "starved_probe: starving", 1, std::chrono::seconds(60));
+  // The idle rule would have acted by 3 s and a sample or two: give it 9.
+  const bool hung = starving && ReadUntil(job, "hung", 1, std::chrono::seconds(9));
+  kill(hog, SIGKILL);
+  waitpid(hog, nullptr, 0);
+  const int rc = FinishCommand(job, std::chrono::seconds(120));
+  EXPECT_TRUE(starving) << job.output;
+  EXPECT_FALSE(hung) << job.output;
+  EXPECT_EQ(rc, 0) << job.output;
+  EXPECT_NE(job.output.find("starved_probe: done"), std::string::npos) << job.output;
   std::filesystem::remove_all(tmp);
 }
 

@@ -209,6 +209,14 @@ TEST(HangWatch, AGroupIsIdleOnlyWhenEveryRankAndEveryGpuIsQuietAndNoneIsPaused) 
   w.Record(22, pause, t0 + seconds(52));
   w.Cpu({{21, 0.0}, {22, 0.0}}, t0 + seconds(53));
   EXPECT_FALSE(w.IdleFor(t0 + seconds(53)));
+  // A rank that reads from storage or waits for a CPU at almost no CPU time is busy off the
+  // CPU (a cold start paging its libraries in, a crowded machine): no idle group.
+  w.Start({41, 42}, t0 + seconds(60));
+  w.Cpu({{41, 0.0}, {42, 0.01}}, t0 + seconds(61), 0, /*busy_off_cpu=*/{42});
+  w.Cpu({{41, 0.0}, {42, 0.01}}, t0 + seconds(100), 0, {42});
+  EXPECT_FALSE(w.IdleFor(t0 + seconds(100)));
+  w.Cpu({{41, 0.0}, {42, 0.01}}, t0 + seconds(101));
+  EXPECT_EQ(*w.IdleFor(t0 + seconds(131)), seconds(30));  // its reads ended: idle from then
   // With --hang-timeout the idle group is a hang at the timeout.
   o.timeout = seconds(5);
   HangWatch t(o);

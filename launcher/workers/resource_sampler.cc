@@ -35,38 +35,41 @@ std::optional<int64_t> KbField(const std::string& text, absl::string_view key) {
 
 }  // namespace
 
-std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second,
-                                       bool with_children) {
-  // "pid (comm) state ppid ...": comm may hold spaces and parentheses; fields resume after the
-  // last ')'. utime, stime, cutime and cstime are fields 14 to 17 (11 to 14 after the state).
+namespace {
+
+// The sum of /proc/<pid>/stat's fields `first` to `last`, counted after the state (the first
+// field after the name), or nullopt if one is missing or not a count. "pid (comm) state ppid
+// ...": comm may hold spaces and parentheses, so the fields resume after the last ')'.
+std::optional<uint64_t> SumStatFields(const std::string& stat, size_t first, size_t last) {
   const size_t close = stat.rfind(')');
-  if (close == std::string::npos || ticks_per_second <= 0) return std::nullopt;
+  if (close == std::string::npos) return std::nullopt;
   std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
-  const size_t last = with_children ? 14 : 12;
   if (f.size() <= last) return std::nullopt;
   uint64_t sum = 0;
-  for (size_t i = 11; i <= last; ++i) {
+  for (size_t i = first; i <= last; ++i) {
     uint64_t v = 0;
     if (!absl::SimpleAtoi(f[i], &v)) return std::nullopt;
     sum += v;
   }
-  return static_cast<double>(sum) / static_cast<double>(ticks_per_second);
+  return sum;
+}
+
+}  // namespace
+
+std::optional<double> ParseProcStatCpu(const std::string& stat, long ticks_per_second,
+                                       bool with_children) {
+  // utime, stime, cutime and cstime are fields 14 to 17 (11 to 14 after the state).
+  if (ticks_per_second <= 0) return std::nullopt;
+  const std::optional<uint64_t> ticks = SumStatFields(stat, 11, with_children ? 14 : 12);
+  if (!ticks) return std::nullopt;
+  return static_cast<double>(*ticks) / static_cast<double>(ticks_per_second);
 }
 
 std::optional<int64_t> ParseProcStatMajorFaults(const std::string& stat, bool with_children) {
   // majflt and cmajflt are fields 12 and 13 (9 and 10 after the state).
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  std::vector<std::string> f = absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
-  const size_t last = with_children ? 10 : 9;
-  if (f.size() <= last) return std::nullopt;
-  int64_t sum = 0;
-  for (size_t i = 9; i <= last; ++i) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(f[i], &v) || v < 0) return std::nullopt;
-    sum += v;
-  }
-  return sum;
+  const std::optional<uint64_t> faults = SumStatFields(stat, 9, with_children ? 10 : 9);
+  if (!faults) return std::nullopt;
+  return static_cast<int64_t>(*faults);
 }
 
 std::optional<int64_t> ParseProcIoReadBytes(const std::string& io) {

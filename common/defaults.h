@@ -36,9 +36,10 @@ inline constexpr std::chrono::milliseconds kStacksBound{5000};
 // learnt from, not judged). Any program: when every rank has used under kHangIdleCores of
 // CPU and none was busy off the CPU (storage reads, waiting for a CPU), and every GPU the
 // node's NVML sees has been under kHangIdleGpu busy, for kHangIdleBound, the agent says where
-// each rank is (one line, from a stack dump); with --hang-timeout it then stops the group. Measured on train_unet (bench/RESULTS.md, "Hang
-// detection"): the longest gap between two records over 10 minutes, checkpoint saves included,
-// was 1.3 x p99, so 20 leaves room for a slower node.
+// each rank is (one line, from a stack dump); with --hang-timeout it then stops the group.
+// Measured on train_unet (bench/RESULTS.md, "Hang detection"): the longest gap between two
+// records over 10 minutes, checkpoint saves included, was 1.3 x p99, so 20 leaves room for a
+// slower node.
 inline constexpr double kHangStepFactor = 20;
 inline constexpr std::chrono::milliseconds kHangStepFloor{60000};
 inline constexpr int kHangMinSteps = 5;

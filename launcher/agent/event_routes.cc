@@ -11,8 +11,8 @@ Sinks RouteOf(const ProcEvent& e, const EventFacts& facts) {
       return static_cast<Sinks>(Sink::kHangBeat);
     case ProcEvent::Kind::kSignal:
       return static_cast<Sinks>(facts.passthrough ? Sink::kPassOn : Sink::kStop);
-    case ProcEvent::Kind::kWake:  // it only ends the Wait: whoever woke the loop checks its own
-                                  // state
+    // A wake only ends the Wait: whoever woke the loop checks its own state.
+    case ProcEvent::Kind::kWake:
       return static_cast<Sinks>(Sink::kNone);
     case ProcEvent::Kind::kBadRecord:
       return static_cast<Sinks>(Sink::kBadRecord);

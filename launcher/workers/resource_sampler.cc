@@ -199,16 +199,24 @@ MemoryAllowance MemoryAllowanceOfThisMachine() {
 
 namespace {
 
-// The processes `pid` started, and theirs (DataLoader workers): their CPU time and their
+// Adds one process's counters to `s`: its CPU time (with that of the children it reaped), its
+// major faults and its storage reads. Its state letter, or nullopt when it is gone.
+std::optional<char> AddCounters(const std::string& dir, long ticks, ProcSample* s) {
+  const std::string stat = ReadWholeFile(dir + "/stat");
+  const std::optional<double> cpu = ParseProcStatCpu(stat, ticks, /*with_children=*/true);
+  if (!cpu) return std::nullopt;
+  s->cpu_s += *cpu;
+  s->major_faults += ParseProcStatMajorFaults(stat, /*with_children=*/true).value_or(0);
+  s->storage_read_bytes += ParseProcIoReadBytes(ReadWholeFile(dir + "/io")).value_or(0);
+  return ParseProcStatState(stat);
+}
+
+// The processes `pid` started, and theirs (DataLoader workers): their counters and their
 // proportional share of memory (Pss) added to the worker's sample.
 void AddDescendants(pid_t pid, long ticks, ProcSample* s) {
   for (pid_t c : Descendants(pid, kMaxSampledChildren)) {
     const std::string dir = "/proc/" + std::to_string(c);
-    const std::string stat = ReadWholeFile(dir + "/stat");
-    auto cpu = ParseProcStatCpu(stat, ticks, /*with_children=*/true);
-    if (cpu) s->cpu_s += *cpu;
-    s->major_faults += ParseProcStatMajorFaults(stat, /*with_children=*/true).value_or(0);
-    s->storage_read_bytes += ParseProcIoReadBytes(ReadWholeFile(dir + "/io")).value_or(0);
+    AddCounters(dir, ticks, s);
     s->rss_bytes += ParsePss(ReadWholeFile(dir + "/smaps_rollup"));
     ++s->children;
   }
@@ -220,14 +228,10 @@ void AddDescendants(pid_t pid, long ticks, ProcSample* s) {
 // with `proportional`, the worker's own share too. Nullopt when it is gone.
 std::optional<ProcSample> ReadProcess(pid_t pid, long ticks, bool proportional) {
   const std::string dir = "/proc/" + std::to_string(pid);
-  const std::string stat = ReadWholeFile(dir + "/stat");
-  auto cpu = ParseProcStatCpu(stat, ticks, /*with_children=*/true);
-  if (!cpu) return std::nullopt;
   ProcSample s;
-  s.cpu_s = *cpu;
-  s.major_faults = ParseProcStatMajorFaults(stat, /*with_children=*/true).value_or(0);
-  s.storage_read_bytes = ParseProcIoReadBytes(ReadWholeFile(dir + "/io")).value_or(0);
-  s.state = ParseProcStatState(stat);
+  const std::optional<char> state = AddCounters(dir, ticks, &s);
+  if (!state) return std::nullopt;
+  s.state = *state;
   if (proportional) {
     s.rss_bytes = ParseAnonPss(ReadWholeFile(dir + "/smaps_rollup"));
   } else {
